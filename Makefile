@@ -1,0 +1,61 @@
+# onceflow — `make help` lists the targets. Every target bootstraps .venv when it is missing.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PY := .venv/bin/python
+export NO_GCE_CHECK := true
+export PYTHONDONTWRITEBYTECODE := 1
+
+.venv/.installed: requirements.txt requirements-dev.txt
+	@command -v python3.11 >/dev/null || { echo "python3.11 not found: install Python 3.11"; exit 1; }
+	@test -x $(PY) || python3.11 -m venv .venv
+	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
+venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
+
+.PHONY: help venv test lint typecheck unit dev dev-down demo migrate schema fmt \
+        bench-ingest bench-admit bench-steps
+
+help: ## List the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
+
+test: .venv/.installed ## Lint, type-check and run the whole test suite (real Postgres, emulator)
+	$(PY) -m ruff check shared functions tests devstack main.py
+	$(PY) -m mypy
+	terraform fmt -check -recursive infra
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: .venv/.installed ## ruff only
+	$(PY) -m ruff check shared functions tests devstack main.py
+
+typecheck: .venv/.installed ## mypy --strict on shared/ and functions/
+	$(PY) -m mypy
+
+fmt: .venv/.installed ## Format Python and Terraform
+	$(PY) -m ruff format shared functions tests devstack main.py
+	terraform fmt -recursive infra
+
+dev: .venv/.installed ## Start the local stack (Postgres, Pub/Sub emulator, functions, scheduler, fake CRM)
+	$(PY) -m devstack.stack up
+
+dev-down: .venv/.installed ## Stop exactly what `make dev` started
+	$(PY) -m devstack.stack down
+
+demo: .venv/.installed ## Start the stack, run the demo scenario, explain it, stop
+	$(PY) -m devstack.demo
+
+migrate: .venv/.installed ## Apply pending migrations to DATABASE_URL (or the local stack's)
+	$(PY) -m devstack.stack migrate
+
+schema: .venv/.installed ## Export the workflow JSON Schema to schema/workflow.schema.json
+	$(PY) -m shared.cli schema --out schema/workflow.schema.json
+
+bench-ingest: .venv/.installed ## Benchmark webhooks, drain and publish against pgbench
+	$(PY) -m devstack.bench.ingest
+
+bench-admit: .venv/.installed ## Benchmark admission against pgbench
+	$(PY) -m devstack.bench.admit
+
+bench-steps: .venv/.installed ## Benchmark step execution against pgbench
+	$(PY) -m devstack.bench.steps

@@ -1,0 +1,1 @@
+"""Local development and test tooling. Never part of the deploy archive."""

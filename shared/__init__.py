@@ -1,0 +1,1 @@
+"""onceflow's engine: everything the thin entry points in `functions/` call into."""

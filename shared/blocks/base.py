@@ -1,0 +1,104 @@
+"""The contract between the step engine and a block.
+
+The engine (shared/steps) claims a step, builds a `BlockContext`, calls the block's `execute`,
+and settles the step from the `BlockResult` it returns or the `BlockFailure` it raises. Blocks
+never touch step rows themselves: the context hands them the few journal operations they may
+need (heartbeat, the at-most-once marker), already fenced on the step's lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+BlockKind = Literal["flow", "action"]
+SideEffect = Literal["none", "idempotent", "at_most_once"]
+ErrorClass = Literal["transient", "permanent"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Action steps retry; flow control never does. Backoff is deterministic (no jitter), so
+    the wake time of attempt n is reproducible from the journal."""
+
+    max_attempts: int = 3
+    first_backoff_seconds: float = 60.0
+    max_backoff_seconds: float = 900.0
+
+
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+@dataclass(frozen=True)
+class BlockContext:
+    tenant_id: str
+    run_id: str
+    step_id: str
+    step_key: str
+    attempt: int
+    # Generated before the step ran and journaled on the step row (invariant 6); stable across
+    # retries and replays of the same step in a lineage.
+    idempotency_key: str
+    # Rendered inputs: trigger payload, record, earlier steps' outputs.
+    scope: Mapping[str, Any]
+    # Rehearsal runs execute flow control but stop every side effect before it leaves.
+    dry_run: bool = False
+    connection_id: str | None = None
+    # Renew the lease; False means the lease is gone and the block must stop without settling.
+    heartbeat: Callable[[], bool] = field(default=lambda: True)
+    # Set side_effect_started_at WHERE NULL (committed). False means an earlier attempt got
+    # that far: the outcome is unknown and an at-most-once block must not call again.
+    mark_side_effect_started: Callable[[], bool] = field(default=lambda: True)
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    output: Mapping[str, Any] | None = None
+    # For `branch`: the edge it took, journaled for replay.
+    branch_choice: str | None = None
+    # For `delay`: park the step in waiting_for_delay until then.
+    wake_at: datetime | None = None
+    # Which successors to create; None means "the node's declared next edges".
+    next_nodes: tuple[str, ...] | None = None
+    outcome_code: str = "OK"
+
+
+class BlockFailure(Exception):
+    """A block's failure, already classified at the port (never a vendor exception)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_class: ErrorClass,
+        outcome_code: str,
+        retry_after: float | None = None,
+        consumes_attempt: bool = True,
+    ) -> None:
+        super().__init__(message)
+        self.error_class: ErrorClass = error_class
+        self.outcome_code = outcome_code
+        self.retry_after = retry_after
+        # Throttling parks a step without using up an attempt.
+        self.consumes_attempt = consumes_attempt
+
+
+Execute = Callable[[BlockContext, BaseModel], BlockResult]
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    type_name: str
+    config_model: type[BaseModel]
+    kind: BlockKind
+    side_effect: SideEffect
+    price: int
+    retry: RetryPolicy
+    execute: Execute
+    # True for blocks that create records at a provider: they must be at_most_once.
+    creates: bool = False
+    description: str = ""

@@ -1,0 +1,313 @@
+"""Postgres access: one small pool per instance, transactions, and error translation.
+
+Locally the server comes from `DATABASE_URL` (or the libpq `PG*` variables). In the cloud,
+when `INSTANCE_CONNECTION_NAME` is set, connections come from cloud-sql-python-connector with
+IAM database auth over private IP; the connector is created on first use and reused by every
+later invocation of the instance (its constructor fetches credentials, so it must not run at
+import time or on a laptop).
+
+Every pg8000 error is translated here, by SQLSTATE, into `shared.errors`. A connection that
+broke is dropped from the pool and replaced by a fresh one on the next checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import socket
+import struct
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, unquote, urlparse
+
+import pg8000.dbapi
+import pg8000.exceptions
+
+from shared.errors import (
+    ConflictError,
+    OnceflowError,
+    PermanentError,
+    TransientError,
+    classify_sqlstate,
+)
+from shared.queries import Query
+
+T = TypeVar("T")
+Row = dict[str, Any]
+Connection = Any  # pg8000.dbapi.Connection; the driver ships no type information
+
+DEFAULT_POOL_SIZE = 2
+
+
+def translate(exc: BaseException) -> OnceflowError:
+    """A driver or socket error as the onceflow error a caller should handle."""
+    if isinstance(exc, OnceflowError):
+        return exc
+    if (
+        isinstance(exc, pg8000.exceptions.DatabaseError)
+        and exc.args
+        and isinstance(exc.args[0], dict)
+    ):
+        fields: dict[str, str] = exc.args[0]
+        sqlstate = fields.get("C")
+        message = f"{fields.get('M', 'database error')} (SQLSTATE {sqlstate})"
+        cls = classify_sqlstate(sqlstate)
+        if cls is ConflictError:
+            return ConflictError(message, constraint=fields.get("n"))
+        return cls(message)
+    if isinstance(exc, pg8000.exceptions.InterfaceError | OSError | struct.error | EOFError):
+        return TransientError(f"database connection lost: {exc}")
+    return PermanentError(f"database error: {exc!r}")
+
+
+def _is_connection_broken(exc: BaseException) -> bool:
+    if isinstance(exc, pg8000.exceptions.InterfaceError | OSError | struct.error | EOFError):
+        return True
+    if (
+        isinstance(exc, pg8000.exceptions.DatabaseError)
+        and exc.args
+        and isinstance(exc.args[0], dict)
+    ):
+        code = str(exc.args[0].get("C", ""))
+        return code.startswith("08") or code in {"57P01", "57P02", "57P03"}
+    return False
+
+
+class Tx:
+    """One open transaction. Statements are named `Query` blocks with `:name` parameters."""
+
+    def __init__(self, conn: Connection, counter: RoundTrips) -> None:
+        self._conn = conn
+        self._counter = counter
+
+    def _run(self, query: Query | str, params: Mapping[str, Any]) -> Any:
+        text = query.text if isinstance(query, Query) else query
+        statement, values = pg8000.dbapi.convert_paramstyle("named", text, dict(params))
+        self._counter.add()
+        return self._conn.execute_unnamed(statement, vals=values)
+
+    def all(self, query: Query | str, **params: Any) -> list[Row]:
+        ctx = self._run(query, params)
+        if ctx.rows is None:
+            return []
+        names = [c["name"] for c in ctx.columns]
+        return [dict(zip(names, r, strict=True)) for r in ctx.rows]
+
+    def one(self, query: Query | str, **params: Any) -> Row | None:
+        rows = self.all(query, **params)
+        return rows[0] if rows else None
+
+    def scalar(self, query: Query | str, **params: Any) -> Any:
+        ctx = self._run(query, params)
+        if not ctx.rows:
+            return None
+        return ctx.rows[0][0]
+
+    def execute(self, query: Query | str, **params: Any) -> int:
+        """Run a statement; the number of rows it touched (zero is an answer, not an error)."""
+        ctx = self._run(query, params)
+        return int(ctx.row_count) if ctx.row_count is not None and ctx.row_count >= 0 else 0
+
+
+class RoundTrips:
+    """Counts statements sent per thread, so benchmarks can report round trips per unit."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def add(self, n: int = 1) -> None:
+        self._local.count = getattr(self._local, "count", 0) + n
+
+    @property
+    def count(self) -> int:
+        return int(getattr(self._local, "count", 0))
+
+    def reset(self) -> None:
+        self._local.count = 0
+
+
+class Database:
+    """A bounded pool of pg8000 connections (LIFO, so warm connections are reused)."""
+
+    def __init__(self, connect: Callable[[], Connection], pool_size: int = DEFAULT_POOL_SIZE):
+        self._connect = connect
+        self._idle: queue.LifoQueue[Connection] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(pool_size)
+        self.pool_size = pool_size
+        self.round_trips = RoundTrips()
+
+    def _checkout(self) -> Connection:
+        if not self._slots.acquire(timeout=30):
+            raise TransientError("no database connection free in this instance's pool")
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            try:
+                conn = self._connect()
+                conn.autocommit = True  # transactions are opened explicitly by `transaction()`
+                return conn
+            except BaseException as exc:
+                self._slots.release()
+                raise translate(exc) from exc
+
+    def _checkin(self, conn: Connection | None) -> None:
+        if conn is not None:
+            self._idle.put(conn)
+        self._slots.release()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated."""
+        conn = self._checkout()
+        keep: Connection | None = conn
+        try:
+            conn.execute_simple("BEGIN")
+            self.round_trips.add()
+            yield Tx(conn, self.round_trips)
+            conn.execute_simple("COMMIT")
+            self.round_trips.add()
+        except BaseException as exc:
+            if _is_connection_broken(exc):
+                keep = None
+                _close_quietly(conn)
+            else:
+                try:
+                    conn.execute_simple("ROLLBACK")
+                except Exception:
+                    keep = None
+                    _close_quietly(conn)
+            if isinstance(exc, Exception):
+                raise translate(exc) from exc
+            raise
+        finally:
+            self._checkin(keep)
+
+    def run(self, work: Callable[[Tx], T], *, attempts: int = 3) -> T:
+        """`work` in a transaction, retried on transient errors (it must be safe to repeat)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                with self.transaction() as tx:
+                    return work(tx)
+            except TransientError:
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        while True:
+            try:
+                _close_quietly(self._idle.get_nowait())
+            except queue.Empty:
+                return
+
+
+def _close_quietly(conn: Connection) -> None:
+    # The connection is being discarded; an error closing it changes nothing.
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+def connect_kwargs_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """pg8000 keyword arguments from DATABASE_URL, falling back to the libpq PG* variables."""
+    env = os.environ if env is None else env
+    url = env.get("DATABASE_URL")
+    if url:
+        return parse_database_url(url)
+    kwargs: dict[str, Any] = {
+        "user": env.get("PGUSER", "postgres"),
+        "database": env.get("PGDATABASE", "onceflow"),
+        "host": env.get("PGHOST", "127.0.0.1"),
+        "port": int(env.get("PGPORT", "5432")),
+    }
+    if env.get("PGPASSWORD"):
+        kwargs["password"] = env["PGPASSWORD"]
+    return kwargs
+
+
+def parse_database_url(url: str) -> dict[str, Any]:
+    """`postgresql://user:pass@host:port/db` (a `?host=/dir` query selects a unix socket)."""
+    parsed = urlparse(url)
+    if parsed.scheme not in ("postgres", "postgresql"):
+        raise PermanentError(f"DATABASE_URL must start with postgresql://, got {parsed.scheme}://")
+    query = parse_qs(parsed.query)
+    kwargs: dict[str, Any] = {
+        "user": unquote(parsed.username or "postgres"),
+        "database": unquote(parsed.path.lstrip("/") or "postgres"),
+    }
+    if parsed.password:
+        kwargs["password"] = unquote(parsed.password)
+    socket_dir = query.get("host", [None])[0]
+    port = parsed.port or 5432
+    if socket_dir and socket_dir.startswith("/"):
+        kwargs["unix_sock"] = f"{socket_dir}/.s.PGSQL.{port}"
+    else:
+        kwargs["host"] = parsed.hostname or "127.0.0.1"
+        kwargs["port"] = port
+    return kwargs
+
+
+_cloud_connector: Any = None
+_cloud_connector_lock = threading.Lock()
+
+
+def _connect_cloud_sql(instance: str, env: Mapping[str, str]) -> Connection:
+    """A connection through the Cloud SQL connector (IAM auth, private IP, lazy refresh)."""
+    global _cloud_connector  # noqa: PLW0603 - one connector per instance, created on first use
+    with _cloud_connector_lock:
+        if _cloud_connector is None:
+            from google.cloud.sql.connector import Connector
+
+            _cloud_connector = Connector(refresh_strategy="lazy")
+    conn: Connection = _cloud_connector.connect(
+        instance,
+        "pg8000",
+        user=env["DB_IAM_USER"],
+        db=env.get("DB_NAME", "onceflow"),
+        enable_iam_auth=True,
+        ip_type=env.get("DB_IP_TYPE", "private"),
+    )
+    return conn
+
+
+def connector_from_env(env: Mapping[str, str] | None = None) -> Callable[[], Connection]:
+    env = dict(os.environ if env is None else env)
+    instance = env.get("INSTANCE_CONNECTION_NAME")
+    if instance:
+        return lambda: _connect_cloud_sql(instance, env)
+    kwargs = connect_kwargs_from_env(env)
+
+    def connect() -> Connection:
+        conn = pg8000.dbapi.connect(timeout=10, **kwargs)
+        # TCP keepalive so a silently dropped connection is noticed instead of hanging.
+        sock = getattr(conn, "_usock", None)
+        if isinstance(sock, socket.socket) and sock.family != socket.AF_UNIX:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        return conn
+
+    return connect
+
+
+_database: Database | None = None
+_database_lock = threading.Lock()
+
+
+def get_database() -> Database:
+    """The process-wide pool, created on first use and reused across invocations."""
+    global _database  # noqa: PLW0603 - reused across invocations of a warm instance
+    with _database_lock:
+        if _database is None:
+            size = int(os.environ.get("DB_POOL_SIZE", str(DEFAULT_POOL_SIZE)))
+            _database = Database(connector_from_env(), pool_size=size)
+        return _database
+
+
+def reset_database() -> None:
+    """Forget the process-wide pool (tests that point DATABASE_URL elsewhere)."""
+    global _database  # noqa: PLW0603
+    with _database_lock:
+        if _database is not None:
+            _database.close()
+        _database = None

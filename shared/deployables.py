@@ -1,0 +1,41 @@
+"""The seven functions of the bundle, as one table.
+
+`main.py`, `infra/`, the local stack (`devstack/`) and the tests all read this table, so a
+function cannot exist in one place and be missing from another without a test failing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Trigger = Literal["http", "pubsub", "schedule"]
+
+
+@dataclass(frozen=True)
+class Deployable:
+    name: str  # also the entry point name exported by main.py
+    trigger: Trigger
+    public: bool = False  # only `webhook` may be invoked without IAM
+    topic: str | None = None  # for pubsub-triggered functions
+    uses_database: bool = True
+
+
+DEPLOYABLES: tuple[Deployable, ...] = (
+    Deployable("webhook", "http", public=True),
+    Deployable("drain_inbox", "schedule"),
+    Deployable("publish_outbox", "schedule"),
+    Deployable("admit_event", "pubsub", topic="trigger-events"),
+    Deployable("advance_step", "pubsub", topic="step-ready"),
+    Deployable("sweep", "schedule"),
+    Deployable("ops", "http"),
+)
+
+TOPICS: tuple[str, ...] = ("trigger-events", "step-ready")
+
+
+def by_name(name: str) -> Deployable:
+    for d in DEPLOYABLES:
+        if d.name == name:
+            return d
+    raise KeyError(name)

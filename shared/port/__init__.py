@@ -1,0 +1,1 @@
+"""The integration port: the interface onceflow owns toward CRM vendors, and its adapters."""

@@ -1,0 +1,103 @@
+"""The integration port: what onceflow needs from a CRM, in onceflow's own terms.
+
+No vendor type or error crosses this line. Adapters (shared/port/hubspot.py, …) raise
+`PortError` with a vendor-neutral `code` and a classification, and declare their optional
+capabilities, so the engine never branches on a vendor's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+ObjectType = Literal["contacts", "companies", "deals", "tasks"]
+
+
+class PortError(Exception):
+    """A classified failure from a provider.
+
+    code: vendor-neutral (`rate_limited`, `unavailable`, `timeout`, `connection_reset`,
+    `conflict`, `not_found`, `unauthorized`, `invalid_request`, `unknown`).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        transient: bool,
+        retry_after: float | None = None,
+        status: int | None = None,
+        existing_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.transient = transient
+        self.retry_after = retry_after
+        self.status = status
+        self.existing_id = existing_id
+
+
+@dataclass(frozen=True)
+class Record:
+    object_type: str
+    id: str
+    properties: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """One provider webhook subscription: an object type, an event kind, maybe a property."""
+
+    object_type: str  # "contact", "deal", "company"
+    event_kind: str  # "creation", "deletion", "propertyChange"
+    property_name: str | None = None
+    id: str | None = None  # the provider's id, when it exists there
+
+    def key(self) -> tuple[str, str, str | None]:
+        return (self.object_type, self.event_kind, self.property_name)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    write_idempotency: bool = False  # the provider dedupes writes by a key we send
+    event_author_identity: bool = False  # events say who made the change
+    subscription_management: bool = False  # subscriptions can be managed through the API
+
+
+@dataclass(frozen=True)
+class SearchFilter:
+    property: str
+    operator: str  # EQ, NEQ, GT, LT, CONTAINS_TOKEN …
+    value: Any
+
+
+class CrmPort(Protocol):
+    capabilities: Capabilities
+
+    def create(self, object_type: str, properties: Mapping[str, Any]) -> Record: ...
+
+    def update(self, object_type: str, object_id: str, properties: Mapping[str, Any]) -> Record: ...
+
+    def get(self, object_type: str, object_id: str, properties: Sequence[str] = ()) -> Record: ...
+
+    def search(
+        self, object_type: str, filters: Sequence[SearchFilter], limit: int = 10
+    ) -> list[Record]: ...
+
+    def list_subscriptions(self) -> list[Subscription]: ...
+
+    def create_subscription(self, subscription: Subscription) -> Subscription: ...
+
+    def delete_subscription(self, subscription_id: str) -> None: ...
+
+
+@dataclass
+class RateLimitState:
+    """What the provider's rate-limit headers said last, for throttling decisions."""
+
+    remaining: int | None = None
+    max: int | None = None
+    interval_ms: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)

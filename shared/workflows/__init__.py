@@ -1,0 +1,1 @@
+"""Workflow definitions: the format customers write, validation, versions and bindings."""

@@ -1,0 +1,93 @@
+"""The workflow definition format (YAML or JSON), as pydantic models.
+
+    name: enroll-new-lead
+    tenant: acme
+    trigger:
+      events: [hubspot.contact.created]
+      rule: 'record.lifecyclestage == "lead"'      # CEL, optional
+      dedup: once_per_record                        # | not_while_running | every_time
+      record: event                                 # where the record identity comes from
+      watch: [lifecyclestage]                       # for property-change triggers
+    steps:
+      - id: create_task
+        type: crm.create
+        config: {object_type: tasks, properties: {subject: "Call ${{ record.firstname }}"}}
+        next: notify
+      - id: notify
+        type: http.request
+        config: {url: https://example.com/hook, body: {task: "${{ steps.create_task.output.id }}"}}
+
+The first step listed is the entry point. `next` names the following step (or is omitted at
+the end); a `branch` step lists `branches` with CEL conditions and an `otherwise` edge.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DedupMode = Literal["once_per_record", "not_while_running", "every_time"]
+STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
+EVENT_TYPE_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)+$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Trigger(_Strict):
+    events: list[str] = Field(min_length=1, description="Event types that start this workflow.")
+    rule: str | None = Field(
+        default=None, description="CEL condition over `event` and `record`; empty means always."
+    )
+    dedup: DedupMode = "once_per_record"
+    record: str = Field(
+        default="event",
+        description="Where the record identity comes from: `event` (the event's own record) "
+        "or a CEL expression yielding an object id.",
+    )
+    watch: list[str] = Field(
+        default_factory=list, description="Fields whose change fires a property-change trigger."
+    )
+
+
+class Branch(_Strict):
+    when: str = Field(description="CEL condition; the first branch whose condition holds wins.")
+    next: str
+
+
+class Step(_Strict):
+    id: str = Field(pattern=STEP_ID_PATTERN)
+    type: str = Field(description="Block type, e.g. crm.create, http.request, branch, delay, end.")
+    config: dict[str, Any] = Field(default_factory=dict)
+    next: str | None = None
+    branches: list[Branch] = Field(default_factory=list)
+    otherwise: str | None = None
+
+    def successors(self) -> list[str]:
+        """Every node this step can lead to, in declaration order."""
+        out = [b.next for b in self.branches]
+        if self.otherwise:
+            out.append(self.otherwise)
+        if self.next:
+            out.append(self.next)
+        return out
+
+
+class WorkflowDefinition(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,99}$")
+    tenant: str
+    description: str | None = None
+    trigger: Trigger
+    steps: list[Step] = Field(min_length=1)
+
+    def step(self, step_id: str) -> Step:
+        for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    @property
+    def entry(self) -> Step:
+        return self.steps[0]
