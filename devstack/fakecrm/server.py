@@ -1,0 +1,662 @@
+"""The fake CRM's HTTP surface: HubSpot CRM v3 objects, webhooks v3 subscriptions, `/_admin`
+for tests and the demo, and `/_sink/*`, a receiver that records whatever is sent to it (the
+target of `http.request` notify calls in tests and the demo)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from devstack.fakecrm.store import (
+    OBJECT_TYPES,
+    SINGULAR,
+    FaultRule,
+    Store,
+    StoredRecord,
+    now_ms,
+)
+from devstack.fakecrm.webhooks import WebhookSender
+
+MAX_BODY = 1 << 20
+OBJECT_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
+SEARCH_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)/search$")
+SUBS_PATH = re.compile(r"^/webhooks/v3/(?P<app>[^/]+)/subscriptions(?:/(?P<id>[^/]+))?$")
+ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
+
+
+@dataclass
+class FakeCrmConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    webhook_url: str | None = None
+    app_secret: str = "fakecrm-app-secret"  # noqa: S105 - a local fake's default
+    app_id: str = "424242"
+    portal_id: int = 62515
+    # When set, CRM and webhook-management calls must carry `Authorization: Bearer <token>`.
+    token: str | None = None
+    rate_limit_max: int = 190
+    rate_limit_interval_ms: int = 10_000
+    # Real HubSpot only sends events somebody subscribed to; locally, sending every change is
+    # friendlier until reconcile has run. Tests of subscriptions turn this on.
+    require_subscriptions: bool = False
+    # The author id HubSpot puts in `sourceId` for changes made through this app's token.
+    integration_source_id: str = field(default="")
+
+
+class _Drop(Exception):
+    """Close the connection without an answer (after the write committed, or with a reset)."""
+
+    def __init__(self, reset: bool) -> None:
+        super().__init__("drop")
+        self.reset = reset
+
+
+class _Reply(Exception):
+    def __init__(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.headers = headers or {}
+
+
+def _error(status: int, message: str, category: str, **extra: Any) -> _Reply:
+    body = {
+        "status": "error",
+        "message": message,
+        "correlationId": f"fake-{now_ms()}",
+        "category": category,
+        **extra,
+    }
+    return _Reply(status, body)
+
+
+class FakeCrm:
+    """The server and its state. `start()` serves from a thread; `url` is its base URL."""
+
+    def __init__(self, config: FakeCrmConfig | None = None) -> None:
+        self.config = config or FakeCrmConfig()
+        if not self.config.integration_source_id:
+            self.config.integration_source_id = self.config.app_id
+        self.store = Store()
+        self.webhooks = WebhookSender(
+            self.store, lambda: self.config.app_secret, lambda: self.config.webhook_url
+        )
+        self._window_start = 0.0
+        self._window_used = 0
+        self._daily_used = 0
+        self._rate_lock = threading.Lock()
+        crm = self
+
+        class Handler(_Handler):
+            fake = crm
+
+        self.server = ThreadingHTTPServer((self.config.host, self.config.port), Handler)
+        self.server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeCrm:
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, name="fakecrm", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        self.server.serve_forever()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.webhooks.stop()
+
+    # --- conveniences for in-process tests -------------------------------------------------
+    def add_fault(self, **spec: Any) -> FaultRule:
+        return self.store.add_fault(spec)
+
+    def records(self, object_type: str) -> list[dict[str, Any]]:
+        with self.store.lock:
+            return [r.to_json() for r in self.store.records[object_type].values()]
+
+    def sink_requests(self) -> list[dict[str, Any]]:
+        with self.store.lock:
+            return list(self.store.sink)
+
+    # --- rate limiting, HubSpot style -------------------------------------------------------
+    def take_rate(self) -> tuple[bool, dict[str, str], float]:
+        with self._rate_lock:
+            now = time.monotonic()
+            interval = self.config.rate_limit_interval_ms / 1000
+            if now - self._window_start >= interval:
+                self._window_start = now
+                self._window_used = 0
+            allowed = self._window_used < self.config.rate_limit_max
+            if allowed:
+                self._window_used += 1
+                self._daily_used += 1
+            remaining = max(self.config.rate_limit_max - self._window_used, 0)
+            headers = {
+                "X-HubSpot-RateLimit-Max": str(self.config.rate_limit_max),
+                "X-HubSpot-RateLimit-Remaining": str(remaining),
+                "X-HubSpot-RateLimit-Interval-Milliseconds": str(
+                    self.config.rate_limit_interval_ms
+                ),
+                "X-HubSpot-RateLimit-Daily": "1000000",
+                "X-HubSpot-RateLimit-Daily-Remaining": str(1_000_000 - self._daily_used),
+            }
+            return allowed, headers, max(interval - (now - self._window_start), 0.0)
+
+    # --- writes and the webhooks they cause -------------------------------------------------
+    def _event(self, object_type: str, record_id: str, kind: str, **extra: Any) -> dict[str, Any]:
+        return {
+            "eventId": self.store.next_event_id(),
+            "subscriptionId": 0,
+            "portalId": self.config.portal_id,
+            "appId": int(self.config.app_id) if self.config.app_id.isdigit() else 0,
+            "occurredAt": now_ms(),
+            "subscriptionType": f"{SINGULAR[object_type]}.{kind}",
+            "attemptNumber": 0,
+            "objectId": int(record_id),
+            **extra,
+        }
+
+    def _subscribed(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        kept = []
+        for event in events:
+            sub = next(
+                (
+                    s
+                    for s in self.store.subscriptions.values()
+                    if s["active"]
+                    and s["eventType"] == event["subscriptionType"]
+                    and (
+                        not event["subscriptionType"].endswith("propertyChange")
+                        or s.get("propertyName") == event.get("propertyName")
+                    )
+                ),
+                None,
+            )
+            if sub is not None:
+                kept.append(dict(event, subscriptionId=int(sub["id"])))
+            elif not self.config.require_subscriptions:
+                kept.append(event)
+        return kept
+
+    def create_record(
+        self, object_type: str, properties: dict[str, Any], source: tuple[str, str]
+    ) -> StoredRecord:
+        """Non-idempotent on purpose: the same body twice makes two records (like the vendor)."""
+        with self.store.lock:
+            clash = self.store.find_unique(object_type, properties)
+            if clash is not None:
+                raise _error(
+                    409,
+                    f"{SINGULAR[object_type].title()} already exists. Existing ID: {clash.id}",
+                    "CONFLICT",
+                )
+            ms = now_ms()
+            rid = self.store.next_id()
+            props = {k: None if v is None else str(v) for k, v in properties.items()}
+            props.update(
+                {"hs_object_id": rid, "createdate": str(ms), "hs_lastmodifieddate": str(ms)}
+            )
+            rec = StoredRecord(object_type, rid, props, ms, ms)
+            self.store.records[object_type][rid] = rec
+            self.store.writes.append(
+                {"op": "create", "type": object_type, "id": rid, "properties": dict(properties)}
+            )
+            events: list[dict[str, Any]] = []
+            if object_type != "tasks":
+                events.append(
+                    self._event(
+                        object_type,
+                        rid,
+                        "creation",
+                        changeFlag="CREATED",
+                        changeSource=source[0],
+                        sourceId=source[1],
+                    )
+                )
+                for name, value in properties.items():
+                    events.append(
+                        self._event(
+                            object_type,
+                            rid,
+                            "propertyChange",
+                            propertyName=name,
+                            propertyValue=None if value is None else str(value),
+                            changeSource=source[0],
+                            sourceId=source[1],
+                        )
+                    )
+            events = self._subscribed(events)
+        self.webhooks.enqueue(events)
+        return rec
+
+    def update_record(
+        self,
+        object_type: str,
+        record_id: str,
+        properties: dict[str, Any],
+        source: tuple[str, str],
+    ) -> StoredRecord:
+        with self.store.lock:
+            rec = self.store.records[object_type].get(record_id)
+            if rec is None:
+                raise _error(404, "resource not found", "OBJECT_NOT_FOUND")
+            ms = now_ms()
+            events = []
+            for name, value in properties.items():
+                new = None if value is None else str(value)
+                if rec.properties.get(name) == new:
+                    continue
+                rec.properties[name] = new
+                if object_type != "tasks":
+                    events.append(
+                        self._event(
+                            object_type,
+                            record_id,
+                            "propertyChange",
+                            propertyName=name,
+                            propertyValue=new,
+                            changeSource=source[0],
+                            sourceId=source[1],
+                        )
+                    )
+            rec.updated_ms = ms
+            rec.properties["hs_lastmodifieddate"] = str(ms)
+            self.store.writes.append(
+                {
+                    "op": "update",
+                    "type": object_type,
+                    "id": record_id,
+                    "properties": dict(properties),
+                }
+            )
+            events = self._subscribed(events)
+        self.webhooks.enqueue(events)
+        return rec
+
+    def state(self) -> dict[str, Any]:
+        with self.store.lock:
+            return {
+                "records": {
+                    t: [r.to_json() for r in recs.values()]
+                    for t, recs in self.store.records.items()
+                },
+                "counts": {
+                    "created": {
+                        t: sum(
+                            1 for w in self.store.writes if w["op"] == "create" and w["type"] == t
+                        )
+                        for t in OBJECT_TYPES
+                    },
+                    "updated": sum(1 for w in self.store.writes if w["op"] == "update"),
+                },
+                "writes": list(self.store.writes),
+                "subscriptions": list(self.store.subscriptions.values()),
+                "faults": [f.to_json() for f in self.store.faults],
+                "requests": self.store.requests[-1000:],
+                "webhooks": list(self.store.webhooks),
+                "sink": list(self.store.sink),
+                "config": {
+                    "webhook_url": self.config.webhook_url,
+                    "app_id": self.config.app_id,
+                    "portal_id": self.config.portal_id,
+                    "require_subscriptions": self.config.require_subscriptions,
+                },
+            }
+
+
+def _properties(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict) or not isinstance(body.get("properties"), dict):
+        raise _error(400, 'Invalid input JSON: expected {"properties": {...}}', "VALIDATION_ERROR")
+    props: dict[str, Any] = body["properties"]
+    for name, value in props.items():
+        if not isinstance(name, str) or isinstance(value, dict | list):
+            raise _error(400, f"Property values must be scalars: {name}", "VALIDATION_ERROR")
+    return props
+
+
+def _object_type(name: str) -> str:
+    if name not in OBJECT_TYPES:
+        raise _error(400, f"Unable to infer object type from: {name}", "VALIDATION_ERROR")
+    return name
+
+
+def _matches(rec: StoredRecord, flt: dict[str, Any]) -> bool:  # noqa: PLR0911 - one per operator
+    value = rec.properties.get(str(flt.get("propertyName")))
+    op = str(flt.get("operator", "EQ")).upper()
+    wanted = flt.get("value")
+    if op == "HAS_PROPERTY":
+        return value not in (None, "")
+    if op == "NOT_HAS_PROPERTY":
+        return value in (None, "")
+    if op == "IN":
+        allowed = [str(v).lower() for v in flt.get("values", [])]
+        return value is not None and value.lower() in allowed
+    if value is None:
+        return op == "NEQ"
+    text = str(wanted)
+    if op == "EQ":
+        return value.lower() == text.lower()
+    if op == "NEQ":
+        return value.lower() != text.lower()
+    if op == "CONTAINS_TOKEN":
+        return text.lower().strip("*") in value.lower()
+    try:
+        left, right = float(value), float(text)
+    except ValueError:
+        left, right = value, text  # type: ignore[assignment]
+    return {
+        "GT": left > right,
+        "GTE": left >= right,
+        "LT": left < right,
+        "LTE": left <= right,
+    }.get(op, False)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeCrm
+    protocol_version = "HTTP/1.1"
+    server_version = "fakecrm/1.0"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PATCH(self) -> None:
+        self._serve("PATCH")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    # --- plumbing ---------------------------------------------------------------------------
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            raise _error(413, "body too large", "VALIDATION_ERROR")
+        return self.rfile.read(length) if length else b""
+
+    def _json(self, raw: bytes) -> Any:
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise _error(400, "Invalid input JSON", "VALIDATION_ERROR") from None
+
+    def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        payload = b"" if body is None else json.dumps(body).encode()
+        self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        if payload:
+            self.send_header("Content-Type", "application/json;charset=utf-8")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if payload:
+            self.wfile.write(payload)
+
+    def _drop(self, reset: bool) -> None:
+        self.close_connection = True
+        if reset:
+            # SO_LINGER 0: close() sends RST, the client sees "connection reset by peer".
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        self.connection.close()
+
+    def _fault(self, method: str, path: str) -> FaultRule | None:
+        header = self.headers.get("X-Fakecrm-Fault")
+        if header:
+            return FaultRule(
+                id=0,
+                action=header.strip(),
+                times=1,
+                delay_seconds=float(self.headers.get("X-Fakecrm-Delay", "0")),
+                retry_after=int(self.headers.get("X-Fakecrm-Retry-After", "1")),
+            )
+        return self.fake.store.take_fault(method, path)
+
+    def _serve(self, method: str) -> None:
+        url = urlsplit(self.path)
+        path = url.path
+        entry: dict[str, Any] = {
+            "method": method,
+            "path": path,
+            "status": None,
+            "fault": None,
+            "idempotency_key": self.headers.get("Idempotency-Key"),
+            "at_ms": now_ms(),
+        }
+        try:
+            raw = self._read_body()
+            if path.startswith("/_admin"):
+                status, body = self._admin(method, path, self._json(raw))
+                self._send(status, body)
+                return
+            with self.fake.store.lock:
+                self.fake.store.requests.append(entry)
+            fault = self._fault(method, path)
+            entry["fault"] = fault.action if fault else None
+            if fault and fault.action == "delay":
+                time.sleep(fault.delay_seconds)
+            elif fault and fault.action == "reset":
+                raise _Drop(reset=True)
+            elif fault and fault.action == "error_500":
+                raise _error(500, "internal error", "INTERNAL_ERROR")
+            elif fault and fault.action == "rate_limit":
+                raise _Reply(
+                    429,
+                    {
+                        "status": "error",
+                        "message": "You have reached your secondly limit.",
+                        "errorType": "RATE_LIMIT",
+                        "correlationId": f"fake-{now_ms()}",
+                        "policyName": "SECONDLY",
+                        "category": "RATE_LIMITS",
+                    },
+                    {"Retry-After": str(fault.retry_after)},
+                )
+            if path.startswith("/_sink"):
+                with self.fake.store.lock:
+                    self.fake.store.sink.append(
+                        {
+                            "method": method,
+                            "path": path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": raw.decode("utf-8", "replace"),
+                        }
+                    )
+                if fault and fault.action == "drop_after_commit":
+                    raise _Drop(reset=False)
+                entry["status"] = 200
+                self._send(200, {"ok": True})
+                return
+            self._authorize()
+            allowed, rate_headers, wait = self.fake.take_rate()
+            if not allowed:
+                raise _Reply(
+                    429,
+                    {
+                        "status": "error",
+                        "message": "You have reached your ten_secondly_rolling limit.",
+                        "errorType": "RATE_LIMIT",
+                        "policyName": "TEN_SECONDLY_ROLLING",
+                        "category": "RATE_LIMITS",
+                    },
+                    {**rate_headers, "Retry-After": str(max(int(wait + 0.999), 1))},
+                )
+            status, body = self._api(method, path, parse_qs(url.query), self._json(raw))
+            if fault and fault.action == "drop_after_commit":
+                raise _Drop(reset=False)
+            entry["status"] = status
+            self._send(status, body, rate_headers)
+        except _Reply as reply:
+            entry["status"] = reply.status
+            self._send(reply.status, reply.body, reply.headers)
+        except _Drop as drop:
+            entry["status"] = "dropped"
+            self._drop(drop.reset)
+
+    def _authorize(self) -> None:
+        token = self.fake.config.token
+        if token and self.headers.get("Authorization") != f"Bearer {token}":
+            raise _error(
+                401,
+                "Authentication credentials not found or invalid.",
+                "INVALID_AUTHENTICATION",
+            )
+
+    # --- the vendor API ---------------------------------------------------------------------
+    def _api(
+        self, method: str, path: str, query: dict[str, list[str]], body: Any
+    ) -> tuple[int, Any]:
+        api_source = ("INTEGRATION", self.fake.config.integration_source_id)
+        if m := SEARCH_PATH.match(path):
+            if method != "POST":
+                raise _error(405, "method not allowed", "VALIDATION_ERROR")
+            return 200, self._search(_object_type(m["type"]), body)
+        if m := OBJECT_PATH.match(path):
+            object_type = _object_type(m["type"])
+            record_id = m["id"]
+            if record_id is None and method == "POST":
+                rec = self.fake.create_record(object_type, _properties(body), api_source)
+                return 201, rec.to_json()
+            if record_id is not None and method == "PATCH":
+                rec = self.fake.update_record(object_type, record_id, _properties(body), api_source)
+                return 200, rec.to_json()
+            if record_id is not None and method == "GET":
+                with self.fake.store.lock:
+                    found = self.fake.store.records[object_type].get(record_id)
+                    if found is None:
+                        raise _error(404, "resource not found", "OBJECT_NOT_FOUND")
+                    only = [p for v in query.get("properties", []) for p in v.split(",") if p]
+                    return 200, found.to_json(only or None)
+            raise _error(405, "method not allowed", "VALIDATION_ERROR")
+        if m := SUBS_PATH.match(path):
+            return self._subscriptions(method, m["app"], m["id"], body)
+        raise _error(404, f"no route for {method} {path}", "OBJECT_NOT_FOUND")
+
+    def _search(self, object_type: str, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise _error(400, "Invalid search request", "VALIDATION_ERROR")
+        groups = body.get("filterGroups") or []
+        limit = min(int(body.get("limit", 10)), 200)
+        after = int(body.get("after", 0) or 0)
+        only = body.get("properties") or None
+        with self.fake.store.lock:
+            found = [
+                r
+                for r in self.fake.store.records[object_type].values()
+                if not groups
+                or any(all(_matches(r, f) for f in g.get("filters", [])) for g in groups)
+            ]
+            page = found[after : after + limit]
+            result: dict[str, Any] = {
+                "total": len(found),
+                "results": [r.to_json(only) for r in page],
+            }
+        if after + limit < len(found):
+            result["paging"] = {"next": {"after": str(after + limit)}}
+        return result
+
+    def _subscriptions(
+        self, method: str, app: str, sub_id: str | None, body: Any
+    ) -> tuple[int, Any]:
+        if app != self.fake.config.app_id:
+            raise _error(404, f"app {app} not found", "OBJECT_NOT_FOUND")
+        store = self.fake.store
+        if sub_id is None and method == "GET":
+            with store.lock:
+                return 200, {"results": list(store.subscriptions.values())}
+        if sub_id is None and method == "POST":
+            if not isinstance(body, dict) or not isinstance(body.get("eventType"), str):
+                raise _error(400, "eventType is required", "VALIDATION_ERROR")
+            event_type: str = body["eventType"]
+            if event_type.endswith("propertyChange") and not body.get("propertyName"):
+                raise _error(400, "propertyName is required for propertyChange", "VALIDATION_ERROR")
+            with store.lock:
+                for existing in store.subscriptions.values():
+                    if existing["eventType"] == event_type and existing.get(
+                        "propertyName"
+                    ) == body.get("propertyName"):
+                        raise _error(409, "subscription already exists", "CONFLICT")
+                ms = now_ms()
+                sub = {
+                    "id": store.next_subscription_id(),
+                    "eventType": event_type,
+                    "propertyName": body.get("propertyName"),
+                    "active": bool(body.get("active", True)),
+                    "createdAt": ms,
+                    "updatedAt": ms,
+                }
+                store.subscriptions[sub["id"]] = sub
+            return 201, sub
+        if sub_id is not None and method == "DELETE":
+            with store.lock:
+                if store.subscriptions.pop(sub_id, None) is None:
+                    raise _error(404, "subscription not found", "OBJECT_NOT_FOUND")
+            return 204, None
+        raise _error(405, "method not allowed", "VALIDATION_ERROR")
+
+    # --- admin ------------------------------------------------------------------------------
+    def _admin(self, method: str, path: str, body: Any) -> tuple[int, Any]:  # noqa: PLR0911
+        fake = self.fake
+        if path == "/_admin/state" and method == "GET":
+            return 200, fake.state()
+        if path == "/_admin/health":
+            return 200, {"ok": True}
+        if path == "/_admin/reset" and method == "POST":
+            fake.store.reset()
+            return 200, {"ok": True}
+        if path == "/_admin/faults" and method == "POST":
+            try:
+                return 201, fake.store.add_fault(body).to_json()
+            except (ValueError, TypeError, re.error) as exc:
+                raise _error(400, str(exc), "VALIDATION_ERROR") from None
+        if path == "/_admin/faults" and method == "DELETE":
+            with fake.store.lock:
+                fake.store.faults.clear()
+            return 200, {"ok": True}
+        if path == "/_admin/config" and method == "POST":
+            if "webhook_url" in body:
+                fake.config.webhook_url = body["webhook_url"] or None
+            if "require_subscriptions" in body:
+                fake.config.require_subscriptions = bool(body["require_subscriptions"])
+            return 200, fake.state()["config"]
+        if path == "/_admin/webhooks/flush" and method == "POST":
+            return 200, {"idle": fake.webhooks.wait_idle(float(body.get("timeout", 10)))}
+        if m := ADMIN_RECORDS.match(path):
+            object_type = _object_type(m["type"])
+            # Changes made "by a person in the CRM UI": a different author than the app.
+            user = ("CRM_UI", f"userId:{body.get('user_id', 7001)}" if body else "userId:7001")
+            if method == "GET" and m["id"] is None:
+                return 200, {"results": fake.records(object_type)}
+            if method == "POST" and m["id"] is None:
+                return 201, fake.create_record(object_type, _properties(body), user).to_json()
+            if method == "PATCH" and m["id"] is not None:
+                rec = fake.update_record(object_type, m["id"], _properties(body), user)
+                return 200, rec.to_json()
+        raise _error(404, f"no admin route for {method} {path}", "OBJECT_NOT_FOUND")

@@ -1,0 +1,264 @@
+"""The fake CRM behaves like the vendor where onceflow depends on it, over real HTTP."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+
+from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from devstack.tools import free_port
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeCrm]:
+    crm = FakeCrm(FakeCrmConfig(token="tok")).start()
+    try:
+        yield crm
+    finally:
+        crm.stop()
+
+
+def client(fake: FakeCrm) -> httpx.Client:
+    return httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer tok"}, timeout=5)
+
+
+def test_vendor_replay_dropped_create_then_identical_replay_makes_two_records(
+    fake: FakeCrm,
+) -> None:
+    """Why creates must be at-most-once: the vendor has no idempotency on create."""
+    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/contacts$")
+    body = {"properties": {"firstname": "Ada", "lastname": "Lovelace"}}
+    with client(fake) as c:
+        with pytest.raises(httpx.RemoteProtocolError):
+            c.post("/crm/v3/objects/contacts", json=body)
+        replay = c.post("/crm/v3/objects/contacts", json=body)
+    assert replay.status_code == 201
+    contacts = fake.records("contacts")
+    assert len(contacts) == 2
+    assert {r["properties"]["firstname"] for r in contacts} == {"Ada"}
+
+
+def test_create_shape_get_update_and_search(fake: FakeCrm) -> None:
+    with client(fake) as c:
+        created = c.post(
+            "/crm/v3/objects/deals", json={"properties": {"dealname": "Big", "amount": 5}}
+        )
+        assert created.status_code == 201
+        rec = created.json()
+        assert set(rec) == {"id", "properties", "createdAt", "updatedAt", "archived"}
+        assert rec["properties"]["amount"] == "5"  # HubSpot values are strings
+        assert rec["properties"]["hs_object_id"] == rec["id"]
+        assert int(created.headers["X-HubSpot-RateLimit-Remaining"]) == 189
+        assert created.headers["X-HubSpot-RateLimit-Interval-Milliseconds"] == "10000"
+
+        got = c.get(f"/crm/v3/objects/deals/{rec['id']}", params={"properties": "dealname"})
+        assert got.json()["properties"]["dealname"] == "Big"
+        assert "amount" not in got.json()["properties"]
+
+        upd = c.patch(f"/crm/v3/objects/deals/{rec['id']}", json={"properties": {"amount": "7"}})
+        assert upd.status_code == 200 and upd.json()["properties"]["amount"] == "7"
+
+        found = c.post(
+            "/crm/v3/objects/deals/search",
+            json={
+                "filterGroups": [
+                    {"filters": [{"propertyName": "amount", "operator": "GT", "value": "6"}]}
+                ]
+            },
+        ).json()
+        assert found["total"] == 1 and found["results"][0]["id"] == rec["id"]
+
+        assert c.get("/crm/v3/objects/deals/999999").status_code == 404
+        assert c.post("/crm/v3/objects/widgets", json={"properties": {}}).status_code == 400
+        assert c.post("/crm/v3/objects/deals", json={"nope": 1}).status_code == 400
+    assert (
+        httpx.post(f"{fake.url}/crm/v3/objects/deals", json={"properties": {}}).status_code == 401
+    )
+
+
+def test_unique_email_conflict_names_the_existing_id(fake: FakeCrm) -> None:
+    with client(fake) as c:
+        first = c.post("/crm/v3/objects/contacts", json={"properties": {"email": "a@x.io"}}).json()
+        clash = c.post("/crm/v3/objects/contacts", json={"properties": {"email": "A@x.io"}})
+    assert clash.status_code == 409
+    assert f"Existing ID: {first['id']}" in clash.json()["message"]
+    assert clash.json()["category"] == "CONFLICT"
+
+
+def test_faults_rate_limit_500_reset_and_delay(fake: FakeCrm) -> None:
+    fake.add_fault(action="rate_limit", retry_after=7)
+    fake.add_fault(action="error_500")
+    fake.add_fault(action="reset")
+    body = {"properties": {"name": "Acme"}}
+    with client(fake) as c:
+        limited = c.post("/crm/v3/objects/companies", json=body)
+        assert limited.status_code == 429 and limited.headers["Retry-After"] == "7"
+        assert limited.json()["policyName"] == "SECONDLY"
+        assert c.post("/crm/v3/objects/companies", json=body).status_code == 500
+        with pytest.raises(httpx.ReadError):
+            c.post("/crm/v3/objects/companies", json=body)
+        assert fake.records("companies") == []  # none of the faults wrote
+        slow = c.post(
+            "/crm/v3/objects/companies",
+            json=body,
+            headers={"X-Fakecrm-Fault": "delay", "X-Fakecrm-Delay": "0.3"},
+        )
+        assert slow.status_code == 201 and slow.elapsed.total_seconds() >= 0.3
+
+
+def test_subscriptions_api_list_create_delete(fake: FakeCrm) -> None:
+    with client(fake) as c:
+        base = "/webhooks/v3/424242/subscriptions"
+        made = c.post(
+            base,
+            json={"eventType": "deal.propertyChange", "propertyName": "dealstage", "active": True},
+        )
+        assert made.status_code == 201
+        sub = made.json()
+        assert (
+            c.post(
+                base, json={"eventType": "deal.propertyChange", "propertyName": "dealstage"}
+            ).status_code
+            == 409
+        )
+        assert c.post(base, json={"eventType": "deal.propertyChange"}).status_code == 400
+        assert [s["id"] for s in c.get(base).json()["results"]] == [sub["id"]]
+        assert c.delete(f"{base}/{sub['id']}").status_code == 204
+        assert c.get(base).json()["results"] == []
+        assert c.get("/webhooks/v3/1/subscriptions").status_code == 404
+
+
+class _Inbox:
+    def __init__(self) -> None:
+        self.received: list[tuple[dict[str, str], bytes, str]] = []
+        self.got = threading.Event()
+        inbox = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                return
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                inbox.received.append((dict(self.headers), body, self.path))
+                self.send_response(204)
+                self.end_headers()
+                inbox.got.set()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/webhooks/hubspot/c1"
+
+
+def test_sends_signed_v3_webhooks_with_change_source() -> None:
+    inbox = _Inbox()
+    fake = FakeCrm(FakeCrmConfig(webhook_url=inbox.url, app_secret="s3cret")).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            rid = c.post(
+                "/crm/v3/objects/contacts", json={"properties": {"email": "e@x.io"}}
+            ).json()["id"]
+            c.patch(
+                f"/crm/v3/objects/contacts/{rid}", json={"properties": {"lifecyclestage": "lead"}}
+            )
+            # A change "by a person in the CRM" carries a different author.
+            c.patch(f"/_admin/records/contacts/{rid}", json={"properties": {"firstname": "Bo"}})
+        assert fake.webhooks.wait_idle()
+    finally:
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    events = []
+    for headers, body, _path in inbox.received:
+        ts = headers["X-HubSpot-Request-Timestamp"]
+        expected = base64.b64encode(
+            hmac.new(
+                b"s3cret", b"POST" + inbox.url.encode() + body + ts.encode(), hashlib.sha256
+            ).digest()
+        ).decode()
+        assert hmac.compare_digest(headers["X-HubSpot-Signature-v3"], expected)
+        events.extend(json.loads(body))
+    kinds = [(e["subscriptionType"], e.get("propertyName"), e["changeSource"]) for e in events]
+    assert ("contact.creation", None, "INTEGRATION") in kinds
+    assert ("contact.propertyChange", "lifecyclestage", "INTEGRATION") in kinds
+    assert ("contact.propertyChange", "firstname", "CRM_UI") in kinds
+    lifecycle = next(e for e in events if e.get("propertyName") == "lifecyclestage")
+    assert lifecycle["propertyValue"] == "lead" and lifecycle["objectId"] == int(rid)
+    assert lifecycle["sourceId"] == "424242" and lifecycle["portalId"] == 62515
+
+
+def test_require_subscriptions_filters_events() -> None:
+    inbox = _Inbox()
+    fake = FakeCrm(FakeCrmConfig(webhook_url=inbox.url, require_subscriptions=True)).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            c.post("/webhooks/v3/424242/subscriptions", json={"eventType": "contact.creation"})
+            c.post("/crm/v3/objects/contacts", json={"properties": {"email": "f@x.io"}})
+        assert fake.webhooks.wait_idle()
+    finally:
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    events = [e for _h, body, _p in inbox.received for e in json.loads(body)]
+    assert [e["subscriptionType"] for e in events] == ["contact.creation"]
+    assert events[0]["subscriptionId"] == 501
+
+
+def test_cli_starts_reads_secret_from_env_and_serves_admin_state() -> None:
+    port = free_port()
+    env = dict(os.environ, FAKE_SECRET="from-env")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devstack.fakecrm",
+            "--port",
+            str(port),
+            "--webhook-url",
+            "http://127.0.0.1:9/hook",
+            "--app-secret-env",
+            "FAKE_SECRET",
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = json.loads(proc.stdout.readline())
+        assert line["fakecrm"] == f"http://127.0.0.1:{port}"
+        httpx.post(
+            f"{line['fakecrm']}/_admin/faults", json={"action": "error_500", "times": 2}
+        ).raise_for_status()
+        state = httpx.get(f"{line['fakecrm']}/_admin/state").json()
+        assert state["faults"][0]["times"] == 2
+        assert state["config"]["webhook_url"] == "http://127.0.0.1:9/hook"
+        assert (
+            httpx.post(f"{line['fakecrm']}/_admin/faults", json={"action": "explode"}).status_code
+            == 400
+        )
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+        assert proc.stdout is not None
+        proc.stdout.close()
+    missing = subprocess.run(
+        [sys.executable, "-m", "devstack.fakecrm", "--app-secret-env", "NOT_SET_ANYWHERE"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "NOT_SET_ANYWHERE"},
+    )
+    assert missing.returncode == 2 and "NOT_SET_ANYWHERE" in missing.stderr
