@@ -1,10 +1,32 @@
-"""`drain_inbox` entry point (placeholder until its issue lands)."""
+"""`drain_inbox` entry point (Cloud Scheduler, once a minute; loops inside its invocation).
 
+`DRAIN_BUDGET_SECONDS` (default 50, for a 60 s schedule and timeout) bounds the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
 from typing import Any
 
 import functions_framework
 
+from shared.db import get_database
+from shared.errors import TransientError
+from shared.inbox import drain_inbox as drain
+from shared.logs import get_logger, labelled, traced
+
+log = get_logger(__name__)
+
 
 @functions_framework.http
-def drain_inbox(request: Any) -> tuple[str, int]:
-    return ("drain_inbox is not built yet", 501)
+def drain_inbox(request: Any) -> tuple[str, int, dict[str, str]]:
+    budget = float(os.environ.get("DRAIN_BUDGET_SECONDS", "50"))
+    with traced(request.headers), labelled(function="drain_inbox"):
+        try:
+            report = drain(get_database(), budget_seconds=budget)
+        except TransientError as exc:
+            log.warning("drain_inbox stopped early: %s", exc)
+            return json.dumps({"error": "unavailable"}), 503, {"Content-Type": "application/json"}
+        log.info("drain_inbox done", extra={"labels": {"report": json.dumps(report.as_dict())}})
+    return json.dumps(report.as_dict()), 200, {"Content-Type": "application/json"}

@@ -1,10 +1,39 @@
-"""`webhook` entry point (placeholder until its issue lands)."""
+"""`webhook` entry point: `POST /{provider}/{connection_id}` (public, no IAM).
 
+Thin: turn the Flask request into a `WebhookRequest`, let `shared.webhooks.receive` decide,
+answer with its JSON, then nudge the drain (after the response is decided; never fails it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
 from typing import Any
 
 import functions_framework
 
+from shared.logs import labelled, traced
+from shared.webhooks import nudge
+from shared.webhooks.receive import WebhookRequest, receive_webhook
+
 
 @functions_framework.http
-def webhook(request: Any) -> tuple[str, int]:
-    return ("webhook is not built yet", 501)
+def webhook(request: Any) -> tuple[str, int, dict[str, str]]:
+    with traced(request.headers), labelled(function="webhook"):
+        answer = receive_webhook(
+            WebhookRequest(
+                method=request.method,
+                path=request.path,
+                query_string=request.query_string.decode("latin-1"),
+                scheme=request.scheme,
+                host=request.host,
+                headers=dict(request.headers),
+                content_length=request.content_length,
+                read=request.stream.read,
+            )
+        )
+    if answer.stored is not None:
+        # Best effort by contract: the schedule drains anyway, so a nudge can't fail a delivery.
+        with contextlib.suppress(Exception):
+            nudge.nudge()
+    return json.dumps(answer.body), answer.status, {"Content-Type": "application/json"}

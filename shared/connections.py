@@ -1,0 +1,171 @@
+"""Connections: a tenant's link to one CRM provider account.
+
+A connection row names *where* its secrets come from — the environment variable that Secret
+Manager fills in the cloud — never the secret itself. The secret is read from `os.environ` at
+the moment it is needed, so rotating it is a redeploy with a new secret version, not a data
+migration, and a database dump never holds a usable credential.
+
+Watched fields (what shadow records track, and so which property changes can fire) are the
+union of `trigger.watch` over the active versions of the tenant's workflows whose trigger
+events include `<provider>.<object>.property_changed`, plus the connection's own
+`watched_fields` setting (`{"contact": ["email", ...]}`), which is what counts until
+workflows exist. A property-change trigger with an empty `watch` list watches every field of
+its object type (`"*"`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import queries
+from shared.db import Tx
+
+SQL = queries.load("connections")
+GET = SQL["connection_get"]
+GET_FOR_TENANT = SQL["connection_get_for_tenant"]
+INSERT = SQL["connection_insert"]
+ACTIVE_TRIGGERS = SQL["connection_active_triggers"]
+
+PROVIDERS = ("hubspot", "standard", "pipedrive")
+ALL_FIELDS = "*"
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
+
+
+class SecretUnavailable(RuntimeError):
+    """The environment variable a connection names is not set in this process."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    id: str
+    tenant_id: str
+    provider: str
+    status: str
+    webhook_secret_env: str
+    api_credentials_env: str | None = None
+    signature_versions: tuple[str, ...] = ("v3",)
+    api_base_url: str | None = None
+    provider_account_id: str | None = None
+    watched_fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    excluded_authors: tuple[str, ...] = ()
+
+    def webhook_secret(self) -> str:
+        """The webhook secret, read from the environment now (never stored, never logged)."""
+        value = os.environ.get(self.webhook_secret_env)
+        if not value:
+            raise SecretUnavailable(f"environment variable {self.webhook_secret_env} is not set")
+        return value
+
+
+def is_connection_id(text: str) -> bool:
+    return bool(_UUID.match(text))
+
+
+def _from_row(row: Mapping[str, Any]) -> Connection:
+    watched = row["watched_fields"]
+    if isinstance(watched, str):
+        watched = json.loads(watched)
+    return Connection(
+        id=row["id"],
+        tenant_id=row["tenant_id"],
+        provider=row["provider"],
+        status=row["status"],
+        webhook_secret_env=row["webhook_secret_env"],
+        api_credentials_env=row["api_credentials_env"],
+        signature_versions=tuple(row["signature_versions"] or ()),
+        api_base_url=row["api_base_url"],
+        provider_account_id=row["provider_account_id"],
+        watched_fields={
+            str(k): tuple(str(f) for f in v)
+            for k, v in (watched or {}).items()
+            if isinstance(v, list)
+        },
+        excluded_authors=tuple(row["excluded_authors"] or ()),
+    )
+
+
+def get_connection(tx: Tx, connection_id: str) -> Connection | None:
+    """The connection by id, for the webhook path (which has no tenant context yet)."""
+    if not is_connection_id(connection_id):
+        return None
+    row = tx.one(GET, connection_id=connection_id)
+    return _from_row(row) if row else None
+
+
+def get_connection_for_tenant(tx: Tx, tenant_id: str, connection_id: str) -> Connection | None:
+    """The connection if it belongs to `tenant_id`; another tenant's id reads as unknown."""
+    if not is_connection_id(connection_id):
+        return None
+    row = tx.one(GET_FOR_TENANT, connection_id=connection_id, tenant_id=tenant_id)
+    return _from_row(row) if row else None
+
+
+def create_connection(
+    tx: Tx,
+    *,
+    tenant_id: str,
+    provider: str,
+    webhook_secret_env: str,
+    api_credentials_env: str | None = None,
+    signature_versions: tuple[str, ...] = ("v3",),
+    api_base_url: str | None = None,
+    provider_account_id: str | None = None,
+    watched_fields: Mapping[str, list[str]] | None = None,
+) -> str:
+    """Insert a connection; its id."""
+    return str(
+        tx.scalar(
+            INSERT,
+            tenant_id=tenant_id,
+            provider=provider,
+            webhook_secret_env=webhook_secret_env,
+            api_credentials_env=api_credentials_env,
+            signature_versions="{" + ",".join(signature_versions) + "}",
+            api_base_url=api_base_url,
+            provider_account_id=provider_account_id,
+            watched_fields=json.dumps(dict(watched_fields or {})),
+        )
+    )
+
+
+@dataclass(frozen=True)
+class WatchedFields:
+    """Per object type, the fields whose changes matter (`"*"` means all of them)."""
+
+    by_object: Mapping[str, frozenset[str]]
+
+    def watches(self, object_type: str, field_name: str) -> bool:
+        fields = self.by_object.get(object_type, frozenset())
+        return ALL_FIELDS in fields or field_name in fields
+
+
+def property_change_event(provider: str, object_type: str) -> str:
+    return f"{provider}.{object_type}.property_changed"
+
+
+def _trigger_watches(provider: str, trigger: Any, into: dict[str, set[str]]) -> None:
+    if isinstance(trigger, str):
+        trigger = json.loads(trigger)
+    if not isinstance(trigger, Mapping):
+        return
+    events = trigger.get("events") or []
+    watch = [str(w) for w in (trigger.get("watch") or []) if isinstance(w, str)]
+    prefix, suffix = f"{provider}.", ".property_changed"
+    for event in events:
+        if isinstance(event, str) and event.startswith(prefix) and event.endswith(suffix):
+            object_type = event[len(prefix) : -len(suffix)]
+            if object_type and "." not in object_type:
+                into.setdefault(object_type, set()).update(watch or [ALL_FIELDS])
+
+
+def watched_fields(tx: Tx, connection: Connection) -> WatchedFields:
+    """The union of active triggers' watch lists and the connection's own setting."""
+    union: dict[str, set[str]] = {k: set(v) for k, v in connection.watched_fields.items()}
+    for row in tx.all(ACTIVE_TRIGGERS, tenant_id=connection.tenant_id):
+        _trigger_watches(connection.provider, row["trigger"], union)
+    return WatchedFields({k: frozenset(v) for k, v in union.items()})

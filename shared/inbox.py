@@ -1,0 +1,298 @@
+"""The webhook inbox: verified raw bodies in, typed trigger events out.
+
+Row states (`webhook_inbox.status`):
+- `pending` — stored by the webhook function, waiting to be drained. A drainer's lease is a
+  lease id plus a postponed `next_attempt_at`; if the drainer dies the row simply becomes
+  claimable again when the lease runs out. Moves to one of the three below.
+- `processed` — its events are in the outbox; `outcome` says how many were produced and how
+  many dropped, and why. Terminal.
+- `rejected` — verified but unparseable; the reason is in `last_error`. Never retried:
+  the same bytes can't parse next time. Terminal.
+- `dead` — failed `max_attempts` times on transient errors, or once on a permanent one;
+  the error stays in `last_error` for a person to look at. Terminal.
+
+The claim commits on its own (the attempt counter must survive a crash that kills the
+process mid-row, or a poison row would be retried forever). Each row is then processed in
+ONE transaction: fence on the lease → parse → shadow records → outbox → stamp processed. If
+anything fails the whole transaction rolls back, so events and shadow state never get ahead
+of the inbox row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shared import connections, queries, shadow
+from shared.db import Database, Tx
+from shared.errors import TransientError
+from shared.logs import get_logger, labelled
+from shared.normalize import NormalizedEvent, UnparseableBody, normalize
+from shared.outbox import TriggerEvent, emit
+
+SQL = queries.load("inbox")
+STORE = SQL["inbox_store"]
+CLAIM = SQL["inbox_claim"]
+LOCK_LEASED = SQL["inbox_lock_leased"]
+MARK_PROCESSED = SQL["inbox_mark_processed"]
+MARK_REJECTED = SQL["inbox_mark_rejected"]
+MARK_DEAD = SQL["inbox_mark_dead"]
+SCHEDULE_RETRY = SQL["inbox_schedule_retry"]
+GET = SQL["inbox_get"]
+
+log = get_logger(__name__)
+
+RowResult = Literal["processed", "rejected", "retried", "dead", "lease_lost"]
+
+
+# --- storing --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stored:
+    inbox_id: int
+    deliveries: int  # > 1: an identical retry of a body we already had
+
+
+def store(tx: Tx, connection_id: str, body: bytes, headers: Mapping[str, str]) -> Stored:
+    """Keep a verified body; a byte-identical retry on the same connection is the same row."""
+    row = tx.one(
+        STORE,
+        connection_id=connection_id,
+        body_sha256=hashlib.sha256(body).digest(),
+        body=body,
+        headers=json.dumps(dict(headers)),
+    )
+    assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always returns a row
+    return Stored(int(row["id"]), int(row["deliveries"]))
+
+
+# --- draining -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DrainPolicy:
+    batch_size: int = 20
+    # Longer than one row can take (a few statements per event), so a live drainer's lease
+    # doesn't expire under it; short enough that a dead drainer's rows return quickly.
+    lease_seconds: float = 60.0
+    max_attempts: int = 8
+    backoff_base_seconds: float = 2.0
+    backoff_cap_seconds: float = 300.0
+    idle_poll_seconds: float = 1.0
+
+
+def backoff_seconds(attempt: int, policy: DrainPolicy) -> float:
+    """Delay before attempt `attempt + 1`: base · 2^(attempt-1), capped."""
+    return float(min(policy.backoff_cap_seconds, policy.backoff_base_seconds * 2 ** (attempt - 1)))
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    id: int
+    connection_id: str
+    body: bytes
+    headers: Mapping[str, str]
+    attempts: int
+
+
+@dataclass
+class DrainReport:
+    claimed: int = 0
+    processed: int = 0
+    rejected: int = 0
+    retried: int = 0
+    dead: int = 0
+    lease_lost: int = 0
+    events: int = 0
+
+    def count(self, result: RowResult) -> None:
+        setattr(self, result, getattr(self, result) + 1)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Outcome:
+    produced: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    event_ids: list[int] = field(default_factory=list)
+
+    def as_json(self) -> str:
+        return json.dumps({"produced": self.produced, "dropped": dict(self.dropped)})
+
+
+def claim_rows(db: Database, lease_id: str, policy: DrainPolicy) -> list[ClaimedRow]:
+    with db.transaction() as tx:
+        rows = tx.all(
+            CLAIM, lease_id=lease_id, lease_seconds=policy.lease_seconds, limit=policy.batch_size
+        )
+    out = []
+    for r in rows:
+        headers = r["headers"]
+        if isinstance(headers, str):
+            headers = json.loads(headers)
+        out.append(
+            ClaimedRow(
+                id=int(r["id"]),
+                connection_id=r["connection_id"],
+                body=bytes(r["body"]),
+                headers=dict(headers or {}),
+                attempts=int(r["attempts"]),
+            )
+        )
+    return sorted(out, key=lambda c: c.id)
+
+
+def write_events(
+    tx: Tx,
+    connection: connections.Connection,
+    inbox_id: int | None,
+    events: list[NormalizedEvent],
+) -> Outcome:
+    """Shadow-check and emit each event in the caller's transaction."""
+    watched = connections.watched_fields(tx, connection)
+    outcome = Outcome()
+    for event in events:
+        if event.kind == "property_changed" and event.object_type and event.object_id:
+            emit_it, reason = shadow.observe_changes(
+                tx,
+                connection_id=connection.id,
+                object_type=event.object_type,
+                object_id=event.object_id,
+                changes=event.changed_fields,
+                occurred_at=event.occurred_at,
+                event_id=event.source_event_id,
+                is_watched=watched.watches,
+            )
+            if not emit_it:
+                outcome.dropped[reason or "unchanged"] += 1
+                continue
+        event_id = emit(
+            tx,
+            TriggerEvent(
+                tenant_id=connection.tenant_id,
+                connection_id=connection.id,
+                event_type=event.event_type,
+                payload=event.payload,
+                source_event_id=event.source_event_id,
+                record_object_type=event.object_type,
+                record_object_id=event.object_id,
+                author_id=event.author_id,
+                author_source=event.author_source,
+                changed_fields=event.changed_fields,
+                occurred_at=event.occurred_at,
+                inbox_id=inbox_id,
+            ),
+        )
+        if event_id is None:
+            outcome.dropped["re_announced"] += 1
+        else:
+            outcome.produced += 1
+            outcome.event_ids.append(event_id)
+    return outcome
+
+
+def _settle(db: Database, query: Any, **params: Any) -> None:
+    with db.transaction() as tx:
+        tx.execute(query, **params)
+
+
+def process_row(
+    db: Database, row: ClaimedRow, lease_id: str, policy: DrainPolicy
+) -> tuple[RowResult, int]:
+    """Turn one claimed inbox row into events, in one transaction; how it ended, and how
+    many events it produced."""
+    try:
+        with db.transaction() as tx:
+            if tx.one(LOCK_LEASED, id=row.id, lease_id=lease_id) is None:
+                return "lease_lost", 0
+            connection = connections.get_connection(tx, row.connection_id)
+            if connection is None:  # pragma: no cover - the foreign key keeps it
+                raise UnparseableBody("the row's connection no longer exists")
+            events = normalize(connection.provider, row.body, row.headers)
+            outcome = write_events(tx, connection, row.id, events)
+            tx.execute(MARK_PROCESSED, id=row.id, lease_id=lease_id, outcome=outcome.as_json())
+        return "processed", outcome.produced
+    except UnparseableBody as exc:
+        log.warning("inbox row rejected: %s", exc)
+        _settle(
+            db,
+            MARK_REJECTED,
+            id=row.id,
+            lease_id=lease_id,
+            error=str(exc)[:2000],
+            outcome=json.dumps({"produced": 0, "dropped": {}, "rejected": str(exc)[:500]}),
+        )
+        return "rejected", 0
+    except TransientError as exc:
+        if row.attempts >= policy.max_attempts:
+            log.error("inbox row dead after %d attempts: %s", row.attempts, exc)
+            _settle(db, MARK_DEAD, id=row.id, lease_id=lease_id, error=str(exc)[:2000])
+            return "dead", 0
+        delay = backoff_seconds(row.attempts, policy)
+        log.warning("inbox row attempt %d failed, retry in %.0f s: %s", row.attempts, delay, exc)
+        _settle(
+            db,
+            SCHEDULE_RETRY,
+            id=row.id,
+            lease_id=lease_id,
+            delay_seconds=delay,
+            error=str(exc)[:2000],
+        )
+        return "retried", 0
+    except Exception as exc:
+        # Permanent: a retry of the same row would fail the same way. Visible, not looping.
+        log.exception("inbox row failed permanently")
+        _settle(db, MARK_DEAD, id=row.id, lease_id=lease_id, error=f"{exc!r}"[:2000])
+        return "dead", 0
+
+
+def drain_inbox(
+    db: Database,
+    *,
+    budget_seconds: float,
+    until_empty: bool = False,
+    policy: DrainPolicy | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> DrainReport:
+    """Drain until the budget is spent (or, with `until_empty`, until nothing is claimable).
+
+    Cloud Scheduler fires at most once a minute; the inbox should drain every few seconds,
+    so one invocation keeps claiming and polling until shortly before its deadline."""
+    policy = policy or DrainPolicy()
+    report = DrainReport()
+    deadline = clock() + budget_seconds
+    while clock() < deadline:
+        lease_id = str(uuid.uuid4())
+        try:
+            rows = claim_rows(db, lease_id, policy)
+        except TransientError as exc:
+            log.warning("inbox claim failed: %s", exc)
+            if until_empty:
+                break
+            time.sleep(max(0.0, min(policy.idle_poll_seconds, deadline - clock())))
+            continue
+        if not rows:
+            if until_empty:
+                break
+            time.sleep(max(0.0, min(policy.idle_poll_seconds, deadline - clock())))
+            continue
+        report.claimed += len(rows)
+        for row in rows:
+            with labelled(inbox_id=row.id, connection_id=row.connection_id):
+                result, produced = process_row(db, row, lease_id, policy)
+            report.count(result)
+            report.events += produced
+    return report
+
+
+def get_row(tx: Tx, inbox_id: int) -> dict[str, Any] | None:
+    return tx.one(GET, id=inbox_id)

@@ -1,0 +1,25 @@
+"""Provider payloads -> typed trigger events (see `event.py` for the naming scheme)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from shared.normalize import hubspot, pipedrive, standard
+from shared.normalize.event import NormalizedEvent, UnparseableBody, snake
+
+__all__ = ["NormalizedEvent", "UnparseableBody", "normalize", "snake"]
+
+
+def normalize(provider: str, body: bytes, headers: Mapping[str, str]) -> list[NormalizedEvent]:
+    """Every event in a verified body, in occurred-at order. Raises UnparseableBody."""
+    if provider == "hubspot":
+        events = hubspot.normalize(body)
+    elif provider == "standard":
+        events = standard.normalize(body, headers)
+    elif provider == "pipedrive":
+        events = pipedrive.normalize(body)
+    else:
+        raise UnparseableBody(f"no normalizer for provider {provider!r}")
+    # Stable sort: within one delivery an older change is applied before a newer one, so the
+    # shadow record doesn't call the older one out of order just because of array position.
+    return sorted(events, key=lambda e: e.occurred_at)

@@ -1,0 +1,102 @@
+"""HubSpot webhook bodies: a JSON array of events.
+
+Each element has `eventId`, `subscriptionType` (`contact.creation`,
+`contact.propertyChange`, `deal.propertyChange`, `company.deletion`, … or the generic
+`object.*` with `objectTypeId`), `objectId`, `propertyName`/`propertyValue` for property
+changes, `occurredAt` (ms), `changeSource` and `sourceId` (who made the change),
+`attemptNumber` and `portalId`. The author is `author_source = changeSource`,
+`author_id = sourceId` (e.g. `userId:123`, or an app id for integration writes).
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+
+from shared.normalize.event import Kind, NormalizedEvent, UnparseableBody, snake
+
+_ACTIONS: dict[str, tuple[str, Kind]] = {
+    "creation": ("created", "created"),
+    "propertyChange": ("property_changed", "property_changed"),
+    "deletion": ("deleted", "deleted"),
+    "privacyDeletion": ("privacy_deleted", "deleted"),
+    "merge": ("merged", "other"),
+    "restore": ("restored", "other"),
+    "associationChange": ("association_changed", "other"),
+}
+# HubSpot's ids for its standard objects, used by the generic `object.*` subscriptions.
+_OBJECT_TYPE_IDS = {"0-1": "contact", "0-2": "company", "0-3": "deal", "0-5": "ticket"}
+_SUBSCRIPTION_TYPE = re.compile(r"^[A-Za-z_]+\.[A-Za-z_]+$")
+
+
+class HubSpotEvent(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    event_id: StrictInt | StrictStr = Field(alias="eventId")
+    subscription_type: StrictStr = Field(alias="subscriptionType", pattern=_SUBSCRIPTION_TYPE)
+    occurred_at: StrictInt = Field(alias="occurredAt", ge=0, lt=10**14)
+    object_id: StrictInt | StrictStr | None = Field(default=None, alias="objectId")
+    object_type_id: StrictStr | None = Field(default=None, alias="objectTypeId")
+    property_name: StrictStr | None = Field(default=None, alias="propertyName")
+    property_value: Any = Field(default=None, alias="propertyValue")
+    change_source: StrictStr | None = Field(default=None, alias="changeSource")
+    source_id: StrictStr | StrictInt | None = Field(default=None, alias="sourceId")
+
+
+HubSpotEventList = TypeAdapter(list[HubSpotEvent])
+
+
+def _object_type(event: HubSpotEvent) -> str:
+    name = event.subscription_type.split(".", 1)[0]
+    if name == "object" and event.object_type_id:
+        return _OBJECT_TYPE_IDS.get(event.object_type_id, f"object_{snake(event.object_type_id)}")
+    return snake(name)
+
+
+def normalize(body: bytes) -> list[NormalizedEvent]:
+    try:
+        raw = HubSpotEventList.validate_json(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise UnparseableBody(f"not a HubSpot event array: {where}: {first['msg']}") from None
+    if not raw:
+        raise UnparseableBody("empty HubSpot event array")
+    return [_to_event(e, index) for index, e in enumerate(raw)]
+
+
+def _to_event(event: HubSpotEvent, index: int) -> NormalizedEvent:
+    object_type = _object_type(event)
+    verb = event.subscription_type.split(".", 1)[1]
+    action, kind = _ACTIONS.get(verb, (snake(verb), "other"))
+    if not object_type or not action:
+        raise UnparseableBody(f"event {index}: unusable subscriptionType")
+    changed: dict[str, Any] = {}
+    if kind == "property_changed":
+        if not event.property_name:
+            raise UnparseableBody(f"event {index}: propertyChange without propertyName")
+        changed[event.property_name] = event.property_value
+    object_id = None if event.object_id is None else str(event.object_id)
+    return NormalizedEvent(
+        event_type=f"hubspot.{object_type}.{action}",
+        kind=kind,
+        occurred_at=datetime.fromtimestamp(event.occurred_at / 1000, UTC),
+        payload=event.model_dump(mode="json", by_alias=True, exclude_none=True),
+        source_event_id=str(event.event_id),
+        object_type=object_type if object_id is not None else None,
+        object_id=object_id,
+        changed_fields=changed,
+        author_id=None if event.source_id is None else str(event.source_id),
+        author_source=event.change_source,
+    )

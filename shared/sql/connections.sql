@@ -1,0 +1,33 @@
+-- Connections: where a tenant's webhooks come from and where its secrets live (env var names).
+
+-- name: connection_get
+SELECT id::text AS id, tenant_id, provider, status, webhook_secret_env, api_credentials_env,
+       signature_versions, api_base_url, provider_account_id, watched_fields, excluded_authors
+  FROM connections
+ WHERE id = CAST(:connection_id AS uuid)
+
+-- name: connection_get_for_tenant
+-- A tenant sees only its own connections: the tenant is part of the key, not a later filter.
+SELECT id::text AS id, tenant_id, provider, status, webhook_secret_env, api_credentials_env,
+       signature_versions, api_base_url, provider_account_id, watched_fields, excluded_authors
+  FROM connections
+ WHERE id = CAST(:connection_id AS uuid) AND tenant_id = :tenant_id
+
+-- name: connection_insert
+INSERT INTO connections (tenant_id, provider, webhook_secret_env, api_credentials_env,
+                         signature_versions, api_base_url, provider_account_id, watched_fields)
+VALUES (:tenant_id, :provider, :webhook_secret_env, :api_credentials_env,
+        CAST(:signature_versions AS text[]), :api_base_url, :provider_account_id,
+        CAST(:watched_fields AS jsonb))
+RETURNING id::text AS id
+
+-- name: connection_active_triggers
+-- The triggers of ACTIVE versions of the tenant's workflows; the caller keeps those whose
+-- events include a property-change event of this provider. Read straight from the tables
+-- the workflows engine owns, so a newly activated version counts on the next drained row.
+SELECT v.definition -> 'trigger' AS trigger
+  FROM workflow_activations a
+  JOIN workflow_versions v ON v.id = a.version_id
+  JOIN workflows w ON w.id = a.workflow_id
+ WHERE w.tenant_id = :tenant_id
+   AND jsonb_typeof(v.definition -> 'trigger' -> 'events') = 'array'

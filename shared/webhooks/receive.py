@@ -1,0 +1,201 @@
+"""The receive path of `POST /{provider}/{connection_id}`: size cap, verify, store, answer.
+
+Order matters: the size is checked before anything is read or looked up, the signature before
+anything is stored, and nothing but the inbox insert happens before the answer (HubSpot waits
+only a few seconds). Refusals store nothing and log the check that failed, never the secret.
+
+| outcome                                   | status |
+|-------------------------------------------|--------|
+| not POST                                  | 405    |
+| body over the cap (Content-Length or read)| 413    |
+| unknown / other provider's / disconnected | 404    |
+| missing, bad or stale signature           | 401    |
+| the named secret env var is not set       | 503 (the provider retries; nothing stored) |
+| database unavailable                      | 503    |
+| stored (new or identical retry)           | 200    |
+
+The full URI HubSpot v3 signs is the one HubSpot called. Behind Cloud Run (and any proxy)
+the request's own URL may not be it, so: `PUBLIC_BASE_URL` (e.g.
+`https://hooks.example.com/webhook`), when set, is prepended to the request path and query;
+otherwise the scheme is the first `X-Forwarded-Proto` value (Cloud Run sets it to https) or
+the request's, and the host is the `Host` header (Cloud Run passes the public host through).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import connections, inbox
+from shared.db import Database, get_database
+from shared.errors import TransientError
+from shared.logs import get_logger, labelled
+from shared.webhooks import signatures
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+READ_CHUNK_BYTES = 64 * 1024
+# Headers worth keeping with the body: what a normalizer or a person needs later. Never the
+# Authorization header (Pipedrive's Basic credentials) and no signatures.
+KEPT_HEADERS = (
+    "content-type",
+    "user-agent",
+    "webhook-id",
+    "webhook-timestamp",
+    "x-hubspot-request-timestamp",
+)
+log = get_logger(__name__)
+
+
+def max_body_bytes() -> int:
+    return int(os.environ.get("WEBHOOK_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)))
+
+
+@dataclass(frozen=True)
+class WebhookRequest:
+    method: str
+    path: str  # decoded path, e.g. /hubspot/5b0c…
+    query_string: str  # raw, without the "?"
+    scheme: str
+    host: str
+    headers: Mapping[str, str]
+    content_length: int | None
+    read: Callable[[int], bytes]  # reads at most n bytes of the body
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict[str, Any] = field(default_factory=dict)
+    stored: inbox.Stored | None = None
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
+
+
+def public_uri(request: WebhookRequest) -> str:
+    """The URI the provider called (see the module docstring for the rules)."""
+    suffix = request.path + (f"?{request.query_string}" if request.query_string else "")
+    base = os.environ.get("PUBLIC_BASE_URL")
+    if base:
+        return base.rstrip("/") + suffix
+    forwarded = _header(request.headers, "x-forwarded-proto")
+    scheme = forwarded.split(",")[0].strip() if forwarded else request.scheme
+    host = _header(request.headers, "host") or request.host
+    return f"{scheme}://{host}{suffix}"
+
+
+def read_capped(read: Callable[[int], bytes], cap: int) -> bytes | None:
+    """The body, or None as soon as it proves longer than `cap` (the rest is never read)."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = read(min(READ_CHUNK_BYTES, cap + 1 - total))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > cap:
+            return None
+
+
+def _refuse(status: int, error: str, check: str, **labels: Any) -> Answer:
+    log.warning("webhook refused (%d): %s", status, check, extra={"labels": labels})
+    return Answer(status, {"error": error, "check": check})
+
+
+def _verify(
+    connection: connections.Connection, request: WebhookRequest, body: bytes, secret: str
+) -> signatures.Verdict:
+    now = time.time()
+    if connection.provider == "hubspot":
+        return signatures.verify_hubspot(
+            secret=secret,
+            method=request.method,
+            uri=public_uri(request),
+            body=body,
+            headers=request.headers,
+            now=now,
+            versions=connection.signature_versions,
+        )
+    if connection.provider == "standard":
+        return signatures.verify_standard(
+            secret=secret, body=body, headers=request.headers, now=now
+        )
+    if connection.provider == "pipedrive":
+        return signatures.verify_pipedrive(secret=secret, headers=request.headers)
+    return signatures.Verdict.refuse("provider_unsupported")
+
+
+def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
+    request: WebhookRequest, db: Database | None = None
+) -> Answer:
+    """Size-check, verify and store one webhook delivery; the answer to give."""
+    if request.method != "POST":
+        return _refuse(405, "method_not_allowed", "method")
+    parts = request.path.strip("/").split("/")
+    if (
+        len(parts) != 2
+        or parts[0] not in connections.PROVIDERS
+        or not connections.is_connection_id(parts[1])
+    ):
+        return _refuse(404, "unknown_connection", "path")
+    provider, connection_id = parts
+    cap = max_body_bytes()
+    if request.content_length is not None and request.content_length > cap:
+        return _refuse(413, "body_too_large", "content_length", connection_id=connection_id)
+    body = read_capped(request.read, cap)
+    if body is None:
+        return _refuse(413, "body_too_large", "body_read", connection_id=connection_id)
+    db = db or get_database()
+    try:
+        with db.transaction() as tx:
+            connection = connections.get_connection(tx, connection_id)
+    except TransientError as exc:
+        log.warning("webhook: database unavailable: %s", exc)
+        return Answer(503, {"error": "unavailable"})
+    if connection is None:
+        return _refuse(
+            404, "unknown_connection", "connection_not_found", connection_id=connection_id
+        )
+    with labelled(connection_id=connection.id, tenant=connection.tenant_id):
+        if connection.provider != provider:
+            return _refuse(404, "unknown_connection", "provider_mismatch")
+        if connection.status == "disconnected":
+            return _refuse(404, "unknown_connection", "connection_disconnected")
+        try:
+            secret = connection.webhook_secret()
+        except connections.SecretUnavailable as exc:
+            log.error("webhook: cannot verify: %s", exc)
+            return Answer(503, {"error": "verification_unavailable"})
+        verdict = _verify(connection, request, body, secret)
+        if not verdict.ok:
+            return _refuse(401, "invalid_signature", verdict.check)
+        kept = {
+            name: value
+            for name in KEPT_HEADERS
+            if (value := _header(request.headers, name)) is not None
+        }
+        try:
+            with db.transaction() as tx:
+                stored = inbox.store(tx, connection.id, body, kept)
+        except TransientError as exc:
+            log.warning("webhook: could not store: %s", exc)
+            return Answer(503, {"error": "unavailable"})
+        log.info(
+            "webhook stored (%s, delivery %d)",
+            verdict.check,
+            stored.deliveries,
+            extra={"labels": {"inbox_id": stored.inbox_id}},
+        )
+        return Answer(
+            200,
+            {"status": "accepted", "inbox_id": stored.inbox_id, "deliveries": stored.deliveries},
+            stored,
+        )
