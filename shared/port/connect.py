@@ -1,0 +1,122 @@
+"""Building the CRM port for a connection row.
+
+This is the one place that maps a provider name to an adapter; everything above it sees only
+`CrmPort`. The API credentials come from the environment variable the row names
+(`connections.api_credentials_env`, filled from Secret Manager in the cloud), read when the port
+is built and never stored. Ports are cached per process so a warm instance keeps each
+connection's HTTP pool and rate-limit state; a change of base URL or credentials builds a new one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from shared import queries
+from shared.connections import is_connection_id
+from shared.db import Tx
+from shared.port.hubspot import HubSpotPort
+from shared.port.interface import CrmPort, PortError
+
+SQL = queries.load("port")
+GET = SQL["port_connection_get"]
+SET_APP_ID = SQL["port_connection_set_app_id"]
+
+
+@dataclass(frozen=True)
+class PortSettings:
+    connection_id: str
+    tenant_id: str
+    provider: str
+    status: str
+    api_base_url: str | None
+    api_credentials_env: str | None
+    provider_app_id: str | None
+
+
+def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
+    row = tx.one(GET, connection_id=connection_id) if is_connection_id(connection_id) else None
+    if row is None:
+        raise PortError(
+            f"connection {connection_id} does not exist", code="invalid_request", transient=False
+        )
+    return PortSettings(
+        connection_id=row["id"],
+        tenant_id=row["tenant_id"],
+        provider=row["provider"],
+        status=row["status"],
+        api_base_url=row["api_base_url"],
+        api_credentials_env=row["api_credentials_env"],
+        provider_app_id=row["provider_app_id"],
+    )
+
+
+_cache: dict[tuple[str, str, str | None, str, str | None], CrmPort] = {}
+_cache_lock = threading.Lock()
+
+
+def build_port(settings: PortSettings) -> CrmPort:
+    """The adapter for `settings`, reused while base URL, token and app id stay the same."""
+    if settings.status != "active":
+        raise PortError(
+            f"connection {settings.connection_id} is {settings.status}",
+            code="unauthorized",
+            transient=False,
+        )
+    if not settings.api_credentials_env:
+        raise PortError(
+            f"connection {settings.connection_id} names no API credentials variable",
+            code="unauthorized",
+            transient=False,
+        )
+    token = os.environ.get(settings.api_credentials_env)
+    if not token:
+        raise PortError(
+            f"environment variable {settings.api_credentials_env} is not set",
+            code="unauthorized",
+            transient=False,
+        )
+    key = (
+        settings.connection_id,
+        settings.provider,
+        settings.api_base_url,
+        token,
+        settings.provider_app_id,
+    )
+    with _cache_lock:
+        port = _cache.get(key)
+        if port is None:
+            if settings.provider != "hubspot":
+                raise PortError(
+                    f"no CRM adapter for provider {settings.provider!r}",
+                    code="invalid_request",
+                    transient=False,
+                )
+            stale = [k for k in _cache if k[0] == settings.connection_id]
+            for k in stale:
+                old = _cache.pop(k)
+                if isinstance(old, HubSpotPort):
+                    old.close()
+            port = HubSpotPort(
+                token, base_url=settings.api_base_url, app_id=settings.provider_app_id
+            )
+            _cache[key] = port
+        return port
+
+
+def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
+    return build_port(load_port_settings(tx, connection_id))
+
+
+def set_provider_app_id(tx: Tx, connection_id: str, app_id: str | None) -> int:
+    return tx.execute(SET_APP_ID, connection_id=connection_id, provider_app_id=app_id)
+
+
+def forget_ports() -> None:
+    """Drop cached ports (tests that restart the fake CRM)."""
+    with _cache_lock:
+        for port in _cache.values():
+            if isinstance(port, HubSpotPort):
+                port.close()
+        _cache.clear()

@@ -1,0 +1,319 @@
+"""The HubSpot adapter: CRM v3 objects and webhooks v3 subscriptions over httpx.
+
+Everything HubSpot-specific stops here. Responses become `Record`/`Subscription`; failures
+become `PortError` with a vendor-neutral code, classified once:
+
+- 429 → `rate_limited`, transient, retry-after from `Retry-After` (else the rate-limit
+  interval); 408/425 → `timeout`; 5xx → `unavailable`; all transient.
+- connect errors → `connect_failed` (transient, and the request never left); read/write
+  timeouts → `timeout`; a connection dropped or reset mid-request → `connection_reset`
+  (transient, but the write may have been applied: at-most-once callers must not retry).
+- 409 → `conflict`, permanent, with HubSpot's "Existing ID: N" in `existing_id`.
+- 404 → `not_found`, 401/403 → `unauthorized`, 400/422 → `invalid_request`; anything else
+  → `unknown`; all permanent.
+
+The `X-HubSpot-RateLimit-*` headers are read on every answer: when the last one said the window
+is spent, the next call is refused locally as `rate_limited` until the interval has passed,
+instead of spending a request on a certain 429.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from shared.port.interface import (
+    Capabilities,
+    PortError,
+    RateLimitState,
+    Record,
+    SearchFilter,
+    Subscription,
+)
+
+DEFAULT_BASE_URL = "https://api.hubapi.com"
+DEFAULT_TIMEOUT_SECONDS = 10.0
+PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task": "tasks"}
+SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
+_EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
+# Codes whose request provably never changed anything at the provider.
+NOT_APPLIED_CODES = frozenset(
+    {"connect_failed", "rate_limited", "unauthorized", "invalid_request", "not_found", "conflict"}
+)
+
+
+def plural_object_type(object_type: str) -> str:
+    name = object_type.strip().lower()
+    if name in SINGULAR:
+        return name
+    if name in PLURAL:
+        return PLURAL[name]
+    raise PortError(
+        f"unsupported object type {object_type!r}", code="invalid_request", transient=False
+    )
+
+
+def singular_object_type(object_type: str) -> str:
+    return SINGULAR[plural_object_type(object_type)]
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        return None
+
+
+def _message(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    if isinstance(body, dict) and isinstance(body.get("message"), str):
+        return str(body["message"])
+    return response.text[:300]
+
+
+def classify_response(response: httpx.Response, interval_ms: int | None = None) -> PortError:
+    """A non-2xx HubSpot answer as a classified `PortError` (the one place this is decided)."""
+    status = response.status_code
+    message = f"HubSpot answered {status}: {_message(response)}"
+    if status == 429:
+        retry_after = _retry_after(response.headers)
+        if retry_after is None:
+            retry_after = (interval_ms or 10_000) / 1000
+        return PortError(
+            message, code="rate_limited", transient=True, retry_after=retry_after, status=status
+        )
+    if status in (408, 425):
+        return PortError(message, code="timeout", transient=True, status=status)
+    if status >= 500:
+        return PortError(
+            message,
+            code="unavailable",
+            transient=True,
+            status=status,
+            retry_after=_retry_after(response.headers),
+        )
+    if status == 409:
+        found = _EXISTING_ID.search(message)
+        return PortError(
+            message,
+            code="conflict",
+            transient=False,
+            status=status,
+            existing_id=found.group(1) if found else None,
+        )
+    code = {404: "not_found", 401: "unauthorized", 403: "unauthorized", 400: "invalid_request"}
+    return PortError(
+        message,
+        code=code.get(status, "invalid_request" if status == 422 else "unknown"),
+        transient=False,
+        status=status,
+    )
+
+
+def classify_transport_error(exc: httpx.HTTPError) -> PortError:
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return PortError(f"could not connect: {exc}", code="connect_failed", transient=True)
+    if isinstance(exc, httpx.TimeoutException):
+        return PortError(f"timed out: {exc}", code="timeout", transient=True)
+    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
+        return PortError(f"connection lost: {exc}", code="connection_reset", transient=True)
+    return PortError(f"HTTP failure: {exc!r}", code="unknown", transient=False)
+
+
+def _record(object_type: str, body: Any) -> Record:
+    if not isinstance(body, dict) or "id" not in body:
+        raise PortError("HubSpot answered without a record id", code="unknown", transient=False)
+    props = body.get("properties")
+    return Record(object_type=object_type, id=str(body["id"]), properties=props if props else {})
+
+
+def _subscription(body: Mapping[str, Any]) -> Subscription:
+    object_type, _, kind = str(body.get("eventType", "")).partition(".")
+    return Subscription(
+        object_type=object_type,
+        event_kind=kind,
+        property_name=body.get("propertyName") or None,
+        id=str(body["id"]) if body.get("id") is not None else None,
+    )
+
+
+class HubSpotPort:
+    """One connection's view of HubSpot. Thread-safe; keeps the last rate-limit state."""
+
+    capabilities = Capabilities(
+        write_idempotency=False,  # creates are not idempotent: the replay test proves it
+        event_author_identity=True,  # changeSource/sourceId on every event
+        subscription_management=True,  # webhooks v3 subscriptions API
+    )
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        base_url: str | None = None,
+        app_id: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
+        self.app_id = app_id
+        self.rate_limit = RateLimitState()
+        self._spent_until = 0.0
+        self._lock = threading.Lock()
+        self._client = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=httpx.Timeout(timeout),
+            follow_redirects=False,
+            trust_env=False,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    # --- the one request path --------------------------------------------------------------
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+    ) -> Any:
+        with self._lock:
+            wait = self._spent_until - time.monotonic()
+        if wait > 0:
+            raise PortError(
+                "HubSpot rate-limit window is spent (from its headers)",
+                code="rate_limited",
+                transient=True,
+                retry_after=wait,
+            )
+        try:
+            response = self._client.request(method, path, json=json, params=params)
+        except httpx.HTTPError as exc:
+            raise classify_transport_error(exc) from exc
+        self._read_rate_limit(response.headers)
+        if response.status_code >= 300:
+            raise classify_response(response, self.rate_limit.interval_ms)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise PortError(
+                "HubSpot answered with a body that is not JSON", code="unknown", transient=False
+            ) from exc
+
+    def _read_rate_limit(self, headers: httpx.Headers) -> None:
+        def number(name: str) -> int | None:
+            value = headers.get(name)
+            return int(value) if value is not None and value.isdigit() else None
+
+        remaining = number("X-HubSpot-RateLimit-Remaining")
+        state = RateLimitState(
+            remaining=remaining,
+            max=number("X-HubSpot-RateLimit-Max"),
+            interval_ms=number("X-HubSpot-RateLimit-Interval-Milliseconds"),
+            extra={
+                "daily": number("X-HubSpot-RateLimit-Daily"),
+                "daily_remaining": number("X-HubSpot-RateLimit-Daily-Remaining"),
+            },
+        )
+        with self._lock:
+            self.rate_limit = state
+            if remaining == 0 and state.interval_ms:
+                # We don't know where in the window we are: assume the worst, a full interval.
+                self._spent_until = time.monotonic() + state.interval_ms / 1000
+
+    # --- records ----------------------------------------------------------------------------
+    def create(self, object_type: str, properties: Mapping[str, Any]) -> Record:
+        kind = plural_object_type(object_type)
+        body = self._request(
+            "POST", f"/crm/v3/objects/{kind}", json={"properties": dict(properties)}
+        )
+        return _record(kind, body)
+
+    def update(self, object_type: str, object_id: str, properties: Mapping[str, Any]) -> Record:
+        kind = plural_object_type(object_type)
+        body = self._request(
+            "PATCH",
+            f"/crm/v3/objects/{kind}/{_path_id(object_id)}",
+            json={"properties": dict(properties)},
+        )
+        return _record(kind, body)
+
+    def get(self, object_type: str, object_id: str, properties: Sequence[str] = ()) -> Record:
+        kind = plural_object_type(object_type)
+        params = {"properties": ",".join(properties)} if properties else None
+        body = self._request("GET", f"/crm/v3/objects/{kind}/{_path_id(object_id)}", params=params)
+        return _record(kind, body)
+
+    def search(
+        self, object_type: str, filters: Sequence[SearchFilter], limit: int = 10
+    ) -> list[Record]:
+        kind = plural_object_type(object_type)
+        request = {
+            "filterGroups": [
+                {
+                    "filters": [
+                        {"propertyName": f.property, "operator": f.operator, "value": f.value}
+                        for f in filters
+                    ]
+                }
+            ]
+            if filters
+            else [],
+            "limit": max(1, min(limit, 200)),
+        }
+        body = self._request("POST", f"/crm/v3/objects/{kind}/search", json=request)
+        results = body.get("results", []) if isinstance(body, dict) else []
+        return [_record(kind, r) for r in results]
+
+    # --- webhook subscriptions (used by reconcile) -----------------------------------------
+    def _subscriptions_path(self) -> str:
+        if not self.app_id:
+            raise PortError(
+                "this connection has no HubSpot app id (connections.provider_app_id)",
+                code="invalid_request",
+                transient=False,
+            )
+        return f"/webhooks/v3/{self.app_id}/subscriptions"
+
+    def list_subscriptions(self) -> list[Subscription]:
+        body = self._request("GET", self._subscriptions_path())
+        results = body.get("results", []) if isinstance(body, dict) else []
+        return [_subscription(r) for r in results if r.get("active", True)]
+
+    def create_subscription(self, subscription: Subscription) -> Subscription:
+        request: dict[str, Any] = {
+            "eventType": f"{subscription.object_type}.{subscription.event_kind}",
+            "active": True,
+        }
+        if subscription.property_name:
+            request["propertyName"] = subscription.property_name
+        body = self._request("POST", self._subscriptions_path(), json=request)
+        return _subscription(body)
+
+    def delete_subscription(self, subscription_id: str) -> None:
+        self._request("DELETE", f"{self._subscriptions_path()}/{_path_id(subscription_id)}")
+
+
+def _path_id(value: str) -> str:
+    """Record and subscription ids are numeric at HubSpot; anything else could rewrite the path."""
+    text = str(value).strip()
+    if not text.isdigit():
+        raise PortError(f"invalid id {value!r}", code="invalid_request", transient=False)
+    return text
