@@ -1,0 +1,37 @@
+-- Credits: a ledger row per charge, unique on the lineage key (invariant 11), and a balance
+-- that one conditional UPDATE keeps from going negative under concurrency.
+
+-- name: credits_savepoint
+SAVEPOINT onceflow_charge
+
+-- name: credits_rollback_savepoint
+ROLLBACK TO SAVEPOINT onceflow_charge
+
+-- name: credits_release_savepoint
+RELEASE SAVEPOINT onceflow_charge
+
+-- name: credits_ledger_insert
+-- A concurrent insert of the same lineage key waits for the first to commit, then does nothing:
+-- the second caller learns "already charged" and never reaches the debit.
+INSERT INTO credit_ledger (tenant_id, lineage_key, amount, block_type, run_id, step_id)
+VALUES (:tenant_id, :lineage_key, :amount, :block_type,
+        CAST(:run_id AS uuid), CAST(:step_id AS uuid))
+ON CONFLICT (lineage_key) DO NOTHING
+RETURNING id
+
+-- name: credits_debit
+-- The row lock serializes concurrent debits; each re-checks the balance it sees after the wait.
+UPDATE tenants SET credit_balance = credit_balance - :amount
+ WHERE id = :tenant_id AND credit_balance >= :amount
+RETURNING credit_balance
+
+-- name: credits_balance
+SELECT credit_balance FROM tenants WHERE id = :tenant_id
+
+-- name: credits_grant
+UPDATE tenants SET credit_balance = credit_balance + :amount WHERE id = :tenant_id
+RETURNING credit_balance
+
+-- name: credits_ledger_for_run
+SELECT lineage_key, amount, block_type, step_id::text AS step_id
+  FROM credit_ledger WHERE run_id = CAST(:run_id AS uuid) ORDER BY id

@@ -1,0 +1,109 @@
+"""Credits: one charge per lineage key, never below zero under concurrency."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+from shared import credits
+from shared.db import Database
+
+
+def _tenant(db: Database, balance: int) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO tenants (id, name, credit_balance) VALUES ('acme', 'Acme', :b)", b=balance
+        )
+
+
+def _charge(db: Database, key: str, amount: int = 1) -> credits.Charge:
+    with db.transaction() as tx:
+        return credits.charge(
+            tx,
+            tenant_id="acme",
+            lineage_key=key,
+            amount=amount,
+            block_type="crm.create",
+            run_id=None,
+            step_id=None,
+        )
+
+
+def test_same_lineage_key_charges_once_across_retries_and_replays(db: Database) -> None:
+    _tenant(db, 10)
+    key = f"step:{uuid.uuid4()}"
+    assert _charge(db, key, 3).status == "charged"
+    assert _charge(db, key, 3).status == "already_charged"  # retry of the attempt
+    assert _charge(db, key, 3).status == "already_charged"  # replay reuses the oldest key
+    with db.transaction() as tx:
+        assert credits.balance(tx, "acme") == 7
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 1
+
+
+def test_insufficient_credits_leaves_no_ledger_row_and_keeps_the_transaction(db: Database) -> None:
+    _tenant(db, 2)
+    with db.transaction() as tx:
+        first = credits.charge(
+            tx,
+            tenant_id="acme",
+            lineage_key="k1",
+            amount=5,
+            block_type="x",
+            run_id=None,
+            step_id=None,
+        )
+        assert first.status == "insufficient" and first.balance == 2
+        # The caller's transaction is still usable after the refusal.
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 0
+        assert credits.has_credits(tx, "acme", 2) and not credits.has_credits(tx, "acme", 3)
+        credits.grant(tx, "acme", 3)
+    assert _charge(db, "k1", 5).status == "charged"  # after a top-up the same key can pay
+    with db.transaction() as tx:
+        assert credits.balance(tx, "acme") == 0
+
+
+def test_concurrent_charges_never_go_negative(db: Database) -> None:
+    _tenant(db, 5)
+    n = 12
+    barrier = threading.Barrier(n)
+    results: list[str] = []
+    lock = threading.Lock()
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        outcome = _charge(db, f"key-{i}")
+        with lock:
+            results.append(outcome.status)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results) == ["charged"] * 5 + ["insufficient"] * 7
+    with db.transaction() as tx:
+        assert credits.balance(tx, "acme") == 0
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 5
+
+
+def test_concurrent_charges_of_one_lineage_key_charge_once(db: Database) -> None:
+    _tenant(db, 100)
+    n = 8
+    barrier = threading.Barrier(n)
+    results: list[str] = []
+    lock = threading.Lock()
+
+    def worker() -> None:
+        barrier.wait()
+        outcome = _charge(db, "same-key", 4)
+        with lock:
+            results.append(outcome.status)
+
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(results) == ["already_charged"] * 7 + ["charged"]
+    with db.transaction() as tx:
+        assert credits.balance(tx, "acme") == 96
