@@ -1,0 +1,702 @@
+"""The ops JSON API: routes, request parsing, the error model, and the handlers.
+
+Every route is declared once in `ROUTES` with its query and body models; the same table
+drives dispatch and `/openapi.json`. A request is authenticated (bearer token, 401 without
+one), its query and body validated against the route's models (unknown fields, wrong types,
+malformed JSON and oversized bodies are 4xx with a code and a message), and every mutating
+call is audited, refused ones included.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from flask import Request, Response
+from pydantic import BaseModel, ValidationError
+from werkzeug.exceptions import MethodNotAllowed, NotFound
+from werkzeug.routing import Map, Rule
+
+from shared import pubsub, queries
+from shared.db import Database, get_database
+from shared.errors import ConflictError, OnceflowError, TransientError
+from shared.logs import get_logger
+from shared.ops import auth, explain, replay
+from shared.ops.cursor import decode_cursor, encode_cursor
+from shared.ops.errors import OpsError, not_found
+from shared.ops.models import (
+    ActivateRequest,
+    ActivationResult,
+    Charge,
+    Credits,
+    DeactivateRequest,
+    ErrorBody,
+    FieldProblem,
+    LedgerEntry,
+    LineageEntry,
+    PageQuery,
+    PublishResult,
+    RecordExplanation,
+    RecordQuery,
+    Refusal,
+    RefusalPage,
+    RefusalsQuery,
+    RehearsalRequest,
+    RehearsalResult,
+    ReplayRequest,
+    ReplayResult,
+    RetryRequest,
+    RetryResult,
+    RunDetail,
+    RunPage,
+    RunsQuery,
+    RunSummary,
+    StepView,
+    ValidationResult,
+    VersionList,
+    VersionSummary,
+    WorkflowList,
+    WorkflowSource,
+    WorkflowSummary,
+)
+
+SQL = queries.load("ops")
+RUNS_LIST = SQL["ops_runs_list"]
+RUN_GET = SQL["ops_run_get"]
+RUN_STEPS = SQL["ops_run_steps"]
+RUN_CHARGES = SQL["ops_run_charges"]
+LINEAGE_RUNS = SQL["ops_lineage_runs"]
+REFUSALS_LIST = SQL["ops_refusals_list"]
+CREDIT_BALANCE = SQL["ops_credit_balance"]
+CREDIT_LEDGER = SQL["ops_credit_ledger"]
+WORKFLOWS_LIST = SQL["ops_workflows_list"]
+WORKFLOW_GET = SQL["ops_workflow_get"]
+WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
+
+# Requests are small JSON documents; a workflow source is at most 64 KiB of it.
+MAX_BODY_BYTES = 96 * 1024
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One authenticated, validated request, as a handler sees it."""
+
+    db: Database
+    principal: auth.Principal
+    path: Mapping[str, str]
+    query: Any
+    body: Any
+    dispatch: replay.Dispatch
+
+    @property
+    def scope(self) -> str | None:
+        return self.principal.tenant_id
+
+
+Handler = Callable[[Call], BaseModel]
+
+
+class EmptyQuery(BaseModel):
+    model_config = {"extra": "forbid"}
+
+
+class CreditsQuery(PageQuery):
+    tenant_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    method: str
+    path: str  # OpenAPI form: /v1/runs/{run_id}
+    handler: Handler
+    response: type[BaseModel]
+    summary: str
+    query: type[BaseModel] = EmptyQuery
+    body: type[BaseModel] | None = None
+    status: int = 200
+    errors: tuple[int, ...] = ()
+    path_params: tuple[str, ...] = field(default=())
+
+    @property
+    def mutating(self) -> bool:
+        return self.method != "GET"
+
+
+def _uuid_param(call: Call, name: str, what: str) -> str:
+    """A path id; one that is not a UUID names nothing, so it is a 404 like any unknown id."""
+    try:
+        return str(UUID(call.path[name]))
+    except ValueError:
+        raise not_found(what) from None
+
+
+# ---- runs ---------------------------------------------------------------------------------
+
+
+def list_runs(call: Call) -> RunPage:
+    q: RunsQuery = call.query
+    cur = decode_cursor(q.cursor, {"at": datetime, "id": UUID})
+    with call.db.transaction() as tx:
+        rows = tx.all(
+            RUNS_LIST,
+            tenant_id=call.scope,
+            workflow_id=str(q.workflow_id) if q.workflow_id else None,
+            status=q.status,
+            record_key=q.record_key,
+            created_after=q.created_after,
+            created_before=q.created_before,
+            cursor_at=cur["at"] if cur else None,
+            cursor_id=cur["id"] if cur else None,
+            limit=q.limit + 1,
+        )
+    more = len(rows) > q.limit
+    rows = rows[: q.limit]
+    next_cursor = (
+        encode_cursor({"at": rows[-1]["created_at"].isoformat(), "id": str(rows[-1]["id"])})
+        if more
+        else None
+    )
+    return RunPage(items=[RunSummary.model_validate(r) for r in rows], next_cursor=next_cursor)
+
+
+def run_detail(db: Database, run_id: str, scope: str | None, namespace: str = "live") -> RunDetail:
+    with db.transaction() as tx:
+        run = tx.one(RUN_GET, run_id=run_id, namespace=namespace, tenant_id=scope)
+        if run is None:
+            raise not_found("run")
+        steps = tx.all(RUN_STEPS, run_id=run_id)
+        keys = [s["idempotency_key"] for s in steps if s["idempotency_key"]]
+        charges = tx.all(RUN_CHARGES, run_id=run_id, keys=keys)
+        lineage = tx.all(LINEAGE_RUNS, lineage_root=str(run["lineage_root"]))
+    return RunDetail(
+        run=RunSummary.model_validate(run),
+        version_number=run["version_number"],
+        dedup_mode=run["dedup_mode"],
+        namespace=run["namespace"],
+        trigger_payload=run["trigger_payload"],
+        payload_truncated=run["payload_truncated"],
+        steps=[StepView.model_validate(s) for s in steps],
+        charges=[Charge.model_validate(c) for c in charges],
+        lineage=[LineageEntry.model_validate(r) for r in lineage],
+    )
+
+
+def get_run(call: Call) -> RunDetail:
+    return run_detail(call.db, _uuid_param(call, "run_id", "run"), call.scope)
+
+
+def replay_failed_run(call: Call) -> ReplayResult:
+    outcome = replay.replay_run(
+        call.db,
+        run_id=_uuid_param(call, "run_id", "run"),
+        tenant_scope=call.scope,
+        dispatch=call.dispatch,
+    )
+    detail = run_detail(call.db, outcome.run_id, call.scope)
+    return ReplayResult(
+        run=detail.run,
+        copied_steps=[s.step_key for s in outcome.plan.copy],
+        reset_steps=[s.step_key for s in outcome.plan.reset],
+        restarted_steps=[s.step_key for s in outcome.plan.restart],
+    )
+
+
+def retry_failed_run(call: Call) -> RetryResult:
+    outcome = replay.retry_run(
+        call.db,
+        run_id=_uuid_param(call, "run_id", "run"),
+        tenant_scope=call.scope,
+        dispatch=call.dispatch,
+    )
+    return RetryResult(
+        run_id=UUID(outcome.run_id), restarted_steps=[s.step_key for s in outcome.plan.restart]
+    )
+
+
+# ---- refusals and "why didn't it run?" ----------------------------------------------------
+
+
+def list_refusals(call: Call) -> RefusalPage:
+    q: RefusalsQuery = call.query
+    cur = decode_cursor(q.cursor, {"id": int})
+    with call.db.transaction() as tx:
+        rows = tx.all(
+            REFUSALS_LIST,
+            tenant_id=call.scope,
+            workflow_id=str(q.workflow_id) if q.workflow_id else None,
+            record_key=q.record_key,
+            event_id=q.event_id,
+            cursor_id=cur["id"] if cur else None,
+            limit=q.limit + 1,
+        )
+    more = len(rows) > q.limit
+    rows = rows[: q.limit]
+    items = [
+        Refusal.model_validate({**r, "explanation": explain.explain_reason(r["reason"])})
+        for r in rows
+    ]
+    return RefusalPage(
+        items=items, next_cursor=encode_cursor({"id": rows[-1]["id"]}) if more else None
+    )
+
+
+def explain_record(call: Call) -> RecordExplanation:
+    q: RecordQuery = call.query
+    with call.db.transaction() as tx:
+        return explain.explain_record(tx, record_key=q.record_key, tenant_scope=call.scope)
+
+
+# ---- credits ------------------------------------------------------------------------------
+
+
+def credits(call: Call) -> Credits:
+    q: CreditsQuery = call.query
+    tenant_id = q.tenant_id or call.scope
+    if tenant_id is None:
+        raise OpsError(422, "tenant_required", "an admin token must name the tenant_id")
+    if call.scope is not None and tenant_id != call.scope:
+        raise not_found("tenant")
+    cur = decode_cursor(q.cursor, {"id": int})
+    with call.db.transaction() as tx:
+        balance = tx.scalar(CREDIT_BALANCE, tenant_id=tenant_id)
+        if balance is None:
+            raise not_found("tenant")
+        rows = tx.all(
+            CREDIT_LEDGER,
+            tenant_id=tenant_id,
+            cursor_id=cur["id"] if cur else None,
+            limit=q.limit + 1,
+        )
+    more = len(rows) > q.limit
+    rows = rows[: q.limit]
+    return Credits(
+        tenant_id=tenant_id,
+        balance=int(balance),
+        ledger=[LedgerEntry.model_validate(r) for r in rows],
+        next_cursor=encode_cursor({"id": rows[-1]["id"]}) if more else None,
+    )
+
+
+# ---- workflows ----------------------------------------------------------------------------
+
+
+def list_workflows(call: Call) -> WorkflowList:
+    with call.db.transaction() as tx:
+        rows = tx.all(WORKFLOWS_LIST, tenant_id=call.scope)
+    return WorkflowList(items=[WorkflowSummary.model_validate(r) for r in rows])
+
+
+def list_versions(call: Call) -> VersionList:
+    workflow_id = _uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        rows = tx.all(WORKFLOW_VERSIONS, workflow_id=workflow_id)
+    return VersionList(
+        workflow_id=UUID(workflow_id), items=[VersionSummary.model_validate(r) for r in rows]
+    )
+
+
+def _workflows_not_ready() -> OpsError:
+    return OpsError(501, "not_built", "workflow publishing is not available in this build")
+
+
+def validate_workflow(call: Call) -> ValidationResult:
+    raise _workflows_not_ready()
+
+
+def publish_workflow(call: Call) -> PublishResult:
+    raise _workflows_not_ready()
+
+
+def _owned_workflow(call: Call, workflow_id: str) -> dict[str, Any]:
+    with call.db.transaction() as tx:
+        row = tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope)
+    if row is None:
+        raise not_found("workflow")
+    return row
+
+
+def activate_workflow(call: Call) -> ActivationResult:
+    _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    raise _workflows_not_ready()
+
+
+def deactivate_workflow(call: Call) -> ActivationResult:
+    _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    raise _workflows_not_ready()
+
+
+# ---- rehearsals ---------------------------------------------------------------------------
+
+
+def rehearse(call: Call) -> RehearsalResult:
+    body: RehearsalRequest = call.body
+    _owned_workflow(call, str(body.workflow_id))
+    raise OpsError(501, "not_built", "rehearsals are not available in this build")
+
+
+# ---- the route table ----------------------------------------------------------------------
+
+ROUTES: tuple[Route, ...] = (
+    Route(
+        "runs.list",
+        "GET",
+        "/v1/runs",
+        list_runs,
+        RunPage,
+        "List live runs; status=failed is the dead-letter list",
+        query=RunsQuery,
+        errors=(400, 401),
+    ),
+    Route(
+        "runs.get",
+        "GET",
+        "/v1/runs/{run_id}",
+        get_run,
+        RunDetail,
+        "One run with its whole step journal, charges and replay lineage",
+        errors=(401, 404),
+        path_params=("run_id",),
+    ),
+    Route(
+        "runs.replay",
+        "POST",
+        "/v1/runs/{run_id}/replay",
+        replay_failed_run,
+        ReplayResult,
+        "Replay a failed run as a new linked run (invariant 12)",
+        body=ReplayRequest,
+        status=201,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("run_id",),
+    ),
+    Route(
+        "runs.retry",
+        "POST",
+        "/v1/runs/{run_id}/retry",
+        retry_failed_run,
+        RetryResult,
+        "Retry a failed run in place, after its cause was fixed",
+        body=RetryRequest,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("run_id",),
+    ),
+    Route(
+        "refusals.list",
+        "GET",
+        "/v1/refusals",
+        list_refusals,
+        RefusalPage,
+        "Admission refusals by record, event or workflow",
+        query=RefusalsQuery,
+        errors=(400, 401),
+    ),
+    Route(
+        "records.explain",
+        "GET",
+        "/v1/records/explain",
+        explain_record,
+        RecordExplanation,
+        "Why did (or didn't) my workflow run for this record?",
+        query=RecordQuery,
+        errors=(400, 401, 404, 422),
+    ),
+    Route(
+        "credits.get",
+        "GET",
+        "/v1/credits",
+        credits,
+        Credits,
+        "Credit balance and ledger",
+        query=CreditsQuery,
+        errors=(400, 401, 404, 422),
+    ),
+    Route(
+        "workflows.list",
+        "GET",
+        "/v1/workflows",
+        list_workflows,
+        WorkflowList,
+        "Workflows and their active versions",
+        errors=(401,),
+    ),
+    Route(
+        "workflows.versions",
+        "GET",
+        "/v1/workflows/{workflow_id}/versions",
+        list_versions,
+        VersionList,
+        "A workflow's versions, newest first",
+        errors=(401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.validate",
+        "POST",
+        "/v1/workflows/validate",
+        validate_workflow,
+        ValidationResult,
+        "Validate a definition without publishing it",
+        body=WorkflowSource,
+        errors=(400, 401, 413, 422, 501),
+    ),
+    Route(
+        "workflows.publish",
+        "POST",
+        "/v1/workflows",
+        publish_workflow,
+        PublishResult,
+        "Publish a definition as a new immutable version",
+        body=WorkflowSource,
+        status=201,
+        errors=(400, 401, 409, 413, 422, 501),
+    ),
+    Route(
+        "workflows.activate",
+        "POST",
+        "/v1/workflows/{workflow_id}/activate",
+        activate_workflow,
+        ActivationResult,
+        "Activate a version (rebinds its triggers)",
+        body=ActivateRequest,
+        errors=(400, 401, 404, 409, 413, 422, 501),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.deactivate",
+        "POST",
+        "/v1/workflows/{workflow_id}/deactivate",
+        deactivate_workflow,
+        ActivationResult,
+        "Deactivate a workflow (unbinds its triggers)",
+        body=DeactivateRequest,
+        errors=(400, 401, 404, 413, 422, 501),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "rehearsals.create",
+        "POST",
+        "/v1/rehearsals",
+        rehearse,
+        RehearsalResult,
+        "Dry-run a workflow version against a stored or supplied event",
+        body=RehearsalRequest,
+        status=201,
+        errors=(400, 401, 404, 409, 413, 422, 501),
+    ),
+)
+
+_URL_MAP = Map(
+    [
+        Rule(r.path.replace("{", "<").replace("}", ">"), endpoint=r.name, methods=[r.method])
+        for r in ROUTES
+    ]
+    + [Rule("/openapi.json", endpoint="openapi", methods=["GET"])],
+    strict_slashes=False,
+)
+_BY_NAME = {r.name: r for r in ROUTES}
+
+
+# ---- request handling ---------------------------------------------------------------------
+
+
+def json_response(
+    model: BaseModel, status: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    return Response(
+        model.model_dump_json(),
+        status=status,
+        headers=dict(headers or {}),
+        mimetype="application/json",
+    )
+
+
+def error_response(err: OpsError) -> Response:
+    body = ErrorBody(code=err.code, message=err.message, problems=err.problems)
+    return json_response(body, err.status, err.headers)
+
+
+def _problems(exc: ValidationError, where: str) -> list[FieldProblem]:
+    return [
+        FieldProblem(location=".".join([where, *(str(p) for p in e["loc"])]), problem=e["msg"])
+        for e in exc.errors(include_url=False, include_input=False)
+    ]
+
+
+def parse_query(request: Request, model: type[BaseModel]) -> Any:
+    raw: dict[str, str] = {}
+    for key in request.args:
+        values = request.args.getlist(key)
+        if len(values) != 1:
+            raise OpsError(400, "invalid_query", f"query parameter {key!r} is given twice")
+        raw[key] = values[0]
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise OpsError(
+            400, "invalid_query", "the query parameters are not valid", _problems(exc, "query")
+        ) from None
+
+
+def read_body(request: Request, model: type[BaseModel]) -> Any:
+    length = request.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise OpsError(
+            413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes"
+        )
+    raw = request.stream.read(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        raise OpsError(
+            413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes"
+        )
+    if not raw.strip():
+        raw = b"{}"
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise OpsError(400, "malformed_json", "the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise OpsError(422, "invalid_body", "the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise OpsError(
+            422, "invalid_body", "the request body is not valid", _problems(exc, "body")
+        ) from None
+
+
+class OpsApi:
+    """The API bound to a database and a step dispatcher (Pub/Sub in production)."""
+
+    def __init__(
+        self, db: Database | None = None, dispatch: replay.Dispatch = pubsub.publish_step_ready
+    ) -> None:
+        self._db = db
+        self.dispatch = dispatch
+
+    @property
+    def db(self) -> Database:
+        return self._db or get_database()
+
+    def handle(self, request: Request) -> Response:
+        try:
+            return self._handle(request)
+        except OpsError as err:
+            return error_response(err)
+
+    def _handle(self, request: Request) -> Response:
+        adapter = _URL_MAP.bind("ops", "/")
+        try:
+            endpoint, params = adapter.match(request.path, method=request.method)
+        except MethodNotAllowed:
+            raise OpsError(
+                405, "method_not_allowed", f"{request.method} is not allowed on {request.path}"
+            ) from None
+        except NotFound:
+            raise OpsError(404, "no_such_route", f"nothing is served at {request.path}") from None
+        if endpoint == "openapi":
+            from shared.ops.openapi import openapi_document
+
+            return Response(json.dumps(openapi_document()), mimetype="application/json")
+        route = _BY_NAME[endpoint]
+        principal = self.authenticate(request)
+        query = parse_query(request, route.query)
+        body = read_body(request, route.body) if route.body is not None else None
+        call = Call(
+            db=self.db,
+            principal=principal,
+            path=params,
+            query=query,
+            body=body,
+            dispatch=self.dispatch,
+        )
+        return self.invoke(route, call)
+
+    def authenticate(self, request: Request) -> auth.Principal:
+        token = auth.bearer_from_header(request.headers.get("Authorization"))
+        try:
+            principal = auth.authenticate(self.db, token)
+        except TransientError as exc:
+            raise _unavailable(exc) from exc
+        if principal is None:
+            raise OpsError(
+                401,
+                "unauthenticated",
+                "send a valid ops token as 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": 'Bearer realm="onceflow-ops"'},
+            )
+        return principal
+
+    def invoke(self, route: Route, call: Call) -> Response:
+        target = next((call.path[p] for p in route.path_params), None)
+        try:
+            result = route.handler(call)
+        except OpsError as err:
+            if route.mutating:
+                self._audit(
+                    call,
+                    route,
+                    target,
+                    {"outcome": "refused", "code": err.code, "status": err.status},
+                )
+            raise
+        except TransientError as exc:
+            raise _unavailable(exc) from exc
+        except ConflictError as exc:
+            raise OpsError(
+                409, "conflict", f"the change conflicts with existing data: {exc}"
+            ) from exc
+        except OnceflowError as exc:
+            log.exception("ops %s failed", route.name)
+            raise OpsError(500, "internal", "the request failed; it was logged") from exc
+        if route.mutating:
+            self._audit(
+                call,
+                route,
+                target,
+                {
+                    "outcome": "done",
+                    "status": route.status,
+                    "body": call.body.model_dump(mode="json") if call.body is not None else None,
+                },
+            )
+        return json_response(result, route.status)
+
+    def _audit(self, call: Call, route: Route, target: str | None, detail: dict[str, Any]) -> None:
+        auth.record_audit(call.db, call.principal, action=route.name, target=target, detail=detail)
+
+
+def _unavailable(exc: TransientError) -> OpsError:
+    return OpsError(
+        503,
+        "unavailable",
+        f"try again shortly: {exc}",
+        headers={"Retry-After": str(int(exc.retry_after or 1))},
+    )
+
+
+_default_api: OpsApi | None = None
+
+
+def default_api() -> OpsApi:
+    global _default_api  # noqa: PLW0603 - one per instance, reused across invocations
+    if _default_api is None:
+        _default_api = OpsApi()
+    return _default_api
+
+
+def handle_request(request: Request) -> Response:
+    """The `ops` function's whole job: the JSON API, the page, and /openapi.json."""
+    if request.path == "/ui" or request.path.startswith("/ui/"):
+        from shared.ops import page
+
+        return page.handle(default_api(), request)
+    return default_api().handle(request)

@@ -1,0 +1,180 @@
+""" "Why didn't it run for this record?": every event seen for a record and what each workflow
+decided about it, in plain words.
+
+A decision comes from the rows admission leaves behind: a run (admitted), a refusal (refused,
+with its reason), or neither yet (the event is still on its way: unpublished, or admission has
+not reached it). Workflows bound to the event's type today are listed even when they have
+not decided, so "no workflow listens to this event" and "still waiting" are visible too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from shared import queries
+from shared.db import Tx
+from shared.ops.errors import OpsError, not_found
+from shared.ops.models import Decision, EventDecisions, RecordExplanation, RunSummary
+
+SQL = queries.load("ops")
+CONNECTION_TENANT = SQL["ops_connection_tenant"]
+RECORD_EVENTS = SQL["ops_record_events"]
+RECORD_RUNS = SQL["ops_record_runs"]
+RECORD_REFUSALS = SQL["ops_record_refusals"]
+RECORD_CLAIMS = SQL["ops_record_claims"]
+BINDINGS_FOR_TENANT = SQL["ops_bindings_for_tenant"]
+
+MAX_EVENTS = 500
+
+REASON_WORDS = {
+    "duplicate": "This record already went through this workflow once, and the workflow runs "
+    "once per record.",
+    "already_running": "A run of this workflow was still in progress for this record, and the "
+    "workflow does not start a second one while one is running.",
+    "rule_not_matched": "The workflow's trigger rule did not match the record at that moment.",
+    "insufficient_credits": "The account did not have enough credits to start the run.",
+    "echo_suppressed": "This change was made by onceflow itself, so it did not trigger again.",
+    "provider_suppressed": "The change was made by an author excluded from triggering workflows.",
+    "missing_record_identity": "The event did not say which record it was about.",
+}
+
+
+def explain_reason(reason: str) -> str:
+    return REASON_WORDS.get(reason, f"Refused ({reason}).")
+
+
+def explain_run(status: str, error: str | None) -> str:
+    if status == "succeeded":
+        return "It ran and finished successfully."
+    if status == "running":
+        return "It is running now."
+    if status == "failed":
+        return f"It ran and failed: {error}" if error else "It ran and failed."
+    return "It ran and was cancelled."
+
+
+def parse_record_key(record_key: str) -> tuple[str, str, str]:
+    """`<connection uuid>:<object type>:<object id>` (the object id may contain ':')."""
+    parts = record_key.split(":", 2)
+    if len(parts) != 3 or not all(parts):
+        raise OpsError(
+            422,
+            "invalid_record_key",
+            "record_key must look like <connection id>:<object type>:<object id>",
+        )
+    connection_id, object_type, object_id = parts
+    try:
+        connection_id = str(uuid.UUID(connection_id))
+    except ValueError as exc:
+        raise OpsError(
+            422, "invalid_record_key", "record_key must start with a connection id (a UUID)"
+        ) from exc
+    return connection_id, object_type, object_id
+
+
+def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> RecordExplanation:
+    connection_id, object_type, object_id = parse_record_key(record_key)
+    tenant_id = tx.scalar(CONNECTION_TENANT, connection_id=connection_id)
+    if tenant_id is None or (tenant_scope is not None and tenant_id != tenant_scope):
+        raise not_found("record")
+    events = tx.all(
+        RECORD_EVENTS,
+        tenant_id=tenant_id,
+        connection_id=connection_id,
+        object_type=object_type,
+        object_id=object_id,
+        limit=MAX_EVENTS,
+    )
+    event_ids = [int(e["id"]) for e in events]
+    runs = tx.all(RECORD_RUNS, tenant_id=tenant_id, record_key=record_key, event_ids=event_ids)
+    refusals = tx.all(RECORD_REFUSALS, tenant_id=tenant_id, event_ids=event_ids)
+    claims = tx.all(RECORD_CLAIMS, tenant_id=tenant_id, event_ids=event_ids)
+    bindings = tx.all(BINDINGS_FOR_TENANT, tenant_id=tenant_id)
+
+    runs_by_event: dict[tuple[int, str], dict[str, Any]] = {}
+    for r in runs:
+        if r["event_id"] is not None and r["replay_of"] is None:
+            runs_by_event.setdefault((int(r["event_id"]), str(r["workflow_id"])), r)
+    refusals_by_event = {(int(f["event_id"]), str(f["workflow_id"])): f for f in refusals}
+    names: dict[str, str] = {}
+    bound: dict[str, list[str]] = {}
+    for b in bindings:
+        names[str(b["workflow_id"])] = b["workflow_name"]
+        bound.setdefault(b["event_type"], []).append(str(b["workflow_id"]))
+    for rows in (runs, refusals, claims):
+        for row in rows:
+            names.setdefault(str(row["workflow_id"]), row["workflow_name"])
+
+    out: list[EventDecisions] = []
+    for e in events:
+        eid = int(e["id"])
+        workflow_ids = list(
+            dict.fromkeys(
+                [w for (ev, w) in runs_by_event if ev == eid]
+                + [w for (ev, w) in refusals_by_event if ev == eid]
+                + [str(c["workflow_id"]) for c in claims if int(c["event_id"]) == eid]
+                + bound.get(e["event_type"], [])
+            )
+        )
+        decisions = [
+            _decision(eid, wid, names[wid], runs_by_event, refusals_by_event, e)
+            for wid in workflow_ids
+        ]
+        out.append(
+            EventDecisions(
+                event_id=eid,
+                event_type=e["event_type"],
+                source_event_id=e["source_event_id"],
+                author_id=e["author_id"],
+                changed_fields=e["changed_fields"],
+                occurred_at=e["occurred_at"],
+                received_at=e["created_at"],
+                published_at=e["published_at"],
+                payload_truncated=e["payload_truncated"],
+                decisions=decisions,
+            )
+        )
+    return RecordExplanation(
+        record_key=record_key,
+        events=out,
+        runs=[RunSummary.model_validate(r) for r in runs],
+    )
+
+
+def _decision(  # noqa: PLR0917 - one call site, positional reads best
+    event_id: int,
+    workflow_id: str,
+    name: str,
+    runs: dict[tuple[int, str], dict[str, Any]],
+    refusals: dict[tuple[int, str], dict[str, Any]],
+    event: dict[str, Any],
+) -> Decision:
+    run = runs.get((event_id, workflow_id))
+    if run is not None:
+        return Decision(
+            workflow_id=workflow_id,
+            workflow_name=name,
+            outcome="admitted",
+            run_id=run["id"],
+            run_status=run["status"],
+            explanation=explain_run(run["status"], run["error"]),
+        )
+    refusal = refusals.get((event_id, workflow_id))
+    if refusal is not None:
+        return Decision(
+            workflow_id=workflow_id,
+            workflow_name=name,
+            outcome="refused",
+            reason=refusal["reason"],
+            detail=refusal["detail"],
+            explanation=explain_reason(refusal["reason"]),
+        )
+    waiting = (
+        "The event has not been published to admission yet."
+        if event["published_at"] is None
+        else "Admission has not decided about this event yet."
+    )
+    return Decision(
+        workflow_id=workflow_id, workflow_name=name, outcome="undecided", explanation=waiting
+    )

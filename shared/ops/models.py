@@ -1,0 +1,365 @@
+"""The ops API's edge: pydantic models that validate requests and describe responses.
+
+`/openapi.json` is generated from these same classes (shared/ops/openapi.py), so the document
+can't drift from what the handlers accept. Every request model forbids unknown fields and
+refuses NUL characters (Postgres can't store them in text; they are bad input, not a 500).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("text must not contain NUL characters")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+StepStatus = Literal[
+    "pending",
+    "running",
+    "waiting_for_delay",
+    "waiting_for_retry",
+    "succeeded",
+    "skipped",
+    "failed",
+]
+RefusalReason = Literal[
+    "duplicate",
+    "already_running",
+    "rule_not_matched",
+    "insufficient_credits",
+    "echo_suppressed",
+    "provider_suppressed",
+    "missing_record_identity",
+]
+RECORD_KEY_DESCRIPTION = "`<connection id>:<object type>:<object id>`, as runs record it."
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Response(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+class FieldProblem(_Response):
+    location: str = Field(description="Where: `body.source`, `query.limit`, ...")
+    problem: str
+
+
+class ErrorBody(_Response):
+    code: str = Field(description="Stable, machine-readable: `not_found`, `invalid_body`, ...")
+    message: str = Field(description="For people.")
+    problems: list[FieldProblem] = Field(default_factory=list)
+
+
+# ---- queries ------------------------------------------------------------------------------
+
+
+class PageQuery(_Request):
+    cursor: Text | None = Field(
+        default=None, max_length=200, description="`next_cursor` of the previous page."
+    )
+    limit: int = Field(default=50, ge=1, le=200)
+
+
+class RunsQuery(PageQuery):
+    workflow_id: UUID | None = None
+    status: RunStatus | None = Field(
+        default=None, description="`failed` lists the dead letters: runs that need a person."
+    )
+    record_key: Text | None = Field(
+        default=None, max_length=500, description=RECORD_KEY_DESCRIPTION
+    )
+    created_after: AwareDatetime | None = Field(default=None, description="Inclusive.")
+    created_before: AwareDatetime | None = Field(default=None, description="Exclusive.")
+
+
+class RefusalsQuery(PageQuery):
+    workflow_id: UUID | None = None
+    record_key: Text | None = Field(
+        default=None, max_length=500, description=RECORD_KEY_DESCRIPTION
+    )
+    event_id: int | None = Field(default=None, ge=1, le=2**63 - 1)
+
+
+class RecordQuery(_Request):
+    record_key: Text = Field(min_length=5, max_length=500, description=RECORD_KEY_DESCRIPTION)
+
+
+# ---- bodies -------------------------------------------------------------------------------
+
+
+class ReplayRequest(_Request):
+    reason: Text | None = Field(
+        default=None, max_length=500, description="Why, for the audit trail."
+    )
+
+
+class RetryRequest(_Request):
+    reason: Text | None = Field(
+        default=None, max_length=500, description="What was fixed, for the audit trail."
+    )
+
+
+class WorkflowSource(_Request):
+    source: Text = Field(
+        min_length=1, max_length=65536, description="The definition, YAML or JSON."
+    )
+
+
+class ActivateRequest(_Request):
+    version_id: UUID
+
+
+class DeactivateRequest(_Request):
+    reason: Text | None = Field(default=None, max_length=500)
+
+
+class SuppliedEvent(_Request):
+    event_type: Text = Field(pattern=r"^[a-z0-9_]+(\.[a-z0-9_]+)+$", max_length=200)
+    record_object_type: Text | None = Field(default=None, max_length=100)
+    record_object_id: Text | None = Field(default=None, max_length=200)
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class RehearsalRequest(_Request):
+    workflow_id: UUID
+    version_id: UUID | None = Field(default=None, description="Defaults to the active version.")
+    event_id: int | None = Field(
+        default=None, ge=1, le=2**63 - 1, description="A stored trigger event to rehearse against."
+    )
+    event: SuppliedEvent | None = Field(default=None, description="Or an event supplied here.")
+
+
+# ---- responses ----------------------------------------------------------------------------
+
+
+class RunSummary(_Response):
+    id: UUID
+    tenant_id: str
+    workflow_id: UUID
+    workflow_name: str
+    version_id: UUID
+    start_key: str
+    event_id: int | None
+    record_key: str | None
+    status: RunStatus
+    error: str | None
+    replay_of: UUID | None
+    lineage_root: UUID
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class RunPage(_Response):
+    items: list[RunSummary]
+    next_cursor: str | None
+
+
+class StepView(_Response):
+    id: UUID
+    step_key: str
+    node_id: str
+    block_type: str
+    status: StepStatus
+    attempt: int
+    lease_id: UUID | None
+    lease_expires_at: datetime | None
+    wake_at: datetime | None
+    dispatched_at: datetime | None
+    idempotency_key: str | None
+    side_effect_started_at: datetime | None
+    input: Any
+    output: Any
+    error: str | None
+    error_class: Literal["transient", "permanent"] | None
+    outcome_code: str | None
+    branch_choice: str | None
+    copied_from: UUID | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class Charge(_Response):
+    lineage_key: str
+    amount: int
+    block_type: str
+    run_id: UUID | None
+    step_id: UUID | None
+    created_at: datetime
+
+
+class LineageEntry(_Response):
+    id: UUID
+    replay_of: UUID | None
+    status: RunStatus
+    start_key: str
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class RunDetail(_Response):
+    run: RunSummary
+    version_number: int
+    dedup_mode: str
+    namespace: Literal["live", "rehearsal"]
+    trigger_payload: Any
+    payload_truncated: bool
+    steps: list[StepView]
+    charges: list[Charge] = Field(description="Ledger rows for this run's idempotency keys.")
+    lineage: list[LineageEntry] = Field(description="Every live run of the replay lineage.")
+
+
+class Refusal(_Response):
+    id: int
+    tenant_id: str
+    event_id: int
+    workflow_id: UUID
+    workflow_name: str
+    version_id: UUID | None
+    record_key: str | None
+    reason: RefusalReason
+    detail: str
+    explanation: str = Field(description="The reason in plain words.")
+    created_at: datetime
+
+
+class RefusalPage(_Response):
+    items: list[Refusal]
+    next_cursor: str | None
+
+
+class Decision(_Response):
+    workflow_id: UUID
+    workflow_name: str
+    outcome: Literal["admitted", "refused", "undecided"]
+    run_id: UUID | None = None
+    run_status: RunStatus | None = None
+    reason: str | None = None
+    detail: str | None = None
+    explanation: str = Field(description="What happened, in plain words.")
+
+
+class EventDecisions(_Response):
+    event_id: int
+    event_type: str
+    source_event_id: str | None
+    author_id: str | None
+    changed_fields: Any
+    occurred_at: datetime
+    received_at: datetime
+    published_at: datetime | None
+    payload_truncated: bool
+    decisions: list[Decision]
+
+
+class RecordExplanation(_Response):
+    record_key: str
+    events: list[EventDecisions] = Field(
+        description="Every event seen for the record, oldest first."
+    )
+    runs: list[RunSummary] = Field(description="Every live run for the record, oldest first.")
+
+
+class LedgerEntry(_Response):
+    id: int
+    lineage_key: str
+    amount: int
+    block_type: str
+    run_id: UUID | None
+    step_id: UUID | None
+    created_at: datetime
+
+
+class Credits(_Response):
+    tenant_id: str
+    balance: int
+    ledger: list[LedgerEntry]
+    next_cursor: str | None
+
+
+class ReplayResult(_Response):
+    run: RunSummary
+    copied_steps: list[str] = Field(description="Step keys copied from the replayed run.")
+    reset_steps: list[str] = Field(description="Step keys reachable from the first error.")
+    restarted_steps: list[str] = Field(description="Step keys dispatched again, as pending.")
+
+
+class RetryResult(_Response):
+    run_id: UUID
+    restarted_steps: list[str]
+
+
+class WorkflowSummary(_Response):
+    id: UUID
+    tenant_id: str
+    name: str
+    active_version_id: UUID | None
+    latest_version: int | None
+    created_at: datetime
+
+
+class WorkflowList(_Response):
+    items: list[WorkflowSummary]
+
+
+class VersionSummary(_Response):
+    id: UUID
+    number: int
+    content_hash: str
+    active: bool
+    created_at: datetime
+
+
+class VersionList(_Response):
+    workflow_id: UUID
+    items: list[VersionSummary]
+
+
+class ValidationResult(_Response):
+    valid: bool
+    problems: list[FieldProblem]
+
+
+class PublishResult(_Response):
+    workflow_id: UUID
+    version_id: UUID
+    number: int
+    created: bool = Field(description="False when the same content was already published.")
+
+
+class ActivationResult(_Response):
+    workflow_id: UUID
+    active_version_id: UUID | None
+
+
+class RehearsalStep(_Response):
+    step_key: str
+    node_id: str
+    block_type: str
+    status: StepStatus
+    output: Any
+    error: str | None
+    outcome_code: str | None
+    branch_choice: str | None
+
+
+class RehearsalResult(_Response):
+    run_id: UUID
+    status: RunStatus
+    steps: list[RehearsalStep]
+    would_send: list[Any] = Field(description="Side effects stopped before they left.")

@@ -1,0 +1,127 @@
+"""`/openapi.json`, generated from the route table and the pydantic models that validate
+requests, so the document and the handlers can't disagree."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from shared.ops.api import ROUTES, EmptyQuery
+from shared.ops.models import ErrorBody
+
+REF = "#/components/schemas/{model}"
+STATUS_WORDS = {
+    200: "OK",
+    201: "Created",
+    400: "Bad request (malformed JSON, bad query, bad cursor)",
+    401: "No valid bearer token",
+    404: "Not found (or another tenant's)",
+    409: "Conflicts with the current state",
+    413: "Body too large",
+    422: "Body or parameters not valid",
+    501: "Not available in this build",
+}
+
+
+def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
+    if model is EmptyQuery:
+        return []
+    schema = model.model_json_schema(ref_template=REF)
+    required = set(schema.get("required", []))
+    params = []
+    for name, declared in schema.get("properties", {}).items():
+        prop = dict(declared)
+        description = prop.pop("description", None)
+        prop.pop("title", None)
+        param: dict[str, Any] = {
+            "name": name,
+            "in": "query",
+            "required": name in required,
+            "schema": prop,
+        }
+        if description:
+            param["description"] = description
+        params.append(param)
+    return params
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    bodies = {r.body for r in ROUTES if r.body is not None}
+    responses = {r.response for r in ROUTES} | {ErrorBody}
+    keyed: list[tuple[type[BaseModel], Any]] = [(m, "validation") for m in bodies]
+    keyed += [(m, "serialization") for m in responses]
+    _, top = models_json_schema(keyed, ref_template=REF)
+    paths: dict[str, dict[str, Any]] = {}
+    for r in ROUTES:
+        op: dict[str, Any] = {
+            "operationId": r.name,
+            "summary": r.summary,
+            "parameters": [
+                {
+                    "name": p,
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "format": "uuid"},
+                }
+                for p in r.path_params
+            ]
+            + _query_parameters(r.query),
+            "responses": {
+                str(r.status): {
+                    "description": STATUS_WORDS.get(r.status, ""),
+                    "content": {
+                        "application/json": {
+                            "schema": {"$ref": REF.format(model=r.response.__name__)}
+                        }
+                    },
+                },
+                **{
+                    str(code): {
+                        "description": STATUS_WORDS.get(code, ""),
+                        "content": {
+                            "application/json": {"schema": {"$ref": REF.format(model="ErrorBody")}}
+                        },
+                    }
+                    for code in r.errors
+                },
+            },
+        }
+        if r.body is not None:
+            op["requestBody"] = {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": REF.format(model=r.body.__name__)}}
+                },
+            }
+        paths.setdefault(r.path, {})[r.method.lower()] = op
+    paths["/openapi.json"] = {
+        "get": {
+            "operationId": "openapi",
+            "summary": "This document",
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
+            },
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "onceflow ops",
+            "version": "1",
+            "description": "Runs, journals, refusals, replay, credits and workflows.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": top.get("$defs", {}),
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+    }

@@ -1,0 +1,238 @@
+"""Replay and retry of failed runs (DESIGN invariants 11 and 12).
+
+Replay: a new live run linked to the failed one (`replay_of`, same `lineage_root`), pinned to
+the same version, with the settled steps copied and the roots of the reset region created
+again as pending, carrying the idempotency key their step key first had in the lineage. The
+step engine keys side effects and charges by that key, so the provider sees the same
+operation and the ledger's unique `lineage_key` turns a second charge into a no-op.
+
+Retry: the same failed run reopened in place (the dead-letter entry leaves the list), its
+root steps back to pending with a fresh attempt budget and their keys unchanged.
+
+Both refuse, with a code and words: runs that are not failed, runs already replayed (replay
+the newest run of the lineage instead), lineages older than 60 days, and truncated payloads
+(a replay would run on a payload that is not the one the provider sent).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from shared import pubsub, queries
+from shared.db import Database, Tx
+from shared.errors import ConflictError, TransientError
+from shared.logs import get_logger
+from shared.ops.errors import OpsError, not_found
+from shared.ops.replay_plan import JournalStep, ReplayPlan, plan_replay
+from shared.workflows.definition import WorkflowDefinition
+
+SQL = queries.load("ops")
+RUN_GET = SQL["ops_run_get"]
+RUN_LOCK = SQL["ops_run_lock"]
+RUN_STEPS = SQL["ops_run_steps"]
+LINEAGE_ROOT_CREATED = SQL["ops_lineage_root_created"]
+REPLAYS_OF = SQL["ops_lineage_replays_of"]
+LINEAGE_OLDEST_KEYS = SQL["ops_lineage_oldest_keys"]
+VERSION_DEFINITION = SQL["ops_version_definition"]
+EVENT_TRUNCATED = SQL["ops_event_get"]
+REPLAY_RUN_INSERT = SQL["ops_replay_run_insert"]
+REPLAY_STEPS_COPY = SQL["ops_replay_steps_copy"]
+REPLAY_STEP_RESTART = SQL["ops_replay_step_restart"]
+RETRY_RUN_REOPEN = SQL["ops_retry_run_reopen"]
+RETRY_STEP_RESET = SQL["ops_retry_step_reset"]
+
+REPLAY_WINDOW = timedelta(days=60)
+PAYLOAD_LIMIT_TEXT = "64 KiB"
+
+log = get_logger(__name__)
+
+Dispatch = Callable[[Sequence[str]], None]
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    run_id: str
+    tenant_id: str
+    plan: ReplayPlan
+    restarted_step_ids: tuple[str, ...]
+
+
+def lineage_idempotency_key(lineage_root: str, step_key: str) -> str:
+    """The step engine's key for a step of a lineage (same for every run in it)."""
+    return f"onceflow:{lineage_root}:{step_key}"
+
+
+def _journal(tx: Tx, run_id: str) -> list[JournalStep]:
+    return [
+        JournalStep(
+            id=str(s["id"]),
+            step_key=s["step_key"],
+            node_id=s["node_id"],
+            block_type=s["block_type"],
+            status=s["status"],
+            branch_choice=s["branch_choice"],
+            idempotency_key=s["idempotency_key"],
+            finished_at=s["finished_at"],
+        )
+        for s in tx.all(RUN_STEPS, run_id=run_id)
+    ]
+
+
+def _checked_failed_run(
+    tx: Tx, run_id: str, tenant_scope: str | None, now: datetime
+) -> dict[str, Any]:
+    """The run, locked through its lineage root, if it may be replayed or retried."""
+    run = tx.one(RUN_GET, run_id=run_id, namespace="live", tenant_id=tenant_scope)
+    if run is None:
+        raise not_found("run")
+    tx.one(RUN_LOCK, lineage_root=str(run["lineage_root"]))
+    # Re-read under the lock: a concurrent replay or retry may have moved it.
+    run = tx.one(RUN_GET, run_id=run_id, namespace="live", tenant_id=tenant_scope)
+    assert run is not None  # runs are never deleted
+    if run["status"] != "failed":
+        raise OpsError(
+            409,
+            "run_not_failed",
+            f"only failed runs can be replayed or retried; this one is {run['status']}",
+        )
+    later = tx.one(REPLAYS_OF, run_id=run_id)
+    if later is not None:
+        raise OpsError(
+            409,
+            "already_replayed",
+            f"this run was already replayed by run {later['id']} "
+            f"({later['status']}); replay the newest run of the lineage instead",
+        )
+    root_created = tx.scalar(LINEAGE_ROOT_CREATED, lineage_root=str(run["lineage_root"]))
+    if now - root_created > REPLAY_WINDOW:
+        raise OpsError(
+            409,
+            "replay_window_expired",
+            f"the lineage started {root_created.date().isoformat()}; replays are "
+            f"allowed for {REPLAY_WINDOW.days} days",
+        )
+    truncated = bool(run["payload_truncated"])
+    if not truncated and run["event_id"] is not None:
+        event = tx.one(EVENT_TRUNCATED, event_id=run["event_id"], tenant_id=run["tenant_id"])
+        truncated = bool(event and event["payload_truncated"])
+    if truncated:
+        raise OpsError(
+            409,
+            "payload_truncated",
+            f"the stored trigger payload was truncated at its {PAYLOAD_LIMIT_TEXT} "
+            "limit; replaying it would run on data the provider never sent",
+        )
+    return run
+
+
+def _plan(tx: Tx, run: dict[str, Any]) -> tuple[ReplayPlan, list[JournalStep]]:
+    definition = WorkflowDefinition.model_validate(
+        tx.scalar(VERSION_DEFINITION, version_id=str(run["version_id"]))
+    )
+    journal = _journal(tx, str(run["id"]))
+    plan = plan_replay(definition, journal)
+    if not plan.restart:
+        raise OpsError(
+            409, "nothing_to_replay", "the run has no failed or unfinished step to start again from"
+        )
+    return plan, journal
+
+
+def replay_run(
+    db: Database,
+    *,
+    run_id: str,
+    tenant_scope: str | None,
+    dispatch: Dispatch = pubsub.publish_step_ready,
+    now: datetime | None = None,
+) -> ReplayOutcome:
+    now = now or datetime.now(UTC)
+    try:
+        with db.transaction() as tx:
+            run = _checked_failed_run(tx, run_id, tenant_scope, now)
+            plan, _ = _plan(tx, run)
+            lineage_root = str(run["lineage_root"])
+            oldest = {
+                r["step_key"]: r["idempotency_key"]
+                for r in tx.all(LINEAGE_OLDEST_KEYS, lineage_root=lineage_root)
+            }
+            new_run_id = str(
+                tx.scalar(REPLAY_RUN_INSERT, run_id=run_id, start_key=f"replay:{uuid.uuid4()}")
+            )
+            if plan.copy:
+                tx.execute(
+                    REPLAY_STEPS_COPY, new_run_id=new_run_id, step_ids=[s.id for s in plan.copy]
+                )
+            restarted = tuple(
+                str(
+                    tx.scalar(
+                        REPLAY_STEP_RESTART,
+                        new_run_id=new_run_id,
+                        step_key=s.step_key,
+                        node_id=s.node_id,
+                        block_type=s.block_type,
+                        idempotency_key=oldest.get(s.step_key)
+                        or lineage_idempotency_key(lineage_root, s.step_key),
+                        input=None,
+                    )
+                )
+                for s in plan.restart
+            )
+    except ConflictError as exc:
+        raise OpsError(
+            409,
+            "already_running",
+            "another run of this workflow is active for this record; wait for it "
+            "to finish, then replay",
+        ) from exc
+    _dispatch(dispatch, restarted)
+    return ReplayOutcome(
+        run_id=new_run_id, tenant_id=run["tenant_id"], plan=plan, restarted_step_ids=restarted
+    )
+
+
+def retry_run(
+    db: Database,
+    *,
+    run_id: str,
+    tenant_scope: str | None,
+    dispatch: Dispatch = pubsub.publish_step_ready,
+    now: datetime | None = None,
+) -> ReplayOutcome:
+    now = now or datetime.now(UTC)
+    try:
+        with db.transaction() as tx:
+            run = _checked_failed_run(tx, run_id, tenant_scope, now)
+            plan, _ = _plan(tx, run)
+            if tx.execute(RETRY_RUN_REOPEN, run_id=run_id) != 1:
+                raise OpsError(409, "run_not_failed", "the run is no longer failed")
+            restarted = tuple(
+                str(r["id"])
+                for r in tx.all(RETRY_STEP_RESET, step_ids=[s.id for s in plan.restart])
+            )
+    except ConflictError as exc:
+        raise OpsError(
+            409,
+            "already_running",
+            "another run of this workflow is active for this record; wait for it "
+            "to finish, then retry",
+        ) from exc
+    _dispatch(dispatch, restarted)
+    return ReplayOutcome(
+        run_id=run_id, tenant_id=run["tenant_id"], plan=plan, restarted_step_ids=restarted
+    )
+
+
+def _dispatch(dispatch: Dispatch, step_ids: tuple[str, ...]) -> None:
+    # The rows are committed; a lost publish leaves them pending with dispatched_at NULL,
+    # which the sweep re-dispatches. So a failed publish is logged, not an error.
+    try:
+        dispatch(step_ids)
+    except TransientError as exc:
+        log.warning("step-ready publish failed; the sweep will re-dispatch: %s", exc)
+    except Exception as exc:  # the client library's own errors (no emulator, no credentials)
+        log.warning("step-ready publish failed; the sweep will re-dispatch: %r", exc)

@@ -1,0 +1,46 @@
+"""Mint an ops token: `python -m shared.ops.tokens create --tenant acme [--label support]`.
+
+The token is printed once, on stdout, and never stored in clear; `--admin` mints a token that
+sees every tenant. The database comes from DATABASE_URL (or the Cloud SQL variables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shared.db import get_database
+from shared.errors import OnceflowError
+from shared.ops.auth import TENANT_EXISTS, mint_token
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shared.ops.tokens")
+    sub = parser.add_subparsers(dest="command", required=True)
+    create = sub.add_parser("create", help="mint a token and print it once")
+    scope = create.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--tenant", help="the tenant the token is scoped to")
+    scope.add_argument("--admin", action="store_true", help="a token that sees every tenant")
+    create.add_argument("--label", default="cli", help="who or what the token is for")
+    args = parser.parse_args(argv)
+
+    db = get_database()
+    try:
+        with db.transaction() as tx:
+            if args.tenant is not None and tx.one(TENANT_EXISTS, tenant_id=args.tenant) is None:
+                print(f"no tenant named {args.tenant!r}", file=sys.stderr)
+                return 2
+            token, token_id = mint_token(
+                tx, tenant_id=None if args.admin else args.tenant, label=args.label
+            )
+    except OnceflowError as exc:
+        print(f"could not mint a token: {exc}", file=sys.stderr)
+        return 1
+    print(token)
+    scope_text = "admin" if args.admin else f"tenant {args.tenant}"
+    print(f"token {token_id} for {scope_text}; it is shown only this once", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

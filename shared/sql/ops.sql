@@ -1,0 +1,254 @@
+-- The ops function: tokens, audit, and the read side of runs, steps, refusals and credits.
+-- :tenant_id is NULL for an admin token and the caller's tenant otherwise; every read is
+-- scoped with it, so a tenant token cannot see another tenant's rows (the API answers 404).
+
+-- name: ops_token_insert
+INSERT INTO ops_tokens (token_sha256, tenant_id, label)
+VALUES (:token_sha256, :tenant_id, :label)
+RETURNING id
+
+-- name: ops_token_find
+SELECT id, tenant_id, label
+FROM ops_tokens
+WHERE token_sha256 = :token_sha256 AND revoked_at IS NULL
+
+-- name: ops_token_revoke
+UPDATE ops_tokens SET revoked_at = now() WHERE id = :id AND revoked_at IS NULL
+
+-- name: ops_audit_insert
+INSERT INTO ops_audit (token_id, tenant_id, action, target, detail)
+VALUES (:token_id, :tenant_id, :action, :target, CAST(:detail AS jsonb))
+
+-- name: ops_tenant_exists
+SELECT 1 FROM tenants WHERE id = :tenant_id
+
+-- name: ops_runs_list
+-- Newest first; the cursor is the (created_at, id) of the last row of the previous page.
+SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id, r.start_key,
+       r.event_id, r.record_key, r.status, r.error, r.replay_of, r.lineage_root,
+       r.created_at, r.finished_at
+FROM workflow_runs r
+JOIN workflows w ON w.id = r.workflow_id
+WHERE r.namespace = 'live'
+  AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = CAST(:tenant_id AS text))
+  AND (CAST(:workflow_id AS uuid) IS NULL OR r.workflow_id = CAST(:workflow_id AS uuid))
+  AND (CAST(:status AS text) IS NULL OR r.status = CAST(:status AS text))
+  AND (CAST(:record_key AS text) IS NULL OR r.record_key = CAST(:record_key AS text))
+  AND (CAST(:created_after AS timestamptz) IS NULL
+       OR r.created_at >= CAST(:created_after AS timestamptz))
+  AND (CAST(:created_before AS timestamptz) IS NULL
+       OR r.created_at < CAST(:created_before AS timestamptz))
+  AND (CAST(:cursor_at AS timestamptz) IS NULL
+       OR (r.created_at, r.id) < (CAST(:cursor_at AS timestamptz), CAST(:cursor_id AS uuid)))
+ORDER BY r.created_at DESC, r.id DESC
+LIMIT :limit
+
+-- name: ops_run_get
+SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
+       v.number AS version_number, r.start_key, r.event_id, r.record_key, r.dedup_mode,
+       r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
+       r.payload_truncated, r.created_at, r.finished_at
+FROM workflow_runs r
+JOIN workflows w ON w.id = r.workflow_id
+JOIN workflow_versions v ON v.id = r.version_id
+WHERE r.id = CAST(:run_id AS uuid)
+  AND r.namespace = CAST(:namespace AS text)
+  AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = CAST(:tenant_id AS text))
+
+-- name: ops_run_lock
+-- Replays of one lineage are serialized on its root row: two people pressing "replay" at
+-- once must not start two runs that both execute the reset steps.
+SELECT id FROM workflow_runs WHERE id = CAST(:lineage_root AS uuid) FOR UPDATE
+
+-- name: ops_run_steps
+SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_id,
+       s.lease_expires_at, s.wake_at, s.dispatched_at, s.idempotency_key,
+       s.side_effect_started_at, s.input, s.output, s.error, s.error_class, s.outcome_code,
+       s.branch_choice, s.copied_from, s.created_at, s.started_at, s.finished_at
+FROM workflow_steps s
+WHERE s.run_id = CAST(:run_id AS uuid)
+ORDER BY s.created_at, s.step_key
+
+-- name: ops_run_charges
+SELECT l.lineage_key, l.amount, l.block_type, l.run_id, l.step_id, l.created_at
+FROM credit_ledger l
+WHERE l.run_id = CAST(:run_id AS uuid)
+   OR l.lineage_key = ANY(CAST(:keys AS text[]))
+ORDER BY l.created_at, l.id
+
+-- name: ops_lineage_runs
+SELECT id, replay_of, status, start_key, created_at, finished_at
+FROM workflow_runs
+WHERE lineage_root = CAST(:lineage_root AS uuid) AND namespace = 'live'
+ORDER BY created_at, id
+
+-- name: ops_lineage_root_created
+SELECT created_at FROM workflow_runs WHERE id = CAST(:lineage_root AS uuid)
+
+-- name: ops_lineage_replays_of
+SELECT id, status FROM workflow_runs
+WHERE replay_of = CAST(:run_id AS uuid)
+ORDER BY created_at
+LIMIT 1
+
+-- name: ops_lineage_oldest_keys
+-- The idempotency key each step key first had in the lineage (invariant 12: the provider and
+-- the ledger must see the same operation however many times it is replayed).
+SELECT DISTINCT ON (s.step_key) s.step_key, s.idempotency_key
+FROM workflow_steps s
+JOIN workflow_runs r ON r.id = s.run_id
+WHERE r.lineage_root = CAST(:lineage_root AS uuid)
+  AND s.idempotency_key IS NOT NULL
+ORDER BY s.step_key, r.created_at, s.created_at
+
+-- name: ops_version_definition
+SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
+
+-- name: ops_event_get
+SELECT e.id, e.tenant_id, e.connection_id, e.event_type, e.source_event_id,
+       e.record_object_type, e.record_object_id, e.author_id, e.changed_fields,
+       e.occurred_at, e.payload, e.payload_truncated, e.created_at, e.published_at
+FROM workflow_trigger_events e
+WHERE e.id = :event_id
+  AND (CAST(:tenant_id AS text) IS NULL OR e.tenant_id = CAST(:tenant_id AS text))
+
+-- name: ops_replay_run_insert
+INSERT INTO workflow_runs (tenant_id, workflow_id, version_id, start_key, event_id, record_key,
+                           dedup_mode, namespace, status, trigger_payload, payload_truncated,
+                           replay_of, lineage_root)
+SELECT tenant_id, workflow_id, version_id, :start_key, event_id, record_key, dedup_mode,
+       'live', 'running', trigger_payload, payload_truncated, id, lineage_root
+FROM workflow_runs
+WHERE id = CAST(:run_id AS uuid)
+RETURNING id, lineage_root
+
+-- name: ops_replay_steps_copy
+-- Settled steps are copied verbatim, outputs, keys and branch choices included; copying
+-- charges nothing (the ledger rows stay on the steps that earned them).
+INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, attempt,
+                            dispatched_at, idempotency_key, side_effect_started_at, input,
+                            output, error, error_class, outcome_code, branch_choice,
+                            copied_from, created_at, started_at, finished_at)
+SELECT CAST(:new_run_id AS uuid), step_key, node_id, block_type, status, attempt,
+       dispatched_at, idempotency_key, side_effect_started_at, input, output, error,
+       error_class, outcome_code, branch_choice, id, created_at, started_at, finished_at
+FROM workflow_steps
+WHERE id = ANY(CAST(:step_ids AS uuid[]))
+
+-- name: ops_replay_step_restart
+INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, idempotency_key,
+                            input)
+VALUES (CAST(:new_run_id AS uuid), :step_key, :node_id, :block_type, 'pending',
+        :idempotency_key, CAST(:input AS jsonb))
+RETURNING id
+
+-- name: ops_retry_run_reopen
+-- Only a failed run is reopened; zero rows means someone else retried or replayed it first.
+UPDATE workflow_runs
+SET status = 'running', finished_at = NULL, error = NULL
+WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
+
+-- name: ops_retry_step_reset
+-- A failed step goes back to pending with a fresh attempt budget; its idempotency key stays,
+-- so the provider and the ledger see the same operation. The last error is kept for people.
+UPDATE workflow_steps
+SET status = 'pending', attempt = 0, finished_at = NULL, lease_id = NULL,
+    lease_expires_at = NULL, wake_at = NULL, side_effect_started_at = NULL,
+    dispatched_at = NULL
+WHERE id = ANY(CAST(:step_ids AS uuid[])) AND status <> 'succeeded'
+RETURNING id
+
+-- name: ops_refusals_list
+SELECT f.id, f.tenant_id, f.event_id, f.workflow_id, w.name AS workflow_name, f.version_id,
+       f.record_key, f.reason, f.detail, f.created_at
+FROM admission_refusals f
+JOIN workflows w ON w.id = f.workflow_id
+WHERE (CAST(:tenant_id AS text) IS NULL OR f.tenant_id = CAST(:tenant_id AS text))
+  AND (CAST(:workflow_id AS uuid) IS NULL OR f.workflow_id = CAST(:workflow_id AS uuid))
+  AND (CAST(:record_key AS text) IS NULL OR f.record_key = CAST(:record_key AS text))
+  AND (CAST(:event_id AS bigint) IS NULL OR f.event_id = CAST(:event_id AS bigint))
+  AND (CAST(:cursor_id AS bigint) IS NULL OR f.id < CAST(:cursor_id AS bigint))
+ORDER BY f.id DESC
+LIMIT :limit
+
+-- name: ops_connection_tenant
+SELECT tenant_id FROM connections WHERE id = CAST(:connection_id AS uuid)
+
+-- name: ops_record_events
+-- Every trigger event seen for one record, oldest first (the record's timeline).
+SELECT e.id, e.event_type, e.source_event_id, e.author_id, e.changed_fields, e.occurred_at,
+       e.created_at, e.published_at, e.payload_truncated
+FROM workflow_trigger_events e
+WHERE e.tenant_id = :tenant_id
+  AND e.record_object_type = :object_type
+  AND e.record_object_id = :object_id
+  AND e.connection_id = CAST(:connection_id AS uuid)
+ORDER BY e.id
+LIMIT :limit
+
+-- name: ops_record_runs
+SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id, r.start_key,
+       r.event_id, r.record_key, r.status, r.error, r.replay_of, r.lineage_root,
+       r.created_at, r.finished_at
+FROM workflow_runs r
+JOIN workflows w ON w.id = r.workflow_id
+WHERE r.tenant_id = :tenant_id AND r.namespace = 'live'
+  AND (r.record_key = :record_key OR r.event_id = ANY(CAST(:event_ids AS bigint[])))
+ORDER BY r.created_at, r.id
+
+-- name: ops_record_refusals
+SELECT f.event_id, f.workflow_id, w.name AS workflow_name, f.reason, f.detail, f.created_at
+FROM admission_refusals f
+JOIN workflows w ON w.id = f.workflow_id
+WHERE f.tenant_id = :tenant_id AND f.event_id = ANY(CAST(:event_ids AS bigint[]))
+
+-- name: ops_record_claims
+SELECT c.event_id, c.workflow_id, w.name AS workflow_name, c.run_id, c.claimed_at
+FROM delivery_claims c
+JOIN workflows w ON w.id = c.workflow_id
+WHERE c.event_id = ANY(CAST(:event_ids AS bigint[])) AND w.tenant_id = :tenant_id
+
+-- name: ops_bindings_for_tenant
+SELECT b.event_type, b.workflow_id, w.name AS workflow_name
+FROM trigger_bindings b
+JOIN workflows w ON w.id = b.workflow_id
+WHERE b.tenant_id = :tenant_id
+
+-- name: ops_credit_balance
+SELECT credit_balance FROM tenants WHERE id = :tenant_id
+
+-- name: ops_credit_ledger
+SELECT l.id, l.lineage_key, l.amount, l.block_type, l.run_id, l.step_id, l.created_at
+FROM credit_ledger l
+WHERE l.tenant_id = :tenant_id
+  AND (CAST(:cursor_id AS bigint) IS NULL OR l.id < CAST(:cursor_id AS bigint))
+ORDER BY l.id DESC
+LIMIT :limit
+
+-- name: ops_workflows_list
+SELECT w.id, w.tenant_id, w.name, w.created_at, a.version_id AS active_version_id,
+       (SELECT max(v.number) FROM workflow_versions v WHERE v.workflow_id = w.id)
+           AS latest_version
+FROM workflows w
+LEFT JOIN workflow_activations a ON a.workflow_id = w.id
+WHERE (CAST(:tenant_id AS text) IS NULL OR w.tenant_id = CAST(:tenant_id AS text))
+ORDER BY w.tenant_id, w.name
+
+-- name: ops_workflow_get
+SELECT w.id, w.tenant_id, w.name, w.created_at
+FROM workflows w
+WHERE w.id = CAST(:workflow_id AS uuid)
+  AND (CAST(:tenant_id AS text) IS NULL OR w.tenant_id = CAST(:tenant_id AS text))
+
+-- name: ops_workflow_versions
+SELECT v.id, v.number, v.content_hash, v.created_at,
+       (a.version_id IS NOT NULL) AS active
+FROM workflow_versions v
+LEFT JOIN workflow_activations a ON a.workflow_id = v.workflow_id AND a.version_id = v.id
+WHERE v.workflow_id = CAST(:workflow_id AS uuid)
+ORDER BY v.number DESC
+
+-- name: ops_version_get
+SELECT v.id, v.workflow_id, v.number, v.definition
+FROM workflow_versions v
+WHERE v.id = CAST(:version_id AS uuid) AND v.workflow_id = CAST(:workflow_id AS uuid)
