@@ -168,7 +168,7 @@ def seed_run(
             t=tenant,
             w=workflow_id,
             v=version_id,
-            k=f"workflow_event:{event_id}" if event_id else f"test:{run_id}",
+            k=f"test:{run_id}",
             e=event_id,
             rk=record_key,
             d=dedup,
