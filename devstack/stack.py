@@ -1,0 +1,921 @@
+"""The local stack: `python -m devstack.stack up|down|status|migrate` (`make dev`, `make dev-down`).
+
+`up` starts, on 127.0.0.1 only, everything the cloud deployment has, as real processes:
+
+- PostgreSQL: a throwaway cluster under `<root>/pg` (kept between runs; `rm -rf .local` resets
+  it), or the server in `DATABASE_URL` when that is set; migrations applied either way;
+- the Pub/Sub emulator, with the topics and push subscriptions `infra/pubsub.tf` declares;
+- one `functions-framework` process per function in `shared/deployables.py`;
+- the fake CRM (`devstack.fakecrm`), when that module is present;
+- the local scheduler (`devstack.scheduler`), calling the scheduled functions at the cadence
+  `infra/scheduler.tf` declares.
+
+It records what it started in `<root>/stack.json` (component → URL/host/port, the database
+URL, the environment the functions run with), one pid file per process under `<root>/pids/`
+and logs under `<root>/logs/`. Every process runs in its own process group, so `down` stops
+exactly those groups, by pid, and waits until nothing of them is left. A pid file also holds
+the process start time, so a pid the kernel reused for something else is never signalled.
+
+A second `up` on a running stack says so and starts nothing. A missing tool or a taken port is
+one line saying what to do, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import pg8000.dbapi
+
+from devstack import emulator, postgres, scheduler
+from devstack.tools import MissingTool, free_port, pg_bindir, port_holder, pubsub_emulator
+from shared.deployables import DEPLOYABLES, Deployable
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_ROOT = REPO / ".local"
+PROJECT = "onceflow-local"
+PORT_BASE_ENV = "ONCEFLOW_PORT_BASE"
+DEFAULT_PORT_BASE = 18400
+DATABASE_NAME = "onceflow"
+
+# Secrets of the demo tenant's HubSpot connection. The connection row names these variables;
+# every function process and the fake CRM get them. Local, throwaway values; set the variables
+# to override them.
+DEMO_SECRETS = {
+    "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET": "local-demo-hubspot-app-secret",
+    "ONCEFLOW_DEMO_HUBSPOT_TOKEN": "local-demo-hubspot-token",
+}
+# What every function process gets besides the connection settings: loopback HTTP is allowed
+# because the fake CRM and the demo's receivers live on 127.0.0.1.
+FUNCTION_ENV = {
+    "NO_GCE_CHECK": "true",
+    "ONCEFLOW_HTTP_ALLOW_LOOPBACK": "1",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+# Settings of the caller's shell that must not leak into the local functions.
+_SCRUBBED = ("INSTANCE_CONNECTION_NAME", "DATABASE_URL", "PUBSUB_EMULATOR_HOST", "PGHOST")
+
+STOP_GRACE_SECONDS = 4.0
+PG_STOP_GRACE_SECONDS = 20.0
+READY_TIMEOUT_SECONDS = 90.0
+
+
+class StackError(RuntimeError):
+    """Something the user must act on; the message is one line saying what."""
+
+
+class AlreadyRunning(StackError):
+    pass
+
+
+# --- pid files ------------------------------------------------------------------------------
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The process start time in clock ticks (/proc/<pid>/stat field 22), None if gone/zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+def _pgid_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes in process group `pgid`."""
+    members: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+@dataclass(frozen=True)
+class PidFile:
+    name: str
+    path: Path
+    pid: int
+    ticks: str
+    # True: the pid leads its own process group and the whole group belongs to the stack.
+    group: bool
+
+    def alive(self) -> bool:
+        return _start_ticks(self.pid) == self.ticks
+
+    def leftovers(self) -> list[int]:
+        """Processes of this component still running (the group's, when it owns one)."""
+        if self.group:
+            return _pgid_members(self.pid)
+        return [self.pid] if self.alive() else []
+
+
+def _pid_dir(root: Path) -> Path:
+    return root / "pids"
+
+
+def write_pid(root: Path, name: str, pid: int, *, group: bool = True) -> PidFile:
+    ticks = _start_ticks(pid) or "0"
+    path = _pid_dir(root) / f"{name}.pid"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{pid}\n{ticks}\n{'group' if group else 'single'}\n")
+    return PidFile(name, path, pid, ticks, group)
+
+
+def read_pids(root: Path) -> list[PidFile]:
+    found: list[PidFile] = []
+    directory = _pid_dir(root)
+    if not directory.is_dir():
+        return found
+    for path in sorted(directory.glob("*.pid")):
+        try:
+            pid_text, ticks, kind = [*path.read_text().split(), "", "", ""][:3]
+            found.append(PidFile(path.stem, path, int(pid_text), ticks, kind == "group"))
+        except ValueError:
+            path.unlink(missing_ok=True)
+    return found
+
+
+# --- the plan -------------------------------------------------------------------------------
+
+
+def signature_type(fn: Deployable) -> str:
+    """What functions/<name>.py declares (`@functions_framework.cloud_event` or `.http`)."""
+    source = REPO / "functions" / f"{fn.name}.py"
+    with contextlib.suppress(OSError, SyntaxError):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == fn.name:
+                for deco in node.decorator_list:
+                    target = deco.func if isinstance(deco, ast.Call) else deco
+                    if isinstance(target, ast.Attribute) and target.attr == "cloud_event":
+                        return "cloudevent"
+                    if isinstance(target, ast.Attribute) and target.attr == "http":
+                        return "http"
+    return "cloudevent" if fn.trigger == "pubsub" else "http"
+
+
+def fakecrm_available() -> bool:
+    return (REPO / "devstack" / "fakecrm" / "__main__.py").exists()
+
+
+def functions_framework_bin() -> Path:
+    candidate = Path(sys.executable).parent / "functions-framework"
+    if not candidate.exists():
+        raise MissingTool(
+            f"functions-framework not found next to {sys.executable}: run `make venv` "
+            "(it installs requirements-dev.txt)"
+        )
+    return candidate
+
+
+def plan_ports(*, free: bool, with_postgres: bool, with_fakecrm: bool) -> dict[str, int]:
+    names = ["pubsub"]
+    if with_postgres:
+        names.append("postgres")
+    if with_fakecrm:
+        names.append("fakecrm")
+    names += [d.name for d in DEPLOYABLES]
+    if free:
+        return {n: free_port() for n in names}
+    raw = os.environ.get(PORT_BASE_ENV, str(DEFAULT_PORT_BASE))
+    try:
+        base = int(raw)
+    except ValueError:
+        raise StackError(f"{PORT_BASE_ENV}={raw!r} is not a port number") from None
+    fixed = {"pubsub": base, "postgres": base + 1, "fakecrm": base + 2}
+    ports = {n: fixed[n] for n in names if n in fixed}
+    for i, d in enumerate(DEPLOYABLES):
+        ports[d.name] = base + 10 + i
+    for name, port in ports.items():
+        holder = port_holder(port)
+        if holder is not None:
+            raise StackError(
+                f"port {port} (for {name}) is already taken by {holder}: stop that process "
+                f"or choose other ports with {PORT_BASE_ENV}=<base> "
+                f"(the stack uses base..base+{10 + len(DEPLOYABLES) - 1})"
+            )
+    return ports
+
+
+def preflight(*, own_postgres: bool) -> list[str]:
+    """Every external tool is there, or MissingTool names the first one missing."""
+    if own_postgres:
+        bindir = pg_bindir()
+        for tool in ("initdb", "pg_ctl", "postgres"):
+            if not (bindir / tool).exists():
+                raise MissingTool(
+                    f"PostgreSQL server binaries ({tool}) not found in {bindir}: "
+                    "install them with `apt-get install postgresql` or set PG_BINDIR"
+                )
+    functions_framework_bin()
+    return pubsub_emulator()
+
+
+# --- up -------------------------------------------------------------------------------------
+
+
+def stack_file(root: Path) -> Path:
+    return root / "stack.json"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _log_file(root: Path, name: str) -> Any:
+    path = root / "logs" / f"{name}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = path.open("ab")
+    handle.write(f"--- {_now()} started by devstack.stack\n".encode())
+    handle.flush()
+    return handle
+
+
+def _spawn(
+    root: Path, name: str, args: list[str], env: Mapping[str, str]
+) -> subprocess.Popen[bytes]:
+    with _log_file(root, name) as log:
+        proc = subprocess.Popen(
+            args,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            start_new_session=True,
+        )
+    write_pid(root, name, proc.pid)
+    return proc
+
+
+def function_env(
+    database_url: str, emulator_host: str, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment every function process runs with (besides the caller's PATH etc.)."""
+    env = {k: os.environ.get(k, v) for k, v in DEMO_SECRETS.items()}
+    env.update(FUNCTION_ENV)
+    env.update(
+        DATABASE_URL=database_url,
+        PUBSUB_EMULATOR_HOST=emulator_host,
+        GOOGLE_CLOUD_PROJECT=PROJECT,
+    )
+    env.update(extra or {})
+    return env
+
+
+def _base_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+
+
+def up(
+    root: Path = DEFAULT_ROOT,
+    *,
+    database_url: str | None = None,
+    free_ports: bool = False,
+    extra_env: Mapping[str, str] | None = None,
+    with_scheduler: bool = True,
+    with_fakecrm: bool = True,
+    echo: bool = False,
+) -> dict[str, Any]:
+    """Start the whole stack under `root`; the stack.json content. See the module docstring."""
+    root = root.resolve()
+    running = [p for p in read_pids(root) if p.alive()]
+    if running:
+        raise AlreadyRunning(
+            f"the local stack in {root} is already running ({len(running)} processes, "
+            "`python -m devstack.stack status` shows them): `make dev-down` stops it"
+        )
+    for stale in read_pids(root):  # left by a stack that died with the machine
+        stale.path.unlink(missing_ok=True)
+    own_postgres = database_url is None
+    emulator_cmd = preflight(own_postgres=own_postgres)
+    layout = emulator.declared_layout()
+    jobs = scheduler.declared_jobs() if with_scheduler else ()
+    with_fakecrm = with_fakecrm and fakecrm_available()
+    ports = plan_ports(free=free_ports, with_postgres=own_postgres, with_fakecrm=with_fakecrm)
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)  # the postgres user must reach <root>/pg when we are root
+
+    def say(text: str) -> None:
+        if echo:
+            print(text, flush=True)
+
+    started = time.monotonic()
+    try:
+        # Slow starters first (Java, seven Python interpreters); Postgres and the migrations
+        # run while they boot. Functions don't connect before their first request.
+        emulator_host = f"127.0.0.1:{ports['pubsub']}"
+        emulator_url = f"http://{emulator_host}"
+        with _log_file(root, "pubsub") as log:
+            cloudsdk = root / "gcloud"
+            cloudsdk.mkdir(exist_ok=True)
+            emu_env = {
+                **_base_env(),
+                "CLOUDSDK_CONFIG": str(cloudsdk),
+                "CLOUDSDK_CORE_CHECK_GCE_METADATA": "false",
+                "CLOUDSDK_CORE_PROJECT": PROJECT,
+            }
+            emu = emulator.start(emulator_cmd, ports["pubsub"], log, emu_env)
+        write_pid(root, "pubsub", emu.pid)
+
+        if own_postgres:
+            database_url = postgres.Cluster(root / "pg", ports["postgres"]).url(DATABASE_NAME)
+        assert database_url is not None
+        fn_env = {**_base_env(), **function_env(database_url, emulator_host, extra_env)}
+        ff = str(functions_framework_bin())
+        components: dict[str, dict[str, Any]] = {}
+        for d in DEPLOYABLES:
+            port = ports[d.name]
+            sig = signature_type(d)
+            _spawn(
+                root,
+                d.name,
+                [
+                    ff,
+                    "--source",
+                    "main.py",
+                    "--target",
+                    d.name,
+                    "--signature-type",
+                    sig,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                ],
+                fn_env,
+            )
+            components[d.name] = {
+                "kind": "function",
+                "trigger": d.trigger,
+                "signature_type": sig,
+                "host": "127.0.0.1",
+                "port": port,
+                "url": f"http://127.0.0.1:{port}",
+                "log": str(root / "logs" / f"{d.name}.log"),
+            }
+        webhook_url = components["webhook"]["url"]
+        if with_fakecrm:
+            port = ports["fakecrm"]
+            _spawn(
+                root,
+                "fakecrm",
+                [
+                    sys.executable,
+                    "-m",
+                    "devstack.fakecrm",
+                    "--port",
+                    str(port),
+                    "--webhook-url",
+                    webhook_url,
+                    "--app-secret-env",
+                    "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET",
+                    "--token-env",
+                    "ONCEFLOW_DEMO_HUBSPOT_TOKEN",
+                ],
+                fn_env,
+            )
+            components["fakecrm"] = {
+                "kind": "fakecrm",
+                "host": "127.0.0.1",
+                "port": port,
+                "url": f"http://127.0.0.1:{port}",
+                "health": "/_admin/health",
+                "log": str(root / "logs" / "fakecrm.log"),
+            }
+
+        if own_postgres:
+            say(f"starting PostgreSQL under {root / 'pg'} …")
+            cluster = postgres.start(root / "pg", ports["postgres"])
+            postmaster = _postmaster_pid(cluster)
+            # pg_ctl starts the postmaster in its own session: its group holds every backend.
+            write_pid(root, "postgres", postmaster, group=os.getpgid(postmaster) == postmaster)
+            postgres.create_database(cluster.port, DATABASE_NAME)
+        applied = apply_migrations(database_url)
+        pg = urlparse(database_url)
+        components["postgres"] = {
+            "kind": "postgres",
+            "managed": own_postgres,
+            "host": pg.hostname,
+            "port": pg.port or 5432,
+            "url": database_url,
+            "data": str(root / "pg") if own_postgres else None,
+            "log": str(root / "pg" / "postgres.log") if own_postgres else None,
+            "migrations_applied_now": applied,
+        }
+
+        emulator.wait_ready(emulator_url, emu)
+        function_urls = {d.name: components[d.name]["url"] for d in DEPLOYABLES}
+        emulator.create_layout(emulator_url, PROJECT, layout, function_urls)
+        components["pubsub"] = {
+            "kind": "pubsub",
+            "host": "127.0.0.1",
+            "port": ports["pubsub"],
+            "url": emulator_url,
+            "emulator_host": emulator_host,
+            "topics": list(layout.topics),
+            "subscriptions": [
+                {
+                    "name": s.name,
+                    "topic": s.topic,
+                    "push_endpoint": (
+                        emulator.push_endpoint(function_urls[s.function], PROJECT, s.topic)
+                        if s.function
+                        else None
+                    ),
+                    "dead_letter_topic": s.dead_letter_topic,
+                    "max_delivery_attempts": s.max_delivery_attempts,
+                }
+                for s in layout.subscriptions
+            ],
+            "log": str(root / "logs" / "pubsub.log"),
+        }
+        info: dict[str, Any] = {
+            "root": str(root),
+            "started_at": _now(),
+            "project": PROJECT,
+            "database_url": database_url,
+            "pubsub_emulator_host": emulator_host,
+            "env": {k: v for k, v in fn_env.items() if k in function_env("", "", extra_env)},
+            "components": components,
+        }
+        _write_json(stack_file(root), info)
+
+        if with_scheduler:
+            speedup = scheduler.speedup_from_env()
+            sched_env = {**_base_env(), "PYTHONUNBUFFERED": "1"}
+            _spawn(
+                root,
+                "scheduler",
+                [sys.executable, "-m", "devstack.scheduler", "--stack", str(stack_file(root))],
+                sched_env,
+            )
+            components["scheduler"] = {
+                "kind": "scheduler",
+                "speedup": speedup,
+                "jobs": [{"function": j.function, "schedule": j.cron.text} for j in jobs],
+                "log": str(root / "logs" / "scheduler.log"),
+            }
+            _write_json(stack_file(root), info)
+
+        wait_healthy(root, info)
+        info["startup_seconds"] = round(time.monotonic() - started, 2)
+        _write_json(stack_file(root), info)
+        return info
+    except BaseException:
+        down(root, quiet=True)
+        raise
+
+
+def _postmaster_pid(cluster: postgres.Cluster) -> int:
+    return int((cluster.data / "postmaster.pid").read_text().split()[0])
+
+
+def _write_json(path: Path, content: Mapping[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(content, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def apply_migrations(database_url: str) -> list[str]:
+    from shared.db import connector_from_env
+    from shared.migrate import MigrationError, apply_all, discover
+
+    conn = connector_from_env({"DATABASE_URL": database_url})()
+    try:
+        return [m.path.name for m in apply_all(conn, discover(), log=False)]
+    except MigrationError as exc:
+        raise StackError(f"migrations: {exc}") from None
+    finally:
+        conn.close()
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Health:
+    name: str
+    ok: bool
+    address: str
+    detail: str
+
+
+def check(name: str, comp: Mapping[str, Any], root: Path) -> Health:  # noqa: PLR0911 - one per kind
+    kind = comp.get("kind")
+    address = str(comp.get("url") or comp.get("host") or "")
+    try:
+        if kind == "postgres":
+            url = urlparse(str(comp["url"]))
+            conn = pg8000.dbapi.connect(
+                user=url.username or "postgres",
+                password=url.password,
+                host=url.hostname,
+                port=url.port or 5432,
+                database=url.path.lstrip("/"),
+                timeout=3,
+            )
+            try:
+                cur = conn.cursor()
+                cur.execute("SELECT 1")
+                cur.fetchone()
+                cur.execute("SELECT count(*) FROM schema_migrations")
+                (count,) = cur.fetchone()
+            finally:
+                conn.close()
+            where = "own cluster" if comp.get("managed") else "DATABASE_URL"
+            return Health(
+                name,
+                True,
+                f"{url.hostname}:{url.port}",
+                f"select 1 ok, {count} migrations ({where})",
+            )
+        if kind == "pubsub":
+            ok = emulator.is_ready(address)
+            subs = comp.get("subscriptions", [])
+            return Health(
+                name,
+                ok,
+                address,
+                f"GET / Ok, {len(comp.get('topics', []))} topics, {len(subs)} subscriptions"
+                if ok
+                else "does not answer GET /",
+            )
+        if kind == "function":
+            # /robots.txt is answered by functions-framework itself (404 for http functions,
+            # 405 for CloudEvent ones) without running onceflow code: a probe with no effects.
+            r = httpx.get(address + "/robots.txt", timeout=3)
+            return Health(
+                name,
+                True,
+                address,
+                f"{comp.get('signature_type')} function, answers HTTP ({r.status_code})",
+            )
+        if kind == "fakecrm":
+            r = httpx.get(address + str(comp.get("health", "/")), timeout=3)
+            return Health(name, r.status_code == 200, address, f"health {r.status_code}")
+        if kind == "scheduler":
+            pids = {p.name: p for p in read_pids(root)}
+            alive = "scheduler" in pids and pids["scheduler"].alive()
+            jobs = ", ".join(f"{j['function']} '{j['schedule']}'" for j in comp.get("jobs", []))
+            return Health(
+                name,
+                alive,
+                "-",
+                f"speedup {comp.get('speedup')}: {jobs}" if alive else "process is not running",
+            )
+    except (httpx.HTTPError, OSError, pg8000.dbapi.Error, TypeError, ValueError) as exc:
+        return Health(name, False, address, f"{type(exc).__name__}: {exc}"[:120])
+    return Health(name, False, address, f"unknown component kind {kind}")
+
+
+def health(root: Path, info: Mapping[str, Any]) -> list[Health]:
+    """Every component checked, in the order data flows through them."""
+    order = ["postgres", "pubsub", *(d.name for d in DEPLOYABLES), "fakecrm", "scheduler"]
+    comps = info["components"]
+    names = sorted(comps, key=lambda n: order.index(n) if n in order else len(order))
+    return [check(n, comps[n], root) for n in names]
+
+
+def wait_healthy(
+    root: Path, info: Mapping[str, Any], timeout: float = READY_TIMEOUT_SECONDS
+) -> None:
+    deadline = time.monotonic() + timeout
+    pids = {p.name: p for p in read_pids(root)}
+    while True:
+        bad = [h for h in health(root, info) if not h.ok]
+        if not bad:
+            return
+        for h in bad:
+            pid = pids.get(h.name)
+            if pid is not None and not pid.alive():
+                log = info["components"][h.name].get("log")
+                raise StackError(f"{h.name} exited while starting: see {log}")
+        if time.monotonic() > deadline:
+            raise StackError(
+                "not healthy after "
+                f"{timeout:.0f} s: " + "; ".join(f"{h.name} ({h.detail})" for h in bad)
+            )
+        time.sleep(0.2)
+
+
+def format_table(rows: list[Health]) -> str:
+    lines = [f"{'component':<16}{'state':<10}{'address':<28}detail"]
+    for h in rows:
+        lines.append(f"{h.name:<16}{'healthy' if h.ok else 'DOWN':<10}{h.address:<28}{h.detail}")
+    return "\n".join(lines)
+
+
+def load(root: Path = DEFAULT_ROOT) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(stack_file(root.resolve()).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+# --- down -----------------------------------------------------------------------------------
+
+
+def down(root: Path = DEFAULT_ROOT, *, quiet: bool = False) -> list[str]:
+    """Stop every process `up` started under `root`, by pid; the names of those stopped."""
+    root = root.resolve()
+    pids = read_pids(root)
+    # Signal everything first, then wait once: stopping seven processes costs one grace period.
+    for p in pids:
+        if not p.alive():
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if p.name == "postgres":
+                os.kill(p.pid, signal.SIGINT)  # PostgreSQL's "fast" shutdown
+            elif p.group:
+                # gunicorn (functions-framework) treats SIGTERM as "finish in-flight requests",
+                # and drain_inbox/publish_outbox/sweep loop for most of a minute: SIGINT is its
+                # quick shutdown. Everything else here exits promptly on SIGTERM.
+                quick = p.name in {d.name for d in DEPLOYABLES}
+                os.killpg(p.pid, signal.SIGINT if quick else signal.SIGTERM)
+            else:
+                os.kill(p.pid, signal.SIGTERM)
+    # A gunicorn master sometimes waits out its whole graceful timeout for a worker that got
+    # the signal mid-request; nothing here holds state worth that wait except PostgreSQL,
+    # which gets a longer grace before it too is killed.
+    started = time.monotonic()
+    pending = list(pids)
+    while pending:
+        elapsed = time.monotonic() - started
+        for p in list(pending):
+            if not p.leftovers():
+                pending.remove(p)
+            elif elapsed > (PG_STOP_GRACE_SECONDS if p.name == "postgres" else STOP_GRACE_SECONDS):
+                for pid in p.leftovers():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+        if elapsed > PG_STOP_GRACE_SECONDS + 5:
+            break
+        time.sleep(0.05)
+    stopped = [p.name for p in pids]
+    left = [f"{p.name} ({p.leftovers()})" for p in pids if p.leftovers()]
+    if left:
+        raise StackError("could not stop: " + ", ".join(left))
+    for p in pids:
+        p.path.unlink(missing_ok=True)
+    info = load(root)
+    if info is not None:
+        info["stopped_at"] = _now()
+        _write_json(stack_file(root), info)
+    if not quiet:
+        print(f"stopped {', '.join(stopped)}" if stopped else f"nothing is running in {root}")
+    return stopped
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+
+def migrate_command(root: Path) -> str:
+    url = os.environ.get("DATABASE_URL")
+    if not url:
+        info = load(root)
+        if info is None or not [p for p in read_pids(root) if p.alive()]:
+            raise StackError("no DATABASE_URL set and no local stack running: `make dev` first")
+        url = str(info["database_url"])
+    applied = apply_migrations(url)
+    return f"migrate: {len(applied)} applied ({', '.join(applied) or 'already up to date'})"
+
+
+def print_status(root: Path) -> bool:
+    info = load(root)
+    alive = [p for p in read_pids(root) if p.alive()]
+    if info is None or not alive:
+        print(f"the local stack is not running ({root}): `make dev` starts it")
+        return False
+    rows = health(root, info)
+    print(format_table(rows))
+    return all(h.ok for h in rows)
+
+
+def _pairs(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--env takes KEY=VALUE, not {item!r}")
+        out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one exit per outcome
+    parser = argparse.ArgumentParser(
+        prog="python -m devstack.stack", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("command", choices=("up", "down", "status", "migrate"))
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="state folder (.local)")
+    parser.add_argument("--free-ports", action="store_true", help="any free ports (tests)")
+    parser.add_argument("--no-scheduler", action="store_true")
+    parser.add_argument("--no-fakecrm", action="store_true")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra environment variable for every function process (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    root: Path = args.root.resolve()
+    try:
+        if args.command == "up":
+            print(f"starting the local stack in {root} …", flush=True)
+            info = up(
+                root,
+                database_url=os.environ.get("DATABASE_URL") or None,
+                free_ports=args.free_ports,
+                with_scheduler=not args.no_scheduler,
+                with_fakecrm=not args.no_fakecrm,
+                extra_env=_pairs(args.env),
+                echo=True,
+            )
+            print(format_table(health(root, info)))
+            print(
+                f"\nready in {info['startup_seconds']} s. stack.json: {stack_file(root)}  "
+                f"logs: {root / 'logs'}/<component>.log\n"
+                f"export DATABASE_URL={info['database_url']} "
+                f"PUBSUB_EMULATOR_HOST={info['pubsub_emulator_host']} "
+                f"GOOGLE_CLOUD_PROJECT={info['project']}\n"
+                "stop it with `make dev-down`"
+            )
+            return 0
+        if args.command == "down":
+            down(root)
+            return 0
+        if args.command == "status":
+            return 0 if print_status(root) else 1
+        print(migrate_command(root))
+        return 0
+    except AlreadyRunning as exc:
+        print(f"dev: {exc}", file=sys.stderr)
+        print_status(root)
+        return 3
+    except MissingTool as exc:
+        print(f"missing tool: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        detail = (exc.stderr or b"").decode(errors="replace").strip().splitlines()
+        print(
+            f"dev: {Path(str(exc.cmd[0])).name} failed: {detail[-1] if detail else exc}",
+            file=sys.stderr,
+        )
+        return 1
+    except (RuntimeError, ValueError, OSError) as exc:
+        # StackError, InfraUnreadable, CronError, a server that would not start: one line.
+        print(f"dev: {exc}".splitlines()[0], file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def restart_function(
+    root: Path, name: str, extra_env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """Stop one function process and start it again on its port, with `extra_env` added (how
+    an end-to-end test arms a crash point in one function); returns its stack.json entry."""
+    root = root.resolve()
+    info = load(root)
+    if info is None or info["components"].get(name, {}).get("kind") != "function":
+        raise StackError(f"{name} is not a function of the stack in {root}")
+    comp = info["components"][name]
+    for p in read_pids(root):
+        if p.name == name:
+            _stop_one(p)
+    env = {**_base_env(), **info["env"], **(extra_env or {})}
+    _spawn(
+        root,
+        name,
+        [
+            str(functions_framework_bin()),
+            "--source",
+            "main.py",
+            "--target",
+            name,
+            "--signature-type",
+            str(comp["signature_type"]),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(comp["port"]),
+        ],
+        env,
+    )
+    comp["extra_env"] = dict(extra_env or {})
+    _write_json(stack_file(root), info)
+    wait_healthy(root, {"components": {name: comp}})
+    return dict(comp)
+
+
+def _stop_one(p: PidFile) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL) if p.group else os.kill(p.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while p.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    p.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class RunningStack:
+    """A handle on a running stack, read from its stack.json (tests and the demo use it)."""
+
+    root: Path
+    info: Mapping[str, Any]
+
+    @classmethod
+    def open(cls, root: Path = DEFAULT_ROOT) -> RunningStack:
+        info = load(root)
+        if info is None:
+            raise StackError(f"no stack.json in {root}: `make dev` first")
+        return cls(root.resolve(), info)
+
+    @property
+    def database_url(self) -> str:
+        return str(self.info["database_url"])
+
+    @property
+    def project(self) -> str:
+        return str(self.info["project"])
+
+    @property
+    def emulator_host(self) -> str:
+        return str(self.info["pubsub_emulator_host"])
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment the function processes run with."""
+        return dict(self.info["env"])
+
+    def url(self, name: str) -> str:
+        return str(self.info["components"][name]["url"])
+
+    def call(
+        self,
+        name: str,
+        *,
+        method: str = "POST",
+        path: str = "/",
+        timeout: float = 120.0,
+        **kwargs: Any,
+    ) -> httpx.Response:
+        """One HTTP request to a component (a function, the fake CRM) and its response."""
+        return httpx.request(method, self.url(name) + path, timeout=timeout, **kwargs)
+
+    def publish(self, topic: str, message: Mapping[str, Any]) -> str:
+        """Publish a JSON message to the emulator (as shared.pubsub does); the message id."""
+        import base64
+
+        data = base64.b64encode(json.dumps(dict(message)).encode()).decode()
+        response = httpx.post(
+            f"http://{self.emulator_host}/v1/projects/{self.project}/topics/{topic}:publish",
+            json={"messages": [{"data": data}]},
+            timeout=10,
+        )
+        response.raise_for_status()
+        return str(response.json()["messageIds"][0])
+
+    def log(self, name: str) -> str:
+        """Everything the component wrote to its log so far."""
+        path = self.info["components"][name].get("log")
+        return Path(path).read_text(errors="replace") if path else ""
+
+    def restart(self, name: str, extra_env: Mapping[str, str] | None = None) -> None:
+        restart_function(self.root, name, extra_env)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one component's processes (a crash); `restart` brings it back."""
+        for p in read_pids(self.root):
+            if p.name == name:
+                _stop_one(p)
+
+    def healthy(self) -> list[Health]:
+        return health(self.root, self.info)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
