@@ -53,6 +53,10 @@ class BlockContext:
     # Set side_effect_started_at WHERE NULL (committed). False means an earlier attempt got
     # that far: the outcome is unknown and an at-most-once block must not call again.
     mark_side_effect_started: Callable[[], bool] = field(default=lambda: True)
+    # Clear that mark again (fenced on the lease) when the port proves the request never
+    # applied (refused connection, 429): the retry may then call. False = not withdrawn, and
+    # the retry will fail OUTCOME_UNKNOWN, which is safe.
+    withdraw_side_effect_mark: Callable[[], bool] = field(default=lambda: False)
 
 
 @dataclass(frozen=True)

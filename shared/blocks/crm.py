@@ -1,0 +1,311 @@
+"""CRM blocks: crm.create (at-most-once), crm.update (idempotent, echo-marked), crm.get and
+crm.search (reads). They talk to the connection's `CrmPort`, never to a vendor.
+
+Order of work in a writing block, and why:
+1. dry run: stop here and describe the request (rehearsals never touch a provider).
+2. build the port: a misconfigured connection fails before anything is journaled.
+3. throttle: claim a slot in the connection's window, or park without using an attempt.
+4. charge: once per lineage key, before the request, so an unpaid call never leaves.
+5. crm.create: set `side_effect_started_at` WHERE NULL (committed). Finding it set means an
+   earlier attempt may have created the record: fail `OUTCOME_UNKNOWN`, never call again.
+   crm.update: commit an echo marker first, so the webhook the write causes is refused.
+6. call the port; classify its `PortError` into a `BlockFailure`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared import credits, throttle
+from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec, RetryPolicy
+from shared.db import get_database
+from shared.port import connect
+from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
+from shared.port.interface import CrmPort, PortError, Record, SearchFilter
+from shared.steps.outcomes import OUTCOME_UNKNOWN
+
+Scalar = str | int | float | bool | None
+ECHO_TTL_SECONDS = 600
+ACTION_RETRY = RetryPolicy()
+
+OUTCOME_NO_CONNECTION = "NO_CONNECTION"
+OUTCOME_ALREADY_EXISTS = "ALREADY_EXISTS"
+# Vendor-neutral port codes → step outcome codes.
+_PORT_OUTCOMES = {
+    "rate_limited": "PROVIDER_RATE_LIMITED",
+    "unavailable": "PROVIDER_UNAVAILABLE",
+    "timeout": "PROVIDER_TIMEOUT",
+    "connection_reset": "PROVIDER_CONNECTION_RESET",
+    "connect_failed": "PROVIDER_UNREACHABLE",
+    "conflict": OUTCOME_ALREADY_EXISTS,
+    "not_found": "RECORD_NOT_FOUND",
+    "unauthorized": "PROVIDER_UNAUTHORIZED",
+    "invalid_request": "PROVIDER_REJECTED",
+}
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    object_type: str = Field(description="contacts, companies, deals or tasks (or singular).")
+    connection_id: str | None = Field(
+        default=None, description="Defaults to the connection the trigger came from."
+    )
+
+
+class CreateConfig(_Config):
+    properties: dict[str, Scalar] = Field(min_length=1)
+
+
+class UpdateConfig(_Config):
+    object_id: str = Field(min_length=1)
+    properties: dict[str, Scalar] = Field(min_length=1)
+    echo_ttl_seconds: int = Field(default=ECHO_TTL_SECONDS, ge=10, le=86_400)
+
+
+class GetConfig(_Config):
+    object_id: str = Field(min_length=1)
+    properties: list[str] = Field(default_factory=list)
+
+
+class FilterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    property: str
+    operator: str = "EQ"
+    value: Scalar = None
+
+
+class SearchConfig(_Config):
+    filters: list[FilterConfig] = Field(default_factory=list)
+    limit: int = Field(default=10, ge=1, le=100)
+
+
+def failure_from_port(exc: PortError, *, what: str) -> BlockFailure:
+    outcome = _PORT_OUTCOMES.get(exc.code, "PROVIDER_ERROR")
+    detail = f"{what}: {exc}"
+    if exc.existing_id:
+        detail += f" (existing id {exc.existing_id})"
+    return BlockFailure(
+        detail,
+        error_class="transient" if exc.transient else "permanent",
+        outcome_code=outcome,
+        retry_after=exc.retry_after,
+    )
+
+
+def _connection_id(ctx: BlockContext, config: _Config) -> str:
+    connection_id = config.connection_id or ctx.connection_id
+    if not connection_id:
+        raise BlockFailure(
+            "no connection: set config.connection_id or trigger from a connection",
+            error_class="permanent",
+            outcome_code=OUTCOME_NO_CONNECTION,
+        )
+    return connection_id
+
+
+def _port(connection_id: str) -> CrmPort:
+    try:
+        with get_database().transaction() as tx:
+            return connect.port_for_connection(tx, connection_id)
+    except PortError as exc:
+        raise failure_from_port(exc, what=f"connection {connection_id}") from exc
+
+
+def _object_type(name: str) -> str:
+    try:
+        return plural_object_type(name)
+    except PortError as exc:
+        raise failure_from_port(exc, what="config") from exc
+
+
+def _charge(ctx: BlockContext, block_type: str, price: int) -> None:
+    outcome = credits.charge_step(
+        tenant_id=ctx.tenant_id,
+        lineage_key=ctx.idempotency_key,
+        amount=price,
+        block_type=block_type,
+        run_id=ctx.run_id,
+        step_id=ctx.step_id,
+    )
+    if outcome.status == "insufficient":
+        raise BlockFailure(
+            f"tenant {ctx.tenant_id} has {outcome.balance} credits; {block_type} costs {price}",
+            error_class="permanent",
+            outcome_code=credits.OUTCOME_INSUFFICIENT_CREDITS,
+        )
+
+
+def _output(record: Record) -> dict[str, Any]:
+    return {"id": record.id, "object_type": record.object_type, "properties": record.properties}
+
+
+def _dry_run(block_type: str, **request: Any) -> BlockResult:
+    return BlockResult(
+        output={"dry_run": True, "block": block_type, "would_send": request},
+        outcome_code="DRY_RUN",
+    )
+
+
+# --- crm.create ---------------------------------------------------------------------------------
+CREATE_PRICE = 2
+
+
+def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, CreateConfig)
+    object_type = _object_type(config.object_type)
+    if ctx.dry_run:
+        return _dry_run("crm.create", object_type=object_type, properties=config.properties)
+    connection_id = _connection_id(ctx, config)
+    port = _port(connection_id)
+    throttle.claim_or_park(connection_id)
+    _charge(ctx, "crm.create", CREATE_PRICE)
+    if not ctx.mark_side_effect_started():
+        raise BlockFailure(
+            "an earlier attempt may already have created this record (its response was never "
+            "recorded); not calling again. Check the CRM, then replay the run.",
+            error_class="permanent",
+            outcome_code=OUTCOME_UNKNOWN,
+        )
+    try:
+        record = port.create(object_type, config.properties)
+    except PortError as exc:
+        if exc.code in NOT_APPLIED_CODES:
+            # The provider provably did not create anything. For a retryable refusal, take the
+            # mark back so the retry may call; if the engine can't, the retry fails safe.
+            if exc.transient and not ctx.withdraw_side_effect_mark():
+                raise BlockFailure(
+                    f"create refused before it applied ({exc.code}); the at-most-once mark "
+                    "could not be withdrawn, so the step will not call again",
+                    error_class="permanent",
+                    outcome_code=OUTCOME_UNKNOWN,
+                ) from exc
+            raise failure_from_port(exc, what="crm.create") from exc
+        # The request left and its fate is unknown (reset, timeout, 5xx): never call again.
+        raise BlockFailure(
+            f"crm.create outcome unknown after {exc.code}: {exc}. The record may exist; "
+            "check the CRM, then replay the run.",
+            error_class="permanent",
+            outcome_code=OUTCOME_UNKNOWN,
+        ) from exc
+    return BlockResult(output=_output(record))
+
+
+# --- crm.update ---------------------------------------------------------------------------------
+UPDATE_PRICE = 1
+
+
+def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, UpdateConfig)
+    object_type = _object_type(config.object_type)
+    if ctx.dry_run:
+        return _dry_run(
+            "crm.update",
+            object_type=object_type,
+            object_id=config.object_id,
+            properties=config.properties,
+        )
+    connection_id = _connection_id(ctx, config)
+    port = _port(connection_id)
+    throttle.claim_or_park(connection_id)
+    _charge(ctx, "crm.update", UPDATE_PRICE)
+    # The admission side owns echo markers; looked up where used (module written in parallel).
+    echo = importlib.import_module("shared.echo")
+    # Committed before the call: the webhook this write causes may arrive before the response.
+    get_database().run(
+        lambda tx: echo.record_echo_marker(
+            tx,
+            connection_id=connection_id,
+            object_type=singular_object_type(object_type),
+            object_id=config.object_id,
+            fields=dict(config.properties),
+            step_id=ctx.step_id,
+            ttl_seconds=config.echo_ttl_seconds,
+        )
+    )
+    try:
+        record = port.update(object_type, config.object_id, config.properties)
+    except PortError as exc:
+        raise failure_from_port(exc, what="crm.update") from exc
+    return BlockResult(output=_output(record))
+
+
+# --- reads --------------------------------------------------------------------------------------
+READ_PRICE = 1
+
+
+def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, GetConfig)
+    object_type = _object_type(config.object_type)
+    connection_id = _connection_id(ctx, config)
+    port = _port(connection_id)
+    throttle.claim_or_park(connection_id)
+    if not ctx.dry_run:
+        _charge(ctx, "crm.get", READ_PRICE)
+    try:
+        record = port.get(object_type, config.object_id, config.properties)
+    except PortError as exc:
+        raise failure_from_port(exc, what="crm.get") from exc
+    return BlockResult(output=_output(record))
+
+
+def execute_search(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, SearchConfig)
+    object_type = _object_type(config.object_type)
+    connection_id = _connection_id(ctx, config)
+    port = _port(connection_id)
+    throttle.claim_or_park(connection_id)
+    if not ctx.dry_run:
+        _charge(ctx, "crm.search", READ_PRICE)
+    filters = [SearchFilter(f.property, f.operator.upper(), f.value) for f in config.filters]
+    try:
+        records = port.search(object_type, filters, config.limit)
+    except PortError as exc:
+        raise failure_from_port(exc, what="crm.search") from exc
+    return BlockResult(output={"count": len(records), "results": [_output(r) for r in records]})
+
+
+CREATE = BlockSpec(
+    type_name="crm.create",
+    config_model=CreateConfig,
+    kind="action",
+    side_effect="at_most_once",
+    price=CREATE_PRICE,
+    retry=ACTION_RETRY,
+    execute=execute_create,
+    creates=True,
+    description="Create a CRM record. At most once: a lost response fails OUTCOME_UNKNOWN.",
+)
+UPDATE = BlockSpec(
+    type_name="crm.update",
+    config_model=UpdateConfig,
+    kind="action",
+    side_effect="idempotent",
+    price=UPDATE_PRICE,
+    retry=ACTION_RETRY,
+    execute=execute_update,
+    description="Update CRM record properties (idempotent; the echo webhook is suppressed).",
+)
+GET = BlockSpec(
+    type_name="crm.get",
+    config_model=GetConfig,
+    kind="action",
+    side_effect="none",
+    price=READ_PRICE,
+    retry=ACTION_RETRY,
+    execute=execute_get,
+    description="Read one CRM record.",
+)
+SEARCH = BlockSpec(
+    type_name="crm.search",
+    config_model=SearchConfig,
+    kind="action",
+    side_effect="none",
+    price=READ_PRICE,
+    retry=ACTION_RETRY,
+    execute=execute_search,
+    description="Search CRM records by property filters (AND).",
+)
+SPECS = (CREATE, UPDATE, GET, SEARCH)

@@ -1,0 +1,279 @@
+"""http.request: a generic outbound call to a URL a tenant typed in. At-least-once, so it
+gives the receiver what it needs to dedupe and verify:
+
+- `Idempotency-Key`: the step's idempotency key, generated and journaled before the request
+  leaves (invariant 6), stable across retries and replays of the step.
+- `X-Onceflow-Timestamp` + `X-Onceflow-Signature: v1=<hex HMAC-SHA256(secret,
+  "<timestamp>.<body>")>` with the tenant's signing secret (the env var named by
+  `tenants.signing_secret_env`). A tenant without one configured sends unsigned requests; a
+  tenant whose named variable is missing fails the step rather than send unsigned.
+
+The destination goes through `shared.netguard`: DNS resolved once, private/loopback/metadata
+and their mapped forms refused, the connection pinned to the checked address, no redirects, no
+proxies from the environment; the response is capped in size and time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import httpcore
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from shared import credits, queries
+from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec, RetryPolicy
+from shared.db import get_database
+from shared.netguard import AddressRefused, NetPolicy, guarded_client
+from shared.steps.outcomes import classify_status
+
+SQL = queries.load("signing")
+SIGNING_SECRET_ENV = SQL["tenant_signing_secret_env"]
+
+PRICE = 1
+DEFAULT_TIMEOUT_SECONDS = 10.0
+MAX_TIMEOUT_SECONDS = 30.0
+DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
+MAX_RESPONSE_BYTES = 1024 * 1024
+SIGNATURE_HEADER = "X-Onceflow-Signature"
+TIMESTAMP_HEADER = "X-Onceflow-Timestamp"
+# Headers a workflow may not set: they carry onceflow's guarantees or belong to the transport.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "idempotency-key",
+        SIGNATURE_HEADER.lower(),
+        TIMESTAMP_HEADER.lower(),
+    }
+)
+
+OUTCOME_SSRF_BLOCKED = "SSRF_BLOCKED"
+OUTCOME_INVALID_URL = "INVALID_URL"
+OUTCOME_REDIRECT_REFUSED = "REDIRECT_REFUSED"
+OUTCOME_RESPONSE_TOO_LARGE = "RESPONSE_TOO_LARGE"
+OUTCOME_SIGNING_SECRET_MISSING = "SIGNING_SECRET_MISSING"  # noqa: S105 - an outcome code
+
+# The destination policy. Explicit seam: tests replace it to add a resolver that maps a name
+# to a private address; production reads only ONCEFLOW_HTTP_ALLOW_LOOPBACK (off by default).
+net_policy: Callable[[], NetPolicy] = NetPolicy.from_env
+
+
+class HttpConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    url: str = Field(min_length=1, max_length=2048)
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: Any = None
+    timeout_seconds: float = Field(default=DEFAULT_TIMEOUT_SECONDS, gt=0, le=MAX_TIMEOUT_SECONDS)
+    max_response_bytes: int = Field(default=DEFAULT_MAX_RESPONSE_BYTES, gt=0, le=MAX_RESPONSE_BYTES)
+
+    @field_validator("headers")
+    @classmethod
+    def _no_reserved_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in value if k.lower() in RESERVED_HEADERS)
+        if taken:
+            raise ValueError(f"headers set by onceflow can't be overridden: {', '.join(taken)}")
+        return value
+
+
+def sign(secret: str, timestamp: str, body: bytes) -> str:
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return f"v1={digest.hexdigest()}"
+
+
+def _invalid(message: str, code: str = OUTCOME_INVALID_URL) -> BlockFailure:
+    return BlockFailure(message, error_class="permanent", outcome_code=code)
+
+
+def _check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise _invalid(f"only http and https URLs are allowed, not {parts.scheme or 'none'!r}")
+    if not parts.hostname:
+        raise _invalid("the URL has no host")
+    if parts.username is not None or parts.password is not None:
+        raise _invalid("credentials in the URL are not allowed; use headers")
+
+
+def _signing_secret(tenant_id: str) -> str | None:
+    with get_database().transaction() as tx:
+        env_name = tx.scalar(SIGNING_SECRET_ENV, tenant_id=tenant_id)
+    if not env_name:
+        return None
+    secret = os.environ.get(str(env_name))
+    if not secret:
+        raise _invalid(
+            f"tenant {tenant_id}'s signing secret variable {env_name} is not set",
+            OUTCOME_SIGNING_SECRET_MISSING,
+        )
+    return secret
+
+
+def _encode_body(body: Any) -> bytes:
+    if body is None:
+        return b""
+    if isinstance(body, str):
+        return body.encode()
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _decode(content: bytes, content_type: str) -> Any:
+    text = content.decode("utf-8", "replace")
+    if "json" in content_type:
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, HttpConfig)
+    _check_url(config.url)
+    body = _encode_body(config.body)
+    headers = {
+        "User-Agent": "onceflow/1",
+        **config.headers,
+        "Idempotency-Key": ctx.idempotency_key,
+    }
+    if body and not any(k.lower() == "content-type" for k in config.headers):
+        headers["Content-Type"] = (
+            "text/plain; charset=utf-8" if isinstance(config.body, str) else "application/json"
+        )
+    if ctx.dry_run:
+        return BlockResult(
+            output={
+                "dry_run": True,
+                "block": "http.request",
+                "would_send": {
+                    "method": config.method,
+                    "url": config.url,
+                    "headers": sorted([*headers, SIGNATURE_HEADER, TIMESTAMP_HEADER]),
+                    "idempotency_key": ctx.idempotency_key,
+                    "body": body.decode("utf-8", "replace"),
+                },
+            },
+            outcome_code="DRY_RUN",
+        )
+    # Refuse a forbidden destination before charging for it. The guarded backend checks again
+    # at connect time (with its own single resolution): this early look is for the bill only.
+    policy = net_policy()
+    parts = urlsplit(config.url)
+    try:
+        policy.checked_addresses(
+            parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        )
+    except AddressRefused as exc:
+        raise _invalid(str(exc), OUTCOME_SSRF_BLOCKED) from exc
+    except (httpcore.ConnectError, ValueError) as exc:
+        raise BlockFailure(
+            f"cannot resolve the destination: {exc}",
+            error_class="transient",
+            outcome_code="HTTP_CONNECTION_ERROR",
+        ) from exc
+    secret = _signing_secret(ctx.tenant_id)
+    if secret is not None:
+        # The timestamp is the send time: a retry is signed afresh, the key stays the same.
+        timestamp = str(int(time.time()))
+        headers[TIMESTAMP_HEADER] = timestamp
+        headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
+    outcome = credits.charge_step(
+        tenant_id=ctx.tenant_id,
+        lineage_key=ctx.idempotency_key,
+        amount=PRICE,
+        block_type="http.request",
+        run_id=ctx.run_id,
+        step_id=ctx.step_id,
+    )
+    if outcome.status == "insufficient":
+        raise BlockFailure(
+            f"tenant {ctx.tenant_id} has {outcome.balance} credits; http.request costs {PRICE}",
+            error_class="permanent",
+            outcome_code=credits.OUTCOME_INSUFFICIENT_CREDITS,
+        )
+    return _send(policy, config, headers, body)
+
+
+def _send(
+    policy: NetPolicy, config: HttpConfig, headers: dict[str, str], body: bytes
+) -> BlockResult:
+    deadline = time.monotonic() + config.timeout_seconds
+    try:
+        with (
+            guarded_client(policy, timeout=config.timeout_seconds) as client,
+            client.stream(config.method, config.url, headers=headers, content=body) as response,
+        ):
+            status = response.status_code
+            if 300 <= status < 400:
+                raise _invalid(
+                    f"redirects are refused ({status} to {response.headers.get('location')!r})",
+                    OUTCOME_REDIRECT_REFUSED,
+                )
+            content = bytearray()
+            for chunk in response.iter_bytes():
+                content.extend(chunk)
+                if len(content) > config.max_response_bytes:
+                    raise _invalid(
+                        f"response larger than {config.max_response_bytes} bytes",
+                        OUTCOME_RESPONSE_TOO_LARGE,
+                    )
+                if time.monotonic() > deadline:
+                    raise BlockFailure(
+                        f"response took longer than {config.timeout_seconds}s",
+                        error_class="transient",
+                        outcome_code="HTTP_TIMEOUT",
+                    )
+            content_type = response.headers.get("content-type", "")
+            retry_after = response.headers.get("retry-after")
+    except AddressRefused as exc:
+        raise _invalid(str(exc), OUTCOME_SSRF_BLOCKED) from exc
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+        raise _invalid(f"invalid URL: {exc}") from exc
+    except httpx.TimeoutException as exc:
+        raise BlockFailure(
+            f"timed out: {exc!r}", error_class="transient", outcome_code="HTTP_TIMEOUT"
+        ) from exc
+    except httpx.TransportError as exc:
+        raise BlockFailure(
+            f"connection failed: {exc!r}",
+            error_class="transient",
+            outcome_code="HTTP_CONNECTION_ERROR",
+        ) from exc
+    result = {
+        "status": status,
+        "content_type": content_type,
+        "body": _decode(bytes(content), content_type),
+    }
+    if status >= 400:
+        error_class = classify_status(status)
+        seconds = float(retry_after) if retry_after and retry_after.isdigit() else None
+        raise BlockFailure(
+            f"{config.method} {config.url} answered {status}",
+            error_class=error_class,
+            outcome_code=f"HTTP_{status}",
+            retry_after=seconds,
+        )
+    return BlockResult(output=result)
+
+
+REQUEST = BlockSpec(
+    type_name="http.request",
+    config_model=HttpConfig,
+    kind="action",
+    side_effect="idempotent",
+    price=PRICE,
+    retry=RetryPolicy(),
+    execute=execute_request,
+    description="Call an HTTP endpoint (SSRF-guarded, signed, with a stable Idempotency-Key).",
+)
+SPECS = (REQUEST,)

@@ -1,0 +1,101 @@
+"""Running one block the way the engine would: a real run and step row, a BlockContext whose
+journal operations are real conditional UPDATEs on that row, and the config validated by the
+block's own model. Used by the block, SSRF and vendor-replay tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from shared.blocks.base import BlockContext, BlockResult, BlockSpec
+from shared.db import Database
+from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of
+
+MARK = (
+    "UPDATE workflow_steps SET side_effect_started_at = now() "
+    "WHERE id = CAST(:id AS uuid) AND side_effect_started_at IS NULL"
+)
+WITHDRAW = (
+    "UPDATE workflow_steps SET side_effect_started_at = NULL "
+    "WHERE id = CAST(:id AS uuid) AND side_effect_started_at IS NOT NULL"
+)
+
+
+def seed_tenant(
+    db: Database, *, credits: int = 1000, signing_secret_env: str | None = None
+) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO tenants (id, name, credit_balance, signing_secret_env) "
+            "VALUES (:t, :t, :c, :s) ON CONFLICT (id) DO UPDATE SET "
+            "credit_balance = EXCLUDED.credit_balance, "
+            "signing_secret_env = EXCLUDED.signing_secret_env",
+            t=TENANT,
+            c=credits,
+            s=signing_secret_env,
+        )
+
+
+def seed_connection(db: Database, base_url: str, *, token_env: str = "FAKECRM_TOKEN") -> str:
+    with db.transaction() as tx:
+        return str(
+            tx.scalar(
+                "INSERT INTO connections (tenant_id, provider, webhook_secret_env, "
+                "api_credentials_env, api_base_url, provider_app_id) VALUES "
+                "(:t, 'hubspot', 'FAKECRM_APP_SECRET', :e, :u, '424242') RETURNING id::text",
+                t=TENANT,
+                e=token_env,
+                u=base_url,
+            )
+        )
+
+
+class StepRunner:
+    """One step row of block type `block_type`; `run()` executes one attempt of it."""
+
+    def __init__(self, db: Database, block_type: str, *, connection_id: str | None = None):
+        self.db = db
+        version = publish_version(db, definition([{"id": "s0", "type": block_type}]))
+        self.run_id, _ = start_run(db, version)
+        step = steps_of(db, self.run_id)["s0"]
+        self.step_id = str(step["id"])
+        self.idempotency_key = str(step["idempotency_key"])
+        self.connection_id = connection_id
+        self.attempt = 0
+
+    def _execute(self, query: str) -> bool:
+        with self.db.transaction() as tx:
+            return tx.execute(query, id=self.step_id) == 1
+
+    def context(self, *, dry_run: bool = False) -> BlockContext:
+        return BlockContext(
+            tenant_id=TENANT,
+            run_id=self.run_id,
+            step_id=self.step_id,
+            step_key="s0",
+            attempt=self.attempt,
+            idempotency_key=self.idempotency_key,
+            scope={},
+            dry_run=dry_run,
+            connection_id=self.connection_id,
+            mark_side_effect_started=lambda: self._execute(MARK),
+            withdraw_side_effect_mark=lambda: self._execute(WITHDRAW),
+        )
+
+    def run(
+        self, spec: BlockSpec, config: Mapping[str, Any], *, dry_run: bool = False
+    ) -> BlockResult:
+        self.attempt += 1
+        return spec.execute(
+            self.context(dry_run=dry_run), spec.config_model.model_validate(dict(config))
+        )
+
+    def side_effect_started(self) -> bool:
+        with self.db.transaction() as tx:
+            return bool(
+                tx.scalar(
+                    "SELECT side_effect_started_at IS NOT NULL FROM workflow_steps "
+                    "WHERE id = CAST(:id AS uuid)",
+                    id=self.step_id,
+                )
+            )
