@@ -238,3 +238,25 @@ def client_fixture(
     monkeypatch.setattr(ops_api, "_default_api", ops_api.OpsApi(db, dispatch=dispatched))
     app = functions_framework.create_app("ops", ROOT_MAIN, "http")
     yield app.test_client()
+
+
+@pytest.fixture(name="ops_server")
+def ops_server_fixture(
+    db: Database, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """The real `ops` entry point served over real HTTP on 127.0.0.1; yields its base URL."""
+    import threading
+
+    from werkzeug.serving import make_server
+
+    monkeypatch.setattr(ops_api, "_default_api", ops_api.OpsApi(db, dispatch=dispatched))
+    app = functions_framework.create_app("ops", ROOT_MAIN, "http")
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(10)
+        server.server_close()

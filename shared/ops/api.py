@@ -23,7 +23,7 @@ from werkzeug.routing import Map, Rule
 
 from shared import pubsub, queries
 from shared.db import Database, get_database
-from shared.errors import ConflictError, OnceflowError, TransientError
+from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
 from shared.ops import auth, explain, replay
 from shared.ops.cursor import decode_cursor, encode_cursor
@@ -502,7 +502,7 @@ _URL_MAP = Map(
     + [Rule("/openapi.json", endpoint="openapi", methods=["GET"])],
     strict_slashes=False,
 )
-_BY_NAME = {r.name: r for r in ROUTES}
+ROUTE_BY_NAME = {r.name: r for r in ROUTES}
 
 
 # ---- request handling ---------------------------------------------------------------------
@@ -606,7 +606,7 @@ class OpsApi:
             from shared.ops.openapi import openapi_document
 
             return Response(json.dumps(openapi_document()), mimetype="application/json")
-        route = _BY_NAME[endpoint]
+        route = ROUTE_BY_NAME[endpoint]
         principal = self.authenticate(request)
         query = parse_query(request, route.query)
         body = read_body(request, route.body) if route.body is not None else None
@@ -636,6 +636,10 @@ class OpsApi:
         return principal
 
     def invoke(self, route: Route, call: Call) -> Response:
+        return json_response(self.run_route(route, call), route.status)
+
+    def run_route(self, route: Route, call: Call) -> BaseModel:
+        """The handler's result; errors as OpsError; mutating calls audited either way."""
         target = next((call.path[p] for p in route.path_params), None)
         try:
             result = route.handler(call)
@@ -654,7 +658,7 @@ class OpsApi:
             raise OpsError(
                 409, "conflict", f"the change conflicts with existing data: {exc}"
             ) from exc
-        except OnceflowError as exc:
+        except Exception as exc:
             log.exception("ops %s failed", route.name)
             raise OpsError(500, "internal", "the request failed; it was logged") from exc
         if route.mutating:
@@ -662,16 +666,22 @@ class OpsApi:
                 call,
                 route,
                 target,
-                {
-                    "outcome": "done",
-                    "status": route.status,
-                    "body": call.body.model_dump(mode="json") if call.body is not None else None,
-                },
+                {"outcome": "done", "status": route.status, "body": _audited_body(call.body)},
             )
-        return json_response(result, route.status)
+        return result
 
     def _audit(self, call: Call, route: Route, target: str | None, detail: dict[str, Any]) -> None:
         auth.record_audit(call.db, call.principal, action=route.name, target=target, detail=detail)
+
+
+def _audited_body(body: BaseModel | None) -> Any:
+    if body is None:
+        return None
+    dumped = body.model_dump(mode="json")
+    # A definition's source is kept in its version row; the audit notes only its size.
+    if isinstance(dumped.get("source"), str):
+        dumped["source"] = {"chars": len(dumped["source"])}
+    return dumped
 
 
 def _unavailable(exc: TransientError) -> OpsError:

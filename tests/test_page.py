@@ -1,0 +1,178 @@
+"""The page for people: sign-in, a record's timeline in plain words, and replay from a real
+click in headless Chromium (Debian's `chromium`, driven by playwright; no browser download)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.db import Database
+from shared.ops.page import COOKIE, csrf_value
+from tests.ops_support import (
+    Dispatched,
+    JournalRow,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
+    seed_connection,
+    seed_event,
+    seed_run,
+    seed_tenant,
+    seed_workflow,
+)
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+CHAIN = [
+    {"id": "a", "type": "http.request", "next": "create"},
+    {"id": "create", "type": "crm.create"},
+]
+
+
+def _story(db: Database) -> dict[str, Any]:
+    """A lead with one failed run (OUTCOME_UNKNOWN) and one refused re-announcement."""
+    seed_tenant(db, "acme")
+    conn = seed_connection(db, "acme")
+    wf, ver = seed_workflow(db, "acme", CHAIN, name="enroll-new-lead")
+    first = seed_event(db, "acme", conn, "4242")
+    second = seed_event(db, "acme", conn, "4242", event_type="hubspot.contact.created")
+    record_key = f"{conn}:contacts:4242"
+    run = seed_run(
+        db,
+        "acme",
+        wf,
+        ver,
+        [
+            JournalRow("a", "succeeded"),
+            JournalRow(
+                "create",
+                "failed",
+                block_type="crm.create",
+                outcome_code="OUTCOME_UNKNOWN",
+                error="the create's response was lost",
+                error_class="permanent",
+            ),
+        ],
+        event_id=first,
+        record_key=record_key,
+    )
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO admission_refusals (tenant_id, event_id, workflow_id, version_id,"
+            " record_key, reason, detail) VALUES ('acme', :e, :w, :v, :rk, 'duplicate',"
+            " 'record already enrolled')",
+            e=second,
+            w=wf,
+            v=ver,
+            rk=record_key,
+        )
+    return {"record_key": record_key, "run": run, "token": mint(db, "acme", label="support")}
+
+
+def test_the_page_needs_a_token_cookie_and_forms_need_the_csrf_value(
+    db: Database, client: Any
+) -> None:
+    s = _story(db)
+    assert client.get("/ui").status_code == 303
+    assert client.get("/ui").headers["Location"].endswith("/ui/login")
+    assert client.post("/ui/login", data={"token": "ofo_wrong"}).status_code == 401
+    signed_in = client.post("/ui/login", data={"token": s["token"]})
+    assert signed_in.status_code == 303
+    cookie = signed_in.headers["Set-Cookie"]
+    assert f"{COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+    assert "Path=/ui" in cookie
+    page = client.get("/ui", query_string={"record_key": s["record_key"]})
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200
+    assert "already went through this workflow once" in html  # the refusal, in plain words
+    assert "OUTCOME_UNKNOWN" in html and "Replay this run" in html
+    # A replay form without the CSRF value is refused and starts nothing.
+    forged = client.post(f"/ui/runs/{s['run']}/replay", data={"record_key": s["record_key"]})
+    assert forged.status_code == 403
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM workflow_runs") == 1
+    ok = client.post(
+        f"/ui/runs/{s['run']}/replay",
+        data={"record_key": s["record_key"], "csrf": csrf_value(s["token"])},
+    )
+    assert ok.status_code == 303 and "replayed=" in ok.headers["Location"]
+    # Another tenant's token sees nothing of this record.
+    seed_tenant(db, "globex")
+    client.post("/ui/login", data={"token": mint(db, "globex")})
+    other = client.get("/ui", query_string={"record_key": s["record_key"]})
+    assert "no record with that id" in other.get_data(as_text=True)
+    assert s["run"] not in other.get_data(as_text=True)
+
+
+def test_the_page_in_chromium_search_timeline_and_a_real_replay_click(
+    db: Database, ops_server: str, dispatched: Dispatched, tmp_path: Path
+) -> None:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(
+            "Debian chromium is not installed (apt-get install -y chromium); "
+            "this test never downloads a browser"
+        )
+    from playwright.sync_api import sync_playwright
+
+    s = _story(db)
+    out_dir = Path(os.environ.get("ONCEFLOW_TEST_OUTPUT", str(tmp_path)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    profile = tmp_path / "chromium-profile"
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(profile),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1200, "height": 900},
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{ops_server}/ui", wait_until="load")
+            assert page.url.endswith("/ui/login")
+            page.fill("input[name=token]", s["token"])
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{ops_server}/ui")
+            page.fill("input[name=record_key]", s["record_key"])
+            page.click("text=Search record")
+            page.wait_for_selector("ol.timeline")
+            timeline = page.inner_text("ol.timeline")
+            assert "did not run" in timeline and "already went through" in timeline
+            assert "ran" in timeline
+            run_card = page.inner_text(f"section[data-run-id='{s['run']}']")
+            assert "OUTCOME_UNKNOWN" in run_card and "failed" in run_card
+            page.click(f"section[data-run-id='{s['run']}'] button.replay")
+            page.wait_for_selector("p.notice")
+            notice = page.inner_text("p.notice")
+            assert notice.startswith("Replay started")
+            shot = out_dir / "ops-page-after-replay.png"
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"\nscreenshot: {shot}")
+            with db.transaction() as tx:
+                replay = tx.one(
+                    "SELECT id, status FROM workflow_runs WHERE replay_of = :r", r=s["run"]
+                )
+            assert replay is not None and replay["status"] == "running"
+            assert str(replay["id"]) in notice
+            # The new run is on the page, linked to the original, and the button is gone.
+            card = page.inner_text(f"section[data-run-id='{replay['id']}']")
+            assert "replay of" in card and "pending" in card
+            assert page.query_selector(f"section[data-run-id='{s['run']}'] button.replay") is None
+            assert len(dispatched.ids) == 1
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+    shutil.rmtree(profile, ignore_errors=True)
