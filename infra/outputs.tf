@@ -1,0 +1,54 @@
+output "function_urls" {
+  description = "HTTPS URL of every function, by entry point."
+  value       = { for name, f in google_cloudfunctions2_function.function : name => f.url }
+}
+
+output "webhook_url" {
+  description = "Register this URL with the CRM (the only public function)."
+  value       = google_cloudfunctions2_function.function["webhook"].url
+}
+
+output "instance_connection_name" {
+  description = "Cloud SQL connection name (INSTANCE_CONNECTION_NAME)."
+  value       = google_sql_database_instance.main.connection_name
+}
+
+output "db_iam_users" {
+  description = "IAM database user of every function that uses the database."
+  value       = { for name, u in google_sql_user.function : name => u.name }
+}
+
+output "deployer_db_user" {
+  description = "IAM database user that applies migrations and infra/grants.sql."
+  value       = google_sql_user.deployer.name
+}
+
+output "source_object" {
+  description = "GCS object holding the deployed archive (named by content hash)."
+  value       = "gs://${google_storage_bucket.source.name}/${google_storage_bucket_object.bundle.name}"
+}
+
+output "bundle_hash" {
+  description = "Content hash of the deployed file selection; `python -m devstack.bundle` prints the same value."
+  value       = local.bundle_hash
+}
+
+output "topics" {
+  description = "Pub/Sub topics, with their dead-letter topics."
+  value = {
+    trigger_events             = google_pubsub_topic.trigger_events.id
+    step_ready                 = google_pubsub_topic.step_ready.id
+    trigger_events_dead_letter = google_pubsub_topic.trigger_events_dead_letter.id
+    step_ready_dead_letter     = google_pubsub_topic.step_ready_dead_letter.id
+  }
+}
+
+output "worker_pool" {
+  description = "Cloud Build private pool that can reach the database (_WORKER_POOL)."
+  value       = google_cloudbuild_worker_pool.deploy.id
+}
+
+output "db_connection_budget" {
+  description = "Connections the functions may open at full scale-out, and the limit they must stay under."
+  value       = terraform_data.db_connection_budget.output
+}

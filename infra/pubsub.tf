@@ -1,0 +1,117 @@
+# Topics and OUR OWN push subscriptions (see functions.tf for why there is no event_trigger).
+#
+# Messages carry ids, never payloads, so redelivery is cheap; the functions make a redelivery
+# harmless (claims, unique keys). The retry policy spaces redeliveries of a failing message and
+# the dead-letter policy stops them: after max_delivery_attempts the message moves to the
+# dead-letter topic with its delivery count, instead of being retried forever.
+#
+# The local stack (devstack) creates the same topics and subscriptions on the Pub/Sub emulator
+# from these resources, so keep names and policies as literals.
+
+resource "google_pubsub_topic" "trigger_events" {
+  name                       = "trigger-events"
+  message_retention_duration = "86400s"
+  depends_on                 = [google_project_service.enabled]
+}
+
+resource "google_pubsub_topic" "step_ready" {
+  name                       = "step-ready"
+  message_retention_duration = "86400s"
+  depends_on                 = [google_project_service.enabled]
+}
+
+resource "google_pubsub_topic" "trigger_events_dead_letter" {
+  name                       = "trigger-events-dead-letter"
+  message_retention_duration = "604800s"
+  depends_on                 = [google_project_service.enabled]
+}
+
+resource "google_pubsub_topic" "step_ready_dead_letter" {
+  name                       = "step-ready-dead-letter"
+  message_retention_duration = "604800s"
+  depends_on                 = [google_project_service.enabled]
+}
+
+# Dead letters are kept on a pull subscription so an operator can read them (7 days).
+resource "google_pubsub_subscription" "trigger_events_dead_letter" {
+  name                       = "trigger-events-dead-letter-hold"
+  topic                      = google_pubsub_topic.trigger_events_dead_letter.id
+  message_retention_duration = "604800s"
+  ack_deadline_seconds       = 60
+}
+
+resource "google_pubsub_subscription" "step_ready_dead_letter" {
+  name                       = "step-ready-dead-letter-hold"
+  topic                      = google_pubsub_topic.step_ready_dead_letter.id
+  message_retention_duration = "604800s"
+  ack_deadline_seconds       = 60
+}
+
+# trigger-events -> admit_event. For push, the ack deadline is the request timeout: it must
+# cover admit_event's timeout_seconds (120) or Pub/Sub redelivers a message still being admitted.
+resource "google_pubsub_subscription" "admit_event_push" {
+  name                 = "admit-event-push"
+  topic                = google_pubsub_topic.trigger_events.id
+  ack_deadline_seconds = 120
+
+  push_config {
+    push_endpoint = google_cloudfunctions2_function.function["admit_event"].url
+    oidc_token {
+      service_account_email = google_service_account.pubsub_push.email
+      audience              = google_cloudfunctions2_function.function["admit_event"].url
+    }
+  }
+
+  retry_policy {
+    minimum_backoff = "10s"
+    maximum_backoff = "600s"
+  }
+
+  dead_letter_policy {
+    dead_letter_topic     = google_pubsub_topic.trigger_events_dead_letter.id
+    max_delivery_attempts = 10
+  }
+
+  expiration_policy {
+    ttl = "" # never expire for inactivity
+  }
+
+  depends_on = [
+    google_cloud_run_service_iam_member.pubsub_push_invoker,
+    google_pubsub_topic_iam_member.dead_letter_publisher,
+  ]
+}
+
+# step-ready -> advance_step. Ack deadline covers advance_step's timeout_seconds (300).
+resource "google_pubsub_subscription" "advance_step_push" {
+  name                 = "advance-step-push"
+  topic                = google_pubsub_topic.step_ready.id
+  ack_deadline_seconds = 300
+
+  push_config {
+    push_endpoint = google_cloudfunctions2_function.function["advance_step"].url
+    oidc_token {
+      service_account_email = google_service_account.pubsub_push.email
+      audience              = google_cloudfunctions2_function.function["advance_step"].url
+    }
+  }
+
+  retry_policy {
+    minimum_backoff = "10s"
+    maximum_backoff = "600s"
+  }
+
+  dead_letter_policy {
+    dead_letter_topic     = google_pubsub_topic.step_ready_dead_letter.id
+    max_delivery_attempts = 10
+  }
+
+  expiration_policy {
+    ttl = ""
+  }
+
+  depends_on = [
+    google_cloud_run_service_iam_member.pubsub_push_invoker,
+    google_pubsub_topic_iam_member.dead_letter_publisher,
+  ]
+}

@@ -1,0 +1,29 @@
+# APIs the bundle needs. disable_on_destroy is off: turning an API off can break other things
+# in a shared project, and re-enabling is cheap.
+locals {
+  apis = [
+    "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudfunctions.googleapis.com",
+    "cloudscheduler.googleapis.com",
+    "compute.googleapis.com",
+    "eventarc.googleapis.com",
+    "iam.googleapis.com",
+    "pubsub.googleapis.com",
+    "run.googleapis.com",
+    "secretmanager.googleapis.com",
+    "servicenetworking.googleapis.com",
+    "sqladmin.googleapis.com",
+    "vpcaccess.googleapis.com",
+  ]
+}
+
+resource "google_project_service" "enabled" {
+  for_each           = toset(local.apis)
+  service            = each.value
+  disable_on_destroy = false
+}
+
+data "google_project" "this" {
+  project_id = var.project_id
+}

@@ -1,0 +1,161 @@
+variable "project_id" {
+  description = "Google Cloud project that hosts onceflow."
+  type        = string
+}
+
+variable "region" {
+  description = "Region for the functions, Cloud SQL, the VPC connector and the scheduler jobs."
+  type        = string
+  default     = "europe-west1"
+}
+
+variable "sql_instance_name" {
+  description = "Cloud SQL instance name. cloudbuild.yaml builds the connection name from it (_SQL_INSTANCE) to run migrations before `terraform apply`, so keep the two equal."
+  type        = string
+  default     = "onceflow"
+}
+
+variable "sql_tier" {
+  description = "Cloud SQL machine tier."
+  type        = string
+  default     = "db-custom-1-3840"
+}
+
+variable "database_name" {
+  description = "Postgres database that holds every onceflow table."
+  type        = string
+  default     = "onceflow"
+}
+
+variable "deletion_protection" {
+  description = "Protect the Cloud SQL instance from `terraform destroy`. All onceflow state is in it."
+  type        = bool
+  default     = true
+}
+
+variable "db_max_connections" {
+  description = "Postgres max_connections, set as a database flag on the instance. The connection budget check compares the functions' demand against it."
+  type        = number
+  default     = 100
+}
+
+variable "db_connection_reserve" {
+  description = "Connections kept free for Cloud SQL's own maintenance, the migration runner and a human with psql."
+  type        = number
+  default     = 10
+}
+
+variable "db_pool_size" {
+  description = "Connections each function instance may hold (DB_POOL_SIZE in shared/db.py)."
+  type        = number
+  default     = 2
+
+  validation {
+    condition     = var.db_pool_size >= 1
+    error_message = "db_pool_size must be at least 1."
+  }
+}
+
+variable "max_instances" {
+  description = "Maximum instance count per function. sum(max_instances x db_pool_size) over the functions that use the database must stay below db_max_connections - db_connection_reserve, or the plan fails."
+  type        = map(number)
+  default = {
+    webhook        = 10
+    drain_inbox    = 1
+    publish_outbox = 1
+    admit_event    = 10
+    advance_step   = 15
+    sweep          = 1
+    ops            = 2
+  }
+
+  validation {
+    condition     = alltrue([for n in values(var.max_instances) : n >= 1])
+    error_message = "Every max_instances value must be at least 1."
+  }
+}
+
+variable "secrets" {
+  description = <<-EOT
+    Secret Manager secrets handed to functions as environment variables, keyed by secret id.
+    Terraform creates the secret containers; operators add the values with
+    `gcloud secrets versions add ID --data-file=-` and pin the version number here, so a
+    rotated secret reaches the functions only through a reviewed plan.
+  EOT
+  type = map(object({
+    env_var   = string
+    version   = string
+    functions = list(string)
+  }))
+  default = {
+    "onceflow-hubspot-client-secret" = {
+      env_var   = "HUBSPOT_CLIENT_SECRET"
+      version   = "1"
+      functions = ["webhook"]
+    }
+    "onceflow-crm-credentials" = {
+      env_var   = "CRM_CREDENTIALS"
+      version   = "1"
+      functions = ["advance_step", "sweep", "ops"]
+    }
+    "onceflow-tenant-signing-secrets" = {
+      env_var   = "TENANT_SIGNING_SECRETS"
+      version   = "1"
+      functions = ["advance_step"]
+    }
+    "onceflow-ops-token-pepper" = {
+      env_var   = "OPS_TOKEN_PEPPER"
+      version   = "1"
+      functions = ["ops"]
+    }
+  }
+
+  validation {
+    condition     = alltrue([for s in values(var.secrets) : can(regex("^[1-9][0-9]*$", s.version))])
+    error_message = "Pin every secret to a version number; \"latest\" would let a rotation change a running function without a plan."
+  }
+
+  validation {
+    condition = alltrue(flatten([
+      for s in values(var.secrets) : [
+        for f in s.functions : contains(["webhook", "drain_inbox", "publish_outbox", "admit_event", "advance_step", "sweep", "ops"], f)
+      ]
+    ]))
+    error_message = "secrets[*].functions may only name the seven onceflow functions."
+  }
+}
+
+variable "ops_invokers" {
+  description = "IAM members allowed to call the ops function (e.g. group:oncall@example.com). The function checks an ops token as well."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for m in var.ops_invokers : !contains(["allUsers", "allAuthenticatedUsers"], m)])
+    error_message = "ops is IAM-only: allUsers and allAuthenticatedUsers are refused."
+  }
+}
+
+variable "log_level" {
+  description = "LOG_LEVEL for every function."
+  type        = string
+  default     = "INFO"
+}
+
+variable "network_name" {
+  description = "VPC network created for the private Cloud SQL address, the connector and the Cloud Build pool."
+  type        = string
+  default     = "onceflow"
+}
+
+variable "connector_cidr" {
+  description = "An unused /28 for the Serverless VPC Access connector."
+  type        = string
+  default     = "10.8.0.0/28"
+}
+
+variable "deployer_service_account" {
+  description = "Account id of the service account the Cloud Build trigger runs as (created here; it also becomes the IAM database user that applies migrations)."
+  type        = string
+  default     = "onceflow-deployer"
+}

@@ -1,0 +1,436 @@
+"""infra/ checked against the function registry (shared/deployables.py), offline.
+
+`terraform validate` needs the google provider, which cannot be downloaded here; these tests
+parse the HCL with python-hcl2 and check what the plan would deploy: every function with its
+entry point and trigger, every push subscription with a dead-letter topic and retry policy,
+every scheduled function with an OIDC job, no secret in a plain environment variable, no
+public invoker but `webhook`, the connection budget, and that every reference resolves.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devstack.bundle import parse_terraform
+from shared.deployables import DEPLOYABLES, TOPICS
+
+ROOT = Path(__file__).resolve().parent.parent
+INFRA = ROOT / "infra"
+SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "KEY", "CREDENTIAL", "PEPPER")
+PUBLIC_MEMBERS = ("allUsers", "allAuthenticatedUsers")
+FUNCTION_RESOURCE = "google_cloudfunctions2_function"
+
+
+@dataclass
+class Terraform:
+    resources: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    data: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    variables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    locals: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    terraform: list[dict[str, Any]] = field(default_factory=list)
+
+    def of_type(self, rtype: str) -> dict[str, dict[str, Any]]:
+        return {name: body for (t, name), body in self.resources.items() if t == rtype}
+
+
+@pytest.fixture(scope="module")
+def tf() -> Terraform:
+    found = Terraform()
+    for path in sorted(INFRA.glob("*.tf")):
+        parsed = parse_terraform(path)
+        for group, target in (("resource", found.resources), ("data", found.data)):
+            for block in parsed.get(group, []):
+                for rtype, named in block.items():
+                    for name, body in named.items():
+                        assert (rtype, name) not in target, f"{rtype}.{name} declared twice"
+                        target[(rtype, name)] = body
+        for block in parsed.get("variable", []):
+            found.variables.update(block)
+        for block in parsed.get("locals", []):
+            found.locals.update({k: v for k, v in block.items() if k != "__comments__"})
+        for block in parsed.get("output", []):
+            found.outputs.update(block)
+        found.terraform.extend(parsed.get("terraform", []))
+    return found
+
+
+def one(blocks: Any) -> dict[str, Any]:
+    """A nested block (python-hcl2 gives a list of one dict)."""
+    assert isinstance(blocks, list) and len(blocks) == 1, blocks
+    body = blocks[0]
+    assert isinstance(body, dict)
+    return body
+
+
+def ref_to(rtype: str, expression: Any) -> str:
+    """The resource name in `${rtype.NAME.attr}`, or fail."""
+    match = re.fullmatch(rf"\$\{{{re.escape(rtype)}\.([a-z0-9_]+)\.[a-z_]+\}}", str(expression))
+    assert match, f"expected a reference to a {rtype}, got {expression!r}"
+    return match[1]
+
+
+def function_ref(expression: Any) -> str:
+    """The function key in `${google_cloudfunctions2_function.function["KEY"].attr}`."""
+    match = re.fullmatch(
+        rf'\$\{{{FUNCTION_RESOURCE}\.function\["([a-z_]+)"\]\.[a-z_]+\}}', str(expression)
+    )
+    assert match, f"expected a reference to one function, got {expression!r}"
+    return match[1]
+
+
+def walk(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    yield path, value
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k != "__comments__":  # python-hcl2 keeps comments; they are not configuration
+                yield from walk(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from walk(v, f"{path}[{i}]")
+
+
+# --- functions ------------------------------------------------------------------------------
+
+
+def test_every_deployable_has_a_function_with_its_entry_point_and_trigger(tf: Terraform) -> None:
+    declared = tf.locals["functions"]
+    assert set(declared) == {d.name for d in DEPLOYABLES}
+    for d in DEPLOYABLES:
+        entry = declared[d.name]
+        assert entry["entry_point"] == d.name, d.name
+        assert entry["trigger"] == d.trigger, d.name
+        assert entry["public"] is d.public, d.name
+        assert entry["uses_database"] is d.uses_database, d.name
+
+    functions = tf.of_type(FUNCTION_RESOURCE)
+    assert set(functions) == {"function"}, "one for_each resource over local.functions"
+    fn = functions["function"]
+    assert fn["for_each"] == "${local.functions}"
+    build = one(fn["build_config"])
+    assert build["entry_point"] == "${each.value.entry_point}"
+    assert build["runtime"] == "python311"
+    storage = one(one(build["source"])["storage_source"])
+    assert ref_to("google_storage_bucket_object", storage["object"]) == "bundle"
+    # Pub/Sub delivery is our own push subscription (pubsub.tf), never an Eventarc trigger.
+    assert "event_trigger" not in fn
+    service = one(fn["service_config"])
+    assert service["max_instance_count"] == "${var.max_instances[each.key]}"
+    assert service["vpc_connector"].startswith("${google_vpc_access_connector.")
+    env = service["environment_variables"]
+    for name in ("INSTANCE_CONNECTION_NAME", "DB_IAM_USER", "DB_NAME", "GOOGLE_CLOUD_PROJECT"):
+        assert name in env, f"{name} missing from the functions' environment"
+    assert "NO_GCE_CHECK" not in env, "the metadata server is real in the cloud"
+
+
+def test_bundle_object_is_named_by_content_hash(tf: Terraform) -> None:
+    patterns = tf.locals["bundle_patterns"]
+    assert isinstance(patterns, list) and "main.py" in patterns and "requirements.txt" in patterns
+    obj = tf.resources[("google_storage_bucket_object", "bundle")]
+    assert "local.bundle_hash" in obj["name"]
+    assert "local.bundle_files" in tf.locals["bundle_hash"]
+    assert "local.bundle_patterns" in tf.locals["bundle_files"]
+    archive = tf.data[("archive_file", "bundle")]
+    assert "local.bundle_files" in one(archive["dynamic"])["source"]["for_each"]
+
+
+# --- Pub/Sub --------------------------------------------------------------------------------
+
+
+def test_every_pubsub_function_has_a_push_subscription_with_dead_letter_and_retry(
+    tf: Terraform,
+) -> None:
+    topics = {body["name"]: name for name, body in tf.of_type("google_pubsub_topic").items()}
+    assert set(TOPICS) <= set(topics)
+    subscriptions = tf.of_type("google_pubsub_subscription")
+    timeouts = {k: v["timeout_seconds"] for k, v in tf.locals["functions"].items()}
+    dl_publishers = tf.resources[("google_pubsub_topic_iam_member", "dead_letter_publisher")]
+    dl_subscribers = tf.resources[
+        ("google_pubsub_subscription_iam_member", "dead_letter_subscriber")
+    ]
+
+    pubsub = [d for d in DEPLOYABLES if d.trigger == "pubsub"]
+    assert pubsub
+    for d in pubsub:
+        assert d.topic is not None
+        pushing = [
+            (name, body)
+            for name, body in subscriptions.items()
+            if "push_config" in body
+            and function_ref(one(body["push_config"])["push_endpoint"]) == d.name
+        ]
+        assert len(pushing) == 1, f"{d.name}: want exactly one push subscription"
+        name, sub = pushing[0]
+        assert ref_to("google_pubsub_topic", sub["topic"]) == topics[d.topic]
+        assert sub["name"] == f"{d.name.replace('_', '-')}-push"
+
+        push = one(sub["push_config"])
+        oidc = one(push["oidc_token"])
+        assert ref_to("google_service_account", oidc["service_account_email"]) == "pubsub_push"
+        assert function_ref(oidc["audience"]) == d.name
+
+        retry = one(sub["retry_policy"])
+        assert retry["minimum_backoff"].endswith("s") and retry["maximum_backoff"].endswith("s")
+        assert int(retry["minimum_backoff"][:-1]) <= int(retry["maximum_backoff"][:-1]) <= 600
+
+        dead = one(sub["dead_letter_policy"])
+        dead_topic = ref_to("google_pubsub_topic", dead["dead_letter_topic"])
+        assert tf.resources[("google_pubsub_topic", dead_topic)]["name"] == f"{d.topic}-dead-letter"
+        assert 5 <= dead["max_delivery_attempts"] <= 100
+        # For push the ack deadline is the request timeout: shorter than the function's
+        # timeout would redeliver a message that is still being handled.
+        assert timeouts[d.name] <= sub["ack_deadline_seconds"] <= 600
+
+        # The Pub/Sub service agent may publish to the dead-letter topic and ack the source.
+        assert f"google_pubsub_topic.{dead_topic}.name" in str(dl_publishers["for_each"])
+        assert f"google_pubsub_subscription.{name}.name" in str(dl_subscribers["for_each"])
+        assert "gcp-sa-pubsub" in tf.locals["pubsub_service_agent"]
+
+
+def test_pubsub_functions_are_invokable_by_the_push_identity_only(tf: Terraform) -> None:
+    invoker = tf.resources[("google_cloud_run_service_iam_member", "pubsub_push_invoker")]
+    assert invoker["for_each"] == "${local.pubsub_functions}"
+    assert 'f.trigger == "pubsub"' in tf.locals["pubsub_functions"]
+    assert ref_to("google_service_account", invoker["member"]) == "pubsub_push"
+
+
+# --- scheduler ------------------------------------------------------------------------------
+
+
+def test_every_scheduled_function_has_a_job_with_oidc(tf: Terraform) -> None:
+    jobs = tf.of_type("google_cloud_scheduler_job")
+    scheduled = {d.name for d in DEPLOYABLES if d.trigger == "schedule"}
+    assert set(jobs) == scheduled, "one job per scheduled function, named after it"
+    for name, job in jobs.items():
+        # devstack's local scheduler reads this literal; an expression would break it.
+        assert re.fullmatch(r"[\d*/,-]+( [\d*/,-]+){4}", job["schedule"]), job["schedule"]
+        target = one(job["http_target"])
+        assert function_ref(target["uri"]) == name
+        oidc = one(target["oidc_token"])
+        assert ref_to("google_service_account", oidc["service_account_email"]) == "scheduler"
+        assert function_ref(oidc["audience"]) == name
+    invoker = tf.resources[("google_cloud_run_service_iam_member", "scheduler_invoker")]
+    assert ref_to("google_service_account", invoker["member"]) == "scheduler"
+
+
+# --- secrets and IAM ------------------------------------------------------------------------
+
+
+def test_no_secret_in_a_plain_environment_variable(tf: Terraform) -> None:
+    checked = 0
+    for (rtype, name), body in tf.resources.items():
+        for path, value in walk(body):
+            if path.endswith(".environment_variables") and isinstance(value, dict):
+                for key in value:
+                    checked += 1
+                    assert not any(w in key.upper() for w in SECRET_WORDS), (
+                        f"{rtype}.{name}{path}: {key} looks secret; use "
+                        "secret_environment_variables"
+                    )
+    assert checked >= 5
+
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    dynamic = one(service["dynamic"])["secret_environment_variables"]
+    assert "var.secrets" in dynamic["for_each"]
+    content = one(dynamic["content"])
+    assert "var" not in str(content.get("value", "")), "secrets arrive by reference only"
+    assert content["version"] == "${secret_environment_variables.value.version}"
+
+    secrets = tf.variables["secrets"]
+    for secret_id, spec in secrets["default"].items():
+        assert re.fullmatch(r"[1-9]\d*", spec["version"]), f"{secret_id}: pin a version"
+        assert set(spec["functions"]) <= {d.name for d in DEPLOYABLES}
+    validations = " ".join(str(v["condition"]) for v in secrets["validation"])
+    assert "regex" in validations and "version" in validations, "versions must stay pinned"
+
+
+def test_no_public_invoker_except_webhook(tf: Terraform) -> None:
+    public = []
+    for (rtype, name), body in tf.resources.items():
+        for path, value in walk(body):
+            if isinstance(value, str) and any(m in value for m in PUBLIC_MEMBERS):
+                public.append((rtype, name, path))
+    assert public == [("google_cloud_run_service_iam_member", "webhook_public", ".member")]
+    grant = tf.resources[("google_cloud_run_service_iam_member", "webhook_public")]
+    assert grant["role"] == "roles/run.invoker"
+    assert function_ref(grant["service"]) == "webhook"
+    assert [d.name for d in DEPLOYABLES if d.public] == ["webhook"]
+
+    ops_invokers = tf.variables["ops_invokers"]
+    assert "allUsers" in str(ops_invokers["validation"]), "ops_invokers must refuse allUsers"
+
+
+def test_each_function_runs_as_its_own_service_account(tf: Terraform) -> None:
+    accounts = tf.resources[("google_service_account", "function")]
+    assert accounts["for_each"] == "${local.functions}"
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert service["service_account_email"] == "${google_service_account.function[each.key].email}"
+    assert "each.key" in accounts["account_id"]
+
+
+# --- database -------------------------------------------------------------------------------
+
+
+def test_cloud_sql_is_private_with_iam_auth(tf: Terraform) -> None:
+    instance = tf.resources[("google_sql_database_instance", "main")]
+    settings = one(instance["settings"])
+    ip = one(settings["ip_configuration"])
+    assert ip["ipv4_enabled"] is False
+    flags = {f["name"]: f["value"] for f in settings["database_flags"]}
+    assert flags["cloudsql.iam_authentication"] == "on"
+    assert "var.db_max_connections" in flags["max_connections"]
+    users = tf.resources[("google_sql_user", "function")]
+    assert users["type"] == "CLOUD_IAM_SERVICE_ACCOUNT"
+
+
+def test_connection_budget_check_fails_the_plan_and_holds_for_the_defaults(tf: Terraform) -> None:
+    budget = tf.resources[("terraform_data", "db_connection_budget")]
+    conditions = [p["condition"] for p in one(budget["lifecycle"])["precondition"]]
+    assert "${local.db_connection_demand < local.db_connection_limit}" in conditions
+    demand = tf.locals["db_connection_demand"]
+    for name in ("var.max_instances", "var.db_pool_size", "f.uses_database"):
+        assert name in demand
+    limit = tf.locals["db_connection_limit"]
+    assert "var.db_max_connections" in limit and "var.db_connection_reserve" in limit
+
+    defaults = {k: v.get("default") for k, v in tf.variables.items()}
+    max_instances = defaults["max_instances"]
+    assert set(max_instances) == {d.name for d in DEPLOYABLES}
+    used = sum(max_instances[d.name] for d in DEPLOYABLES if d.uses_database)
+    assert (
+        used * defaults["db_pool_size"]
+        < defaults["db_max_connections"] - defaults["db_connection_reserve"]
+    )
+
+
+# --- the files as a whole -------------------------------------------------------------------
+
+_REFERENCE = re.compile(
+    r"(?<![\w.\"])(var|local|data\.[a-z0-9_]+|google_[a-z0-9_]+|terraform_data)\.([a-z0-9_]+)"
+)
+
+
+def test_every_reference_resolves(tf: Terraform) -> None:
+    """The part of `terraform validate` that needs no provider: names that exist."""
+    bodies: list[Any] = [tf.locals, tf.outputs, *tf.resources.values(), *tf.data.values()]
+    missing = set()
+    for body in bodies:
+        for _, value in walk(body):
+            if not isinstance(value, str) or "${" not in value:
+                continue
+            for kind, name in _REFERENCE.findall(value):
+                if kind == "var":
+                    ok = name in tf.variables
+                elif kind == "local":
+                    ok = name in tf.locals
+                elif kind.startswith("data."):
+                    ok = (kind.removeprefix("data."), name) in tf.data
+                else:
+                    ok = (kind, name) in tf.resources
+                if not ok:
+                    missing.add(f"{kind}.{name}")
+    assert not missing, f"undeclared references: {sorted(missing)}"
+
+
+def test_versions_pin_the_providers(tf: Terraform) -> None:
+    required = one(tf.terraform[0]["required_providers"])
+    assert required["google"]["source"] == "hashicorp/google"
+    assert required["google"]["version"].startswith("~> 6.")
+    assert required["archive"]["source"] == "hashicorp/archive"
+    files = {p.name for p in INFRA.glob("*.tf")}
+    expected = {"versions.tf", "variables.tf", "outputs.tf", "functions.tf", "pubsub.tf"}
+    expected |= {"scheduler.tf", "sql.tf", "secrets.tf", "iam.tf", "network.tf", "bundle.tf"}
+    assert expected <= files
+
+
+def test_terraform_fmt_is_clean() -> None:
+    terraform = shutil.which("terraform")
+    if terraform is None:
+        pytest.skip("terraform is not installed, so `terraform fmt -check` cannot run")
+    out = subprocess.run(
+        [terraform, "fmt", "-check", "-recursive", "-no-color", str(INFRA)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, f"terraform fmt would change: {out.stdout}"
+
+
+# --- cloudbuild.yaml ------------------------------------------------------------------------
+
+
+def test_cloudbuild_tests_migrates_packages_and_applies_infra() -> None:
+    build = yaml.safe_load((ROOT / "cloudbuild.yaml").read_text("utf-8"))
+    steps = build["steps"]
+
+    def text(step: dict[str, Any]) -> str:
+        # The command a step runs: its entrypoint, or the image's own (hashicorp/terraform).
+        program = step.get("entrypoint") or step["name"].split("/")[-1].split(":")[0]
+        words = [program, *map(str, step.get("args", []))]
+        if "script" in step:
+            words.append(str(step["script"]))
+        return " ".join(words)
+
+    def index(needle: str) -> int:
+        found = [i for i, s in enumerate(steps) if needle in text(s)]
+        assert found, f"no cloudbuild step runs `{needle}`"
+        return found[0]
+
+    readme_test_command = "make test"
+    assert readme_test_command in (ROOT / ".ci/run").read_text("utf-8")
+    test, migrate = index(readme_test_command), index("shared.migrate")
+    package = index("devstack.bundle")
+    init, plan, apply = index("terraform init"), index("terraform plan"), index("terraform apply")
+    assert test < migrate < apply and test < package and init < plan < apply
+    for i in (init, plan, apply):
+        assert steps[i].get("dir") == "infra", "terraform runs in infra/"
+    assert "-var=project_id=${_PROJECT}" in text(steps[plan])
+    assert "-var=region=${_REGION}" in text(steps[plan])
+    # apply runs the reviewed plan file, which carries those variables.
+    assert "-out=tfplan" in text(steps[plan]) and text(steps[apply]).endswith(" tfplan")
+    subs = build["substitutions"]
+    assert {"_PROJECT", "_REGION"} <= set(subs)
+
+
+# --- infra/grants.sql -----------------------------------------------------------------------
+
+
+def test_grants_give_function_users_table_privileges_and_rerun_cleanly(database_url: str) -> None:
+    """Cloud Build runs grants.sql after apply; here on real Postgres, with a role named like a
+    function's IAM database user, twice (the second deploy must be a no-op, not an error)."""
+    import uuid
+
+    import pg8000.dbapi
+
+    from shared.db import parse_database_url
+
+    member = f"onceflow-fn-test-{uuid.uuid4().hex[:8]}@p.iam"
+    outsider = f"someone-{uuid.uuid4().hex[:8]}@p.iam"
+    conn = pg8000.dbapi.connect(**parse_database_url(database_url))
+    conn.autocommit = True
+    cur = conn.cursor()
+    try:
+        for role in (member, outsider):
+            cur.execute(f'CREATE ROLE "{role}" LOGIN')
+        sql = (INFRA / "grants.sql").read_text("utf-8")
+        cur.execute(sql)
+        cur.execute(sql)
+        cur.execute("SELECT has_table_privilege(%s, 'workflow_steps', 'INSERT, UPDATE')", (member,))
+        assert cur.fetchone()[0] is True
+        cur.execute("SELECT has_table_privilege(%s, 'workflow_steps', 'SELECT')", (outsider,))
+        assert cur.fetchone()[0] is False, "only onceflow-fn-* users get the app role"
+    finally:
+        cur.execute("DROP OWNED BY onceflow_app")
+        for role in (member, outsider):
+            cur.execute(f'DROP ROLE IF EXISTS "{role}"')
+        conn.close()
