@@ -108,8 +108,7 @@ def _connection_id(ctx: BlockContext, config: _Config) -> str:
 
 def _port(connection_id: str) -> CrmPort:
     try:
-        with get_database().transaction() as tx:
-            return connect.port_for_connection(tx, connection_id)
+        return connect.port_for(connection_id)
     except PortError as exc:
         raise failure_from_port(exc, what=f"connection {connection_id}") from exc
 

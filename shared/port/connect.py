@@ -36,11 +36,11 @@ class PortSettings:
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
+    """The row's settings; an unknown connection comes back with status `missing` (raising
+    inside a transaction would be translated by the pool), and `build_port` refuses it."""
     row = tx.one(GET, connection_id=connection_id) if is_connection_id(connection_id) else None
     if row is None:
-        raise PortError(
-            f"connection {connection_id} does not exist", code="invalid_request", transient=False
-        )
+        return PortSettings(connection_id, "", "", "missing", None, None, None)
     return PortSettings(
         connection_id=row["id"],
         tenant_id=row["tenant_id"],
@@ -58,6 +58,12 @@ _cache_lock = threading.Lock()
 
 def build_port(settings: PortSettings) -> CrmPort:
     """The adapter for `settings`, reused while base URL, token and app id stay the same."""
+    if settings.status == "missing":
+        raise PortError(
+            f"connection {settings.connection_id} does not exist",
+            code="invalid_request",
+            transient=False,
+        )
     if settings.status != "active":
         raise PortError(
             f"connection {settings.connection_id} is {settings.status}",
@@ -106,6 +112,7 @@ def build_port(settings: PortSettings) -> CrmPort:
 
 
 def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
+    """Convenience for callers outside a transaction's `with` block (errors are PortError)."""
     return build_port(load_port_settings(tx, connection_id))
 
 
@@ -120,3 +127,12 @@ def forget_ports() -> None:
             if isinstance(port, HubSpotPort):
                 port.close()
         _cache.clear()
+
+
+def port_for(connection_id: str) -> CrmPort:
+    """The port for a connection, reading its row in a short transaction of its own. Raises
+    `PortError` (not a translated database error) for unknown, paused or secretless rows."""
+    from shared.db import get_database
+
+    settings = get_database().run(lambda tx: load_port_settings(tx, connection_id))
+    return build_port(settings)

@@ -1,0 +1,184 @@
+"""CRM blocks against the fake CRM over real HTTP, with real step rows for the journal marks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared.blocks import crm
+from shared.blocks.base import BlockFailure
+from shared.db import Database
+from shared.port import connect
+from tests.blocks_support import StepRunner, seed_connection, seed_tenant
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
+    connect.forget_ports()
+    server = FakeCrm(FakeCrmConfig(token="tok")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        connect.forget_ports()
+
+
+@pytest.fixture
+def connection_id(db: Database, fake: FakeCrm) -> str:
+    seed_tenant(db, credits=100)
+    return seed_connection(db, fake.url)
+
+
+TASK = {"object_type": "tasks", "properties": {"hs_task_subject": "Call Ada"}}
+
+
+def test_dropped_create_response_gives_one_record_and_outcome_unknown(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    """The vendor replay test, through onceflow: the same fault that made two records when the
+    identical request was replayed now makes exactly one, and the step says OUTCOME_UNKNOWN."""
+    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.CREATE, TASK)
+    assert err.value.outcome_code == "OUTCOME_UNKNOWN"
+    assert err.value.error_class == "permanent"
+    # Even if something ran the step again, the mark stops the second call.
+    with pytest.raises(BlockFailure) as again:
+        step.run(crm.CREATE, TASK)
+    assert again.value.outcome_code == "OUTCOME_UNKNOWN"
+    assert len(fake.records("tasks")) == 1
+    creates = [r for r in fake.state()["requests"] if r["method"] == "POST"]
+    assert len(creates) == 1
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT credit_balance FROM tenants") == 98  # charged once
+
+
+def test_create_succeeds_and_returns_the_record(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    result = step.run(crm.CREATE, TASK)
+    assert result.output is not None
+    assert result.output["object_type"] == "tasks"
+    assert fake.records("tasks")[0]["id"] == result.output["id"]
+    assert step.side_effect_started()
+
+
+def test_rate_limited_create_withdraws_the_mark_and_the_retry_creates_once(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    fake.add_fault(action="rate_limit", retry_after=3)
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.CREATE, TASK)
+    assert err.value.error_class == "transient" and err.value.retry_after == 3
+    assert err.value.outcome_code == "PROVIDER_RATE_LIMITED"
+    assert not step.side_effect_started()  # provably not applied: the retry may call
+    step.run(crm.CREATE, TASK)
+    assert len(fake.records("tasks")) == 1
+
+
+def test_5xx_on_create_is_outcome_unknown_not_a_retry(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    fake.add_fault(action="error_500")
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.CREATE, TASK)
+    assert err.value.outcome_code == "OUTCOME_UNKNOWN"
+
+
+def test_conflict_on_create_is_permanent_with_the_existing_id(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    contact = {"object_type": "contact", "properties": {"email": "ada@x.io"}}
+    first = StepRunner(db, "crm.create", connection_id=connection_id).run(crm.CREATE, contact)
+    assert first.output is not None
+    with pytest.raises(BlockFailure) as err:
+        StepRunner(db, "crm.create", connection_id=connection_id).run(crm.CREATE, contact)
+    assert err.value.outcome_code == "ALREADY_EXISTS" and err.value.error_class == "permanent"
+    assert f"existing id {first.output['id']}" in str(err.value)
+
+
+def test_dry_run_creates_nothing_charges_nothing_marks_nothing(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    result = step.run(crm.CREATE, TASK, dry_run=True)
+    assert result.output is not None and result.output["dry_run"] is True
+    assert fake.records("tasks") == [] and fake.state()["requests"] == []
+    assert not step.side_effect_started()
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 0
+
+
+def test_throttled_create_parks_without_an_attempt_and_without_a_mark(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET rate_limit_per_window = 1, rate_limit_window_seconds = 60"
+        )
+    StepRunner(db, "crm.create", connection_id=connection_id).run(crm.CREATE, TASK)
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.CREATE, TASK)
+    assert err.value.outcome_code == "THROTTLED" and err.value.consumes_attempt is False
+    assert not step.side_effect_started()
+    assert len(fake.records("tasks")) == 1
+
+
+def test_insufficient_credits_fails_before_the_call(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    with db.transaction() as tx:
+        tx.execute("UPDATE tenants SET credit_balance = 1")
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.CREATE, TASK)
+    assert err.value.outcome_code == "INSUFFICIENT_CREDITS"
+    assert fake.records("tasks") == [] and not step.side_effect_started()
+
+
+def test_get_and_search(db: Database, fake: FakeCrm, connection_id: str) -> None:
+    made = StepRunner(db, "crm.create", connection_id=connection_id).run(
+        crm.CREATE, {"object_type": "deals", "properties": {"dealname": "Big", "amount": 9}}
+    )
+    assert made.output is not None
+    got = StepRunner(db, "crm.get", connection_id=connection_id).run(
+        crm.GET, {"object_type": "deal", "object_id": made.output["id"]}
+    )
+    assert got.output is not None and got.output["properties"]["dealname"] == "Big"
+    found = StepRunner(db, "crm.search", connection_id=connection_id).run(
+        crm.SEARCH,
+        {
+            "object_type": "deals",
+            "filters": [{"property": "amount", "operator": "gte", "value": 9}],
+        },
+    )
+    assert found.output is not None and found.output["count"] == 1
+    with pytest.raises(BlockFailure) as err:
+        StepRunner(db, "crm.get", connection_id=connection_id).run(
+            crm.GET, {"object_type": "deals", "object_id": "99999999"}
+        )
+    assert err.value.outcome_code == "RECORD_NOT_FOUND"
+
+
+def test_missing_connection_and_missing_token_fail_clearly(
+    db: Database, fake: FakeCrm, connection_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(BlockFailure) as err:
+        StepRunner(db, "crm.create").run(crm.CREATE, TASK)
+    assert err.value.outcome_code == "NO_CONNECTION"
+    monkeypatch.delenv("FAKECRM_TOKEN")
+    connect.forget_ports()
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.CREATE, TASK)
+    assert err.value.outcome_code == "PROVIDER_UNAUTHORIZED"
+    assert "FAKECRM_TOKEN" in str(err.value)
+    assert not step.side_effect_started()
