@@ -316,7 +316,8 @@ def up(
     with_fakecrm = with_fakecrm and fakecrm_available()
     ports = plan_ports(free=free_ports, with_postgres=own_postgres, with_fakecrm=with_fakecrm)
     root.mkdir(parents=True, exist_ok=True)
-    root.chmod(0o755)  # the postgres user must reach <root>/pg when we are root
+    if own_postgres:
+        _check_reachable_by_postgres(root)
 
     def say(text: str) -> None:
         if echo:
@@ -487,6 +488,20 @@ def up(
     except BaseException:
         down(root, quiet=True)
         raise
+
+
+def _check_reachable_by_postgres(root: Path) -> None:
+    """As root the cluster runs as `postgres`, which must be able to walk down to <root>/pg."""
+    if os.geteuid() != 0:
+        return
+    root.chmod(0o755)
+    for folder in [root, *root.parents]:
+        if not folder.stat().st_mode & 0o001:
+            raise StackError(
+                f"the postgres user cannot enter {folder} (mode {folder.stat().st_mode & 0o777:o}),"
+                f" so it cannot reach its cluster under {root}: choose another --root"
+                f" or `chmod o+x {folder}`"
+            )
 
 
 def _postmaster_pid(cluster: postgres.Cluster) -> int:
