@@ -10,6 +10,7 @@ import contextlib
 import json
 from typing import Any
 
+import flask
 import functions_framework
 
 from shared.logs import labelled, traced
@@ -18,7 +19,7 @@ from shared.webhooks.receive import WebhookRequest, receive_webhook
 
 
 @functions_framework.http
-def webhook(request: Any) -> tuple[str, int, dict[str, str]]:
+def webhook(request: Any) -> tuple[str, int, dict[str, str]] | flask.Response:
     with traced(request.headers), labelled(function="webhook"):
         answer = receive_webhook(
             WebhookRequest(
@@ -36,4 +37,10 @@ def webhook(request: Any) -> tuple[str, int, dict[str, str]]:
         # Best effort by contract: the schedule drains anyway, so a nudge can't fail a delivery.
         with contextlib.suppress(Exception):
             nudge.nudge()
+    if answer.status == 413:
+        # functions-framework reads the whole request body after the view returns, unless the
+        # response is streamed; a streamed answer keeps "without reading the rest" true.
+        return flask.Response(
+            iter([json.dumps(answer.body)]), status=413, mimetype="application/json"
+        )
     return json.dumps(answer.body), answer.status, {"Content-Type": "application/json"}

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 from shared import connections, queries, shadow
 from shared.db import Database, Tx
-from shared.errors import TransientError
+from shared.errors import PermanentError, TransientError
 from shared.logs import get_logger, labelled
 from shared.normalize import NormalizedEvent, UnparseableBody, normalize
 from shared.outbox import TriggerEvent, emit
@@ -216,22 +216,23 @@ def process_row(
                 return "lease_lost", 0
             connection = connections.get_connection(tx, row.connection_id)
             if connection is None:  # pragma: no cover - the foreign key keeps it
-                raise UnparseableBody("the row's connection no longer exists")
-            events = normalize(connection.provider, row.body, row.headers)
+                raise PermanentError("the row's connection no longer exists")
+            try:
+                events = normalize(connection.provider, row.body, row.headers)
+            except UnparseableBody as exc:
+                # Settled in this same transaction, under the lease we just fenced on.
+                log.warning("inbox row rejected: %s", exc)
+                tx.execute(
+                    MARK_REJECTED,
+                    id=row.id,
+                    lease_id=lease_id,
+                    error=str(exc)[:2000],
+                    outcome=json.dumps({"produced": 0, "dropped": {}}),
+                )
+                return "rejected", 0
             outcome = write_events(tx, connection, row.id, events)
             tx.execute(MARK_PROCESSED, id=row.id, lease_id=lease_id, outcome=outcome.as_json())
         return "processed", outcome.produced
-    except UnparseableBody as exc:
-        log.warning("inbox row rejected: %s", exc)
-        _settle(
-            db,
-            MARK_REJECTED,
-            id=row.id,
-            lease_id=lease_id,
-            error=str(exc)[:2000],
-            outcome=json.dumps({"produced": 0, "dropped": {}, "rejected": str(exc)[:500]}),
-        )
-        return "rejected", 0
     except TransientError as exc:
         if row.attempts >= policy.max_attempts:
             log.error("inbox row dead after %d attempts: %s", row.attempts, exc)

@@ -64,21 +64,34 @@ class TriggerEvent:
     inbox_id: int | None = None
 
 
+def _without_nul(value: Any) -> Any:
+    """jsonb refuses U+0000 in strings; a provider that sends one gets U+FFFD instead of a
+    dead inbox row."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, Mapping):
+        return {_without_nul(str(k)): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_without_nul(v) for v in value]
+    return value
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(_without_nul(value), separators=(",", ":"), ensure_ascii=False, default=str)
+
+
 def fit_payload(payload: Mapping[str, Any]) -> tuple[str, bool]:
     """The payload as JSON text of at most 64 KiB, and whether it had to be truncated.
 
     A truncated payload keeps a prefix of the original JSON text as a string, with the
     original size, so a person can still see what it was about."""
-    text = json.dumps(payload, separators=(",", ":"), default=str)
+    text = to_json(payload)
     size = len(text.encode())
     if size <= PAYLOAD_LIMIT_BYTES:
         return text, False
     keep = PAYLOAD_LIMIT_BYTES - 256
     while True:
-        wrapped = json.dumps(
-            {"truncated": True, "original_bytes": size, "prefix": text[:keep]},
-            separators=(",", ":"),
-        )
+        wrapped = to_json({"truncated": True, "original_bytes": size, "prefix": text[:keep]})
         excess = len(wrapped.encode()) - PAYLOAD_LIMIT_BYTES
         if excess <= 0:
             return wrapped, True
@@ -106,7 +119,7 @@ def emit(tx: Tx, event: TriggerEvent) -> int | None:
         record_object_id=event.record_object_id,
         author_id=event.author_id,
         author_source=event.author_source,
-        changed_fields=json.dumps(dict(event.changed_fields), default=str),
+        changed_fields=to_json(dict(event.changed_fields)),
         occurred_at=event.occurred_at or datetime.now().astimezone(),
         payload=payload,
         payload_truncated=truncated,

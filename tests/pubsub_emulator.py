@@ -2,7 +2,9 @@
 
 Use from a test module (importing the fixtures is enough for pytest to find them):
 
-    from tests.pubsub_emulator import pubsub, pubsub_emulator  # noqa: F401
+    # The fixtures are registered as `pubsub_emulator` and `pubsub`; the module-level names
+    # differ so that a test's `pubsub` parameter doesn't shadow an import (ruff F811).
+    from tests.pubsub_emulator import pubsub_emulator_fixture, pubsub_fixture  # noqa: F401
 
     def test_something(pubsub):
         ...publish through shared.pubsub.get_publisher()...
@@ -172,8 +174,8 @@ def decode_data(b64: str) -> Any:
     return json.loads(base64.b64decode(b64))
 
 
-@pytest.fixture(scope="session")
-def pubsub_emulator() -> Iterator[Emulator]:
+@pytest.fixture(scope="session", name="pubsub_emulator")
+def pubsub_emulator_fixture() -> Iterator[Emulator]:
     emulator = start_emulator()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
@@ -184,8 +186,10 @@ def pubsub_emulator() -> Iterator[Emulator]:
             emulator.log_path.unlink(missing_ok=True)
 
 
-@pytest.fixture
-def pubsub(pubsub_emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[PubsubProject]:
+@pytest.fixture(name="pubsub")
+def pubsub_fixture(
+    pubsub_emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[PubsubProject]:
     project = PubsubProject(f"test-{uuid.uuid4().hex[:12]}")
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", project.project)
     for topic in TOPICS:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -241,12 +240,3 @@ def test_v1_signature_accepted_where_opted_in(client: Any, db: Database) -> None
     body = hubspot_body(hubspot_event(3))
     response = post_hubspot(client, connection, body, headers=hubspot_v1_headers(body))
     assert response.status_code == 200
-
-
-@pytest.fixture
-def nudge_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    from shared.webhooks import nudge
-
-    monkeypatch.setenv("WEBHOOK_NUDGE", "thread")
-    yield
-    assert nudge.wait_idle(30)

@@ -1,0 +1,195 @@
+"""Draining the inbox: leases, one transaction per row, retries with backoff, dead, rejected,
+and two drainers racing."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pg8000.dbapi
+import pytest
+
+from shared import inbox
+from shared.db import Database, connector_from_env
+from shared.inbox import DrainPolicy, backoff_seconds, claim_rows, process_row
+from tests.ingest_support import (
+    hubspot_body,
+    hubspot_event,
+    inbox_rows,
+    make_connection,
+    trigger_events,
+)
+
+
+def store(db: Database, connection_id: str, body: bytes) -> int:
+    with db.transaction() as tx:
+        return inbox.store(tx, connection_id, body, {}).inbox_id
+
+
+def created(event_id: int, object_id: int = 1) -> bytes:
+    return hubspot_body(hubspot_event(event_id, object_id, subscription_type="contact.creation"))
+
+
+def test_drain_turns_rows_into_events_and_stamps_them(db: Database) -> None:
+    conn = make_connection(db)
+    ids = [store(db, conn, created(i, i)) for i in range(1, 4)]
+    report = inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert (report.processed, report.events) == (3, 3)
+    rows = inbox_rows(db)
+    assert [(r["id"], r["status"], r["attempts"], r["lease_id"]) for r in rows] == [
+        (i, "processed", 1, None) for i in ids
+    ]
+    assert [e["inbox_id"] for e in trigger_events(db)] == ids
+    # Running it again changes nothing.
+    assert inbox.drain_inbox(db, budget_seconds=10, until_empty=True).claimed == 0
+    assert len(trigger_events(db)) == 3
+
+
+def test_unparseable_verified_body_is_rejected_and_never_retried(db: Database) -> None:
+    conn = make_connection(db)
+    row_id = store(db, conn, b'{"not": "an array"}')
+    report = inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert report.rejected == 1
+    (row,) = inbox_rows(db)
+    assert (row["id"], row["status"]) == (row_id, "rejected")
+    assert "HubSpot event array" in row["last_error"]
+    assert inbox.drain_inbox(db, budget_seconds=10, until_empty=True).claimed == 0
+
+
+def test_crashed_drainers_lease_expires_and_the_stale_drainer_writes_nothing(
+    db: Database,
+) -> None:
+    conn = make_connection(db)
+    store(db, conn, created(1))
+    policy = DrainPolicy(lease_seconds=60)
+    stale_lease = str(uuid.uuid4())
+    (claimed,) = claim_rows(db, stale_lease, policy)  # ...and then the drainer "crashes"
+    assert claim_rows(db, str(uuid.uuid4()), policy) == []  # leased: nobody else takes it
+    with db.transaction() as tx:  # the lease runs out
+        tx.execute("UPDATE webhook_inbox SET next_attempt_at = now() - interval '1 second'")
+    new_lease = str(uuid.uuid4())
+    (reclaimed,) = claim_rows(db, new_lease, policy)
+    assert reclaimed.attempts == 2
+    # The stale drainer wakes up: its lease is gone, so it writes nothing at all.
+    assert process_row(db, claimed, stale_lease, policy) == ("lease_lost", 0)
+    assert trigger_events(db) == []
+    assert process_row(db, reclaimed, new_lease, policy) == ("processed", 1)
+    assert inbox_rows(db)[0]["status"] == "processed"
+
+
+@pytest.fixture
+def impatient_db(database_url: str) -> Iterator[Database]:
+    """A pool whose sessions give up on a lock after 100 ms (SQLSTATE 55P03: transient)."""
+    connect = connector_from_env({"DATABASE_URL": database_url})
+
+    def connect_impatient() -> Any:
+        conn = connect()
+        conn.autocommit = True
+        conn.cursor().execute("SET lock_timeout = '100ms'")
+        return conn
+
+    database = Database(connect_impatient, pool_size=4)
+    yield database
+    database.close()
+
+
+def test_transient_failures_back_off_then_go_dead_with_the_error(
+    db: Database, impatient_db: Database, database_url: str
+) -> None:
+    conn = make_connection(db)
+    row_id = store(db, conn, created(1))
+    policy = DrainPolicy(max_attempts=3, backoff_base_seconds=10, backoff_cap_seconds=15)
+    assert [backoff_seconds(a, policy) for a in (1, 2, 3, 4)] == [10, 15, 15, 15]
+    blocker = pg8000.dbapi.connect(**_kwargs(database_url))
+    try:
+        # Another session holds the outbox table: every attempt times out on its insert.
+        blocker.cursor().execute("LOCK TABLE workflow_trigger_events IN EXCLUSIVE MODE")
+        delays = []
+        for attempt in (1, 2, 3):
+            report = inbox.drain_inbox(
+                impatient_db, budget_seconds=10, until_empty=True, policy=policy
+            )
+            (row,) = inbox_rows(db)
+            if attempt < 3:
+                assert report.retried == 1
+                assert row["status"] == "pending" and row["attempts"] == attempt
+                assert "lock" in row["last_error"]
+                with db.transaction() as tx:
+                    delays.append(
+                        tx.scalar(
+                            "SELECT extract(epoch FROM next_attempt_at - now())::float"
+                            " FROM webhook_inbox"
+                        )
+                    )
+                    tx.execute("UPDATE webhook_inbox SET next_attempt_at = now()")  # time passes
+            else:
+                assert report.dead == 1
+                assert (row["id"], row["status"], row["attempts"]) == (row_id, "dead", 3)
+                assert "lock" in row["last_error"]
+        assert 9 < delays[0] <= 10 and 14 < delays[1] <= 15
+        blocker.rollback()
+    finally:
+        blocker.close()
+    # Each failed attempt rolled back whole: no event, no shadow state.
+    assert trigger_events(db) == []
+    assert inbox.drain_inbox(db, budget_seconds=10, until_empty=True).claimed == 0
+
+
+def _kwargs(url: str) -> dict[str, Any]:
+    from shared.db import parse_database_url
+
+    return parse_database_url(url)
+
+
+def test_two_drainers_at_a_barrier_never_process_a_row_twice(db: Database) -> None:
+    conn = make_connection(db)
+    for i in range(60):
+        store(db, conn, created(i, i))
+    policy = DrainPolicy(batch_size=7)
+    barrier = threading.Barrier(2)
+    claimed: list[list[int]] = [[], []]
+    results: list[list[str]] = [[], []]
+    errors: list[BaseException] = []
+
+    def drainer(n: int) -> None:
+        try:
+            barrier.wait(timeout=10)
+            while True:
+                lease = str(uuid.uuid4())
+                rows = claim_rows(db, lease, policy)
+                if not rows:
+                    return
+                claimed[n].extend(r.id for r in rows)
+                for row in rows:
+                    results[n].append(process_row(db, row, lease, policy)[0])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drainer, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert set(claimed[0]).isdisjoint(claimed[1])
+    assert len(claimed[0]) + len(claimed[1]) == 60
+    assert claimed[0] and claimed[1]  # both really worked
+    assert set(results[0] + results[1]) == {"processed"}
+    events = trigger_events(db)
+    assert len(events) == 60 == len({e["inbox_id"] for e in events})
+    assert {r["attempts"] for r in inbox_rows(db)} == {1}
+
+
+def test_scheduled_drain_keeps_polling_until_its_budget_ends(db: Database) -> None:
+    conn = make_connection(db)
+    ticks = iter([0.0, 0.0, 0.5, 0.9, 1.2, 99.0])
+
+    def clock() -> float:
+        return next(ticks)
+
+    store(db, conn, created(1))
+    policy = DrainPolicy(idle_poll_seconds=0.01)
+    report = inbox.drain_inbox(db, budget_seconds=1.0, policy=policy, clock=clock)
+    assert report.processed == 1
