@@ -1,0 +1,38 @@
+-- What the demo reads and seeds (devstack only; not part of the deploy bundle).
+
+-- name: demo_tenant_insert
+INSERT INTO tenants (id, name, credit_balance) VALUES (:id, :name, :credits)
+
+-- name: demo_inbox_rows
+SELECT id, status, deliveries, attempts, outcome::text AS outcome, last_error
+FROM webhook_inbox WHERE connection_id = :connection_id ORDER BY id
+
+-- name: demo_trigger_events
+SELECT id, event_type, source_event_id, record_object_type, record_object_id,
+       published_at IS NOT NULL AS published
+FROM workflow_trigger_events WHERE connection_id = :connection_id ORDER BY id
+
+-- name: demo_claims
+SELECT c.event_id, w.name AS workflow, c.run_id
+FROM delivery_claims c JOIN workflows w ON w.id = c.workflow_id
+WHERE c.event_id = ANY(:event_ids) ORDER BY c.claimed_at
+
+-- name: demo_refusals
+SELECT r.event_id, w.name AS workflow, r.reason, r.detail
+FROM admission_refusals r JOIN workflows w ON w.id = r.workflow_id
+WHERE r.event_id = ANY(:event_ids) ORDER BY r.id
+
+-- name: demo_runs
+SELECT id, status, event_id, error FROM workflow_runs
+WHERE tenant_id = :tenant_id ORDER BY created_at
+
+-- name: demo_steps
+SELECT step_key, block_type, status, attempt, error, outcome_code
+FROM workflow_steps WHERE run_id = :run_id ORDER BY created_at, step_key
+
+-- name: demo_poisoned
+SELECT source, reason, data FROM poisoned_messages
+WHERE received_at >= :since ORDER BY id
+
+-- name: demo_bindings
+SELECT count(*) FROM trigger_bindings WHERE tenant_id = :tenant_id
