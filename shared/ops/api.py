@@ -338,9 +338,16 @@ def deactivate_workflow(call: Call) -> ActivationResult:
 
 
 def rehearse(call: Call) -> RehearsalResult:
+    from shared.ops import rehearsal
+
     body: RehearsalRequest = call.body
     _owned_workflow(call, str(body.workflow_id))
-    raise OpsError(501, "not_built", "rehearsals are not available in this build")
+    run_step = rehearsal.engine_run_step()
+    if run_step is None:
+        raise OpsError(501, "not_built", "rehearsals need the step engine, not in this build")
+    start = rehearsal.start_rehearsal(call.db, body, call.scope)
+    rehearsal.drive_rehearsal(call.db, start.run_id, run_step)
+    return rehearsal.rehearsal_result(call.db, start.run_id)
 
 
 # ---- the route table ----------------------------------------------------------------------

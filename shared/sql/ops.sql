@@ -252,3 +252,44 @@ ORDER BY v.number DESC
 SELECT v.id, v.workflow_id, v.number, v.definition
 FROM workflow_versions v
 WHERE v.id = CAST(:version_id AS uuid) AND v.workflow_id = CAST(:workflow_id AS uuid)
+
+-- name: ops_active_version
+SELECT version_id FROM workflow_activations WHERE workflow_id = CAST(:workflow_id AS uuid)
+
+-- name: ops_rehearsal_run_insert
+-- A rehearsal run: its own namespace (so the live partial unique index, live claims and live
+-- history never see it) and its own start key; it is its own lineage root, so its steps'
+-- idempotency keys can never equal a live step's. Delivery claims and enrollments are not
+-- written: a rehearsal decides nothing about the event.
+INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key, event_id,
+                           record_key, dedup_mode, namespace, status, trigger_payload,
+                           payload_truncated, lineage_root)
+VALUES (CAST(:run_id AS uuid), :tenant_id, CAST(:workflow_id AS uuid),
+        CAST(:version_id AS uuid), :start_key, :event_id, :record_key, :dedup_mode,
+        'rehearsal', 'running', CAST(:payload AS jsonb), :payload_truncated,
+        CAST(:run_id AS uuid))
+
+-- name: ops_rehearsal_pending
+SELECT CAST(id AS text) AS id, status FROM workflow_steps
+WHERE run_id = CAST(:run_id AS uuid) AND status IN ('pending', 'waiting_for_delay')
+ORDER BY created_at, step_key
+
+-- name: ops_rehearsal_serve_delays
+-- A rehearsal does not sit out delays: the wait counts as served at once.
+UPDATE workflow_steps SET status = 'pending', wake_at = NULL
+WHERE run_id = CAST(:run_id AS uuid) AND status = 'waiting_for_delay'
+
+-- name: ops_rehearsal_stop
+-- A rehearsal lives only as long as the ops call that drives it; whatever it did not finish
+-- (a retry it would have waited for, the step budget) is cancelled, not left for anyone.
+UPDATE workflow_runs SET status = 'cancelled', finished_at = now(), error = :error
+WHERE id = CAST(:run_id AS uuid) AND namespace = 'rehearsal' AND status = 'running'
+
+-- name: ops_rehearsal_result
+SELECT step_key, node_id, block_type, status, output, error, outcome_code, branch_choice
+FROM workflow_steps
+WHERE run_id = CAST(:run_id AS uuid)
+ORDER BY created_at, step_key
+
+-- name: ops_rehearsal_status
+SELECT status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) AND namespace = 'rehearsal'

@@ -1,0 +1,186 @@
+"""Rehearsals: a dry run of a workflow version against a stored or supplied event.
+
+A rehearsal run lives in namespace 'rehearsal' (DESIGN invariant 13):
+- it never collides with a live claim: its start key is `rehearsal:<uuid>:<event>`, the
+  partial unique index on active runs covers only namespace 'live', and it writes no delivery
+  claim and no enrollment (it decides nothing about the event);
+- a live executor never picks it up: the step claim matches only the namespace it is asked
+  for, and the rehearsal's steps are never published to `step-ready`; this call drives them
+  in-process, with `BlockContext.dry_run` set so every side effect stops before it leaves
+  (the block returns what it would have sent instead, and nothing is charged);
+- it never appears in live history: every ops read filters namespace = 'live'.
+Delays are served at once; a step that would wait for a retry ends the rehearsal (cancelled,
+with the reason), as does the step budget.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shared import queries
+from shared.db import Database
+from shared.ops.errors import OpsError, not_found
+from shared.ops.models import RehearsalRequest, RehearsalResult, RehearsalStep
+from shared.workflows.definition import WorkflowDefinition
+
+SQL = queries.load("ops")
+WORKFLOW_GET = SQL["ops_workflow_get"]
+ACTIVE_VERSION = SQL["ops_active_version"]
+VERSION_GET = SQL["ops_version_get"]
+EVENT_GET = SQL["ops_event_get"]
+RUN_INSERT = SQL["ops_rehearsal_run_insert"]
+PENDING = SQL["ops_rehearsal_pending"]
+SERVE_DELAYS = SQL["ops_rehearsal_serve_delays"]
+STOP = SQL["ops_rehearsal_stop"]
+RESULT = SQL["ops_rehearsal_result"]
+STATUS = SQL["ops_rehearsal_status"]
+
+MAX_REHEARSAL_STEPS = 200
+
+# Runs one pending step of a rehearsal run to its settle (claim with namespace 'rehearsal',
+# block with dry_run, settle + next steps). Returns False when the step was not claimable.
+RunStep = Callable[[Database, str], bool]
+
+
+def engine_run_step() -> RunStep | None:
+    """The step engine's in-process runner for one rehearsal step, once the engine is built."""
+    try:
+        from shared.steps import executor  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    runner: RunStep | None = getattr(executor, "run_rehearsal_step", None)
+    return runner
+
+
+@dataclass(frozen=True)
+class RehearsalStart:
+    run_id: str
+    tenant_id: str
+
+
+def start_rehearsal(
+    db: Database, request: RehearsalRequest, tenant_scope: str | None
+) -> RehearsalStart:
+    """Create the rehearsal run and its entry step (committed, never dispatched)."""
+    from shared.steps.journal import insert_steps
+
+    with db.transaction() as tx:
+        workflow = tx.one(
+            WORKFLOW_GET, workflow_id=str(request.workflow_id), tenant_id=tenant_scope
+        )
+        if workflow is None:
+            raise not_found("workflow")
+        version_id = (
+            str(request.version_id)
+            if request.version_id
+            else tx.scalar(ACTIVE_VERSION, workflow_id=str(request.workflow_id))
+        )
+        if version_id is None:
+            raise OpsError(
+                409, "no_active_version", "the workflow has no active version; name a version_id"
+            )
+        version = tx.one(
+            VERSION_GET, version_id=str(version_id), workflow_id=str(request.workflow_id)
+        )
+        if version is None:
+            raise not_found("version")
+        definition = WorkflowDefinition.model_validate(version["definition"])
+        payload, event_id, record_key, truncated, label = _event(tx, request, workflow)
+        run_id = str(uuid.uuid4())
+        tx.execute(
+            RUN_INSERT,
+            run_id=run_id,
+            tenant_id=workflow["tenant_id"],
+            workflow_id=str(request.workflow_id),
+            version_id=str(version_id),
+            start_key=f"rehearsal:{uuid.uuid4()}:{label}",
+            event_id=event_id,
+            record_key=record_key,
+            dedup_mode=definition.trigger.dedup,
+            payload=json.dumps(payload),
+            payload_truncated=truncated,
+        )
+        insert_steps(tx, run_id=run_id, lineage_root=run_id, nodes=[definition.entry])
+    return RehearsalStart(run_id=run_id, tenant_id=workflow["tenant_id"])
+
+
+def _event(
+    tx: Any, request: RehearsalRequest, workflow: dict[str, Any]
+) -> tuple[Any, int | None, str | None, bool, str]:
+    if (request.event_id is None) == (request.event is None):
+        raise OpsError(422, "invalid_body", "give exactly one of event_id and event")
+    if request.event_id is not None:
+        event = tx.one(EVENT_GET, event_id=request.event_id, tenant_id=workflow["tenant_id"])
+        if event is None:
+            raise not_found("event")
+        record_key = None
+        if event["record_object_type"] is not None and event["connection_id"] is not None:
+            record_key = (
+                f"{event['connection_id']}:{event['record_object_type']}:"
+                f"{event['record_object_id']}"
+            )
+        return (
+            event["payload"],
+            int(event["id"]),
+            record_key,
+            bool(event["payload_truncated"]),
+            f"event-{event['id']}",
+        )
+    supplied = request.event
+    assert supplied is not None
+    payload = {"event_type": supplied.event_type, **supplied.payload}
+    return payload, None, None, False, "supplied"
+
+
+def drive_rehearsal(db: Database, run_id: str, run_step: RunStep) -> None:
+    """Run the rehearsal's steps in-process until none is left, or the budget is spent."""
+    executed = 0
+    reason: str | None = None
+    while True:
+        with db.transaction() as tx:
+            tx.execute(SERVE_DELAYS, run_id=run_id)
+            pending = [r["id"] for r in tx.all(PENDING, run_id=run_id)]
+        if not pending:
+            break
+        progressed = False
+        for step_id in pending:
+            if executed >= MAX_REHEARSAL_STEPS:
+                reason = f"stopped after {MAX_REHEARSAL_STEPS} steps"
+                break
+            executed += 1
+            progressed = run_step(db, step_id) or progressed
+        if reason or not progressed:
+            break
+    with db.transaction() as tx:
+        tx.execute(
+            STOP,
+            run_id=run_id,
+            error=f"rehearsal {reason}"
+            if reason
+            else "rehearsal stopped: a step would have waited for a retry",
+        )
+
+
+def rehearsal_result(db: Database, run_id: str) -> RehearsalResult:
+    with db.transaction() as tx:
+        steps = tx.all(RESULT, run_id=run_id)
+        status = _run_status(tx, run_id)
+    would_send = [
+        s["output"]
+        for s in steps
+        if isinstance(s["output"], dict) and s["output"].get("dry_run") is True
+    ]
+    return RehearsalResult(
+        run_id=uuid.UUID(run_id),
+        status=status,
+        steps=[RehearsalStep.model_validate(s) for s in steps],
+        would_send=would_send,
+    )
+
+
+def _run_status(tx: Any, run_id: str) -> Any:
+    return tx.scalar(STATUS, run_id=run_id)

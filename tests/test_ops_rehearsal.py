@@ -1,0 +1,162 @@
+"""Rehearsals never touch live state: a live run and a rehearsal of the same event coexist,
+no live claim or enrollment is written, a live claim can't pick a rehearsal step up, and
+rehearsals stay out of live history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared import queries
+from shared.db import Database
+from shared.ops.models import RehearsalRequest, SuppliedEvent
+from shared.ops.rehearsal import start_rehearsal
+from tests.ops_support import (
+    JournalRow,
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+    seed_connection,
+    seed_event,
+    seed_run,
+    seed_tenant,
+    seed_workflow,
+)
+
+STEPS_CLAIM = queries.load("steps")["steps_claim"]
+CHAIN = [{"id": "a", "type": "http.request", "next": "b"}, {"id": "b", "type": "http.request"}]
+
+
+def _counts(db: Database) -> dict[str, int]:
+    with db.transaction() as tx:
+        return {
+            t: int(tx.scalar(f"SELECT count(*) FROM {t}"))
+            for t in (
+                "delivery_claims",
+                "workflow_enrollments",
+                "credit_ledger",
+                "admission_refusals",
+            )
+        }
+
+
+def test_a_live_run_and_a_rehearsal_of_the_same_event_coexist(db: Database, client: Any) -> None:
+    seed_tenant(db, "acme")
+    conn = seed_connection(db, "acme")
+    wf, ver = seed_workflow(db, "acme", CHAIN)
+    event = seed_event(db, "acme", conn, "5")
+    record_key = f"{conn}:contacts:5"
+    live = seed_run(
+        db,
+        "acme",
+        wf,
+        ver,
+        [JournalRow("a", "pending")],
+        status="running",
+        event_id=event,
+        record_key=record_key,
+    )
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO delivery_claims (event_id, workflow_id, run_id) VALUES (:e, :w, :r)",
+            e=event,
+            w=wf,
+            r=live,
+        )
+        tx.execute(
+            "INSERT INTO workflow_enrollments (workflow_id, record_key, run_id)"
+            " VALUES (:w, :rk, :r)",
+            w=wf,
+            rk=record_key,
+            r=live,
+        )
+    before = _counts(db)
+    request = RehearsalRequest.model_validate({"workflow_id": wf, "event_id": event})
+    # Twice, while the live run is active for the same record: no conflict either time.
+    first = start_rehearsal(db, request, "acme")
+    second = start_rehearsal(db, request, "acme")
+    assert first.run_id != second.run_id
+    assert _counts(db) == before
+    with db.transaction() as tx:
+        rows = tx.all(
+            "SELECT id, namespace, start_key, status, record_key, lineage_root"
+            " FROM workflow_runs ORDER BY created_at"
+        )
+        rehearsal_steps = tx.all(
+            "SELECT s.id, s.idempotency_key FROM workflow_steps s"
+            " JOIN workflow_runs r ON r.id = s.run_id"
+            " WHERE r.namespace = 'rehearsal'"
+        )
+        live_keys = {
+            r["idempotency_key"]
+            for r in tx.all("SELECT idempotency_key FROM workflow_steps WHERE run_id = :r", r=live)
+        }
+        # A live executor's claim never matches a rehearsal step; a rehearsal claim does.
+        claimed_live = [
+            tx.one(
+                STEPS_CLAIM,
+                step_id=str(s["id"]),
+                lease_id=str(s["id"]),
+                lease_seconds=30,
+                namespace="live",
+            )
+            for s in rehearsal_steps
+        ]
+    assert [r["namespace"] for r in rows] == ["live", "rehearsal", "rehearsal"]
+    assert all(r["start_key"].startswith("rehearsal:") for r in rows[1:])
+    assert all(r["record_key"] == record_key and r["status"] == "running" for r in rows)
+    assert all(str(r["lineage_root"]) == str(r["id"]) for r in rows[1:])
+    assert claimed_live == [None, None]
+    assert not live_keys & {s["idempotency_key"] for s in rehearsal_steps}
+    with db.transaction() as tx:
+        claimed = tx.one(
+            STEPS_CLAIM,
+            step_id=str(rehearsal_steps[0]["id"]),
+            lease_id=str(rehearsal_steps[0]["id"]),
+            lease_seconds=30,
+            namespace="rehearsal",
+        )
+    assert claimed is not None and claimed["namespace"] == "rehearsal"
+
+    # Never in live history: lists, the record's story and run lookups all leave it out.
+    h = bearer(mint(db, "acme"))
+    listed = [r["id"] for r in client.get("/v1/runs", headers=h).get_json()["items"]]
+    assert listed == [live]
+    story = client.get(
+        "/v1/records/explain", headers=h, query_string={"record_key": record_key}
+    ).get_json()
+    assert [r["id"] for r in story["runs"]] == [live]
+    assert [d["run_id"] for d in story["events"][0]["decisions"]] == [live]
+    assert client.get(f"/v1/runs/{first.run_id}", headers=h).status_code == 404
+    assert client.post(f"/v1/runs/{first.run_id}/replay", headers=h, json={}).status_code == 404
+
+
+def test_a_rehearsal_against_a_supplied_event_and_its_refusals(db: Database) -> None:
+    seed_tenant(db, "acme")
+    seed_tenant(db, "globex")
+    wf, _ = seed_workflow(db, "acme", CHAIN)
+    unbound, _ = seed_workflow(db, "acme", CHAIN, name="draft", bind=False)
+    supplied = RehearsalRequest(
+        workflow_id=wf,
+        event=SuppliedEvent(
+            event_type="hubspot.contact.created", payload={"email": "a@example.com"}
+        ),
+    )
+    start = start_rehearsal(db, supplied, "acme")
+    with db.transaction() as tx:
+        run = tx.one("SELECT * FROM workflow_runs WHERE id = :r", r=start.run_id)
+    assert run is not None and run["trigger_payload"]["email"] == "a@example.com"
+    assert run["event_id"] is None and run["start_key"].endswith(":supplied")
+    import pytest
+
+    from shared.ops.errors import OpsError
+
+    with pytest.raises(OpsError) as refused:
+        start_rehearsal(db, supplied, "globex")
+    assert refused.value.code == "not_found"
+    with pytest.raises(OpsError) as refused:
+        start_rehearsal(db, RehearsalRequest(workflow_id=unbound, event_id=1), "acme")
+    assert refused.value.code == "no_active_version"
+    with pytest.raises(OpsError) as refused:
+        start_rehearsal(db, RehearsalRequest(workflow_id=wf), "acme")
+    assert refused.value.code == "invalid_body"
