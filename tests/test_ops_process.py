@@ -1,0 +1,161 @@
+"""The `ops` function as a real functions-framework process: a token minted with the CLI,
+401 on the wire without it, and a replay whose reset step reaches the real Pub/Sub
+emulator's `step-ready` topic only after its row committed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devstack.tools import free_port
+from shared.db import Database
+from shared.pubsub import STEP_READY
+from tests.ops_support import (
+    JournalRow,
+    seed_connection,
+    seed_event,
+    seed_run,
+    seed_tenant,
+    seed_workflow,
+)
+from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+    PubsubProject,
+    pubsub_emulator_fixture,
+    pubsub_fixture,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(name="ops_process")
+def ops_process_fixture(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "GOOGLE_CLOUD_PROJECT": pubsub.project,
+        "PYTHONPATH": str(ROOT),
+    }
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "functions_framework",
+            "--target",
+            "ops",
+            "--source",
+            str(ROOT / "main.py"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(base + "/openapi.json", timeout=1)
+                break
+            except httpx.TransportError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("ops process did not start") from None
+                time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_cli_token_and_a_replay_dispatched_through_the_emulator(
+    db: Database, database_url: str, ops_process: str, pubsub: PubsubProject
+) -> None:
+    seed_tenant(db, "acme")
+    conn = seed_connection(db, "acme")
+    wf, ver = seed_workflow(
+        db,
+        "acme",
+        [{"id": "a", "type": "http.request", "next": "b"}, {"id": "b", "type": "crm.create"}],
+    )
+    event = seed_event(db, "acme", conn, "1")
+    run = seed_run(
+        db,
+        "acme",
+        wf,
+        ver,
+        [
+            JournalRow("a", "succeeded"),
+            JournalRow("b", "failed", block_type="crm.create", outcome_code="OUTCOME_UNKNOWN"),
+        ],
+        event_id=event,
+        record_key=f"{conn}:contacts:1",
+    )
+
+    minted = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shared.ops.tokens",
+            "create",
+            "--tenant",
+            "acme",
+            "--label",
+            "support",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    token = minted.stdout.strip()
+    assert token.startswith("ofo_") and "\n" not in token
+    assert "shown only this once" in minted.stderr
+    unknown = subprocess.run(
+        [sys.executable, "-m", "shared.ops.tokens", "create", "--tenant", "nobody"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert unknown.returncode == 2 and unknown.stdout == ""
+
+    assert httpx.get(f"{ops_process}/v1/runs", timeout=10).status_code == 401
+    assert httpx.get(f"{ops_process}/openapi.json", timeout=10).json()["openapi"] == "3.1.0"
+    h = {"Authorization": f"Bearer {token}"}
+    dead = httpx.get(
+        f"{ops_process}/v1/runs", params={"status": "failed"}, headers=h, timeout=10
+    ).json()
+    assert [r["id"] for r in dead["items"]] == [run]
+    r = httpx.post(
+        f"{ops_process}/v1/runs/{run}/replay", json={"reason": "checked"}, headers=h, timeout=30
+    )
+    assert r.status_code == 201, r.text
+    new_run = r.json()["run"]["id"]
+    with db.transaction() as tx:
+        step_id = str(
+            tx.scalar(
+                "SELECT id FROM workflow_steps WHERE run_id = :r AND status = 'pending'", r=new_run
+            )
+        )
+    assert pubsub.pull_ids(STEP_READY, count=1, timeout=20) == [step_id]
