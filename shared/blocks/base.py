@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from shared.workflows.definition import Step
+
 BlockKind = Literal["flow", "action"]
 SideEffect = Literal["none", "idempotent", "at_most_once"]
 ErrorClass = Literal["transient", "permanent"]
@@ -57,6 +59,9 @@ class BlockContext:
     # applied (refused connection, 429): the retry may then call. False = not withdrawn, and
     # the retry will fail OUTCOME_UNKNOWN, which is safe.
     withdraw_side_effect_mark: Callable[[], bool] = field(default=lambda: False)
+    # The definition node being executed (from the run's pinned version): `branch` reads its
+    # `branches`/`otherwise` edges here. None for callers that only run action blocks.
+    node: Step | None = None
 
 
 @dataclass(frozen=True)
