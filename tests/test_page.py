@@ -92,6 +92,8 @@ def test_the_page_needs_a_token_cookie_and_forms_need_the_csrf_value(
     assert client.post("/ui/login", data={"token": "ofo_wrong"}).status_code == 401
     signed_in = client.post("/ui/login", data={"token": s["token"]})
     assert signed_in.status_code == 303
+    landing = client.get("/ui").get_data(as_text=True)
+    assert "Failed runs" in landing and s["run"] in landing  # the dead-letter list
     cookie = signed_in.headers["Set-Cookie"]
     assert f"{COOKIE}=" in cookie and "HttpOnly" in cookie and "SameSite=Strict" in cookie
     assert "Path=/ui" in cookie

@@ -268,7 +268,8 @@ def _record_page(api: OpsApi, request: Request, principal: auth.Principal, token
             "Records",
             notices + search + '<p class="meta">Search a record by its key '
             "(<code>&lt;connection id&gt;:&lt;object type&gt;:&lt;object id&gt;</code>)"
-            " to see every event, what each workflow decided, and why.</p>",
+            " to see every event, what each workflow decided, and why.</p>"
+            + _dead_letters(api, principal),
             principal=principal,
             token=token,
         )
@@ -300,6 +301,44 @@ def _record_page(api: OpsApi, request: Request, principal: auth.Principal, token
     if not details:
         body += '<p class="meta">No run was started for this record.</p>'
     return _page(f"Record {record_key}", body, principal=principal, token=token)
+
+
+def _dead_letters(api: OpsApi, principal: auth.Principal) -> str:
+    """The newest failed runs (the dead-letter list), each linking to its record."""
+    from shared.ops.api import RUNS_LIST
+
+    with api.db.transaction() as tx:
+        rows = tx.all(
+            RUNS_LIST,
+            tenant_id=principal.tenant_id,
+            workflow_id=None,
+            status="failed",
+            record_key=None,
+            created_after=None,
+            created_before=None,
+            cursor_at=None,
+            cursor_id=None,
+            limit=MAX_RUNS_SHOWN,
+        )
+    if not rows:
+        return '<h2>Failed runs</h2><p class="meta">No failed run.</p>'
+    items = "".join(
+        f"<tr><td>{escape(r['workflow_name'])}</td><td><code>{r['id']}</code></td>"
+        f"<td>{r['created_at']:%Y-%m-%d %H:%M}</td><td>{escape(r['error'] or '')}</td><td>"
+        + (
+            f'<a href="/ui?{urlencode({"record_key": r["record_key"]})}#run-{r["id"]}">'
+            "open record</a>"
+            if r["record_key"]
+            else ""
+        )
+        + "</td></tr>"
+        for r in rows
+    )
+    return (
+        '<h2>Failed runs</h2><div class="card"><table class="dead-letters"><thead><tr>'
+        "<th>workflow</th><th>run</th><th>started</th><th>error</th><th></th></tr></thead>"
+        f"<tbody>{items}</tbody></table></div>"
+    )
 
 
 def _timeline(story: RecordExplanation) -> str:
