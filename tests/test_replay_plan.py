@@ -94,6 +94,19 @@ def test_recorded_branch_choices_limit_the_reset_region() -> None:
         "br",
         "x",
     }
+    # The branch block's own journal values: the chosen node, or "no edge taken".
+    from shared.blocks import flow
+    from shared.ops.replay_plan import NO_BRANCH_TAKEN
+
+    assert NO_BRANCH_TAKEN == flow.NO_BRANCH_TAKEN
+    assert reachable_nodes(wf, ["f"], [_s("f", "failed"), _s("br", "succeeded", "x")]) == {
+        "f",
+        "br",
+        "x",
+    }
+    assert reachable_nodes(
+        wf, ["f"], [_s("f", "failed"), _s("br", "succeeded", NO_BRANCH_TAKEN)]
+    ) == {"f", "br"}
     # No recorded choice: every edge is walked (more is reset, nothing is trusted blindly).
     assert reachable_nodes(wf, ["f"], [_s("f", "failed")]) == {"f", "br", "x", "y"}
 

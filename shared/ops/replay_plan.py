@@ -21,6 +21,9 @@ from datetime import datetime
 from shared.workflows.definition import WorkflowDefinition
 
 SETTLED = frozenset({"succeeded", "skipped", "failed"})
+# What the `branch` block journals when no edge was taken (shared.blocks.flow; a test keeps
+# the two equal without this pure module importing the blocks).
+NO_BRANCH_TAKEN = "(none)"
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,21 @@ class ReplayPlan:
 def chosen_successors(
     definition: WorkflowDefinition, node_id: str, choices: Iterable[str]
 ) -> list[str]:
-    """The edges a node took, from its recorded branch choices (all edges if unknown)."""
+    """The edges a node took, from its recorded branch choices (all edges if none recorded).
+
+    The `branch` block records the node it chose, or NO_BRANCH_TAKEN when its path ended."""
     try:
         step = definition.step(node_id)
     except KeyError:
         return []
     every = step.successors()
+    recorded = list(choices)
+    if not recorded:
+        return every
     picked: list[str] = []
-    for choice in choices:
+    for choice in recorded:
+        if choice == NO_BRANCH_TAKEN:
+            continue
         if choice in every:
             picked.append(choice)
         elif choice == "otherwise" and step.otherwise:
@@ -63,7 +73,7 @@ def chosen_successors(
             picked.append(step.branches[int(choice)].next)
         else:
             return every  # a choice we can't map: walk everything rather than trust it
-    return picked or every
+    return picked
 
 
 def reachable_nodes(
