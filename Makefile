@@ -13,7 +13,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
 
-.PHONY: help venv test lint typecheck unit dev dev-down demo migrate schema fmt \
+.PHONY: help venv test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
         bench-ingest bench-admit bench-steps
 
 help: ## List the targets
@@ -41,6 +41,9 @@ dev: .venv/.installed ## Start the local stack (Postgres, Pub/Sub emulator, func
 
 dev-down: .venv/.installed ## Stop exactly what `make dev` started
 	$(PY) -m devstack.stack down
+
+dev-status: .venv/.installed ## Health table of the running local stack
+	$(PY) -m devstack.stack status
 
 demo: .venv/.installed ## Start the stack, run the demo scenario, explain it, stop
 	$(PY) -m devstack.demo

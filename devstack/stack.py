@@ -664,12 +664,14 @@ def down(root: Path = DEFAULT_ROOT, *, quiet: bool = False) -> list[str]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if p.name == "postgres":
                 os.kill(p.pid, signal.SIGINT)  # PostgreSQL's "fast" shutdown
-            elif p.group:
+            elif p.name in {d.name for d in DEPLOYABLES}:
                 # gunicorn (functions-framework) treats SIGTERM as "finish in-flight requests",
                 # and drain_inbox/publish_outbox/sweep loop for most of a minute: SIGINT is its
-                # quick shutdown. Everything else here exits promptly on SIGTERM.
-                quick = p.name in {d.name for d in DEPLOYABLES}
-                os.killpg(p.pid, signal.SIGINT if quick else signal.SIGTERM)
+                # quick shutdown. Only the master gets it; it stops its worker itself (a
+                # worker signalled at the same moment sometimes leaves the master waiting).
+                os.kill(p.pid, signal.SIGINT)
+            elif p.group:
+                os.killpg(p.pid, signal.SIGTERM)
             else:
                 os.kill(p.pid, signal.SIGTERM)
     # A gunicorn master sometimes waits out its whole graceful timeout for a worker that got
