@@ -193,3 +193,21 @@ def test_scheduled_drain_keeps_polling_until_its_budget_ends(db: Database) -> No
     policy = DrainPolicy(idle_poll_seconds=0.01)
     report = inbox.drain_inbox(db, budget_seconds=1.0, policy=policy, clock=clock)
     assert report.processed == 1
+
+
+def test_drain_inbox_entry_point_drains_within_its_budget(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functions_framework
+
+    from tests.test_webhook import ROOT
+
+    conn = make_connection(db)
+    store(db, conn, created(1))
+    store(db, conn, b"garbage")
+    monkeypatch.setenv("DRAIN_BUDGET_SECONDS", "0.3")
+    app = functions_framework.create_app("drain_inbox", str(ROOT / "main.py"), "http")
+    response = app.test_client().post("/")
+    assert response.status_code == 200
+    assert response.json["processed"] == 1 and response.json["rejected"] == 1
+    assert [r["status"] for r in inbox_rows(db)] == ["processed", "rejected"]

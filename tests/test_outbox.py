@@ -218,3 +218,19 @@ def test_claim_reads_the_partial_unpublished_index(db: Database) -> None:
             )
         )
     assert "workflow_trigger_events_unpublished" in plan
+
+
+def test_publish_outbox_entry_point_publishes_within_its_budget(
+    db: Database, pubsub: PubsubProject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import functions_framework
+
+    from tests.test_webhook import ROOT
+
+    ids = emit_many(db, 3)
+    monkeypatch.setenv("PUBLISH_BUDGET_SECONDS", "0.3")
+    app = functions_framework.create_app("publish_outbox", str(ROOT / "main.py"), "http")
+    response = app.test_client().post("/")
+    assert response.status_code == 200
+    assert response.json["published"] == 3
+    assert sorted(pubsub.pull_ids(TRIGGER_EVENTS, count=3)) == ids
