@@ -182,3 +182,36 @@ def test_missing_connection_and_missing_token_fail_clearly(
     assert err.value.outcome_code == "PROVIDER_UNAUTHORIZED"
     assert "FAKECRM_TOKEN" in str(err.value)
     assert not step.side_effect_started()
+
+
+def test_update_records_an_echo_marker_before_the_call(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    pytest.importorskip("shared.echo", reason="shared/echo.py (admission) not written yet")
+    made = StepRunner(db, "crm.create", connection_id=connection_id).run(
+        crm.CREATE, {"object_type": "contacts", "properties": {"email": "e@x.io"}}
+    )
+    assert made.output is not None
+    rid = made.output["id"]
+    # The update's response is dropped: the marker must already be committed regardless.
+    fake.add_fault(action="drop_after_commit", method="PATCH")
+    step = StepRunner(db, "crm.update", connection_id=connection_id)
+    config = {"object_type": "contact", "object_id": rid, "properties": {"lifecyclestage": "lead"}}
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.UPDATE, config)
+    assert err.value.error_class == "transient"  # idempotent: retried, unlike a create
+    with db.transaction() as tx:
+        marker = tx.one(
+            "SELECT object_type, object_id, field, step_id::text AS step_id, "
+            "expires_at > now() AS live FROM echo_markers"
+        )
+    assert marker == {
+        "object_type": "contact",
+        "object_id": rid,
+        "field": "lifecyclestage",
+        "step_id": step.step_id,
+        "live": True,
+    }
+    result = step.run(crm.UPDATE, config)  # the retry
+    assert result.output is not None
+    assert result.output["properties"]["lifecyclestage"] == "lead"
