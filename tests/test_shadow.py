@@ -149,3 +149,36 @@ def test_watched_fields_are_the_union_of_active_triggers_and_the_connection_sett
         hubspot_event(3, 8, subscription_type="company.propertyChange", property_name="name"),
     )
     assert row["outcome"] == {"produced": 2, "dropped": {"not_watched": 1}}
+
+
+def test_two_drainers_racing_on_one_field_emit_one_change(db: Database) -> None:
+    import threading
+
+    from shared.inbox import DrainPolicy, claim_rows, process_row
+
+    conn = make_connection(db, watched_fields={"contact": ["lifecyclestage"]})
+    # Two deliveries announce the same new value under different event ids (first sighting).
+    for event_id in (1, 2):
+        with db.transaction() as tx:
+            inbox.store(
+                tx, conn, hubspot_body(hubspot_event(event_id, property_value="customer")), {}
+            )
+    policy = DrainPolicy(batch_size=1)
+    barrier = threading.Barrier(2)
+    results: list[str] = []
+
+    def drainer() -> None:
+        lease = str(uuid.uuid4())
+        (row,) = claim_rows(db, lease, policy)
+        barrier.wait(timeout=10)
+        results.append(process_row(db, row, lease, policy)[0])
+
+    threads = [threading.Thread(target=drainer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert results == ["processed", "processed"]
+    outcomes = sorted((r["outcome"]["produced"], r["outcome"]["dropped"]) for r in inbox_rows(db))
+    assert outcomes == [(0, {"unchanged": 1}), (1, {})]
+    assert len(trigger_events(db)) == 1
