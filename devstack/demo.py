@@ -14,6 +14,7 @@ event are both recognised as the same event.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import hashlib
 import hmac
@@ -252,7 +253,7 @@ class Scenario:
                 refusals = tx.all(SQL["demo_refusals"], event_ids=event_ids)
             return (claims, refusals) if claims or refusals else None
 
-        got = wait_for(decided, 10)
+        got = wait_for(decided, min(10.0, WAIT_SECONDS))
         log = self.stack.log("admit_event")
         if got is None:
             with self.db.transaction() as tx:
@@ -266,7 +267,7 @@ class Scenario:
             else:
                 self.story.verdict(
                     False,
-                    "admit_event made no decision in 10 s"
+                    f"admit_event made no decision in {min(10.0, WAIT_SECONDS):.0f} s"
                     + (
                         " — it is still a placeholder that fails, so Pub/Sub keeps redelivering "
                         "(up to the dead-letter limit infra/pubsub.tf sets)."
@@ -347,6 +348,70 @@ class Scenario:
             f"start ({len(claims)} admission claim(s) in all).",
         )
 
+    def lead_in_the_crm(self) -> None:
+        """A person creates a lead in the (fake) CRM; the CRM itself sends the webhooks."""
+        fake = self._fakecrm_url()
+        self.story.title("A sales rep creates a lead in HubSpot (the fake CRM sends the webhooks)")
+        if fake is None:
+            self.story.verdict(False, "the fake CRM is not part of this stack.")
+            return
+        with self.db.transaction() as tx:
+            before = len(tx.all(SQL["demo_inbox_rows"], connection_id=self.connection_id))
+            events_before = {
+                int(e["id"])
+                for e in tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
+            }
+        stamp = self.tenant_id.rsplit("-", 1)[-1]
+        httpx.post(f"{fake}/_admin/config", json={"webhook_url": self.webhook_uri()}, timeout=5)
+        created = httpx.post(
+            f"{fake}/_admin/records/contacts",
+            json={
+                "properties": {
+                    "email": f"ada+{stamp}@example.com",
+                    "firstname": "Ada",
+                    "lifecyclestage": "lead",
+                }
+            },
+            timeout=5,
+        )
+        if created.status_code != 201:
+            self.story.verdict(False, f"the fake CRM refused the contact: {_short(created.text)}")
+            return
+        contact_id = created.json()["id"]
+        httpx.post(f"{fake}/_admin/webhooks/flush", json={"timeout": 10}, timeout=15)
+        self.story.say(
+            f"Contact {contact_id} (Ada, lifecycle stage 'lead') now exists in the CRM, which "
+            "signed and sent its webhooks (contact.creation plus one propertyChange per "
+            "property) to the webhook function, as HubSpot does."
+        )
+
+        def drained() -> list[dict[str, Any]] | None:
+            with self.db.transaction() as tx:
+                rows = tx.all(SQL["demo_inbox_rows"], connection_id=self.connection_id)[before:]
+            return rows if rows and all(r["status"] != "pending" for r in rows) else None
+
+        rows = wait_for(drained)
+        if rows is None:
+            self.story.verdict(False, "the CRM's webhook was not stored and drained in time.")
+            return
+        for row in rows:
+            self.story.verdict(
+                row["status"] == "processed",
+                f"inbox row {row['id']} from the CRM: {row['status']}, outcome {row['outcome']}.",
+            )
+        with self.db.transaction() as tx:
+            new = [
+                e
+                for e in tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
+                if int(e["id"]) not in events_before
+            ]
+        for e in new:
+            self.story.say(
+                f"trigger event {e['id']}: {e['event_type']} for contact {e['record_object_id']}"
+                f"{' (published)' if e['published'] else ''}."
+            )
+        self.admission([int(e["id"]) for e in new])
+
     def stack_nudge(self, name: str) -> None:
         """Call a scheduled function now, as Cloud Scheduler would at its next tick (it loops
         until its budget runs out, so we only start it and do not wait)."""
@@ -375,13 +440,18 @@ def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
         first = scenario.first_delivery(body, event_id, object_id)
         scenario.admission(first)
         scenario.duplicates(body, event_id, object_id, first)
+        scenario.lead_in_the_crm()
     finally:
         db.close()
     return story
 
 
-def main() -> int:
-    root = devstack.DEFAULT_ROOT
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devstack.demo", description=__doc__)
+    parser.add_argument("--root", type=Path, default=devstack.DEFAULT_ROOT)
+    parser.add_argument("--free-ports", action="store_true", help="any free ports (tests)")
+    args = parser.parse_args(argv)
+    root: Path = args.root.resolve()
     started_here = False
     story = Story()
     try:
@@ -397,7 +467,7 @@ def main() -> int:
         else:
             print(f"starting the local stack in {root} …", flush=True)
             os.environ.setdefault(devstack.scheduler.SPEEDUP_ENV, DEMO_SCHEDULER_SPEEDUP)
-            devstack.up(root)
+            devstack.up(root, free_ports=args.free_ports)
             started_here = True
             running = devstack.RunningStack.open(root)
         story.title("The local stack")

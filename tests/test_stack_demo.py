@@ -1,0 +1,74 @@
+"""`make demo` end to end (own stack on free ports), and its HubSpot signature."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from devstack import demo, stack
+from shared.webhooks import signatures
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_demo_signature_is_what_the_webhook_verifies() -> None:
+    body = b'[{"eventId":1}]'
+    uri = "http://127.0.0.1:18410/hubspot/5b0c"
+    ts = int(time.time() * 1000)
+    headers = {
+        "X-HubSpot-Request-Timestamp": str(ts),
+        "X-HubSpot-Signature-v3": demo.sign_v3("s3cret", "POST", uri, body, ts),
+    }
+    verdict = signatures.verify_hubspot(
+        secret="s3cret",
+        method="POST",
+        uri=uri,
+        body=body,
+        headers=headers,
+        now=time.time(),
+        versions=("v3",),
+    )
+    assert verdict.ok, verdict.check
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_demo_starts_tells_and_stops_leaving_nothing_behind() -> None:
+    root = Path(tempfile.mkdtemp(prefix="onceflow-test-demo-"))
+    root.chmod(0o755)
+    env = {**os.environ, "NO_GCE_CHECK": "true", "ONCEFLOW_DEMO_WAIT_SECONDS": "8"}
+    env.pop("DATABASE_URL", None)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "devstack.demo", "--root", str(root / "local"), "--free-ports"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        out = result.stdout
+        assert result.returncode == 0, out + result.stderr
+        assert "Traceback" not in out + result.stderr
+        assert "DOWN" not in out
+        assert "components answered their health checks" in out
+        # The parts that are built are told as having happened.
+        assert "answered 401" in out and "nothing was stored" in out
+        assert "verified the X-HubSpot-Signature-v3 and answered 200" in out
+        assert "stored once, by its body hash" in out
+        assert "stopped what the demo started" in out
+        assert stack.read_pids(root / "local") == []
+        leftovers = subprocess.run(
+            ["pgrep", "-f", str(root)], capture_output=True, text=True, check=False
+        ).stdout.split()
+        assert leftovers == []
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
