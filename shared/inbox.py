@@ -156,9 +156,9 @@ def write_events(
     connection: connections.Connection,
     inbox_id: int | None,
     events: list[NormalizedEvent],
+    watched: connections.WatchedFields,
 ) -> Outcome:
     """Shadow-check and emit each event in the caller's transaction."""
-    watched = connections.watched_fields(tx, connection)
     outcome = Outcome()
     for event in events:
         if event.kind == "property_changed" and event.object_type and event.object_id:
@@ -205,18 +205,40 @@ def _settle(db: Database, query: Any, **params: Any) -> None:
         tx.execute(query, **params)
 
 
+class ConnectionContext:
+    """A connection and its watched fields, read once per claimed batch (at most
+    `batch_size` rows, about a second): a workflow activated meanwhile counts from the next
+    batch on, and a busy drain saves two statements per row."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[connections.Connection, connections.WatchedFields]] = {}
+
+    def get(
+        self, tx: Tx, connection_id: str
+    ) -> tuple[connections.Connection, connections.WatchedFields]:
+        if connection_id not in self._seen:
+            connection = connections.get_connection(tx, connection_id)
+            if connection is None:  # pragma: no cover - the foreign key keeps it
+                raise PermanentError("the row's connection no longer exists")
+            self._seen[connection_id] = (connection, connections.watched_fields(tx, connection))
+        return self._seen[connection_id]
+
+
 def process_row(
-    db: Database, row: ClaimedRow, lease_id: str, policy: DrainPolicy
+    db: Database,
+    row: ClaimedRow,
+    lease_id: str,
+    policy: DrainPolicy,
+    context: ConnectionContext | None = None,
 ) -> tuple[RowResult, int]:
     """Turn one claimed inbox row into events, in one transaction; how it ended, and how
     many events it produced."""
+    context = context or ConnectionContext()
     try:
         with db.transaction() as tx:
             if tx.one(LOCK_LEASED, id=row.id, lease_id=lease_id) is None:
                 return "lease_lost", 0
-            connection = connections.get_connection(tx, row.connection_id)
-            if connection is None:  # pragma: no cover - the foreign key keeps it
-                raise PermanentError("the row's connection no longer exists")
+            connection, watched = context.get(tx, row.connection_id)
             try:
                 events = normalize(connection.provider, row.body, row.headers)
             except UnparseableBody as exc:
@@ -230,7 +252,7 @@ def process_row(
                     outcome=json.dumps({"produced": 0, "dropped": {}}),
                 )
                 return "rejected", 0
-            outcome = write_events(tx, connection, row.id, events)
+            outcome = write_events(tx, connection, row.id, events, watched)
             tx.execute(MARK_PROCESSED, id=row.id, lease_id=lease_id, outcome=outcome.as_json())
         return "processed", outcome.produced
     except TransientError as exc:
@@ -287,9 +309,10 @@ def drain_inbox(
             time.sleep(max(0.0, min(policy.idle_poll_seconds, deadline - clock())))
             continue
         report.claimed += len(rows)
+        context = ConnectionContext()
         for row in rows:
             with labelled(inbox_id=row.id, connection_id=row.connection_id):
-                result, produced = process_row(db, row, lease_id, policy)
+                result, produced = process_row(db, row, lease_id, policy, context)
             report.count(result)
             report.events += produced
     return report
