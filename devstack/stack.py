@@ -318,6 +318,10 @@ def up(
     root.mkdir(parents=True, exist_ok=True)
     if own_postgres:
         _check_reachable_by_postgres(root)
+    else:
+        assert database_url is not None
+        # A server we don't start: find out it is unreachable before starting anything.
+        applied_early = apply_migrations(database_url)
 
     def say(text: str) -> None:
         if echo:
@@ -414,7 +418,7 @@ def up(
             # pg_ctl starts the postmaster in its own session: its group holds every backend.
             write_pid(root, "postgres", postmaster, group=os.getpgid(postmaster) == postmaster)
             postgres.create_database(cluster.port, DATABASE_NAME)
-        applied = apply_migrations(database_url)
+        applied = apply_migrations(database_url) if own_postgres else applied_early
         pg = urlparse(database_url)
         components["postgres"] = {
             "kind": "postgres",
@@ -516,12 +520,20 @@ def _write_json(path: Path, content: Mapping[str, Any]) -> None:
 
 def apply_migrations(database_url: str) -> list[str]:
     from shared.db import connector_from_env
+    from shared.errors import OnceflowError
     from shared.migrate import MigrationError, apply_all, discover
 
-    conn = connector_from_env({"DATABASE_URL": database_url})()
+    try:
+        conn = connector_from_env({"DATABASE_URL": database_url})()
+    except Exception as exc:  # any driver or socket error: say where we tried, in one line
+        where = urlparse(database_url)
+        raise StackError(
+            f"cannot connect to PostgreSQL at {where.hostname}:{where.port or 5432}"
+            f"{where.path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     try:
         return [m.path.name for m in apply_all(conn, discover(), log=False)]
-    except MigrationError as exc:
+    except (MigrationError, OnceflowError) as exc:
         raise StackError(f"migrations: {exc}") from None
     finally:
         conn.close()

@@ -247,3 +247,21 @@ def test_sped_up_clock_fires_each_job_once_per_virtual_minute() -> None:
     elapsed_minutes = (time.monotonic() - start) * 600 / 60
     assert abs(fired.count("drain_inbox") - elapsed_minutes) <= 2
     assert abs(fired.count("sweep") - elapsed_minutes / 2) <= 2
+
+
+def test_unreachable_database_url_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = run_stack(
+        "up",
+        "--root",
+        str(tmp_path / "local"),
+        "--free-ports",
+        env={"DATABASE_URL": f"postgresql://postgres@127.0.0.1:{port}/nowhere"},
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == result.stderr.strip().splitlines()[0]
+    assert f"cannot connect to PostgreSQL at 127.0.0.1:{port}/nowhere" in result.stderr
+    assert stack.read_pids(tmp_path / "local") == []
