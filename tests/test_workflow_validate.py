@@ -1,0 +1,362 @@
+"""Definition validation: errors and warnings with file, line and column; the CLI; the schema;
+the examples."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jsonschema_rs
+import pytest
+import yaml
+
+from shared.blocks import registry
+from shared.workflows.schema import render_schema
+from shared.workflows.validate import Problem, validate_data, validate_text
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
+HEAD = """\
+name: wf
+tenant: acme
+trigger:
+  events: [hubspot.contact.created]
+"""
+
+
+def _problems(text: str, severity: str = "error") -> list[Problem]:
+    report = validate_text(textwrap.dedent(text), "wf.yaml")
+    return [p for p in report.problems if p.severity == severity]
+
+
+def _one(text: str, severity: str = "error") -> Problem:
+    found = _problems(text, severity)
+    assert len(found) == 1, [str(p) for p in found]
+    return found[0]
+
+
+def test_a_good_definition_validates() -> None:
+    report = validate_text(
+        HEAD
+        + """\
+steps:
+  - id: create
+    type: crm.create
+    config: {object_type: tasks, properties: {subject: "Call ${{ record.firstname }}"}}
+    next: notify
+  - id: notify
+    type: http.request
+    config: {url: "https://example.com/x", body: {id: "${{ steps.create.output.id }}"}}
+"""
+    )
+    assert report.ok, [str(p) for p in report.problems]
+    assert report.definition is not None
+    assert report.definition.entry.id == "create"
+
+
+def test_yaml_syntax_error_has_a_position() -> None:
+    p = _one(HEAD + "steps:\n  - id: [unclosed\n")
+    assert "not valid YAML" in p.message
+    assert (p.line, p.file) == (7, "wf.yaml")
+
+
+def test_missing_field_points_at_the_enclosing_mapping() -> None:
+    p = _one("name: wf\ntenant: acme\nsteps:\n  - {id: a, type: end}\n")
+    assert p.path == ("trigger",)
+    assert "missing required field 'trigger'" in p.message
+    assert (p.line, p.column) == (1, 1)
+
+
+def test_wrong_value_says_what_was_expected_and_found() -> None:
+    p = _one(
+        """\
+        name: wf
+        tenant: acme
+        trigger:
+          events: [hubspot.contact.created]
+          dedup: sometimes
+        steps:
+          - {id: a, type: end}
+        """
+    )
+    assert p.path == ("trigger", "dedup")
+    assert "'once_per_record', 'not_while_running' or 'every_time'" in p.message
+    assert "found 'sometimes'" in p.message
+    assert (p.line, p.column) == (5, 10)
+
+
+def test_unknown_field_points_at_the_key() -> None:
+    p = _one(HEAD + "steps:\n  - id: a\n    type: end\n    nxt: b\n")
+    assert p.path == ("steps", 0, "nxt")
+    assert "unknown field 'nxt'" in p.message
+    assert (p.line, p.column) == (8, 5)
+
+
+def test_duplicate_keys_are_errors() -> None:
+    p = _one(HEAD + "steps:\n  - id: a\n    type: end\n    type: delay\n")
+    assert "duplicate key 'type'" in p.message
+    assert p.line == 8
+
+
+def test_unknown_block_type_lists_the_known_ones() -> None:
+    p = _one(HEAD + "steps:\n  - id: a\n    type: crm.delete\n")
+    assert p.path == ("steps", 0, "type")
+    assert "unknown block type 'crm.delete'" in p.message
+    assert "crm.create" in p.message
+    assert (p.line, p.column) == (7, 11)
+
+
+def test_bad_config_is_checked_by_the_block_model_but_templates_pass() -> None:
+    p = _one(HEAD + "steps:\n  - id: a\n    type: delay\n    config: {weeks: 1}\n")
+    assert p.path == ("steps", 0, "config", "weeks")
+    assert "unknown field 'weeks'" in p.message
+    ok = validate_text(
+        HEAD + 'steps:\n  - id: a\n    type: delay\n    config: {seconds: "${{ record.wait }}"}\n'
+    )
+    assert ok.ok, [str(x) for x in ok.problems]
+
+
+def test_dangling_edge() -> None:
+    p = _one(HEAD + "steps:\n  - id: a\n    type: delay\n    config: {seconds: 1}\n    next: b\n")
+    assert p.path == ("steps", 0, "next")
+    assert "edge to 'b', which is not a step id" in p.message
+    assert p.line == 9
+
+
+def test_unreachable_step() -> None:
+    p = _one(HEAD + "steps:\n  - id: a\n    type: end\n  - id: b\n    type: end\n")
+    assert p.path == ("steps", 1)
+    assert "'b' is unreachable" in p.message
+
+
+def test_cycle() -> None:
+    text = (
+        HEAD
+        + """\
+steps:
+  - id: a
+    type: delay
+    config: {seconds: 1}
+    next: b
+  - id: b
+    type: branch
+    branches: [{when: "true", next: a}]
+    otherwise: c
+  - id: c
+    type: end
+"""
+    )
+    p = _one(text)
+    assert "cycle: a -> b -> a" in p.message
+
+
+def test_self_loop() -> None:
+    p = _one(HEAD + "steps:\n  - id: a\n    type: delay\n    config: {seconds: 1}\n    next: a\n")
+    assert "leads to itself" in p.message
+
+
+def test_reference_to_a_step_that_cannot_have_run_yet() -> None:
+    text = (
+        HEAD
+        + """\
+steps:
+  - id: first
+    type: http.request
+    config: {url: "https://e.com", body: {x: "${{ steps.second.output.id }}"}}
+    next: second
+  - id: second
+    type: http.request
+    config: {url: "https://e.com"}
+"""
+    )
+    p = _one(text)
+    assert p.path == ("steps", 0, "config", "body", "x")
+    assert "'second', which cannot have run before 'first'" in p.message
+    assert (p.line, p.column) == (8, 46)
+
+
+def test_reference_to_a_step_on_only_some_paths_is_a_warning() -> None:
+    text = (
+        HEAD
+        + """\
+steps:
+  - id: route
+    type: branch
+    branches: [{when: "record.vip", next: tag}]
+    otherwise: notify
+  - id: tag
+    type: http.request
+    config: {url: "https://e.com"}
+    next: notify
+  - id: notify
+    type: http.request
+    config: {url: "https://e.com", body: {tag: "${{ steps.tag.output.status }}"}}
+"""
+    )
+    assert _problems(text) == []
+    p = _one(text, "warning")
+    assert "runs on only some paths" in p.message
+    assert "has(steps.tag)" in p.message
+
+
+def test_expression_that_does_not_compile() -> None:
+    p = _one(
+        HEAD.replace("created]", "created]\n  rule: 'record.x =='")
+        + "steps:\n  - {id: a, type: end}\n"
+    )
+    assert p.path == ("trigger", "rule")
+    assert "does not compile" in p.message
+    assert p.line == 5
+
+
+def test_trigger_rule_cannot_read_steps() -> None:
+    p = _one(
+        HEAD.replace("created]", "created]\n  rule: 'steps.a.output.x == 1'")
+        + "steps:\n  - {id: a, type: end}\n"
+    )
+    assert "cannot read `steps`" in p.message
+
+
+def test_sandbox_escape_is_refused_at_validation() -> None:
+    p = _one(
+        HEAD + "steps:\n  - id: a\n    type: branch\n"
+        "    branches: [{when: \"__import__('os') == 1\", next: b}]\n"
+        "    otherwise: b\n  - {id: b, type: end}\n"
+    )
+    assert "is not available" in p.message
+
+
+def test_branch_shape_errors() -> None:
+    text = HEAD + "steps:\n  - id: a\n    type: end\n    otherwise: a\n"
+    assert any("only branch steps have `otherwise`" in p.message for p in _problems(text))
+    text = HEAD + "steps:\n  - id: a\n    type: branch\n    next: b\n  - {id: b, type: end}\n"
+    messages = [p.message for p in _problems(text)]
+    assert any("at least one entry in `branches`" in m for m in messages)
+    assert any("not `next`" in m for m in messages)
+
+
+def test_several_errors_are_reported_in_one_pass() -> None:
+    text = """\
+name: Bad Name
+tenant: acme
+trigger:
+  events: [hubspot.contact.created, Contact-Created]
+  rule: 'record.x +'
+steps:
+  - id: a
+    type: crm.update
+    config: {object_type: contacts, object_id: "1", properties: {x: 1}, bogus: 1}
+  - id: b
+    type: nope
+"""
+    paths = {p.path for p in _problems(text)}
+    assert paths == {
+        ("name",),
+        ("trigger", "events", 1),
+        ("trigger", "rule"),
+        ("steps", 0, "config", "bogus"),
+        ("steps", 1, "type"),
+    }
+
+
+def test_risky_choices_are_warnings() -> None:
+    text = """\
+name: wf
+tenant: acme
+trigger:
+  events: [hubspot.contact.property_changed]
+  dedup: every_time
+steps:
+  - id: a
+    type: crm.create
+    config: {object_type: tasks, properties: {subject: x}}
+"""
+    warnings = [p.message for p in _problems(text, "warning")]
+    assert any("creates a record for every event" in w for w in warnings)
+    assert any("no `watch` list" in w for w in warnings)
+    assert _problems(text) == []
+
+
+def test_json_definitions_are_accepted() -> None:
+    data = yaml.safe_load(HEAD + "steps:\n  - {id: a, type: end}\n")
+    report = validate_text(json.dumps(data, indent=2), "wf.json")
+    assert report.ok
+    assert validate_data(data).ok
+
+
+def test_dates_stay_strings() -> None:
+    report = validate_text(
+        HEAD + "steps:\n  - id: a\n    type: delay\n    config: {until: 2030-01-01T00:00:00Z}\n"
+    )
+    assert report.ok
+    assert report.definition is not None
+    assert report.definition.steps[0].config == {"until": "2030-01-01T00:00:00Z"}
+
+
+# ---------------------------------------------------------------- CLI, schema, examples
+
+
+def test_cli_exits_non_zero_on_errors_and_prints_positions(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(HEAD + "steps:\n  - id: a\n    type: nope\n")
+    good = EXAMPLES[0]
+    result = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "validate", str(good), str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"{bad}:7:11: error: steps[0].type: unknown block type 'nope'" in result.stdout
+    assert f"{good}: ok" in result.stdout
+    ok = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "validate", str(good)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_exported_schema_matches_the_models() -> None:
+    committed = (ROOT / "schema" / "workflow.schema.json").read_text()
+    assert committed == render_schema(), "run `make schema` and commit the result"
+
+
+def test_examples_exist_for_each_automation() -> None:
+    names = {p.stem for p in EXAMPLES}
+    assert {"enroll-new-lead", "deal-closed-won", "lead-replied-reengage"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_validates_with_the_full_catalog(path: Path) -> None:
+    registry.load_catalog()
+    report = validate_text(path.read_text(), str(path))
+    unknown = [p for p in report.problems if "unknown block type" in p.message]
+    assert not unknown, f"block types not registered: {[str(p) for p in unknown]}"
+    assert report.ok, [str(p) for p in report.problems]
+    assert not report.warnings, [str(p) for p in report.warnings]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_passes_the_exported_schema(path: Path) -> None:
+    schema = json.loads((ROOT / "schema" / "workflow.schema.json").read_text())
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    data = validate_text(path.read_text()).definition
+    assert data is not None
+    errors = [e.message for e in validator.iter_errors(data.model_dump(mode="json"))]
+    assert errors == []
+
+
+def test_schema_catches_a_bad_config_in_the_editor() -> None:
+    schema = json.loads(render_schema())
+    validator = jsonschema_rs.Draft202012Validator(schema)
+    doc = yaml.safe_load(HEAD + "steps:\n  - {id: a, type: delay, config: {weeks: 1}}\n")
+    assert not validator.is_valid(doc)
+    doc = yaml.safe_load(HEAD + 'steps:\n  - {id: a, type: delay, config: {seconds: "${{ x }}"}}\n')
+    assert validator.is_valid(doc)
