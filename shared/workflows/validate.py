@@ -23,6 +23,7 @@ import yaml
 from pydantic import ValidationError
 
 from shared.blocks import registry
+from shared.errors import PermanentError
 from shared.workflows.definition import EVENT_TYPE_PATTERN, Step, Trigger, WorkflowDefinition
 from shared.workflows.expressions import (
     TEMPLATE,
@@ -78,8 +79,11 @@ class ValidationReport:
         return self.definition is not None and not self.errors
 
 
-class DefinitionInvalid(ValueError):
-    """A definition with errors; `report` lists them all."""
+class DefinitionInvalid(PermanentError, ValueError):
+    """A definition with errors; `report` lists them all. A `PermanentError`, so it leaves a
+    `db.transaction()` block as itself (rolled back) instead of being re-wrapped."""
+
+    code = "definition_invalid"
 
     def __init__(self, report: ValidationReport) -> None:
         first = report.errors[0] if report.errors else None
