@@ -79,3 +79,27 @@ SELECT w.tenant_id, a.workflow_id::text AS workflow_id, a.version_id::text AS ve
   JOIN workflow_versions v ON v.id = a.version_id
  WHERE w.tenant_id = :tenant_id
  ORDER BY w.name
+
+-- name: workflows_reconcile_connections
+-- Connections whose provider subscriptions the hourly sweep keeps in line.
+SELECT id::text AS id, tenant_id, provider
+  FROM connections
+ WHERE status = 'active'
+ ORDER BY id
+
+-- name: workflows_reconcile_connection_get
+SELECT id::text AS id, tenant_id, provider, status
+  FROM connections
+ WHERE id = CAST(:connection_id AS uuid)
+
+-- name: workflows_reconcile_record
+INSERT INTO subscription_reconciles (connection_id, desired, result, ok, reconciled_at)
+VALUES (CAST(:connection_id AS uuid), CAST(:desired AS jsonb), CAST(:result AS jsonb), :ok, now())
+ON CONFLICT (connection_id) DO UPDATE
+   SET desired = EXCLUDED.desired, result = EXCLUDED.result, ok = EXCLUDED.ok,
+       reconciled_at = EXCLUDED.reconciled_at
+
+-- name: workflows_reconcile_last
+SELECT desired, result, ok, reconciled_at
+  FROM subscription_reconciles
+ WHERE connection_id = CAST(:connection_id AS uuid)

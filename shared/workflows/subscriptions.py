@@ -1,0 +1,285 @@
+"""Provider webhook subscriptions, kept equal to what the active workflows need.
+
+Per connection, the desired set is the union over the tenant's active versions of their
+trigger events for that connection's provider: `<provider>.<object>.<action>` becomes
+(object, provider event kind, property) — one per watched field for property changes, since
+HubSpot subscribes to property changes one property at a time. The same active triggers feed
+the shadow records' watched fields (`shared.connections.watched_fields` reads them from the
+same tables), so what is subscribed and what is watched cannot drift apart.
+
+Reconcile lists what the provider has, creates what is missing and deletes what is no longer
+needed (and duplicates). Every subscription of the connection's app is onceflow's: the app
+exists only for onceflow. It is idempotent (a second run has nothing to do) and tolerant of
+a concurrent reconcile (a create that finds the subscription already there, or a delete
+that finds it already gone, counts as done). The outcome — desired set, what changed, what
+failed — is recorded per connection in `subscription_reconciles`.
+
+`reconcile_all(db, port_for_connection)` is what the hourly sweep calls to repair drift.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import queries
+from shared.db import Database
+from shared.logs import get_logger
+from shared.port.interface import CrmPort, PortError, Subscription
+
+SQL = queries.load("workflows")
+ACTIVE_DEFINITIONS = SQL["workflows_active_definitions"]
+CONNECTIONS = SQL["workflows_reconcile_connections"]
+CONNECTION_GET = SQL["workflows_reconcile_connection_get"]
+RECORD = SQL["workflows_reconcile_record"]
+LAST = SQL["workflows_reconcile_last"]
+
+log = get_logger(__name__)
+
+SubscriptionKey = tuple[str, str, str | None]  # (object type, event kind, property)
+
+# onceflow event actions (shared/normalize/event.py naming) → provider event kinds, per
+# provider that supports subscription management.
+EVENT_KINDS: Mapping[str, Mapping[str, str]] = {
+    "hubspot": {
+        "created": "creation",
+        "property_changed": "propertyChange",
+        "deleted": "deletion",
+        "privacy_deleted": "privacyDeletion",
+        "merged": "merge",
+        "restored": "restore",
+        "association_changed": "associationChange",
+    }
+}
+
+
+@dataclass(frozen=True)
+class DesiredSubscriptions:
+    keys: frozenset[SubscriptionKey]
+    # Events that cannot be expressed as a subscription, with the reason (shown in the record).
+    unsupported: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "subscriptions": [
+                {"object_type": o, "event_kind": k, "property_name": p}
+                for o, k, p in sorted(self.keys, key=_sort_key)
+            ],
+            "unsupported": list(self.unsupported),
+        }
+
+
+@dataclass(frozen=True)
+class ReconcilePlan:
+    create: tuple[Subscription, ...]
+    delete: tuple[Subscription, ...]
+    kept: int
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    connection_id: str
+    ok: bool
+    created: tuple[SubscriptionKey, ...] = ()
+    deleted: tuple[SubscriptionKey, ...] = ()
+    kept: int = 0
+    errors: tuple[str, ...] = ()
+    skipped: str | None = None
+    desired: DesiredSubscriptions = field(default_factory=lambda: DesiredSubscriptions(frozenset()))
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "created": [list(k) for k in self.created],
+            "deleted": [list(k) for k in self.deleted],
+            "kept": self.kept,
+            "errors": list(self.errors),
+            "skipped": self.skipped,
+        }
+
+
+def _sort_key(key: SubscriptionKey) -> tuple[str, str, str]:
+    return (key[0], key[1], key[2] or "")
+
+
+# ---------------------------------------------------------------- pure logic
+
+
+def desired_subscriptions(
+    provider: str, triggers: Iterable[Mapping[str, Any]]
+) -> DesiredSubscriptions:
+    """The union of what these triggers (stored definitions' `trigger` objects) need from
+    `provider`. Events of other providers are not this connection's business."""
+    kinds = EVENT_KINDS.get(provider, {})
+    keys: set[SubscriptionKey] = set()
+    unsupported: list[str] = []
+    prefix = f"{provider}."
+    for trigger in triggers:
+        watch = [w for w in trigger.get("watch") or [] if isinstance(w, str)]
+        for event in trigger.get("events") or []:
+            if not isinstance(event, str) or not event.startswith(prefix):
+                continue
+            parts = event[len(prefix) :].split(".")
+            if len(parts) != 2:
+                unsupported.append(f"{event}: not <provider>.<object>.<action>")
+                continue
+            object_type, action = parts
+            kind = kinds.get(action)
+            if kind is None:
+                unsupported.append(f"{event}: {provider} has no subscription for {action!r}")
+            elif kind == "propertyChange":
+                if not watch:
+                    unsupported.append(f"{event}: no `watch` fields to subscribe to")
+                keys.update((object_type, kind, w) for w in watch)
+            else:
+                keys.add((object_type, kind, None))
+    return DesiredSubscriptions(frozenset(keys), tuple(sorted(set(unsupported))))
+
+
+def plan_reconcile(
+    desired: frozenset[SubscriptionKey], existing: Iterable[Subscription]
+) -> ReconcilePlan:
+    """What to create and delete so the provider holds exactly `desired`, once each."""
+    seen: set[SubscriptionKey] = set()
+    delete: list[Subscription] = []
+    for sub in sorted(existing, key=lambda s: (_sort_key(s.key()), s.id or "")):
+        key = sub.key()
+        if key in desired and key not in seen:
+            seen.add(key)
+        elif sub.id is not None:  # unneeded, or a duplicate of one already kept
+            delete.append(sub)
+    create = [
+        Subscription(object_type=o, event_kind=k, property_name=p)
+        for o, k, p in sorted(desired - seen, key=_sort_key)
+    ]
+    return ReconcilePlan(tuple(create), tuple(delete), kept=len(seen))
+
+
+def apply_plan(connection_id: str, port: CrmPort, desired: DesiredSubscriptions) -> ReconcileResult:
+    """List, diff and apply against the provider. Each change is tried on its own: one
+    refused create does not stop the deletes, and the result says which failed."""
+    if not port.capabilities.subscription_management:
+        return ReconcileResult(
+            connection_id, True, skipped="provider has no subscription API", desired=desired
+        )
+    try:
+        existing = port.list_subscriptions()
+    except PortError as exc:
+        return ReconcileResult(
+            connection_id, False, errors=(f"list subscriptions: {exc}",), desired=desired
+        )
+    plan = plan_reconcile(desired.keys, existing)
+    created: list[SubscriptionKey] = []
+    deleted: list[SubscriptionKey] = []
+    errors: list[str] = []
+    for sub in plan.create:
+        try:
+            port.create_subscription(sub)
+            created.append(sub.key())
+        except PortError as exc:
+            if exc.code == "conflict":  # a concurrent reconcile created it first
+                continue
+            errors.append(f"create {_describe(sub.key())}: {exc}")
+    for sub in plan.delete:
+        try:
+            port.delete_subscription(str(sub.id))
+            deleted.append(sub.key())
+        except PortError as exc:
+            if exc.code == "not_found":  # already gone
+                continue
+            errors.append(f"delete {_describe(sub.key())}: {exc}")
+    return ReconcileResult(
+        connection_id,
+        ok=not errors,
+        created=tuple(created),
+        deleted=tuple(deleted),
+        kept=plan.kept,
+        errors=tuple(errors),
+        desired=desired,
+    )
+
+
+def _describe(key: SubscriptionKey) -> str:
+    return f"{key[0]}.{key[1]}" + (f"[{key[2]}]" if key[2] else "")
+
+
+# ---------------------------------------------------------------- with the database
+
+
+def desired_for_connection(
+    db: Database, connection_id: str
+) -> tuple[dict[str, Any] | None, DesiredSubscriptions]:
+    with db.transaction() as tx:
+        conn = tx.one(CONNECTION_GET, connection_id=connection_id)
+        if conn is None:
+            return None, DesiredSubscriptions(frozenset())
+        rows = tx.all(ACTIVE_DEFINITIONS, tenant_id=conn["tenant_id"])
+    triggers = [_json(r["definition"]).get("trigger") or {} for r in rows]
+    return conn, desired_subscriptions(conn["provider"], triggers)
+
+
+def reconcile_connection(db: Database, connection_id: str, port: CrmPort) -> ReconcileResult:
+    """Bring one connection's provider subscriptions in line and record the outcome. No
+    transaction is held open across the provider calls."""
+    conn, desired = desired_for_connection(db, connection_id)
+    if conn is None:
+        return ReconcileResult(connection_id, False, errors=("connection does not exist",))
+    if conn["status"] != "active":
+        result = ReconcileResult(
+            connection_id, True, skipped=f"connection is {conn['status']}", desired=desired
+        )
+    else:
+        result = apply_plan(connection_id, port, desired)
+    record_result(db, result)
+    return result
+
+
+def record_result(db: Database, result: ReconcileResult) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            RECORD,
+            connection_id=result.connection_id,
+            desired=json.dumps(result.desired.as_json()),
+            result=json.dumps(result.as_json()),
+            ok=result.ok,
+        )
+
+
+def last_reconcile(db: Database, connection_id: str) -> dict[str, Any] | None:
+    with db.transaction() as tx:
+        return tx.one(LAST, connection_id=connection_id)
+
+
+def reconcile_all(
+    db: Database, port_for_connection: Callable[[str], CrmPort]
+) -> list[ReconcileResult]:
+    """Reconcile every active connection (the hourly sweep). A connection whose port cannot
+    be built (missing secret, unknown provider) is recorded as failed; the others go on."""
+    with db.transaction() as tx:
+        connections = tx.all(CONNECTIONS)
+    results: list[ReconcileResult] = []
+    for conn in connections:
+        connection_id = conn["id"]
+        try:
+            port = port_for_connection(connection_id)
+        except PortError as exc:
+            _, desired = desired_for_connection(db, connection_id)
+            result = ReconcileResult(
+                connection_id, False, errors=(f"no port: {exc}",), desired=desired
+            )
+            record_result(db, result)
+        else:
+            result = reconcile_connection(db, connection_id, port)
+        if not result.ok:
+            log.warning(
+                "subscription reconcile failed: %s",
+                "; ".join(result.errors),
+                extra={"labels": {"connection_id": connection_id}},
+            )
+        results.append(result)
+    return results
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value

@@ -1,0 +1,286 @@
+"""Provider subscription reconcile: the desired union, the plan, idempotency, convergence after
+drift — pure logic with an in-memory port double, the record in Postgres, and one run over
+real HTTP against the fake HubSpot server through the real adapter."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared.db import Database
+from shared.port import connect
+from shared.port.interface import (
+    Capabilities,
+    PortError,
+    Record,
+    SearchFilter,
+    Subscription,
+)
+from shared.workflows import subscriptions as subs
+from shared.workflows import versions
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
+# What the three examples need from HubSpot.
+EXAMPLE_KEYS = {
+    ("contact", "creation", None),
+    ("deal", "propertyChange", "dealstage"),
+    ("contact", "propertyChange", "hs_sales_email_last_replied"),
+}
+
+
+class PortDouble:
+    """An in-memory provider subscription list (pure-logic tests only)."""
+
+    capabilities = Capabilities(subscription_management=True)
+
+    def __init__(self) -> None:
+        self.subs: dict[str, Subscription] = {}
+        self.ids = itertools.count(100)
+        self.calls: list[str] = []
+        self.fail_create: set[tuple[str, str, str | None]] = set()
+
+    def add(self, key: tuple[str, str, str | None]) -> None:
+        sid = str(next(self.ids))
+        self.subs[sid] = Subscription(*key, id=sid)
+
+    def keys(self) -> list[tuple[str, str, str | None]]:
+        return sorted((s.key() for s in self.subs.values()), key=str)
+
+    def list_subscriptions(self) -> list[Subscription]:
+        self.calls.append("list")
+        return list(self.subs.values())
+
+    def create_subscription(self, subscription: Subscription) -> Subscription:
+        self.calls.append("create")
+        if subscription.key() in self.fail_create:
+            raise PortError("refused", code="invalid_request", transient=False)
+        if subscription.key() in {s.key() for s in self.subs.values()}:
+            raise PortError("exists", code="conflict", transient=False)
+        self.add(subscription.key())
+        return subscription
+
+    def delete_subscription(self, subscription_id: str) -> None:
+        self.calls.append("delete")
+        if self.subs.pop(subscription_id, None) is None:
+            raise PortError("gone", code="not_found", transient=False)
+
+    def create(self, object_type: str, properties: Mapping[str, Any]) -> Record:
+        raise NotImplementedError
+
+    def update(self, object_type: str, object_id: str, properties: Mapping[str, Any]) -> Record:
+        raise NotImplementedError
+
+    def get(self, object_type: str, object_id: str, properties: Sequence[str] = ()) -> Record:
+        raise NotImplementedError
+
+    def search(
+        self, object_type: str, filters: Sequence[SearchFilter], limit: int = 10
+    ) -> list[Record]:
+        raise NotImplementedError
+
+
+TRIGGERS = [
+    {"events": ["hubspot.contact.created", "pipedrive.deal.created"]},
+    {"events": ["hubspot.deal.property_changed"], "watch": ["dealstage", "amount"]},
+    {"events": ["hubspot.contact.property_changed", "hubspot.contact.created"], "watch": []},
+    {"events": ["hubspot.company.teleported", "standard.invoice.paid"]},
+]
+
+
+def test_desired_is_the_union_of_active_triggers_for_the_provider() -> None:
+    desired = subs.desired_subscriptions("hubspot", TRIGGERS)
+    assert desired.keys == {
+        ("contact", "creation", None),
+        ("deal", "propertyChange", "dealstage"),
+        ("deal", "propertyChange", "amount"),
+    }
+    assert desired.unsupported == (
+        "hubspot.company.teleported: hubspot has no subscription for 'teleported'",
+        "hubspot.contact.property_changed: no `watch` fields to subscribe to",
+    )
+    assert subs.desired_subscriptions("pipedrive", TRIGGERS).keys == frozenset()
+
+
+def test_plan_creates_missing_and_deletes_unneeded_and_duplicates() -> None:
+    existing = [
+        Subscription("contact", "creation", None, id="1"),
+        Subscription("contact", "creation", None, id="2"),  # duplicate
+        Subscription("company", "deletion", None, id="3"),  # no longer needed
+    ]
+    desired = frozenset({("contact", "creation", None), ("deal", "propertyChange", "amount")})
+    plan = subs.plan_reconcile(desired, existing)
+    assert [s.key() for s in plan.create] == [("deal", "propertyChange", "amount")]
+    assert sorted(s.id or "" for s in plan.delete) == ["2", "3"]
+    assert plan.kept == 1
+
+
+def test_apply_is_idempotent_and_converges_after_drift() -> None:
+    port = PortDouble()
+    port.add(("company", "creation", None))  # left over from an old workflow
+    desired = subs.desired_subscriptions("hubspot", TRIGGERS)
+    first = subs.apply_plan("c1", port, desired)
+    assert first.ok
+    assert set(port.keys()) == desired.keys
+    assert first.deleted == (("company", "creation", None),)
+    port.calls.clear()
+    again = subs.apply_plan("c1", port, desired)
+    assert (again.created, again.deleted, again.kept) == ((), (), 3)
+    assert port.calls == ["list"]  # nothing to do: no write at all
+    # Drift behind onceflow's back: one deleted, one foreign added, one duplicated.
+    victim = next(sid for sid, s in port.subs.items() if s.property_name == "amount")
+    del port.subs[victim]
+    port.add(("ticket", "creation", None))
+    port.add(("contact", "creation", None))
+    repaired = subs.apply_plan("c1", port, desired)
+    assert repaired.ok
+    assert set(port.keys()) == desired.keys
+    assert len(port.subs) == len(desired.keys)
+
+
+def test_a_failed_change_is_reported_and_the_rest_still_applies() -> None:
+    port = PortDouble()
+    port.add(("ticket", "creation", None))
+    port.fail_create.add(("deal", "propertyChange", "amount"))
+    result = subs.apply_plan("c1", port, subs.desired_subscriptions("hubspot", TRIGGERS))
+    assert not result.ok
+    assert result.errors == ("create deal.propertyChange[amount]: refused",)
+    assert result.deleted == (("ticket", "creation", None),)
+    assert len(result.created) == 2
+
+
+def test_a_provider_without_subscription_api_is_skipped() -> None:
+    port = PortDouble()
+    port.capabilities = Capabilities(subscription_management=False)
+    result = subs.apply_plan("c1", port, subs.desired_subscriptions("hubspot", TRIGGERS))
+    assert result.ok
+    assert result.skipped == "provider has no subscription API"
+    assert port.calls == []
+
+
+# ---------------------------------------------------------------- with Postgres
+
+
+def _seed(db: Database, base_url: str = "http://127.0.0.1:9") -> str:
+    with db.transaction() as tx:
+        tx.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'Acme') ON CONFLICT DO NOTHING")
+        connection_id = str(
+            tx.scalar(
+                "INSERT INTO connections (tenant_id, provider, webhook_secret_env, "
+                "api_credentials_env, api_base_url, provider_app_id) VALUES ('acme', 'hubspot', "
+                "'FAKECRM_APP_SECRET', 'FAKECRM_TOKEN', :u, '424242') RETURNING id::text",
+                u=base_url,
+            )
+        )
+        for path in EXAMPLES:
+            published = versions.publish(tx, path.read_text(), filename=str(path))
+            versions.activate(
+                tx,
+                tenant_id="acme",
+                workflow_id=published.workflow_id,
+                version_id=published.version_id,
+            )
+    return connection_id
+
+
+def test_reconcile_records_the_outcome_per_connection(db: Database) -> None:
+    connection_id = _seed(db)
+    port = PortDouble()
+    result = subs.reconcile_connection(db, connection_id, port)
+    assert result.ok
+    assert set(port.keys()) == EXAMPLE_KEYS
+    last = subs.last_reconcile(db, connection_id)
+    assert last is not None
+    assert last["ok"] is True
+    assert len(last["desired"]["subscriptions"]) == 3
+    assert len(last["result"]["created"]) == 3
+    # Deactivating a workflow removes what only it needed.
+    with db.transaction() as tx:
+        wf = tx.scalar("SELECT id::text FROM workflows WHERE name = 'deal-closed-won'")
+        versions.deactivate(tx, tenant_id="acme", workflow_id=wf)
+    result = subs.reconcile_connection(db, connection_id, port)
+    assert result.deleted == (("deal", "propertyChange", "dealstage"),)
+    assert set(port.keys()) == EXAMPLE_KEYS - {("deal", "propertyChange", "dealstage")}
+
+
+def test_reconcile_all_records_a_connection_whose_port_cannot_be_built(db: Database) -> None:
+    good = _seed(db)
+    with db.transaction() as tx:
+        bad = str(
+            tx.scalar(
+                "INSERT INTO connections (tenant_id, provider, webhook_secret_env) "
+                "VALUES ('acme', 'hubspot', 'X_SECRET') RETURNING id::text"
+            )
+        )
+    port = PortDouble()
+
+    def port_for(connection_id: str) -> PortDouble:
+        if connection_id == bad:
+            raise PortError("no credentials", code="unauthorized", transient=False)
+        return port
+
+    results = {r.connection_id: r for r in subs.reconcile_all(db, port_for)}
+    assert results[good].ok
+    assert not results[bad].ok
+    last = subs.last_reconcile(db, bad)
+    assert last is not None
+    assert last["ok"] is False
+    assert "no credentials" in last["result"]["errors"][0]
+
+
+# ---------------------------------------------------------------- real HTTP
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
+    connect.forget_ports()
+    server = FakeCrm(FakeCrmConfig(token="tok", require_subscriptions=True)).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        connect.forget_ports()
+
+
+def _provider_keys(fake: FakeCrm) -> list[tuple[str, str, str | None]]:
+    out = []
+    for s in fake.state()["subscriptions"]:
+        obj, _, kind = s["eventType"].partition(".")
+        out.append((obj, kind, s.get("propertyName") or None))
+    return sorted(out, key=str)
+
+
+def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: FakeCrm) -> None:
+    connection_id = _seed(db, fake.url)
+    first = subs.reconcile_all(db, connect.port_for)
+    assert [r.ok for r in first] == [True]
+    assert set(_provider_keys(fake)) == EXAMPLE_KEYS
+    assert len(_provider_keys(fake)) == 3
+
+    again = subs.reconcile_all(db, connect.port_for)
+    assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), 3)
+
+    # Drift at the provider, behind onceflow's back.
+    base = f"{fake.url}/webhooks/v3/424242/subscriptions"
+    headers = {"Authorization": "Bearer tok"}
+    with httpx.Client(headers=headers, timeout=5) as client:
+        listed = client.get(base).json()["results"]
+        victim = next(s for s in listed if s["eventType"] == "contact.creation")
+        assert client.delete(f"{base}/{victim['id']}").status_code == 204
+        foreign = client.post(base, json={"eventType": "company.deletion"})
+        assert foreign.status_code == 201
+    repaired = subs.reconcile_all(db, connect.port_for)[0]
+    assert repaired.ok
+    assert repaired.created == (("contact", "creation", None),)
+    assert repaired.deleted == (("company", "deletion", None),)
+    assert set(_provider_keys(fake)) == EXAMPLE_KEYS
+    last = subs.last_reconcile(db, connection_id)
+    assert last is not None
+    assert last["ok"] is True
