@@ -25,12 +25,14 @@ from shared.db import get_database
 from shared.port import connect
 from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
 from shared.port.interface import CrmPort, PortError, Record, SearchFilter
-from shared.steps.outcomes import OUTCOME_UNKNOWN
 
 Scalar = str | int | float | bool | None
 ECHO_TTL_SECONDS = 600
 ACTION_RETRY = RetryPolicy()
 
+# Same code as shared.steps.outcomes.OUTCOME_UNKNOWN: the step engine's word for "a side effect
+# may have left and its result was never recorded".
+OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
 OUTCOME_NO_CONNECTION = "NO_CONNECTION"
 OUTCOME_ALREADY_EXISTS = "ALREADY_EXISTS"
 # Vendor-neutral port codes → step outcome codes.

@@ -29,10 +29,16 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared import credits, queries
-from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec, RetryPolicy
+from shared.blocks.base import (
+    BlockContext,
+    BlockFailure,
+    BlockResult,
+    BlockSpec,
+    ErrorClass,
+    RetryPolicy,
+)
 from shared.db import get_database
 from shared.netguard import AddressRefused, NetPolicy, guarded_client
-from shared.steps.outcomes import classify_status
 
 SQL = queries.load("signing")
 SIGNING_SECRET_ENV = SQL["tenant_signing_secret_env"]
@@ -255,7 +261,10 @@ def _send(
         "body": _decode(bytes(content), content_type),
     }
     if status >= 400:
-        error_class = classify_status(status)
+        # The one failure-class rule (DESIGN §4): 5xx, 408, 425 and 429 retry.
+        error_class: ErrorClass = (
+            "transient" if status >= 500 or status in (408, 425, 429) else "permanent"
+        )
         seconds = float(retry_after) if retry_after and retry_after.isdigit() else None
         raise BlockFailure(
             f"{config.method} {config.url} answered {status}",
