@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+import yaml
 from flask import Request, Response
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -34,6 +35,7 @@ from shared.ops.models import (
     Charge,
     Credits,
     DeactivateRequest,
+    DefinitionProblem,
     ErrorBody,
     FieldProblem,
     LedgerEntry,
@@ -63,6 +65,13 @@ from shared.ops.models import (
     WorkflowSource,
     WorkflowSummary,
 )
+from shared.workflows import versions
+from shared.workflows.validate import (
+    DefinitionInvalid,
+    Problem,
+    ValidationReport,
+    validate_text,
+)
 
 SQL = queries.load("ops")
 RUNS_LIST = SQL["ops_runs_list"]
@@ -77,6 +86,7 @@ WORKFLOWS_LIST = SQL["ops_workflows_list"]
 WORKFLOW_GET = SQL["ops_workflow_get"]
 WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
 
+SOURCE_NAME = "source"
 # Requests are small JSON documents; a workflow source is at most 64 KiB of it.
 MAX_BODY_BYTES = 96 * 1024
 
@@ -304,16 +314,89 @@ def list_versions(call: Call) -> VersionList:
     )
 
 
-def _workflows_not_ready() -> OpsError:
-    return OpsError(501, "not_built", "workflow publishing is not available in this build")
+def _problems_of(report: ValidationReport) -> list[DefinitionProblem]:
+    return [
+        DefinitionProblem(
+            severity=p.severity, path=p.where, message=p.message, line=p.line, column=p.column
+        )
+        for p in report.problems
+    ]
+
+
+def _validated(source: str) -> ValidationReport:
+    try:
+        return validate_text(source, SOURCE_NAME)
+    except yaml.YAMLError as exc:
+        # validate_text lets a YAML *reader* error (a non-printable character) escape.
+        return _unreadable(exc)
+
+
+def _unreadable(exc: yaml.YAMLError) -> ValidationReport:
+    return ValidationReport(
+        SOURCE_NAME, (Problem("error", (), f"not valid YAML: {exc}", SOURCE_NAME),)
+    )
 
 
 def validate_workflow(call: Call) -> ValidationResult:
-    raise _workflows_not_ready()
+    body: WorkflowSource = call.body
+    report = _validated(body.source)
+    problems = _problems_of(report)
+    if (
+        report.definition is not None
+        and call.scope is not None
+        and report.definition.tenant != call.scope
+    ):
+        problems.insert(
+            0,
+            DefinitionProblem(
+                severity="error",
+                path="tenant",
+                line=None,
+                column=None,
+                message=f"this definition is for tenant {report.definition.tenant!r}, not yours",
+            ),
+        )
+    return ValidationResult(
+        valid=not any(p.severity == "error" for p in problems), problems=problems
+    )
+
+
+def _definition_invalid(report: ValidationReport) -> OpsError:
+    return OpsError(
+        422,
+        "definition_invalid",
+        str(DefinitionInvalid(report)),
+        [
+            FieldProblem(
+                location=f"body.source:{p.line or 0}:{p.column or 0} {p.where}".rstrip(),
+                problem=p.message,
+            )
+            for p in report.errors
+        ],
+    )
 
 
 def publish_workflow(call: Call) -> PublishResult:
-    raise _workflows_not_ready()
+    body: WorkflowSource = call.body
+    # Checked before the transaction too, so that YAML the reader refuses outright is a 422.
+    checked = _validated(body.source)
+    if not checked.ok:
+        raise _definition_invalid(checked)
+    try:
+        with call.db.transaction() as tx:
+            published = versions.publish(
+                tx, body.source, tenant_id=call.scope, filename=SOURCE_NAME
+            )
+    except DefinitionInvalid as exc:
+        raise _definition_invalid(exc.report) from None
+    return PublishResult(
+        workflow_id=UUID(published.workflow_id),
+        version_id=UUID(published.version_id),
+        number=published.number,
+        content_hash=published.content_hash,
+        created=published.created,
+        warnings=_problems_of(published.report),
+    )
 
 
 def _owned_workflow(call: Call, workflow_id: str) -> dict[str, Any]:
@@ -325,13 +408,35 @@ def _owned_workflow(call: Call, workflow_id: str) -> dict[str, Any]:
 
 
 def activate_workflow(call: Call) -> ActivationResult:
-    _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
-    raise _workflows_not_ready()
+    body: ActivateRequest = call.body
+    workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    try:
+        with call.db.transaction() as tx:
+            activation = versions.activate(
+                tx,
+                tenant_id=workflow["tenant_id"],
+                workflow_id=str(workflow["id"]),
+                version_id=str(body.version_id),
+            )
+    except versions.WorkflowNotFound:
+        raise not_found("workflow") from None
+    except versions.VersionNotFound:
+        raise not_found("version") from None
+    return ActivationResult(
+        workflow_id=UUID(activation.workflow_id), active_version_id=UUID(activation.version_id)
+    )
 
 
 def deactivate_workflow(call: Call) -> ActivationResult:
-    _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
-    raise _workflows_not_ready()
+    workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    try:
+        with call.db.transaction() as tx:
+            versions.deactivate(
+                tx, tenant_id=workflow["tenant_id"], workflow_id=str(workflow["id"])
+            )
+    except versions.WorkflowNotFound:
+        raise not_found("workflow") from None
+    return ActivationResult(workflow_id=workflow["id"], active_version_id=None)
 
 
 # ---- rehearsals ---------------------------------------------------------------------------
@@ -453,7 +558,7 @@ ROUTES: tuple[Route, ...] = (
         ValidationResult,
         "Validate a definition without publishing it",
         body=WorkflowSource,
-        errors=(400, 401, 413, 422, 501),
+        errors=(400, 401, 413, 422),
     ),
     Route(
         "workflows.publish",
@@ -464,7 +569,7 @@ ROUTES: tuple[Route, ...] = (
         "Publish a definition as a new immutable version",
         body=WorkflowSource,
         status=201,
-        errors=(400, 401, 409, 413, 422, 501),
+        errors=(400, 401, 409, 413, 422),
     ),
     Route(
         "workflows.activate",
@@ -474,7 +579,7 @@ ROUTES: tuple[Route, ...] = (
         ActivationResult,
         "Activate a version (rebinds its triggers)",
         body=ActivateRequest,
-        errors=(400, 401, 404, 409, 413, 422, 501),
+        errors=(400, 401, 404, 409, 413, 422),
         path_params=("workflow_id",),
     ),
     Route(
@@ -485,7 +590,7 @@ ROUTES: tuple[Route, ...] = (
         ActivationResult,
         "Deactivate a workflow (unbinds its triggers)",
         body=DeactivateRequest,
-        errors=(400, 401, 404, 413, 422, 501),
+        errors=(400, 401, 404, 413, 422),
         path_params=("workflow_id",),
     ),
     Route(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from shared.errors import OnceflowError
-from shared.ops.models import FieldProblem
 
 
 class OpsError(OnceflowError):
@@ -16,7 +16,7 @@ class OpsError(OnceflowError):
         status: int,
         code: str,
         message: str,
-        problems: Sequence[FieldProblem] = (),
+        problems: Sequence[Any] = (),
         headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)

@@ -330,16 +330,26 @@ class VersionList(_Response):
     items: list[VersionSummary]
 
 
+class DefinitionProblem(_Response):
+    severity: Literal["error", "warning"]
+    path: str = Field(description="Where in the definition: `steps[1].config.url`, ...")
+    message: str
+    line: int | None = Field(description="1-based line in the submitted source.")
+    column: int | None
+
+
 class ValidationResult(_Response):
     valid: bool
-    problems: list[FieldProblem]
+    problems: list[DefinitionProblem]
 
 
 class PublishResult(_Response):
     workflow_id: UUID
     version_id: UUID
     number: int
+    content_hash: str
     created: bool = Field(description="False when the same content was already published.")
+    warnings: list[DefinitionProblem]
 
 
 class ActivationResult(_Response):
