@@ -22,15 +22,18 @@ import json
 import os
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
 
+from devstack import scheduler
 from devstack import stack as devstack
 from devstack.tools import MissingTool
 from shared import connections
@@ -48,6 +51,71 @@ WAIT_SECONDS = float(os.environ.get("ONCEFLOW_DEMO_WAIT_SECONDS", "20"))
 DEMO_SCHEDULER_SPEEDUP = "12"
 
 T = TypeVar("T")
+
+# The example workflow `examples/workflows/enroll-new-lead.yaml`, for the demo's tenant, with its
+# notification sent to a receiver the demo runs on 127.0.0.1 (loopback HTTP is allowed in the
+# local stack only: ONCEFLOW_HTTP_ALLOW_LOOPBACK).
+WORKFLOW = """\
+name: enroll-new-lead
+tenant: {tenant}
+description: When a lead is created in HubSpot, create a call task and notify the sales channel.
+trigger:
+  events: [hubspot.contact.created]
+  rule: 'has(record.lifecyclestage) && record.lifecyclestage == "lead"'
+  dedup: once_per_record
+steps:
+  - id: create_task
+    type: crm.create
+    config:
+      object_type: tasks
+      properties:
+        hs_task_subject: "Call ${{{{ record.firstname }}}}"
+        hs_task_priority: HIGH
+    next: notify
+  - id: notify
+    type: http.request
+    config:
+      url: {notify_url}
+      body:
+        contact_id: "${{{{ record.id }}}}"
+        task_id: "${{{{ steps.create_task.output.id }}}}"
+"""
+
+
+class NotifyReceiver:
+    """The "sales channel": an HTTP endpoint on 127.0.0.1 that records what it is sent."""
+
+    def __init__(self) -> None:
+        received: list[dict[str, Any]] = []
+        self.received = received
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                received.append(
+                    {
+                        "path": self.path,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                        "body": self.rfile.read(length).decode(errors="replace"),
+                    }
+                )
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/sales/new-lead"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def sign_v3(secret: str, method: str, uri: str, body: bytes, timestamp_ms: int) -> str:
@@ -92,6 +160,7 @@ class Scenario:
     stack: devstack.RunningStack
     db: Database
     story: Story
+    receiver: NotifyReceiver
     tenant_id: str = ""
     connection_id: str = ""
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
@@ -119,14 +188,32 @@ class Scenario:
             f"{self.connection_id} for portal {PORTAL_ID}. The row names the environment "
             f"variable holding the app secret ({SECRET_ENV}), never the secret itself."
         )
-        with self.db.transaction() as tx:
-            bindings = int(tx.scalar(SQL["demo_bindings"], tenant_id=self.tenant_id) or 0)
-        if bindings == 0:
-            self.story.say(
-                "No workflow is published for this tenant yet (workflow publishing is not part "
-                "of the demo yet), so no run is expected to start: admission has nothing to "
-                "match the event against."
-            )
+        self.publish_workflow()
+
+    def publish_workflow(self) -> None:
+        from shared.workflows import versions
+        from shared.workflows.validate import DefinitionInvalid
+
+        text = WORKFLOW.format(tenant=self.tenant_id, notify_url=self.receiver.url)
+        try:
+            with self.db.transaction() as tx:
+                published = versions.publish(tx, text, tenant_id=self.tenant_id)
+                active = versions.activate(
+                    tx,
+                    tenant_id=self.tenant_id,
+                    workflow_id=published.workflow_id,
+                    version_id=published.version_id,
+                )
+        except DefinitionInvalid as exc:
+            self.story.verdict(False, f"the workflow was refused: {_short(str(exc))}")
+            return
+        self.story.verdict(
+            True,
+            f"workflow enroll-new-lead v{published.number} is published and active "
+            f"(bound to {', '.join(active.event_types)}): when a contact is created and it is "
+            "a lead, create a call task in the CRM, then notify the sales channel (a receiver "
+            f"this demo runs at {self.receiver.url}). Dedup: once per record.",
+        )
 
     def _fakecrm_url(self) -> str | None:
         comp = self.stack.info["components"].get("fakecrm")
@@ -221,9 +308,10 @@ class Scenario:
                 evs = tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
             return evs if evs and all(e["published"] for e in evs) else None
 
-        events = wait_for(published, 3) or (
-            self.stack_nudge("publish_outbox") or wait_for(published)
-        )
+        events = wait_for(published, 3)
+        if events is None:
+            self.stack_nudge("publish_outbox")
+            events = wait_for(published)
         with self.db.transaction() as tx:
             all_events = tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
         for e in all_events:
@@ -241,11 +329,12 @@ class Scenario:
             self.story.verdict(False, "no trigger event reached the outbox.")
         return [int(e["id"]) for e in (events or all_events)]
 
-    def admission(self, event_ids: list[int]) -> None:
+    def admission(self, event_ids: list[int]) -> list[str]:
+        """Report admit_event's decision for each event; the ids of the runs it started."""
         self.story.title("Pub/Sub pushes the event to admit_event")
         if not event_ids:
             self.story.verdict(False, "nothing to admit: no trigger event was published.")
-            return
+            return []
 
         def decided() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
             with self.db.transaction() as tx:
@@ -258,7 +347,7 @@ class Scenario:
         if got is None:
             with self.db.transaction() as tx:
                 bindings = int(tx.scalar(SQL["demo_bindings"], tenant_id=self.tenant_id) or 0)
-            if bindings == 0 and "not built yet" not in log:
+            if bindings == 0 and "not built yet" not in log:  # nothing listens: nothing to do
                 self.story.verdict(
                     True,
                     "admit_event found no workflow bound to this event for the tenant, so "
@@ -275,7 +364,7 @@ class Scenario:
                         else f" (see {self.stack.info['components']['admit_event']['log']})."
                     ),
                 )
-            return
+            return []
         claims, refusals = got
         for c in claims:
             self.story.verdict(
@@ -288,11 +377,17 @@ class Scenario:
                 f"workflow '{r['workflow']}' refused event {r['event_id']}: {r['reason']} "
                 f"({r['detail']}).",
             )
-        self.steps()
+        run_ids = [str(c["run_id"]) for c in claims if c["run_id"] is not None]
+        self.steps(run_ids)
+        return run_ids
 
-    def steps(self) -> None:
+    def steps(self, run_ids: list[str]) -> None:
         with self.db.transaction() as tx:
-            runs = tx.all(SQL["demo_runs"], tenant_id=self.tenant_id)
+            runs = [
+                r
+                for r in tx.all(SQL["demo_runs"], tenant_id=self.tenant_id)
+                if str(r["id"]) in run_ids
+            ]
         for run in runs:
 
             def settled(run_id: Any = run["id"]) -> list[dict[str, Any]] | None:
@@ -410,7 +505,85 @@ class Scenario:
                 f"trigger event {e['id']}: {e['event_type']} for contact {e['record_object_id']}"
                 f"{' (published)' if e['published'] else ''}."
             )
-        self.admission([int(e["id"]) for e in new])
+        run_ids = self.admission([int(e["id"]) for e in new])
+        creations = [e for e in new if e["event_type"] == "hubspot.contact.created"]
+        if not run_ids:
+            self.story.say(
+                "(The rest of the story — the task in the CRM, the notification, a Pub/Sub "
+                "redelivery and a second creation event refused as a duplicate — needs this "
+                "run, so it is skipped.)"
+            )
+            return
+        self.effects_in_the_crm(contact_id)
+        if creations:
+            self.redelivered(int(creations[0]["id"]))
+            self.created_again(int(contact_id))
+
+    def effects_in_the_crm(self, contact_id: str) -> None:
+        self.story.title("What the run did outside onceflow")
+        fake = self._fakecrm_url()
+        tasks = httpx.get(f"{fake}/_admin/records/tasks", timeout=5).json()["results"]
+        mine = [t for t in tasks if str(t["properties"].get("hs_task_subject")) == "Call Ada"]
+        self.story.verdict(
+            len(mine) == 1,
+            f"the CRM has {len(mine)} task 'Call Ada'"
+            + (f" (task {mine[0]['id']})" if mine else "")
+            + " — created at most once: the step marked the side effect before calling.",
+        )
+        calls = wait_for(lambda: self.receiver.received, 5) or []
+        if calls:
+            headers = calls[0]["headers"]
+            self.story.verdict(
+                len(calls) == 1,
+                f"the sales channel received {len(calls)} notification(s): "
+                f"{_short(calls[0]['body'])} with Idempotency-Key "
+                f"{headers.get('idempotency-key', '(none)')}.",
+            )
+        else:
+            self.story.verdict(False, "the sales channel received no notification.")
+
+    def redelivered(self, event_id: int) -> None:
+        self.story.title("Pub/Sub delivers the same trigger event again")
+        with self.db.transaction() as tx:
+            before = len(tx.all(SQL["demo_runs"], tenant_id=self.tenant_id))
+        self.stack.publish("trigger-events", {"event_id": event_id})
+        time.sleep(min(3.0, WAIT_SECONDS))
+        with self.db.transaction() as tx:
+            after = len(tx.all(SQL["demo_runs"], tenant_id=self.tenant_id))
+            claims = tx.all(SQL["demo_claims"], event_ids=[event_id])
+        self.story.verdict(
+            after == before and len(claims) <= 1,
+            f"event {event_id} was pushed to admit_event again: still {after} run(s) for the "
+            f"tenant and {len(claims)} delivery claim — the pairing (event, workflow) was "
+            "already handled.",
+        )
+
+    def created_again(self, contact_id: int) -> None:
+        self.story.title("HubSpot announces the same contact's creation under a new eventId")
+        event_id = int(time.time() * 1000) % 10**12 + 7
+        body = self.contact_created(event_id, contact_id)
+        r = self.post_webhook(body)
+
+        def refused() -> list[dict[str, Any]] | None:
+            with self.db.transaction() as tx:
+                events = [
+                    int(e["id"])
+                    for e in tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
+                    if e["source_event_id"] == str(event_id)
+                ]
+                return tx.all(SQL["demo_refusals"], event_ids=events) if events else None
+
+        refusals = wait_for(refused) or []
+        self.story.verdict(
+            r.status_code == 200 and any(x["reason"] == "duplicate" for x in refusals),
+            f"webhook answered {r.status_code}; admission "
+            + (
+                "refused it: " + "; ".join(f"{x['reason']} ({x['detail']})" for x in refusals)
+                if refusals
+                else "recorded no refusal for it"
+            )
+            + ".",
+        )
 
     def stack_nudge(self, name: str) -> None:
         """Call a scheduled function now, as Cloud Scheduler would at its next tick (it loops
@@ -430,8 +603,9 @@ def _short(text: str, limit: int = 120) -> str:
 
 def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
     db = Database(connector_from_env({"DATABASE_URL": running.database_url}), pool_size=2)
+    receiver = NotifyReceiver()
     try:
-        scenario = Scenario(running, db, story)
+        scenario = Scenario(running, db, story, receiver)
         scenario.seed()
         event_id = int(time.time() * 1000) % 10**12
         object_id = 9000 + event_id % 1000
@@ -442,6 +616,7 @@ def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
         scenario.duplicates(body, event_id, object_id, first)
         scenario.lead_in_the_crm()
     finally:
+        receiver.close()
         db.close()
     return story
 
@@ -466,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"using the local stack already running in {root}")
         else:
             print(f"starting the local stack in {root} …", flush=True)
-            os.environ.setdefault(devstack.scheduler.SPEEDUP_ENV, DEMO_SCHEDULER_SPEEDUP)
+            os.environ.setdefault(scheduler.SPEEDUP_ENV, DEMO_SCHEDULER_SPEEDUP)
             devstack.up(root, free_ports=args.free_ports)
             started_here = True
             running = devstack.RunningStack.open(root)
