@@ -1,10 +1,23 @@
-"""`advance_step` entry point (placeholder until its issue lands)."""
+"""`advance_step` entry point: Pub/Sub `step-ready` → advance one step.
+
+Returns normally (ack) for everything recorded — a step that wasn't claimable, a failed step,
+a poisoned message; raises only on transient infrastructure errors so Pub/Sub redelivers.
+Deployed with a 540 s timeout; the lease (600 s) and heartbeat (60 s) are sized to it, see
+`shared/steps/claim.py`.
+"""
+
+from __future__ import annotations
 
 from typing import Any
 
 import functions_framework
 
+from shared.db import get_database
+from shared.logs import labelled
+from shared.steps.advance import advance_from_message
+
 
 @functions_framework.cloud_event
 def advance_step(event: Any) -> None:
-    raise NotImplementedError("advance_step is not built yet")
+    with labelled(function="advance_step"):
+        advance_from_message(get_database(), event.data, message_id=event["id"])

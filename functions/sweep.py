@@ -1,10 +1,24 @@
-"""`sweep` entry point (placeholder until its issue lands)."""
+"""`sweep` entry point (Cloud Scheduler, once a minute; loops inside its invocation).
 
+`SWEEP_BUDGET_SECONDS` (default 50, for a 60 s schedule and timeout) bounds the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
 from typing import Any
 
 import functions_framework
 
+from shared.db import get_database
+from shared.logs import labelled, traced
+from shared.steps.sweep import run_sweep
+
 
 @functions_framework.http
-def sweep(request: Any) -> tuple[str, int]:
-    return ("sweep is not built yet", 501)
+def sweep(request: Any) -> tuple[str, int, dict[str, str]]:
+    budget = float(os.environ.get("SWEEP_BUDGET_SECONDS", "50"))
+    with traced(request.headers), labelled(function="sweep"):
+        report = run_sweep(get_database(), budget_seconds=budget)
+    return json.dumps(report.as_dict(), default=str), 200, {"Content-Type": "application/json"}

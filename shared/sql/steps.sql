@@ -34,3 +34,186 @@ ORDER BY created_at, step_key
 -- name: steps_mark_dispatched
 UPDATE workflow_steps SET dispatched_at = now()
 WHERE id = ANY(CAST(:step_ids AS uuid[])) AND status = 'pending'
+
+-- name: steps_claim
+-- The claim (invariant 7): only a pending step of a running run in the wanted namespace. A
+-- concurrent claim blocks on the row lock, re-checks `status = 'pending'` and gets zero rows.
+-- Returns everything the executor needs in this one round trip, including the outputs of the
+-- run's settled steps for the block's scope.
+UPDATE workflow_steps s
+SET status = 'running',
+    attempt = s.attempt + 1,
+    lease_id = CAST(:lease_id AS uuid),
+    lease_expires_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision)),
+    started_at = coalesce(s.started_at, now())
+FROM workflow_runs r
+LEFT JOIN workflow_trigger_events e ON e.id = r.event_id
+WHERE s.id = CAST(:step_id AS uuid)
+  AND s.status = 'pending'
+  AND r.id = s.run_id
+  AND r.status = 'running'
+  AND r.namespace = CAST(:namespace AS text)
+RETURNING CAST(s.id AS text) AS id, CAST(s.run_id AS text) AS run_id, s.step_key, s.node_id,
+          s.block_type, s.attempt, s.idempotency_key, s.side_effect_started_at, s.output,
+          r.tenant_id, CAST(r.workflow_id AS text) AS workflow_id,
+          CAST(r.version_id AS text) AS version_id, CAST(r.lineage_root AS text) AS lineage_root,
+          r.trigger_payload, r.record_key, r.event_id, r.namespace,
+          CAST(e.connection_id AS text) AS connection_id, e.event_type,
+          e.record_object_type, e.record_object_id,
+          (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
+                      'output', p.output, 'branch_choice', p.branch_choice)), '{}'::jsonb)
+             FROM workflow_steps p
+            WHERE p.run_id = s.run_id AND p.status = 'succeeded') AS prior_steps
+
+-- name: steps_heartbeat
+-- Renew a lease. Zero rows: the lease is gone (reclaimed by the sweep, the step settled or
+-- claimed again under a new lease) and the holder must not settle.
+UPDATE workflow_steps
+SET lease_expires_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision))
+WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
+
+-- name: steps_mark_side_effect_started
+-- Invariant 10. Zero rows: an earlier attempt already set the marker (the outcome is unknown),
+-- or this attempt lost its lease.
+UPDATE workflow_steps SET side_effect_started_at = now()
+WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
+  AND side_effect_started_at IS NULL
+
+-- name: steps_withdraw_side_effect_mark
+-- The port proved the at-most-once request never applied (refused before it left, 429): take
+-- the marker back so a retry may call. Zero rows: the lease is gone or there was no marker.
+UPDATE workflow_steps SET side_effect_started_at = NULL
+WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
+  AND side_effect_started_at IS NOT NULL
+
+-- name: steps_settle
+-- The outcome, fenced on the lease: zero rows means this attempt lost its lease and someone
+-- else owns the step now. Locks the run row first so settles of one run are serialized and the
+-- "is anything left?" check that follows in the same transaction sees committed siblings.
+WITH run AS (
+    SELECT id, status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) FOR UPDATE
+)
+UPDATE workflow_steps s
+SET status = CAST(:status AS text),
+    attempt = CAST(:attempt AS integer),
+    output = CAST(:output AS jsonb),
+    error = CAST(:error AS text),
+    error_class = CAST(:error_class AS text),
+    outcome_code = CAST(:outcome_code AS text),
+    branch_choice = CAST(:branch_choice AS text),
+    wake_at = CAST(:wake_at AS timestamptz),
+    lease_id = NULL,
+    lease_expires_at = NULL,
+    finished_at = CASE WHEN CAST(:status AS text) IN ('succeeded', 'skipped', 'failed')
+                       THEN now() END
+FROM run
+WHERE s.id = CAST(:step_id AS uuid) AND s.run_id = run.id
+  AND s.status = 'running' AND s.lease_id = CAST(:lease_id AS uuid)
+RETURNING run.status AS run_status
+
+-- name: runs_finish_if_done
+-- The run succeeded when none of its steps is left to do. Zero rows: something is still
+-- pending, running or parked, or the run already ended.
+UPDATE workflow_runs r SET status = 'succeeded', finished_at = now()
+WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM workflow_steps s
+                   WHERE s.run_id = r.id AND s.status NOT IN ('succeeded', 'skipped', 'failed'))
+
+-- name: runs_fail
+-- A step failed terminally: the run fails and keeps its journal (the dead-letter list).
+UPDATE workflow_runs SET status = 'failed', finished_at = now(), error = CAST(:error AS text)
+WHERE id = CAST(:run_id AS uuid) AND status = 'running'
+
+-- name: versions_definition
+SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
+
+-- name: steps_reclaim_expired
+-- Expired leases, fenced on the lease id read under the row lock: a slow worker that renews or
+-- settles first wins, and after this its settle matches nothing (lease_id is cleared). A step
+-- whose at-most-once side effect may have started fails with OUTCOME_UNKNOWN (the marker is
+-- only ever set for at-most-once blocks); one that used up its attempts fails; any other goes
+-- back to pending and is dispatched at once. Runs of failed steps fail in the same statement.
+WITH expired AS (
+    SELECT s.id, s.lease_id
+    FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
+    WHERE s.status = 'running' AND s.lease_expires_at < now() AND r.namespace = 'live'
+    ORDER BY s.lease_expires_at
+    LIMIT CAST(:batch AS integer)
+    FOR UPDATE OF s SKIP LOCKED
+), decided AS (
+    SELECT e.id, e.lease_id,
+           CASE WHEN s.side_effect_started_at IS NOT NULL THEN 'OUTCOME_UNKNOWN'
+                WHEN s.attempt >= CAST(:max_attempts AS integer) THEN 'LEASE_EXPIRED'
+           END AS failure
+    FROM expired e JOIN workflow_steps s ON s.id = e.id
+), reclaimed AS (
+    UPDATE workflow_steps s
+    SET status = CASE WHEN d.failure IS NULL THEN 'pending' ELSE 'failed' END,
+        outcome_code = coalesce(d.failure, s.outcome_code),
+        error_class = CASE WHEN d.failure IS NULL THEN s.error_class ELSE 'permanent' END,
+        error = CASE d.failure
+            WHEN 'OUTCOME_UNKNOWN' THEN 'the lease expired after an at-most-once side effect '
+                 'may have started; its outcome is unknown: check the provider, then replay'
+            WHEN 'LEASE_EXPIRED' THEN 'the lease expired on attempt ' || s.attempt
+                 || ' and no attempts are left'
+            ELSE s.error END,
+        finished_at = CASE WHEN d.failure IS NULL THEN NULL ELSE now() END,
+        dispatched_at = CASE WHEN d.failure IS NULL THEN now() ELSE s.dispatched_at END,
+        lease_id = NULL,
+        lease_expires_at = NULL
+    FROM decided d
+    WHERE s.id = d.id AND s.lease_id = d.lease_id AND s.status = 'running'
+    RETURNING CAST(s.id AS text) AS id, s.run_id, s.status, s.outcome_code, s.step_key
+), failed_runs AS (
+    UPDATE workflow_runs r
+    SET status = 'failed', finished_at = now(),
+        error = 'step ' || c.step_key || ' failed: ' || c.outcome_code
+    FROM reclaimed c
+    WHERE r.id = c.run_id AND c.status = 'failed' AND r.status = 'running'
+    RETURNING r.id
+)
+SELECT c.id, CAST(c.run_id AS text) AS run_id, c.status, c.outcome_code,
+       (SELECT count(*) FROM failed_runs) AS runs_failed
+FROM reclaimed c
+
+-- name: steps_wake_due
+-- Parked steps whose wake time has come go back to pending, stamped as dispatched (the caller
+-- publishes right after commit; a lost publish is picked up by steps_redispatch_lost).
+WITH due AS (
+    SELECT s.id
+    FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
+    WHERE s.status IN ('waiting_for_delay', 'waiting_for_retry') AND s.wake_at <= now()
+      AND r.status = 'running' AND r.namespace = 'live'
+    ORDER BY s.wake_at
+    LIMIT CAST(:batch AS integer)
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE workflow_steps s SET status = 'pending', wake_at = NULL, dispatched_at = now()
+FROM due
+WHERE s.id = due.id AND s.status IN ('waiting_for_delay', 'waiting_for_retry')
+RETURNING CAST(s.id AS text) AS id
+
+-- name: steps_redispatch_lost
+-- Pending steps whose step-ready message was evidently lost: dispatched (or, never stamped,
+-- created) longer ago than the threshold. Bounded, and re-stamped so the next pass leaves them
+-- alone for another threshold: a slow executor can't cause a storm of duplicates.
+WITH lost AS (
+    SELECT s.id
+    FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
+    WHERE s.status = 'pending' AND r.status = 'running' AND r.namespace = 'live'
+      AND (s.dispatched_at < now() - make_interval(secs => CAST(:after_seconds AS double precision))
+           OR (s.dispatched_at IS NULL AND s.created_at
+               < now() - make_interval(secs => CAST(:after_seconds AS double precision))))
+    ORDER BY s.dispatched_at NULLS FIRST
+    LIMIT CAST(:batch AS integer)
+    FOR UPDATE OF s SKIP LOCKED
+)
+UPDATE workflow_steps s SET dispatched_at = now()
+FROM lost
+WHERE s.id = lost.id AND s.status = 'pending'
+RETURNING CAST(s.id AS text) AS id
+
+-- name: steps_record_poisoned
+-- A step-ready message that can never succeed (not base64 JSON, no step id): recorded, acked.
+INSERT INTO poisoned_messages (source, message_id, data, reason)
+VALUES ('step-ready', CAST(:message_id AS text), CAST(:data AS text), CAST(:reason AS text))

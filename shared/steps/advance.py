@@ -1,0 +1,344 @@
+"""`advance_step`: one step per invocation — claim, execute, settle, dispatch.
+
+    claim (lease) ─► [at-most-once already started? → failed OUTCOME_UNKNOWN]
+                  ─► [delay served? → succeeded]
+                  ─► render config ─► block.execute(ctx) under a heartbeat
+                  ─► classify ─► settle + next rows (one txn, fenced) ─► publish step-ready
+
+Ack/nack: the caller acks (returns normally) for everything this function returns — a step
+that was not claimable, a recorded failure, a lease lost mid-way — and lets a `TransientError`
+from the database propagate so Pub/Sub redelivers. A publish that fails after the settle
+committed is not re-raised: redelivery would find the step settled and publish nothing; the
+sweep re-dispatches the stamped pending rows instead.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from shared import queries
+from shared.blocks.base import NO_RETRY, BlockContext, BlockResult, BlockSpec
+from shared.db import Database
+from shared.errors import PermanentError, TransientError
+from shared.logs import get_logger, labelled
+from shared.steps.claim import (
+    ClaimedStep,
+    Heartbeat,
+    LeaseConfig,
+    claim_step,
+    mark_side_effect_started,
+    withdraw_side_effect_mark,
+)
+from shared.steps.crashpoints import crash_point
+from shared.steps.outcomes import (
+    OUTCOME_CONFIG_INVALID,
+    OUTCOME_UNKNOWN,
+    OUTCOME_UNKNOWN_BLOCK,
+    OUTCOME_UNKNOWN_NODE,
+    Settlement,
+    classify_outcome,
+    failed,
+    served_delay,
+)
+from shared.steps.settle import settle_step
+from shared.steps.states import StepStatus
+from shared.workflows.definition import Step, WorkflowDefinition
+
+SQL = queries.load("steps")
+VERSION_DEFINITION = SQL["versions_definition"]
+RECORD_POISONED = SQL["steps_record_poisoned"]
+
+BlockLookup = Callable[[str], BlockSpec]
+Dispatch = Callable[[Sequence[str]], None]
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """What one invocation did, for logs and tests."""
+
+    step_id: str
+    claimed: bool
+    status: str | None = None
+    outcome_code: str | None = None
+    dispatched: tuple[str, ...] = ()
+    run_status: str | None = None
+    note: str = ""
+
+
+# Versions are immutable (invariant 9), so a parsed graph never goes stale.
+_graphs: dict[str, WorkflowDefinition] = {}
+_graphs_lock = threading.Lock()
+
+
+def load_graph(db: Database, version_id: str) -> WorkflowDefinition:
+    """The pinned graph of a run: its own version's definition, parsed once per instance."""
+    with _graphs_lock:
+        cached = _graphs.get(version_id)
+    if cached is not None:
+        return cached
+    with db.transaction() as tx:
+        definition = tx.scalar(VERSION_DEFINITION, version_id=version_id)
+    if definition is None:
+        raise PermanentError(f"workflow version {version_id} does not exist")
+    graph = WorkflowDefinition.model_validate(definition)
+    with _graphs_lock:
+        _graphs[version_id] = graph
+    return graph
+
+
+_catalog_loaded = threading.Event()
+
+
+def registry_lookup(type_name: str) -> BlockSpec:
+    """The catalog's block of that type (the catalog is imported on first use)."""
+    from shared.blocks import registry
+
+    if not _catalog_loaded.is_set():
+        registry.load_catalog()
+        _catalog_loaded.set()
+    return registry.get(type_name)
+
+
+def default_dispatch(step_ids: Sequence[str]) -> None:
+    from shared.pubsub import publish_step_ready
+
+    publish_step_ready(step_ids)
+
+
+def build_scope(step: ClaimedStep) -> dict[str, Any]:
+    """What a step's config may refer to: `event` (the trigger payload), `trigger` (facts
+    about the occurrence), `record` (the record's identity, plus any `record` object the
+    payload carries) and `steps.<id>.output` of the run's succeeded steps."""
+    payload = dict(step.trigger_payload)
+    record: dict[str, Any] = {}
+    if isinstance(payload.get("record"), Mapping):
+        record.update(payload["record"])
+    if step.record_object_type is not None:
+        record.setdefault("object_type", step.record_object_type)
+        record.setdefault("id", step.record_object_id)
+    trigger = {
+        "event_type": step.event_type,
+        "event_id": step.event_id,
+        "record_key": step.record_key,
+        "run_id": step.run_id,
+        "workflow_id": step.workflow_id,
+        "tenant": step.tenant_id,
+    }
+    return {"event": payload, "trigger": trigger, "record": record, "steps": dict(step.prior_steps)}
+
+
+def render_config(node: Step, scope: Mapping[str, Any]) -> dict[str, Any]:
+    if not node.config:
+        return {}
+    from shared.workflows.expressions import render
+
+    rendered = render(node.config, scope)
+    if not isinstance(rendered, dict):
+        raise PermanentError("a step's config must render to an object")
+    return rendered
+
+
+def advance_step(
+    db: Database,
+    step_id: str,
+    *,
+    lookup: BlockLookup | None = None,
+    dispatch: Dispatch | None = None,
+    config: LeaseConfig | None = None,
+    namespace: str = "live",
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Advanced:
+    """Advance one step. Raises only `TransientError` (database down): the caller nacks."""
+    lookup = lookup or registry_lookup
+    dispatch = dispatch or default_dispatch
+    config = config or LeaseConfig.from_env()
+    with labelled(step_id=step_id):
+        step = claim_step(db, step_id, config, namespace=namespace)
+        if step is None:
+            log.info("step not claimable (running elsewhere, parked, finished or run ended)")
+            return Advanced(step_id=step_id, claimed=False, note="not claimable")
+        with labelled(run_id=step.run_id, tenant=step.tenant_id):
+            return _run_claimed(db, step, lookup=lookup, dispatch=dispatch, config=config, now=now)
+
+
+def advance_from_message(
+    db: Database, cloud_event_data: Any, *, message_id: str | None = None, **options: Any
+) -> Advanced | None:
+    """`advance_step` for a Pub/Sub push delivery. A message that can never succeed (bad
+    encoding, no step id) is recorded in `poisoned_messages` and acked: None."""
+    from shared.pubsub import decode_push_message
+
+    try:
+        message = decode_push_message(cloud_event_data)
+        step_id = str(uuid.UUID(str(message.get("step_id"))))
+    except (PermanentError, ValueError) as exc:
+        log.warning("poisoned step-ready message: %s", exc)
+        with db.transaction() as tx:
+            tx.execute(
+                RECORD_POISONED,
+                message_id=message_id,
+                data=json.dumps(cloud_event_data, default=str)[:10000],
+                reason=str(exc)[:1000],
+            )
+        return None
+    return advance_step(db, step_id, **options)
+
+
+def _run_claimed(
+    db: Database,
+    step: ClaimedStep,
+    *,
+    lookup: BlockLookup,
+    dispatch: Dispatch,
+    config: LeaseConfig,
+    now: Callable[[], datetime],
+) -> Advanced:
+    graph = load_graph(db, step.version_id)
+    try:
+        node = graph.step(step.node_id)
+    except KeyError:
+        msg = f"node {step.node_id!r} is not in version {step.version_id}"
+        return _finish(
+            db, step, failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent"), [], dispatch
+        )
+    try:
+        spec = lookup(step.block_type)
+    except Exception as exc:
+        msg = f"unknown block type {step.block_type!r}: {exc}"
+        return _finish(
+            db, step, failed(step.attempt, OUTCOME_UNKNOWN_BLOCK, msg, "permanent"), [], dispatch
+        )
+
+    settlement, lost = _execute(db, step, node=node, spec=spec, config=config, now=now)
+    if lost:
+        log.warning("lease lost while the block ran; not settling (its successor owns it)")
+        return Advanced(step_id=step.id, claimed=True, note="lease lost")
+    try:
+        next_nodes = [graph.step(n) for n in settlement.next_nodes]
+    except KeyError as exc:
+        msg = f"step leads to unknown node {exc.args[0]!r}"
+        settlement = failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent")
+        next_nodes = []
+    return _finish(db, step, settlement, next_nodes, dispatch)
+
+
+def _execute(
+    db: Database,
+    step: ClaimedStep,
+    *,
+    node: Step,
+    spec: BlockSpec,
+    config: LeaseConfig,
+    now: Callable[[], datetime],
+) -> tuple[Settlement, bool]:
+    """Run the block (or decide without running it); (settlement, lease lost)."""
+    at_most_once = spec.side_effect == "at_most_once"
+    retry = NO_RETRY if spec.kind == "flow" else spec.retry
+    if at_most_once and step.side_effect_started_at is not None:
+        # An earlier attempt marked the side effect and never settled: the call may have
+        # happened. Calling again could duplicate it, so the engine refuses (invariant 10).
+        msg = (
+            f"an earlier attempt started this {spec.type_name} call at "
+            f"{step.side_effect_started_at.isoformat()} and never recorded its result; "
+            "check the provider, then replay"
+        )
+        return failed(step.attempt, OUTCOME_UNKNOWN, msg, "permanent"), False
+    if served_delay(step.output, now()):
+        return (
+            Settlement(
+                status=StepStatus.SUCCEEDED,
+                attempt=step.attempt,
+                outcome_code="OK",
+                output=step.output,
+                next_nodes=tuple(node.successors()),
+            ),
+            False,
+        )
+    try:
+        block_config = spec.config_model.model_validate(render_config(node, build_scope(step)))
+    except TransientError:
+        raise
+    except Exception as exc:
+        msg = f"config of step {node.id} is invalid: {exc}"
+        return failed(step.attempt, OUTCOME_CONFIG_INVALID, msg, "permanent"), False
+
+    with Heartbeat(db, step, config) as heartbeat:
+        ctx = BlockContext(
+            tenant_id=step.tenant_id,
+            run_id=step.run_id,
+            step_id=step.id,
+            step_key=step.step_key,
+            attempt=step.attempt,
+            idempotency_key=step.idempotency_key,
+            scope=build_scope(step),
+            dry_run=step.namespace != "live",
+            connection_id=step.connection_id,
+            heartbeat=heartbeat.beat,
+            # The marker exists only for at-most-once blocks: for any other block the call
+            # is a no-op, so the sweep can read "marker set" as "at-most-once effect started".
+            mark_side_effect_started=(
+                (lambda: mark_side_effect_started(db, step)) if at_most_once else (lambda: True)
+            ),
+            withdraw_side_effect_mark=(
+                (lambda: withdraw_side_effect_mark(db, step)) if at_most_once else (lambda: False)
+            ),
+            node=node,
+        )
+        outcome: BlockResult | BaseException
+        try:
+            outcome = spec.execute(ctx, block_config)
+        except Exception as exc:
+            outcome = exc
+        crash_point("after_side_effect")
+        lost = heartbeat.lost.is_set()
+    settlement = classify_outcome(
+        outcome,
+        kind=spec.kind,
+        retry=retry,
+        attempt=step.attempt,
+        successors=node.successors(),
+        now=now(),
+    )
+    return settlement, lost
+
+
+def _finish(
+    db: Database,
+    step: ClaimedStep,
+    settlement: Settlement,
+    next_nodes: list[Step],
+    dispatch: Dispatch,
+) -> Advanced:
+    settled = settle_step(db, step, settlement, next_nodes)
+    if settled.fenced_out:
+        log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")
+        return Advanced(step_id=step.id, claimed=True, note="fenced out")
+    log.info(
+        "step settled %s (%s), run %s",
+        settlement.status,
+        settlement.outcome_code,
+        settled.run_status,
+    )
+    crash_point("after_commit_before_publish")
+    if settled.to_dispatch:
+        try:
+            dispatch(settled.to_dispatch)
+        except Exception as exc:
+            # Committed and stamped: the sweep re-dispatches after its threshold.
+            log.warning("step-ready publish failed after commit; the sweep will retry: %s", exc)
+    return Advanced(
+        step_id=step.id,
+        claimed=True,
+        status=str(settlement.status),
+        outcome_code=settlement.outcome_code,
+        dispatched=settled.to_dispatch,
+        run_status=settled.run_status,
+    )

@@ -1,0 +1,196 @@
+"""Claiming a step under a lease, renewing the lease, and the at-most-once marker.
+
+Lease length fits the serverless deadline: `advance_step` runs with a 540 s function timeout,
+so a lease is 600 s — longer than any invocation can live, so a healthy attempt never loses
+its step to the sweep — and an attempt renews it every 60 s, well inside it. A process killed
+mid-step (instance reclaimed, OOM, crash) leaves a lease that expires at most 600 s after its
+last renewal; the sweep then reclaims it. Both are configurable for tests:
+`ONCEFLOW_STEP_LEASE_SECONDS`, `ONCEFLOW_STEP_HEARTBEAT_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from shared import queries
+from shared.db import Database
+from shared.errors import TransientError
+from shared.logs import get_logger
+from shared.steps.crashpoints import crash_point
+
+SQL = queries.load("steps")
+CLAIM = SQL["steps_claim"]
+HEARTBEAT = SQL["steps_heartbeat"]
+MARK_SIDE_EFFECT = SQL["steps_mark_side_effect_started"]
+WITHDRAW_SIDE_EFFECT = SQL["steps_withdraw_side_effect_mark"]
+
+DEFAULT_LEASE_SECONDS = 600.0
+DEFAULT_HEARTBEAT_SECONDS = 60.0
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaseConfig:
+        env = os.environ if env is None else env
+        lease = float(env.get("ONCEFLOW_STEP_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
+        beat = float(env.get("ONCEFLOW_STEP_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS))
+        if not 0 < beat < lease:
+            raise ValueError(f"heartbeat interval {beat}s must be positive and below {lease}s")
+        return cls(lease_seconds=lease, heartbeat_seconds=beat)
+
+
+@dataclass(frozen=True)
+class ClaimedStep:
+    """A step this invocation owns until `lease_id` is settled, lost or expires."""
+
+    id: str
+    run_id: str
+    step_key: str
+    node_id: str
+    block_type: str
+    attempt: int
+    lease_id: str
+    idempotency_key: str
+    side_effect_started_at: datetime | None
+    output: Mapping[str, Any] | None
+    tenant_id: str
+    workflow_id: str
+    version_id: str
+    lineage_root: str
+    namespace: str
+    trigger_payload: Mapping[str, Any]
+    record_key: str | None
+    event_id: int | None
+    connection_id: str | None
+    event_type: str | None
+    record_object_type: str | None
+    record_object_id: str | None
+    prior_steps: Mapping[str, Any]
+
+
+def claim_step(
+    db: Database, step_id: str, config: LeaseConfig, *, namespace: str = "live"
+) -> ClaimedStep | None:
+    """Claim a pending step (invariant 7). None when it isn't claimable: it is running under
+    someone's lease, parked, finished, unknown, or its run is no longer running or lives in
+    another namespace. All of those mean "ack the message and do nothing"."""
+    lease_id = str(uuid.uuid4())
+    with db.transaction() as tx:
+        row = tx.one(
+            CLAIM,
+            step_id=step_id,
+            lease_id=lease_id,
+            lease_seconds=config.lease_seconds,
+            namespace=namespace,
+        )
+    if row is None:
+        return None
+    crash_point("after_claim")
+    return ClaimedStep(
+        id=row["id"],
+        run_id=row["run_id"],
+        step_key=row["step_key"],
+        node_id=row["node_id"],
+        block_type=row["block_type"],
+        attempt=int(row["attempt"]),
+        lease_id=lease_id,
+        # Rows are always inserted with their key; the fallback only guards hand-made rows.
+        idempotency_key=row["idempotency_key"]
+        or f"onceflow:{row['lineage_root']}:{row['step_key']}",
+        side_effect_started_at=row["side_effect_started_at"],
+        output=row["output"],
+        tenant_id=row["tenant_id"],
+        workflow_id=row["workflow_id"],
+        version_id=row["version_id"],
+        lineage_root=row["lineage_root"],
+        namespace=row["namespace"],
+        trigger_payload=row["trigger_payload"] or {},
+        record_key=row["record_key"],
+        event_id=row["event_id"],
+        connection_id=row["connection_id"],
+        event_type=row["event_type"],
+        record_object_type=row["record_object_type"],
+        record_object_id=row["record_object_id"],
+        prior_steps=row["prior_steps"] or {},
+    )
+
+
+def renew_lease(db: Database, step: ClaimedStep, config: LeaseConfig) -> bool:
+    """Extend the lease; False when it is gone (the holder must stop and not settle)."""
+    with db.transaction() as tx:
+        n = tx.execute(
+            HEARTBEAT, step_id=step.id, lease_id=step.lease_id, lease_seconds=config.lease_seconds
+        )
+    return n == 1
+
+
+def mark_side_effect_started(db: Database, step: ClaimedStep) -> bool:
+    """Set `side_effect_started_at` where still null, committed before returning (invariant
+    10). False: an earlier attempt already got this far (outcome unknown), or the lease is gone;
+    either way the at-most-once call must not be made."""
+    with db.transaction() as tx:
+        n = tx.execute(MARK_SIDE_EFFECT, step_id=step.id, lease_id=step.lease_id)
+    if n == 1:
+        crash_point("after_side_effect_mark")
+    return n == 1
+
+
+def withdraw_side_effect_mark(db: Database, step: ClaimedStep) -> bool:
+    """Clear the marker again, fenced on the lease, when the port proved the request never
+    applied. False: not withdrawn (a retry will then fail OUTCOME_UNKNOWN, which is safe)."""
+    with db.transaction() as tx:
+        n = tx.execute(WITHDRAW_SIDE_EFFECT, step_id=step.id, lease_id=step.lease_id)
+    return n == 1
+
+
+class Heartbeat:
+    """Renews a claimed step's lease in the background while its block runs, so a block
+    that never calls `ctx.heartbeat()` still keeps its lease; `lost` is set once a renewal
+    finds the lease gone, and the attempt then must not settle."""
+
+    def __init__(self, db: Database, step: ClaimedStep, config: LeaseConfig) -> None:
+        self._db = db
+        self._step = step
+        self._config = config
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{step.id}", daemon=True)
+
+    def beat(self) -> bool:
+        """Renew now. A database hiccup is not a lost lease: report it as still held and let
+        the next beat (or the fenced settle) find out."""
+        if self.lost.is_set():
+            return False
+        try:
+            held = renew_lease(self._db, self._step, self._config)
+        except TransientError as exc:
+            log.warning("heartbeat failed, will retry: %s", exc)
+            return True
+        if not held:
+            self.lost.set()
+        return held
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._config.heartbeat_seconds):
+            if not self.beat():
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

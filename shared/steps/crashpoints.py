@@ -1,0 +1,60 @@
+"""Named points in the step path where a test can kill the process on the spot.
+
+Armed only when BOTH `ONCEFLOW_ENABLE_CRASH_POINTS=1` and `ONCEFLOW_CRASH_POINTS` are set in
+the environment (never by `infra/`): `ONCEFLOW_CRASH_POINTS=after_claim,before_settle_commit`
+kills at the first hit of either; `name:N` kills at the N-th hit in this process. The kill is
+`os._exit(137)`: no `finally`, no rollback, no flush — what a SIGKILL or an instance reclaimed
+mid-request leaves behind, which is what the recovery paths must survive.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Mapping
+
+CRASH_POINTS = (
+    "after_claim",  # the step is running under a lease; nothing executed yet
+    "after_side_effect_mark",  # side_effect_started_at committed; the call hasn't left
+    "after_side_effect",  # the block returned; its outcome is only in memory
+    "before_settle_commit",  # the settle transaction is written but not committed
+    "after_commit_before_publish",  # settled and next rows committed; step-ready not sent
+)
+EXIT_CODE = 137
+
+_hits: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def armed_points(env: Mapping[str, str] | None = None) -> dict[str, int]:
+    """{point: the hit number that kills}; empty unless explicitly enabled."""
+    env = os.environ if env is None else env
+    if env.get("ONCEFLOW_ENABLE_CRASH_POINTS") != "1":
+        return {}
+    armed: dict[str, int] = {}
+    for raw in env.get("ONCEFLOW_CRASH_POINTS", "").split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, _, nth = item.partition(":")
+        if name not in CRASH_POINTS:
+            raise ValueError(f"unknown crash point {name!r}; known: {', '.join(CRASH_POINTS)}")
+        armed[name] = int(nth) if nth else 1
+    return armed
+
+
+def crash_point(name: str) -> None:
+    """Kill the process here if this point is armed (and this is the armed hit)."""
+    if name not in CRASH_POINTS:
+        raise ValueError(f"unknown crash point {name!r}")
+    armed = armed_points()
+    if name not in armed:
+        return
+    with _lock:
+        _hits[name] = _hits.get(name, 0) + 1
+        fire = _hits[name] == armed[name]
+    if fire:
+        sys.stderr.write(f"onceflow crash point {name}: exiting with {EXIT_CODE}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)

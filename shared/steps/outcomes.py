@@ -1,0 +1,206 @@
+"""What a step's outcome means for the step: the one classify function, and backoff.
+
+Pure logic (no database, no HTTP client): given what a block returned or raised, its kind and
+retry policy and the attempt that ran, `classify_outcome` decides the step's next state, its
+wake time and what the journal records. Failure classes follow one rule everywhere: 5xx, 408,
+425, 429, connection resets, timeouts and Postgres serialization/deadlock/lock errors are
+transient; anything unknown is permanent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from shared.blocks.base import BlockFailure, BlockKind, BlockResult, ErrorClass, RetryPolicy
+from shared.errors import ConflictError, PermanentError, TransientError
+from shared.steps.states import StepStatus
+
+OUTCOME_OK = "OK"
+OUTCOME_DELAYED = "DELAYED"
+# An at-most-once side effect may have left the process and its result was never recorded:
+# a person has to check the provider and replay; the engine never calls again (invariant 10).
+OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+OUTCOME_LEASE_EXPIRED = "LEASE_EXPIRED"
+OUTCOME_BLOCK_ERROR = "BLOCK_ERROR"
+OUTCOME_TRANSIENT_ERROR = "TRANSIENT_ERROR"
+OUTCOME_CONFIG_INVALID = "CONFIG_INVALID"
+OUTCOME_UNKNOWN_BLOCK = "UNKNOWN_BLOCK_TYPE"
+OUTCOME_UNKNOWN_NODE = "UNKNOWN_NODE"
+
+# The most a provider's Retry-After may park a step: beyond this, it is a misbehaving header.
+MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
+MAX_ERROR_CHARS = 4000
+DELAY_UNTIL_KEY = "delay_until"
+
+_TRANSIENT_HTTP = frozenset({408, 425, 429})
+
+
+def classify_status(status_code: int) -> ErrorClass:
+    """An HTTP status as a failure class: 5xx, 408, 425 and 429 are worth retrying."""
+    if status_code >= 500 or status_code in _TRANSIENT_HTTP:
+        return "transient"
+    return "permanent"
+
+
+def classify_exception(exc: BaseException) -> tuple[ErrorClass, str, float | None]:
+    """(class, outcome code, retry-after) for anything a block raised.
+
+    Blocks are meant to raise `BlockFailure` (classified at the port); anything else is
+    classified here, conservatively: network resets and timeouts and onceflow's own transient
+    database errors retry, everything unknown is permanent."""
+    if isinstance(exc, BlockFailure):
+        return exc.error_class, exc.outcome_code, exc.retry_after
+    if isinstance(exc, TransientError):
+        return "transient", OUTCOME_TRANSIENT_ERROR, exc.retry_after
+    if isinstance(exc, ConflictError | PermanentError):
+        return "permanent", OUTCOME_BLOCK_ERROR, None
+    # ConnectionError covers resets/refused/aborted; TimeoutError covers socket timeouts.
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return "transient", OUTCOME_TRANSIENT_ERROR, None
+    return "permanent", OUTCOME_BLOCK_ERROR, None
+
+
+def backoff_seconds(retry_number: int, policy: RetryPolicy) -> float:
+    """The wait before retry `retry_number` (1 = the first retry). Deterministic, no jitter.
+
+    Geometric from `first_backoff_seconds` to `max_backoff_seconds` over the policy's retries,
+    so with the default 3 attempts the two waits are 1 and 15 minutes; with 5 attempts
+    1, ≈2.5, ≈6 and 15 minutes. A retry beyond the policy waits the maximum."""
+    retries = max(policy.max_attempts - 1, 1)
+    first, cap = policy.first_backoff_seconds, max(policy.max_backoff_seconds, 0.0)
+    if retries == 1 or retry_number <= 1 or first <= 0:
+        return min(first, cap) if retry_number <= 1 else cap
+    if retry_number >= retries:
+        return cap
+    ratio = cap / first
+    return float(first * math.pow(ratio, (retry_number - 1) / (retries - 1)))
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What settle writes on the step row, and whether the run goes on."""
+
+    status: StepStatus
+    attempt: int
+    outcome_code: str
+    output: Mapping[str, Any] | None = None
+    error: str | None = None
+    error_class: ErrorClass | None = None
+    branch_choice: str | None = None
+    wake_at: datetime | None = None
+    # Successor nodes to create rows for (only when the step succeeded).
+    next_nodes: tuple[str, ...] = ()
+
+    @property
+    def fails_run(self) -> bool:
+        return self.status is StepStatus.FAILED
+
+
+def failed(attempt: int, outcome_code: str, error: str, error_class: ErrorClass) -> Settlement:
+    return Settlement(
+        status=StepStatus.FAILED,
+        attempt=attempt,
+        outcome_code=outcome_code,
+        error=error[:MAX_ERROR_CHARS],
+        error_class=error_class,
+    )
+
+
+def classify_outcome(
+    outcome: BlockResult | BaseException,
+    *,
+    kind: BlockKind,
+    retry: RetryPolicy,
+    attempt: int,
+    successors: Sequence[str],
+    now: datetime,
+) -> Settlement:
+    """The next state of a step whose attempt `attempt` produced `outcome`.
+
+    - A result with a future `wake_at` parks the step in `waiting_for_delay` (the wake time
+      is journaled in the output so the served wait is recognised later); otherwise the step
+      succeeds and its successors are the result's `next_nodes`, else the branch it chose,
+      else the node's declared edges.
+    - A failure that doesn't use up an attempt (throttling) parks in `waiting_for_retry` for its
+      retry-after and gives the attempt back.
+    - A transient failure of an action with attempts left parks in `waiting_for_retry` for the
+      deterministic backoff, or the failure's retry-after when that is longer.
+    - Anything else fails the step (and the run). Flow control never retries.
+    """
+    if isinstance(outcome, BlockResult):
+        if outcome.wake_at is not None and outcome.wake_at > now:
+            output = dict(outcome.output or {})
+            output[DELAY_UNTIL_KEY] = outcome.wake_at.isoformat()
+            return Settlement(
+                status=StepStatus.WAITING_FOR_DELAY,
+                attempt=attempt,
+                outcome_code=OUTCOME_DELAYED,
+                output=output,
+                branch_choice=outcome.branch_choice,
+                wake_at=outcome.wake_at,
+            )
+        if outcome.next_nodes is not None:
+            nxt = tuple(outcome.next_nodes)
+        elif outcome.branch_choice is not None:
+            nxt = (outcome.branch_choice,)
+        else:
+            nxt = tuple(successors)
+        return Settlement(
+            status=StepStatus.SUCCEEDED,
+            attempt=attempt,
+            outcome_code=outcome.outcome_code,
+            output=outcome.output,
+            branch_choice=outcome.branch_choice,
+            next_nodes=nxt,
+        )
+
+    error_class, code, retry_after = classify_exception(outcome)
+    message = str(outcome) or type(outcome).__name__
+    if retry_after is not None:
+        retry_after = min(max(retry_after, 0.0), MAX_RETRY_AFTER_SECONDS)
+    if kind == "flow":
+        return failed(attempt, code, message, error_class)
+    if (
+        isinstance(outcome, BlockFailure)
+        and not outcome.consumes_attempt
+        and error_class == "transient"
+    ):
+        wait = retry_after if retry_after is not None else retry.first_backoff_seconds
+        return Settlement(
+            status=StepStatus.WAITING_FOR_RETRY,
+            attempt=max(attempt - 1, 0),
+            outcome_code=code,
+            error=message[:MAX_ERROR_CHARS],
+            error_class=error_class,
+            wake_at=now + timedelta(seconds=wait),
+        )
+    if error_class == "transient" and attempt < retry.max_attempts:
+        wait = backoff_seconds(attempt, retry)
+        if retry_after is not None:
+            wait = max(wait, retry_after)
+        return Settlement(
+            status=StepStatus.WAITING_FOR_RETRY,
+            attempt=attempt,
+            outcome_code=code,
+            error=message[:MAX_ERROR_CHARS],
+            error_class=error_class,
+            wake_at=now + timedelta(seconds=wait),
+        )
+    if error_class == "transient":
+        message = f"{message} (gave up after {attempt} attempts)"
+    return failed(attempt, code, message, error_class)
+
+
+def served_delay(output: Mapping[str, Any] | None, now: datetime) -> bool:
+    """True when a step parked by a delay was woken after its wake time: the wait is served."""
+    if not output or DELAY_UNTIL_KEY not in output:
+        return False
+    try:
+        until = datetime.fromisoformat(str(output[DELAY_UNTIL_KEY]))
+    except ValueError:
+        return False
+    return until <= now

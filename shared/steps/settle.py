@@ -1,0 +1,82 @@
+"""Settling a claimed step: its outcome, the run's status and the next step rows, in ONE
+transaction fenced on the lease (invariant 8)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from shared import queries
+from shared.db import Database
+from shared.steps.claim import ClaimedStep
+from shared.steps.crashpoints import crash_point
+from shared.steps.journal import insert_steps
+from shared.steps.outcomes import Settlement
+from shared.steps.states import StepStatus
+from shared.workflows.definition import Step
+
+SQL = queries.load("steps")
+SETTLE = SQL["steps_settle"]
+FINISH_IF_DONE = SQL["runs_finish_if_done"]
+FAIL_RUN = SQL["runs_fail"]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What the settle transaction committed. `fenced_out` means the lease was gone: nothing
+    was written (a successor or the sweep owns the step)."""
+
+    fenced_out: bool
+    to_dispatch: tuple[str, ...] = ()
+    run_status: str | None = None
+
+
+def settle_step(
+    db: Database, step: ClaimedStep, settlement: Settlement, next_nodes: list[Step]
+) -> Settled:
+    """Write `settlement` for `step` if this attempt still holds its lease.
+
+    In the same transaction: rows for `next_nodes` when the step succeeded and its run is
+    still running (dispatched_at stamped: the caller publishes right after commit), otherwise
+    the run's end — failed when the step failed, succeeded when nothing is left to do."""
+    with db.transaction() as tx:
+        row = tx.one(
+            SETTLE,
+            step_id=step.id,
+            run_id=step.run_id,
+            lease_id=step.lease_id,
+            status=str(settlement.status),
+            attempt=settlement.attempt,
+            output=None if settlement.output is None else json.dumps(settlement.output),
+            error=settlement.error,
+            error_class=settlement.error_class,
+            outcome_code=settlement.outcome_code,
+            branch_choice=settlement.branch_choice,
+            wake_at=settlement.wake_at,
+        )
+        if row is None:
+            return Settled(fenced_out=True)
+        run_status = str(row["run_status"])
+        dispatch: list[str] = []
+        if settlement.status is StepStatus.FAILED:
+            if tx.execute(FAIL_RUN, run_id=step.run_id, error=_run_error(step, settlement)):
+                run_status = "failed"
+        elif settlement.status is StepStatus.SUCCEEDED and run_status == "running":
+            if next_nodes:
+                dispatch = insert_steps(
+                    tx,
+                    run_id=step.run_id,
+                    lineage_root=step.lineage_root,
+                    nodes=next_nodes,
+                    stamp_dispatched=True,
+                )
+            elif tx.execute(FINISH_IF_DONE, run_id=step.run_id):
+                run_status = "succeeded"
+        crash_point("before_settle_commit")
+    return Settled(fenced_out=False, to_dispatch=tuple(dispatch), run_status=run_status)
+
+
+def _run_error(step: ClaimedStep, settlement: Settlement) -> str:
+    return f"step {step.step_key} failed ({settlement.outcome_code}): {settlement.error or ''}"[
+        :4000
+    ]

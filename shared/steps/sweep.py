@@ -1,0 +1,270 @@
+"""The sweep: the scheduled repair loop that makes steps survive crashes and lost messages.
+
+Cloud Scheduler fires `sweep` at most once a minute, so one invocation loops for its budget
+(default 50 s, under the scheduler's cadence) doing passes of three core jobs, each a bounded
+batch answered from a small partial index:
+
+- `reclaim_expired_leases` — a running step whose lease expired (its process died): back to
+  pending and dispatched, or failed `OUTCOME_UNKNOWN` when its at-most-once side effect may
+  have started, or failed `LEASE_EXPIRED` when it used up `max_lease_attempts`;
+- `wake_due_steps` — due `waiting_for_delay` / `waiting_for_retry` rows to pending, dispatched;
+- `redispatch_lost_steps` — pending steps whose `step-ready` evidently never arrived
+  (stamped longer ago than `redispatch_after_seconds`), re-stamped so there is no storm.
+
+Then the registered `Duty`s, each claimed once per period across all instances through a row
+in `sweep_duties`: marker expiry, provider subscription repair (hourly), and whatever later
+issues add (timeouts, cron ticks) by appending to `default_duties()` — the loop doesn't change.
+A duty that raises is recorded and logged; it never stops the core jobs.
+
+Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared import queries
+from shared.db import Database
+from shared.errors import TransientError
+from shared.logs import get_logger
+
+STEPS_SQL = queries.load("steps")
+SWEEP_SQL = queries.load("sweep")
+RECLAIM_EXPIRED = STEPS_SQL["steps_reclaim_expired"]
+WAKE_DUE = STEPS_SQL["steps_wake_due"]
+REDISPATCH_LOST = STEPS_SQL["steps_redispatch_lost"]
+DUTY_CLAIM = SWEEP_SQL["sweep_duty_claim"]
+DUTY_RECORD = SWEEP_SQL["sweep_duty_record"]
+EXPIRE_ECHO_MARKERS = SWEEP_SQL["echo_markers_expire"]
+
+Dispatch = Callable[[Sequence[str]], None]
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    batch: int = 500
+    # Pub/Sub delivers in milliseconds; two minutes without a claim means the message is lost
+    # (or stuck in nack backoff, where a duplicate is harmless: the claim is conditional).
+    redispatch_after_seconds: float = 120.0
+    # A step whose process keeps dying is not retried forever.
+    max_lease_attempts: int = 5
+    poll_seconds: float = 2.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SweepConfig:
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(
+            batch=int(env.get("ONCEFLOW_SWEEP_BATCH", d.batch)),
+            redispatch_after_seconds=float(
+                env.get("ONCEFLOW_REDISPATCH_AFTER_SECONDS", d.redispatch_after_seconds)
+            ),
+            max_lease_attempts=int(env.get("ONCEFLOW_MAX_LEASE_ATTEMPTS", d.max_lease_attempts)),
+            poll_seconds=float(env.get("ONCEFLOW_SWEEP_POLL_SECONDS", d.poll_seconds)),
+        )
+
+
+@dataclass(frozen=True)
+class Duty:
+    """A periodic job of the sweep. `run` returns a JSON-able summary, recorded with it."""
+
+    name: str
+    every_seconds: float
+    run: Callable[[Database], Any]
+
+
+@dataclass
+class SweepReport:
+    passes: int = 0
+    reclaimed: int = 0
+    reclaimed_failed: int = 0
+    woken: int = 0
+    redispatched: int = 0
+    publish_failures: int = 0
+    duties: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "passes": self.passes,
+            "reclaimed": self.reclaimed,
+            "reclaimed_failed": self.reclaimed_failed,
+            "woken": self.woken,
+            "redispatched": self.redispatched,
+            "publish_failures": self.publish_failures,
+            "duties": self.duties,
+        }
+
+
+def default_dispatch(step_ids: Sequence[str]) -> None:
+    from shared.pubsub import publish_step_ready
+
+    publish_step_ready(step_ids)
+
+
+def _publish(dispatch: Dispatch, ids: Sequence[str], report: SweepReport) -> None:
+    if not ids:
+        return
+    try:
+        dispatch(ids)
+    except Exception as exc:
+        # The rows are committed and stamped: the next redispatch pass after the threshold
+        # publishes them again. Raising here would only abort the other jobs.
+        report.publish_failures += 1
+        log.warning("sweep publish of %d steps failed; retried after threshold: %s", len(ids), exc)
+
+
+def reclaim_expired_leases(
+    db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
+) -> int:
+    """Reclaim one batch of expired leases; the number of rows touched."""
+    with db.transaction() as tx:
+        rows = tx.all(RECLAIM_EXPIRED, batch=config.batch, max_attempts=config.max_lease_attempts)
+    pending = [r["id"] for r in rows if r["status"] == "pending"]
+    for r in rows:
+        if r["status"] == "failed":
+            log.warning(
+                "reclaimed step failed %s",
+                r["outcome_code"],
+                extra={"labels": {"step_id": r["id"], "run_id": r["run_id"]}},
+            )
+    report.reclaimed += len(pending)
+    report.reclaimed_failed += len(rows) - len(pending)
+    _publish(dispatch, pending, report)
+    return len(rows)
+
+
+def wake_due_steps(
+    db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
+) -> int:
+    with db.transaction() as tx:
+        ids = [r["id"] for r in tx.all(WAKE_DUE, batch=config.batch)]
+    report.woken += len(ids)
+    _publish(dispatch, ids, report)
+    return len(ids)
+
+
+def redispatch_lost_steps(
+    db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
+) -> int:
+    with db.transaction() as tx:
+        ids = [
+            r["id"]
+            for r in tx.all(
+                REDISPATCH_LOST,
+                batch=config.batch,
+                after_seconds=config.redispatch_after_seconds,
+            )
+        ]
+    report.redispatched += len(ids)
+    _publish(dispatch, ids, report)
+    return len(ids)
+
+
+CORE_JOBS = (reclaim_expired_leases, wake_due_steps, redispatch_lost_steps)
+
+
+def run_duty(db: Database, duty: Duty) -> Any:
+    """Run `duty` if no invocation ran it within its period; its summary, or None if skipped."""
+    with db.transaction() as tx:
+        owned = tx.one(DUTY_CLAIM, name=duty.name, every_seconds=duty.every_seconds)
+    if owned is None:
+        return None
+    ok, result, error = True, None, None
+    try:
+        result = duty.run(db)
+    except Exception as exc:  # one broken duty must not stop the sweep
+        ok, error = False, f"{type(exc).__name__}: {exc}"
+        log.exception("sweep duty %s failed", duty.name)
+    with db.transaction() as tx:
+        tx.execute(
+            DUTY_RECORD,
+            name=duty.name,
+            ok=ok,
+            result=json.dumps(result, default=str),
+            error=error,
+        )
+    return result if ok else {"error": error}
+
+
+def expire_echo_markers(db: Database, batch: int = 5000) -> dict[str, int]:
+    with db.transaction() as tx:
+        return {"expired": tx.execute(EXPIRE_ECHO_MARKERS, batch=batch)}
+
+
+def reconcile_subscriptions(db: Database) -> dict[str, int]:
+    """Hourly provider subscription repair (the workflows issue's reconcile)."""
+    from shared.port.connect import port_for
+    from shared.workflows.subscriptions import reconcile_all
+
+    results = reconcile_all(db, port_for)
+    return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}
+
+
+def default_duties() -> list[Duty]:
+    """The periodic duties; later issues append theirs (timeouts, cron ticks) here."""
+    return [
+        Duty("expire_echo_markers", 300.0, expire_echo_markers),
+        Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
+    ]
+
+
+def sweep_once(
+    db: Database,
+    *,
+    config: SweepConfig,
+    dispatch: Dispatch,
+    duties: Sequence[Duty],
+    report: SweepReport,
+) -> bool:
+    """One pass; True when a core job filled its batch (a backlog: go again at once)."""
+    backlog = False
+    for job in CORE_JOBS:
+        if job(db, config, dispatch, report) >= config.batch:
+            backlog = True
+    for duty in duties:
+        result = run_duty(db, duty)
+        if result is not None:
+            report.duties[duty.name] = result
+    report.passes += 1
+    return backlog
+
+
+def run_sweep(
+    db: Database,
+    budget_seconds: float,
+    *,
+    config: SweepConfig | None = None,
+    dispatch: Dispatch | None = None,
+    duties: Sequence[Duty] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> SweepReport:
+    """Sweep repeatedly until `budget_seconds` is spent (at least one pass).
+
+    A transient database error ends the invocation early with what was done (the next
+    scheduled sweep carries on); anything else is a bug and propagates."""
+    config = config or SweepConfig.from_env()
+    dispatch = dispatch or default_dispatch
+    duties = default_duties() if duties is None else duties
+    report = SweepReport()
+    deadline = clock() + max(budget_seconds, 0.0)
+    while True:
+        try:
+            backlog = sweep_once(db, config=config, dispatch=dispatch, duties=duties, report=report)
+        except TransientError as exc:
+            log.warning("sweep pass stopped by a transient error: %s", exc)
+            break
+        remaining = deadline - clock()
+        if backlog and remaining > 0:
+            continue
+        if remaining <= config.poll_seconds:
+            break
+        sleep(config.poll_seconds)
+    log.info("sweep done: %s", json.dumps(report.as_dict(), default=str))
+    return report
