@@ -1,10 +1,22 @@
-"""`admit_event` entry point (placeholder until its issue lands)."""
+"""`admit_event` entry point: Pub/Sub `trigger-events` → admit or refuse one run per binding.
+
+Returns normally (ack) for admitted, refused and already-handled events and for poisoned
+messages (recorded in poisoned_messages); raises only on transient errors, so Pub/Sub
+redelivers exactly what may succeed later. See `shared/admission.py`.
+"""
+
+from __future__ import annotations
 
 from typing import Any
 
 import functions_framework
 
+from shared.admission import admit_delivery
+from shared.db import get_database
+from shared.logs import labelled
+
 
 @functions_framework.cloud_event
 def admit_event(event: Any) -> None:
-    raise NotImplementedError("admit_event is not built yet")
+    with labelled(function="admit_event"):
+        admit_delivery(get_database(), event.data, message_id=event["id"])

@@ -1,0 +1,678 @@
+"""Admission: exactly one run per trigger event and workflow, or a refusal that says why.
+
+`admit_delivery` is what the `admit_event` function calls for each `trigger-events` message;
+`admit_event` admits one event id against every workflow bound to its type.
+
+One event, K bound workflows, one transaction of a fixed number of statements:
+
+1. `admission_context` reads the event, its tenant, connection and echo markers and every
+   binding (one index range scan on trigger_bindings), and takes the dedup locks:
+   `pg_advisory_xact_lock` on a 64-bit hash of (workflow, record), in workflow order, for the
+   bindings whose dedup mode needs one (`every_time` doesn't: its only rule, one run per
+   event, is the start key's unique index).
+2. In Python, per binding, the refusals that don't depend on other runs, in this order of
+   precedence (exactly one reason is recorded):
+   `provider_suppressed` (connection paused or disconnected; the event's author is in the
+   tenant's or the connection's excluded authors), `echo_suppressed` (every changed field
+   matches a live echo marker for the record: shared/echo.py), `missing_record_identity`,
+   `rule_not_matched` (the trigger's CEL rule was false, or could not be evaluated on this
+   event: the detail says which), `insufficient_credits` (the tenant's balance can't pay the
+   entry step's block price; an unregistered block type has no price and is not refused here:
+   the step engine fails that step with its own error).
+3. `admission_admit`, one statement for all bindings, under the locks: the delivery claim
+   (unique on event and workflow) for every pairing; `duplicate` when once_per_record finds
+   an enrollment, `already_running` when not_while_running finds a live running run for the
+   record; otherwise the run row (start key `workflow_event:<eventId>` under the unique
+   (workflow, start_key) index, pinned version, payload and truncation flag copied from the
+   event row, lineage root = its own id), its enrollment and its first step row.
+4. The refusals decided in 2 and 3 are written on ANOTHER connection in their own
+   transaction (ON CONFLICT (event_id, workflow_id) DO NOTHING) BEFORE the admission
+   commits: if the admission then fails, the refusal stays; if the process dies after the
+   refusal and before the commit, the redelivery decides again and finds the refusal there.
+5. Commit, then publish `step-ready` for the first steps. A publish that fails raises (nack,
+   so Pub/Sub redelivers the event, and the redelivery re-publishes the run's pending steps);
+   a publish lost in a crash after commit is repaired by the sweep, which re-dispatches
+   pending steps whose `dispatched_at` is older than its threshold.
+
+Round trips per event: BEGIN, context, admit, COMMIT — plus BEGIN/INSERT/COMMIT of the
+refusals when there are any, one lock statement when a trigger takes its record from an
+expression, and one read of pending steps on a redelivery. None of these grows with K.
+
+What `record` holds at admission: the record as the event describes it, never a fresh read
+from the CRM — `id`, `object_type`, `key` (the record key), `connection_id`, the properties
+the event payload carries under `properties` (applications emitting their own events put
+them there; HubSpot webhooks carry none) and, on top, the event's `changed_fields` (for a
+property change, the new value). A trigger whose `record` is an expression gets a record
+with only `id`, `object_type` and `key`. The record key is `<connection id>:<type>:<id>`
+(`app:<type>:<id>` for events without a connection).
+
+Concurrency: every rule is a lock or a unique index. Two deliveries of one event serialize on
+the advisory lock (or, under every_time, on the start key's unique index); the loser sees the
+claim and does nothing. A unique violation (a race the locks didn't cover, such as the test
+seam that skips them) rolls back the attempt and admission decides again from the committed
+state; after `ATTEMPTS` it is a transient error and Pub/Sub redelivers. The lock statement
+and the decision are separate statements on purpose: READ COMMITTED takes a snapshot per
+statement, so the decision sees what the previous lock holder committed.
+
+Rehearsal runs are created by the ops side; admission only ever creates `live` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from shared import queries
+from shared.db import Database, Tx
+from shared.echo import is_echo
+from shared.errors import ConflictError, PermanentError, TransientError
+from shared.logs import get_logger, labelled
+from shared.pubsub import decode_push_message, publish_step_ready
+from shared.workflows.definition import WorkflowDefinition
+from shared.workflows.expressions import (
+    CompiledExpression,
+    ExpressionError,
+    compile_expression,
+    evaluate,
+    evaluate_condition,
+)
+
+SQL = queries.load("admission")
+CONTEXT = SQL["admission_context"]
+LOCK_RECORDS = SQL["admission_lock_records"]
+ADMIT = SQL["admission_admit"]
+PENDING_FIRST_STEPS = SQL["admission_pending_first_steps"]
+INSERT_REFUSALS = SQL["admission_refusals_insert"]
+INSERT_POISONED = SQL["admission_poisoned_insert"]
+REFUSALS_FOR_RECORD = SQL["admission_refusals_for_record"]
+
+Reason = Literal[
+    "duplicate",
+    "already_running",
+    "rule_not_matched",
+    "insufficient_credits",
+    "echo_suppressed",
+    "provider_suppressed",
+    "missing_record_identity",
+]
+REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
+Outcome = Literal["admitted", "refused", "handled"]
+
+# Attempts of the whole admission when a unique index, a deadlock or a dropped connection
+# interrupts it. Every attempt decides from scratch, so repeating is safe.
+ATTEMPTS = 3
+POISON_SOURCE = "trigger-events"
+log = get_logger(__name__)
+
+
+def start_key(event_id: int) -> str:
+    return f"workflow_event:{event_id}"
+
+
+def record_key(connection_id: str | None, object_type: str, object_id: str) -> str:
+    """The record identity every part of onceflow uses."""
+    return f"{connection_id or 'app'}:{object_type}:{object_id}"
+
+
+@dataclass(frozen=True)
+class BindingOutcome:
+    """What admission did for one (event, workflow) pairing.
+
+    `handled`: the pairing was already decided by an earlier delivery; `run_id` is its run
+    when it was admitted (its pending steps were published again), None when it was refused."""
+
+    workflow_id: str
+    outcome: Outcome
+    run_id: str | None = None
+    reason: Reason | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    event_id: int
+    outcomes: tuple[BindingOutcome, ...]
+    # Step ids published to step-ready after commit (first steps, or resumed pending ones).
+    dispatched: tuple[str, ...] = ()
+
+    @property
+    def admitted(self) -> list[BindingOutcome]:
+        return [o for o in self.outcomes if o.outcome == "admitted"]
+
+    @property
+    def refused(self) -> list[BindingOutcome]:
+        return [o for o in self.outcomes if o.outcome == "refused"]
+
+    def outcome_for(self, workflow_id: str) -> BindingOutcome:
+        for o in self.outcomes:
+            if o.workflow_id == workflow_id:
+                return o
+        raise KeyError(workflow_id)
+
+
+@dataclass(frozen=True)
+class AdmissionSeams:
+    """Test-only hooks, never set by production code: the default is the real behaviour.
+
+    `take_locks=False` skips the advisory locks so a test can show the unique indexes catch
+    the race; `before_commit` runs after the refusals were written and before the admission
+    commits (raise in it to inject a failure)."""
+
+    take_locks: bool = True
+    before_commit: Callable[[], None] | None = None
+    attempts: int = ATTEMPTS
+
+
+DEFAULT_SEAMS = AdmissionSeams()
+
+
+class EventNotFound(PermanentError, LookupError):
+    """The message names an event id that doesn't exist: a poisoned message."""
+
+
+@dataclass(frozen=True)
+class _Trigger:
+    """What admission needs from a version, parsed once (versions are immutable)."""
+
+    version_id: str
+    rule: CompiledExpression | None
+    record_expression: CompiledExpression | None
+    entry_node: str
+    entry_type: str
+    entry_price: int
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    workflow_id: str
+    version_id: str
+    record_key: str | None
+    reason: Reason
+    detail: str
+
+
+@dataclass
+class _Plan:
+    """One binding's row in the admit statement."""
+
+    workflow_id: str
+    version_id: str
+    dedup_mode: str
+    run_id: str
+    record_key: str | None
+    refusal: _Refusal | None
+    entry_node: str
+    entry_type: str
+
+
+_triggers: dict[str, _Trigger] = {}
+_triggers_lock = threading.Lock()
+_TRIGGER_CACHE_SIZE = 2048
+
+
+def _trigger_for(version_id: str, definition: Any) -> _Trigger:
+    with _triggers_lock:
+        cached = _triggers.get(version_id)
+    if cached is not None:
+        return cached
+    if definition is None:
+        raise TransientError(f"version {version_id} was expected in the cache")  # cache race
+    try:
+        parsed = WorkflowDefinition.model_validate(
+            json.loads(definition) if isinstance(definition, str) else definition
+        )
+        rule = compile_expression(parsed.trigger.rule) if parsed.trigger.rule else None
+        record_expr = (
+            None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
+        )
+    except (ValidationError, ExpressionError) as exc:
+        # Publishing validates definitions, so this is a corrupted row, not a customer error.
+        raise PermanentError(f"version {version_id} has an unreadable definition: {exc}") from exc
+    entry = parsed.entry
+    trigger = _Trigger(
+        version_id=version_id,
+        rule=rule,
+        record_expression=record_expr,
+        entry_node=entry.id,
+        entry_type=entry.type,
+        entry_price=_block_price(entry.type),
+    )
+    with _triggers_lock:
+        if len(_triggers) >= _TRIGGER_CACHE_SIZE:
+            _triggers.clear()
+        _triggers[version_id] = trigger
+    return trigger
+
+
+_catalog_loaded = False
+
+
+def _block_price(block_type: str) -> int:
+    """The entry block's price; 0 for a type the registry doesn't know (not charged, so not
+    refused for credits: the step engine fails such a step visibly)."""
+    global _catalog_loaded  # noqa: PLW0603 - load the block catalog once per process
+    from shared.blocks import registry
+
+    if not _catalog_loaded:
+        registry.load_catalog()
+        _catalog_loaded = True
+    if not registry.is_registered(block_type):
+        log.warning("entry block type %r is not registered; admitted without a price", block_type)
+        return 0
+    return registry.get(block_type).price
+
+
+# --- the pure decisions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventFacts:
+    """The event row and what admission read alongside it."""
+
+    id: int
+    tenant_id: str
+    connection_id: str | None
+    event_type: str
+    source_event_id: str | None
+    record_object_type: str | None
+    record_object_id: str | None
+    record_key: str | None
+    author_id: str | None
+    changed_fields: Mapping[str, Any]
+    occurred_at: datetime
+    payload: Mapping[str, Any]
+    credit_balance: int
+    excluded_authors: tuple[str, ...]
+    connection_status: str | None
+    echo_markers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
+
+    def event_scope(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": self.event_type,
+            "tenant_id": self.tenant_id,
+            "connection_id": self.connection_id,
+            "source_event_id": self.source_event_id,
+            "occurred_at": self.occurred_at,
+            "author_id": self.author_id,
+            "changed_fields": dict(self.changed_fields),
+            "payload": dict(self.payload),
+        }
+
+    def record_scope(self) -> dict[str, Any]:
+        if self.record_object_id is None:
+            return {}
+        props = self.payload.get("properties")
+        record: dict[str, Any] = dict(props) if isinstance(props, Mapping) else {}
+        record.update(self.changed_fields)
+        record.update(
+            id=self.record_object_id,
+            object_type=self.record_object_type,
+            key=self.record_key,
+            connection_id=self.connection_id,
+        )
+        return record
+
+
+def provider_suppression(event: EventFacts) -> str | None:
+    """Why the provider side says not to run, or None."""
+    if event.connection_status in ("paused", "disconnected"):
+        return f"connection {event.connection_id} is {event.connection_status}"
+    if event.author_id is not None and event.author_id in event.excluded_authors:
+        return f"the change was made by author {event.author_id}, whom the tenant excluded"
+    return None
+
+
+def resolve_record(
+    event: EventFacts, trigger: _Trigger, scope: Mapping[str, Any]
+) -> tuple[str | None, dict[str, Any], str | None]:
+    """(record key, record scope, why there is none) for one trigger."""
+    if trigger.record_expression is None:
+        if event.record_key is None:
+            return None, {}, f"event {event.id} ({event.event_type}) names no record"
+        return event.record_key, event.record_scope(), None
+    try:
+        value = evaluate(trigger.record_expression, scope)
+    except ExpressionError as exc:
+        return None, {}, f"the trigger's record expression failed: {exc}"
+    object_type = event.record_object_type
+    object_id: Any = value
+    if isinstance(value, Mapping):
+        object_type = value.get("object_type") or object_type
+        object_id = value.get("id")
+    if isinstance(object_id, bool) or not isinstance(object_id, str | int) or object_id == "":
+        return (
+            None,
+            {},
+            (
+                f"the trigger's record expression `{trigger.record_expression.source}` gave "
+                f"{value!r:.80}, not a record id"
+            ),
+        )
+    if not object_type:
+        return None, {}, "the record expression gave an id but no object_type"
+    key = record_key(event.connection_id, str(object_type), str(object_id))
+    return key, {"id": str(object_id), "object_type": str(object_type), "key": key}, None
+
+
+def static_refusal(  # noqa: PLR0911 - the precedence of reasons reads best as returns
+    event: EventFacts, trigger: _Trigger, dedup_mode: str
+) -> tuple[str | None, tuple[Reason, str] | None]:
+    """The record key, and the refusal decided without looking at other runs (or None)."""
+    suppressed = provider_suppression(event)
+    if suppressed:
+        return event.record_key, ("provider_suppressed", suppressed)
+    if is_echo(event.changed_fields, event.echo_markers):
+        fields = ", ".join(sorted(event.changed_fields))
+        return event.record_key, (
+            "echo_suppressed",
+            f"every changed field ({fields}) matches a write onceflow made to "
+            f"{event.record_key} (echo marker)",
+        )
+    base_scope: dict[str, Any] = {
+        "event": event.event_scope(),
+        "trigger": dict(event.payload),
+        "record": event.record_scope(),
+    }
+    key, record, missing = resolve_record(event, trigger, base_scope)
+    if key is None and (trigger.record_expression is not None or dedup_mode != "every_time"):
+        return None, ("missing_record_identity", missing or "no record identity")
+    if trigger.rule is not None:
+        scope = {**base_scope, "record": record}
+        try:
+            matched = evaluate_condition(trigger.rule, scope)
+        except ExpressionError as exc:
+            return key, ("rule_not_matched", f"the rule could not be evaluated: {exc}")
+        if not matched:
+            return key, ("rule_not_matched", f"rule `{trigger.rule.source}` was false")
+    if trigger.entry_price > event.credit_balance:
+        return key, (
+            "insufficient_credits",
+            f"tenant {event.tenant_id} has {event.credit_balance} credits; the first step "
+            f"{trigger.entry_node} ({trigger.entry_type}) costs {trigger.entry_price}",
+        )
+    return key, None
+
+
+# --- the transaction ---------------------------------------------------------------------------
+
+
+def _facts(row: Mapping[str, Any]) -> EventFacts:
+    markers = row["echo_markers"]
+    markers = json.loads(markers) if isinstance(markers, str) else markers
+    changed = row["changed_fields"]
+    payload = row["payload"]
+    return EventFacts(
+        id=int(row["id"]),
+        tenant_id=row["tenant_id"],
+        connection_id=row["connection_id"],
+        event_type=row["event_type"],
+        source_event_id=row["source_event_id"],
+        record_object_type=row["record_object_type"],
+        record_object_id=row["record_object_id"],
+        record_key=row["record_key"],
+        author_id=row["author_id"],
+        changed_fields=json.loads(changed) if isinstance(changed, str) else changed,
+        occurred_at=row["occurred_at"],
+        payload=json.loads(payload) if isinstance(payload, str) else payload,
+        credit_balance=int(row["credit_balance"]),
+        excluded_authors=tuple(row["excluded_authors"] or ()),
+        connection_status=row["connection_status"],
+        echo_markers=tuple((f, bytes.fromhex(h)) for f, h in markers),
+    )
+
+
+@dataclass
+class _Attempt:
+    outcomes: list[BindingOutcome]
+    refusals: list[_Refusal]
+    dispatch: list[str]
+    tenant_id: str
+
+
+def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Attempt:
+    with _triggers_lock:
+        cached = list(_triggers)
+    row = tx.one(
+        CONTEXT,
+        event_id=event_id,
+        start_key=start_key(event_id),
+        cached_versions=cached,
+        take_locks=seams.take_locks,
+    )
+    if row is None:
+        raise EventNotFound(f"trigger event {event_id} does not exist")
+    event = _facts(row)
+    bindings = row["bindings"]
+    bindings = json.loads(bindings) if isinstance(bindings, str) else bindings
+
+    outcomes: list[BindingOutcome] = []
+    resume: list[str] = []
+    plans: list[_Plan] = []
+    extra_locks: list[str] = []
+    for b in bindings:
+        workflow_id = str(b["workflow_id"])
+        if b["claimed"]:
+            # Decided by an earlier delivery (seen even before the lock: claims are final).
+            if b["start_run_id"]:
+                resume.append(b["start_run_id"])
+            outcomes.append(BindingOutcome(workflow_id, "handled", run_id=b["start_run_id"]))
+            continue
+        version_id = str(b["version_id"])
+        trigger = _trigger_for(version_id, b["definition"])
+        key, refused = static_refusal(event, trigger, b["dedup_mode"])
+        if (
+            refused is None
+            and key is not None
+            and not b["record_from_event"]
+            and b["dedup_mode"] != "every_time"
+            and seams.take_locks
+        ):
+            extra_locks.append(f"{workflow_id}|{key}")
+        plans.append(
+            _Plan(
+                workflow_id=workflow_id,
+                version_id=version_id,
+                dedup_mode=b["dedup_mode"],
+                run_id=str(uuid.uuid4()),
+                record_key=key,
+                refusal=None
+                if refused is None
+                else _Refusal(workflow_id, version_id, key, refused[0], refused[1]),
+                entry_node=trigger.entry_node,
+                entry_type=trigger.entry_type,
+            )
+        )
+    if extra_locks:
+        tx.one(LOCK_RECORDS, lock_keys=extra_locks)
+
+    refusals: list[_Refusal] = []
+    dispatch: list[str] = []
+    if plans:
+        rows = tx.all(
+            ADMIT,
+            event_id=event_id,
+            start_key=start_key(event_id),
+            workflow_ids=[p.workflow_id for p in plans],
+            version_ids=[p.version_id for p in plans],
+            dedup_modes=[p.dedup_mode for p in plans],
+            run_ids=[p.run_id for p in plans],
+            record_keys=[p.record_key for p in plans],
+            refusals=[None if p.refusal is None else p.refusal.reason for p in plans],
+            entry_nodes=[p.entry_node for p in plans],
+            entry_types=[p.entry_type for p in plans],
+        )
+        by_workflow = {p.workflow_id: p for p in plans}
+        for r in rows:
+            plan = by_workflow[r["workflow_id"]]
+            outcome, refusal = _outcome(plan, r)
+            outcomes.append(outcome)
+            if refusal is not None:
+                refusals.append(refusal)
+            if outcome.outcome == "admitted" and r["step_id"]:
+                dispatch.append(r["step_id"])
+            elif outcome.outcome == "handled" and outcome.run_id:
+                resume.append(outcome.run_id)
+    if resume:
+        dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
+    return _Attempt(outcomes, refusals, dispatch, event.tenant_id)
+
+
+def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:
+    decided = row["outcome"]
+    if decided == "admitted":
+        return BindingOutcome(plan.workflow_id, "admitted", run_id=row["run_id"]), None
+    if decided == "handled":
+        return BindingOutcome(plan.workflow_id, "handled", run_id=row["run_id"]), None
+    if decided == "duplicate":
+        detail = (
+            f"record {plan.record_key} already enrolled by run {row['enrolled_run_id']} "
+            f"at {_when(row['enrolled_at'])} (dedup once_per_record)"
+        )
+        refusal = _Refusal(plan.workflow_id, plan.version_id, plan.record_key, "duplicate", detail)
+    elif decided == "already_running":
+        detail = (
+            f"run {row['active_run_id']} for record {plan.record_key} is still running "
+            f"(started {_when(row['active_since'])}; dedup not_while_running)"
+        )
+        refusal = _Refusal(
+            plan.workflow_id, plan.version_id, plan.record_key, "already_running", detail
+        )
+    else:
+        assert plan.refusal is not None and plan.refusal.reason == decided, decided
+        refusal = plan.refusal
+    outcome = BindingOutcome(
+        plan.workflow_id, "refused", reason=refusal.reason, detail=refusal.detail
+    )
+    return outcome, refusal
+
+
+def _when(value: Any) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def write_refusals(
+    db: Database, *, tenant_id: str, event_id: int, refusals: Sequence[_Refusal]
+) -> int:
+    """Record refusals in their own transaction (a connection of their own); how many are new."""
+    if not refusals:
+        return 0
+    with db.transaction() as tx:
+        return tx.execute(
+            INSERT_REFUSALS,
+            tenant_id=tenant_id,
+            event_id=event_id,
+            workflow_ids=[r.workflow_id for r in refusals],
+            version_ids=[r.version_id for r in refusals],
+            record_keys=[r.record_key for r in refusals],
+            reasons=[r.reason for r in refusals],
+            details=[r.detail for r in refusals],
+        )
+
+
+def admit_event(
+    db: Database,
+    event_id: int,
+    *,
+    publish: Callable[[Iterable[str]], None] = publish_step_ready,
+    seams: AdmissionSeams = DEFAULT_SEAMS,
+) -> AdmissionResult:
+    """Admit or refuse one run per workflow bound to the event's type; publish first steps.
+
+    Raises EventNotFound (permanent) for an unknown id, TransientError when it should be
+    retried (the database, or the step-ready publish after commit)."""
+    with labelled(event_id=event_id):
+        for attempt in range(1, seams.attempts + 1):
+            try:
+                with db.transaction() as tx:
+                    done = _admit_in_transaction(tx, event_id, seams)
+                    # Before commit, on another connection: survives this transaction's fate.
+                    write_refusals(
+                        db, tenant_id=done.tenant_id, event_id=event_id, refusals=done.refusals
+                    )
+                    if seams.before_commit is not None:
+                        seams.before_commit()
+                break
+            except (ConflictError, TransientError) as exc:
+                # A concurrent admission won a race on a unique index, or the database
+                # hiccuped: decide again from what is committed now.
+                log.info("admission attempt %d of event %d: %s", attempt, event_id, exc)
+                if attempt == seams.attempts:
+                    raise TransientError(
+                        f"admission of event {event_id} kept conflicting: {exc}"
+                    ) from exc
+        # After commit: a lost publish is repaired by redelivery (we raise) or by the sweep.
+        publish(done.dispatch)
+        # One line per event, however many workflows are bound (refusal details are in the
+        # admission_refusals table).
+        log.info(
+            "event %d: %s",
+            event_id,
+            ", ".join(
+                f"{o.workflow_id} {o.reason or o.outcome}"
+                + (f" run {o.run_id}" if o.run_id else "")
+                for o in done.outcomes
+            )
+            or "no workflow bound",
+        )
+        return AdmissionResult(event_id, tuple(done.outcomes), tuple(done.dispatch))
+
+
+def record_poisoned(
+    db: Database, *, message_id: str | None, data: Any, reason: str, source: str = POISON_SOURCE
+) -> None:
+    text = data if isinstance(data, str) else json.dumps(data, default=str)
+    db.run(
+        lambda tx: tx.execute(
+            INSERT_POISONED,
+            source=source,
+            message_id=message_id,
+            data=text[:10_000],
+            reason=reason[:2_000],
+        )
+    )
+
+
+def admit_delivery(
+    db: Database,
+    cloud_event_data: Any,
+    *,
+    message_id: str | None = None,
+    publish: Callable[[Iterable[str]], None] = publish_step_ready,
+) -> AdmissionResult | None:
+    """One `trigger-events` delivery. Returns normally (ack) when the event was admitted,
+    refused or already handled, and when the message is poisoned (recorded in
+    poisoned_messages, logged, None returned: it can never succeed, so it must not loop).
+    Raises TransientError (nack, redelivery) only for what may succeed later."""
+    try:
+        message = decode_push_message(cloud_event_data)
+        raw_id = message.get("event_id")
+        if isinstance(raw_id, bool) or not isinstance(raw_id, int | str):
+            raise PermanentError(f"message has no usable event_id: {raw_id!r}")
+        try:
+            event_id = int(raw_id)
+        except ValueError:
+            raise PermanentError(f"event_id is not an integer: {raw_id!r}") from None
+        if not 0 < event_id < 2**63:
+            raise PermanentError(f"event_id out of range: {event_id}")
+        return admit_event(db, event_id, publish=publish)
+    except TransientError:
+        raise
+    except PermanentError as exc:
+        log.error("poisoned trigger-events message %s: %s", message_id, exc)
+        record_poisoned(db, message_id=message_id, data=cloud_event_data, reason=str(exc))
+        return None
+
+
+def refusals_for_record(
+    tx: Tx, *, tenant_id: str, record_key: str, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Support's "why didn't my workflow run for this lead?", newest first."""
+    return tx.all(REFUSALS_FOR_RECORD, tenant_id=tenant_id, record_key=record_key, limit=limit)

@@ -1,0 +1,144 @@
+"""Echo markers: recognising the webhook a write of onceflow's own causes.
+
+When a workflow's `crm.update` sets `lifecyclestage = "customer"` on a contact, the provider
+answers with a `contact.property_changed` webhook for that very change. Without a marker, a
+workflow triggered by that property would start again — a loop. So the CRM block records one
+marker per written field (`record_echo_marker`), committed BEFORE the request leaves (the
+webhook may arrive before the response does), and admission refuses an event whose changed
+fields are ALL explained by live markers for that record (`is_echo` → `echo_suppressed`).
+
+Decisions:
+- Object types are SINGULAR (`contact`, `deal`), the same as `workflow_trigger_events.
+  record_object_type`; a marker under `contacts` would never match.
+- Values are compared by `value_hash`, a SHA-256 of a canonical string form. Providers report
+  property values as strings (HubSpot's `propertyValue` is always one), so the canonical form
+  is what a provider would send back: a string as is, None as "", booleans as "true"/"false"
+  (Python's str() would give "True", which no provider echoes), integral floats without ".0",
+  other numbers by str(), lists and objects as compact sorted JSON.
+- Markers are NOT consumed by a match: they expire. One write can come back several times
+  (HubSpot sends one webhook per changed property, retries deliveries, and several bindings
+  check the same event), and consuming would make the check a write that concurrent
+  admissions contend on. The price: within the TTL, a person setting the field back to the
+  exact value onceflow wrote (after changing it to something else in between) is taken for an
+  echo. The TTL is short (crm.update's default is 10 minutes) to keep that window small.
+- A marker is alive for an event when it had not expired at the event's `occurred_at` (the
+  provider's time of the change), so a backlog at admission doesn't let an echo through; the
+  sweep's `expire_echo_markers` keeps expired markers for a grace period for the same reason.
+- An event with no changed fields (a creation, a deletion) is never an echo: a marker
+  describes field values, and `crm.create` can't record one before it knows the new id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from shared import queries
+from shared.db import Tx
+
+SQL = queries.load("echo")
+INSERT = SQL["echo_markers_insert"]
+FOR_CHANGE = SQL["echo_markers_for_change"]
+EXPIRE = SQL["echo_markers_expire"]
+
+DEFAULT_TTL_SECONDS = 600
+# Expired markers stay this long, so an event that occurred while its marker was alive but is
+# admitted late (a publish backlog, a redelivery) is still recognised.
+EXPIRY_GRACE_SECONDS = 3600
+EXPIRE_BATCH = 5000
+
+
+def canonical_value(value: Any) -> str:
+    """The string a provider would report for `value` (see the module docstring)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def value_hash(value: Any) -> bytes:
+    return hashlib.sha256(canonical_value(value).encode()).digest()
+
+
+def record_echo_marker(
+    tx: Tx,
+    *,
+    connection_id: str,
+    object_type: str,
+    object_id: str,
+    fields: Mapping[str, Any],
+    step_id: str | None,
+    ttl_seconds: int = DEFAULT_TTL_SECONDS,
+) -> int:
+    """Record that onceflow is about to write `fields` on one record; the markers written.
+
+    Call it in a transaction that commits BEFORE the write's request leaves. `object_type` is
+    the singular onceflow type (`contact`)."""
+    if not fields:
+        return 0
+    if ttl_seconds <= 0:
+        raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
+    names = list(fields)
+    return tx.execute(
+        INSERT,
+        connection_id=connection_id,
+        object_type=object_type,
+        object_id=str(object_id),
+        fields=names,
+        value_hashes=[value_hash(fields[name]) for name in names],
+        step_id=step_id,
+        ttl_seconds=ttl_seconds,
+    )
+
+
+def is_echo(changed_fields: Mapping[str, Any], markers: Iterable[tuple[str, bytes]]) -> bool:
+    """True when every changed field has a live marker with the same value hash.
+
+    `markers` are (field, value_hash) pairs alive at the change's time for the same record.
+    Pure: admission fetches the markers in its context query and decides here."""
+    if not changed_fields:
+        return False
+    live: dict[str, set[bytes]] = {}
+    for name, digest in markers:
+        live.setdefault(name, set()).add(bytes(digest))
+    return all(value_hash(v) in live.get(k, ()) for k, v in changed_fields.items())
+
+
+def check_echo(
+    tx: Tx,
+    *,
+    connection_id: str | None,
+    object_type: str | None,
+    object_id: str | None,
+    changed_fields: Mapping[str, Any],
+    occurred_at: datetime,
+) -> bool:
+    """`is_echo` with the markers read from the database (one statement)."""
+    if connection_id is None or object_type is None or object_id is None or not changed_fields:
+        return False
+    rows = tx.all(
+        FOR_CHANGE,
+        connection_id=connection_id,
+        object_type=object_type,
+        object_id=object_id,
+        fields=list(changed_fields),
+        occurred_at=occurred_at,
+    )
+    return is_echo(changed_fields, [(r["field"], r["value_hash"]) for r in rows])
+
+
+def expire_echo_markers(
+    tx: Tx, *, grace_seconds: int = EXPIRY_GRACE_SECONDS, batch: int = EXPIRE_BATCH
+) -> int:
+    """Delete markers expired for longer than the grace period (at most `batch`); how many."""
+    return tx.execute(EXPIRE, grace_seconds=grace_seconds, batch=batch)

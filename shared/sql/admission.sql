@@ -1,0 +1,209 @@
+-- Admission: one event against every workflow bound to its type, in a fixed number of
+-- statements however many bindings there are (see shared/admission.py for the order).
+
+-- name: admission_context
+-- Statement 1 of the admission transaction: the event, its tenant and connection, the echo
+-- markers that could explain its change, and every bound workflow (a
+-- `bindings` JSON array, empty when nothing is bound; no row at all when the event doesn't
+-- exist). One row, so the payload crosses the wire once however many workflows are bound.
+--
+-- It also takes the dedup locks, one pg_advisory_xact_lock per (workflow, record) for every
+-- binding whose mode needs one and whose record is the event's own, in workflow_id order so
+-- that two admissions for one record can't lock in opposite orders. The dedup state is read
+-- by the NEXT statement, whose snapshot is taken after these locks are held: under READ
+-- COMMITTED it sees whatever the previous holder committed. (Reading it here would use a
+-- snapshot taken before the wait.) `claimed`/`start_run_id` below may be stale in the safe
+-- direction only: a claim seen here is final; one not seen is checked again under the lock.
+--
+-- A version's definition is sent only when the caller hasn't cached it (versions are
+-- immutable).
+WITH ev AS (
+    SELECT e.id, e.tenant_id, CAST(e.connection_id AS text) AS connection_id, e.event_type,
+           e.source_event_id, e.record_object_type, e.record_object_id, e.author_id,
+           e.changed_fields, e.occurred_at, e.payload, e.payload_truncated,
+           CASE WHEN e.record_object_id IS NOT NULL
+                THEN coalesce(CAST(e.connection_id AS text), 'app') || ':'
+                     || e.record_object_type || ':' || e.record_object_id
+           END AS record_key,
+           t.credit_balance,
+           t.excluded_authors || coalesce(c.excluded_authors, '{}') AS excluded_authors,
+           c.status AS connection_status,
+           (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
+                            '[]'::jsonb)
+              FROM echo_markers m
+             WHERE e.connection_id IS NOT NULL AND e.record_object_id IS NOT NULL
+               AND m.connection_id = e.connection_id AND m.object_type = e.record_object_type
+               AND m.object_id = e.record_object_id AND m.expires_at > e.occurred_at
+               AND m.field IN (SELECT jsonb_object_keys(e.changed_fields))) AS echo_markers
+    FROM workflow_trigger_events e
+    JOIN tenants t ON t.id = e.tenant_id
+    LEFT JOIN connections c ON c.id = e.connection_id
+    WHERE e.id = :event_id
+), bound AS (
+    SELECT b.workflow_id, b.version_id, b.dedup_mode,
+           CASE WHEN b.version_id = ANY(CAST(:cached_versions AS uuid[])) THEN NULL
+                ELSE v.definition END AS definition,
+           coalesce(v.definition -> 'trigger' ->> 'record', 'event') = 'event' AS record_from_event
+    FROM ev
+    JOIN trigger_bindings b ON b.tenant_id = ev.tenant_id AND b.event_type = ev.event_type
+    JOIN workflow_versions v ON v.id = b.version_id
+    ORDER BY b.workflow_id
+), locked AS (
+    -- Materialized (it calls a volatile function), so every lock is taken exactly once, in
+    -- the order `bound` produced the rows.
+    SELECT bound.*,
+           CASE WHEN CAST(:take_locks AS boolean) AND bound.record_from_event
+                     AND bound.dedup_mode <> 'every_time' AND ev.record_key IS NOT NULL
+                THEN CAST(pg_advisory_xact_lock(hashtextextended(
+                         CAST(bound.workflow_id AS text) || '|' || ev.record_key, 0)) AS text)
+                     IS NOT NULL
+                ELSE false
+           END AS locked,
+           EXISTS (SELECT 1 FROM delivery_claims dc
+                    WHERE dc.event_id = ev.id AND dc.workflow_id = bound.workflow_id) AS claimed,
+           (SELECT CAST(r.id AS text) FROM workflow_runs r
+             WHERE r.workflow_id = bound.workflow_id AND r.start_key = :start_key) AS start_run_id
+    FROM ev, bound
+)
+SELECT ev.*,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'workflow_id', l.workflow_id, 'version_id', l.version_id,
+                   'dedup_mode', l.dedup_mode, 'definition', l.definition,
+                   'record_from_event', l.record_from_event, 'locked', l.locked,
+                   'claimed', l.claimed, 'start_run_id', l.start_run_id)
+                   ORDER BY l.workflow_id), '[]'::jsonb)
+          FROM locked l) AS bindings
+FROM ev
+
+-- name: admission_lock_records
+-- The dedup locks for bindings whose record comes from a rule-like expression rather than the
+-- event (so statement 1 could not compute the key), in key order.
+SELECT count(pg_advisory_xact_lock(hashtextextended(k.key, 0))) AS locked
+FROM (SELECT key FROM unnest(CAST(:lock_keys AS text[])) AS key ORDER BY key) AS k
+
+-- name: admission_admit
+-- Statement 2: the decision for every binding at once, under the locks statement 1 took.
+-- Per binding, in this order of precedence:
+--   handled          the pairing already has a delivery claim or a run with this start key
+--                    (a redelivery): nothing is written; the caller resumes dispatch of the run
+--   <refusal>        a reason decided before the transaction (rule, credits, echo, …)
+--   duplicate        once_per_record and the record is already enrolled
+--   already_running  not_while_running and a live run for the record is still running
+--   admitted         run row (pinned version, payload copied from the event row, lineage root
+--                    = its own id), enrollment (once_per_record), first step row
+-- Every pairing not 'handled' gets its delivery claim (run_id set when admitted). All writes
+-- are sibling CTEs: none sees another's rows, and the foreign keys between them are checked at
+-- the end of the statement. A concurrent admission that skipped the lock (or a bug) meets the
+-- unique indexes instead — claim PK, (workflow, start_key), enrollment PK, and the partial
+-- unique index on active runs per record — and this statement fails with a conflict.
+-- The first step row mirrors shared.steps.journal.insert_steps (step_key = node id,
+-- idempotency key 'onceflow:<lineage root>:<step key>'), batched for every run at once.
+WITH input AS (
+    SELECT i.*
+    FROM unnest(CAST(:workflow_ids AS uuid[]), CAST(:version_ids AS uuid[]),
+                CAST(:dedup_modes AS text[]), CAST(:run_ids AS uuid[]),
+                CAST(:record_keys AS text[]), CAST(:refusals AS text[]),
+                CAST(:entry_nodes AS text[]), CAST(:entry_types AS text[]))
+         AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal, entry_node,
+               entry_type)
+), seen AS (
+    SELECT i.*,
+           (c.event_id IS NOT NULL) AS claimed,
+           CAST(coalesce(c.run_id, r.id) AS text) AS existing_run_id,
+           CAST(en.run_id AS text) AS enrolled_run_id, en.enrolled_at,
+           CAST(act.id AS text) AS active_run_id, act.created_at AS active_since,
+           r.id IS NOT NULL AS has_start_run
+    FROM input i
+    LEFT JOIN delivery_claims c ON c.event_id = :event_id AND c.workflow_id = i.workflow_id
+    LEFT JOIN workflow_runs r ON r.workflow_id = i.workflow_id AND r.start_key = :start_key
+    LEFT JOIN workflow_enrollments en
+           ON i.dedup_mode = 'once_per_record' AND en.workflow_id = i.workflow_id
+          AND en.record_key = i.record_key
+    LEFT JOIN LATERAL (
+        SELECT ar.id, ar.created_at FROM workflow_runs ar
+         WHERE i.dedup_mode = 'not_while_running' AND ar.workflow_id = i.workflow_id
+           AND ar.record_key = i.record_key AND ar.status = 'running' AND ar.namespace = 'live'
+         ORDER BY ar.created_at LIMIT 1
+    ) act ON true
+), decided AS (
+    SELECT s.*,
+           CASE WHEN s.claimed OR s.has_start_run THEN 'handled'
+                WHEN s.refusal IS NOT NULL THEN s.refusal
+                WHEN s.enrolled_run_id IS NOT NULL THEN 'duplicate'
+                WHEN s.active_run_id IS NOT NULL THEN 'already_running'
+                ELSE 'admitted' END AS outcome
+    FROM seen s
+), ev AS (
+    SELECT id, tenant_id, payload, payload_truncated FROM workflow_trigger_events
+    WHERE id = :event_id
+), runs AS (
+    INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key, event_id,
+                               record_key, dedup_mode, namespace, trigger_payload,
+                               payload_truncated, lineage_root)
+    SELECT d.run_id, ev.tenant_id, d.workflow_id, d.version_id, :start_key, ev.id,
+           d.record_key, d.dedup_mode, 'live', ev.payload, ev.payload_truncated, d.run_id
+    FROM decided d CROSS JOIN ev
+    WHERE d.outcome = 'admitted'
+    RETURNING id
+), enrolled AS (
+    INSERT INTO workflow_enrollments (workflow_id, record_key, run_id)
+    SELECT d.workflow_id, d.record_key, d.run_id FROM decided d
+    WHERE d.outcome = 'admitted' AND d.dedup_mode = 'once_per_record' AND d.record_key IS NOT NULL
+    RETURNING run_id
+), claims AS (
+    INSERT INTO delivery_claims (event_id, workflow_id, run_id)
+    SELECT :event_id, d.workflow_id, CASE WHEN d.outcome = 'admitted' THEN d.run_id END
+    FROM decided d WHERE d.outcome <> 'handled'
+    RETURNING workflow_id
+), steps AS (
+    INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
+                                dispatched_at)
+    SELECT d.run_id, d.entry_node, d.entry_node, d.entry_type,
+           'onceflow:' || CAST(d.run_id AS text) || ':' || d.entry_node, now()
+    FROM decided d WHERE d.outcome = 'admitted'
+    RETURNING id, run_id
+), stale_refusals AS (
+    -- A refusal written by an earlier attempt whose transaction then failed (already_running
+    -- then; the run has finished since): the pairing now has a run, not a refusal.
+    DELETE FROM admission_refusals ar USING decided d
+    WHERE ar.event_id = :event_id AND ar.workflow_id = d.workflow_id AND d.outcome = 'admitted'
+    RETURNING ar.id
+)
+SELECT CAST(d.workflow_id AS text) AS workflow_id, d.outcome,
+       CASE WHEN d.outcome = 'admitted' THEN CAST(d.run_id AS text) ELSE d.existing_run_id END
+           AS run_id,
+       d.enrolled_run_id, d.enrolled_at, d.active_run_id, d.active_since,
+       CAST(st.id AS text) AS step_id
+FROM decided d LEFT JOIN steps st ON st.run_id = d.run_id
+
+-- name: admission_pending_first_steps
+-- Redelivery of an admitted event: the runs' steps still waiting to be claimed, to publish
+-- again (their first dispatch may have been lost between commit and publish).
+SELECT CAST(id AS text) AS id FROM workflow_steps
+WHERE run_id = ANY(CAST(:run_ids AS uuid[])) AND status = 'pending'
+ORDER BY created_at, step_key
+
+-- name: admission_refusals_insert
+-- Outside the admission transaction, on another connection, before that transaction commits:
+-- a refusal survives the admission's rollback, and a redelivery doesn't duplicate it.
+INSERT INTO admission_refusals (tenant_id, event_id, workflow_id, version_id, record_key,
+                                reason, detail)
+SELECT :tenant_id, :event_id, r.workflow_id, r.version_id, r.record_key, r.reason, r.detail
+FROM unnest(CAST(:workflow_ids AS uuid[]), CAST(:version_ids AS uuid[]),
+            CAST(:record_keys AS text[]), CAST(:reasons AS text[]), CAST(:details AS text[]))
+     AS r (workflow_id, version_id, record_key, reason, detail)
+ON CONFLICT (event_id, workflow_id) DO NOTHING
+
+-- name: admission_poisoned_insert
+INSERT INTO poisoned_messages (source, message_id, data, reason)
+VALUES (:source, :message_id, :data, :reason)
+
+-- name: admission_refusals_for_record
+-- Support's question, "why didn't my workflow run for this lead?": one index range scan on
+-- (tenant_id, record_key, created_at).
+SELECT ar.created_at, ar.reason, ar.detail, ar.event_id, CAST(ar.workflow_id AS text) AS workflow_id,
+       w.name AS workflow_name, CAST(ar.version_id AS text) AS version_id, ar.record_key
+FROM admission_refusals ar JOIN workflows w ON w.id = ar.workflow_id
+WHERE ar.tenant_id = :tenant_id AND ar.record_key = :record_key
+ORDER BY ar.created_at DESC, ar.id DESC
+LIMIT CAST(:limit AS integer)

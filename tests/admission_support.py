@@ -1,0 +1,142 @@
+"""Seeding for admission tests: tenants, connections, workflows published and activated through
+`shared.workflows.versions` (so bindings are the real ones), and events through
+`shared.outbox.emit` (so event rows are the real ones)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shared.db import Database
+from shared.outbox import TriggerEvent, emit
+from shared.workflows import versions
+
+EVENT_TYPE = "hubspot.contact.property_changed"
+
+
+def make_tenant(
+    db: Database, tenant_id: str = "acme", *, balance: int = 1000, excluded: Sequence[str] = ()
+) -> str:
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO tenants (id, name, credit_balance, excluded_authors) "
+            "VALUES (:t, :t, :b, CAST(:x AS text[]))",
+            t=tenant_id,
+            b=balance,
+            x=list(excluded),
+        )
+    return tenant_id
+
+
+def make_connection(
+    db: Database, tenant_id: str = "acme", *, status: str = "active", excluded: Sequence[str] = ()
+) -> str:
+    with db.transaction() as tx:
+        return str(
+            tx.scalar(
+                "INSERT INTO connections (tenant_id, provider, webhook_secret_env, status, "
+                "excluded_authors) VALUES (:t, 'hubspot', 'HUBSPOT_SECRET', :s, "
+                "CAST(:x AS text[])) RETURNING id",
+                t=tenant_id,
+                s=status,
+                x=list(excluded),
+            )
+        )
+
+
+def bind_workflow(
+    db: Database,
+    name: str,
+    *,
+    tenant_id: str = "acme",
+    events: Sequence[str] = (EVENT_TYPE,),
+    dedup: str = "once_per_record",
+    rule: str | None = None,
+    record: str = "event",
+    steps: Sequence[Mapping[str, Any]] | None = None,
+) -> str:
+    """Publish and activate a workflow; its id."""
+    trigger: dict[str, Any] = {"events": list(events), "dedup": dedup, "record": record}
+    if rule is not None:
+        trigger["rule"] = rule
+    source = {
+        "name": name,
+        "tenant": tenant_id,
+        "trigger": trigger,
+        "steps": list(steps or [{"id": "start", "type": "end"}]),
+    }
+    with db.transaction() as tx:
+        published = versions.publish(tx, json.dumps(source), tenant_id=tenant_id)
+        versions.activate(
+            tx,
+            tenant_id=tenant_id,
+            workflow_id=published.workflow_id,
+            version_id=published.version_id,
+        )
+    return str(published.workflow_id)
+
+
+def emit_event(
+    db: Database,
+    *,
+    tenant_id: str = "acme",
+    connection_id: str | None = None,
+    event_type: str = EVENT_TYPE,
+    object_type: str | None = "contact",
+    object_id: str | None = "101",
+    changed: Mapping[str, Any] | None = None,
+    author_id: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    source_event_id: str | None = None,
+) -> int:
+    with db.transaction() as tx:
+        event_id = emit(
+            tx,
+            TriggerEvent(
+                tenant_id=tenant_id,
+                event_type=event_type,
+                payload=payload if payload is not None else {"note": "test"},
+                connection_id=connection_id,
+                source_event_id=source_event_id,
+                record_object_type=object_type if object_id is not None else None,
+                record_object_id=object_id,
+                author_id=author_id,
+                changed_fields=changed if changed is not None else {"lifecyclestage": "lead"},
+            ),
+        )
+    assert event_id is not None
+    return event_id
+
+
+def finish_run(db: Database, run_id: str) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_runs SET status = 'succeeded', finished_at = now() WHERE id = :r",
+            r=run_id,
+        )
+
+
+def count(db: Database, query: str, **params: Any) -> int:
+    with db.transaction() as tx:
+        return int(tx.scalar(query, **params))
+
+
+def refusals(db: Database, workflow_id: str | None = None) -> list[dict[str, Any]]:
+    with db.transaction() as tx:
+        return tx.all(
+            "SELECT event_id, CAST(workflow_id AS text) AS workflow_id, reason, detail, "
+            "record_key, CAST(version_id AS text) AS version_id FROM admission_refusals "
+            "WHERE CAST(:w AS uuid) IS NULL OR workflow_id = CAST(:w AS uuid) ORDER BY id",
+            w=workflow_id,
+        )
+
+
+class Published:
+    """A `publish` stand-in that records what was dispatched (for tests without Pub/Sub)."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def __call__(self, step_ids: Any) -> None:
+        self.ids.extend(step_ids)
