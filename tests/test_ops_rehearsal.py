@@ -128,6 +128,13 @@ def test_a_live_run_and_a_rehearsal_of_the_same_event_coexist(db: Database, clie
     assert [r["id"] for r in story["runs"]] == [live]
     assert [d["run_id"] for d in story["events"][0]["decisions"]] == [live]
     assert client.get(f"/v1/runs/{first.run_id}", headers=h).status_code == 404
+    # Driven to its end through the API while the live run is still active: no conflict.
+    driven = client.post("/v1/rehearsals", headers=h, json={"workflow_id": wf, "event_id": event})
+    assert driven.status_code == 201, driven.get_json()
+    assert driven.get_json()["status"] in {"succeeded", "failed", "cancelled"}
+    assert _counts(db) == before
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT status FROM workflow_runs WHERE id = :r", r=live) == "running"
     assert client.post(f"/v1/runs/{first.run_id}/replay", headers=h, json={}).status_code == 404
 
 
@@ -160,3 +167,90 @@ def test_a_rehearsal_against_a_supplied_event_and_its_refusals(db: Database) -> 
     with pytest.raises(OpsError) as refused:
         start_rehearsal(db, RehearsalRequest(workflow_id=wf), "acme")
     assert refused.value.code == "invalid_body"
+
+
+REHEARSED = """\
+name: big-deals
+tenant: acme
+trigger:
+  events: [hubspot.deal.created]
+  dedup: every_time
+steps:
+  - id: wait
+    type: delay
+    config: {days: 2}
+    next: pick
+  - id: pick
+    type: branch
+    branches:
+      - {when: 'event.amount > 100', next: big}
+    otherwise: small
+  - id: big
+    type: crm.create
+    config:
+      object_type: tasks
+      properties: {hs_task_subject: "Big deal ${{ event.amount }}"}
+    next: notify
+  - id: small
+    type: end
+  - id: notify
+    type: http.request
+    config:
+      url: https://hooks.example.com/deals
+      method: POST
+      body: {amount: "${{ event.amount }}"}
+"""
+
+
+def test_a_rehearsal_runs_flow_control_and_stops_every_side_effect(
+    db: Database, client: Any, dispatched: Any, monkeypatch: Any
+) -> None:
+    seed_tenant(db, "acme", balance=100)
+    monkeypatch.setenv("ACME_SIGNING_SECRET", "s3cret")
+    with db.transaction() as tx:
+        tx.execute("UPDATE tenants SET signing_secret_env = 'ACME_SIGNING_SECRET'")
+    h = bearer(mint(db, "acme"))
+    published = client.post("/v1/workflows", headers=h, json={"source": REHEARSED}).get_json()
+    wf = published["workflow_id"]
+    client.post(
+        f"/v1/workflows/{wf}/activate", headers=h, json={"version_id": published["version_id"]}
+    )
+    before = _counts(db)
+    r = client.post(
+        "/v1/rehearsals",
+        headers=h,
+        json={
+            "workflow_id": wf,
+            "event": {"event_type": "hubspot.deal.created", "payload": {"amount": 500}},
+        },
+    )
+    assert r.status_code == 201, r.get_json()
+    out = r.get_json()
+    steps = {s["step_key"]: s for s in out["steps"]}
+    assert out["status"] == "succeeded", out
+    # Flow control ran: the two-day delay was served at once, the branch chose `big`.
+    assert [s["step_key"] for s in out["steps"]] == ["wait", "pick", "big", "notify"]
+    assert steps["pick"]["branch_choice"] == "big"
+    # Every side effect stopped before it left, and says what it would have sent.
+    sent = {w["block"]: w["would_send"] for w in out["would_send"]}
+    assert sent["crm.create"]["properties"] == {"hs_task_subject": "Big deal 500"}
+    assert sent["http.request"]["url"] == "https://hooks.example.com/deals"
+    assert steps["big"]["outcome_code"] == "DRY_RUN"
+    # Nothing charged, claimed, enrolled or published; no live history.
+    assert _counts(db) == before
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT credit_balance FROM tenants WHERE id = 'acme'") == 100
+        assert tx.scalar("SELECT count(*) FROM workflow_runs WHERE namespace = 'live'") == 0
+    assert dispatched.ids == []
+    assert client.get("/v1/runs", headers=h).get_json()["items"] == []
+
+    small = client.post(
+        "/v1/rehearsals",
+        headers=h,
+        json={
+            "workflow_id": wf,
+            "event": {"event_type": "hubspot.deal.created", "payload": {"amount": 5}},
+        },
+    ).get_json()
+    assert [s["step_key"] for s in small["steps"]] == ["wait", "pick", "small"]
+    assert small["would_send"] == []

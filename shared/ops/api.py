@@ -447,11 +447,8 @@ def rehearse(call: Call) -> RehearsalResult:
 
     body: RehearsalRequest = call.body
     _owned_workflow(call, str(body.workflow_id))
-    run_step = rehearsal.engine_run_step()
-    if run_step is None:
-        raise OpsError(501, "not_built", "rehearsals need the step engine, not in this build")
     start = rehearsal.start_rehearsal(call.db, body, call.scope)
-    rehearsal.drive_rehearsal(call.db, start.run_id, run_step)
+    rehearsal.drive_rehearsal(call.db, start.run_id)
     return rehearsal.rehearsal_result(call.db, start.run_id)
 
 
@@ -602,7 +599,7 @@ ROUTES: tuple[Route, ...] = (
         "Dry-run a workflow version against a stored or supplied event",
         body=RehearsalRequest,
         status=201,
-        errors=(400, 401, 404, 409, 413, 422, 501),
+        errors=(400, 401, 404, 409, 413, 422),
     ),
 )
 

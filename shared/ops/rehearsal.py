@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared import queries
@@ -40,20 +41,6 @@ RESULT = SQL["ops_rehearsal_result"]
 STATUS = SQL["ops_rehearsal_status"]
 
 MAX_REHEARSAL_STEPS = 200
-
-# Runs one pending step of a rehearsal run to its settle (claim with namespace 'rehearsal',
-# block with dry_run, settle + next steps). Returns False when the step was not claimable.
-RunStep = Callable[[Database, str], bool]
-
-
-def engine_run_step() -> RunStep | None:
-    """The step engine's in-process runner for one rehearsal step, once the engine is built."""
-    try:
-        from shared.steps import executor  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    runner: RunStep | None = getattr(executor, "run_rehearsal_step", None)
-    return runner
 
 
 @dataclass(frozen=True)
@@ -136,33 +123,59 @@ def _event(
     return payload, None, None, False, "supplied"
 
 
-def drive_rehearsal(db: Database, run_id: str, run_step: RunStep) -> None:
-    """Run the rehearsal's steps in-process until none is left, or the budget is spent."""
+class RehearsalClock:
+    """Wall time plus the delays a rehearsal skipped: a served delay looks served."""
+
+    def __init__(self) -> None:
+        self.offset = timedelta(0)
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+    def skip_to(self, moment: datetime) -> None:
+        ahead = moment - datetime.now(UTC)
+        self.offset = max(self.offset, ahead)
+
+
+def drive_rehearsal(db: Database, run_id: str) -> None:
+    """Run the rehearsal's steps in-process, through the step engine in namespace
+    'rehearsal' (which sets `dry_run` on every block), until none is left or the budget is
+    spent. Next steps are never published: this loop is their only executor."""
+    from shared.steps.advance import advance_step
+    from shared.steps.outcomes import DELAY_UNTIL_KEY
+
+    clock = RehearsalClock()
     executed = 0
-    reason: str | None = None
+    reason = "a step would have waited for a retry"
     while True:
         with db.transaction() as tx:
-            tx.execute(SERVE_DELAYS, run_id=run_id)
+            for woken in tx.all(SERVE_DELAYS, run_id=run_id):
+                until = (woken["output"] or {}).get(DELAY_UNTIL_KEY)
+                if until:
+                    clock.skip_to(datetime.fromisoformat(str(until)))
             pending = [r["id"] for r in tx.all(PENDING, run_id=run_id)]
         if not pending:
             break
         progressed = False
         for step_id in pending:
             if executed >= MAX_REHEARSAL_STEPS:
-                reason = f"stopped after {MAX_REHEARSAL_STEPS} steps"
                 break
             executed += 1
-            progressed = run_step(db, step_id) or progressed
-        if reason or not progressed:
+            advanced = advance_step(
+                db, step_id, namespace="rehearsal", dispatch=_nowhere, now=clock
+            )
+            progressed = advanced.claimed or progressed
+        if executed >= MAX_REHEARSAL_STEPS:
+            reason = f"stopped after {MAX_REHEARSAL_STEPS} steps"
+            break
+        if not progressed:
             break
     with db.transaction() as tx:
-        tx.execute(
-            STOP,
-            run_id=run_id,
-            error=f"rehearsal {reason}"
-            if reason
-            else "rehearsal stopped: a step would have waited for a retry",
-        )
+        tx.execute(STOP, run_id=run_id, error=f"rehearsal {reason}")
+
+
+def _nowhere(step_ids: Sequence[str]) -> None:
+    """Rehearsal steps are never published to `step-ready`: a live executor never sees them."""
 
 
 def rehearsal_result(db: Database, run_id: str) -> RehearsalResult:

@@ -275,9 +275,11 @@ WHERE run_id = CAST(:run_id AS uuid) AND status IN ('pending', 'waiting_for_dela
 ORDER BY created_at, step_key
 
 -- name: ops_rehearsal_serve_delays
--- A rehearsal does not sit out delays: the wait counts as served at once.
+-- A rehearsal does not sit out delays: the step is woken at once and the rehearsal's clock
+-- jumps to the wake time, so the engine sees the wait as served.
 UPDATE workflow_steps SET status = 'pending', wake_at = NULL
 WHERE run_id = CAST(:run_id AS uuid) AND status = 'waiting_for_delay'
+RETURNING output
 
 -- name: ops_rehearsal_stop
 -- A rehearsal lives only as long as the ops call that drives it; whatever it did not finish
