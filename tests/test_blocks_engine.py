@@ -1,0 +1,108 @@
+"""The outbound blocks through the real step engine (`advance_step`), against the fake CRM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from devstack.fakecrm import FakeCrm
+from shared.db import Database
+from shared.port import connect
+from shared.steps.advance import advance_step
+from tests.blocks_support import seed_connection, seed_tenant
+from tests.steps_support import definition, publish_version, run_row, start_run, steps_of
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
+    connect.forget_ports()
+    server = FakeCrm().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        connect.forget_ports()
+
+
+def _run_create(db: Database, connection_id: str) -> tuple[str, str]:
+    version = publish_version(
+        db,
+        definition(
+            [
+                {
+                    "id": "create_task",
+                    "type": "crm.create",
+                    "config": {
+                        "object_type": "tasks",
+                        "connection_id": connection_id,
+                        "properties": {"hs_task_subject": "Call Ada"},
+                    },
+                }
+            ]
+        ),
+    )
+    run_id, [step_id] = start_run(db, version)
+    return run_id, step_id
+
+
+def test_vendor_replay_through_onceflow_one_record_one_outcome_unknown(
+    db: Database, fake: FakeCrm
+) -> None:
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    run_id, step_id = _run_create(db, connection_id)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["create_task"]
+    assert step["status"] == "failed" and step["outcome_code"] == "OUTCOME_UNKNOWN"
+    assert step["side_effect_started_at"] is not None
+    assert "check the CRM" in step["error"]
+    assert run_row(db, run_id)["status"] == "failed"
+    assert len(fake.records("tasks")) == 1
+    # Delivered again (Pub/Sub redelivery): the step is terminal, nothing is called.
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    assert len([r for r in fake.state()["requests"] if r["method"] == "POST"]) == 1
+
+
+def test_rate_limited_create_parks_with_retry_after_and_no_mark(
+    db: Database, fake: FakeCrm
+) -> None:
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    fake.add_fault(action="rate_limit", retry_after=120)
+    run_id, step_id = _run_create(db, connection_id)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["create_task"]
+    assert step["status"] == "waiting_for_retry"
+    assert step["outcome_code"] == "PROVIDER_RATE_LIMITED"
+    assert step["side_effect_started_at"] is None  # withdrawn: the retry may call
+    with db.transaction() as tx:
+        wait = tx.scalar(
+            "SELECT extract(epoch FROM wake_at - now()) FROM workflow_steps WHERE id = :s",
+            s=step_id,
+        )
+    assert 100 < float(wait) <= 120
+    assert fake.records("tasks") == []
+
+
+def test_throttled_step_parks_until_the_window_ends_without_using_an_attempt(
+    db: Database, fake: FakeCrm
+) -> None:
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET rate_limit_per_window = 1, rate_limit_window_seconds = 30"
+        )
+    first_run, first = _run_create(db, connection_id)
+    advance_step(db, first, dispatch=lambda ids: None)
+    assert steps_of(db, first_run)["create_task"]["status"] == "succeeded"
+    run_id, step_id = _run_create(db, connection_id)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["create_task"]
+    assert step["status"] == "waiting_for_retry" and step["outcome_code"] == "THROTTLED"
+    assert step["attempt"] == 0  # the attempt was given back
+    assert step["side_effect_started_at"] is None
+    assert len(fake.records("tasks")) == 1
