@@ -24,7 +24,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,12 +55,14 @@ T = TypeVar("T")
 # The example workflow `examples/workflows/enroll-new-lead.yaml`, for the demo's tenant, with its
 # notification sent to a receiver the demo runs on 127.0.0.1 (loopback HTTP is allowed in the
 # local stack only: ONCEFLOW_HTTP_ALLOW_LOOPBACK).
-WORKFLOW = """\
+WORKFLOWS = (
+    """\
 name: enroll-new-lead
 tenant: {tenant}
-description: When a lead is created in HubSpot, create a call task and notify the sales channel.
+description: When a contact becomes a lead, create a call task, mark the lead, notify sales.
 trigger:
-  events: [hubspot.contact.created]
+  events: [hubspot.contact.property_changed]
+  watch: [lifecyclestage]
   rule: 'has(record.lifecyclestage) && record.lifecyclestage == "lead"'
   dedup: once_per_record
 steps:
@@ -69,8 +71,16 @@ steps:
     config:
       object_type: tasks
       properties:
-        hs_task_subject: "Call ${{{{ record.firstname }}}}"
+        hs_task_subject: "Call new lead ${{{{ record.id }}}}"
         hs_task_priority: HIGH
+    next: mark_contacted
+  - id: mark_contacted
+    type: crm.update
+    config:
+      object_type: contacts
+      object_id: "${{{{ record.id }}}}"
+      properties:
+        hs_lead_status: ATTEMPTED_TO_CONTACT
     next: notify
   - id: notify
     type: http.request
@@ -79,7 +89,26 @@ steps:
       body:
         contact_id: "${{{{ record.id }}}}"
         task_id: "${{{{ steps.create_task.output.id }}}}"
-"""
+""",
+    """\
+name: lead-status-changed
+tenant: {tenant}
+description: Tell sales whenever a lead's status changes.
+trigger:
+  events: [hubspot.contact.property_changed]
+  watch: [hs_lead_status]
+  rule: has(record.hs_lead_status)
+  dedup: every_time
+steps:
+  - id: notify
+    type: http.request
+    config:
+      url: {notify_url}
+      body:
+        contact_id: "${{{{ record.id }}}}"
+        lead_status: "${{{{ record.hs_lead_status }}}}"
+""",
+)
 
 
 class NotifyReceiver:
@@ -194,25 +223,27 @@ class Scenario:
         from shared.workflows import versions
         from shared.workflows.validate import DefinitionInvalid
 
-        text = WORKFLOW.format(tenant=self.tenant_id, notify_url=self.receiver.url)
-        try:
-            with self.db.transaction() as tx:
-                published = versions.publish(tx, text, tenant_id=self.tenant_id)
-                active = versions.activate(
-                    tx,
-                    tenant_id=self.tenant_id,
-                    workflow_id=published.workflow_id,
-                    version_id=published.version_id,
-                )
-        except DefinitionInvalid as exc:
-            self.story.verdict(False, f"the workflow was refused: {_short(str(exc))}")
-            return
+        for template in WORKFLOWS:
+            text = template.format(tenant=self.tenant_id, notify_url=self.receiver.url)
+            try:
+                with self.db.transaction() as tx:
+                    published = versions.publish(tx, text, tenant_id=self.tenant_id)
+                    versions.activate(
+                        tx,
+                        tenant_id=self.tenant_id,
+                        workflow_id=published.workflow_id,
+                        version_id=published.version_id,
+                    )
+            except DefinitionInvalid as exc:
+                self.story.verdict(False, f"a workflow was refused: {_short(str(exc))}")
+                return
         self.story.verdict(
             True,
-            f"workflow enroll-new-lead v{published.number} is published and active "
-            f"(bound to {', '.join(active.event_types)}): when a contact is created and it is "
-            "a lead, create a call task in the CRM, then notify the sales channel (a receiver "
-            f"this demo runs at {self.receiver.url}). Dedup: once per record.",
+            "two workflows are published and active. enroll-new-lead: when a contact's "
+            "lifecycle stage becomes 'lead', create a call task in the CRM, set the contact's "
+            "lead status, and notify the sales channel (a receiver this demo runs at "
+            f"{self.receiver.url}); once per record. lead-status-changed: notify sales "
+            "whenever a lead status changes.",
         )
 
     def _fakecrm_url(self) -> str | None:
@@ -239,7 +270,7 @@ class Scenario:
             timeout=10,
         )
 
-    def contact_created(self, event_id: int, object_id: int, attempt: int = 0) -> bytes:
+    def stage_changed(self, event_id: int, object_id: int, stage: str, attempt: int = 0) -> bytes:
         return json.dumps(
             [
                 {
@@ -248,10 +279,11 @@ class Scenario:
                     "portalId": PORTAL_ID,
                     "appId": APP_ID,
                     "occurredAt": int(self.started_at.timestamp() * 1000),
-                    "subscriptionType": "contact.creation",
+                    "subscriptionType": "contact.propertyChange",
                     "attemptNumber": attempt,
                     "objectId": object_id,
-                    "changeFlag": "CREATED",
+                    "propertyName": "lifecyclestage",
+                    "propertyValue": stage,
                     "changeSource": "CRM_UI",
                     "sourceId": "userId:7001",
                 }
@@ -274,8 +306,8 @@ class Scenario:
 
     def first_delivery(self, body: bytes, event_id: int, object_id: int) -> list[int]:
         self.story.title(
-            f"HubSpot sends a signed v3 webhook: contact {object_id} was created "
-            f"(eventId {event_id})"
+            f"HubSpot sends a signed v3 webhook: contact {object_id}'s lifecycle stage is now "
+            f"'customer' (eventId {event_id})"
         )
         r = self.post_webhook(body)
         self.story.verdict(
@@ -365,12 +397,15 @@ class Scenario:
                     ),
                 )
             return []
-        claims, refusals = got
+        time.sleep(0.5)  # the other workflows' decisions on the same events land together
+        claims, refusals = decided() or got
         for c in claims:
-            self.story.verdict(
-                c["run_id"] is not None,
-                f"workflow '{c['workflow']}' admitted event {c['event_id']}: run {c['run_id']}.",
-            )
+            if c["run_id"] is not None:  # a claim without a run is a refusal, told below
+                self.story.verdict(
+                    True,
+                    f"workflow '{c['workflow']}' admitted event {c['event_id']}: "
+                    f"run {c['run_id']} started.",
+                )
         for r in refusals:
             self.story.verdict(
                 True,
@@ -422,7 +457,7 @@ class Scenario:
             f"{len(rows)} row for it, now counting {rows[0]['deliveries'] if rows else 0} "
             "deliveries — stored once, by its body hash.",
         )
-        again = self.contact_created(event_id, object_id, attempt=1)
+        again = self.stage_changed(event_id, object_id, "customer", attempt=1)
         r = self.post_webhook(again)
 
         def second_row_done() -> list[dict[str, Any]] | None:
@@ -506,31 +541,44 @@ class Scenario:
                 f"{' (published)' if e['published'] else ''}."
             )
         run_ids = self.admission([int(e["id"]) for e in new])
-        creations = [e for e in new if e["event_type"] == "hubspot.contact.created"]
         if not run_ids:
             self.story.say(
-                "(The rest of the story — the task in the CRM, the notification, a Pub/Sub "
-                "redelivery and a second creation event refused as a duplicate — needs this "
-                "run, so it is skipped.)"
+                "(The rest of the story — the task in the CRM, the notification, the echo of "
+                "onceflow's own write, a Pub/Sub redelivery and a second 'became a lead' refused "
+                "as a duplicate — needs this run, so it is skipped.)"
             )
             return
         self.effects_in_the_crm(contact_id)
-        if creations:
-            self.redelivered(int(creations[0]["id"]))
-            self.created_again(int(contact_id))
+        self.echo(contact_id, events_before | {int(e["id"]) for e in new})
+        self.redelivered(run_ids[0])
+        self.lead_again(contact_id)
 
     def effects_in_the_crm(self, contact_id: str) -> None:
         self.story.title("What the run did outside onceflow")
         fake = self._fakecrm_url()
         tasks = httpx.get(f"{fake}/_admin/records/tasks", timeout=5).json()["results"]
-        mine = [t for t in tasks if str(t["properties"].get("hs_task_subject")) == "Call Ada"]
+        subject = f"Call new lead {contact_id}"
+        mine = [t for t in tasks if str(t["properties"].get("hs_task_subject")) == subject]
         self.story.verdict(
             len(mine) == 1,
-            f"the CRM has {len(mine)} task 'Call Ada'"
+            f"the CRM has {len(mine)} task '{subject}'"
             + (f" (task {mine[0]['id']})" if mine else "")
-            + " — created at most once: the step marked the side effect before calling.",
+            + " — a create is at most once: the step marks the side effect before calling.",
         )
-        calls = wait_for(lambda: self.receiver.received, 5) or []
+        contact = httpx.get(f"{fake}/_admin/records/contacts", timeout=5).json()["results"]
+        status = next(
+            (c["properties"].get("hs_lead_status") for c in contact if c["id"] == contact_id),
+            None,
+        )
+        self.story.verdict(
+            status == "ATTEMPTED_TO_CONTACT",
+            f"contact {contact_id}'s lead status in the CRM is now {status}.",
+        )
+
+        def notified() -> list[dict[str, Any]] | None:
+            return [c for c in self.receiver.received if "task_id" in c["body"]] or None
+
+        calls = wait_for(notified, 5) or []
         if calls:
             headers = calls[0]["headers"]
             self.story.verdict(
@@ -542,47 +590,92 @@ class Scenario:
         else:
             self.story.verdict(False, "the sales channel received no notification.")
 
-    def redelivered(self, event_id: int) -> None:
-        self.story.title("Pub/Sub delivers the same trigger event again")
-        with self.db.transaction() as tx:
-            before = len(tx.all(SQL["demo_runs"], tenant_id=self.tenant_id))
-        self.stack.publish("trigger-events", {"event_id": event_id})
-        time.sleep(min(3.0, WAIT_SECONDS))
-        with self.db.transaction() as tx:
-            after = len(tx.all(SQL["demo_runs"], tenant_id=self.tenant_id))
-            claims = tx.all(SQL["demo_claims"], event_ids=[event_id])
-        self.story.verdict(
-            after == before and len(claims) <= 1,
-            f"event {event_id} was pushed to admit_event again: still {after} run(s) for the "
-            f"tenant and {len(claims)} delivery claim — the pairing (event, workflow) was "
-            "already handled.",
-        )
+    def echo(self, contact_id: str, seen: set[int]) -> None:
+        self.story.title("The CRM echoes onceflow's own write back as a webhook")
 
-    def created_again(self, contact_id: int) -> None:
-        self.story.title("HubSpot announces the same contact's creation under a new eventId")
-        event_id = int(time.time() * 1000) % 10**12 + 7
-        body = self.contact_created(event_id, contact_id)
-        r = self.post_webhook(body)
-
-        def refused() -> list[dict[str, Any]] | None:
+        def refusals() -> list[dict[str, Any]] | None:
             with self.db.transaction() as tx:
                 events = [
                     int(e["id"])
                     for e in tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
-                    if e["source_event_id"] == str(event_id)
+                    if int(e["id"]) not in seen and "hs_lead_status" in (e["changed"] or "")
                 ]
-                return tx.all(SQL["demo_refusals"], event_ids=events) if events else None
+                got = tx.all(SQL["demo_refusals"], event_ids=events) if events else []
+                claims = tx.all(SQL["demo_claims"], event_ids=events) if events else []
+            return got if events and len(got) >= len(claims) and got else None
 
-        refusals = wait_for(refused) or []
+        got = wait_for(refusals) or []
+        echoed = [r for r in got if r["workflow"] == "lead-status-changed"]
         self.story.verdict(
-            r.status_code == 200 and any(x["reason"] == "duplicate" for x in refusals),
-            f"webhook answered {r.status_code}; admission "
+            any(r["reason"] == "echo_suppressed" for r in echoed),
+            "setting the lead status made the CRM send a propertyChange webhook authored by the "
+            "integration; "
             + (
-                "refused it: " + "; ".join(f"{x['reason']} ({x['detail']})" for x in refusals)
-                if refusals
-                else "recorded no refusal for it"
+                "admission refused it: "
+                + "; ".join(f"{r['workflow']}: {r['reason']} ({r['detail']})" for r in got)
+                if got
+                else "no refusal was recorded for it"
             )
             + ".",
+        )
+
+    def redelivered(self, run_id: str) -> None:
+        self.story.title("Pub/Sub delivers the same trigger event again")
+        with self.db.transaction() as tx:
+            runs = tx.all(SQL["demo_runs"], tenant_id=self.tenant_id)
+            event_id = next(int(r["event_id"]) for r in runs if str(r["id"]) == run_id)
+            claims = tx.all(SQL["demo_claims"], event_ids=[event_id])
+        self.stack.publish("trigger-events", {"event_id": event_id})
+        time.sleep(min(3.0, WAIT_SECONDS))
+        with self.db.transaction() as tx:
+            after = tx.all(SQL["demo_runs"], tenant_id=self.tenant_id)
+            claims_after = tx.all(SQL["demo_claims"], event_ids=[event_id])
+        self.story.verdict(
+            len(after) == len(runs) and claims_after == claims,
+            f"event {event_id} was pushed to admit_event again: still {len(after)} run(s) for "
+            f"the tenant and the same {len(claims_after)} delivery claims (one per workflow) — "
+            "each pairing (event, workflow) was already handled.",
+        )
+
+    def lead_again(self, contact_id: str) -> None:
+        self.story.title("The rep moves the contact back to 'subscriber', then to 'lead' again")
+        fake = self._fakecrm_url()
+        with self.db.transaction() as tx:
+            seen = {
+                int(e["id"])
+                for e in tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
+            }
+        for stage in ("subscriber", "lead"):
+            httpx.patch(
+                f"{fake}/_admin/records/contacts/{contact_id}",
+                json={"properties": {"lifecyclestage": stage}},
+                timeout=5,
+            )
+            httpx.post(f"{fake}/_admin/webhooks/flush", json={"timeout": 10}, timeout=15)
+
+        def decided() -> list[dict[str, Any]] | None:
+            with self.db.transaction() as tx:
+                events = [
+                    int(e["id"])
+                    for e in tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
+                    if int(e["id"]) not in seen
+                ]
+                got = tx.all(SQL["demo_refusals"], event_ids=events) if len(events) >= 2 else []
+            mine = [r for r in got if r["workflow"] == "enroll-new-lead"]
+            return mine if len(mine) >= 2 else None
+
+        got = wait_for(decided) or []
+        for r in got:
+            self.say_refusal(r)
+        self.story.verdict(
+            [r["reason"] for r in got] == ["rule_not_matched", "duplicate"],
+            "enroll-new-lead started no second run for the contact: "
+            + (", then ".join(r["reason"] for r in got) or "no decision was recorded"),
+        )
+
+    def say_refusal(self, r: Mapping[str, Any]) -> None:
+        self.story.say(
+            f"event {r['event_id']} → {r['workflow']} refused: {r['reason']} ({r['detail']})."
         )
 
     def stack_nudge(self, name: str) -> None:
@@ -609,7 +702,7 @@ def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
         scenario.seed()
         event_id = int(time.time() * 1000) % 10**12
         object_id = 9000 + event_id % 1000
-        body = scenario.contact_created(event_id, object_id)
+        body = scenario.stage_changed(event_id, object_id, "customer")
         scenario.forged_webhook(body)
         first = scenario.first_delivery(body, event_id, object_id)
         scenario.admission(first)
@@ -664,14 +757,15 @@ def main(argv: list[str] | None = None) -> int:
         if started_here:
             stopped = devstack.down(root, quiet=True)
             print(f"\nstopped what the demo started ({len(stopped)} components).")
-    print("\nWhat happened:")
-    for ok, text in story.verdicts:
-        print(f"  {'ok  ' if ok else 'MISS'} {text}")
-    missed = sum(1 for ok, _ in story.verdicts if not ok)
+    missed = [text for ok, text in story.verdicts if not ok]
     print(
-        f"\n{len(story.verdicts) - missed} of {len(story.verdicts)} checks as expected"
-        + (f"; {missed} did not happen (see above)." if missed else ".")
+        f"\n{len(story.verdicts) - len(missed)} of {len(story.verdicts)} outcomes as expected"
+        + (":" if missed else ".")
     )
+    for text in missed:
+        print(
+            textwrap.fill(text, 96, initial_indent="  did not happen: ", subsequent_indent="    ")
+        )
     return 0
 
 

@@ -9,7 +9,7 @@ FROM webhook_inbox WHERE connection_id = :connection_id ORDER BY id
 
 -- name: demo_trigger_events
 SELECT id, event_type, source_event_id, record_object_type, record_object_id,
-       published_at IS NOT NULL AS published
+       changed_fields::text AS changed, published_at IS NOT NULL AS published
 FROM workflow_trigger_events WHERE connection_id = :connection_id ORDER BY id
 
 -- name: demo_claims

@@ -64,6 +64,11 @@ def test_demo_starts_tells_and_stops_leaving_nothing_behind() -> None:
         assert "answered 401" in out and "nothing was stored" in out
         assert "verified the X-HubSpot-Signature-v3 and answered 200" in out
         assert "stored once, by its body hash" in out
+        # The whole story: a run, its effects, the echo, the redelivery and the duplicate.
+        assert "started." in out and "task 'Call new lead" in out
+        assert "echo_suppressed" in out
+        assert "rule_not_matched, then duplicate" in out
+        assert "did not happen" not in out, out
         assert "stopped what the demo started" in out
         assert stack.read_pids(root / "local") == []
         leftovers = subprocess.run(
