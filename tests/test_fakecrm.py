@@ -262,3 +262,17 @@ def test_cli_starts_reads_secret_from_env_and_serves_admin_state() -> None:
         env={k: v for k, v in os.environ.items() if k != "NOT_SET_ANYWHERE"},
     )
     assert missing.returncode == 2 and "NOT_SET_ANYWHERE" in missing.stderr
+
+
+def test_search_lags_writes_when_asked() -> None:
+    fake = FakeCrm(FakeCrmConfig(search_lag_seconds=30)).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            c.post("/crm/v3/objects/contacts", json={"properties": {"email": "new@x.io"}})
+            found = c.post("/crm/v3/objects/contacts/search", json={"filterGroups": []}).json()
+            assert found["total"] == 0  # written, not yet searchable (like the vendor)
+            c.post("/_admin/config", json={"search_lag_seconds": 0})
+            found = c.post("/crm/v3/objects/contacts/search", json={"filterGroups": []}).json()
+            assert found["total"] == 1
+    finally:
+        fake.stop()

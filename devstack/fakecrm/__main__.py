@@ -27,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--portal-id", type=int, default=62515)
     parser.add_argument("--rate-limit-max", type=int, default=190)
     parser.add_argument("--require-subscriptions", action="store_true")
+    parser.add_argument("--search-lag-seconds", type=float, default=0.0)
     args = parser.parse_args(argv)
 
     config = FakeCrmConfig(
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         portal_id=args.portal_id,
         rate_limit_max=args.rate_limit_max,
         require_subscriptions=args.require_subscriptions,
+        search_lag_seconds=args.search_lag_seconds,
     )
     if args.app_secret_env:
         secret = os.environ.get(args.app_secret_env)

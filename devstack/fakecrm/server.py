@@ -47,6 +47,9 @@ class FakeCrmConfig:
     # Real HubSpot only sends events somebody subscribed to; locally, sending every change is
     # friendlier until reconcile has run. Tests of subscriptions turn this on.
     require_subscriptions: bool = False
+    # HubSpot's search index lags writes by a few seconds; tests of search-then-create logic
+    # can turn the lag on (records younger than this are invisible to search).
+    search_lag_seconds: float = 0.0
     # The author id HubSpot puts in `sourceId` for changes made through this app's token.
     integration_source_id: str = field(default="")
 
@@ -567,11 +570,15 @@ class _Handler(BaseHTTPRequestHandler):
         after = int(body.get("after", 0) or 0)
         only = body.get("properties") or None
         with self.fake.store.lock:
+            visible_before = now_ms() - int(self.fake.config.search_lag_seconds * 1000)
             found = [
                 r
                 for r in self.fake.store.records[object_type].values()
-                if not groups
-                or any(all(_matches(r, f) for f in g.get("filters", [])) for g in groups)
+                if r.updated_ms <= visible_before
+                and (
+                    not groups
+                    or any(all(_matches(r, f) for f in g.get("filters", [])) for g in groups)
+                )
             ]
             page = found[after : after + limit]
             result: dict[str, Any] = {
@@ -643,6 +650,8 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/_admin/config" and method == "POST":
             if "webhook_url" in body:
                 fake.config.webhook_url = body["webhook_url"] or None
+            if "search_lag_seconds" in body:
+                fake.config.search_lag_seconds = float(body["search_lag_seconds"])
             if "require_subscriptions" in body:
                 fake.config.require_subscriptions = bool(body["require_subscriptions"])
             return 200, fake.state()["config"]
