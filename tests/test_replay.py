@@ -340,3 +340,23 @@ def test_two_concurrent_replays_of_one_run_start_exactly_one(db: Database) -> No
     assert sorted(r == "already_replayed" for r in results) == [False, True]
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM workflow_runs WHERE replay_of = :r", r=original) == 1
+
+
+def test_a_run_with_a_step_still_running_is_not_replayed_or_retried(
+    db: Database, client: Any
+) -> None:
+    s = _setup(db)
+    run = _failed_create(db, s)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'running', finished_at = NULL,"
+            " lease_id = gen_random_uuid(), lease_expires_at = now() + interval '1 min'"
+            " WHERE run_id = :r AND step_key = 'a'",
+            r=run,
+        )
+    for action in ("replay", "retry"):
+        r = client.post(f"/v1/runs/{run}/{action}", headers=bearer(s["token"]), json={})
+        assert (r.status_code, r.get_json()["code"]) == (409, "step_still_running")
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM workflow_runs") == 1
+        assert tx.scalar("SELECT status FROM workflow_runs WHERE id = :r", r=run) == "failed"

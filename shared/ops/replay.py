@@ -134,6 +134,16 @@ def _plan(tx: Tx, run: dict[str, Any]) -> tuple[ReplayPlan, list[JournalStep]]:
         tx.scalar(VERSION_DEFINITION, version_id=str(run["version_id"]))
     )
     journal = _journal(tx, str(run["id"]))
+    busy = [s.step_key for s in journal if s.status == "running"]
+    if busy:
+        # Its executor may still be calling out; starting it again now could make the same
+        # call twice at once. The sweep settles or reclaims it when its lease expires.
+        raise OpsError(
+            409,
+            "step_still_running",
+            f"step {busy[0]} of this run is still running under a lease; "
+            "try again once it has settled or its lease has expired",
+        )
     plan = plan_replay(definition, journal)
     if not plan.restart:
         raise OpsError(

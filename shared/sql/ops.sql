@@ -155,7 +155,8 @@ UPDATE workflow_steps
 SET status = 'pending', attempt = 0, finished_at = NULL, lease_id = NULL,
     lease_expires_at = NULL, wake_at = NULL, side_effect_started_at = NULL,
     dispatched_at = NULL
-WHERE id = ANY(CAST(:step_ids AS uuid[])) AND status <> 'succeeded'
+WHERE id = ANY(CAST(:step_ids AS uuid[]))
+  AND status IN ('failed', 'pending', 'waiting_for_retry', 'waiting_for_delay')
 RETURNING id
 
 -- name: ops_refusals_list
