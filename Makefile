@@ -13,14 +13,21 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
 
-.PHONY: help venv test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
+.PHONY: help venv browser test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
         bench-ingest bench-admit bench-steps
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
 	  awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
 
-test: .venv/.installed ## Lint, type-check and run the whole test suite (real Postgres, emulator)
+browser: ## Install Debian's chromium for the ops page test when it is missing (needs root)
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian chromium for the page test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium missing and not root: the page test will be skipped (apt-get install chromium)"; fi; }
+
+test: .venv/.installed browser ## Lint, type-check and run the whole test suite (real Postgres, emulator)
 	$(PY) -m ruff check shared functions tests devstack main.py
 	$(PY) -m mypy
 	terraform fmt -check -recursive infra

@@ -124,6 +124,8 @@ def test_the_page_in_chromium_search_timeline_and_a_real_replay_click(
     db: Database, ops_server: str, dispatched: Dispatched, tmp_path: Path
 ) -> None:
     if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("CI must have Debian chromium: `make test` installs it (make browser)")
         pytest.skip(
             "Debian chromium is not installed (apt-get install -y chromium); "
             "this test never downloads a browser"
