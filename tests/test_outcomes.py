@@ -215,3 +215,30 @@ def test_transition_table_refuses() -> None:
     ]:
         with pytest.raises(ValueError):
             check_transition(old, new)
+
+
+def test_every_engine_statement_makes_only_allowed_moves() -> None:
+    import re
+    from pathlib import Path
+
+    from shared import queries
+    from shared.steps.states import QUERY_TRANSITIONS, TRANSITIONS, StepStatus
+
+    sql = queries.load("steps")
+    for name, (sources, targets) in QUERY_TRANSITIONS.items():
+        text = sql[name].text
+        for old in sources:
+            assert f"'{old}'" in text, (name, old)  # the guard names the state it leaves
+            for new in targets:
+                assert (old, new) in TRANSITIONS, (name, old, new)
+        for new in targets:
+            assert f"'{new}'" in text or name == "steps_settle", (name, new)
+    # The enum and the schema's CHECK list the same statuses.
+    schema = Path(__file__).resolve().parent.parent / "migrations/0004_runs_and_steps.sql"
+    check = re.search(
+        r"status\s+text NOT NULL DEFAULT 'pending' CHECK \(status IN \((.*?)\)\)",
+        schema.read_text(),
+        re.S,
+    )
+    assert check is not None
+    assert set(re.findall(r"'([a-z_]+)'", check.group(1))) == {s.value for s in StepStatus}

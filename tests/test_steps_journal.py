@@ -47,3 +47,19 @@ def test_idempotency_key_follows_the_lineage_root(db: Database) -> None:
     row = steps_of(db, run_id)["s0"]
     assert row["idempotency_key"] == f"onceflow:{root}:s0"
     assert row["dispatched_at"] is not None
+
+
+def test_iterations_journal_under_their_own_keys(db: Database) -> None:
+    wf = definition(chain(2))
+    version = publish_version(db, wf)
+    run_id, _ = start_run(db, version)
+    node = wf.step("s1")
+    keys = [step_key("s1", [i]) for i in range(3)]
+    with db.transaction() as tx:
+        ids = insert_steps(tx, run_id=run_id, lineage_root=run_id, nodes=[node] * 3, keys=keys)
+        assert len(ids) == 3
+        again = insert_steps(tx, run_id=run_id, lineage_root=run_id, nodes=[node] * 3, keys=keys)
+        assert sorted(again) == sorted(ids)
+    rows = steps_of(db, run_id)
+    assert rows["s1[2]"]["node_id"] == "s1"
+    assert rows["s1[2]"]["idempotency_key"] == f"onceflow:{run_id}:s1[2]"

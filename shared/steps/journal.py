@@ -41,6 +41,7 @@ def insert_steps(
     lineage_root: str,
     nodes: Sequence[Step],
     stamp_dispatched: bool = False,
+    keys: Sequence[str] | None = None,
 ) -> list[str]:
     """Insert pending rows for `nodes` (ON CONFLICT (run_id, step_key) DO NOTHING).
 
@@ -52,14 +53,19 @@ def insert_steps(
     right after commit (the engine's settle): it saves a round trip, and if the publish is lost
     the sweep re-dispatches once the stamp is older than its threshold. Callers that leave it
     unset are covered too: the sweep treats a never-dispatched row by its creation time.
+
+    `keys` gives each node's journal key when it is not the node id: the iterations of a
+    repeated/foreach node, e.g. `[step_key(n.id, [i]) for i …]` with the node repeated.
     """
     if not nodes:
         return []
+    if keys is not None and len(keys) != len(nodes):
+        raise ValueError("insert_steps: one key per node")
     rows = tx.all(
         INSERT_MANY,
         run_id=run_id,
         lineage_root=lineage_root,
-        step_keys=[step_key(n.id) for n in nodes],
+        step_keys=list(keys) if keys is not None else [step_key(n.id) for n in nodes],
         node_ids=[n.id for n in nodes],
         block_types=[n.type for n in nodes],
         stamp_dispatched=stamp_dispatched,
