@@ -250,9 +250,17 @@ class LocalScheduler:
                 self._in_flight.discard(job.name)
 
 
+# Jobs fire from their own threads; print() writes the text and the newline separately, so
+# two threads can glue their lines together. One write per line, under a lock, keeps the
+# log one JSON object per line.
+_log_lock = threading.Lock()
+
+
 def _log(message: str, **fields: object) -> None:
     line = {"time": datetime.now(UTC).isoformat(), "message": message, **fields}
-    print(json.dumps(line), flush=True)
+    with _log_lock:
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
