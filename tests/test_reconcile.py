@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
 # What the three examples need from HubSpot.
 EXAMPLE_KEYS = {
-    ("contact", "creation", None),
+    ("contact", "propertyChange", "lifecyclestage"),
     ("deal", "propertyChange", "dealstage"),
     ("contact", "propertyChange", "hs_sales_email_last_replied"),
 }
@@ -272,13 +272,17 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
     headers = {"Authorization": "Bearer tok"}
     with httpx.Client(headers=headers, timeout=5) as client:
         listed = client.get(base).json()["results"]
-        victim = next(s for s in listed if s["eventType"] == "contact.creation")
+        victim = next(
+            s
+            for s in listed
+            if s["eventType"] == "contact.propertyChange" and s["propertyName"] == "lifecyclestage"
+        )
         assert client.delete(f"{base}/{victim['id']}").status_code == 204
         foreign = client.post(base, json={"eventType": "company.deletion"})
         assert foreign.status_code == 201
     repaired = subs.reconcile_all(db, connect.port_for)[0]
     assert repaired.ok
-    assert repaired.created == (("contact", "creation", None),)
+    assert repaired.created == (("contact", "propertyChange", "lifecyclestage"),)
     assert repaired.deleted == (("company", "deletion", None),)
     assert set(_provider_keys(fake)) == EXAMPLE_KEYS
     last = subs.last_reconcile(db, connection_id)

@@ -63,6 +63,13 @@ def test_yaml_syntax_error_has_a_position() -> None:
     assert (p.line, p.file) == (7, "wf.yaml")
 
 
+def test_a_character_yaml_forbids_is_an_error_with_its_position() -> None:
+    # \x84 (a C1 control) is refused by YAML's reader before any parsing starts.
+    p = _one(HEAD + "description: caf\x84\n")
+    assert p.message == "not valid YAML: character #x0084 is not allowed"
+    assert (p.line, p.column, p.file) == (5, 17, "wf.yaml")
+
+
 def test_missing_field_points_at_the_enclosing_mapping() -> None:
     p = _one("name: wf\ntenant: acme\nsteps:\n  - {id: a, type: end}\n")
     assert p.path == ("trigger",)

@@ -16,7 +16,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import yaml
 from flask import Request, Response
 from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import MethodNotAllowed, NotFound
@@ -323,23 +322,9 @@ def _problems_of(report: ValidationReport) -> list[DefinitionProblem]:
     ]
 
 
-def _validated(source: str) -> ValidationReport:
-    try:
-        return validate_text(source, SOURCE_NAME)
-    except yaml.YAMLError as exc:
-        # validate_text lets a YAML *reader* error (a non-printable character) escape.
-        return _unreadable(exc)
-
-
-def _unreadable(exc: yaml.YAMLError) -> ValidationReport:
-    return ValidationReport(
-        SOURCE_NAME, (Problem("error", (), f"not valid YAML: {exc}", SOURCE_NAME),)
-    )
-
-
 def validate_workflow(call: Call) -> ValidationResult:
     body: WorkflowSource = call.body
-    report = _validated(body.source)
+    report = validate_text(body.source, SOURCE_NAME)
     problems = _problems_of(report)
     if (
         report.definition is not None
@@ -379,7 +364,7 @@ def _definition_invalid(report: ValidationReport) -> OpsError:
 def publish_workflow(call: Call) -> PublishResult:
     body: WorkflowSource = call.body
     # Checked before the transaction too, so that YAML the reader refuses outright is a 422.
-    checked = _validated(body.source)
+    checked = validate_text(body.source, SOURCE_NAME)
     if not checked.ok:
         raise _definition_invalid(checked)
     try:

@@ -168,7 +168,15 @@ def validate_file(path: str | Path) -> ValidationReport:
 
 
 def validate_text(text: str, filename: str = "<input>") -> ValidationReport:
-    loader = _Loader(text)
+    # The reader checks the whole text for characters YAML forbids (e.g. C1 controls such as
+    # \x84) as the loader is built, so building it belongs inside the same error handling.
+    try:
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1
+        message = f"not valid YAML: character #x{exc.character:04x} is not allowed"
+        return ValidationReport(filename, (Problem("error", (), message, filename, line, column),))
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
