@@ -262,3 +262,26 @@ def test_default_duties_expire_echo_markers(db: Database) -> None:
     assert expire_echo_markers(db) == {"expired": 1}
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM echo_markers") == 1
+
+
+def test_default_duties_delete_ended_throttle_windows(db: Database) -> None:
+    from shared.steps.sweep import default_duties
+
+    with db.transaction() as tx:
+        tx.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'acme') ON CONFLICT DO NOTHING")
+        conn = tx.scalar(
+            "INSERT INTO connections (tenant_id, provider, webhook_secret_env) "
+            "VALUES ('acme', 'hubspot', 'X') RETURNING id"
+        )
+        for ago in ("2 hours", "1 minute"):
+            tx.execute(
+                "INSERT INTO throttle_windows (connection_id, window_start, used)"
+                " VALUES (:c, now() - CAST(:ago AS interval), 3)",
+                c=conn,
+                ago=ago,
+            )
+    duty = next(d for d in default_duties() if d.name == "delete_expired_throttle_windows")
+    assert duty.run(db) == {"deleted": 1}
+    with db.transaction() as tx:
+        left = tx.all("SELECT used FROM throttle_windows WHERE connection_id = :c", c=conn)
+    assert [row["used"] for row in left] == [3]

@@ -206,10 +206,19 @@ def reconcile_subscriptions(db: Database) -> dict[str, int]:
     return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}
 
 
+def delete_expired_throttle_windows(db: Database) -> dict[str, int]:
+    """Throttle windows are one row per connection per window; ended ones only take space."""
+    from shared.throttle import delete_expired_windows
+
+    with db.transaction() as tx:
+        return {"deleted": delete_expired_windows(tx)}
+
+
 def default_duties() -> list[Duty]:
     """The periodic duties; later issues append theirs (timeouts, cron ticks) here."""
     return [
         Duty("expire_echo_markers", 300.0, expire_echo_markers),
+        Duty("delete_expired_throttle_windows", 900.0, delete_expired_throttle_windows),
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
     ]
 
