@@ -23,7 +23,6 @@ one line saying what to do, never a stack trace.
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import json
 import os
@@ -41,9 +40,9 @@ from urllib.parse import urlparse
 import httpx
 import pg8000.dbapi
 
-from devstack import emulator, postgres, scheduler
+from devstack import emulator, function_process, postgres, scheduler
 from devstack.tools import MissingTool, free_port, pg_bindir, port_holder, pubsub_emulator
-from shared.deployables import DEPLOYABLES, Deployable
+from shared.deployables import DEPLOYABLES
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".local"
@@ -161,33 +160,8 @@ def read_pids(root: Path) -> list[PidFile]:
 # --- the plan -------------------------------------------------------------------------------
 
 
-def signature_type(fn: Deployable) -> str:
-    """What functions/<name>.py declares (`@functions_framework.cloud_event` or `.http`)."""
-    source = REPO / "functions" / f"{fn.name}.py"
-    with contextlib.suppress(OSError, SyntaxError):
-        for node in ast.walk(ast.parse(source.read_text())):
-            if isinstance(node, ast.FunctionDef) and node.name == fn.name:
-                for deco in node.decorator_list:
-                    target = deco.func if isinstance(deco, ast.Call) else deco
-                    if isinstance(target, ast.Attribute) and target.attr == "cloud_event":
-                        return "cloudevent"
-                    if isinstance(target, ast.Attribute) and target.attr == "http":
-                        return "http"
-    return "cloudevent" if fn.trigger == "pubsub" else "http"
-
-
 def fakecrm_available() -> bool:
     return (REPO / "devstack" / "fakecrm" / "__main__.py").exists()
-
-
-def functions_framework_bin() -> Path:
-    candidate = Path(sys.executable).parent / "functions-framework"
-    if not candidate.exists():
-        raise MissingTool(
-            f"functions-framework not found next to {sys.executable}: run `make venv` "
-            "(it installs requirements-dev.txt)"
-        )
-    return candidate
 
 
 def plan_ports(*, free: bool, with_postgres: bool, with_fakecrm: bool) -> dict[str, int]:
@@ -229,7 +203,7 @@ def preflight(*, own_postgres: bool) -> list[str]:
                     f"PostgreSQL server binaries ({tool}) not found in {bindir}: "
                     "install them with `apt-get install postgresql` or set PG_BINDIR"
                 )
-    functions_framework_bin()
+    function_process.functions_framework_bin()
     return pubsub_emulator()
 
 
@@ -349,29 +323,11 @@ def up(
             database_url = postgres.Cluster(root / "pg", ports["postgres"]).url(DATABASE_NAME)
         assert database_url is not None
         fn_env = {**_base_env(), **function_env(database_url, emulator_host, extra_env)}
-        ff = str(functions_framework_bin())
         components: dict[str, dict[str, Any]] = {}
         for d in DEPLOYABLES:
             port = ports[d.name]
-            sig = signature_type(d)
-            _spawn(
-                root,
-                d.name,
-                [
-                    ff,
-                    "--source",
-                    "main.py",
-                    "--target",
-                    d.name,
-                    "--signature-type",
-                    sig,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                ],
-                fn_env,
-            )
+            sig = function_process.signature_type(d)
+            _spawn(root, d.name, function_process.command(d.name, port, signature=sig), fn_env)
             components[d.name] = {
                 "kind": "function",
                 "trigger": d.trigger,
@@ -836,24 +792,8 @@ def restart_function(
         if p.name == name:
             _stop_one(p)
     env = {**_base_env(), **info["env"], **(extra_env or {})}
-    _spawn(
-        root,
-        name,
-        [
-            str(functions_framework_bin()),
-            "--source",
-            "main.py",
-            "--target",
-            name,
-            "--signature-type",
-            str(comp["signature_type"]),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(comp["port"]),
-        ],
-        env,
-    )
+    args = function_process.command(name, comp["port"], signature=str(comp["signature_type"]))
+    _spawn(root, name, args, env)
     comp["extra_env"] = dict(extra_env or {})
     _write_json(stack_file(root), info)
     wait_healthy(root, {"components": {name: comp}})

@@ -28,12 +28,12 @@ import httpx
 import pytest
 
 from devstack.bundle import build_archive
+from devstack.function_process import command, signature_type
 from devstack.tools import free_port
 from shared.deployables import DEPLOYABLES, Deployable
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-FUNCTIONS_FRAMEWORK = VENV_BIN / "functions-framework"
 NOT_DEPLOYED = ("tests/", "devstack/", "infra/", "migrations/", ".venv/", ".local/")
 START_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 30.0
@@ -52,13 +52,6 @@ class Served:
 
     def stderr(self) -> str:
         return self.log.read_text("utf-8", errors="replace")
-
-
-def signature_type(name: str) -> str:
-    """`cloudevent` when the entry point is declared with @functions_framework.cloud_event
-    (admit_event and advance_step take raw Pub/Sub push bodies that way), else `http`."""
-    source = (ROOT / "functions" / f"{name}.py").read_text("utf-8")
-    return "cloudevent" if "@functions_framework.cloud_event" in source else "http"
 
 
 def clean_env(database_url: str, home: Path) -> dict[str, str]:
@@ -178,22 +171,10 @@ def served(
         for d in DEPLOYABLES:
             port = free_port()
             log = tmp_path / f"{d.name}.log"
-            signature = signature_type(d.name)
+            signature = signature_type(d)
             with log.open("wb") as sink:
                 process = subprocess.Popen(
-                    [
-                        str(FUNCTIONS_FRAMEWORK),
-                        "--source",
-                        str(src / "main.py"),
-                        "--target",
-                        d.name,
-                        "--signature-type",
-                        signature,
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                    ],
+                    command(d.name, port, source=src / "main.py", signature=signature),
                     cwd=src,
                     env=env,
                     stdout=sink,

@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from devstack.tools import free_port
+from devstack.function_process import serve
 from shared.db import Database
 from shared.pubsub import STEP_READY
 from tests.ops_support import (
@@ -37,51 +36,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(name="ops_process")
 def ops_process_fixture(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url,
-        "GOOGLE_CLOUD_PROJECT": pubsub.project,
-        "PYTHONPATH": str(ROOT),
-    }
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "functions_framework",
-            "--target",
-            "ops",
-            "--source",
-            str(ROOT / "main.py"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(base + "/openapi.json", timeout=1)
-                break
-            except httpx.TransportError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("ops process did not start") from None
-                time.sleep(0.1)
+    env = {"DATABASE_URL": database_url, "GOOGLE_CLOUD_PROJECT": pubsub.project}
+    with serve("ops", env) as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 def test_cli_token_and_a_replay_dispatched_through_the_emulator(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from devstack import emulator, scheduler, stack
+from devstack import emulator, function_process, scheduler, stack
 from shared.deployables import DEPLOYABLES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -192,7 +192,7 @@ def test_every_scheduled_function_has_a_job() -> None:
 def test_signature_types_follow_the_entry_points() -> None:
     for d in DEPLOYABLES:
         expected = "cloudevent" if d.trigger == "pubsub" else "http"
-        assert stack.signature_type(d) == expected, d.name
+        assert function_process.signature_type(d) == expected, d.name
 
 
 # --- the scheduler's cron ----------------------------------------------------------------------

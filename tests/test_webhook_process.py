@@ -4,18 +4,14 @@ event id on the emulator's `trigger-events` subscription (drain + publish, no sc
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from devstack.tools import free_port
+from devstack.function_process import serve
 from shared.db import Database
 from shared.pubsub import TRIGGER_EVENTS
 from tests.ingest_support import (
@@ -33,61 +29,21 @@ from tests.pubsub_emulator import (  # noqa: F401 - fixtures
     pubsub_fixture,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
 def webhook_process(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
-    port = free_port()
     env = {
-        **os.environ,
         "DATABASE_URL": database_url,
         "GOOGLE_CLOUD_PROJECT": pubsub.project,
         "HUBSPOT_SECRET_ACME": HUBSPOT_SECRET,
         "WEBHOOK_MAX_BODY_BYTES": "4096",
         "WEBHOOK_NUDGE": "thread",
-        "PYTHONPATH": str(ROOT),
+        "PUBLIC_BASE_URL": "",  # empty is unset: signatures cover the loopback URL
     }
-    env.pop("PUBLIC_BASE_URL", None)
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "functions_framework",
-            "--target",
-            "webhook",
-            "--source",
-            str(ROOT / "main.py"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(base + "/", timeout=1)
-                break
-            except httpx.TransportError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("webhook process did not start") from None
-                time.sleep(0.1)
+    with serve("webhook", env) as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
 
 
 def test_signed_webhook_reaches_trigger_events_through_the_nudge(

@@ -24,20 +24,19 @@ import os
 import secrets
 import statistics
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import AbstractContextManager, contextmanager
 
 import httpx
 import pg8000.dbapi
 
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
+from devstack.function_process import serve
 from devstack.tools import free_port, pubsub_emulator
 from shared import inbox, outbox
 from shared.connections import create_connection
@@ -45,7 +44,6 @@ from shared.db import Database, connector_from_env
 from shared.migrate import apply_all, discover
 from shared.pubsub import Publisher
 
-ROOT = Path(__file__).resolve().parents[2]
 SECRET = secrets.token_hex(16)  # per run: the webhook process gets it through its env
 WEBHOOK_SECONDS = float(os.environ.get("BENCH_WEBHOOK_SECONDS", "8"))
 CLIENT_THREADS = int(os.environ.get("BENCH_CLIENT_THREADS", "8"))
@@ -62,42 +60,15 @@ def migrated_database(cluster: postgres.Cluster, name: str) -> Database:
     return Database(connector_from_env({"DATABASE_URL": cluster.url(name)}), pool_size=8)
 
 
-@contextmanager
-def webhook_process(database_url: str) -> Iterator[str]:
-    port = free_port()
+def webhook_process(database_url: str) -> AbstractContextManager[str]:
     env = {
-        **os.environ,
         "DATABASE_URL": database_url,
         "BENCH_HUBSPOT_SECRET": SECRET,
         "WEBHOOK_NUDGE": "off",
         "DB_POOL_SIZE": "8",
         "LOG_LEVEL": "WARNING",
-        "PYTHONPATH": str(ROOT),
     }
-    command = [sys.executable, "-m", "functions_framework", "--target", "webhook"]
-    command += ["--source", str(ROOT / "main.py"), "--host", "127.0.0.1", "--port", str(port)]
-    process = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(base + "/", timeout=1)
-                break
-            except httpx.TransportError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("webhook process did not start") from None
-                time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+    return serve("webhook", env)
 
 
 def signed(base: str, path: str, body: bytes) -> dict[str, str]:

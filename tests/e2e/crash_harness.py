@@ -31,7 +31,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -41,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from devstack.function_process import command
 from devstack.tools import free_port
 from shared import pubsub as pubsub_mod
 from shared.db import Database
@@ -201,21 +201,7 @@ class CrashHarness:
         with self.log_path.open("ab") as log:
             self._log_offset = log.tell()
             self._process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "functions_framework",
-                    "--source",
-                    str(self.source),
-                    "--target",
-                    self.target,
-                    "--signature-type",
-                    "cloudevent",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
+                command(self.target, self.port, source=self.source, signature="cloudevent"),
                 cwd=ROOT,
                 env=env,
                 stdout=log,

@@ -1,0 +1,95 @@
+"""A functions-framework process serving one entry point of main.py, as Cloud Run runs it.
+
+`command` is its command line for every caller: the local stack, the crash harness and the
+archive test start and watch their processes their own way (log files, process groups,
+restarts). `serve` is the whole life of one process for a test or a bench that only needs its
+URL: a free loopback port, wait until it answers HTTP, stop it afterwards.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+
+from devstack.tools import MissingTool, free_port
+from shared.deployables import Deployable
+
+REPO = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+
+
+def functions_framework_bin() -> Path:
+    candidate = Path(sys.executable).parent / "functions-framework"
+    if not candidate.exists():
+        raise MissingTool(
+            f"functions-framework not found next to {sys.executable}: run `make venv` "
+            "(it installs requirements-dev.txt)"
+        )
+    return candidate
+
+
+def signature_type(fn: Deployable) -> str:
+    """What functions/<name>.py declares (`@functions_framework.cloud_event` or `.http`)."""
+    source = REPO / "functions" / f"{fn.name}.py"
+    with contextlib.suppress(OSError, SyntaxError):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name == fn.name:
+                for deco in node.decorator_list:
+                    target = deco.func if isinstance(deco, ast.Call) else deco
+                    if isinstance(target, ast.Attribute) and target.attr == "cloud_event":
+                        return "cloudevent"
+                    if isinstance(target, ast.Attribute) and target.attr == "http":
+                        return "http"
+    return "cloudevent" if fn.trigger == "pubsub" else "http"
+
+
+def command(
+    target: str, port: int, *, source: Path = REPO / "main.py", signature: str | None = None
+) -> list[str]:
+    """Serve `target` of `source` on 127.0.0.1:`port`; without `signature`, functions-framework
+    takes `http`."""
+    args = [str(functions_framework_bin()), "--source", str(source), "--target", target]
+    if signature is not None:
+        args += ["--signature-type", signature]
+    return [*args, "--host", HOST, "--port", str(port)]
+
+
+@contextlib.contextmanager
+def serve(target: str, env: Mapping[str, str], *, timeout: float = 30.0) -> Iterator[str]:
+    """Run `target` of the repository's main.py with the caller's environment plus `env`; its
+    base URL once it answers HTTP (any status: the app is loaded by then)."""
+    port = free_port()
+    process = subprocess.Popen(
+        command(target, port),
+        cwd=REPO,
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                httpx.get(base + "/", timeout=1)
+                break
+            except httpx.TransportError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{target} process did not start") from None
+                time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
