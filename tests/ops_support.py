@@ -230,27 +230,29 @@ def dispatched_fixture() -> Dispatched:
     return Dispatched()
 
 
+def install_ops_api(db: Database, dispatch: Dispatched, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The real `ops` entry point from main.py, as functions-framework builds it, answering
+    from `db` and handing replayed steps to `dispatch` instead of Pub/Sub."""
+    monkeypatch.setattr(ops_api, "_default_api", ops_api.OpsApi(db, dispatch=dispatch))
+    return functions_framework.create_app("ops", ROOT_MAIN, "http")
+
+
 @pytest.fixture(name="client")
-def client_fixture(
-    db: Database, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Any]:
-    """The real `ops` entry point from main.py, served in-process by functions-framework."""
-    monkeypatch.setattr(ops_api, "_default_api", ops_api.OpsApi(db, dispatch=dispatched))
-    app = functions_framework.create_app("ops", ROOT_MAIN, "http")
-    yield app.test_client()
+def client_fixture(db: Database, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The ops app served in-process (a test client)."""
+    return install_ops_api(db, dispatched, monkeypatch).test_client()
 
 
 @pytest.fixture(name="ops_server")
 def ops_server_fixture(
     db: Database, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
-    """The real `ops` entry point served over real HTTP on 127.0.0.1; yields its base URL."""
+    """The ops app served over real HTTP on 127.0.0.1; yields its base URL."""
     import threading
 
     from werkzeug.serving import make_server
 
-    monkeypatch.setattr(ops_api, "_default_api", ops_api.OpsApi(db, dispatch=dispatched))
-    app = functions_framework.create_app("ops", ROOT_MAIN, "http")
+    app = install_ops_api(db, dispatched, monkeypatch)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
