@@ -4,6 +4,9 @@ The engine (shared/steps) claims a step, builds a `BlockContext`, calls the bloc
 and settles the step from the `BlockResult` it returns or the `BlockFailure` it raises. Blocks
 never touch step rows themselves: the context hands them the few journal operations they may
 need (heartbeat, the at-most-once marker), already fenced on the step's lease.
+
+The two things every side-effecting block does the same way live here too, so they can't drift
+apart between blocks: the rehearsal answer (`dry_run_result`) and the charge (`charge`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from shared import credits
 from shared.workflows.definition import Step
 
 BlockKind = Literal["flow", "action"]
@@ -111,3 +115,30 @@ class BlockSpec:
     # True for blocks that create records at a provider: they must be at_most_once.
     creates: bool = False
     description: str = ""
+
+
+def dry_run_result(block_type: str, **would_send: Any) -> BlockResult:
+    """What a side-effecting block answers in a rehearsal: the request it would have sent."""
+    return BlockResult(
+        output={"dry_run": True, "block": block_type, "would_send": would_send},
+        outcome_code="DRY_RUN",
+    )
+
+
+def charge(ctx: BlockContext, block_type: str, price: int) -> None:
+    """Charge the step's lineage key once, committed, before the side effect leaves (see
+    shared.credits); a tenant that can't pay fails the step permanently."""
+    outcome = credits.charge_step(
+        tenant_id=ctx.tenant_id,
+        lineage_key=ctx.idempotency_key,
+        amount=price,
+        block_type=block_type,
+        run_id=ctx.run_id,
+        step_id=ctx.step_id,
+    )
+    if outcome.status == "insufficient":
+        raise BlockFailure(
+            f"tenant {ctx.tenant_id} has {outcome.balance} credits; {block_type} costs {price}",
+            error_class="permanent",
+            outcome_code=credits.OUTCOME_INSUFFICIENT_CREDITS,
+        )

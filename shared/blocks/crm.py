@@ -19,8 +19,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared import credits, throttle
-from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec, RetryPolicy
+from shared import throttle
+from shared.blocks.base import (
+    BlockContext,
+    BlockFailure,
+    BlockResult,
+    BlockSpec,
+    RetryPolicy,
+    charge,
+    dry_run_result,
+)
 from shared.db import get_database
 from shared.port import connect
 from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
@@ -122,32 +130,21 @@ def _object_type(name: str) -> str:
         raise failure_from_port(exc, what="config") from exc
 
 
-def _charge(ctx: BlockContext, block_type: str, price: int) -> None:
-    outcome = credits.charge_step(
-        tenant_id=ctx.tenant_id,
-        lineage_key=ctx.idempotency_key,
-        amount=price,
-        block_type=block_type,
-        run_id=ctx.run_id,
-        step_id=ctx.step_id,
-    )
-    if outcome.status == "insufficient":
-        raise BlockFailure(
-            f"tenant {ctx.tenant_id} has {outcome.balance} credits; {block_type} costs {price}",
-            error_class="permanent",
-            outcome_code=credits.OUTCOME_INSUFFICIENT_CREDITS,
-        )
-
-
 def _output(record: Record) -> dict[str, Any]:
     return {"id": record.id, "object_type": record.object_type, "properties": record.properties}
 
 
-def _dry_run(block_type: str, **request: Any) -> BlockResult:
-    return BlockResult(
-        output={"dry_run": True, "block": block_type, "would_send": request},
-        outcome_code="DRY_RUN",
-    )
+def _connect(
+    ctx: BlockContext, config: _Config, block_type: str, price: int
+) -> tuple[str, CrmPort]:
+    """Steps 2-4 above: the connection and its port, a throttle slot, the charge (a read still
+    runs in a rehearsal, uncharged; a write has stopped at its dry run before this)."""
+    connection_id = _connection_id(ctx, config)
+    port = _port(connection_id)
+    throttle.claim_or_park(connection_id)
+    if not ctx.dry_run:
+        charge(ctx, block_type, price)
+    return connection_id, port
 
 
 # --- crm.create ---------------------------------------------------------------------------------
@@ -158,11 +155,8 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, CreateConfig)
     object_type = _object_type(config.object_type)
     if ctx.dry_run:
-        return _dry_run("crm.create", object_type=object_type, properties=config.properties)
-    connection_id = _connection_id(ctx, config)
-    port = _port(connection_id)
-    throttle.claim_or_park(connection_id)
-    _charge(ctx, "crm.create", CREATE_PRICE)
+        return dry_run_result("crm.create", object_type=object_type, properties=config.properties)
+    _, port = _connect(ctx, config, "crm.create", CREATE_PRICE)
     if not ctx.mark_side_effect_started():
         raise BlockFailure(
             "an earlier attempt may already have created this record (its response was never "
@@ -202,16 +196,13 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, UpdateConfig)
     object_type = _object_type(config.object_type)
     if ctx.dry_run:
-        return _dry_run(
+        return dry_run_result(
             "crm.update",
             object_type=object_type,
             object_id=config.object_id,
             properties=config.properties,
         )
-    connection_id = _connection_id(ctx, config)
-    port = _port(connection_id)
-    throttle.claim_or_park(connection_id)
-    _charge(ctx, "crm.update", UPDATE_PRICE)
+    connection_id, port = _connect(ctx, config, "crm.update", UPDATE_PRICE)
     # The admission side owns echo markers; looked up where used (module written in parallel).
     echo = importlib.import_module("shared.echo")
     # Committed before the call: the webhook this write causes may arrive before the response.
@@ -240,11 +231,7 @@ READ_PRICE = 1
 def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, GetConfig)
     object_type = _object_type(config.object_type)
-    connection_id = _connection_id(ctx, config)
-    port = _port(connection_id)
-    throttle.claim_or_park(connection_id)
-    if not ctx.dry_run:
-        _charge(ctx, "crm.get", READ_PRICE)
+    _, port = _connect(ctx, config, "crm.get", READ_PRICE)
     try:
         record = port.get(object_type, config.object_id, config.properties)
     except PortError as exc:
@@ -255,11 +242,7 @@ def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
 def execute_search(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, SearchConfig)
     object_type = _object_type(config.object_type)
-    connection_id = _connection_id(ctx, config)
-    port = _port(connection_id)
-    throttle.claim_or_park(connection_id)
-    if not ctx.dry_run:
-        _charge(ctx, "crm.search", READ_PRICE)
+    _, port = _connect(ctx, config, "crm.search", READ_PRICE)
     filters = [SearchFilter(f.property, f.operator.upper(), f.value) for f in config.filters]
     try:
         records = port.search(object_type, filters, config.limit)

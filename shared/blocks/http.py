@@ -28,7 +28,7 @@ import httpcore
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared import credits, queries
+from shared import queries
 from shared.blocks.base import (
     BlockContext,
     BlockFailure,
@@ -36,6 +36,8 @@ from shared.blocks.base import (
     BlockSpec,
     ErrorClass,
     RetryPolicy,
+    charge,
+    dry_run_result,
 )
 from shared.db import get_database
 from shared.netguard import AddressRefused, NetPolicy, guarded_client
@@ -157,19 +159,13 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
             "text/plain; charset=utf-8" if isinstance(config.body, str) else "application/json"
         )
     if ctx.dry_run:
-        return BlockResult(
-            output={
-                "dry_run": True,
-                "block": "http.request",
-                "would_send": {
-                    "method": config.method,
-                    "url": config.url,
-                    "headers": sorted([*headers, SIGNATURE_HEADER, TIMESTAMP_HEADER]),
-                    "idempotency_key": ctx.idempotency_key,
-                    "body": body.decode("utf-8", "replace"),
-                },
-            },
-            outcome_code="DRY_RUN",
+        return dry_run_result(
+            "http.request",
+            method=config.method,
+            url=config.url,
+            headers=sorted([*headers, SIGNATURE_HEADER, TIMESTAMP_HEADER]),
+            idempotency_key=ctx.idempotency_key,
+            body=body.decode("utf-8", "replace"),
         )
     # Refuse a forbidden destination before charging for it. The guarded backend checks again
     # at connect time (with its own single resolution): this early look is for the bill only.
@@ -193,20 +189,7 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
         timestamp = str(int(time.time()))
         headers[TIMESTAMP_HEADER] = timestamp
         headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
-    outcome = credits.charge_step(
-        tenant_id=ctx.tenant_id,
-        lineage_key=ctx.idempotency_key,
-        amount=PRICE,
-        block_type="http.request",
-        run_id=ctx.run_id,
-        step_id=ctx.step_id,
-    )
-    if outcome.status == "insufficient":
-        raise BlockFailure(
-            f"tenant {ctx.tenant_id} has {outcome.balance} credits; http.request costs {PRICE}",
-            error_class="permanent",
-            outcome_code=credits.OUTCOME_INSUFFICIENT_CREDITS,
-        )
+    charge(ctx, "http.request", PRICE)
     return _send(policy, config, headers, body)
 
 
