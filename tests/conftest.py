@@ -8,6 +8,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pg8000.dbapi
@@ -58,30 +59,32 @@ def _admin(cluster: postgres.Cluster) -> pg8000.dbapi.Connection:
     return conn
 
 
-@pytest.fixture
-def empty_database_url(pg_cluster: postgres.Cluster) -> Iterator[str]:
-    """A database with no migrations applied."""
+@contextmanager
+def _fresh_database(cluster: postgres.Cluster, template: str | None = None) -> Iterator[str]:
+    """A new database (a copy of `template` when given) for one test, dropped after it."""
     name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = _admin(pg_cluster)
-    admin.cursor().execute(f'CREATE DATABASE "{name}"')
+    admin = _admin(cluster)
+    copy = f' TEMPLATE "{template}"' if template else ""
+    admin.cursor().execute(f'CREATE DATABASE "{name}"{copy}')
     try:
-        yield pg_cluster.url(name)
+        yield cluster.url(name)
     finally:
         admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.close()
+
+
+@pytest.fixture
+def empty_database_url(pg_cluster: postgres.Cluster) -> Iterator[str]:
+    """A database with no migrations applied."""
+    with _fresh_database(pg_cluster) as url:
+        yield url
 
 
 @pytest.fixture
 def database_url(pg_cluster: postgres.Cluster, template_database: str) -> Iterator[str]:
     """A fresh, fully migrated database for one test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = _admin(pg_cluster)
-    admin.cursor().execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_database}"')
-    try:
-        yield pg_cluster.url(name)
-    finally:
-        admin.cursor().execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    with _fresh_database(pg_cluster, template_database) as url:
+        yield url
 
 
 @pytest.fixture
