@@ -1,4 +1,4 @@
-"""A throwaway PostgreSQL cluster on 127.0.0.1, for `make dev` and the tests.
+"""A throwaway PostgreSQL cluster on 127.0.0.1, for `make dev`, the benches and the tests.
 
 initdb and pg_ctl refuse to run as root, so when we are root every server command runs as
 the `postgres` user, in folders that user owns.
@@ -17,6 +17,7 @@ from pathlib import Path
 import pg8000.dbapi
 
 from devstack.tools import MissingTool, pg_bindir
+from shared.migrate import apply_all, discover
 
 
 @dataclass(frozen=True)
@@ -164,3 +165,14 @@ def create_database(admin_url_port: int, name: str, template: str | None = None)
             cur.execute(f'CREATE DATABASE "{name}"{suffix}')
     finally:
         conn.close()
+
+
+def create_migrated_database(cluster: Cluster, name: str) -> str:
+    """`name` on `cluster` with every migration applied; its URL."""
+    create_database(cluster.port, name)
+    conn = pg8000.dbapi.connect(user="postgres", host="127.0.0.1", port=cluster.port, database=name)
+    try:
+        apply_all(conn, discover(), log=False)
+    finally:
+        conn.close()
+    return cluster.url(name)

@@ -18,7 +18,6 @@ from devstack import postgres
 from devstack.tools import free_port
 from shared import db as dbmod
 from shared.db import Database, connector_from_env
-from shared.migrate import apply_all, discover
 
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
@@ -40,14 +39,7 @@ def pg_cluster() -> Iterator[postgres.Cluster]:
 
 @pytest.fixture(scope="session")
 def template_database(pg_cluster: postgres.Cluster) -> str:
-    postgres.create_database(pg_cluster.port, TEMPLATE)
-    conn = pg8000.dbapi.connect(
-        user="postgres", host="127.0.0.1", port=pg_cluster.port, database=TEMPLATE
-    )
-    try:
-        apply_all(conn, discover(), log=False)
-    finally:
-        conn.close()
+    postgres.create_migrated_database(pg_cluster, TEMPLATE)
     return TEMPLATE
 
 

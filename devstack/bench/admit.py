@@ -24,13 +24,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import pg8000.dbapi
-
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
 from shared.admission import admit_event
 from shared.db import Database, connector_from_env
-from shared.migrate import apply_all, discover
 from shared.workflows import versions
 
 SECONDS = float(os.environ.get("BENCH_ADMIT_SECONDS", "8"))
@@ -39,16 +36,6 @@ BINDINGS = (1, 10, 50)
 # Enough events that the consumers don't run dry before SECONDS at the expected rates.
 EVENTS = {1: 20_000, 10: 5_000, 50: 2_000}
 TENANT = "bench"
-
-
-def migrated(cluster: postgres.Cluster, name: str) -> str:
-    postgres.create_database(cluster.port, name)
-    conn = pg8000.dbapi.connect(user="postgres", host="127.0.0.1", port=cluster.port, database=name)
-    try:
-        apply_all(conn, discover(), log=False)
-    finally:
-        conn.close()
-    return cluster.url(name)
 
 
 def seed(db: Database, k: int, events: int) -> list[int]:
@@ -160,7 +147,7 @@ def main() -> None:
     with bench_cluster() as cluster:
         baseline = pgbench_tps(cluster, clients=CONSUMERS)
         for k in BINDINGS:
-            url = migrated(cluster, f"admit_k{k}")
+            url = postgres.create_migrated_database(cluster, f"admit_k{k}")
             setup = Database(connector_from_env({"DATABASE_URL": url}), pool_size=2)
             try:
                 event_ids = seed(setup, k, EVENTS[k])

@@ -32,7 +32,6 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import httpx
-import pg8000.dbapi
 
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
@@ -41,7 +40,6 @@ from devstack.tools import free_port, pubsub_emulator
 from shared import inbox, outbox
 from shared.connections import create_connection
 from shared.db import Database, connector_from_env
-from shared.migrate import apply_all, discover
 from shared.pubsub import Publisher
 
 SECRET = secrets.token_hex(16)  # per run: the webhook process gets it through its env
@@ -51,13 +49,8 @@ CLAIM_SAMPLES = 50
 
 
 def migrated_database(cluster: postgres.Cluster, name: str) -> Database:
-    postgres.create_database(cluster.port, name)
-    conn = pg8000.dbapi.connect(user="postgres", host="127.0.0.1", port=cluster.port, database=name)
-    try:
-        apply_all(conn, discover(), log=False)
-    finally:
-        conn.close()
-    return Database(connector_from_env({"DATABASE_URL": cluster.url(name)}), pool_size=8)
+    url = postgres.create_migrated_database(cluster, name)
+    return Database(connector_from_env({"DATABASE_URL": url}), pool_size=8)
 
 
 def webhook_process(database_url: str) -> AbstractContextManager[str]:

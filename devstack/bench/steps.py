@@ -28,14 +28,12 @@ import threading
 import time
 from collections.abc import Sequence
 
-import pg8000.dbapi
 from pydantic import BaseModel, ConfigDict
 
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, RetryPolicy
 from shared.db import Database, connector_from_env
-from shared.migrate import apply_all, discover
 from shared.steps.advance import advance_step
 from shared.steps.claim import LeaseConfig
 
@@ -70,16 +68,6 @@ def lookup(type_name: str) -> BlockSpec:
     if type_name != NOOP.type_name:
         raise KeyError(type_name)
     return NOOP
-
-
-def migrated(cluster: postgres.Cluster, name: str) -> str:
-    postgres.create_database(cluster.port, name)
-    conn = pg8000.dbapi.connect(user="postgres", host="127.0.0.1", port=cluster.port, database=name)
-    try:
-        apply_all(conn, discover(), log=False)
-    finally:
-        conn.close()
-    return cluster.url(name)
 
 
 def seed(db: Database, runs: int) -> list[str]:
@@ -214,7 +202,7 @@ def main() -> None:
     logging.getLogger().setLevel(logging.WARNING)  # one INFO line per step would be measured
     with bench_cluster() as cluster:
         baseline = pgbench_tps(cluster, clients=EXECUTORS)
-        url = migrated(cluster, "steps")
+        url = postgres.create_migrated_database(cluster, "steps")
         setup = Database(connector_from_env({"DATABASE_URL": url}), pool_size=2)
         try:
             first_steps = seed(setup, RUNS)
