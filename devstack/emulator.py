@@ -6,13 +6,19 @@ could drift. Push endpoints point at the local function processes with a path of
 `/projects/<P>/topics/<T>`: functions-framework copies that into the CloudEvent `source`, the
 way the cloud's push delivery carries the topic. Retry and dead-letter policies are created as
 declared; the emulator honours both (see FACTS.md).
+
+`running` is a bare emulator (no layout) for the tests and the benches, which make their own
+topics per project.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +26,7 @@ from typing import IO, Any
 import httpx
 
 from devstack import terraform
+from devstack.tools import free_port, pubsub_emulator
 from shared.deployables import DEPLOYABLES
 
 
@@ -120,6 +127,31 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 
         if time.monotonic() > deadline:
             raise RuntimeError(f"the Pub/Sub emulator did not answer at {url} in {timeout:.0f} s")
         time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def running(log_path: Path | None = None, timeout: float = 60.0) -> Iterator[str]:
+    """An emulator on a free loopback port for the tests and the benches, its output in
+    `log_path` (or nowhere); its `PUBSUB_EMULATOR_HOST` once it answers. Stopped afterwards."""
+    port = free_port()
+    with open(log_path or os.devnull, "wb") as log:
+        process = start(pubsub_emulator(), port, log, os.environ)
+    try:
+        try:
+            wait_ready(f"http://127.0.0.1:{port}", process, timeout)
+        except RuntimeError as exc:
+            output = log_path.read_text(errors="replace")[-800:] if log_path else ""
+            raise RuntimeError(f"{exc}\n{output}".rstrip()) from None
+        yield f"127.0.0.1:{port}"
+    finally:
+        # The launcher is a shell script running java: stop the whole group it started.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
 
 
 def push_endpoint(function_url: str, project: str, topic: str) -> str:

@@ -22,12 +22,8 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import signal
-import subprocess
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,56 +32,15 @@ from typing import Any
 
 import pytest
 
-from devstack.tools import free_port
-from devstack.tools import pubsub_emulator as emulator_command
+from devstack import emulator
 from shared import pubsub as pubsub_mod
 from shared.deployables import TOPICS
 
-READY_TIMEOUT_SECONDS = 60.0
 
-
-@dataclass
+@dataclass(frozen=True)
 class Emulator:
     host: str
-    process: subprocess.Popen[bytes]
     log_path: Path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            # The launcher is a shell script running java: stop the whole group we started.
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-
-
-def start_emulator() -> Emulator:
-    port = free_port()
-    log_path = Path(tempfile.mkstemp(prefix="onceflow-pubsub-", suffix=".log")[1])
-    command = [*emulator_command(), "--host=127.0.0.1", f"--port={port}"]
-    if command[0].endswith("gcloud"):
-        command = [*emulator_command(), f"--host-port=127.0.0.1:{port}"]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    emulator = Emulator(f"127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{emulator.host}/", timeout=1) as response:
-                if response.status == 200:
-                    return emulator
-        except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            emulator.stop()
-            raise RuntimeError(
-                f"Pub/Sub emulator did not start: {log_path.read_text(errors='replace')[-800:]}"
-            )
-        time.sleep(0.1)
 
 
 @dataclass
@@ -176,14 +131,13 @@ def decode_data(b64: str) -> Any:
 
 @pytest.fixture(scope="session", name="pubsub_emulator")
 def pubsub_emulator_fixture() -> Iterator[Emulator]:
-    emulator = start_emulator()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PUBSUB_EMULATOR_HOST", emulator.host)
-        try:
-            yield emulator
-        finally:
-            emulator.stop()
-            emulator.log_path.unlink(missing_ok=True)
+    log_path = Path(tempfile.mkstemp(prefix="onceflow-pubsub-", suffix=".log")[1])
+    try:
+        with emulator.running(log_path) as host, pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PUBSUB_EMULATOR_HOST", host)
+            yield Emulator(host, log_path)
+    finally:
+        log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(name="pubsub")

@@ -23,20 +23,16 @@ import logging
 import os
 import secrets
 import statistics
-import subprocess
 import threading
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 
 import httpx
 
-from devstack import postgres
+from devstack import emulator, postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
 from devstack.function_process import serve
-from devstack.tools import free_port, pubsub_emulator
 from shared import inbox, outbox
 from shared.connections import create_connection
 from shared.db import Database, connector_from_env
@@ -123,33 +119,6 @@ def bench_webhooks(base: str, connection_id: str) -> tuple[float, int]:
     return sum(accepted) / elapsed, sum(accepted)
 
 
-@contextmanager
-def emulator() -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [*pubsub_emulator(), "--host=127.0.0.1", f"--port={port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    host = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{host}/", timeout=1):
-                    break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("Pub/Sub emulator did not start") from None
-                time.sleep(0.1)
-        yield host
-    finally:
-        # The launcher is a shell script running java: stop the group this bench started.
-        os.killpg(process.pid, 15)
-        process.wait(timeout=15)
-
-
 def claim_median_ms(cluster: postgres.Cluster, database: str) -> float:
     """Median time of the claim statement; each sample is rolled back, so all see one table."""
     import pg8000.native
@@ -227,7 +196,7 @@ def main() -> None:
             events=report.events,
         )
 
-        with emulator() as host:
+        with emulator.running() as host:
             os.environ["PUBSUB_EMULATOR_HOST"] = host
             publisher = Publisher("onceflow-bench")
             publisher._get_client().create_topic(name=publisher.topic_path("trigger-events"))
