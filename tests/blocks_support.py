@@ -1,14 +1,20 @@
 """Running one block the way the engine would: a real run and step row, a BlockContext whose
 journal operations are real conditional UPDATEs on that row, and the config validated by the
-block's own model. Used by the block, SSRF and vendor-replay tests."""
+block's own model, and `fake_crm`, the CRM those blocks reach through a connection. Used by
+the block, SSRF, vendor-replay and reconcile tests."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
+from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec
 from shared.db import Database
+from shared.port import connect
 from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of
 
 MARK = (
@@ -48,6 +54,23 @@ def seed_connection(db: Database, base_url: str, *, token_env: str = "FAKECRM_TO
                 u=base_url,
             )
         )
+
+
+@contextmanager
+def fake_crm(
+    monkeypatch: pytest.MonkeyPatch, config: FakeCrmConfig | None = None
+) -> Iterator[FakeCrm]:
+    """The fake CRM as the blocks reach it: through a connection from `seed_connection`, whose
+    token variable FAKECRM_TOKEN this sets. Ports are cached per connection, so the cache is
+    emptied before and after: no test reaches another test's server."""
+    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
+    connect.forget_ports()
+    server = FakeCrm(config or FakeCrmConfig()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        connect.forget_ports()
 
 
 class StepRunner:

@@ -23,8 +23,7 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.db import Database
-from shared.port import connect
-from tests.blocks_support import seed_connection, seed_tenant
+from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import definition, publish_version, start_run
 
 advance = pytest.importorskip("shared.steps.advance", reason="step engine not written yet")
@@ -44,17 +43,11 @@ CHILD = (
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
     monkeypatch.setenv("ONCEFLOW_HTTP_ALLOW_LOOPBACK", "1")
     for name, value in LEASE.items():
         monkeypatch.setenv(name, value)
-    connect.forget_ports()
-    server = FakeCrm().start()
-    try:
+    with fake_crm(monkeypatch) as server:
         yield server
-    finally:
-        server.stop()
-        connect.forget_ports()
 
 
 def _workflow(name: str, connection_id: str, contact_id: str, sink: str) -> list[dict[str, object]]:

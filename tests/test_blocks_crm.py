@@ -11,19 +11,13 @@ from shared.blocks import crm
 from shared.blocks.base import BlockFailure
 from shared.db import Database
 from shared.port import connect
-from tests.blocks_support import StepRunner, seed_connection, seed_tenant
+from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
-    connect.forget_ports()
-    server = FakeCrm(FakeCrmConfig(token="tok")).start()
-    try:
+    with fake_crm(monkeypatch, FakeCrmConfig(token="tok")) as server:
         yield server
-    finally:
-        server.stop()
-        connect.forget_ports()
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ from shared import admission
 from shared.blocks import crm
 from shared.db import Database
 from shared.inbox import drain_inbox
-from shared.port import connect
 from shared.workflows import versions
-from tests.blocks_support import StepRunner, seed_connection, seed_tenant
+from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,16 +38,10 @@ def webhook_url(db: Database) -> Iterator[str]:
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    server = FakeCrm().start()
-    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
     monkeypatch.setenv("WEBHOOK_NUDGE", "off")  # this test drains the inbox itself
-    monkeypatch.setenv("FAKECRM_APP_SECRET", server.config.app_secret)
-    connect.forget_ports()
-    try:
+    with fake_crm(monkeypatch) as server:
+        monkeypatch.setenv("FAKECRM_APP_SECRET", server.config.app_secret)
         yield server
-    finally:
-        server.stop()
-        connect.forget_ports()
 
 
 def _events(db: Database) -> list[int]:

@@ -8,22 +8,15 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.db import Database
-from shared.port import connect
 from shared.steps.advance import advance_step
-from tests.blocks_support import seed_connection, seed_tenant
+from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import definition, publish_version, run_row, start_run, steps_of
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
-    connect.forget_ports()
-    server = FakeCrm().start()
-    try:
+    with fake_crm(monkeypatch) as server:
         yield server
-    finally:
-        server.stop()
-        connect.forget_ports()
 
 
 def _run_create(db: Database, connection_id: str) -> tuple[str, str]:

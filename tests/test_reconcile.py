@@ -24,6 +24,7 @@ from shared.port.interface import (
 )
 from shared.workflows import subscriptions as subs
 from shared.workflows import versions
+from tests.blocks_support import fake_crm
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
@@ -239,14 +240,8 @@ def test_reconcile_all_records_a_connection_whose_port_cannot_be_built(db: Datab
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
-    connect.forget_ports()
-    server = FakeCrm(FakeCrmConfig(token="tok", require_subscriptions=True)).start()
-    try:
+    with fake_crm(monkeypatch, FakeCrmConfig(token="tok", require_subscriptions=True)) as server:
         yield server
-    finally:
-        server.stop()
-        connect.forget_ports()
 
 
 def _provider_keys(fake: FakeCrm) -> list[tuple[str, str, str | None]]:

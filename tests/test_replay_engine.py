@@ -14,24 +14,17 @@ import pytest
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.db import Database
 from shared.ops import replay
-from shared.port import connect
 from shared.steps.advance import advance_step
 from shared.steps.journal import insert_steps
 from shared.workflows.definition import WorkflowDefinition
-from tests.blocks_support import seed_connection, seed_tenant
+from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import TENANT, definition, publish_version
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setenv("FAKECRM_TOKEN", "tok")
-    connect.forget_ports()
-    server = FakeCrm(FakeCrmConfig(token="tok")).start()
-    try:
+    with fake_crm(monkeypatch, FakeCrmConfig(token="tok")) as server:
         yield server
-    finally:
-        server.stop()
-        connect.forget_ports()
 
 
 def _start(db: Database, version_id: str) -> tuple[str, list[str]]:
