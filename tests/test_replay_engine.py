@@ -4,8 +4,6 @@ engine runs it again under the lineage's key, and the ledger still holds one cha
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,39 +13,14 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.db import Database
 from shared.ops import replay
 from shared.steps.advance import advance_step
-from shared.steps.journal import insert_steps
-from shared.workflows.definition import WorkflowDefinition
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
-from tests.steps_support import TENANT, definition, publish_version
+from tests.steps_support import TENANT, definition, publish_version, start_run
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
     with fake_crm(monkeypatch, FakeCrmConfig(token="tok")) as server:
         yield server
-
-
-def _start(db: Database, version_id: str) -> tuple[str, list[str]]:
-    with db.transaction() as tx:
-        row = tx.one(
-            "SELECT workflow_id, definition FROM workflow_versions WHERE id = :v", v=version_id
-        )
-        assert row is not None
-        graph = WorkflowDefinition.model_validate(row["definition"])
-        run_id = str(uuid.uuid4())
-        tx.execute(
-            "INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key,"
-            " dedup_mode, trigger_payload, lineage_root) VALUES (:id, :t, :w, :v, :k,"
-            " 'every_time', CAST(:p AS jsonb), :id)",
-            id=run_id,
-            t=TENANT,
-            w=row["workflow_id"],
-            v=version_id,
-            k=f"test:{run_id}",
-            p=json.dumps({"name": "Ada"}),
-        )
-        ids = insert_steps(tx, run_id=run_id, lineage_root=run_id, nodes=[graph.entry])
-    return run_id, ids
 
 
 def _step(db: Database, run_id: str, key: str) -> dict[str, Any]:
@@ -80,7 +53,7 @@ def test_replay_after_outcome_unknown_runs_again_under_the_lineage_key_and_charg
             ]
         ),
     )
-    run_id, ids = _start(db, version)
+    run_id, ids = start_run(db, version, payload={"name": "Ada"})
     sent: list[str] = []
     fake.add_fault(action="reset", method="POST", path="/crm/v3/objects/tasks$", times=1)
     first = advance_step(db, ids[0], dispatch=sent.extend)
