@@ -8,6 +8,9 @@ import time or on a laptop).
 
 Every pg8000 error is translated here, by SQLSTATE, into `shared.errors`. A connection that
 broke is dropped from the pool and replaced by a fresh one on the next checkout.
+
+Named `Query` blocks run as server-side prepared statements, prepared once per pooled
+connection (see `_Session`); ad hoc strings run as unnamed statements.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import pg8000.dbapi
 import pg8000.exceptions
+from pg8000.converters import make_params
 
 from shared.errors import (
     ConflictError,
@@ -64,24 +68,79 @@ def translate(exc: BaseException) -> OnceflowError:
     return PermanentError(f"database error: {exc!r}")
 
 
-def _is_connection_broken(exc: BaseException) -> bool:
-    if isinstance(exc, pg8000.exceptions.InterfaceError | OSError | struct.error | EOFError):
-        return True
+def _sqlstate(exc: BaseException) -> str | None:
     if (
         isinstance(exc, pg8000.exceptions.DatabaseError)
         and exc.args
         and isinstance(exc.args[0], dict)
     ):
-        code = str(exc.args[0].get("C", ""))
-        return code.startswith("08") or code in {"57P01", "57P02", "57P03"}
-    return False
+        return str(exc.args[0].get("C", ""))
+    return None
+
+
+def _is_connection_broken(exc: BaseException) -> bool:
+    if isinstance(exc, pg8000.exceptions.InterfaceError | OSError | struct.error | EOFError):
+        return True
+    code = _sqlstate(exc)
+    return code is not None and (code.startswith("08") or code in {"57P01", "57P02", "57P03"})
+
+
+class _Session:
+    """A pooled connection and the statements prepared on it, which live and die together.
+
+    pg8000's unnamed-statement path costs three network round trips per statement
+    (Parse+Sync, Describe+Sync, Bind+Execute+Sync) and Postgres plans it afresh every time;
+    a statement prepared once on this connection then costs one round trip per execution
+    (Bind+Execute+Sync). Only `Query` blocks are prepared: there are finitely many of them,
+    whereas ad hoc strings (tests, EXPLAIN) could grow the cache without bound.
+
+    Parameter types are not pinned: pg8000 sends values as text with no type OIDs (unless
+    given `types`, which we never do), so Postgres infers them from the statement exactly as
+    for an unnamed statement, and a None now and a value later bind to the same prepared
+    statement. `prepare_statement`/`execute_named` are the core methods pg8000's own
+    `native.PreparedStatement` uses (pg8000 is pinned in requirements.txt).
+    """
+
+    def __init__(self, conn: Connection, generation: int) -> None:
+        self.conn = conn
+        # The pool's plan generation when this connection was opened (see `_StalePlan`).
+        self.generation = generation
+        self._prepared: dict[str, tuple[bytes, Any, Any]] = {}
+
+    def run(self, statement: str, values: tuple[Any, ...], *, prepare: bool) -> Any:
+        if not prepare:
+            return self.conn.execute_unnamed(statement, vals=values)
+        prepared = self._prepared.get(statement)
+        if prepared is None:
+            # A statement that fails to prepare raises here, exactly as the unnamed Parse
+            # did, and is not cached.
+            prepared = self.conn.prepare_statement(statement, ())
+            self._prepared[statement] = prepared
+        name, columns, input_funcs = prepared
+        params = make_params(self.conn.py_types, values)
+        try:
+            return self.conn.execute_named(name, params, columns, input_funcs, statement)
+        except pg8000.exceptions.DatabaseError as exc:
+            # 0A000 alone also covers unrelated "feature not supported" errors, which must
+            # stay permanent; the routine names the plan cache's revalidation.
+            if _sqlstate(exc) == "0A000" and exc.args[0].get("R") == "RevalidateCachedQuery":
+                raise _StalePlan(f"{translate(exc)}; retrying on fresh connections") from exc
+            raise
+
+
+class _StalePlan(TransientError):
+    """Postgres refused a prepared statement whose result columns changed since it was
+    prepared (0A000 "cached plan must not change result type": a migration altered a table
+    it reads). The transaction is aborted by then, so it cannot be re-prepared in place:
+    every connection of the pool prepared before this is discarded (the others very likely
+    hold stale statements too) and the transaction is retried as a transient error."""
 
 
 class Tx:
     """One open transaction. Statements are named `Query` blocks with `:name` parameters."""
 
-    def __init__(self, conn: Connection, counter: RoundTrips) -> None:
-        self._conn = conn
+    def __init__(self, session: _Session, counter: RoundTrips) -> None:
+        self._session = session
         self._counter = counter
 
     def _run(self, query: Query | str, params: Mapping[str, Any]) -> Any:
@@ -89,7 +148,7 @@ class Tx:
         statement, names = _converted(text)
         values = tuple(params[name] for name in names)
         self._counter.add()
-        return self._conn.execute_unnamed(statement, vals=values)
+        return self._session.run(statement, values, prepare=isinstance(query, Query))
 
     def all(self, query: Query | str, **params: Any) -> list[Row]:
         ctx = self._run(query, params)
@@ -131,7 +190,10 @@ def _converted(text: str) -> tuple[str, tuple[str, ...]]:
 
 
 class RoundTrips:
-    """Counts statements sent per thread, so benchmarks can report round trips per unit."""
+    """Counts statements sent per thread, so benchmarks can report round trips per unit.
+
+    A named block's first run on a connection costs one more round trip (its Parse), not
+    counted: it is paid once per pooled connection, not per unit of work."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -152,43 +214,53 @@ class Database:
 
     def __init__(self, connect: Callable[[], Connection], pool_size: int = DEFAULT_POOL_SIZE):
         self._connect = connect
-        self._idle: queue.LifoQueue[Connection] = queue.LifoQueue()
+        self._idle: queue.LifoQueue[_Session] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(pool_size)
         self.pool_size = pool_size
         self.round_trips = RoundTrips()
+        # Bumped when a prepared statement went stale; older sessions are discarded.
+        self._generation = 0
 
-    def _checkout(self) -> Connection:
+    def _checkout(self) -> _Session:
         if not self._slots.acquire(timeout=30):
             raise TransientError("no database connection free in this instance's pool")
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
+        while True:
             try:
-                conn = self._connect()
-                conn.autocommit = True  # transactions are opened explicitly by `transaction()`
-                return conn
-            except BaseException as exc:
-                self._slots.release()
-                raise translate(exc) from exc
+                session = self._idle.get_nowait()
+            except queue.Empty:
+                break
+            if session.generation == self._generation:
+                return session
+            _close_quietly(session.conn)  # its prepared statements may be stale
+        try:
+            conn = self._connect()
+            conn.autocommit = True  # transactions are opened explicitly by `transaction()`
+            return _Session(conn, self._generation)
+        except BaseException as exc:
+            self._slots.release()
+            raise translate(exc) from exc
 
-    def _checkin(self, conn: Connection | None) -> None:
-        if conn is not None:
-            self._idle.put(conn)
+    def _checkin(self, session: _Session | None) -> None:
+        if session is not None:
+            self._idle.put(session)
         self._slots.release()
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
         """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated."""
-        conn = self._checkout()
-        keep: Connection | None = conn
+        session = self._checkout()
+        conn = session.conn
+        keep: _Session | None = session
         try:
             conn.execute_simple("BEGIN")
             self.round_trips.add()
-            yield Tx(conn, self.round_trips)
+            yield Tx(session, self.round_trips)
             conn.execute_simple("COMMIT")
             self.round_trips.add()
         except BaseException as exc:
-            if _is_connection_broken(exc):
+            if isinstance(exc, _StalePlan):
+                self._generation += 1
+            if _is_connection_broken(exc) or isinstance(exc, _StalePlan):
                 keep = None
                 _close_quietly(conn)
             else:
@@ -217,7 +289,7 @@ class Database:
     def close(self) -> None:
         while True:
             try:
-                _close_quietly(self._idle.get_nowait())
+                _close_quietly(self._idle.get_nowait().conn)
             except queue.Empty:
                 return
 

@@ -1,0 +1,131 @@
+"""shared.db: named blocks run as statements prepared once per pooled connection, and that cache
+survives None/value parameter changes, dropped connections, failed prepares and schema changes
+without changing how errors are translated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pg8000.native
+import pytest
+
+from shared.db import Database, Tx, connector_from_env, parse_database_url
+from shared.errors import ConflictError, PermanentError, TransientError
+from shared.queries import Query
+
+TWICE = Query("db_test_twice", "SELECT CAST(:n AS int) + 1 AS m -- db_test_twice")
+BY_NAME = Query(
+    "db_test_by_name",
+    "SELECT count(*) AS n FROM tenants WHERE name = coalesce(:name, name) -- db_test_by_name",
+)
+
+
+@pytest.fixture
+def pool(database_url: str) -> Iterator[Database]:
+    database = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def _prepared(tx: Tx, marker: str) -> list[int]:
+    """How often each statement prepared on this connection whose text holds `marker` ran."""
+    rows = tx.all(
+        "SELECT generic_plans + custom_plans AS runs FROM pg_prepared_statements "
+        "WHERE statement LIKE '%' || :marker",
+        marker=marker,
+    )
+    return [r["runs"] for r in rows]
+
+
+def test_a_named_block_run_twice_on_one_connection_is_prepared_once(pool: Database) -> None:
+    assert pool.run(lambda tx: tx.scalar(TWICE, n=1)) == 2
+    assert pool.run(lambda tx: tx.scalar(TWICE, n=41)) == 42
+    with pool.transaction() as tx:
+        assert _prepared(tx, "db_test_twice") == [2]
+        # Ad hoc strings are not prepared (they could grow the cache without bound).
+        tx.scalar("SELECT 1 -- db_test_adhoc")
+        assert _prepared(tx, "db_test_adhoc") == []
+
+
+def test_none_then_a_value_then_another_type_use_the_same_prepared_statement(
+    pool: Database,
+) -> None:
+    with pool.transaction() as tx:
+        tx.execute("INSERT INTO tenants (id, name) VALUES ('t-a', 'acme'), ('t-b', 'beta')")
+    assert pool.run(lambda tx: tx.scalar(BY_NAME, name=None)) == 2
+    assert pool.run(lambda tx: tx.scalar(BY_NAME, name="acme")) == 1
+    assert pool.run(lambda tx: tx.scalar(BY_NAME, name=None)) == 2
+    # The parameter's type comes from the statement, not from the first value sent.
+    assert pool.run(lambda tx: tx.scalar(TWICE, n=None)) is None
+    assert pool.run(lambda tx: tx.scalar(TWICE, n="6")) == 7
+    with pool.transaction() as tx:
+        assert _prepared(tx, "db_test_by_name") == [3]
+        assert _prepared(tx, "db_test_twice") == [2]
+
+
+def test_a_dropped_connection_is_replaced_and_prepares_again(
+    pool: Database, database_url: str
+) -> None:
+    with pool.transaction() as tx:
+        assert tx.scalar(TWICE, n=1) == 2
+        first = tx.scalar("SELECT pg_backend_pid()")
+    admin = pg8000.native.Connection(**parse_database_url(database_url))
+    try:
+        admin.run("SELECT pg_terminate_backend(:pid)", pid=first)
+    finally:
+        admin.close()
+    with pytest.raises(TransientError), pool.transaction() as tx:
+        tx.scalar(TWICE, n=1)
+    with pool.transaction() as tx:
+        assert tx.scalar(TWICE, n=2) == 3
+        assert tx.scalar("SELECT pg_backend_pid()") != first
+        assert _prepared(tx, "db_test_twice") == [1]
+
+
+def test_a_statement_that_fails_to_prepare_is_translated_as_before_and_not_cached(
+    pool: Database,
+) -> None:
+    missing = Query("db_test_missing", "SELECT count(*) FROM db_test_later")
+    with pytest.raises(PermanentError, match="42P01"), pool.transaction() as tx:
+        tx.scalar(missing)
+    with pool.transaction() as tx:
+        tx.execute("CREATE TABLE db_test_later (a int UNIQUE)")
+    assert pool.run(lambda tx: tx.scalar(missing)) == 0
+    insert = Query("db_test_insert", "INSERT INTO db_test_later (a) VALUES (:a)")
+    assert pool.run(lambda tx: tx.execute(insert, a=1)) == 1
+    with pytest.raises(ConflictError) as caught, pool.transaction() as tx:
+        tx.execute(insert, a=1)
+    assert caught.value.constraint == "db_test_later_a_key"
+
+
+def test_a_schema_change_under_prepared_statements_retries_on_fresh_connections(
+    database_url: str,
+) -> None:
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=2)
+    everything = Query("db_test_everything", "SELECT * FROM db_test_wide")
+    try:
+        with db.transaction() as tx:
+            tx.execute("CREATE TABLE db_test_wide (a int)")
+            tx.execute("INSERT INTO db_test_wide VALUES (1)")
+        # Both pooled connections prepare the statement.
+        with db.transaction() as one, db.transaction() as two:
+            assert one.all(everything) == two.all(everything) == [{"a": 1}]
+        with db.transaction() as tx:
+            tx.execute("ALTER TABLE db_test_wide ADD COLUMN b int DEFAULT 7")
+        # The first attempt meets a stale statement; the second must not meet the other one.
+        assert db.run(lambda tx: tx.all(everything), attempts=2) == [{"a": 1, "b": 7}]
+    finally:
+        db.close()
+
+
+def test_feature_not_supported_at_execution_stays_permanent(pool: Database) -> None:
+    """0A000 is a whole class of errors: only the plan cache's "must not change result type"
+    is retried; any other stays permanent and keeps the connection."""
+    part = Query("db_test_part", "SELECT date_part(:unit, interval '1 day') AS v")
+    assert pool.run(lambda tx: tx.scalar(part, unit="day")) == 1.0
+    pid = pool.run(lambda tx: tx.scalar("SELECT pg_backend_pid()"))
+    with pytest.raises(PermanentError, match="0A000"):
+        pool.run(lambda tx: tx.scalar(part, unit="week"))
+    assert pool.run(lambda tx: tx.scalar("SELECT pg_backend_pid()")) == pid
