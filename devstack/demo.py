@@ -15,9 +15,6 @@ event are both recognised as the same event.
 from __future__ import annotations
 
 import argparse
-import base64
-import hashlib
-import hmac
 import json
 import os
 import sys
@@ -35,6 +32,7 @@ import httpx
 
 from devstack import scheduler
 from devstack import stack as devstack
+from devstack.fakecrm.webhooks import signed_headers
 from devstack.tools import MissingTool
 from shared import connections
 from shared.db import Database, connector_from_env
@@ -147,12 +145,6 @@ class NotifyReceiver:
         self.server.server_close()
 
 
-def sign_v3(secret: str, method: str, uri: str, body: bytes, timestamp_ms: int) -> str:
-    """HubSpot's v3 signature: base64(HMAC-SHA256(secret, method + uri + body + timestamp))."""
-    message = method.encode() + uri.encode() + body + str(timestamp_ms).encode()
-    return base64.b64encode(hmac.new(secret.encode(), message, hashlib.sha256).digest()).decode()
-
-
 @dataclass
 class Story:
     """What happened, chapter by chapter, plus a one-line verdict per chapter for the end."""
@@ -256,19 +248,9 @@ class Scenario:
         return f"{self.stack.url('webhook')}/hubspot/{self.connection_id}"
 
     def post_webhook(self, body: bytes, *, secret: str | None = None) -> httpx.Response:
-        ts = int(time.time() * 1000)
-        signing_secret = secret or self.stack.env[SECRET_ENV]
         uri = self.webhook_uri()
-        return httpx.post(
-            uri,
-            content=body,
-            headers={
-                "Content-Type": "application/json",
-                "X-HubSpot-Request-Timestamp": str(ts),
-                "X-HubSpot-Signature-v3": sign_v3(signing_secret, "POST", uri, body, ts),
-            },
-            timeout=10,
-        )
+        headers = signed_headers(secret or self.stack.env[SECRET_ENV], uri, body)
+        return httpx.post(uri, content=body, headers=headers, timeout=10)
 
     def stage_changed(self, event_id: int, object_id: int, stage: str, attempt: int = 0) -> bytes:
         return json.dumps(

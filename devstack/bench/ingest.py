@@ -15,9 +15,6 @@ machine's cores with the server, so the figures are a floor, comparable through 
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -32,6 +29,7 @@ import httpx
 
 from devstack import emulator, postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
+from devstack.fakecrm.webhooks import signed_headers
 from devstack.function_process import serve
 from shared import inbox, outbox
 from shared.connections import create_connection
@@ -58,17 +56,6 @@ def webhook_process(database_url: str) -> AbstractContextManager[str]:
         "LOG_LEVEL": "WARNING",
     }
     return serve("webhook", env)
-
-
-def signed(base: str, path: str, body: bytes) -> dict[str, str]:
-    stamp = str(int(time.time() * 1000))
-    message = b"POST" + (base + path).encode() + body + stamp.encode()
-    signature = base64.b64encode(hmac.new(SECRET.encode(), message, hashlib.sha256).digest())
-    return {
-        "Content-Type": "application/json",
-        "X-HubSpot-Signature-v3": signature.decode(),
-        "X-HubSpot-Request-Timestamp": stamp,
-    }
 
 
 def hubspot_body(event_id: int) -> bytes:
@@ -101,7 +88,9 @@ def bench_webhooks(base: str, connection_id: str) -> tuple[float, int]:
                 with lock:
                     event_id = next(counter)
                 body = hubspot_body(event_id)
-                response = http.post(base + path, content=body, headers=signed(base, path, body))
+                response = http.post(
+                    base + path, content=body, headers=signed_headers(SECRET, base + path, body)
+                )
                 if response.status_code == 200:
                     accepted[n] += 1
                 else:

@@ -23,9 +23,20 @@ MAX_ATTEMPTS = 4
 
 
 def sign_v3(secret: str, method: str, uri: str, body: bytes, timestamp_ms: int) -> str:
+    """HubSpot's v3 signature: base64(HMAC-SHA256(secret, method + uri + body + timestamp))."""
     message = method.encode() + uri.encode() + body + str(timestamp_ms).encode()
     digest = hmac.new(secret.encode(), message, hashlib.sha256).digest()
     return base64.b64encode(digest).decode()
+
+
+def signed_headers(secret: str, uri: str, body: bytes) -> dict[str, str]:
+    """The headers of a v3-signed webhook POST of `body` to `uri`, stamped now."""
+    ts = now_ms()
+    return {
+        "Content-Type": "application/json",
+        "X-HubSpot-Request-Timestamp": str(ts),
+        "X-HubSpot-Signature-v3": sign_v3(secret, "POST", uri, body, ts),
+    }
 
 
 class WebhookSender:
@@ -84,11 +95,8 @@ class WebhookSender:
                 return
             events = [dict(e, attemptNumber=attempt) for e in batch]
             body = json.dumps(events, separators=(",", ":")).encode()
-            ts = now_ms()
             headers = {
-                "Content-Type": "application/json",
-                "X-HubSpot-Request-Timestamp": str(ts),
-                "X-HubSpot-Signature-v3": sign_v3(self._secret(), "POST", url, body, ts),
+                **signed_headers(self._secret(), url, body),
                 "X-HubSpot-Signature-Version": "v3",
                 "User-Agent": "HubSpot Connect 2.0 (fakecrm)",
             }

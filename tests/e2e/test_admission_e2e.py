@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from devstack.demo import sign_v3
+from devstack.fakecrm.webhooks import signed_headers
 from devstack.stack import RunningStack
 from shared import connections
 from shared.db import Database
@@ -89,17 +89,7 @@ def test_signed_webhook_admits_one_run_and_the_resent_webhook_none(
     secret = stack.env[SECRET_ENV]
 
     def post(body: bytes) -> httpx.Response:
-        ts = int(time.time() * 1000)
-        return httpx.post(
-            uri,
-            content=body,
-            headers={
-                "Content-Type": "application/json",
-                "X-HubSpot-Request-Timestamp": str(ts),
-                "X-HubSpot-Signature-v3": sign_v3(secret, "POST", uri, body, ts),
-            },
-            timeout=10,
-        )
+        return httpx.post(uri, content=body, headers=signed_headers(secret, uri, body), timeout=10)
 
     def rows(query: str) -> list[dict[str, Any]]:
         with stack_db.transaction() as tx:
