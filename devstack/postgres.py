@@ -10,13 +10,16 @@ import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pg8000.dbapi
 
-from devstack.tools import MissingTool, pg_bindir
+from devstack.tools import MissingTool, free_port, pg_bindir
 from shared.migrate import apply_all, discover
 
 
@@ -118,6 +121,19 @@ def start(root: Path, port: int, *, fast: bool = False) -> Cluster:
         raise RuntimeError(f"PostgreSQL did not start on port {port}: {result.stderr}\n{tail}")
     wait_ready(cluster)
     return cluster
+
+
+@contextmanager
+def throwaway(prefix: str, *, fast: bool) -> Iterator[Cluster]:
+    """A cluster in a new temporary folder on a free port, stopped and removed afterwards."""
+    parent = Path(tempfile.mkdtemp(prefix=prefix))
+    parent.chmod(0o755)  # as root the server runs as `postgres`, which must reach <parent>/pg
+    cluster = start(parent / "pg", free_port(), fast=fast)
+    try:
+        yield cluster
+    finally:
+        stop(cluster)
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 def wait_ready(cluster: Cluster, timeout: float = 15.0) -> None:

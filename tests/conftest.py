@@ -4,8 +4,6 @@ per test cloned from a migrated template (CREATE DATABASE … TEMPLATE takes mil
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +13,6 @@ import pg8000.dbapi
 import pytest
 
 from devstack import postgres
-from devstack.tools import free_port
 from shared import db as dbmod
 from shared.db import Database, connector_from_env
 
@@ -27,14 +24,8 @@ TEMPLATE = "onceflow_template"
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[postgres.Cluster]:
-    parent = Path(tempfile.mkdtemp(prefix="onceflow-test-pg-"))
-    parent.chmod(0o755)
-    cluster = postgres.start(parent / "pg", free_port(), fast=True)
-    try:
+    with postgres.throwaway("onceflow-test-pg-", fast=True) as cluster:
         yield cluster
-    finally:
-        postgres.stop(cluster)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

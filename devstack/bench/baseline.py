@@ -4,29 +4,17 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import AbstractContextManager
 from typing import Any
 
 from devstack import postgres
-from devstack.tools import free_port, pg_bindir
+from devstack.tools import pg_bindir
 
 
-@contextmanager
-def bench_cluster() -> Iterator[postgres.Cluster]:
+def bench_cluster() -> AbstractContextManager[postgres.Cluster]:
     """A durable (fsync on) throwaway cluster, so figures mean what production would see."""
-    parent = Path(tempfile.mkdtemp(prefix="onceflow-bench-pg-"))
-    parent.chmod(0o755)
-    cluster = postgres.start(parent / "pg", free_port(), fast=False)
-    try:
-        yield cluster
-    finally:
-        postgres.stop(cluster)
-        shutil.rmtree(parent, ignore_errors=True)
+    return postgres.throwaway("onceflow-bench-pg-", fast=False)
 
 
 def pgbench_tps(
