@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shared import queries
+from shared.blocks.base import BlockContext, BlockFailure
 from shared.db import Tx, get_database
 
 SQL = queries.load("credits")
@@ -109,3 +110,22 @@ def has_credits(tx: Tx, tenant_id: str, needed: int = 1) -> bool:
 def grant(tx: Tx, tenant_id: str, amount: int) -> int | None:
     value = tx.scalar(GRANT, tenant_id=tenant_id, amount=amount)
     return None if value is None else int(value)
+
+
+def charge_block(ctx: BlockContext, block_type: str, price: int) -> None:
+    """Charge a block's step by its lineage key, once and committed, before the side effect
+    leaves; a tenant that can't pay fails the step permanently."""
+    outcome = charge_step(
+        tenant_id=ctx.tenant_id,
+        lineage_key=ctx.idempotency_key,
+        amount=price,
+        block_type=block_type,
+        run_id=ctx.run_id,
+        step_id=ctx.step_id,
+    )
+    if outcome.status == "insufficient":
+        raise BlockFailure(
+            f"tenant {ctx.tenant_id} has {outcome.balance} credits; {block_type} costs {price}",
+            error_class="permanent",
+            outcome_code=OUTCOME_INSUFFICIENT_CREDITS,
+        )

@@ -18,7 +18,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from shared import credits
 from shared.workflows.definition import Step
 
 BlockKind = Literal["flow", "action"]
@@ -123,22 +122,3 @@ def dry_run_result(block_type: str, **would_send: Any) -> BlockResult:
         output={"dry_run": True, "block": block_type, "would_send": would_send},
         outcome_code="DRY_RUN",
     )
-
-
-def charge(ctx: BlockContext, block_type: str, price: int) -> None:
-    """Charge the step's lineage key once, committed, before the side effect leaves (see
-    shared.credits); a tenant that can't pay fails the step permanently."""
-    outcome = credits.charge_step(
-        tenant_id=ctx.tenant_id,
-        lineage_key=ctx.idempotency_key,
-        amount=price,
-        block_type=block_type,
-        run_id=ctx.run_id,
-        step_id=ctx.step_id,
-    )
-    if outcome.status == "insufficient":
-        raise BlockFailure(
-            f"tenant {ctx.tenant_id} has {outcome.balance} credits; {block_type} costs {price}",
-            error_class="permanent",
-            outcome_code=credits.OUTCOME_INSUFFICIENT_CREDITS,
-        )

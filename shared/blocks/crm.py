@@ -26,9 +26,9 @@ from shared.blocks.base import (
     BlockResult,
     BlockSpec,
     RetryPolicy,
-    charge,
     dry_run_result,
 )
+from shared.credits import charge_block
 from shared.db import get_database
 from shared.port import connect
 from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
@@ -143,7 +143,7 @@ def _connect(
     port = _port(connection_id)
     throttle.claim_or_park(connection_id)
     if not ctx.dry_run:
-        charge(ctx, block_type, price)
+        charge_block(ctx, block_type, price)
     return connection_id, port
 
 

@@ -36,9 +36,9 @@ from shared.blocks.base import (
     BlockSpec,
     ErrorClass,
     RetryPolicy,
-    charge,
     dry_run_result,
 )
+from shared.credits import charge_block
 from shared.db import get_database
 from shared.netguard import AddressRefused, NetPolicy, guarded_client
 
@@ -189,7 +189,7 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
         timestamp = str(int(time.time()))
         headers[TIMESTAMP_HEADER] = timestamp
         headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
-    charge(ctx, "http.request", PRICE)
+    charge_block(ctx, "http.request", PRICE)
     return _send(policy, config, headers, body)
 
 

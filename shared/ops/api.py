@@ -67,7 +67,6 @@ from shared.ops.models import (
 from shared.workflows import versions
 from shared.workflows.validate import (
     DefinitionInvalid,
-    Problem,
     ValidationReport,
     validate_text,
 )
