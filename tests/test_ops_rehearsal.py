@@ -4,6 +4,7 @@ rehearsals stay out of live history."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from shared import queries
@@ -198,7 +199,7 @@ steps:
     config:
       url: https://hooks.example.com/deals
       method: POST
-      body: {amount: "${{ event.amount }}"}
+      body: {amount: "${{ event.amount }}", task: "${{ steps.big.output.id }}"}
 """
 
 
@@ -235,6 +236,10 @@ def test_a_rehearsal_runs_flow_control_and_stops_every_side_effect(
     sent = {w["block"]: w["would_send"] for w in out["would_send"]}
     assert sent["crm.create"]["properties"] == {"hs_task_subject": "Big deal 500"}
     assert sent["http.request"]["url"] == "https://hooks.example.com/deals"
+    # A later step renders against the create's stand-in output (its id is the step's key).
+    task_id = steps["big"]["output"]["id"]
+    assert task_id.startswith("dry-run:")
+    assert json.loads(sent["http.request"]["body"]) == {"amount": 500, "task": task_id}
     assert steps["big"]["outcome_code"] == "DRY_RUN"
     # Nothing charged, claimed, enrolled or published; no live history.
     assert _counts(db) == before

@@ -116,9 +116,11 @@ class BlockSpec:
     description: str = ""
 
 
-def dry_run_result(block_type: str, **would_send: Any) -> BlockResult:
-    """What a side-effecting block answers in a rehearsal: the request it would have sent."""
+def dry_run_result(block_type: str, stand_in: Mapping[str, Any], **would_send: Any) -> BlockResult:
+    """What a side-effecting block answers in a rehearsal: the request it would have sent, plus
+    `stand_in` — an output shaped like the live one (e.g. a `dry-run:<key>` id for a create) so
+    later steps that reference it (`${{ steps.create.output.id }}`) still render."""
     return BlockResult(
-        output={"dry_run": True, "block": block_type, "would_send": would_send},
+        output={**stand_in, "dry_run": True, "block": block_type, "would_send": would_send},
         outcome_code="DRY_RUN",
     )

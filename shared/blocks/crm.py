@@ -14,12 +14,11 @@ Order of work in a writing block, and why:
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared import throttle
+from shared import echo, throttle
 from shared.blocks.base import (
     BlockContext,
     BlockFailure,
@@ -155,7 +154,10 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, CreateConfig)
     object_type = _object_type(config.object_type)
     if ctx.dry_run:
-        return dry_run_result("crm.create", object_type=object_type, properties=config.properties)
+        stand_in = Record(object_type, f"dry-run:{ctx.idempotency_key}", config.properties)
+        return dry_run_result(
+            "crm.create", _output(stand_in), object_type=object_type, properties=config.properties
+        )
     _, port = _connect(ctx, config, "crm.create", CREATE_PRICE)
     if not ctx.mark_side_effect_started():
         raise BlockFailure(
@@ -198,13 +200,12 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
     if ctx.dry_run:
         return dry_run_result(
             "crm.update",
+            _output(Record(object_type, config.object_id, config.properties)),
             object_type=object_type,
             object_id=config.object_id,
             properties=config.properties,
         )
     connection_id, port = _connect(ctx, config, "crm.update", UPDATE_PRICE)
-    # The admission side owns echo markers; looked up where used (module written in parallel).
-    echo = importlib.import_module("shared.echo")
     # Committed before the call: the webhook this write causes may arrive before the response.
     get_database().run(
         lambda tx: echo.record_echo_marker(

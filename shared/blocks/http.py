@@ -159,8 +159,10 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
             "text/plain; charset=utf-8" if isinstance(config.body, str) else "application/json"
         )
     if ctx.dry_run:
+        stand_in = {"status": None, "content_type": None, "body": None}
         return dry_run_result(
             "http.request",
+            stand_in,
             method=config.method,
             url=config.url,
             headers=sorted([*headers, SIGNATURE_HEADER, TIMESTAMP_HEADER]),
