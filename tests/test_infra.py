@@ -196,6 +196,16 @@ def test_every_pubsub_function_has_a_push_subscription_with_dead_letter_and_retr
         assert "gcp-sa-pubsub" in tf.locals["pubsub_service_agent"]
 
 
+def test_a_step_lease_outlives_any_advance_step_invocation(tf: Terraform) -> None:
+    from shared.steps.claim import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LEASE_SECONDS
+
+    # A lease shorter than the function's timeout would let the sweep reclaim a step that a
+    # healthy invocation is still running; heartbeats must come well inside the lease.
+    timeout = tf.locals["functions"]["advance_step"]["timeout_seconds"]
+    assert timeout < DEFAULT_LEASE_SECONDS
+    assert DEFAULT_HEARTBEAT_SECONDS * 5 <= DEFAULT_LEASE_SECONDS
+
+
 def test_pubsub_functions_are_invokable_by_the_push_identity_only(tf: Terraform) -> None:
     invoker = tf.resources[("google_cloud_run_service_iam_member", "pubsub_push_invoker")]
     assert invoker["for_each"] == "${local.pubsub_functions}"

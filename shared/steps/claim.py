@@ -1,8 +1,9 @@
 """Claiming a step under a lease, renewing the lease, and the at-most-once marker.
 
-Lease length fits the serverless deadline: `advance_step` runs with a 540 s function timeout,
-so a lease is 600 s — longer than any invocation can live, so a healthy attempt never loses
-its step to the sweep — and an attempt renews it every 60 s, well inside it. A process killed
+Lease length fits the serverless deadline: `advance_step` runs with a 300 s function timeout
+(`infra/functions.tf`; `tests/test_infra.py` holds the two together), so a lease is 600 s —
+longer than any invocation can live, so a healthy attempt never loses its step to the sweep —
+and an attempt renews it every 60 s, well inside it. A process killed
 mid-step (instance reclaimed, OOM, crash) leaves a lease that expires at most 600 s after its
 last renewal; the sweep then reclaims it. Both are configurable for tests:
 `ONCEFLOW_STEP_LEASE_SECONDS`, `ONCEFLOW_STEP_HEARTBEAT_SECONDS`.
