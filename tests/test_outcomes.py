@@ -242,3 +242,34 @@ def test_every_engine_statement_makes_only_allowed_moves() -> None:
     )
     assert check is not None
     assert set(re.findall(r"'([a-z_]+)'", check.group(1))) == {s.value for s in StepStatus}
+
+
+def test_every_statement_that_ends_a_lease_records_it_in_the_lease_history() -> None:
+    """The claim opens a history row; every statement that moves a step out of running closes
+    it, and the schema's CHECK allows exactly the statuses that statement moves the step to."""
+    import re
+    from pathlib import Path
+
+    from shared import queries
+    from shared.steps.states import LEASE_ENDED_BY, QUERY_TRANSITIONS, LeaseEnd, StepStatus
+
+    sql = queries.load("steps")
+    assert "INSERT INTO workflow_step_leases" in sql["steps_claim"].text
+    leaving_running = {
+        name for name, (sources, _) in QUERY_TRANSITIONS.items() if StepStatus.RUNNING in sources
+    }
+    assert leaving_running == set(LEASE_ENDED_BY.values())
+    schema = (
+        Path(__file__).resolve().parent.parent / "migrations/0070_step_lease_history.sql"
+    ).read_text()
+    kinds = re.search(r"end_kind\s+text CHECK \(end_kind IN \((.*?)\)\)", schema)
+    assert kinds is not None
+    assert set(re.findall(r"'([a-z_]+)'", kinds.group(1))) == {k.value for k in LeaseEnd}
+    for kind, name in LEASE_ENDED_BY.items():
+        text = sql[name].text
+        assert "UPDATE workflow_step_leases" in text and f"end_kind = '{kind}'" in text, name
+        allowed = re.search(rf"end_kind = '{kind}'\s+AND end_status IN \((.*?)\)", schema, re.S)
+        assert allowed is not None, kind
+        assert set(re.findall(r"'([a-z_]+)'", allowed.group(1))) == set(
+            QUERY_TRANSITIONS[name][1]
+        ), kind

@@ -39,31 +39,39 @@ WHERE id = ANY(CAST(:step_ids AS uuid[])) AND status = 'pending'
 -- The claim (invariant 7): only a pending step of a running run in the wanted namespace. A
 -- concurrent claim blocks on the row lock, re-checks `status = 'pending'` and gets zero rows.
 -- Returns everything the executor needs in this one round trip, including the outputs of the
--- run's settled steps for the block's scope.
-UPDATE workflow_steps s
-SET status = 'running',
-    attempt = s.attempt + 1,
-    lease_id = CAST(:lease_id AS uuid),
-    lease_expires_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision)),
-    started_at = coalesce(s.started_at, now())
-FROM workflow_runs r
-LEFT JOIN workflow_trigger_events e ON e.id = r.event_id
-WHERE s.id = CAST(:step_id AS uuid)
-  AND s.status = 'pending'
-  AND r.id = s.run_id
-  AND r.status = 'running'
-  AND r.namespace = CAST(:namespace AS text)
-RETURNING CAST(s.id AS text) AS id, CAST(s.run_id AS text) AS run_id, s.step_key, s.node_id,
-          s.block_type, s.attempt, s.idempotency_key, s.side_effect_started_at, s.output,
-          r.tenant_id, CAST(r.workflow_id AS text) AS workflow_id,
-          CAST(r.version_id AS text) AS version_id, CAST(r.lineage_root AS text) AS lineage_root,
-          r.trigger_payload, r.record_key, r.event_id, r.namespace,
-          CAST(e.connection_id AS text) AS connection_id, e.event_type,
-          e.record_object_type, e.record_object_id,
-          (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
-                      'output', p.output, 'branch_choice', p.branch_choice)), '{}'::jsonb)
-             FROM workflow_steps p
-            WHERE p.run_id = s.run_id AND p.status = 'succeeded') AS prior_steps
+-- run's settled steps for the block's scope. The lease's history row is inserted by the same
+-- statement, so it exists exactly when the claim does.
+WITH claimed AS (
+    UPDATE workflow_steps s
+    SET status = 'running',
+        attempt = s.attempt + 1,
+        lease_id = CAST(:lease_id AS uuid),
+        lease_expires_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision)),
+        started_at = coalesce(s.started_at, now())
+    FROM workflow_runs r
+    LEFT JOIN workflow_trigger_events e ON e.id = r.event_id
+    WHERE s.id = CAST(:step_id AS uuid)
+      AND s.status = 'pending'
+      AND r.id = s.run_id
+      AND r.status = 'running'
+      AND r.namespace = CAST(:namespace AS text)
+    RETURNING CAST(s.id AS text) AS id, CAST(s.run_id AS text) AS run_id, s.step_key, s.node_id,
+              s.block_type, s.attempt, s.idempotency_key, s.side_effect_started_at, s.output,
+              r.tenant_id, CAST(r.workflow_id AS text) AS workflow_id,
+              CAST(r.version_id AS text) AS version_id,
+              CAST(r.lineage_root AS text) AS lineage_root,
+              r.trigger_payload, r.record_key, r.event_id, r.namespace,
+              CAST(e.connection_id AS text) AS connection_id, e.event_type,
+              e.record_object_type, e.record_object_id,
+              (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
+                          'output', p.output, 'branch_choice', p.branch_choice)), '{}'::jsonb)
+                 FROM workflow_steps p
+                WHERE p.run_id = s.run_id AND p.status = 'succeeded') AS prior_steps
+), lease AS (
+    INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
+    SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
+)
+SELECT * FROM claimed
 
 -- name: steps_heartbeat
 -- Renew a lease. Zero rows: the lease is gone (reclaimed by the sweep, the step settled or
@@ -90,26 +98,40 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 -- The outcome, fenced on the lease: zero rows means this attempt lost its lease and someone
 -- else owns the step now. Locks the run row first so settles of one run are serialized and the
 -- "is anything left?" check that follows in the same transaction sees committed siblings.
+-- Closes this lease's history row in the same statement, only when the settle itself matched:
+-- a fenced-out settle touches neither its own (already reclaimed) row nor its successor's.
 WITH run AS (
     SELECT id, status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) FOR UPDATE
+), settled AS (
+    UPDATE workflow_steps s
+    SET status = CAST(:status AS text),
+        attempt = CAST(:attempt AS integer),
+        output = CAST(:output AS jsonb),
+        error = CAST(:error AS text),
+        error_class = CAST(:error_class AS text),
+        outcome_code = CAST(:outcome_code AS text),
+        branch_choice = CAST(:branch_choice AS text),
+        wake_at = CAST(:wake_at AS timestamptz),
+        lease_id = NULL,
+        lease_expires_at = NULL,
+        finished_at = CASE WHEN CAST(:status AS text) IN ('succeeded', 'skipped', 'failed')
+                           THEN now() END
+    FROM run
+    WHERE s.id = CAST(:step_id AS uuid) AND s.run_id = run.id
+      AND s.status = 'running' AND s.lease_id = CAST(:lease_id AS uuid)
+    RETURNING run.status AS run_status
+), lease_closed AS (
+    UPDATE workflow_step_leases l
+    SET end_kind = 'settled',
+        end_status = CAST(:status AS text),
+        outcome_code = CAST(:outcome_code AS text),
+        error_class = CAST(:error_class AS text),
+        error = CAST(:error AS text),
+        ended_at = now()
+    FROM settled
+    WHERE l.lease_id = CAST(:lease_id AS uuid) AND l.ended_at IS NULL
 )
-UPDATE workflow_steps s
-SET status = CAST(:status AS text),
-    attempt = CAST(:attempt AS integer),
-    output = CAST(:output AS jsonb),
-    error = CAST(:error AS text),
-    error_class = CAST(:error_class AS text),
-    outcome_code = CAST(:outcome_code AS text),
-    branch_choice = CAST(:branch_choice AS text),
-    wake_at = CAST(:wake_at AS timestamptz),
-    lease_id = NULL,
-    lease_expires_at = NULL,
-    finished_at = CASE WHEN CAST(:status AS text) IN ('succeeded', 'skipped', 'failed')
-                       THEN now() END
-FROM run
-WHERE s.id = CAST(:step_id AS uuid) AND s.run_id = run.id
-  AND s.status = 'running' AND s.lease_id = CAST(:lease_id AS uuid)
-RETURNING run.status AS run_status
+SELECT run_status FROM settled
 
 -- name: runs_finish_if_done
 -- The run succeeded when none of its steps is left to do. Zero rows: something is still
@@ -132,7 +154,8 @@ SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
 -- settles first wins, and after this its settle matches nothing (lease_id is cleared). A step
 -- whose at-most-once side effect may have started fails with OUTCOME_UNKNOWN (the marker is
 -- only ever set for at-most-once blocks); one that used up its attempts fails; any other goes
--- back to pending and is dispatched at once. Runs of failed steps fail in the same statement.
+-- back to pending and is dispatched at once. Runs of failed steps fail in the same statement,
+-- and each reclaimed lease's history row is closed as 'reclaimed' with it.
 WITH expired AS (
     SELECT s.id, s.lease_id
     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
@@ -163,7 +186,18 @@ WITH expired AS (
         lease_expires_at = NULL
     FROM decided d
     WHERE s.id = d.id AND s.lease_id = d.lease_id AND s.status = 'running'
-    RETURNING CAST(s.id AS text) AS id, s.run_id, s.status, s.outcome_code, s.step_key
+    RETURNING CAST(s.id AS text) AS id, s.run_id, s.status, s.outcome_code, s.step_key,
+              d.lease_id, d.failure, s.error
+), lease_closed AS (
+    UPDATE workflow_step_leases l
+    SET end_kind = 'reclaimed',
+        end_status = c.status,
+        outcome_code = c.failure,
+        error_class = CASE WHEN c.failure IS NOT NULL THEN 'permanent' END,
+        error = CASE WHEN c.failure IS NOT NULL THEN c.error END,
+        ended_at = now()
+    FROM reclaimed c
+    WHERE l.lease_id = c.lease_id AND l.ended_at IS NULL
 ), failed_runs AS (
     UPDATE workflow_runs r
     SET status = 'failed', finished_at = now(),

@@ -20,3 +20,18 @@ WHERE name = CAST(:name AS text)
 DELETE FROM echo_markers
 WHERE id IN (SELECT id FROM echo_markers WHERE expires_at < now()
              ORDER BY expires_at LIMIT CAST(:batch AS integer))
+
+-- name: step_leases_trim
+-- Lease history of runs that finished more than :days ago (the runs and their steps are kept).
+-- No lease is claimed after its run finished (the claim wants a running run; an ops retry
+-- reopens the run and clears finished_at), so "claimed before the cutoff" loses nothing and
+-- lets the BRIN index on claimed_at narrow the scan. Bounded; the caller repeats.
+DELETE FROM workflow_step_leases
+WHERE lease_id IN (
+    SELECT l.lease_id
+    FROM workflow_step_leases l
+    JOIN workflow_steps s ON s.id = l.step_id
+    JOIN workflow_runs r ON r.id = s.run_id
+    WHERE l.claimed_at < now() - make_interval(days => CAST(:days AS integer))
+      AND r.finished_at < now() - make_interval(days => CAST(:days AS integer))
+    LIMIT CAST(:batch AS integer))

@@ -2,7 +2,8 @@
 
 Every status change in the engine is one guarded `UPDATE … WHERE status = …` in
 `shared/sql/steps.sql`; `QUERY_TRANSITIONS` names the moves each of those statements makes, and
-a test checks them against `TRANSITIONS` (and the schema's CHECK on the column).
+a test checks them against `TRANSITIONS` (and the schema's CHECK on the column). `LeaseEnd`
+names how a claimed attempt's lease ended, for the step's lease history.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ class StepStatus(StrEnum):
 
     RUNNING = "running"
     """Claimed under a lease (`lease_id`, `lease_expires_at`); heartbeats extend it. In: the
-    claim. Out: settle, fenced on the lease id (→ succeeded, failed, waiting_*); the sweep when
-    the lease expired, fenced on the old lease id (→ pending, or failed with OUTCOME_UNKNOWN
-    when an at-most-once side effect may have started)."""
+    claim, which also opens the lease's history row (`LeaseEnd`). Out: settle, fenced on the
+    lease id (→ succeeded, failed, waiting_*); the sweep when the lease expired, fenced on the
+    old lease id (→ pending, or failed with OUTCOME_UNKNOWN when an at-most-once side effect
+    may have started). Both close the history row in the same statement."""
 
     WAITING_FOR_DELAY = "waiting_for_delay"
     """A delay is being served; `wake_at` is when it is over (the wait is then *served*: the
@@ -82,6 +84,27 @@ QUERY_TRANSITIONS: dict[str, tuple[frozenset[StepStatus], frozenset[StepStatus]]
     ),
     "steps_reclaim_expired": (frozenset({S.RUNNING}), frozenset({S.PENDING, S.FAILED})),
     "steps_wake_due": (PARKED, frozenset({S.PENDING})),
+}
+
+
+class LeaseEnd(StrEnum):
+    """How a lease in `workflow_step_leases` (the step's attempt history) ended. The claim
+    inserts the row; whichever statement moves the step out of running closes it in the same
+    statement, recording the status it moved the step to. A holder that finds its lease gone
+    on a heartbeat or settle is not a third kind: the lease was already reclaimed."""
+
+    SETTLED = "settled"
+    """Its holder settled the step, fenced on the lease (`steps_settle`)."""
+
+    RECLAIMED = "reclaimed"
+    """It expired and the sweep took the step back (`steps_reclaim_expired`)."""
+
+
+# The statement that ends a lease of each kind. Every statement that moves a step out of
+# running is here (a test checks it against QUERY_TRANSITIONS), so no lease stays open.
+LEASE_ENDED_BY: dict[LeaseEnd, str] = {
+    LeaseEnd.SETTLED: "steps_settle",
+    LeaseEnd.RECLAIMED: "steps_reclaim_expired",
 }
 
 

@@ -12,7 +12,8 @@ batch answered from a small partial index:
   (stamped longer ago than `redispatch_after_seconds`), re-stamped so there is no storm.
 
 Then the registered `Duty`s, each claimed once per period across all instances through a row
-in `sweep_duties`: marker expiry, provider subscription repair (hourly), and whatever later
+in `sweep_duties`: marker expiry, provider subscription repair (hourly), trimming the lease
+history of runs that finished more than `lease_history_days` ago (hourly), and whatever later
 issues add (timeouts, cron ticks) by appending to `default_duties()` — the loop doesn't change.
 A duty that raises is recorded and logged; it never stops the core jobs.
 
@@ -41,6 +42,7 @@ REDISPATCH_LOST = STEPS_SQL["steps_redispatch_lost"]
 DUTY_CLAIM = SWEEP_SQL["sweep_duty_claim"]
 DUTY_RECORD = SWEEP_SQL["sweep_duty_record"]
 EXPIRE_ECHO_MARKERS = SWEEP_SQL["echo_markers_expire"]
+TRIM_LEASE_HISTORY = SWEEP_SQL["step_leases_trim"]
 
 Dispatch = Callable[[Sequence[str]], None]
 log = get_logger(__name__)
@@ -55,6 +57,8 @@ class SweepConfig:
     # A step whose process keeps dying is not retried forever.
     max_lease_attempts: int = 5
     poll_seconds: float = 2.0
+    # Runs are kept for good; the per-attempt lease history of a finished run only for this long.
+    lease_history_days: int = 30
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SweepConfig:
@@ -67,7 +71,23 @@ class SweepConfig:
             ),
             max_lease_attempts=int(env.get("ONCEFLOW_MAX_LEASE_ATTEMPTS", d.max_lease_attempts)),
             poll_seconds=float(env.get("ONCEFLOW_SWEEP_POLL_SECONDS", d.poll_seconds)),
+            lease_history_days=_positive_int(
+                env, "ONCEFLOW_LEASE_HISTORY_DAYS", d.lease_history_days
+            ),
         )
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -214,12 +234,30 @@ def delete_expired_throttle_windows(db: Database) -> dict[str, int]:
         return {"deleted": delete_expired_windows(tx)}
 
 
-def default_duties() -> list[Duty]:
+def trim_lease_history(
+    db: Database, days: int, *, batch: int = 5000, max_batches: int = 20
+) -> dict[str, int]:
+    """Delete the lease history of runs finished more than `days` ago, a batch per
+    transaction so no pass holds locks on a large backlog; what is left waits for the next
+    period."""
+    deleted = 0
+    for _ in range(max_batches):
+        with db.transaction() as tx:
+            n = tx.execute(TRIM_LEASE_HISTORY, days=days, batch=batch)
+        deleted += n
+        if n < batch:
+            break
+    return {"deleted": deleted}
+
+
+def default_duties(config: SweepConfig | None = None) -> list[Duty]:
     """The periodic duties; later issues append theirs (timeouts, cron ticks) here."""
+    days = (config or SweepConfig.from_env()).lease_history_days
     return [
         Duty("expire_echo_markers", 300.0, expire_echo_markers),
         Duty("delete_expired_throttle_windows", 900.0, delete_expired_throttle_windows),
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
+        Duty("trim_lease_history", 3600.0, lambda db: trim_lease_history(db, days)),
     ]
 
 
@@ -260,7 +298,7 @@ def run_sweep(
     scheduled sweep carries on); anything else is a bug and propagates."""
     config = config or SweepConfig.from_env()
     dispatch = dispatch or default_dispatch
-    duties = default_duties() if duties is None else duties
+    duties = default_duties(config) if duties is None else duties
     report = SweepReport()
     deadline = clock() + max(budget_seconds, 0.0)
     while True:

@@ -1,0 +1,278 @@
+"""The lease history (every attempt of a step and how its lease ended) against real Postgres:
+written by the claim, settle and reclaim statements themselves, trimmed by a sweep duty for
+runs finished long ago."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.blocks.base import BlockContext, BlockFailure, BlockResult
+from shared.db import Database
+from shared.errors import PermanentError
+from shared.steps.advance import advance_step
+from shared.steps.claim import LeaseConfig, claim_step
+from shared.steps.outcomes import Settlement
+from shared.steps.settle import settle_step
+from shared.steps.states import StepStatus
+from shared.steps.sweep import SweepConfig, default_duties, run_sweep, trim_lease_history
+from tests.steps_blocks import Recorder, block_lookup, spec
+from tests.steps_support import chain, definition, publish_version, start_run, steps_of
+
+LEASE = LeaseConfig(lease_seconds=60, heartbeat_seconds=30)
+SWEEP = SweepConfig(batch=50, redispatch_after_seconds=120, max_lease_attempts=5)
+
+
+def leases_of(db: Database, step_id: str) -> list[dict[str, Any]]:
+    with db.transaction() as tx:
+        return tx.all(
+            "SELECT l.*, CAST(l.lease_id AS text) AS lease_id FROM workflow_step_leases l"
+            " WHERE l.step_id = :s ORDER BY l.claimed_at, l.lease_id",
+            s=step_id,
+        )
+
+
+def flaky_lookup() -> Any:
+    """test.flaky: a transient 503 on its first attempt, success after."""
+
+    def flaky(ctx: BlockContext, config: Any) -> BlockResult:
+        if ctx.attempt == 1:
+            raise BlockFailure(
+                "upstream said 503", error_class="transient", outcome_code="HTTP_503"
+            )
+        return BlockResult(output={"attempt": ctx.attempt})
+
+    return block_lookup(Recorder(), **{"test.flaky": spec("test.flaky", flaky)})
+
+
+def retried_run(db: Database) -> tuple[str, str]:
+    """A one-step run whose step failed transiently once, then succeeded: (run id, step id)."""
+    lookup = flaky_lookup()
+    version = publish_version(db, definition(chain(1, "test.flaky")))
+    run_id, (step_id,) = start_run(db, version)
+    first = advance_step(db, step_id, lookup=lookup, dispatch=lambda _: None, config=LEASE)
+    assert first.status == "waiting_for_retry"
+    with db.transaction() as tx:
+        tx.execute("UPDATE workflow_steps SET wake_at = now() WHERE id = :s", s=step_id)
+    assert run_sweep(db, 0, config=SWEEP, dispatch=lambda _: None, duties=[]).woken == 1
+    second = advance_step(db, step_id, lookup=lookup, dispatch=lambda _: None, config=LEASE)
+    assert second.status == "succeeded" and second.run_status == "succeeded"
+    return run_id, step_id
+
+
+def expire_lease(db: Database, step_id: str) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET lease_expires_at = now() - interval '1 second'"
+            " WHERE id = :s",
+            s=step_id,
+        )
+
+
+def test_a_retried_step_keeps_one_lease_row_per_attempt_with_how_each_ended(
+    db: Database,
+) -> None:
+    run_id, step_id = retried_run(db)
+    first, second = leases_of(db, step_id)
+    assert (first["attempt"], first["end_kind"], first["end_status"]) == (
+        1,
+        "settled",
+        "waiting_for_retry",
+    )
+    assert (first["outcome_code"], first["error_class"], first["error"]) == (
+        "HTTP_503",
+        "transient",
+        "upstream said 503",
+    )
+    assert (second["attempt"], second["end_kind"], second["end_status"]) == (
+        2,
+        "settled",
+        "succeeded",
+    )
+    assert second["error"] is None and second["outcome_code"] == "OK"
+    assert first["lease_id"] != second["lease_id"]
+    assert first["claimed_at"] <= first["ended_at"] <= second["claimed_at"] <= second["ended_at"]
+    # The step row itself kept only the last attempt's outcome.
+    assert steps_of(db, run_id)["s0"]["error"] is None
+
+
+def test_the_claim_opens_the_row_under_the_step_lease(db: Database) -> None:
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    _, (step_id,) = start_run(db, version)
+    step = claim_step(db, step_id, LEASE)
+    assert step is not None
+    (row,) = leases_of(db, step_id)
+    assert row["lease_id"] == step.lease_id and row["attempt"] == 1
+    assert row["end_kind"] is None and row["ended_at"] is None and row["end_status"] is None
+    # A claim that finds nothing to claim writes no history.
+    assert claim_step(db, step_id, LEASE) is None
+    assert len(leases_of(db, step_id)) == 1
+
+
+def test_a_lease_reclaimed_by_the_sweep_shows_reclaimed(db: Database) -> None:
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    _, (step_id,) = start_run(db, version)
+    assert claim_step(db, step_id, LEASE) is not None
+    expire_lease(db, step_id)
+    assert run_sweep(db, 0, config=SWEEP, dispatch=lambda _: None, duties=[]).reclaimed == 1
+    (row,) = leases_of(db, step_id)
+    assert (row["end_kind"], row["end_status"], row["outcome_code"]) == (
+        "reclaimed",
+        "pending",
+        None,
+    )
+    assert row["ended_at"] is not None and row["error"] is None
+
+
+def test_a_reclaim_that_fails_the_step_records_why(db: Database) -> None:
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    run_id, (step_id,) = start_run(db, version)
+    assert claim_step(db, step_id, LEASE) is not None
+    expire_lease(db, step_id)
+    last_try = SweepConfig(batch=50, redispatch_after_seconds=120, max_lease_attempts=1)
+    assert run_sweep(db, 0, config=last_try, dispatch=lambda _: None, duties=[]).reclaimed_failed
+    (row,) = leases_of(db, step_id)
+    assert (row["end_kind"], row["end_status"], row["outcome_code"], row["error_class"]) == (
+        "reclaimed",
+        "failed",
+        "LEASE_EXPIRED",
+        "permanent",
+    )
+    assert row["error"] == steps_of(db, run_id)["s0"]["error"]
+
+
+def test_a_stale_settle_fenced_out_closes_neither_its_row_nor_the_successors(
+    db: Database,
+) -> None:
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    _, (step_id,) = start_run(db, version)
+    stale = claim_step(db, step_id, LEASE)
+    assert stale is not None
+    expire_lease(db, step_id)
+    run_sweep(db, 0, config=SWEEP, dispatch=lambda _: None, duties=[])
+    successor = claim_step(db, step_id, LEASE)
+    assert successor is not None and successor.attempt == 2
+    done = Settlement(status=StepStatus.SUCCEEDED, attempt=stale.attempt, outcome_code="OK")
+    assert settle_step(db, stale, done, []).fenced_out
+    old, new = leases_of(db, step_id)
+    assert (old["lease_id"], old["end_kind"], old["end_status"]) == (
+        stale.lease_id,
+        "reclaimed",
+        "pending",
+    )
+    assert new["lease_id"] == successor.lease_id and new["ended_at"] is None
+    # The successor's own settle closes its row.
+    done = Settlement(status=StepStatus.SUCCEEDED, attempt=successor.attempt, outcome_code="OK")
+    assert not settle_step(db, successor, done, []).fenced_out
+    assert leases_of(db, step_id)[1]["end_kind"] == "settled"
+
+
+def test_an_ops_retry_starts_the_attempt_count_again_and_keeps_the_earlier_leases(
+    db: Database,
+) -> None:
+    from shared.ops.replay import retry_run
+
+    rec = Recorder()
+    version = publish_version(db, definition(chain(1, "test.fail_permanent")))
+    run_id, (step_id,) = start_run(db, version)
+    advance_step(db, step_id, lookup=block_lookup(rec), dispatch=lambda _: None, config=LEASE)
+    retry_run(db, run_id=run_id, tenant_scope=None, dispatch=lambda _: None)
+    advance_step(db, step_id, lookup=block_lookup(rec), dispatch=lambda _: None, config=LEASE)
+    rows = leases_of(db, step_id)
+    assert [(r["attempt"], r["end_status"], r["outcome_code"]) for r in rows] == [
+        (1, "failed", "HTTP_400"),
+        (1, "failed", "HTTP_400"),
+    ]
+    assert rows[0]["lease_id"] != rows[1]["lease_id"]
+
+
+def test_the_history_adds_no_round_trip_to_a_step(db: Database) -> None:
+    """Claim is BEGIN, claim, COMMIT; settle is BEGIN, settle, next rows, COMMIT — as before
+    the history existed (`make bench-steps` reports the same 7 per step)."""
+    lookup = block_lookup(Recorder())
+    version = publish_version(db, definition(chain(3, "test.noop")))
+    _, (first,) = start_run(db, version)
+    sent: list[str] = []
+    advance_step(db, first, lookup=lookup, dispatch=sent.extend, config=LEASE)  # loads the graph
+    (step_id,) = sent
+    db.round_trips.reset()
+    advance_step(db, step_id, lookup=lookup, dispatch=sent.extend, config=LEASE)
+    assert db.round_trips.count == 7
+    assert len(leases_of(db, step_id)) == 1 and leases_of(db, step_id)[0]["ended_at"]
+
+
+def test_the_schema_ties_the_end_kind_to_ended_at_and_status(db: Database) -> None:
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    _, (step_id,) = start_run(db, version)
+    for bad in (
+        "'settled', 'succeeded', NULL",  # ended without a time
+        "NULL, NULL, now()",  # a time without an end
+        "'reclaimed', 'succeeded', now()",  # the sweep never moves a step to succeeded
+    ):
+        with pytest.raises(PermanentError), db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO workflow_step_leases (lease_id, step_id, attempt, end_kind,"
+                f" end_status, ended_at) VALUES (gen_random_uuid(), :s, 1, {bad})",
+                s=step_id,
+            )
+    # The history goes with its step.
+    assert claim_step(db, step_id, LEASE) is not None
+    with db.transaction() as tx:
+        tx.execute("DELETE FROM workflow_steps WHERE id = :s", s=step_id)
+        assert tx.scalar("SELECT count(*) FROM workflow_step_leases") == 0
+
+
+def age_run(db: Database, run_id: str, days: int) -> None:
+    """Time travel: the run, and its leases, finished `days` ago."""
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_runs SET finished_at = now() - make_interval(days => :d)"
+            " WHERE id = :r",
+            d=days,
+            r=run_id,
+        )
+        tx.execute(
+            "UPDATE workflow_step_leases SET claimed_at = now() - make_interval(days => :d),"
+            " ended_at = now() - make_interval(days => :d) WHERE step_id IN"
+            " (SELECT id FROM workflow_steps WHERE run_id = :r)",
+            d=days,
+            r=run_id,
+        )
+
+
+def test_retention_trims_the_history_of_runs_finished_long_ago_only(db: Database) -> None:
+    old_run, old_step = retried_run(db)
+    recent_run, recent_step = retried_run(db)
+    age_run(db, old_run, 31)
+    age_run(db, recent_run, 29)
+    # A run still going keeps its history however old its leases are.
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    _, (live_step,) = start_run(db, version)
+    assert claim_step(db, live_step, LEASE) is not None
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_step_leases SET claimed_at = now() - interval '90 days'"
+            " WHERE step_id = :s",
+            s=live_step,
+        )
+    assert trim_lease_history(db, 30, batch=1) == {"deleted": 2}
+    assert leases_of(db, old_step) == []
+    assert len(leases_of(db, recent_step)) == 2 and len(leases_of(db, live_step)) == 1
+    assert steps_of(db, old_run)["s0"]["status"] == "succeeded"  # the journal itself stays
+    assert trim_lease_history(db, 30) == {"deleted": 0}
+
+
+def test_the_retention_duty_reads_its_days_from_the_environment(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id, step_id = retried_run(db)
+    age_run(db, run_id, 8)
+    monkeypatch.setenv("ONCEFLOW_LEASE_HISTORY_DAYS", "7")
+    duty = next(d for d in default_duties() if d.name == "trim_lease_history")
+    assert duty.run(db) == {"deleted": 2} and leases_of(db, step_id) == []
+    assert SweepConfig.from_env({}).lease_history_days == 30
+    for bad in ("0", "-3", "a week", "1.5"):
+        with pytest.raises(ValueError, match="ONCEFLOW_LEASE_HISTORY_DAYS must be a whole"):
+            SweepConfig.from_env({"ONCEFLOW_LEASE_HISTORY_DAYS": bad})
+
