@@ -1,6 +1,6 @@
 """The lease history (every attempt of a step and how its lease ended) against real Postgres:
-written by the claim, settle and reclaim statements themselves, trimmed by a sweep duty for
-runs finished long ago."""
+written by the claim, settle and reclaim statements themselves, shown by the ops run detail,
+trimmed by a sweep duty for runs finished long ago."""
 
 from __future__ import annotations
 
@@ -17,6 +17,14 @@ from shared.steps.outcomes import Settlement
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
 from shared.steps.sweep import SweepConfig, default_duties, run_sweep, trim_lease_history
+from tests.ops_support import (
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+    seed_connection,
+    seed_tenant,
+)
 from tests.steps_blocks import Recorder, block_lookup, spec
 from tests.steps_support import chain, definition, publish_version, start_run, steps_of
 
@@ -276,3 +284,49 @@ def test_the_retention_duty_reads_its_days_from_the_environment(
         with pytest.raises(ValueError, match="ONCEFLOW_LEASE_HISTORY_DAYS must be a whole"):
             SweepConfig.from_env({"ONCEFLOW_LEASE_HISTORY_DAYS": bad})
 
+
+def test_run_detail_lists_each_steps_leases_and_keeps_tenants_apart(
+    db: Database, client: Any
+) -> None:
+    run_id, step_id = retried_run(db)
+    token = mint(db, "acme")
+    detail = client.get(f"/v1/runs/{run_id}", headers=bearer(token)).get_json()
+    (step,) = detail["steps"]
+    assert [(x["attempt"], x["end_kind"], x["end_status"]) for x in step["leases"]] == [
+        (1, "settled", "waiting_for_retry"),
+        (2, "settled", "succeeded"),
+    ]
+    first = step["leases"][0]
+    assert first["outcome_code"] == "HTTP_503" and first["error_class"] == "transient"
+    assert first["claimed_at"] and first["ended_at"] and first["lease_id"]
+    assert {x["lease_id"] for x in step["leases"]} == {
+        r["lease_id"] for r in leases_of(db, step_id)
+    }
+    # Another tenant's token gets the same 404 as before, with nothing of the history.
+    seed_tenant(db, "globex")
+    other = client.get(f"/v1/runs/{run_id}", headers=bearer(mint(db, "globex")))
+    assert other.status_code == 404 and first["lease_id"] not in other.get_data(as_text=True)
+    # /openapi.json describes the field.
+    spec_doc = client.get("/openapi.json").get_json()
+    schemas = spec_doc["components"]["schemas"]
+    assert schemas["StepView"]["properties"]["leases"]["items"]["$ref"].endswith("/LeaseView")
+    assert set(schemas["LeaseView"]["properties"]) >= {
+        "attempt",
+        "lease_id",
+        "claimed_at",
+        "ended_at",
+        "end_kind",
+        "end_status",
+    }
+
+
+def test_the_page_shows_every_attempt_of_a_step(db: Database, client: Any) -> None:
+    run_id, _ = retried_run(db)
+    conn = seed_connection(db, "acme")
+    record_key = f"{conn}:contacts:7"
+    with db.transaction() as tx:
+        tx.execute("UPDATE workflow_runs SET record_key = :k WHERE id = :r", k=record_key, r=run_id)
+    client.post("/ui/login", data={"token": mint(db, "acme")})
+    html = client.get("/ui", query_string={"record_key": record_key}).get_data(as_text=True)
+    assert '<ol class="attempts">' in html
+    assert "#1 waiting_for_retry (HTTP_503)" in html and "#2 succeeded (OK)" in html

@@ -37,6 +37,7 @@ from shared.ops.models import (
     DefinitionProblem,
     ErrorBody,
     FieldProblem,
+    LeaseView,
     LedgerEntry,
     LineageEntry,
     PageQuery,
@@ -75,6 +76,7 @@ SQL = queries.load("ops")
 RUNS_LIST = SQL["ops_runs_list"]
 RUN_GET = SQL["ops_run_get"]
 RUN_STEPS = SQL["ops_run_steps"]
+RUN_LEASES = SQL["ops_run_leases"]
 RUN_CHARGES = SQL["ops_run_charges"]
 LINEAGE_RUNS = SQL["ops_lineage_runs"]
 REFUSALS_LIST = SQL["ops_refusals_list"]
@@ -180,6 +182,9 @@ def run_detail(db: Database, run_id: str, scope: str | None, namespace: str = "l
         if run is None:
             raise not_found("run")
         steps = tx.all(RUN_STEPS, run_id=run_id)
+        leases: dict[UUID, list[LeaseView]] = {}
+        for lease in tx.all(RUN_LEASES, run_id=run_id):
+            leases.setdefault(lease["step_id"], []).append(LeaseView.model_validate(lease))
         keys = [s["idempotency_key"] for s in steps if s["idempotency_key"]]
         charges = tx.all(RUN_CHARGES, run_id=run_id, keys=keys)
         lineage = tx.all(LINEAGE_RUNS, lineage_root=str(run["lineage_root"]))
@@ -190,7 +195,7 @@ def run_detail(db: Database, run_id: str, scope: str | None, namespace: str = "l
         namespace=run["namespace"],
         trigger_payload=run["trigger_payload"],
         payload_truncated=run["payload_truncated"],
-        steps=[StepView.model_validate(s) for s in steps],
+        steps=[StepView.model_validate({**s, "leases": leases.get(s["id"], [])}) for s in steps],
         charges=[Charge.model_validate(c) for c in charges],
         lineage=[LineageEntry.model_validate(r) for r in lineage],
     )

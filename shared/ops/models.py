@@ -169,6 +169,26 @@ class RunPage(_Response):
     next_cursor: str | None
 
 
+class LeaseView(_Response):
+    """One claim of a step: an attempt, and how its lease ended."""
+
+    attempt: int = Field(
+        description="The step's attempt number under this lease. It can repeat: an ops retry "
+        "starts the count again, and a throttled attempt gives its number back."
+    )
+    lease_id: UUID
+    claimed_at: datetime
+    end_kind: Literal["settled", "reclaimed"] | None = Field(
+        description="`settled` by its holder, or `reclaimed` by the sweep after it expired "
+        "(its holder, if still alive, found the lease gone). Null while the lease is held."
+    )
+    end_status: StepStatus | None = Field(description="The status the ending moved the step to.")
+    outcome_code: str | None
+    error_class: Literal["transient", "permanent"] | None
+    error: str | None = Field(description="This attempt's error; the step keeps only the last.")
+    ended_at: datetime | None
+
+
 class StepView(_Response):
     id: UUID
     step_key: str
@@ -192,6 +212,11 @@ class StepView(_Response):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    leases: list[LeaseView] = Field(
+        description="Every attempt's lease, oldest first, as far as kept (the history of runs "
+        "finished more than `ONCEFLOW_LEASE_HISTORY_DAYS` ago is trimmed). A step copied by a "
+        "replay has none: its attempts are on the step it was copied from."
+    )
 
 
 class Charge(_Response):

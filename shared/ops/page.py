@@ -33,6 +33,7 @@ from shared.ops.models import (
     ReplayRequest,
     ReplayResult,
     RunDetail,
+    StepView,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +81,8 @@ th, td { text-align: left; border-top: 1px solid var(--line); padding: 5px 6px;
           border-radius: 6px; margin-bottom: 16px; }
 .error { background: #fdecea; border-color: #f5b5ae; }
 code { font-size: 12px; }
+ol.attempts { list-style: none; padding: 0; margin: 2px 0 0; color: var(--muted);
+              font-size: 12px; white-space: nowrap; }
 """
 
 
@@ -392,7 +395,7 @@ def _run_card(d: RunDetail, story: RecordExplanation, record_key: str, token: st
     rows = "".join(
         f"<tr><td><code>{escape(s.step_key)}</code></td><td>{escape(s.block_type)}</td>"
         f'<td><span class="badge {s.status}">{s.status}</span>'
-        f"{' (copied)' if s.copied_from else ''}</td><td>{s.attempt}</td>"
+        f"{' (copied)' if s.copied_from else ''}</td><td>{_attempts(s)}</td>"
         f"<td>{escape(s.outcome_code or '')}</td><td>{escape(s.error or '')}</td></tr>"
         for s in d.steps
     )
@@ -410,3 +413,24 @@ def _run_card(d: RunDetail, story: RecordExplanation, record_key: str, token: st
         f"<th>outcome</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>"
         f"{button}</section>"
     )
+
+
+def _attempts(s: StepView) -> str:
+    """The attempt count, then one short line per kept lease saying how it ended (when it was
+    claimed and ended on hover): a retried or reclaimed step shows every try, not the last."""
+    items = []
+    for lease in s.leases:
+        if lease.end_kind is None:
+            how = "running"
+        elif lease.end_kind == "reclaimed":
+            how = f"reclaimed → {lease.end_status}"
+        else:
+            how = str(lease.end_status)
+        if lease.outcome_code:
+            how += f" ({lease.outcome_code})"
+        when = f"claimed {lease.claimed_at:%Y-%m-%d %H:%M:%S %Z}"
+        if lease.ended_at is not None:
+            when += f", ended {lease.ended_at:%Y-%m-%d %H:%M:%S %Z}"
+        items.append(f'<li title="{escape(when)}">#{lease.attempt} {escape(how)}</li>')
+    listed = f'<ol class="attempts">{"".join(items)}</ol>' if items else ""
+    return f"{s.attempt}{listed}"

@@ -69,6 +69,16 @@ FROM workflow_steps s
 WHERE s.run_id = CAST(:run_id AS uuid)
 ORDER BY s.created_at, s.step_key
 
+-- name: ops_run_leases
+-- The attempt history of the run's steps, oldest first per step, as far as it is kept (the
+-- sweep trims it for runs finished long ago). Scoped by the caller's run lookup.
+SELECT l.step_id, l.attempt, l.lease_id, l.claimed_at, l.end_kind, l.end_status,
+       l.outcome_code, l.error_class, l.error, l.ended_at
+FROM workflow_step_leases l
+JOIN workflow_steps s ON s.id = l.step_id
+WHERE s.run_id = CAST(:run_id AS uuid)
+ORDER BY l.step_id, l.claimed_at, l.lease_id
+
 -- name: ops_run_charges
 SELECT l.lineage_key, l.amount, l.block_type, l.run_id, l.step_id, l.created_at
 FROM credit_ledger l
