@@ -359,6 +359,7 @@ def _connect_cloud_sql(instance: str, env: Mapping[str, str]) -> Connection:
         enable_iam_auth=True,
         ip_type=env.get("DB_IP_TYPE", "private"),
     )
+    _tune_socket(conn)
     return conn
 
 
@@ -371,13 +372,25 @@ def connector_from_env(env: Mapping[str, str] | None = None) -> Callable[[], Con
 
     def connect() -> Connection:
         conn = pg8000.dbapi.connect(timeout=10, **kwargs)
-        # TCP keepalive so a silently dropped connection is noticed instead of hanging.
-        sock = getattr(conn, "_usock", None)
-        if isinstance(sock, socket.socket) and sock.family != socket.AF_UNIX:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        _tune_socket(conn)
         return conn
 
     return connect
+
+
+def _tune_socket(conn: Connection) -> None:
+    """TCP options pg8000 doesn't set (libpq sets TCP_NODELAY; pg8000 leaves Nagle on).
+
+    TCP_NODELAY: pg8000 writes through an 8 KiB buffer, so a message larger than that (the
+    admission statement's arrays at 50 bindings, a step's large input or output) leaves in
+    two writes; with Nagle on, the second waits for the server to ACK the first, and the
+    server delays that ACK (~40 ms on Linux) because the message isn't complete yet. Measured
+    at 50 bindings: the admit statement took 52 ms per event instead of 8.
+    SO_KEEPALIVE: a silently dropped connection is noticed instead of hanging."""
+    sock = getattr(conn, "_usock", None)
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 _database: Database | None = None

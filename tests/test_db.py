@@ -4,6 +4,7 @@ without changing how errors are translated."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pg8000.native
@@ -129,3 +130,15 @@ def test_feature_not_supported_at_execution_stays_permanent(pool: Database) -> N
     with pytest.raises(PermanentError, match="0A000"):
         pool.run(lambda tx: tx.scalar(part, unit="week"))
     assert pool.run(lambda tx: tx.scalar("SELECT pg_backend_pid()")) == pid
+
+
+def test_tcp_connections_turn_nagle_off(database_url: str) -> None:
+    """A statement larger than pg8000's 8 KiB write buffer leaves in two sends; with Nagle on,
+    the second waited ~40 ms for the server's delayed ACK (the 50-binding admit statement)."""
+    conn = connector_from_env({"DATABASE_URL": database_url})()
+    try:
+        sock = conn._usock
+        assert sock.family in (socket.AF_INET, socket.AF_INET6)  # the test cluster is on TCP
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        conn.close()
