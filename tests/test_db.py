@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from uuid import UUID
 
 import pg8000.native
 import pytest
@@ -142,3 +143,44 @@ def test_tcp_connections_turn_nagle_off(database_url: str) -> None:
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:
         conn.close()
+
+
+def test_text_lists_reach_postgres_exactly_as_given(pool: Database) -> None:
+    """Flat lists of str/None are encoded by shared.db, not pg8000 (its per-character escaping
+    was admission's largest CPU cost). Every element must read back as sent, including
+    "null", which pg8000's own encoding turned into SQL NULL (it left it unquoted)."""
+    tricky = [
+        "plain",
+        "",
+        "NULL",
+        "null",
+        "Null",
+        None,
+        'a"quote',
+        "back\\slash",
+        "\\",
+        '"',
+        "x,y",
+        "{braces}",
+        " spaced ",
+        "tab\there",
+        "new\nline",
+        "ünï",
+        "a'b",
+        '\\"{},',
+    ]
+    with pool.transaction() as tx:
+        row = tx.one(
+            "SELECT CAST(:texts AS text[]) AS texts, CAST(:ids AS int[]) AS ids, "
+            "CAST(:empty AS text[]) AS empty, CAST(:uuids AS uuid[]) AS uuids",
+            texts=tricky,
+            ids=[1, 2, None],  # not text: pg8000 encodes it, as before
+            empty=[],
+            uuids=["00000000-0000-0000-0000-000000000001", None],
+        )
+    assert row == {
+        "texts": tricky,
+        "ids": [1, 2, None],
+        "empty": [],
+        "uuids": [UUID(int=1), None],
+    }
