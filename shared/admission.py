@@ -65,6 +65,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -79,6 +80,7 @@ from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
+    PreparedScope,
     compile_expression,
     evaluate,
     evaluate_condition,
@@ -320,6 +322,23 @@ class EventFacts:
         )
         return record
 
+    # Once per event, however many workflows are bound to it: the refusal that depends on the
+    # event alone, and the scope every trigger whose record is the event's own sees (built,
+    # measured and converted for CEL once).
+    @cached_property
+    def scope(self) -> PreparedScope:
+        return PreparedScope(
+            {
+                "event": self.event_scope(),
+                "trigger": dict(self.payload),
+                "record": self.record_scope(),
+            }
+        )
+
+    @cached_property
+    def refusal(self) -> tuple[Reason, str] | None:
+        return event_refusal(self)
+
 
 def provider_suppression(event: EventFacts) -> str | None:
     """Why the provider side says not to run, or None."""
@@ -330,16 +349,31 @@ def provider_suppression(event: EventFacts) -> str | None:
     return None
 
 
+def event_refusal(event: EventFacts) -> tuple[Reason, str] | None:
+    """The refusal every workflow bound to the event gets, whatever its trigger (or None)."""
+    suppressed = provider_suppression(event)
+    if suppressed:
+        return "provider_suppressed", suppressed
+    if is_echo(event.changed_fields, event.echo_markers):
+        fields = ", ".join(sorted(event.changed_fields))
+        return (
+            "echo_suppressed",
+            f"every changed field ({fields}) matches a write onceflow made to "
+            f"{event.record_key} (echo marker)",
+        )
+    return None
+
+
 def resolve_record(
-    event: EventFacts, trigger: _Trigger, scope: Mapping[str, Any]
+    event: EventFacts, trigger: _Trigger
 ) -> tuple[str | None, dict[str, Any], str | None]:
     """(record key, record scope, why there is none) for one trigger."""
     if trigger.record_expression is None:
         if event.record_key is None:
             return None, {}, f"event {event.id} ({event.event_type}) names no record"
-        return event.record_key, event.record_scope(), None
+        return event.record_key, event.scope.values["record"], None
     try:
-        value = evaluate(trigger.record_expression, scope)
+        value = evaluate(trigger.record_expression, event.scope)
     except ExpressionError as exc:
         return None, {}, f"the trigger's record expression failed: {exc}"
     object_type = event.record_object_type
@@ -362,30 +396,19 @@ def resolve_record(
     return key, {"id": str(object_id), "object_type": str(object_type), "key": key}, None
 
 
-def static_refusal(  # noqa: PLR0911 - the precedence of reasons reads best as returns
+def static_refusal(
     event: EventFacts, trigger: _Trigger, dedup_mode: str
 ) -> tuple[str | None, tuple[Reason, str] | None]:
     """The record key, and the refusal decided without looking at other runs (or None)."""
-    suppressed = provider_suppression(event)
-    if suppressed:
-        return event.record_key, ("provider_suppressed", suppressed)
-    if is_echo(event.changed_fields, event.echo_markers):
-        fields = ", ".join(sorted(event.changed_fields))
-        return event.record_key, (
-            "echo_suppressed",
-            f"every changed field ({fields}) matches a write onceflow made to "
-            f"{event.record_key} (echo marker)",
-        )
-    base_scope: dict[str, Any] = {
-        "event": event.event_scope(),
-        "trigger": dict(event.payload),
-        "record": event.record_scope(),
-    }
-    key, record, missing = resolve_record(event, trigger, base_scope)
+    if event.refusal is not None:
+        return event.record_key, event.refusal
+    key, record, missing = resolve_record(event, trigger)
     if key is None and (trigger.record_expression is not None or dedup_mode != "every_time"):
         return None, ("missing_record_identity", missing or "no record identity")
     if trigger.rule is not None:
-        scope = {**base_scope, "record": record}
+        scope: PreparedScope | dict[str, Any] = event.scope
+        if record is not event.scope.values["record"]:  # from the trigger's record expression
+            scope = {**event.scope.values, "record": record}
         try:
             matched = evaluate_condition(trigger.rule, scope)
         except ExpressionError as exc:

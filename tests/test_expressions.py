@@ -11,6 +11,7 @@ import pytest
 from shared.workflows.expressions import (
     MAX_SOURCE_LENGTH,
     ExpressionError,
+    PreparedScope,
     compile_expression,
     evaluate,
     evaluate_condition,
@@ -197,3 +198,40 @@ def test_regex_is_linear_time() -> None:
 def test_host_objects_never_reach_the_evaluator() -> None:
     with pytest.raises(ExpressionError, match="cannot pass a object"):
         evaluate("record.x", {"record": {"x": object()}})
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        'record.firstname + "!"',
+        "trigger.items.exists(i, i == 2)",
+        'steps["notify-hook"].output.status',
+        'event.occurred_at < timestamp("2026-01-01T00:00:00Z")',
+        "record.lastname",  # no such key
+        "record.score",  # not a bool
+        "size(trigger.items.map(x, trigger.items.map(y, x + y))) > 0",  # over budget (big)
+        "record.x",  # a host object in the scope
+    ],
+)
+def test_a_prepared_scope_answers_like_the_plain_one_every_time(src: str) -> None:
+    """Admission evaluates one rule per bound workflow over one event's PreparedScope, which is
+    measured and converted once: each evaluation must answer exactly as over the dict."""
+    values = {**SCOPE, "trigger": {"items": list(range(1_000))}, "record": {"x": object()}}
+    for scope in (SCOPE, values):
+        expected = _outcome(src, scope)
+        assert expected[0] in ("value", "ExpressionError")
+        prepared = PreparedScope(scope)
+        assert [_outcome(src, prepared) for _ in range(3)] == [expected] * 3
+        assert _outcome(src, prepared, condition=True) == _outcome(src, scope, condition=True)
+
+
+def _outcome(src: str, scope: Any, *, condition: bool = False) -> tuple[str, Any]:
+    try:
+        return "value", (evaluate_condition if condition else evaluate)(src, scope)
+    except ExpressionError as exc:
+        return "ExpressionError", str(exc)
+
+
+def test_a_variable_missing_from_a_prepared_scope_is_refused() -> None:
+    with pytest.raises(ExpressionError, match="'steps' is not available here"):
+        evaluate("steps.a.output", PreparedScope({"record": {}}))

@@ -34,7 +34,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 import cel
@@ -317,10 +317,40 @@ def measure_scope(scope: Mapping[str, Any]) -> ScopeSize:
     return ScopeSize(largest_collection, largest_string)
 
 
+class PreparedScope:
+    """A scope many expressions will read (admission: one event, a rule per bound workflow),
+    measured once and converted to CEL values once per set of variables read, instead of once
+    per evaluation: the conversion, not the evaluation, was most of a rule's cost (~11 µs of
+    ~14 µs for `record.x == "y"`). Never modify `values` once prepared. Not for use by several
+    threads at once (a `cel.Context` isn't thread-safe)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.values = values
+        self._contexts: dict[frozenset[str], Any] = {}
+
+    @cached_property
+    def size(self) -> ScopeSize:
+        return measure_scope(self.values)
+
+    def context(self, names: frozenset[str]) -> Any:
+        context = self._contexts.get(names)
+        if context is None:
+            context = self._contexts[names] = _context(self.values, names)
+        return context
+
+
+def _context(scope: Mapping[str, Any], names: frozenset[str]) -> Any:
+    """The CEL variables `names` from `scope` (an absent one is null here; `evaluate` refuses
+    it right after)."""
+    return cel.Context({name: _to_cel(scope.get(name)) for name in names})
+
+
 def estimated_cost(expr: CompiledExpression, size: ScopeSize, *, copying: bool = True) -> int:
     """Worst-case work units: each comprehension iterates the largest collection there is
     (in the scope, or a literal list in the source), nested comprehensions multiply.
     `copying=False` counts iterations only (for the allocation estimate)."""
+    if not expr.comprehensions:
+        return 1  # most rules: no collection is iterated
     n = max(size.largest_collection, expr.source.count(",") + 1)
 
     def cost(node: Comprehension) -> int:
@@ -333,14 +363,16 @@ def estimated_cost(expr: CompiledExpression, size: ScopeSize, *, copying: bool =
 
 def evaluate(
     expr: CompiledExpression | str,
-    scope: Mapping[str, Any],
+    scope: Mapping[str, Any] | PreparedScope,
     *,
     scope_size: ScopeSize | None = None,
 ) -> Any:
     """Evaluate over `scope`; the result as plain Python (str, int, float, bool, None, list,
     dict, datetime, timedelta). Raises `ExpressionError` when stopped or when it fails."""
     compiled = expr if isinstance(expr, CompiledExpression) else compile_expression(expr)
-    size = scope_size or measure_scope(scope)
+    prepared = scope if isinstance(scope, PreparedScope) else None
+    values = scope.values if isinstance(scope, PreparedScope) else scope
+    size = scope_size or (prepared.size if prepared else measure_scope(values))
     cost = estimated_cost(compiled, size)
     if cost > MAX_COST:
         raise ExpressionError(
@@ -358,9 +390,10 @@ def evaluate(
             f"input; the limit is {MAX_ALLOCATION_BYTES}",
             source=compiled.source,
         )
-    context = {name: _to_cel(scope.get(name)) for name in compiled.variables}
-    for name in compiled.variables:
-        if name not in scope:
+    variables = compiled.variables
+    context = prepared.context(variables) if prepared else _context(values, variables)
+    for name in variables:
+        if name not in values:
             raise ExpressionError(f"{name!r} is not available here", source=compiled.source)
     try:
         result = compiled.program.execute(context)
@@ -380,7 +413,7 @@ def evaluate(
 
 def evaluate_condition(
     expr: CompiledExpression | str,
-    scope: Mapping[str, Any],
+    scope: Mapping[str, Any] | PreparedScope,
     *,
     scope_size: ScopeSize | None = None,
 ) -> bool:
@@ -423,6 +456,8 @@ def _from_cel(value: Any) -> Any:
 
 
 def _check_result_size(value: Any, source: str) -> None:
+    if value is None or isinstance(value, bool | int | float):
+        return  # a scalar is a few bytes (every rule and condition result is one)
     size = len(json.dumps(to_json(value), separators=(",", ":"), default=str))
     if size > MAX_RESULT_BYTES:
         raise ExpressionError(
