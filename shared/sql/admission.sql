@@ -39,6 +39,12 @@ WITH ev AS (
     JOIN tenants t ON t.id = e.tenant_id
     LEFT JOIN connections c ON c.id = e.connection_id
     WHERE e.id = :event_id
+), claims AS MATERIALIZED (
+    -- This event's claims, read once through the primary key's (event_id, …) prefix. As a
+    -- per-binding EXISTS the planner may hash the whole delivery_claims table instead (it
+    -- did, every event, in a generic plan made while the table was small), which grows with
+    -- every event ever admitted.
+    SELECT dc.workflow_id FROM delivery_claims dc WHERE dc.event_id = :event_id
 ), bound AS (
     SELECT b.workflow_id, b.version_id, b.dedup_mode,
            CASE WHEN b.version_id = ANY(CAST(:cached_versions AS uuid[])) THEN NULL
@@ -59,8 +65,7 @@ WITH ev AS (
                      IS NOT NULL
                 ELSE false
            END AS locked,
-           EXISTS (SELECT 1 FROM delivery_claims dc
-                    WHERE dc.event_id = ev.id AND dc.workflow_id = bound.workflow_id) AS claimed,
+           EXISTS (SELECT 1 FROM claims WHERE claims.workflow_id = bound.workflow_id) AS claimed,
            (SELECT CAST(r.id AS text) FROM workflow_runs r
              WHERE r.workflow_id = bound.workflow_id AND r.start_key = :start_key) AS start_run_id
     FROM ev, bound
