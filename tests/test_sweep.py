@@ -10,6 +10,7 @@ from shared.db import Database
 from shared.steps.advance import advance_step
 from shared.steps.claim import LeaseConfig
 from shared.steps.sweep import Duty, SweepConfig, run_duty, run_sweep
+from tests.ops_support import seed_connection, seed_tenant
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import chain, definition, publish_version, run_row, start_run, steps_of
 
@@ -245,12 +246,9 @@ def test_sweep_loops_within_its_budget(db: Database) -> None:
 def test_default_duties_expire_echo_markers(db: Database) -> None:
     from shared.steps.sweep import expire_echo_markers
 
+    seed_tenant(db, "acme")
+    conn = seed_connection(db, "acme")
     with db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'acme') ON CONFLICT DO NOTHING")
-        conn = tx.scalar(
-            "INSERT INTO connections (tenant_id, provider, webhook_secret_env) "
-            "VALUES ('acme', 'hubspot', 'X') RETURNING id"
-        )
         for ago in ("1 hour", "-1 hour"):
             tx.execute(
                 "INSERT INTO echo_markers (connection_id, object_type, object_id, field,"
@@ -267,12 +265,9 @@ def test_default_duties_expire_echo_markers(db: Database) -> None:
 def test_default_duties_delete_ended_throttle_windows(db: Database) -> None:
     from shared.steps.sweep import default_duties
 
+    seed_tenant(db, "acme")
+    conn = seed_connection(db, "acme")
     with db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'acme') ON CONFLICT DO NOTHING")
-        conn = tx.scalar(
-            "INSERT INTO connections (tenant_id, provider, webhook_secret_env) "
-            "VALUES ('acme', 'hubspot', 'X') RETURNING id"
-        )
         for ago in ("2 hours", "1 minute"):
             tx.execute(
                 "INSERT INTO throttle_windows (connection_id, window_start, used)"
