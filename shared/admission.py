@@ -25,18 +25,25 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    record; otherwise the run row (start key `workflow_event:<eventId>` under the unique
    (workflow, start_key) index, pinned version, payload and truncation flag copied from the
    event row, lineage root = its own id), its enrollment and its first step row.
-4. The refusals decided in 2 and 3 are written on ANOTHER connection in their own
-   transaction (ON CONFLICT (event_id, workflow_id) DO NOTHING) BEFORE the admission
-   commits: if the admission then fails, the refusal stays; if the process dies after the
-   refusal and before the commit, the redelivery decides again and finds the refusal there.
+4. The refusals decided in 2 and 3 are written in the same transaction, on the same
+   connection, and the event is stamped `decided_at`: a refusal commits with its delivery
+   claim or not at all. (The first release wrote refusals on a second pooled connection so
+   they would survive a rollback; that was hold-and-wait — concurrent admissions in one
+   process each held one connection and waited for another — and it could leave a stale
+   reason behind a decision that changed on redelivery. Nothing is lost by writing them
+   together: an attempt that rolls back has decided nothing, and the event is decided again
+   by the redelivery or, whatever the transport does, by the sweep, which re-publishes every
+   published event still undecided after its threshold and gives it up as `undelivered`,
+   visibly, after its cap.)
 5. Commit, then publish `step-ready` for the first steps. A publish that fails raises (nack,
    so Pub/Sub redelivers the event, and the redelivery re-publishes the run's pending steps);
    a publish lost in a crash after commit is repaired by the sweep, which re-dispatches
    pending steps whose `dispatched_at` is older than its threshold.
 
-Round trips per event: BEGIN, context, admit, COMMIT — plus BEGIN/INSERT/COMMIT of the
-refusals when there are any, one lock statement when a trigger takes its record from an
-expression, and one read of pending steps on a redelivery. None of these grows with K.
+One pooled connection per admission, never two. Round trips per event: BEGIN, context,
+admit, COMMIT — plus one INSERT of the refusals when there are any, one lock statement when a
+trigger takes its record from an expression, and one read of pending steps on a redelivery.
+None of these grows with K.
 
 What `record` holds at admission: the record as the event describes it, never a fresh read
 from the CRM — `id`, `object_type`, `key` (the record key), `connection_id`, the properties
@@ -72,7 +79,7 @@ from pydantic import ValidationError
 
 from shared import queries
 from shared.db import Database, Tx
-from shared.echo import is_echo
+from shared.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo
 from shared.errors import ConflictError, PermanentError, TransientError
 from shared.logs import get_logger, labelled
 from shared.pubsub import decode_push_message, publish_step_ready
@@ -92,6 +99,7 @@ LOCK_RECORDS = SQL["admission_lock_records"]
 ADMIT = SQL["admission_admit"]
 PENDING_FIRST_STEPS = SQL["admission_pending_first_steps"]
 INSERT_REFUSALS = SQL["admission_refusals_insert"]
+MARK_DECIDED = SQL["admission_mark_decided"]
 INSERT_POISONED = SQL["admission_poisoned_insert"]
 REFUSALS_FOR_RECORD = SQL["admission_refusals_for_record"]
 
@@ -164,8 +172,8 @@ class AdmissionSeams:
     """Test-only hooks, never set by production code: the default is the real behaviour.
 
     `take_locks=False` skips the advisory locks so a test can show the unique indexes catch
-    the race; `before_commit` runs after the refusals were written and before the admission
-    commits (raise in it to inject a failure)."""
+    the race; `before_commit` runs after the refusals were written, in the admission's
+    transaction, just before it commits (raise in it to inject a failure)."""
 
     take_locks: bool = True
     before_commit: Callable[[], None] | None = None
@@ -469,6 +477,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         start_key=start_key(event_id),
         cached_versions=cached,
         take_locks=seams.take_locks,
+        echo_skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
     )
     if row is None:
         raise EventNotFound(f"trigger event {event_id} does not exist")
@@ -543,6 +552,11 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
                 dispatch.append(r["step_id"])
             elif outcome.outcome == "handled" and outcome.run_id:
                 resume.append(outcome.run_id)
+    elif row["decided_at"] is None:
+        # Nothing bound to decide (or only pairings decided before decided_at existed).
+        tx.execute(MARK_DECIDED, event_id=event_id)
+    if refusals:
+        write_refusals(tx, tenant_id=event.tenant_id, event_id=event_id, refusals=refusals)
     if resume:
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
     return _Attempt(outcomes, refusals, dispatch, event.tenant_id)
@@ -582,22 +596,21 @@ def _when(value: Any) -> str:
 
 
 def write_refusals(
-    db: Database, *, tenant_id: str, event_id: int, refusals: Sequence[_Refusal]
+    tx: Tx, *, tenant_id: str, event_id: int, refusals: Sequence[_Refusal]
 ) -> int:
-    """Record refusals in their own transaction (a connection of their own); how many are new."""
+    """Record refusals in the admission's transaction (with their claims); how many rows."""
     if not refusals:
         return 0
-    with db.transaction() as tx:
-        return tx.execute(
-            INSERT_REFUSALS,
-            tenant_id=tenant_id,
-            event_id=event_id,
-            workflow_ids=[r.workflow_id for r in refusals],
-            version_ids=[r.version_id for r in refusals],
-            record_keys=[r.record_key for r in refusals],
-            reasons=[r.reason for r in refusals],
-            details=[r.detail for r in refusals],
-        )
+    return tx.execute(
+        INSERT_REFUSALS,
+        tenant_id=tenant_id,
+        event_id=event_id,
+        workflow_ids=[r.workflow_id for r in refusals],
+        version_ids=[r.version_id for r in refusals],
+        record_keys=[r.record_key for r in refusals],
+        reasons=[r.reason for r in refusals],
+        details=[r.detail for r in refusals],
+    )
 
 
 def admit_event(
@@ -616,10 +629,6 @@ def admit_event(
             try:
                 with db.transaction() as tx:
                     done = _admit_in_transaction(tx, event_id, seams)
-                    # Before commit, on another connection: survives this transaction's fate.
-                    write_refusals(
-                        db, tenant_id=done.tenant_id, event_id=event_id, refusals=done.refusals
-                    )
                     if seams.before_commit is not None:
                         seams.before_commit()
                 break

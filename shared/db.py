@@ -24,6 +24,7 @@ import struct
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -45,6 +46,69 @@ Row = dict[str, Any]
 Connection = Any  # pg8000.dbapi.Connection; the driver ships no type information
 
 DEFAULT_POOL_SIZE = 2
+# How long a checkout waits for a free pooled connection before giving up (transient).
+CHECKOUT_TIMEOUT_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    """Server-side limits set on every pooled connection when it is opened.
+
+    Without them a statement stuck behind a lock, or a process frozen inside a transaction (a
+    Cloud Run instance whose CPU is throttled after its response, a debugger), holds row locks
+    for as long as the connection lives. Each limit ends the statement or the session with a
+    SQLSTATE that `shared.errors` classifies as transient (57014, 55P03, 25P03), so the caller
+    retries or Pub/Sub redelivers. 0 turns a limit off. Read once per pool from
+    `DB_STATEMENT_TIMEOUT_MS`, `DB_LOCK_TIMEOUT_MS` and `DB_IDLE_IN_TRANSACTION_TIMEOUT_MS`."""
+
+    statement_timeout_ms: int = 30_000
+    lock_timeout_ms: int = 10_000
+    idle_in_transaction_timeout_ms: int = 60_000
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> SessionLimits:
+        env = os.environ if env is None else env
+        d = cls()
+
+        def read(name: str, default: int) -> int:
+            raw = env.get(name)
+            if raw is None or raw == "":
+                return default
+            try:
+                value = int(raw)
+            except ValueError:
+                value = -1
+            if value < 0:
+                raise PermanentError(f"{name} must be a whole number of milliseconds, not {raw!r}")
+            return value
+
+        return cls(
+            statement_timeout_ms=read("DB_STATEMENT_TIMEOUT_MS", d.statement_timeout_ms),
+            lock_timeout_ms=read("DB_LOCK_TIMEOUT_MS", d.lock_timeout_ms),
+            idle_in_transaction_timeout_ms=read(
+                "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", d.idle_in_transaction_timeout_ms
+            ),
+        )
+
+    def statement(self) -> str:
+        # Integers only (validated above), so formatting them into SET is safe.
+        return (
+            f"SET statement_timeout = {int(self.statement_timeout_ms)}; "
+            f"SET lock_timeout = {int(self.lock_timeout_ms)}; "
+            f"SET idle_in_transaction_session_timeout = "
+            f"{int(self.idle_in_transaction_timeout_ms)}"
+        )
+
+
+class NestedCheckout(PermanentError):
+    """A thread asked the pool for a second connection while it already holds one.
+
+    That is hold-and-wait: with N threads and a pool of N, every thread can hold one and wait
+    for another, and nobody ever gets one (this is how concurrent admissions in one local
+    functions-framework process once stalled for the 30 s checkout timeout). The pool refuses
+    it at once, in every environment, so the bug shows in the first test that reaches it
+    instead of as a rare stall under load. Work that must outlive a transaction's rollback
+    runs after it, on the same connection, or in the same transaction."""
 
 
 def translate(exc: BaseException) -> OnceflowError:
@@ -231,18 +295,43 @@ class RoundTrips:
 class Database:
     """A bounded pool of pg8000 connections (LIFO, so warm connections are reused)."""
 
-    def __init__(self, connect: Callable[[], Connection], pool_size: int = DEFAULT_POOL_SIZE):
+    def __init__(
+        self,
+        connect: Callable[[], Connection],
+        pool_size: int = DEFAULT_POOL_SIZE,
+        *,
+        limits: SessionLimits | None = None,
+    ):
+        if pool_size < 1:
+            raise PermanentError(f"a database pool needs at least 1 connection, not {pool_size}")
         self._connect = connect
         self._idle: queue.LifoQueue[_Session] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(pool_size)
         self.pool_size = pool_size
+        self.limits = limits or SessionLimits.from_env()
         self.round_trips = RoundTrips()
         # Bumped when a prepared statement went stale; older sessions are discarded.
         self._generation = 0
+        # Which threads hold a connection of this pool right now (see NestedCheckout).
+        self._holding = threading.local()
 
     def _checkout(self) -> _Session:
-        if not self._slots.acquire(timeout=30):
+        if getattr(self._holding, "held", False):
+            raise NestedCheckout(
+                "this thread already holds a connection from this pool; taking a second one "
+                "is hold-and-wait and can deadlock the pool under concurrency"
+            )
+        if not self._slots.acquire(timeout=CHECKOUT_TIMEOUT_SECONDS):
             raise TransientError("no database connection free in this instance's pool")
+        self._holding.held = True
+        try:
+            return self._take_session()
+        except BaseException:
+            self._holding.held = False
+            self._slots.release()
+            raise
+
+    def _take_session(self) -> _Session:
         while True:
             try:
                 session = self._idle.get_nowait()
@@ -251,17 +340,21 @@ class Database:
             if session.generation == self._generation:
                 return session
             _close_quietly(session.conn)  # its prepared statements may be stale
+        conn = None
         try:
             conn = self._connect()
             conn.autocommit = True  # transactions are opened explicitly by `transaction()`
+            conn.execute_simple(self.limits.statement())
             return _Session(conn, self._generation)
         except BaseException as exc:
-            self._slots.release()
+            if conn is not None:
+                _close_quietly(conn)
             raise translate(exc) from exc
 
     def _checkin(self, session: _Session | None) -> None:
         if session is not None:
             self._idle.put(session)
+        self._holding.held = False
         self._slots.release()
 
     @contextmanager

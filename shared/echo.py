@@ -21,11 +21,27 @@ Decisions:
   admissions contend on. The price: within the TTL, a person setting the field back to the
   exact value onceflow wrote (after changing it to something else in between) is taken for an
   echo. The TTL is short (crm.update's default is 10 minutes) to keep that window small.
-- A marker is alive for an event when it had not expired at the event's `occurred_at` (the
-  provider's time of the change), so a backlog at admission doesn't let an echo through; the
-  sweep's `expire_echo_markers` keeps expired markers for a grace period for the same reason.
+- A marker can explain a change only if the change happened after onceflow's write was sent
+  (`sent_at`, give or take `ECHO_CLOCK_SKEW_SECONDS` between the provider's clock and the
+  database's) and before the marker expired, both judged at the event's `occurred_at` (the
+  provider's time of the change). So a rep who set `lifecyclestage=customer` a minute before a
+  workflow wrote the same value keeps their trigger, and a backlog at admission doesn't let an
+  echo through. One SQL definition (`echo_markers_alive`, migration 0101) serves admission's
+  context statement and `check_echo`.
+- Expired markers are deleted only after `EXPIRY_GRACE_SECONDS`, by the sweep calling
+  `expire_echo_markers` here (the one expiry statement): an event that occurred while its
+  marker was alive but is admitted late (Pub/Sub backoff, a publisher backlog, the sweep's
+  re-publish) is still recognised. Invariant 17: the grace must outlast the longest time an
+  event can take from occurrence to admission; the sweep gives an undecided event up as
+  undelivered well within it (see shared/steps/sweep.py).
+- `crm.create` records markers for the properties it set once the response names the record
+  (HubSpot sends a propertyChange per property set at creation). Their `sent_at` is the step's
+  at-most-once mark, set just before the request left. The webhook can in principle be
+  admitted in the milliseconds between the response and the marker's commit; the path from
+  webhook to admission (inbox, drain, outbox, Pub/Sub) takes far longer, and this is said in
+  the README.
 - An event with no changed fields (a creation, a deletion) is never an echo: a marker
-  describes field values, and `crm.create` can't record one before it knows the new id.
+  describes field values.
 """
 
 from __future__ import annotations
@@ -48,6 +64,9 @@ DEFAULT_TTL_SECONDS = 600
 # Expired markers stay this long, so an event that occurred while its marker was alive but is
 # admitted late (a publish backlog, a redelivery) is still recognised.
 EXPIRY_GRACE_SECONDS = 3600
+# How far the provider's clock (occurredAt) may run behind the database's (sent_at) and still
+# match: a change stamped up to this long before our write was sent is taken for its echo.
+ECHO_CLOCK_SKEW_SECONDS = 5
 EXPIRE_BATCH = 5000
 
 
@@ -79,11 +98,14 @@ def record_echo_marker(
     fields: Mapping[str, Any],
     step_id: str | None,
     ttl_seconds: int = DEFAULT_TTL_SECONDS,
+    since_side_effect_mark: bool = False,
 ) -> int:
-    """Record that onceflow is about to write `fields` on one record; the markers written.
+    """Record that onceflow writes `fields` on one record; the markers written.
 
-    Call it in a transaction that commits BEFORE the write's request leaves. `object_type` is
-    the singular onceflow type (`contact`)."""
+    An update calls it in a transaction that commits BEFORE the write's request leaves (sent
+    now). A create calls it once the response names the record, with
+    `since_side_effect_mark=True`: sent when the step's at-most-once mark was set, just before
+    the request left. `object_type` is the singular onceflow type (`contact`)."""
     if not fields:
         return 0
     if ttl_seconds <= 0:
@@ -98,6 +120,7 @@ def record_echo_marker(
         value_hashes=[value_hash(fields[name]) for name in names],
         step_id=step_id,
         ttl_seconds=ttl_seconds,
+        since_side_effect_mark=since_side_effect_mark,
     )
 
 
@@ -133,6 +156,7 @@ def check_echo(
         object_id=object_id,
         fields=list(changed_fields),
         occurred_at=occurred_at,
+        skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
     )
     return is_echo(changed_fields, [(r["field"], r["value_hash"]) for r in rows])
 

@@ -40,6 +40,8 @@ INSERT = SQL["outbox_insert"]
 CLAIM = SQL["outbox_claim"]
 MARK_PUBLISHED = SQL["outbox_mark_published"]
 RELEASE_HOLD = SQL["outbox_release_hold"]
+REQUEUE_UNDECIDED = SQL["outbox_requeue_undecided"]
+REQUEUE_UNDELIVERED = SQL["outbox_requeue_undelivered"]
 
 PAYLOAD_LIMIT_BYTES = 64 * 1024
 EVENT_TYPE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
@@ -230,3 +232,41 @@ def publish_outbox(
             break
         time.sleep(max(0.0, min(policy.idle_poll_seconds, deadline - clock())))
     return report
+
+
+# --- events that never reached a decision ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requeued:
+    requeued: tuple[int, ...]
+    given_up: tuple[int, ...]
+
+
+def requeue_undecided(
+    db: Database, *, after_seconds: float, max_redeliveries: int, batch: int
+) -> Requeued:
+    """Put published events that admission never decided back into the outbox, or give them
+    up as undelivered at the cap (see `outbox_requeue_undecided`). Idempotent and bounded."""
+    with db.transaction() as tx:
+        rows = tx.all(
+            REQUEUE_UNDECIDED,
+            after_seconds=float(after_seconds),
+            max_redeliveries=max_redeliveries,
+            batch=batch,
+        )
+    given_up = tuple(int(r["id"]) for r in rows if r["given_up"])
+    for event_id in given_up:
+        log.error(
+            "trigger event undelivered",
+            extra={"labels": {"event": "trigger_event_undelivered", "event_id": str(event_id)}},
+        )
+    return Requeued(
+        requeued=tuple(int(r["id"]) for r in rows if not r["given_up"]), given_up=given_up
+    )
+
+
+def requeue_event(tx: Tx, *, event_id: int, tenant_id: str | None) -> bool:
+    """Ops: back into the outbox with a fresh redelivery budget; False when there is no such
+    undecided event (for the tenant, when one is given)."""
+    return tx.one(REQUEUE_UNDELIVERED, event_id=event_id, tenant_id=tenant_id) is not None

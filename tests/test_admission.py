@@ -1,5 +1,5 @@
 """Admission on real Postgres: each of the seven refusal reasons, the run and its first step,
-redeliveries, a refusal that survives the admission's rollback, the partial-unique-index
+redeliveries, refusals that commit with their claims, the partial-unique-index
 backstop, poisoned messages and the round trips per event."""
 
 from __future__ import annotations
@@ -261,7 +261,12 @@ def test_redelivery_changes_nothing_and_resumes_dispatch(db: Database, conn: str
     assert again.ids == first.ids and len(first.ids) == 1
 
 
-def test_refusal_survives_a_failed_admission_transaction(db: Database, conn: str) -> None:
+def test_a_failed_admission_transaction_decides_nothing_and_the_redelivery_decides_all(
+    db: Database, conn: str
+) -> None:
+    """Refusals commit with their delivery claims and the event's decided_at, or not at all:
+    after a failure no pairing is half-decided (a claim without its explanation, or a refusal
+    that a later decision contradicts), and the redelivery decides every pairing once."""
     once = bind_workflow(db, "once")
     ruled = bind_workflow(db, "ruled", rule="false")
     admit_event(db, emit_event(db, connection_id=conn), publish=Published())
@@ -273,33 +278,100 @@ def test_refusal_survives_a_failed_admission_transaction(db: Database, conn: str
     with pytest.raises(PermanentError, match="injected"):
         admit_event(db, event_id, publish=Published(), seams=AdmissionSeams(before_commit=crash))
     # (shared.db reports any failure inside a transaction as a onceflow error.)
-    # The decisions were rolled back (no claims), the refusals were not.
     assert count(db, "SELECT count(*) FROM delivery_claims WHERE event_id = :e", e=event_id) == 0
-    reasons = {r["workflow_id"]: r["reason"] for r in refusals(db) if r["event_id"] == event_id}
-    assert reasons == {once: "duplicate", ruled: "rule_not_matched"}
-    # The redelivery decides the same and doesn't duplicate them.
+    assert count(db, "SELECT count(*) FROM admission_refusals WHERE event_id = :e", e=event_id) == 0
+    assert count(
+        db, "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NULL",
+        e=event_id,
+    ) == 1
     admit_event(db, event_id, publish=Published())
     assert count(db, "SELECT count(*) FROM delivery_claims WHERE event_id = :e", e=event_id) == 2
-    assert count(db, "SELECT count(*) FROM admission_refusals WHERE event_id = :e", e=event_id) == 2
+    reasons = {r["workflow_id"]: r["reason"] for r in refusals(db) if r["event_id"] == event_id}
+    assert reasons == {once: "duplicate", ruled: "rule_not_matched"}
+    assert count(
+        db, "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NOT NULL",
+        e=event_id,
+    ) == 1
 
 
-def test_a_refusal_left_by_a_failed_attempt_gives_way_to_a_later_admission(
-    db: Database, conn: str
-) -> None:
-    wf = bind_workflow(db, "nwr", dedup="not_while_running")
-    first = admit_event(db, emit_event(db, connection_id=conn), publish=Published())
+def test_a_stale_refusal_gives_way_to_the_decision_made_now(db: Database, conn: str) -> None:
+    """A refusal row without a claim (left by an earlier release, which wrote refusals on a
+    second connection before a transaction that then rolled back) never outlives the real
+    decision: a run replaces it, and a different refusal reason overwrites it."""
+    admitted = bind_workflow(db, "nwr", dedup="not_while_running")
+    ruled = bind_workflow(db, "ruled", rule="false")
     event_id = emit_event(db, connection_id=conn)
+    with db.transaction() as tx:
+        for wf in (admitted, ruled):
+            tx.execute(
+                "INSERT INTO admission_refusals (tenant_id, event_id, workflow_id, reason,"
+                " detail) VALUES ('acme', :e, :w, 'already_running', 'stale')",
+                e=event_id,
+                w=wf,
+            )
+    result = admit_event(db, event_id, publish=Published())
+    assert result.outcome_for(admitted).outcome == "admitted"
+    assert refusals(db, admitted) == []
+    assert only_refusal(db, ruled)["reason"] == "rule_not_matched"
 
-    def crash() -> None:
-        raise RuntimeError("injected")
 
-    with pytest.raises(PermanentError, match="injected"):
-        admit_event(db, event_id, publish=Published(), seams=AdmissionSeams(before_commit=crash))
-    assert only_refusal(db, wf)["reason"] == "already_running"
-    finish_run(db, str(first.outcomes[0].run_id))
-    # Redelivered after the first run finished: admitted, and the pairing has a run, not both.
-    assert admit_event(db, event_id, publish=Published()).outcomes[0].outcome == "admitted"
-    assert refusals(db, wf) == []
+def test_an_event_with_nothing_bound_is_decided(db: Database, conn: str) -> None:
+    event_id = emit_event(db, connection_id=conn)
+    assert admit_event(db, event_id, publish=Published()).outcomes == ()
+    assert count(
+        db, "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NOT NULL",
+        e=event_id,
+    ) == 1
+
+
+def test_admission_needs_one_pooled_connection_even_with_refusals(
+    db: Database, conn: str, database_url: str
+) -> None:
+    """A pool of one (allowed by infra/) admits and refuses: the first release took a second
+    connection for the refusals and waited 30 s for it, then nacked until dead-letter. Eight
+    threads sharing a pool of two, each admitting an event with refusals, all finish: nobody
+    holds one connection while waiting for another."""
+    from shared.db import Database as Pool
+    from shared.db import connector_from_env
+
+    bind_workflow(db, "refuses", rule="false")
+    bind_workflow(db, "runs", dedup="every_time")
+    single = Pool(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
+    try:
+        started = time.monotonic()
+        result = admit_event(single, emit_event(db, connection_id=conn), publish=Published())
+        assert len(result.refused) == 1 and len(result.admitted) == 1
+        assert time.monotonic() - started < 5
+    finally:
+        single.close()
+
+    shared_pool = Pool(connector_from_env({"DATABASE_URL": database_url}), pool_size=2)
+    events = [emit_event(db, connection_id=conn) for _ in range(8)]
+    barrier = threading.Barrier(len(events))
+    errors: list[BaseException] = []
+
+    def admit(event_id: int) -> None:
+        barrier.wait()
+        try:
+            admit_event(shared_pool, event_id, publish=Published())
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=admit, args=(e,)) for e in events]
+    try:
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        assert time.monotonic() - started < 20
+    finally:
+        shared_pool.close()
+    assert count(
+        db, "SELECT count(*) FROM delivery_claims WHERE event_id = ANY(CAST(:e AS bigint[]))",
+        e=events,
+    ) == 16
 
 
 def _wait_for_lock_wait(db: Database, timeout: float = 10.0) -> None:
@@ -417,9 +489,9 @@ def test_round_trips_per_event_do_not_grow_with_bindings(db: Database, conn: str
     assert len(result.admitted) == k
     # BEGIN, context (+ locks), admit (runs, claims, steps for all K), COMMIT.
     assert db.round_trips.count == 4
-    # With a refusal: + BEGIN/INSERT/COMMIT of the refusals on their own connection.
+    # With a refusal: + one INSERT of the refusals, in the same transaction.
     bind_workflow(db, "refuses", rule="false")
     second = emit_event(db, connection_id=conn)
     db.round_trips.reset()
     admit_event(db, second, publish=Published())
-    assert db.round_trips.count == 7
+    assert db.round_trips.count == 5

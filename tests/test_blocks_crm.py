@@ -181,7 +181,6 @@ def test_missing_connection_and_missing_token_fail_clearly(
 def test_update_records_an_echo_marker_before_the_call(
     db: Database, fake: FakeCrm, connection_id: str
 ) -> None:
-    pytest.importorskip("shared.echo", reason="shared/echo.py (admission) not written yet")
     made = StepRunner(db, "crm.create", connection_id=connection_id).run(
         crm.CREATE, {"object_type": "contacts", "properties": {"email": "e@x.io"}}
     )
@@ -197,7 +196,8 @@ def test_update_records_an_echo_marker_before_the_call(
     with db.transaction() as tx:
         marker = tx.one(
             "SELECT object_type, object_id, field, step_id::text AS step_id, "
-            "expires_at > now() AS live FROM echo_markers"
+            "expires_at > now() AS live FROM echo_markers WHERE step_id = :s",
+            s=step.step_id,
         )
     assert marker == {
         "object_type": "contact",

@@ -117,3 +117,50 @@ def test_crm_update_echo_is_refused_and_a_person_change_is_admitted(
     result = admission.admit_event(db, events[1], publish=lambda ids: None)
     assert [o.reason for o in result.outcomes] == [None]
     assert result.outcomes[0].run_id is not None
+
+
+def test_crm_create_records_markers_so_its_own_property_changes_are_refused(
+    db: Database, fake: FakeCrm, webhook_url: str
+) -> None:
+    """HubSpot sends a propertyChange for every property set at creation. Without markers a
+    workflow that creates a contact with a watched property triggers every workflow bound to
+    that property, itself included (the first release recorded none for crm.create)."""
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    source = {
+        "name": "on-lifecycle",
+        "tenant": "acme",
+        "trigger": {"events": ["hubspot.contact.property_changed"], "watch": ["lifecyclestage"]},
+        "steps": [{"id": "start", "type": "end"}],
+    }
+    with db.transaction() as tx:
+        published = versions.publish(tx, json.dumps(source), tenant_id="acme")
+        versions.activate(
+            tx,
+            tenant_id="acme",
+            workflow_id=published.workflow_id,
+            version_id=published.version_id,
+        )
+    fake.config.webhook_url = f"{webhook_url}/hubspot/{connection_id}"
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    created = step.run(
+        crm.CREATE,
+        {"object_type": "contacts", "properties": {"email": "x@y.io", "lifecyclestage": "lead"}},
+    )
+    assert fake.webhooks.wait_idle()
+    events = _events(db)
+    assert events, "the fake sent no propertyChange for the create"
+    reasons = [
+        o.reason
+        for e in events
+        for o in admission.admit_event(db, e, publish=lambda ids: None).outcomes
+    ]
+    assert reasons and set(reasons) == {"echo_suppressed"}, reasons
+    with db.transaction() as tx:
+        marker = tx.one(
+            "SELECT m.object_id, m.sent_at, s.side_effect_started_at FROM echo_markers m"
+            " JOIN workflow_steps s ON s.id = m.step_id WHERE m.field = 'lifecyclestage'"
+        )
+    assert marker is not None and marker["object_id"] == created.output["id"]
+    # Sent when the at-most-once mark was set, before the request left, not after it returned.
+    assert marker["sent_at"] == marker["side_effect_started_at"]

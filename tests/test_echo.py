@@ -93,3 +93,40 @@ def test_markers_match_while_alive_at_the_change_and_the_sweep_expires_them(
         )
     with db.transaction() as tx:
         assert expire_echo_markers(tx) == 0
+
+
+def test_a_change_made_before_onceflows_write_was_sent_is_not_its_echo(db: Database) -> None:
+    """A rep sets lifecyclestage=customer; a minute later a workflow writes the same value.
+    The rep's change happened before the write was sent, so no marker may explain it (the
+    first release matched on expiry alone and refused the rep's change as an echo). Within
+    the documented clock skew the marker still matches."""
+    from shared.echo import ECHO_CLOCK_SKEW_SECONDS
+
+    make_tenant(db)
+    conn = make_connection(db)
+    with db.transaction() as tx:
+        record_echo_marker(
+            tx,
+            connection_id=conn,
+            object_type="contact",
+            object_id="7",
+            fields={"lifecyclestage": "customer"},
+            step_id=None,
+        )
+        sent_at = tx.scalar("SELECT sent_at FROM echo_markers")
+
+    def check(at: datetime) -> bool:
+        with db.transaction() as tx:
+            return check_echo(
+                tx,
+                connection_id=conn,
+                object_type="contact",
+                object_id="7",
+                changed_fields={"lifecyclestage": "customer"},
+                occurred_at=at,
+            )
+
+    assert not check(sent_at - timedelta(minutes=1))
+    assert not check(sent_at - timedelta(seconds=ECHO_CLOCK_SKEW_SECONDS + 1))
+    assert check(sent_at - timedelta(seconds=ECHO_CLOCK_SKEW_SECONDS - 1))
+    assert check(sent_at + timedelta(seconds=2))

@@ -105,6 +105,19 @@ def test_same_source_event_id_on_a_connection_is_one_event(db: Database) -> None
     assert first is not None and other is not None and again is None
 
 
+def test_an_applications_emit_without_a_connection_is_deduplicated_too(db: Database) -> None:
+    """emit() by the embedding application names no connection; its source key must still
+    make a second emit of the same occurrence a no-op (NULL connection ids were distinct in
+    the first release's unique index), within the tenant only."""
+    make_tenant(db)
+    make_tenant(db, "globex")
+    with db.transaction() as tx:
+        first = emit(tx, event(source_event_id="invoice-7"))
+        again = emit(tx, event(source_event_id="invoice-7"))
+        other_tenant = emit(tx, event(tenant_id="globex", source_event_id="invoice-7"))
+    assert first is not None and again is None and other_tenant is not None
+
+
 def emit_many(db: Database, n: int) -> list[int]:
     make_tenant(db)
     with db.transaction() as tx:

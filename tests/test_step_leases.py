@@ -29,7 +29,7 @@ from tests.steps_blocks import Recorder, block_lookup, spec
 from tests.steps_support import chain, definition, publish_version, start_run, steps_of
 
 LEASE = LeaseConfig(lease_seconds=60, heartbeat_seconds=30)
-SWEEP = SweepConfig(batch=50, redispatch_after_seconds=120, max_lease_attempts=5)
+SWEEP = SweepConfig(batch=50, redispatch_after_seconds=120)
 
 
 def leases_of(db: Database, step_id: str) -> list[dict[str, Any]]:
@@ -133,14 +133,26 @@ def test_a_lease_reclaimed_by_the_sweep_shows_reclaimed(db: Database) -> None:
     assert row["ended_at"] is not None and row["error"] is None
 
 
-def test_a_reclaim_that_fails_the_step_records_why(db: Database) -> None:
+def test_a_step_whose_process_keeps_dying_gets_its_blocks_attempts_and_no_more(
+    db: Database,
+) -> None:
+    """One number: the block's max_attempts (3 for an action block, as its retry policy says)
+    caps lost leases too. The first release gave crashes their own cap of 5."""
+    from shared.blocks.base import RetryPolicy
+
+    budget = RetryPolicy().max_attempts
     version = publish_version(db, definition(chain(1, "test.noop")))
     run_id, (step_id,) = start_run(db, version)
-    assert claim_step(db, step_id, LEASE) is not None
-    expire_lease(db, step_id)
-    last_try = SweepConfig(batch=50, redispatch_after_seconds=120, max_lease_attempts=1)
-    assert run_sweep(db, 0, config=last_try, dispatch=lambda _: None, duties=[]).reclaimed_failed
-    (row,) = leases_of(db, step_id)
+    for attempt in range(1, budget + 1):
+        claimed = claim_step(db, step_id, LEASE)
+        assert claimed is not None and claimed.attempt == attempt
+        expire_lease(db, step_id)
+        report = run_sweep(db, 0, config=SWEEP, dispatch=lambda _: None, duties=[])
+        assert (report.reclaimed, report.reclaimed_failed) == (
+            (0, 1) if attempt == budget else (1, 0)
+        )
+    assert claim_step(db, step_id, LEASE) is None
+    row = leases_of(db, step_id)[-1]
     assert (row["end_kind"], row["end_status"], row["outcome_code"], row["error_class"]) == (
         "reclaimed",
         "failed",

@@ -372,6 +372,59 @@ def test_delay_parks_then_succeeds_once_served(db: Database) -> None:
     assert run_row(db, run_id)["status"] == "succeeded"
 
 
+def test_a_woken_delay_is_served_even_when_the_executors_clock_runs_behind(
+    db: Database,
+) -> None:
+    """The sweep woke the step by the database's clock; an executor whose wall clock is an
+    hour behind must not read the wait as unserved and park it for another 30 minutes."""
+    rec = Recorder()
+    lookup = block_lookup(rec)
+    version = publish_version(
+        db,
+        definition(
+            [
+                {"id": "wait", "type": "delay", "config": {"minutes": 30}, "next": "after"},
+                {"id": "after", "type": "test.noop"},
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    q = Queue()
+    q(first)
+    q.drain(db, lookup)
+    make_past(db, run_id)
+    assert run_sweep(db, 0, duties=[], dispatch=q).woken == 1
+    behind = datetime.now(UTC) - timedelta(hours=1)
+    advanced = advance_step(db, q.ids.pop(0), lookup=lookup, dispatch=q, config=LEASE,
+                            now=lambda: behind)
+    assert advanced.status == "succeeded"
+    assert steps_of(db, run_id)["wait"]["status"] == "succeeded"
+
+
+def test_a_graph_that_cannot_load_after_the_claim_fails_the_step_at_once(db: Database) -> None:
+    """The first release let the load error escape after the claim: the step stayed
+    `running` until its lease expired, then was retried into the same error."""
+    from shared.steps import advance
+
+    rec = Recorder()
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    run_id, first = start_run(db, version)
+    with db.transaction() as tx:
+        tx.execute("ALTER TABLE workflow_versions DISABLE TRIGGER USER")
+        tx.execute(
+            "UPDATE workflow_versions SET definition = CAST('{\"steps\": 1}' AS jsonb)"
+            " WHERE id = :v",
+            v=version,
+        )
+    advance._graphs.pop(version, None)
+    done = advance_step(db, first[0], lookup=block_lookup(rec), dispatch=Queue(), config=LEASE)
+    assert (done.status, done.outcome_code) == ("failed", "GRAPH_UNREADABLE")
+    row = steps_of(db, run_id)["s0"]
+    assert row["status"] == "failed" and "cannot be loaded" in row["error"]
+    assert run_row(db, run_id)["status"] == "failed"
+    assert rec.calls == []
+
+
 def test_branch_records_its_choice_and_takes_only_that_edge(db: Database) -> None:
     rec = Recorder()
     lookup = block_lookup(rec)

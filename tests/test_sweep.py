@@ -15,7 +15,7 @@ from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import chain, definition, publish_version, run_row, start_run, steps_of
 
 LEASE = LeaseConfig(lease_seconds=60, heartbeat_seconds=30)
-CFG = SweepConfig(batch=50, redispatch_after_seconds=120, max_lease_attempts=5, poll_seconds=0.05)
+CFG = SweepConfig(batch=50, redispatch_after_seconds=120, poll_seconds=0.05)
 
 
 class Sent:
@@ -243,13 +243,16 @@ def test_sweep_loops_within_its_budget(db: Database) -> None:
     assert report.passes >= 2 and slept and all(s == 1 for s in slept)
 
 
-def test_default_duties_expire_echo_markers(db: Database) -> None:
+def test_the_sweeps_echo_duty_keeps_markers_for_their_grace(db: Database) -> None:
+    """The duty the sweep runs is shared.echo's expiry, grace included: a marker expired half
+    an hour ago can still explain a late-admitted echo and must survive the sweep (the first
+    release's sweep ran a second query without the grace and deleted it)."""
     from shared.steps.sweep import expire_echo_markers
 
     seed_tenant(db, "acme")
     conn = seed_connection(db, "acme")
     with db.transaction() as tx:
-        for ago in ("1 hour", "-1 hour"):
+        for ago in ("2 hours", "30 minutes", "-1 hour"):
             tx.execute(
                 "INSERT INTO echo_markers (connection_id, object_type, object_id, field,"
                 " value_hash, expires_at) VALUES (:c, 'contact', '1', 'f', '\\x00',"
@@ -259,7 +262,7 @@ def test_default_duties_expire_echo_markers(db: Database) -> None:
             )
     assert expire_echo_markers(db) == {"expired": 1}
     with db.transaction() as tx:
-        assert tx.scalar("SELECT count(*) FROM echo_markers") == 1
+        assert tx.scalar("SELECT count(*) FROM echo_markers") == 2
 
 
 def test_default_duties_delete_ended_throttle_windows(db: Database) -> None:

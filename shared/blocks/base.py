@@ -115,6 +115,17 @@ class BlockSpec:
     creates: bool = False
     description: str = ""
 
+    @property
+    def max_attempts(self) -> int:
+        """How many times a step of this block may be claimed, whatever ended each attempt: a
+        retryable failure, or a lease that expired because its process died (the sweep counts
+        the same number). An action block's is its retry policy's. A flow block never retries
+        a failure (it is deterministic: the same input fails the same way), but it is pure, so
+        an attempt lost with its process may run again, up to the default policy's number."""
+        if self.kind == "flow":
+            return RetryPolicy().max_attempts
+        return self.retry.max_attempts
+
 
 def dry_run_result(block_type: str, stand_in: Mapping[str, Any], **would_send: Any) -> BlockResult:
     """What a side-effecting block answers in a rehearsal: the request it would have sent, plus

@@ -10,6 +10,8 @@ Order of work in a writing block, and why:
    earlier attempt may have created the record: fail `OUTCOME_UNKNOWN`, never call again.
    crm.update: commit an echo marker first, so the webhook the write causes is refused.
 6. call the port; classify its `PortError` into a `BlockFailure`.
+7. crm.create: record echo markers for the properties it set, now that the record has an id
+   (the provider sends a propertyChange for each; see shared/echo.py for the timing).
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from shared.blocks.base import (
 )
 from shared.credits import charge_block
 from shared.db import get_database
+from shared.logs import get_logger
 from shared.port import connect
 from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
 from shared.port.interface import CrmPort, PortError, Record, SearchFilter
 
 Scalar = str | int | float | bool | None
 ECHO_TTL_SECONDS = 600
+log = get_logger(__name__)
 ACTION_RETRY = RetryPolicy()
 
 # Same code as shared.steps.outcomes.OUTCOME_UNKNOWN: the step engine's word for "a side effect
@@ -140,8 +144,10 @@ def _connect(
     runs in a rehearsal, uncharged; a write has stopped at its dry run before this)."""
     connection_id = _connection_id(ctx, config)
     port = _port(connection_id)
-    throttle.claim_or_park(connection_id)
     if not ctx.dry_run:
+        # A rehearsal's read claims no slot of the live window (invariant 13: rehearsals
+        # never touch live state); its reads are few and the provider's own 429 bounds them.
+        throttle.claim_or_park(connection_id)
         charge_block(ctx, block_type, price)
     return connection_id, port
 
@@ -158,7 +164,7 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
         return dry_run_result(
             "crm.create", _output(stand_in), object_type=object_type, properties=config.properties
         )
-    _, port = _connect(ctx, config, "crm.create", CREATE_PRICE)
+    connection_id, port = _connect(ctx, config, "crm.create", CREATE_PRICE)
     if not ctx.mark_side_effect_started():
         raise BlockFailure(
             "an earlier attempt may already have created this record (its response was never "
@@ -187,7 +193,32 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
             error_class="permanent",
             outcome_code=OUTCOME_UNKNOWN,
         ) from exc
+    _record_create_echo(ctx, config, connection_id, record)
     return BlockResult(output=_output(record))
+
+
+def _record_create_echo(
+    ctx: BlockContext, config: CreateConfig, connection_id: str, record: Record
+) -> None:
+    """Markers for the created record's properties, sent when the at-most-once mark was set.
+    A failure here must not turn a create that happened into a failed step (a retry would
+    find the mark and fail OUTCOME_UNKNOWN for a record that exists): it is logged, and the
+    worst case is one echo admitted as a trigger."""
+    try:
+        get_database().run(
+            lambda tx: echo.record_echo_marker(
+                tx,
+                connection_id=connection_id,
+                object_type=singular_object_type(record.object_type),
+                object_id=record.id,
+                fields=dict(config.properties),
+                step_id=ctx.step_id,
+                ttl_seconds=ECHO_TTL_SECONDS,
+                since_side_effect_mark=True,
+            )
+        )
+    except Exception:
+        log.warning("crm.create: echo markers for record %s not recorded", record.id, exc_info=True)
 
 
 # --- crm.update ---------------------------------------------------------------------------------

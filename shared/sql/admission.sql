@@ -30,11 +30,13 @@ WITH ev AS (
            c.status AS connection_status,
            (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
                             '[]'::jsonb)
-              FROM echo_markers m
-             WHERE e.connection_id IS NOT NULL AND e.record_object_id IS NOT NULL
-               AND m.connection_id = e.connection_id AND m.object_type = e.record_object_type
-               AND m.object_id = e.record_object_id AND m.expires_at > e.occurred_at
-               AND m.field IN (SELECT jsonb_object_keys(e.changed_fields))) AS echo_markers
+              FROM echo_markers_alive(
+                       e.connection_id, e.record_object_type, e.record_object_id,
+                       ARRAY(SELECT jsonb_object_keys(e.changed_fields)), e.occurred_at,
+                       CAST(:echo_skew_seconds AS double precision)) m
+             WHERE e.connection_id IS NOT NULL AND e.record_object_id IS NOT NULL)
+               AS echo_markers,
+           e.decided_at
     FROM workflow_trigger_events e
     JOIN tenants t ON t.id = e.tenant_id
     LEFT JOIN connections c ON c.id = e.connection_id
@@ -167,6 +169,12 @@ WITH input AS (
            'onceflow:' || CAST(d.run_id AS text) || ':' || d.entry_node, now()
     FROM decided d WHERE d.outcome = 'admitted'
     RETURNING id, run_id
+), decided_stamp AS (
+    -- Every bound workflow is decided when this transaction commits (the sweep re-publishes a
+    -- published event that never gets here: shared/steps/sweep.py).
+    UPDATE workflow_trigger_events SET decided_at = now()
+    WHERE id = :event_id AND decided_at IS NULL
+    RETURNING id
 ), stale_refusals AS (
     -- A refusal written by an earlier attempt whose transaction then failed (already_running
     -- then; the run has finished since): the pairing now has a run, not a refusal.
@@ -189,15 +197,26 @@ WHERE run_id = ANY(CAST(:run_ids AS uuid[])) AND status = 'pending'
 ORDER BY created_at, step_key
 
 -- name: admission_refusals_insert
--- Outside the admission transaction, on another connection, before that transaction commits:
--- a refusal survives the admission's rollback, and a redelivery doesn't duplicate it.
+-- In the admission transaction, on its one connection: a refusal commits together with its
+-- delivery claim, so a claimed pairing always has its explanation and a rolled-back attempt
+-- leaves neither (the redelivery, or the sweep's re-publish, decides again). A row already
+-- there can only be a stale one from an attempt of an older release that wrote refusals on a
+-- second connection and then rolled back: the decision made now replaces it.
 INSERT INTO admission_refusals (tenant_id, event_id, workflow_id, version_id, record_key,
                                 reason, detail)
 SELECT :tenant_id, :event_id, r.workflow_id, r.version_id, r.record_key, r.reason, r.detail
 FROM unnest(CAST(:workflow_ids AS uuid[]), CAST(:version_ids AS uuid[]),
             CAST(:record_keys AS text[]), CAST(:reasons AS text[]), CAST(:details AS text[]))
      AS r (workflow_id, version_id, record_key, reason, detail)
-ON CONFLICT (event_id, workflow_id) DO NOTHING
+ON CONFLICT (event_id, workflow_id) DO UPDATE
+   SET version_id = EXCLUDED.version_id, record_key = EXCLUDED.record_key,
+       reason = EXCLUDED.reason, detail = EXCLUDED.detail, created_at = now()
+
+-- name: admission_mark_decided
+-- An event with nothing left to decide (no workflow bound to it): admission ran, so it is
+-- decided. Zero rows: already stamped.
+UPDATE workflow_trigger_events SET decided_at = now()
+WHERE id = :event_id AND decided_at IS NULL
 
 -- name: admission_poisoned_insert
 INSERT INTO poisoned_messages (source, message_id, data, reason)

@@ -2,23 +2,32 @@
 -- refused at admission (`echo_suppressed`) instead of starting a workflow again.
 
 -- name: echo_markers_insert
--- One row per written field. Committed by crm.update BEFORE its request leaves: the provider's
--- webhook for the write may arrive before the update's response does.
+-- One row per written field. crm.update commits it BEFORE its request leaves (the provider's
+-- webhook for the write may arrive before the update's response does): sent now. crm.create
+-- can only record it once the response names the new record: sent when the step's
+-- at-most-once mark was set, just before the request left (`since_side_effect_mark`).
 INSERT INTO echo_markers (connection_id, object_type, object_id, field, value_hash, step_id,
-                          expires_at)
+                          sent_at, expires_at)
 SELECT CAST(:connection_id AS uuid), :object_type, :object_id, m.field, m.value_hash,
-       CAST(:step_id AS uuid), now() + make_interval(secs => CAST(:ttl_seconds AS double precision))
-FROM unnest(CAST(:fields AS text[]), CAST(:value_hashes AS bytea[])) AS m (field, value_hash)
+       CAST(:step_id AS uuid), sent.at,
+       sent.at + make_interval(secs => CAST(:ttl_seconds AS double precision))
+FROM unnest(CAST(:fields AS text[]), CAST(:value_hashes AS bytea[])) AS m (field, value_hash),
+     LATERAL (SELECT coalesce(
+                  CASE WHEN CAST(:since_side_effect_mark AS boolean)
+                       THEN (SELECT s.side_effect_started_at FROM workflow_steps s
+                              WHERE s.id = CAST(:step_id AS uuid)) END,
+                  now()) AS at) AS sent
 
 -- name: echo_markers_for_change
--- The markers that could explain a change to `fields` of one record: alive when the change
--- happened. Expiry is judged at the change's own time, not at admission time, so a backlog
--- of trigger events doesn't turn echoes into triggers.
+-- The markers that could explain a change to `fields` of one record (echo_markers_alive,
+-- migration 0101, is the one definition admission uses too): sent before the change happened
+-- (within the clock skew) and not yet expired when it happened. Judged at the change's own
+-- time, not at admission time, so a backlog of trigger events doesn't turn echoes into
+-- triggers.
 SELECT field, value_hash
-FROM echo_markers
-WHERE connection_id = CAST(:connection_id AS uuid) AND object_type = :object_type
-  AND object_id = :object_id AND field = ANY(CAST(:fields AS text[]))
-  AND expires_at > :occurred_at
+FROM echo_markers_alive(CAST(:connection_id AS uuid), :object_type, :object_id,
+                        CAST(:fields AS text[]), CAST(:occurred_at AS timestamptz),
+                        CAST(:skew_seconds AS double precision))
 
 -- name: echo_markers_expire
 -- The sweep's cleanup, bounded so one pass never holds a long lock; the expiry index serves it.

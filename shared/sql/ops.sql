@@ -287,8 +287,10 @@ ORDER BY created_at, step_key
 
 -- name: ops_rehearsal_serve_delays
 -- A rehearsal does not sit out delays: the step is woken at once and the rehearsal's clock
--- jumps to the wake time, so the engine sees the wait as served.
-UPDATE workflow_steps SET status = 'pending', wake_at = NULL
+-- jumps to the wake time; the row says the wait is served, as the sweep's wake does.
+UPDATE workflow_steps
+SET status = 'pending', wake_at = NULL,
+    output = coalesce(output, '{}'::jsonb) || '{"delay_served": true}'::jsonb
 WHERE run_id = CAST(:run_id AS uuid) AND status = 'waiting_for_delay'
 RETURNING output
 

@@ -166,9 +166,14 @@ WITH expired AS (
 ), decided AS (
     SELECT e.id, e.lease_id,
            CASE WHEN s.side_effect_started_at IS NOT NULL THEN 'OUTCOME_UNKNOWN'
-                WHEN s.attempt >= CAST(:max_attempts AS integer) THEN 'LEASE_EXPIRED'
+                WHEN s.attempt >= coalesce(lim.max_attempts,
+                                           CAST(:default_max_attempts AS integer))
+                THEN 'LEASE_EXPIRED'
            END AS failure
     FROM expired e JOIN workflow_steps s ON s.id = e.id
+    -- The block's own attempt budget (BlockSpec.max_attempts), the same number its retries use.
+    LEFT JOIN unnest(CAST(:block_types AS text[]), CAST(:block_max_attempts AS integer[]))
+              AS lim (block_type, max_attempts) ON lim.block_type = s.block_type
 ), reclaimed AS (
     UPDATE workflow_steps s
     SET status = CASE WHEN d.failure IS NULL THEN 'pending' ELSE 'failed' END,
@@ -212,7 +217,9 @@ FROM reclaimed c
 
 -- name: steps_wake_due
 -- Parked steps whose wake time has come go back to pending, stamped as dispatched (the caller
--- publishes right after commit; a lost publish is picked up by steps_redispatch_lost).
+-- publishes right after commit; a lost publish is picked up by steps_redispatch_lost). A
+-- delay's wait is served by this very move, judged by the database's clock: the row says so
+-- (output.delay_served), so an executor whose clock runs behind never parks it again.
 WITH due AS (
     SELECT s.id
     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
@@ -222,7 +229,11 @@ WITH due AS (
     LIMIT CAST(:batch AS integer)
     FOR UPDATE OF s SKIP LOCKED
 )
-UPDATE workflow_steps s SET status = 'pending', wake_at = NULL, dispatched_at = now()
+UPDATE workflow_steps s
+SET status = 'pending', wake_at = NULL, dispatched_at = now(),
+    output = CASE WHEN s.status = 'waiting_for_delay'
+                  THEN coalesce(s.output, '{}'::jsonb) || '{"delay_served": true}'::jsonb
+                  ELSE s.output END
 FROM due
 WHERE s.id = due.id AND s.status IN ('waiting_for_delay', 'waiting_for_retry')
 RETURNING CAST(s.id AS text) AS id

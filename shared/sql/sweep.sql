@@ -15,12 +15,6 @@ SET last_finished_at = now(), last_ok = CAST(:ok AS boolean),
     last_result = CAST(:result AS jsonb), last_error = CAST(:error AS text)
 WHERE name = CAST(:name AS text)
 
--- name: echo_markers_expire
--- Bounded, so one pass never holds locks on a huge backlog; the next period takes the rest.
-DELETE FROM echo_markers
-WHERE id IN (SELECT id FROM echo_markers WHERE expires_at < now()
-             ORDER BY expires_at LIMIT CAST(:batch AS integer))
-
 -- name: step_leases_trim
 -- Lease history of runs that finished more than :days ago (the runs and their steps are kept).
 -- No lease is claimed after its run finished (the claim wants a running run; an ops retry

@@ -38,6 +38,7 @@ from shared.steps.claim import (
 from shared.steps.crashpoints import crash_point
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
+    OUTCOME_GRAPH_UNREADABLE,
     OUTCOME_UNKNOWN,
     OUTCOME_UNKNOWN_BLOCK,
     OUTCOME_UNKNOWN_NODE,
@@ -201,7 +202,17 @@ def _run_claimed(
     config: LeaseConfig,
     now: Callable[[], datetime],
 ) -> Advanced:
-    graph = load_graph(db, step.version_id)
+    try:
+        graph = load_graph(db, step.version_id)
+    except TransientError:
+        raise
+    except Exception as exc:
+        # Claimed already: leaving the step running would hold it until its lease expired and
+        # then retry what can never load. Fail it now, with the reason.
+        msg = f"the run's workflow version {step.version_id} cannot be loaded: {exc}"
+        return _finish(
+            db, step, failed(step.attempt, OUTCOME_GRAPH_UNREADABLE, msg, "permanent"), [], dispatch
+        )
     try:
         node = graph.step(step.node_id)
     except KeyError:
@@ -251,7 +262,7 @@ def _execute(
             "check the provider, then replay"
         )
         return failed(step.attempt, OUTCOME_UNKNOWN, msg, "permanent"), False
-    if served_delay(step.output, now()):
+    if served_delay(step.output):
         return (
             Settlement(
                 status=StepStatus.SUCCEEDED,

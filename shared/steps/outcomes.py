@@ -30,11 +30,15 @@ OUTCOME_TRANSIENT_ERROR = "TRANSIENT_ERROR"
 OUTCOME_CONFIG_INVALID = "CONFIG_INVALID"
 OUTCOME_UNKNOWN_BLOCK = "UNKNOWN_BLOCK_TYPE"
 OUTCOME_UNKNOWN_NODE = "UNKNOWN_NODE"
+# The run's pinned version could not be read or parsed after the step was claimed.
+OUTCOME_GRAPH_UNREADABLE = "GRAPH_UNREADABLE"
 
 # The most a provider's Retry-After may park a step: beyond this, it is a misbehaving header.
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
 MAX_ERROR_CHARS = 4000
 DELAY_UNTIL_KEY = "delay_until"
+# Set by the statement that wakes a delayed step (steps_wake_due, ops_rehearsal_serve_delays).
+DELAY_SERVED_KEY = "delay_served"
 
 _TRANSIENT_HTTP = frozenset({408, 425, 429})
 
@@ -195,12 +199,9 @@ def classify_outcome(
     return failed(attempt, code, message, error_class)
 
 
-def served_delay(output: Mapping[str, Any] | None, now: datetime) -> bool:
-    """True when a step parked by a delay was woken after its wake time: the wait is served."""
-    if not output or DELAY_UNTIL_KEY not in output:
-        return False
-    try:
-        until = datetime.fromisoformat(str(output[DELAY_UNTIL_KEY]))
-    except ValueError:
-        return False
-    return until <= now
+def served_delay(output: Mapping[str, Any] | None) -> bool:
+    """True when a step parked by a delay was woken because its wake time came: the wake
+    statement (the sweep's, or a rehearsal's) says so in the row, judged by the database's
+    clock. Never the executor's wall clock: one running behind would park the step again for
+    a whole new duration."""
+    return bool(output) and output.get(DELAY_SERVED_KEY) is True  # type: ignore[union-attr]

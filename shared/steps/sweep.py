@@ -6,10 +6,16 @@ batch answered from a small partial index:
 
 - `reclaim_expired_leases` — a running step whose lease expired (its process died): back to
   pending and dispatched, or failed `OUTCOME_UNKNOWN` when its at-most-once side effect may
-  have started, or failed `LEASE_EXPIRED` when it used up `max_lease_attempts`;
+  have started, or failed `LEASE_EXPIRED` when it used up its block's `max_attempts`;
 - `wake_due_steps` — due `waiting_for_delay` / `waiting_for_retry` rows to pending, dispatched;
 - `redispatch_lost_steps` — pending steps whose `step-ready` evidently never arrived
-  (stamped longer ago than `redispatch_after_seconds`), re-stamped so there is no storm.
+  (stamped longer ago than `redispatch_after_seconds`), re-stamped so there is no storm;
+- `requeue_undecided_events` — published trigger events that admission has not decided after
+  `redeliver_events_after_seconds` go back into the outbox and are published again (admission
+  is idempotent); after `max_event_redeliveries` an event is given up as undelivered, visibly.
+  So "every published event gets a decision, or an explanation why not" is onceflow's
+  guarantee, not the transport's (Pub/Sub may drop a push to a restarting endpoint, dead-letter
+  after its attempts, or back off for minutes).
 
 Then the registered `Duty`s, each claimed once per period across all instances through a row
 in `sweep_duties`: marker expiry, provider subscription repair (hourly), trimming the lease
@@ -41,7 +47,6 @@ WAKE_DUE = STEPS_SQL["steps_wake_due"]
 REDISPATCH_LOST = STEPS_SQL["steps_redispatch_lost"]
 DUTY_CLAIM = SWEEP_SQL["sweep_duty_claim"]
 DUTY_RECORD = SWEEP_SQL["sweep_duty_record"]
-EXPIRE_ECHO_MARKERS = SWEEP_SQL["echo_markers_expire"]
 TRIM_LEASE_HISTORY = SWEEP_SQL["step_leases_trim"]
 
 Dispatch = Callable[[Sequence[str]], None]
@@ -54,8 +59,12 @@ class SweepConfig:
     # Pub/Sub delivers in milliseconds; two minutes without a claim means the message is lost
     # (or stuck in nack backoff, where a duplicate is harmless: the claim is conditional).
     redispatch_after_seconds: float = 120.0
-    # A step whose process keeps dying is not retried forever.
-    max_lease_attempts: int = 5
+    # A published trigger event without an admission decision this long after its publish is
+    # published again; after this many re-publishes it is given up as undelivered. With the
+    # defaults every published event is decided, or explained, within about
+    # (redeliveries + 1) × after + the publisher's cadence ≈ 12 minutes.
+    redeliver_events_after_seconds: float = 120.0
+    max_event_redeliveries: int = 5
     poll_seconds: float = 2.0
     # Runs are kept for good; the per-attempt lease history of a finished run only for this long.
     lease_history_days: int = 30
@@ -69,7 +78,14 @@ class SweepConfig:
             redispatch_after_seconds=float(
                 env.get("ONCEFLOW_REDISPATCH_AFTER_SECONDS", d.redispatch_after_seconds)
             ),
-            max_lease_attempts=int(env.get("ONCEFLOW_MAX_LEASE_ATTEMPTS", d.max_lease_attempts)),
+            redeliver_events_after_seconds=float(
+                env.get(
+                    "ONCEFLOW_REDELIVER_EVENTS_AFTER_SECONDS", d.redeliver_events_after_seconds
+                )
+            ),
+            max_event_redeliveries=_positive_int(
+                env, "ONCEFLOW_MAX_EVENT_REDELIVERIES", d.max_event_redeliveries
+            ),
             poll_seconds=float(env.get("ONCEFLOW_SWEEP_POLL_SECONDS", d.poll_seconds)),
             lease_history_days=_positive_int(
                 env, "ONCEFLOW_LEASE_HISTORY_DAYS", d.lease_history_days
@@ -107,6 +123,8 @@ class SweepReport:
     woken: int = 0
     redispatched: int = 0
     publish_failures: int = 0
+    events_requeued: int = 0
+    events_undelivered: int = 0
     duties: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,6 +135,8 @@ class SweepReport:
             "woken": self.woken,
             "redispatched": self.redispatched,
             "publish_failures": self.publish_failures,
+            "events_requeued": self.events_requeued,
+            "events_undelivered": self.events_undelivered,
             "duties": self.duties,
         }
 
@@ -139,12 +159,30 @@ def _publish(dispatch: Dispatch, ids: Sequence[str], report: SweepReport) -> Non
         log.warning("sweep publish of %d steps failed; retried after threshold: %s", len(ids), exc)
 
 
+def lease_attempt_limits() -> dict[str, Any]:
+    """Per block type, how many attempts a step gets, whatever ended each one (a retryable
+    failure, or a lease that expired because its process died): the block's own
+    `max_attempts`, one number, so a step whose process keeps dying stops where the block's
+    retry policy says (the first release capped crashes at a separate 5 against a policy of 3).
+    Unknown types get the default policy's number."""
+    from shared.blocks import registry
+    from shared.blocks.base import RetryPolicy
+
+    registry.load_catalog()
+    specs = registry.all_specs()
+    return {
+        "block_types": [spec.type_name for spec in specs],
+        "block_max_attempts": [spec.max_attempts for spec in specs],
+        "default_max_attempts": RetryPolicy().max_attempts,
+    }
+
+
 def reclaim_expired_leases(
     db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
 ) -> int:
     """Reclaim one batch of expired leases; the number of rows touched."""
     with db.transaction() as tx:
-        rows = tx.all(RECLAIM_EXPIRED, batch=config.batch, max_attempts=config.max_lease_attempts)
+        rows = tx.all(RECLAIM_EXPIRED, batch=config.batch, **lease_attempt_limits())
     pending = [r["id"] for r in rows if r["status"] == "pending"]
     for r in rows:
         if r["status"] == "failed":
@@ -186,7 +224,30 @@ def redispatch_lost_steps(
     return len(ids)
 
 
-CORE_JOBS = (reclaim_expired_leases, wake_due_steps, redispatch_lost_steps)
+def requeue_undecided_events(
+    db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
+) -> int:
+    """Undecided published events back into the outbox (the publisher sends them), or given
+    up at the cap; the number of rows touched. `dispatch` is for steps and not used here."""
+    from shared.outbox import requeue_undecided
+
+    done = requeue_undecided(
+        db,
+        after_seconds=config.redeliver_events_after_seconds,
+        max_redeliveries=config.max_event_redeliveries,
+        batch=config.batch,
+    )
+    report.events_requeued += len(done.requeued)
+    report.events_undelivered += len(done.given_up)
+    return len(done.requeued) + len(done.given_up)
+
+
+CORE_JOBS = (
+    reclaim_expired_leases,
+    wake_due_steps,
+    redispatch_lost_steps,
+    requeue_undecided_events,
+)
 
 
 def run_duty(db: Database, duty: Duty) -> Any:
@@ -212,9 +273,12 @@ def run_duty(db: Database, duty: Duty) -> Any:
     return result if ok else {"error": error}
 
 
-def expire_echo_markers(db: Database, batch: int = 5000) -> dict[str, int]:
+def expire_echo_markers(db: Database) -> dict[str, int]:
+    """Markers expired for longer than their grace (shared/echo.py owns the rule)."""
+    from shared import echo
+
     with db.transaction() as tx:
-        return {"expired": tx.execute(EXPIRE_ECHO_MARKERS, batch=batch)}
+        return {"expired": echo.expire_echo_markers(tx)}
 
 
 def reconcile_subscriptions(db: Database) -> dict[str, int]:

@@ -155,7 +155,6 @@ class CrashHarness:
         self.sweep_config = SweepConfig(
             batch=100,
             redispatch_after_seconds=redispatch_after_seconds,
-            max_lease_attempts=5,
             poll_seconds=0.0,
         )
         self.publisher = pubsub_mod.Publisher(self.project)
