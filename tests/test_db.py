@@ -5,6 +5,7 @@ without changing how errors are translated."""
 from __future__ import annotations
 
 import socket
+import threading
 from collections.abc import Iterator
 from uuid import UUID
 
@@ -12,7 +13,7 @@ import pg8000.native
 import pytest
 
 from shared.db import Database, Tx, connector_from_env, parse_database_url
-from shared.errors import ConflictError, PermanentError, TransientError
+from shared.errors import ConflictError, PermanentError, TransientError, classify_sqlstate
 from shared.queries import Query
 
 TWICE = Query("db_test_twice", "SELECT CAST(:n AS int) + 1 AS m -- db_test_twice")
@@ -111,9 +112,23 @@ def test_a_schema_change_under_prepared_statements_retries_on_fresh_connections(
         with db.transaction() as tx:
             tx.execute("CREATE TABLE db_test_wide (a int)")
             tx.execute("INSERT INTO db_test_wide VALUES (1)")
-        # Both pooled connections prepare the statement.
-        with db.transaction() as one, db.transaction() as two:
-            assert one.all(everything) == two.all(everything) == [{"a": 1}]
+        # Both pooled connections prepare the statement (from two threads: one thread never
+        # holds two connections of a pool).
+        ready, release = threading.Event(), threading.Event()
+
+        def hold_one() -> None:
+            with db.transaction() as one:
+                assert one.all(everything) == [{"a": 1}]
+                ready.set()
+                release.wait(10)
+
+        holder = threading.Thread(target=hold_one)
+        holder.start()
+        assert ready.wait(10)
+        with db.transaction() as two:
+            assert two.all(everything) == [{"a": 1}]
+        release.set()
+        holder.join(10)
         with db.transaction() as tx:
             tx.execute("ALTER TABLE db_test_wide ADD COLUMN b int DEFAULT 7")
         # The first attempt meets a stale statement; the second must not meet the other one.
@@ -184,3 +199,107 @@ def test_text_lists_reach_postgres_exactly_as_given(pool: Database) -> None:
         "empty": [],
         "uuids": [UUID(int=1), None],
     }
+
+
+def test_a_thread_never_holds_two_connections_of_one_pool(database_url: str) -> None:
+    """Hold-and-wait deadlocks a pool under concurrency (N threads each holding one of N
+    connections and waiting for another); the pool refuses the second checkout at once."""
+    from shared.db import NestedCheckout
+
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=4)
+    try:
+        with db.transaction(), pytest.raises(NestedCheckout), db.transaction():
+            pass
+        # The refusal released nothing it didn't take: the pool still serves every slot.
+        assert db.run(lambda tx: tx.scalar("SELECT 1")) == 1
+    finally:
+        db.close()
+
+
+def test_every_pooled_connection_has_the_session_limits(database_url: str) -> None:
+    from shared.db import SessionLimits
+
+    limits = SessionLimits(
+        statement_timeout_ms=1500, lock_timeout_ms=700, idle_in_transaction_timeout_ms=9000
+    )
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), limits=limits)
+    try:
+        with db.transaction() as tx:
+            got = {
+                name: tx.scalar(f"SHOW {name}")
+                for name in (
+                    "statement_timeout",
+                    "lock_timeout",
+                    "idle_in_transaction_session_timeout",
+                )
+            }
+        assert got == {
+            "statement_timeout": "1500ms",
+            "lock_timeout": "700ms",
+            "idle_in_transaction_session_timeout": "9s",
+        }
+        # A statement over its limit is a transient error (retry, or nack for redelivery).
+        with pytest.raises(TransientError, match="57014"), db.transaction() as tx:
+            tx.execute("SELECT pg_sleep(3)")
+    finally:
+        db.close()
+
+
+def test_session_limits_come_from_the_environment_and_refuse_nonsense() -> None:
+    from shared.db import SessionLimits
+
+    env = {"DB_STATEMENT_TIMEOUT_MS": "0", "DB_LOCK_TIMEOUT_MS": "250"}
+    assert SessionLimits.from_env(env) == SessionLimits(
+        statement_timeout_ms=0, lock_timeout_ms=250, idle_in_transaction_timeout_ms=60_000
+    )
+    with pytest.raises(PermanentError, match="DB_LOCK_TIMEOUT_MS"):
+        SessionLimits.from_env({"DB_LOCK_TIMEOUT_MS": "soon"})
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "expected"),
+    [
+        ("40001", TransientError),  # serialization_failure
+        ("40P01", TransientError),  # deadlock_detected
+        ("55P03", TransientError),  # lock_not_available (lock_timeout)
+        ("57014", TransientError),  # query_canceled (statement_timeout)
+        ("25P03", TransientError),  # idle_in_transaction_session_timeout
+        ("08006", TransientError),  # connection_failure
+        ("23505", ConflictError),
+        ("22P02", PermanentError),
+    ],
+)
+def test_sqlstates_are_classified_for_retry(sqlstate: str, expected: type) -> None:
+    assert classify_sqlstate(sqlstate) is expected
+
+
+def test_a_real_deadlock_is_a_transient_error(database_url: str) -> None:
+    """Two transactions lock two rows in opposite orders: Postgres breaks the cycle with
+    40P01, which must reach the caller as transient (retry), not permanent."""
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=2)
+    barrier = threading.Barrier(2)
+    outcomes: list[BaseException | None] = []
+    try:
+        db.run(lambda tx: tx.execute("CREATE TABLE db_test_dl (id int PRIMARY KEY)"))
+        db.run(lambda tx: tx.execute("INSERT INTO db_test_dl VALUES (1), (2)"))
+
+        def lock(first: int, second: int) -> None:
+            try:
+                with db.transaction() as tx:
+                    tx.execute("UPDATE db_test_dl SET id = id WHERE id = :i", i=first)
+                    barrier.wait(10)
+                    tx.execute("UPDATE db_test_dl SET id = id WHERE id = :i", i=second)
+                outcomes.append(None)
+            except BaseException as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=lock, args=a) for a in ((1, 2), (2, 1))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        errors = [o for o in outcomes if o is not None]
+        assert len(outcomes) == 2 and len(errors) == 1
+        assert isinstance(errors[0], TransientError) and "40P01" in str(errors[0])
+    finally:
+        db.close()
