@@ -38,3 +38,8 @@ DROP INDEX workflow_trigger_events_source;
 CREATE UNIQUE INDEX workflow_trigger_events_source
     ON workflow_trigger_events (tenant_id, connection_id, source_event_id) NULLS NOT DISTINCT
     WHERE source_event_id IS NOT NULL;
+
+-- Ops lists the inbox rows that will not drain by themselves (dead) or ever (rejected): a
+-- partial index keeps that list cheap however many rows were processed.
+CREATE INDEX webhook_inbox_stuck ON webhook_inbox (connection_id, id)
+    WHERE status IN ('dead', 'rejected');

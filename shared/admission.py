@@ -468,23 +468,11 @@ class _Attempt:
     tenant_id: str
 
 
-def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Attempt:
-    with _triggers_lock:
-        cached = list(_triggers)
-    row = tx.one(
-        CONTEXT,
-        event_id=event_id,
-        start_key=start_key(event_id),
-        cached_versions=cached,
-        take_locks=seams.take_locks,
-        echo_skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
-    )
-    if row is None:
-        raise EventNotFound(f"trigger event {event_id} does not exist")
-    event = _facts(row)
-    bindings = row["bindings"]
-    bindings = json.loads(bindings) if isinstance(bindings, str) else bindings
-
+def _plan_bindings(
+    event: EventFacts, bindings: Sequence[Mapping[str, Any]], seams: AdmissionSeams
+) -> tuple[list[BindingOutcome], list[str], list[_Plan], list[str]]:
+    """Per binding, from the context row: (already-handled outcomes, runs to resume, the
+    plans for the admit statement, extra record locks to take first)."""
     outcomes: list[BindingOutcome] = []
     resume: list[str] = []
     plans: list[_Plan] = []
@@ -522,6 +510,26 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
                 entry_type=trigger.entry_type,
             )
         )
+    return outcomes, resume, plans, extra_locks
+
+
+def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Attempt:
+    with _triggers_lock:
+        cached = list(_triggers)
+    row = tx.one(
+        CONTEXT,
+        event_id=event_id,
+        start_key=start_key(event_id),
+        cached_versions=cached,
+        take_locks=seams.take_locks,
+        echo_skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
+    )
+    if row is None:
+        raise EventNotFound(f"trigger event {event_id} does not exist")
+    event = _facts(row)
+    bindings = row["bindings"]
+    bindings = json.loads(bindings) if isinstance(bindings, str) else bindings
+    outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
     if extra_locks:
         tx.one(LOCK_RECORDS, lock_keys=extra_locks)
 
@@ -555,8 +563,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     elif row["decided_at"] is None:
         # Nothing bound to decide (or only pairings decided before decided_at existed).
         tx.execute(MARK_DECIDED, event_id=event_id)
-    if refusals:
-        write_refusals(tx, tenant_id=event.tenant_id, event_id=event_id, refusals=refusals)
+    write_refusals(tx, tenant_id=event.tenant_id, event_id=event_id, refusals=refusals)
     if resume:
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
     return _Attempt(outcomes, refusals, dispatch, event.tenant_id)

@@ -51,6 +51,7 @@ from shared.ops.models import (
     RehearsalResult,
     ReplayRequest,
     ReplayResult,
+    RequeueResult,
     RetryRequest,
     RetryResult,
     RunDetail,
@@ -58,6 +59,8 @@ from shared.ops.models import (
     RunsQuery,
     RunSummary,
     StepView,
+    StuckInboxList,
+    StuckInboxQuery,
     ValidationResult,
     VersionList,
     VersionSummary,
@@ -85,6 +88,7 @@ CREDIT_LEDGER = SQL["ops_credit_ledger"]
 WORKFLOWS_LIST = SQL["ops_workflows_list"]
 WORKFLOW_GET = SQL["ops_workflow_get"]
 WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
+INBOX_REQUEUE_DEAD = queries.load("inbox")["inbox_requeue_dead"]
 
 SOURCE_NAME = "source"
 # Requests are small JSON documents; a workflow source is at most 64 KiB of it.
@@ -145,6 +149,50 @@ def _uuid_param(call: Call, name: str, what: str) -> str:
         return str(UUID(call.path[name]))
     except ValueError:
         raise not_found(what) from None
+
+
+def _int_param(call: Call, name: str, what: str) -> int:
+    """A numeric path id; anything else names nothing (404)."""
+    raw = call.path[name]
+    if not raw.isascii() or not raw.isdigit() or not 0 < int(raw) < 2**63:
+        raise not_found(what)
+    return int(raw)
+
+
+# ---- events and inbox rows that never reached a decision ------------------------------------
+
+
+def requeue_event(call: Call) -> RequeueResult:
+    """An undelivered (or still undecided) trigger event back into the outbox, its redelivery
+    budget reset. Repeating it is harmless: admission decides each pairing once."""
+    from shared.outbox import requeue_event as requeue
+
+    event_id = _int_param(call, "event_id", "undecided event")
+    with call.db.transaction() as tx:
+        if not requeue(tx, event_id=event_id, tenant_id=call.scope):
+            raise not_found("undecided event")
+    return RequeueResult(id=event_id)
+
+
+def list_stuck_inbox(call: Call) -> StuckInboxList:
+    q: StuckInboxQuery = call.query
+    with call.db.transaction() as tx:
+        rows = tx.all(
+            explain.STUCK_INBOX,
+            tenant_id=call.scope,
+            connection_id=str(q.connection_id) if q.connection_id else None,
+            limit=q.limit,
+        )
+    return StuckInboxList(rows=explain.stuck_inbox_rows(rows))
+
+
+def requeue_inbox_row(call: Call) -> RequeueResult:
+    """A dead inbox row back to pending with a fresh attempt budget; the drain takes it."""
+    inbox_id = _int_param(call, "inbox_id", "dead inbox row")
+    with call.db.transaction() as tx:
+        if tx.one(INBOX_REQUEUE_DEAD, inbox_id=inbox_id, tenant_id=call.scope) is None:
+            raise not_found("dead inbox row")
+    return RequeueResult(id=inbox_id)
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -506,6 +554,36 @@ ROUTES: tuple[Route, ...] = (
         "Why did (or didn't) my workflow run for this record?",
         query=RecordQuery,
         errors=(400, 401, 404, 422),
+    ),
+    Route(
+        "events.requeue",
+        "POST",
+        "/v1/events/{event_id}/requeue",
+        requeue_event,
+        RequeueResult,
+        "Publish an undelivered trigger event again, with a fresh redelivery budget",
+        errors=(401, 404),
+        path_params=("event_id",),
+    ),
+    Route(
+        "inbox.stuck",
+        "GET",
+        "/v1/inbox/stuck",
+        list_stuck_inbox,
+        StuckInboxList,
+        "Webhooks that will not be drained by themselves (dead) or ever (rejected)",
+        query=StuckInboxQuery,
+        errors=(400, 401),
+    ),
+    Route(
+        "inbox.requeue",
+        "POST",
+        "/v1/inbox/{inbox_id}/requeue",
+        requeue_inbox_row,
+        RequeueResult,
+        "Drain a dead inbox row again, with a fresh attempt budget",
+        errors=(401, 404),
+        path_params=("inbox_id",),
     ),
     Route(
         "credits.get",

@@ -3,8 +3,12 @@ decided about it, in plain words.
 
 A decision comes from the rows admission leaves behind: a run (admitted), a refusal (refused,
 with its reason), or neither yet (the event is still on its way: unpublished, or admission has
-not reached it). Workflows bound to the event's type today are listed even when they have
-not decided, so "no workflow listens to this event" and "still waiting" are visible too.
+not reached it, with how often the sweep has published it again), or neither ever (the sweep
+gave it up as undelivered: ops can re-queue it). Workflows bound to the event's type today
+are listed even when they have not decided, so "no workflow listens to this event" and
+"still waiting" are visible too. Webhooks of the record's connection that could not be
+drained (dead or rejected inbox rows) are listed beside, since any of them may have
+concerned the record.
 """
 
 from __future__ import annotations
@@ -15,7 +19,13 @@ from typing import Any
 from shared import queries
 from shared.db import Tx
 from shared.ops.errors import OpsError, not_found
-from shared.ops.models import Decision, EventDecisions, RecordExplanation, RunSummary
+from shared.ops.models import (
+    Decision,
+    EventDecisions,
+    RecordExplanation,
+    RunSummary,
+    StuckInboxRow,
+)
 
 SQL = queries.load("ops")
 CONNECTION_TENANT = SQL["ops_connection_tenant"]
@@ -24,6 +34,8 @@ RECORD_RUNS = SQL["ops_record_runs"]
 RECORD_REFUSALS = SQL["ops_record_refusals"]
 RECORD_CLAIMS = SQL["ops_record_claims"]
 BINDINGS_FOR_TENANT = SQL["ops_bindings_for_tenant"]
+STUCK_INBOX = queries.load("inbox")["inbox_dead_list"]
+STUCK_INBOX_SHOWN = 20
 
 MAX_EVENTS = 500
 
@@ -42,6 +54,28 @@ REASON_WORDS = {
 
 def explain_reason(reason: str) -> str:
     return REASON_WORDS.get(reason, f"Refused ({reason}).")
+
+
+def explain_stuck_inbox(status: str, last_error: str | None) -> str:
+    if status == "dead":
+        return (
+            "This webhook was verified and stored, but processing it kept failing "
+            f"({last_error or 'no error recorded'}); it will not be retried by itself. Fix the "
+            "cause, then re-queue it (POST /v1/inbox/{id}/requeue)."
+        )
+    return (
+        "This webhook was verified and stored, but its body could not be read as events "
+        f"({last_error or 'no error recorded'}); re-queueing cannot help."
+    )
+
+
+def stuck_inbox_rows(rows: list[dict[str, Any]]) -> list[StuckInboxRow]:
+    return [
+        StuckInboxRow.model_validate(
+            {**r, "explanation": explain_stuck_inbox(r["status"], r["last_error"])}
+        )
+        for r in rows
+    ]
 
 
 def explain_run(status: str, error: str | None) -> str:
@@ -91,6 +125,9 @@ def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> Reco
     refusals = tx.all(RECORD_REFUSALS, tenant_id=tenant_id, event_ids=event_ids)
     claims = tx.all(RECORD_CLAIMS, tenant_id=tenant_id, event_ids=event_ids)
     bindings = tx.all(BINDINGS_FOR_TENANT, tenant_id=tenant_id)
+    stuck = tx.all(
+        STUCK_INBOX, tenant_id=tenant_id, connection_id=connection_id, limit=STUCK_INBOX_SHOWN
+    )
 
     runs_by_event: dict[tuple[int, str], dict[str, Any]] = {}
     for r in runs:
@@ -132,6 +169,10 @@ def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> Reco
                 received_at=e["created_at"],
                 published_at=e["published_at"],
                 payload_truncated=e["payload_truncated"],
+                decided_at=e["decided_at"],
+                redeliveries=e["redeliveries"],
+                undelivered_at=e["undelivered_at"],
+                undelivered_reason=e["undelivered_reason"],
                 decisions=decisions,
             )
         )
@@ -139,6 +180,7 @@ def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> Reco
         record_key=record_key,
         events=out,
         runs=[RunSummary.model_validate(r) for r in runs],
+        stuck_inbox=stuck_inbox_rows(stuck),
     )
 
 
@@ -170,11 +212,29 @@ def _decision(  # noqa: PLR0917 - one call site, positional reads best
             detail=refusal["detail"],
             explanation=explain_reason(refusal["reason"]),
         )
-    waiting = (
-        "The event has not been published to admission yet."
-        if event["published_at"] is None
-        else "Admission has not decided about this event yet."
-    )
+    if event["undelivered_at"] is not None:
+        return Decision(
+            workflow_id=workflow_id,
+            workflow_name=name,
+            outcome="undelivered",
+            detail=event["undelivered_reason"],
+            explanation=(
+                "onceflow could not get this event decided and gave up: "
+                f"{event['undelivered_reason']}. Once the cause is fixed, re-queue it "
+                f"(POST /v1/events/{event_id}/requeue); admission then decides as usual."
+            ),
+        )
+    if event["published_at"] is None:
+        waiting = "The event has not been published to admission yet."
+        if event["redeliveries"]:
+            waiting = (
+                f"Admission had not decided after {event['redeliveries']} publish(es); it is "
+                "queued to be published again."
+            )
+    else:
+        waiting = "Admission has not decided about this event yet."
+        if event["redeliveries"]:
+            waiting += f" (published again {event['redeliveries']} time(s) so far)"
     return Decision(
         workflow_id=workflow_id, workflow_name=name, outcome="undecided", explanation=waiting
     )

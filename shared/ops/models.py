@@ -95,6 +95,11 @@ class RefusalsQuery(PageQuery):
     event_id: int | None = Field(default=None, ge=1, le=2**63 - 1)
 
 
+class StuckInboxQuery(_Request):
+    connection_id: UUID | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+
+
 class RecordQuery(_Request):
     record_key: Text = Field(min_length=5, max_length=500, description=RECORD_KEY_DESCRIPTION)
 
@@ -271,7 +276,7 @@ class RefusalPage(_Response):
 class Decision(_Response):
     workflow_id: UUID
     workflow_name: str
-    outcome: Literal["admitted", "refused", "undecided"]
+    outcome: Literal["admitted", "refused", "undecided", "undelivered"]
     run_id: UUID | None = None
     run_status: RunStatus | None = None
     reason: str | None = None
@@ -289,7 +294,41 @@ class EventDecisions(_Response):
     received_at: datetime
     published_at: datetime | None
     payload_truncated: bool
+    decided_at: datetime | None = Field(
+        default=None, description="When admission decided every bound workflow."
+    )
+    redeliveries: int = Field(
+        default=0, description="Times the sweep published it again for want of a decision."
+    )
+    undelivered_at: datetime | None = Field(
+        default=None, description="When onceflow gave up delivering it (re-queue to retry)."
+    )
+    undelivered_reason: str | None = None
     decisions: list[Decision]
+
+
+class StuckInboxRow(_Response):
+    """A verified webhook body that will not be drained by itself (dead) or ever (rejected).
+    The body is never shown."""
+
+    id: int
+    connection_id: UUID
+    status: Literal["dead", "rejected"]
+    attempts: int
+    deliveries: int
+    received_at: datetime
+    finished_at: datetime | None
+    last_error: str | None
+    explanation: str
+
+
+class StuckInboxList(_Response):
+    rows: list[StuckInboxRow]
+
+
+class RequeueResult(_Response):
+    id: int
+    requeued: bool = True
 
 
 class RecordExplanation(_Response):
@@ -298,6 +337,13 @@ class RecordExplanation(_Response):
         description="Every event seen for the record, oldest first."
     )
     runs: list[RunSummary] = Field(description="Every live run for the record, oldest first.")
+    stuck_inbox: list[StuckInboxRow] = Field(
+        default_factory=list,
+        description=(
+            "Webhooks from the record's connection that could not be processed: any of them "
+            "may have concerned this record (newest first, at most 20)."
+        ),
+    )
 
 
 class LedgerEntry(_Response):

@@ -188,7 +188,8 @@ SELECT tenant_id FROM connections WHERE id = CAST(:connection_id AS uuid)
 -- name: ops_record_events
 -- Every trigger event seen for one record, oldest first (the record's timeline).
 SELECT e.id, e.event_type, e.source_event_id, e.author_id, e.changed_fields, e.occurred_at,
-       e.created_at, e.published_at, e.payload_truncated
+       e.created_at, e.published_at, e.payload_truncated, e.decided_at, e.redeliveries,
+       e.undelivered_at, e.undelivered_reason
 FROM workflow_trigger_events e
 WHERE e.tenant_id = :tenant_id
   AND e.record_object_type = :object_type

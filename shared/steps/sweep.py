@@ -62,7 +62,7 @@ class SweepConfig:
     # A published trigger event without an admission decision this long after its publish is
     # published again; after this many re-publishes it is given up as undelivered. With the
     # defaults every published event is decided, or explained, within about
-    # (redeliveries + 1) × after + the publisher's cadence ≈ 12 minutes.
+    # (redeliveries + 1) * after + the publisher's cadence ≈ 12 minutes.
     redeliver_events_after_seconds: float = 120.0
     max_event_redeliveries: int = 5
     poll_seconds: float = 2.0
