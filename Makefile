@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
 
 .PHONY: help venv browser test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
-        bench-ingest bench-admit bench-steps
+        bench-ingest bench-admit bench-steps bench-latency
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -69,3 +69,6 @@ bench-admit: .venv/.installed ## Benchmark admission against pgbench
 
 bench-steps: .venv/.installed ## Benchmark step execution against pgbench
 	$(PY) -m devstack.bench.steps
+
+bench-latency: .venv/.installed ## Webhook → admission decision → first step latency (p50/p99) through the local stack
+	$(PY) -m devstack.bench.latency

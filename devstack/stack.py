@@ -241,7 +241,14 @@ def _spawn(
             start_new_session=True,
         )
     write_pid(root, name, proc.pid)
+    # The process outlives this handle on purpose (its own session, found again through its
+    # pid file); keeping the handle stops Popen's destructor from warning that it still runs
+    # when a caller such as `restart_function` drops it.
+    _detached.append(proc)
     return proc
+
+
+_detached: list[subprocess.Popen[bytes]] = []
 
 
 def function_env(

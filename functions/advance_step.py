@@ -2,7 +2,7 @@
 
 Returns normally (ack) for everything recorded — a step that wasn't claimable, a failed step,
 a poisoned message; raises only on transient infrastructure errors so Pub/Sub redelivers.
-Deployed with a 540 s timeout; the lease (600 s) and heartbeat (60 s) are sized to it, see
+Deployed with a 300 s timeout; the lease (600 s) and heartbeat (60 s) are sized to it, see
 `shared/steps/claim.py`.
 """
 

@@ -602,9 +602,7 @@ def _when(value: Any) -> str:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
 
-def write_refusals(
-    tx: Tx, *, tenant_id: str, event_id: int, refusals: Sequence[_Refusal]
-) -> int:
+def write_refusals(tx: Tx, *, tenant_id: str, event_id: int, refusals: Sequence[_Refusal]) -> int:
     """Record refusals in the admission's transaction (with their claims); how many rows."""
     if not refusals:
         return 0

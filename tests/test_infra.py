@@ -204,6 +204,9 @@ def test_a_step_lease_outlives_any_advance_step_invocation(tf: Terraform) -> Non
     timeout = tf.locals["functions"]["advance_step"]["timeout_seconds"]
     assert timeout < DEFAULT_LEASE_SECONDS
     assert DEFAULT_HEARTBEAT_SECONDS * 5 <= DEFAULT_LEASE_SECONDS
+    # The entry point's docstring states the deployed timeout; it must not drift (it said 540).
+    entry = (ROOT / "functions" / "advance_step.py").read_text()
+    assert f"Deployed with a {timeout} s timeout" in entry
 
 
 def test_pubsub_functions_are_invokable_by_the_push_identity_only(tf: Terraform) -> None:

@@ -79,9 +79,7 @@ class SweepConfig:
                 env.get("ONCEFLOW_REDISPATCH_AFTER_SECONDS", d.redispatch_after_seconds)
             ),
             redeliver_events_after_seconds=float(
-                env.get(
-                    "ONCEFLOW_REDELIVER_EVENTS_AFTER_SECONDS", d.redeliver_events_after_seconds
-                )
+                env.get("ONCEFLOW_REDELIVER_EVENTS_AFTER_SECONDS", d.redeliver_events_after_seconds)
             ),
             max_event_redeliveries=_positive_int(
                 env, "ONCEFLOW_MAX_EVENT_REDELIVERIES", d.max_event_redeliveries

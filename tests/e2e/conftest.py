@@ -41,6 +41,13 @@ E2E_ENV = {
     "PUBLISH_BUDGET_SECONDS": "2",
     "NUDGE_BUDGET_SECONDS": "2",
     "SWEEP_BUDGET_SECONDS": "2",
+    # A published event still undecided after 8 s is published again (the default is 120 s);
+    # a killed advance_step's steps are reclaimed and lost step-ready pushes re-sent within
+    # seconds too (defaults: a 600 s lease, 120 s).
+    "ONCEFLOW_REDELIVER_EVENTS_AFTER_SECONDS": "8",
+    "ONCEFLOW_STEP_LEASE_SECONDS": "10",
+    "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "2",
+    "ONCEFLOW_REDISPATCH_AFTER_SECONDS": "8",
 }
 E2E_SCHEDULER_SPEEDUP = "20"
 

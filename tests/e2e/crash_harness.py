@@ -125,8 +125,8 @@ class CrashHarness:
         source: Path = ROOT / "main.py",
         target: str = "advance_step",
         extra_env: Mapping[str, str] | None = None,
-        lease_seconds: float = 2.0,
-        heartbeat_seconds: float = 0.5,
+        lease_seconds: float = 4.0,
+        heartbeat_seconds: float = 1.0,
         redispatch_after_seconds: float = 2.0,
         log_dir: Path | None = None,
     ) -> None:

@@ -1,0 +1,168 @@
+"""`make bench-latency`: how long a user waits from a webhook to its admission decision and to
+its run's first step, through the local stack as `make dev` runs it.
+
+It starts its own stack (free ports, a fresh database), binds one every_time workflow, sends
+signed HubSpot webhooks at a steady rate from a few client threads, waits until every event is
+decided, and prints p50/p99/max of:
+- webhook → decision: `delivery_claims.claimed_at - webhook_inbox.received_at`
+- webhook → first step started: `workflow_steps.started_at - webhook_inbox.received_at`
+Both ends are stamped by the database's clock, so no process clock skews the figures. The
+path measured is the one a user has: webhook → inbox → (nudge) drain → outbox → publish →
+Pub/Sub emulator push → admit_event → step-ready push → advance_step.
+
+Options: BENCH_LATENCY_EVENTS (default 300), BENCH_LATENCY_RATE per second (default 20).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from devstack import stack as devstack
+from devstack.fakecrm.webhooks import signed_headers
+from shared import connections
+from shared.db import Database, connector_from_env
+from shared.workflows import versions
+
+SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
+TENANT = "bench-latency"
+PORTAL = 7373
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _seed(db: Database) -> str:
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, 10000000)", t=TENANT
+        )
+        connection_id = connections.create_connection(
+            tx,
+            tenant_id=TENANT,
+            provider="hubspot",
+            webhook_secret_env=SECRET_ENV,
+            provider_account_id=str(PORTAL),
+            watched_fields={"contact": ["lifecyclestage"]},
+        )
+        source = {
+            "name": "latency",
+            "tenant": TENANT,
+            "trigger": {"events": ["hubspot.contact.property_changed"], "dedup": "every_time"},
+            "steps": [{"id": "done", "type": "end"}],
+        }
+        published = versions.publish(tx, json.dumps(source), tenant_id=TENANT)
+        versions.activate(
+            tx,
+            tenant_id=TENANT,
+            workflow_id=published.workflow_id,
+            version_id=published.version_id,
+        )
+    return connection_id
+
+
+def _body(n: int) -> bytes:
+    return json.dumps(
+        [
+            {
+                "eventId": 9_000_000 + n,
+                "subscriptionId": 1,
+                "portalId": PORTAL,
+                "appId": 1,
+                "occurredAt": int(datetime.now(UTC).timestamp() * 1000),
+                "subscriptionType": "contact.propertyChange",
+                "attemptNumber": 0,
+                "objectId": 100_000 + n,
+                "propertyName": "lifecyclestage",
+                "propertyValue": "lead",
+                "changeSource": "CRM_UI",
+                "sourceId": "userId:1",
+            }
+        ],
+        separators=(",", ":"),
+    ).encode()
+
+
+def main() -> int:
+    events = int(os.environ.get("BENCH_LATENCY_EVENTS", "300"))
+    rate = float(os.environ.get("BENCH_LATENCY_RATE", "20"))
+    root = Path(tempfile.mkdtemp(prefix="onceflow-bench-latency-"))
+    root.chmod(0o755)
+    os.environ.pop("DATABASE_URL", None)
+    try:
+        devstack.up(root / "local", free_ports=True)
+        running = devstack.RunningStack.open(root / "local")
+        db = Database(connector_from_env({"DATABASE_URL": running.database_url}), pool_size=2)
+        connection_id = _seed(db)
+        uri = f"{running.url('webhook')}/hubspot/{connection_id}"
+        secret = running.env[SECRET_ENV]
+        client = httpx.Client(timeout=10)
+        started = time.monotonic()
+        lock = threading.Lock()
+        failures = 0
+
+        def send(n: int) -> None:
+            nonlocal failures
+            time.sleep(max(0.0, started + n / rate - time.monotonic()))
+            payload = _body(n)
+            got = client.post(uri, content=payload, headers=signed_headers(secret, uri, payload))
+            if got.status_code >= 300:
+                with lock:
+                    failures += 1
+
+        threads = [
+            threading.Thread(target=lambda k=k: [send(n) for n in range(k, events, 8)])
+            for k in range(8)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        deadline = time.monotonic() + 120
+        rows: list[dict[str, object]] = []
+        while time.monotonic() < deadline:
+            with db.transaction() as tx:
+                rows = tx.all(
+                    "SELECT EXTRACT(EPOCH FROM c.claimed_at - i.received_at) AS decided,"
+                    "       EXTRACT(EPOCH FROM s.started_at - i.received_at) AS first_step"
+                    " FROM webhook_inbox i"
+                    " JOIN workflow_trigger_events e ON e.inbox_id = i.id"
+                    " JOIN delivery_claims c ON c.event_id = e.id"
+                    " LEFT JOIN workflow_steps s ON s.run_id = c.run_id"
+                    " WHERE e.tenant_id = :t",
+                    t=TENANT,
+                )
+            if len(rows) >= events and all(r["first_step"] is not None for r in rows):
+                break
+            time.sleep(0.5)
+        decided = [float(str(r["decided"])) * 1000 for r in rows]
+        first = [float(str(r["first_step"])) * 1000 for r in rows if r["first_step"] is not None]
+        print(
+            f"webhooks sent: {events} at {rate:g}/s ({failures} not 2xx); decided: {len(decided)}"
+        )
+        for name, values in (("webhook → decision", decided), ("webhook → first step", first)):
+            if values:
+                print(
+                    f"{name:22s} p50 {_percentile(values, 0.5):7.0f} ms   "
+                    f"p99 {_percentile(values, 0.99):7.0f} ms   max {max(values):7.0f} ms"
+                )
+        db.close()
+        return 0 if len(decided) >= events and failures == 0 else 1
+    finally:
+        devstack.down(root / "local", quiet=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
