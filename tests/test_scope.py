@@ -1,0 +1,152 @@
+"""One expression scope: a trigger rule, a branch condition and a step's `${{ … }}` template
+read the same `event`, `trigger` and `record` (shared/workflows/scope.py), through real
+admission and real step execution on the test's Postgres."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from shared.admission import admit_event
+from shared.blocks.base import BlockContext, BlockResult
+from shared.db import Database
+from shared.steps.advance import advance_step
+from tests.admission_support import (
+    Published,
+    bind_workflow,
+    emit_event,
+    make_connection,
+    make_tenant,
+)
+from tests.steps_blocks import Recorder, block_lookup, spec
+from tests.steps_support import steps_of
+
+PAYLOAD = {
+    "eventId": 9001,
+    "subscriptionType": "contact.propertyChange",
+    "objectId": 101,
+    "propertyName": "lifecyclestage",
+    "propertyValue": "lead",
+    "properties": {"firstname": "Ada"},
+}
+
+
+@pytest.fixture
+def conn(db: Database) -> str:
+    make_tenant(db)
+    return make_connection(db)
+
+
+def _echo_lookup(seen: list[dict[str, Any]]) -> Any:
+    """`http.request` steps hand their rendered config to the test instead of sending it."""
+
+    def echo(ctx: BlockContext, config: BaseModel) -> BlockResult:
+        seen.append(config.model_dump())
+        return BlockResult(output={"rendered": config.model_dump()})
+
+    return block_lookup(Recorder(), **{"http.request": spec("http.request", echo)})
+
+
+def _run_all(db: Database, first: list[str], lookup: Any) -> None:
+    queue = list(first)
+    while queue:
+        advanced = advance_step(db, queue.pop(0), lookup=lookup, dispatch=queue.extend)
+        assert advanced.claimed, advanced
+
+
+EXPRESSIONS = [
+    ("event.type", "hubspot.contact.property_changed"),
+    ("event.changed_fields.lifecyclestage", "lead"),
+    ("event.author_id", "userId:7"),
+    ("event.source_event_id", "9001"),
+    ("trigger.propertyName", "lifecyclestage"),
+    ("trigger.objectId", 101),
+    ("record.id", "101"),
+    ("record.object_type", "contact"),
+    ("record.lifecyclestage", "lead"),
+    ("record.firstname", "Ada"),
+]
+
+
+@pytest.mark.parametrize(("expression", "value"), EXPRESSIONS)
+def test_a_rule_a_branch_and_a_step_config_read_one_value(
+    db: Database, conn: str, expression: str, value: Any
+) -> None:
+    literal = json.dumps(value)
+    workflow = bind_workflow(
+        db,
+        "same-scope",
+        rule=f"{expression} == {literal}",
+        steps=[
+            {
+                "id": "show",
+                "type": "http.request",
+                "config": {
+                    "url": "https://receiver.example/hook",
+                    "body": {"value": f"${{{{ {expression} }}}}"},
+                },
+                "next": "check",
+            },
+            {
+                "id": "check",
+                "type": "branch",
+                "branches": [{"when": f"{expression} == {literal}", "next": "same"}],
+                "otherwise": "different",
+            },
+            {"id": "same", "type": "end"},
+            {"id": "different", "type": "end"},
+        ],
+    )
+    event_id = emit_event(
+        db,
+        connection_id=conn,
+        changed={"lifecyclestage": "lead"},
+        author_id="userId:7",
+        source_event_id="9001",
+        payload=PAYLOAD,
+    )
+    published = Published()
+    result = admit_event(db, event_id, publish=published)
+    outcome = result.outcome_for(workflow)
+    assert outcome.outcome == "admitted", outcome  # the rule saw `value`
+    seen: list[dict[str, Any]] = []
+    _run_all(db, published.ids, _echo_lookup(seen))
+    steps = steps_of(db, str(outcome.run_id))
+    assert steps["show"]["status"] == "succeeded", steps["show"]["error"]
+    assert seen[0]["body"] == {"value": value}  # the step's template rendered `value`
+    assert steps["check"]["branch_choice"] == "same"  # the branch condition held too
+
+
+def test_the_record_a_record_expression_named_is_the_one_steps_see(
+    db: Database, conn: str
+) -> None:
+    workflow = bind_workflow(
+        db,
+        "deal-record",
+        record='{"id": trigger.dealId, "object_type": "deal"}',
+        rule='record.object_type == "deal" && record.id == "555"',
+        steps=[
+            {
+                "id": "show",
+                "type": "http.request",
+                "config": {
+                    "url": "https://receiver.example/hook",
+                    "body": {"record": "${{ record }}", "run": "${{ run.id }}"},
+                },
+            }
+        ],
+    )
+    event_id = emit_event(db, connection_id=conn, payload={"dealId": "555"})
+    published = Published()
+    outcome = admit_event(db, event_id, publish=published).outcome_for(workflow)
+    assert outcome.outcome == "admitted", outcome
+    seen: list[dict[str, Any]] = []
+    _run_all(db, published.ids, _echo_lookup(seen))
+    key = f"{conn}:deal:555"
+    assert seen[0]["body"] == {
+        "record": {"id": "555", "object_type": "deal", "key": key},
+        "run": outcome.run_id,
+    }
