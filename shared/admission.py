@@ -382,10 +382,14 @@ def static_refusal(
         if not matched:
             return key, record, ("rule_not_matched", f"rule `{trigger.rule.source}` was false")
     if trigger.entry_price > event.credit_balance:
-        return key, record, (
-            "insufficient_credits",
-            f"tenant {event.tenant_id} has {event.credit_balance} credits; the first step "
-            f"{trigger.entry_node} ({trigger.entry_type}) costs {trigger.entry_price}",
+        return (
+            key,
+            record,
+            (
+                "insufficient_credits",
+                f"tenant {event.tenant_id} has {event.credit_balance} credits; the first step "
+                f"{trigger.entry_node} ({trigger.entry_type}) costs {trigger.entry_price}",
+            ),
         )
     return key, record, None
 

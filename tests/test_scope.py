@@ -15,6 +15,7 @@ from shared.blocks.base import BlockContext, BlockResult
 from shared.db import Database
 from shared.steps.advance import advance_step
 from tests.admission_support import (
+    EVENT_TYPE,
     Published,
     bind_workflow,
     emit_event,
@@ -120,9 +121,7 @@ def test_a_rule_a_branch_and_a_step_config_read_one_value(
     assert steps["check"]["branch_choice"] == "same"  # the branch condition held too
 
 
-def test_the_record_a_record_expression_named_is_the_one_steps_see(
-    db: Database, conn: str
-) -> None:
+def test_the_record_a_record_expression_named_is_the_one_steps_see(db: Database, conn: str) -> None:
     workflow = bind_workflow(
         db,
         "deal-record",
@@ -150,3 +149,71 @@ def test_the_record_a_record_expression_named_is_the_one_steps_see(
         "record": {"id": "555", "object_type": "deal", "key": key},
         "run": outcome.run_id,
     }
+
+
+SHOWN = {
+    "type": "${{ event.type }}",
+    "stage": "${{ record.lifecyclestage }}",
+    "name": "${{ record.firstname }}",
+    "property": "${{ trigger.propertyName }}",
+}
+RENDERED = {"type": EVENT_TYPE, "stage": "lead", "name": "Ada", "property": "lifecyclestage"}
+
+
+def _show_workflow(db: Database) -> str:
+    return bind_workflow(
+        db,
+        "shown",
+        rule='record.lifecyclestage == "lead"',
+        steps=[
+            {
+                "id": "show",
+                "type": "http.request",
+                "config": {"url": "https://receiver.example/hook", "body": SHOWN},
+            }
+        ],
+    )
+
+
+def test_a_replay_renders_what_the_original_run_rendered(db: Database, conn: str) -> None:
+    from shared.ops.replay import replay_run
+    from tests.steps_support import TENANT, run_row
+
+    workflow = _show_workflow(db)
+    published = Published()
+    event_id = emit_event(db, connection_id=conn, payload=PAYLOAD)
+    run_id = str(admit_event(db, event_id, publish=published).outcome_for(workflow).run_id)
+    failing = block_lookup(
+        Recorder(), **{"http.request": block_lookup(Recorder())("test.fail_permanent")}
+    )
+    _run_all(db, published.ids, failing)
+    assert run_row(db, run_id)["status"] == "failed"
+
+    replayed = replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=lambda ids: None)
+    seen: list[dict[str, Any]] = []
+    _run_all(db, list(replayed.restarted_step_ids), _echo_lookup(seen))
+    assert seen == [{"url": "https://receiver.example/hook", "body": RENDERED}]
+    assert run_row(db, replayed.run_id)["trigger_record"] == run_row(db, run_id)["trigger_record"]
+
+
+def test_a_rehearsal_of_a_stored_event_renders_what_a_live_run_renders(
+    db: Database, conn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from uuid import UUID
+
+    from shared.ops.models import RehearsalRequest
+    from shared.ops.rehearsal import drive_rehearsal, rehearsal_result, start_rehearsal
+
+    monkeypatch.setenv("ACME_SIGNING_SECRET", "s3cret")
+    with db.transaction() as tx:
+        tx.execute("UPDATE tenants SET signing_secret_env = 'ACME_SIGNING_SECRET'")
+    workflow = _show_workflow(db)
+    event_id = emit_event(db, connection_id=conn, payload=PAYLOAD)
+    start = start_rehearsal(
+        db, RehearsalRequest(workflow_id=UUID(workflow), event_id=event_id), None
+    )
+    drive_rehearsal(db, start.run_id)
+    result = rehearsal_result(db, start.run_id)
+    assert result.status == "succeeded", result
+    (sent,) = [w["would_send"] for w in result.would_send]
+    assert json.loads(sent["body"]) == RENDERED
