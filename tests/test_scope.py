@@ -5,6 +5,8 @@ admission and real step execution on the test's Postgres."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from shared.admission import admit_event
 from shared.blocks.base import BlockContext, BlockResult
 from shared.db import Database
 from shared.steps.advance import advance_step
+from shared.workflows.scope import Occurrence
 from tests.admission_support import (
     EVENT_TYPE,
     Published,
@@ -217,3 +220,94 @@ def test_a_rehearsal_of_a_stored_event_renders_what_a_live_run_renders(
     assert result.status == "succeeded", result
     (sent,) = [w["would_send"] for w in result.would_send]
     assert json.loads(sent["body"]) == RENDERED
+
+
+# --- the examples against what HubSpot really sends --------------------------------------------
+
+EXAMPLES = sorted(
+    (Path(__file__).resolve().parent.parent / "examples" / "workflows").glob("*.yaml")
+)
+RECORD_READ = re.compile(r"\brecord\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']+)[\"']\s*\])")
+
+
+def _hubspot_property_change(event_type: str, prop: str) -> Occurrence:
+    """The trigger occurrence a real HubSpot propertyChange webhook becomes: it carries the one
+    property that changed, nothing else of the record."""
+    from shared.normalize.hubspot import normalize
+
+    obj = event_type.split(".")[1]
+    body = [
+        {
+            "eventId": 1774012,
+            "subscriptionId": 2881778,
+            "portalId": 62515,
+            "appId": 1160452,
+            "occurredAt": 1767225600000,
+            "subscriptionType": f"{obj}.propertyChange",
+            "attemptNumber": 0,
+            "objectId": 123,
+            "propertyName": prop,
+            "propertyValue": "lead",
+            "changeFlag": "UPDATED",
+            "changeSource": "CRM_UI",
+            "sourceId": "userId:5",
+        }
+    ]
+    (event,) = normalize(json.dumps(body).encode())
+    assert event.event_type == event_type
+    return Occurrence(
+        id=1,
+        type=event.event_type,
+        tenant_id="acme",
+        connection_id="c0ffee00-0000-4000-8000-000000000001",
+        source_event_id=event.source_event_id,
+        occurred_at=event.occurred_at,
+        author_id=event.author_id,
+        changed_fields=event.changed_fields,
+        payload=event.payload,
+        record_object_type=event.object_type,
+        record_object_id=event.object_id,
+    )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_reads_only_what_a_hubspot_webhook_carries(path: Path) -> None:
+    """A rule or step that reads `record.firstname` on a property change of lifecyclestage
+    would never match, or fail at run time: a field the webhook doesn't carry is read from
+    the CRM by a crm.get step first (`steps.<id>.output.properties.…`)."""
+    import yaml
+
+    from shared.workflows.definition import WorkflowDefinition
+    from shared.workflows.expressions import compile_expression, evaluate, template_expressions
+    from shared.workflows.scope import RunFacts, rule_scope, step_scope, trigger_record
+
+    definition = WorkflowDefinition.model_validate(yaml.safe_load(path.read_text()))
+    trigger = definition.trigger
+    assert trigger.watch, "a property-change example watches the properties it reads"
+    expressions = [("trigger.rule", trigger.rule)] if trigger.rule else []
+    for step in definition.steps:
+        expressions += [(f"{step.id}.config", e) for _, e in template_expressions(step.config)]
+        expressions += [(f"{step.id}.when", b.when) for b in step.branches]
+    for event_type in trigger.events:
+        for prop in trigger.watch:
+            occurrence = _hubspot_property_change(event_type, prop)
+            record_expr = None if trigger.record == "event" else compile_expression(trigger.record)
+            _, record, missing = trigger_record(occurrence, record_expr)
+            assert missing is None, missing
+            carried = set(record)
+            for where, source in expressions:
+                for m in RECORD_READ.finditer(source):
+                    field = m.group(1) or m.group(2)
+                    assert field in carried, (
+                        f"{path.name} {where} reads record.{field}, which a {event_type} "
+                        f"webhook for {prop} does not carry (it carries {sorted(carried)}): "
+                        "fetch it with crm.get first"
+                    )
+            # Every template that reads no step output renders over the real scope.
+            run = RunFacts("r", "w", "v", "acme", "r", "live")
+            scope = step_scope(occurrence, record, run=run, steps={})
+            if trigger.rule:
+                evaluate(trigger.rule, rule_scope(occurrence, record))
+            for _, source in expressions:
+                if "steps" not in compile_expression(source).variables:
+                    evaluate(source, scope)
