@@ -224,9 +224,8 @@ def test_a_rehearsal_of_a_stored_event_renders_what_a_live_run_renders(
 
 # --- the examples against what HubSpot really sends --------------------------------------------
 
-EXAMPLES = sorted(
-    (Path(__file__).resolve().parent.parent / "examples" / "workflows").glob("*.yaml")
-)
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
 RECORD_READ = re.compile(r"\brecord\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']+)[\"']\s*\])")
 
 
@@ -311,3 +310,67 @@ def test_every_example_reads_only_what_a_hubspot_webhook_carries(path: Path) -> 
             for _, source in expressions:
                 if "steps" not in compile_expression(source).variables:
                     evaluate(source, scope)
+
+
+# --- the scope is described once ------------------------------------------------------------
+
+
+def test_the_description_names_every_field_the_scope_builds() -> None:
+    from datetime import UTC, datetime
+
+    from shared.workflows import scope
+
+    occurrence = Occurrence(
+        id=1,
+        type="t.x.y",
+        tenant_id="acme",
+        connection_id="c",
+        occurred_at=datetime.now(UTC),
+        record_object_type="contact",
+        record_object_id="1",
+    )
+    run = scope.RunFacts("r", "w", "v", "acme", "r", "live")
+    built = scope.step_scope(occurrence, None, run=run, steps={})
+    assert set(built) == set(scope.ROOTS) == scope.STEP_ROOTS
+    assert set(scope.rule_scope(occurrence, {})) == scope.RULE_ROOTS
+    for root in ("event", "record", "run"):
+        for name in built[root]:
+            assert f"`{name}`" in scope.ROOTS[root], (root, name)
+
+
+def test_the_json_schema_describes_the_scope_from_its_one_home() -> None:
+    from shared.workflows import scope
+    from shared.workflows.schema import build_schema
+
+    schema = build_schema()
+    described = schema["$defs"]["ExpressionScope"]
+    assert {k: v["description"] for k, v in described["properties"].items()} == scope.ROOTS
+    trigger = schema["$defs"]["Trigger"]["properties"]
+    for where in (
+        trigger["rule"],
+        trigger["record"],
+        schema["$defs"]["Branch"]["properties"]["when"],
+    ):
+        assert "#/$defs/ExpressionScope" in where["description"]
+
+
+def test_the_readme_describes_the_scope_from_its_one_home() -> None:
+    from shared.workflows import scope
+
+    assert scope.markdown_table() in (ROOT / "README.md").read_text(), (
+        "paste shared.workflows.scope.markdown_table() into the README's Expressions section"
+    )
+
+
+def test_the_scope_module_is_pure() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import shared.workflows.scope; "
+        "print([m for m in ('pg8000', 'httpx') if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[]"

@@ -2,34 +2,10 @@
 
 Trigger rules and the trigger's `record` expression (at admission), branch conditions and
 `${{ … }}` step templates (in the step engine), replays and rehearsals all get their scope from
-this module, so one expression gives one value wherever it is written. Pure: no database
-driver, no HTTP client.
-
-    event    the trigger occurrence as onceflow recorded it:
-             id, type (e.g. hubspot.contact.property_changed), tenant_id, connection_id,
-             source_event_id (the provider's event id), occurred_at (a timestamp), author_id
-             (who made the change, when the provider says), changed_fields ({property: new
-             value} for a property change; {} otherwise).
-    trigger  the event's payload exactly as the provider sent it: one element of a HubSpot
-             webhook (objectId, propertyName, propertyValue, occurredAt, subscriptionType,
-             changeSource, sourceId, …), or what an application passed to `emit`.
-    record   the record the run is about, as the event describes it; never a fresh read from
-             the CRM: id, object_type (singular: contact, deal, …), key
-             (`<connection id>:<type>:<id>`), connection_id, the properties the payload
-             carries under `properties` (applications emitting their own events put them
-             there; HubSpot webhooks carry none) and, on top, the event's changed fields. A
-             HubSpot property change therefore gives the ONE property that changed: a workflow
-             that needs another one reads it with a `crm.get` step. A trigger whose `record` is
-             an expression gets only id, object_type and key. The record admission built is
-             kept with the run (`workflow_runs.trigger_record`), so steps, replays and
-             rehearsals see exactly what the rule saw.
-    steps    (steps only) `steps.<id>.output` and `steps.<id>.branch_choice` of the run's
-             succeeded steps; read `steps["a-b"]` for an id that is not an identifier.
-    run      (steps only) id, workflow_id, version_id, tenant_id, lineage_root (the first
-             run of a replay lineage) and namespace (`live` or `rehearsal`).
-
-A rule and a record expression may read event, trigger and record; a step also reads steps
-and run.
+this module, so one expression gives one value wherever it is written. `ROOTS` below is the one
+description of what each root holds: the JSON Schema (`make schema`) and the README's
+Expressions section are rendered from it, and tests keep them equal. Pure: no database driver,
+no HTTP client.
 """
 
 from __future__ import annotations
@@ -47,8 +23,46 @@ from shared.workflows.expressions import (
     evaluate,
 )
 
+ROOTS: dict[str, str] = {
+    "event": (
+        "The trigger occurrence as onceflow recorded it: `id`, `type` (e.g. "
+        "hubspot.contact.property_changed), `tenant_id`, `connection_id`, `source_event_id` "
+        "(the provider's event id), `occurred_at` (a timestamp), `author_id` (who made the "
+        "change, when the provider says), `changed_fields` ({property: new value} for a "
+        "property change, {} otherwise)."
+    ),
+    "trigger": (
+        "The event's payload exactly as the provider sent it: one element of a HubSpot webhook "
+        "(objectId, propertyName, propertyValue, occurredAt, subscriptionType, changeSource, "
+        "sourceId, …), or what an application passed to emit."
+    ),
+    "record": (
+        "The record the run is about, as the event describes it, never a fresh read from the "
+        "CRM: `id`, `object_type` (singular: contact, deal, …), `key` (connection:type:id), "
+        "`connection_id`, the properties the payload carries under `properties` (HubSpot "
+        "webhooks carry none) and, on top, the event's changed fields. A HubSpot property "
+        "change gives the one property that changed: read any other with a crm.get step. A "
+        "trigger whose record is an expression gets only `id`, `object_type` and `key`. The "
+        "record the rule saw is kept with the run: steps, replays and rehearsals read the same."
+    ),
+    "steps": (
+        "Steps only: `steps.<id>.output` and `steps.<id>.branch_choice` of the run's succeeded "
+        'steps (`steps["a-b"]` for an id that is not an identifier).'
+    ),
+    "run": (
+        "Steps only: `id`, `workflow_id`, `version_id`, `tenant_id`, `lineage_root` (the first "
+        "run of a replay lineage) and `namespace` (live or rehearsal)."
+    ),
+}
 RULE_ROOTS = frozenset({"event", "trigger", "record"})
-STEP_ROOTS = RULE_ROOTS | {"steps", "run"}
+STEP_ROOTS = frozenset(ROOTS)
+
+
+def markdown_table() -> str:
+    """`ROOTS` as the README shows it."""
+    rows = ["| root | what it holds |", "|---|---|"]
+    rows += [f"| `{name}` | {text} |" for name, text in ROOTS.items()]
+    return "\n".join(rows) + "\n"
 
 
 def record_key(connection_id: str | None, object_type: str, object_id: str) -> str:
