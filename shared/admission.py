@@ -45,13 +45,10 @@ admit, COMMIT — plus one INSERT of the refusals when there are any, one lock s
 trigger takes its record from an expression, and one read of pending steps on a redelivery.
 None of these grows with K.
 
-What `record` holds at admission: the record as the event describes it, never a fresh read
-from the CRM — `id`, `object_type`, `key` (the record key), `connection_id`, the properties
-the event payload carries under `properties` (applications emitting their own events put
-them there; HubSpot webhooks carry none) and, on top, the event's `changed_fields` (for a
-property change, the new value). A trigger whose `record` is an expression gets a record
-with only `id`, `object_type` and `key`. The record key is `<connection id>:<type>:<id>`
-(`app:<type>:<id>` for events without a connection).
+What a rule reads (`event`, `trigger`, `record`) is built by shared/workflows/scope.py, the
+one home of the expression scope; the record the rule saw is written with the run
+(`trigger_record`), so the run's steps read the same one. The record key is
+`<connection id>:<type>:<id>` (`app:<type>:<id>` for events without a connection).
 
 Concurrency: every rule is a lock or a unique index. Two deliveries of one event serialize on
 the advisory lock (or, under every_time, on the start key's unique index); the loser sees the
@@ -89,9 +86,9 @@ from shared.workflows.expressions import (
     ExpressionError,
     PreparedScope,
     compile_expression,
-    evaluate,
     evaluate_condition,
 )
+from shared.workflows.scope import Occurrence, record_from_expression, rule_scope, trigger_record
 
 SQL = queries.load("admission")
 CONTEXT = SQL["admission_context"]
@@ -124,11 +121,6 @@ log = get_logger(__name__)
 
 def start_key(event_id: int) -> str:
     return f"workflow_event:{event_id}"
-
-
-def record_key(connection_id: str | None, object_type: str, object_id: str) -> str:
-    """The record identity every part of onceflow uses."""
-    return f"{connection_id or 'app'}:{object_type}:{object_id}"
 
 
 @dataclass(frozen=True)
@@ -220,6 +212,9 @@ class _Plan:
     refusal: _Refusal | None
     entry_node: str
     entry_type: str
+    # The record the trigger named by expression, as JSON; None for the event's own record
+    # (sent once per statement, not once per binding).
+    record: str | None
 
 
 _triggers: dict[str, _Trigger] = {}
@@ -303,45 +298,28 @@ class EventFacts:
     connection_status: str | None
     echo_markers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
 
-    def event_scope(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": self.event_type,
-            "tenant_id": self.tenant_id,
-            "connection_id": self.connection_id,
-            "source_event_id": self.source_event_id,
-            "occurred_at": self.occurred_at,
-            "author_id": self.author_id,
-            "changed_fields": dict(self.changed_fields),
-            "payload": dict(self.payload),
-        }
-
-    def record_scope(self) -> dict[str, Any]:
-        if self.record_object_id is None:
-            return {}
-        props = self.payload.get("properties")
-        record: dict[str, Any] = dict(props) if isinstance(props, Mapping) else {}
-        record.update(self.changed_fields)
-        record.update(
-            id=self.record_object_id,
-            object_type=self.record_object_type,
-            key=self.record_key,
+    @cached_property
+    def occurrence(self) -> Occurrence:
+        return Occurrence(
+            id=self.id,
+            type=self.event_type,
+            tenant_id=self.tenant_id,
             connection_id=self.connection_id,
+            source_event_id=self.source_event_id,
+            occurred_at=self.occurred_at,
+            author_id=self.author_id,
+            changed_fields=self.changed_fields,
+            payload=self.payload,
+            record_object_type=self.record_object_type,
+            record_object_id=self.record_object_id,
         )
-        return record
 
     # Once per event, however many workflows are bound to it: the refusal that depends on the
     # event alone, and the scope every trigger whose record is the event's own sees (built,
     # measured and converted for CEL once).
     @cached_property
     def scope(self) -> PreparedScope:
-        return PreparedScope(
-            {
-                "event": self.event_scope(),
-                "trigger": dict(self.payload),
-                "record": self.record_scope(),
-            }
-        )
+        return PreparedScope(rule_scope(self.occurrence, self.occurrence.record()))
 
     @cached_property
     def refusal(self) -> tuple[Reason, str] | None:
@@ -375,44 +353,24 @@ def event_refusal(event: EventFacts) -> tuple[Reason, str] | None:
 def resolve_record(
     event: EventFacts, trigger: _Trigger
 ) -> tuple[str | None, dict[str, Any], str | None]:
-    """(record key, record scope, why there is none) for one trigger."""
+    """(record key, record scope, why there is none) for one trigger (shared/workflows/scope.py;
+    the event's own record is the very dict of the event's prepared scope)."""
     if trigger.record_expression is None:
-        if event.record_key is None:
-            return None, {}, f"event {event.id} ({event.event_type}) names no record"
-        return event.record_key, event.scope.values["record"], None
-    try:
-        value = evaluate(trigger.record_expression, event.scope)
-    except ExpressionError as exc:
-        return None, {}, f"the trigger's record expression failed: {exc}"
-    object_type = event.record_object_type
-    object_id: Any = value
-    if isinstance(value, Mapping):
-        object_type = value.get("object_type") or object_type
-        object_id = value.get("id")
-    if isinstance(object_id, bool) or not isinstance(object_id, str | int) or object_id == "":
-        return (
-            None,
-            {},
-            (
-                f"the trigger's record expression `{trigger.record_expression.source}` gave "
-                f"{value!r:.80}, not a record id"
-            ),
-        )
-    if not object_type:
-        return None, {}, "the record expression gave an id but no object_type"
-    key = record_key(event.connection_id, str(object_type), str(object_id))
-    return key, {"id": str(object_id), "object_type": str(object_type), "key": key}, None
+        key, _, missing = trigger_record(event.occurrence, None)
+        return key, event.scope.values["record"], missing
+    return record_from_expression(trigger.record_expression, event.scope, event.occurrence)
 
 
 def static_refusal(
     event: EventFacts, trigger: _Trigger, dedup_mode: str
-) -> tuple[str | None, tuple[Reason, str] | None]:
-    """The record key, and the refusal decided without looking at other runs (or None)."""
+) -> tuple[str | None, dict[str, Any], tuple[Reason, str] | None]:
+    """The record key, the record the rule sees, and the refusal decided without looking at
+    other runs (or None)."""
     if event.refusal is not None:
-        return event.record_key, event.refusal
+        return event.record_key, event.scope.values["record"], event.refusal
     key, record, missing = resolve_record(event, trigger)
     if key is None and (trigger.record_expression is not None or dedup_mode != "every_time"):
-        return None, ("missing_record_identity", missing or "no record identity")
+        return None, record, ("missing_record_identity", missing or "no record identity")
     if trigger.rule is not None:
         scope: PreparedScope | dict[str, Any] = event.scope
         if record is not event.scope.values["record"]:  # from the trigger's record expression
@@ -420,16 +378,20 @@ def static_refusal(
         try:
             matched = evaluate_condition(trigger.rule, scope)
         except ExpressionError as exc:
-            return key, ("rule_not_matched", f"the rule could not be evaluated: {exc}")
+            return key, record, ("rule_not_matched", f"the rule could not be evaluated: {exc}")
         if not matched:
-            return key, ("rule_not_matched", f"rule `{trigger.rule.source}` was false")
+            return key, record, ("rule_not_matched", f"rule `{trigger.rule.source}` was false")
     if trigger.entry_price > event.credit_balance:
-        return key, (
-            "insufficient_credits",
-            f"tenant {event.tenant_id} has {event.credit_balance} credits; the first step "
-            f"{trigger.entry_node} ({trigger.entry_type}) costs {trigger.entry_price}",
+        return (
+            key,
+            record,
+            (
+                "insufficient_credits",
+                f"tenant {event.tenant_id} has {event.credit_balance} credits; the first step "
+                f"{trigger.entry_node} ({trigger.entry_type}) costs {trigger.entry_price}",
+            ),
         )
-    return key, None
+    return key, record, None
 
 
 # --- the transaction ---------------------------------------------------------------------------
@@ -487,7 +449,7 @@ def _plan_bindings(
             continue
         version_id = str(b["version_id"])
         trigger = _trigger_for(version_id, b["definition"])
-        key, refused = static_refusal(event, trigger, b["dedup_mode"])
+        key, record, refused = static_refusal(event, trigger, b["dedup_mode"])
         if (
             refused is None
             and key is not None
@@ -508,6 +470,9 @@ def _plan_bindings(
                 else _Refusal(workflow_id, version_id, key, refused[0], refused[1]),
                 entry_node=trigger.entry_node,
                 entry_type=trigger.entry_type,
+                record=None
+                if record is event.scope.values["record"]
+                else json.dumps(record, default=str),
             )
         )
     return outcomes, resume, plans, extra_locks
@@ -548,6 +513,8 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
             refusals=[None if p.refusal is None else p.refusal.reason for p in plans],
             entry_nodes=[p.entry_node for p in plans],
             entry_types=[p.entry_type for p in plans],
+            records=[p.record for p in plans],
+            event_record=json.dumps(event.scope.values["record"], default=str),
         )
         by_workflow = {p.workflow_id: p for p in plans}
         for r in rows:

@@ -19,7 +19,7 @@ from shared import admission
 from shared.blocks import crm
 from shared.db import Database
 from shared.inbox import drain_inbox
-from shared.workflows import versions
+from shared.workflows import scope, versions
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,7 +101,7 @@ def test_crm_update_echo_is_refused_and_a_person_change_is_admitted(
     echo_event = events[0]
     result = admission.admit_event(db, echo_event, publish=lambda ids: None)
     assert [o.reason for o in result.outcomes] == ["echo_suppressed"]
-    record_key = admission.record_key(connection_id, "contact", contact.id)
+    record_key = scope.record_key(connection_id, "contact", contact.id)
     with db.transaction() as tx:
         by_record = admission.refusals_for_record(tx, tenant_id="acme", record_key=record_key)
     assert [r["reason"] for r in by_record] == ["echo_suppressed"]

@@ -40,7 +40,7 @@ def workflow(receiver: Receiver) -> list[dict[str, object]]:
             "id": "notify_a",
             "type": "http.request",
             "next": "notify_b",
-            "config": {"url": receiver.url("/a"), "body": {"run": "${{ trigger.run_id }}"}},
+            "config": {"url": receiver.url("/a"), "body": {"run": "${{ run.id }}"}},
         },
         {
             "id": "notify_b",
@@ -48,7 +48,7 @@ def workflow(receiver: Receiver) -> list[dict[str, object]]:
             "next": "done",
             "config": {
                 "url": receiver.url("/b"),
-                "body": {"run": "${{ trigger.run_id }}", "a": "${{ steps.notify_a.output }}"},
+                "body": {"run": "${{ run.id }}", "a": "${{ steps.notify_a.output }}"},
             },
         },
         {"id": "done", "type": "end"},

@@ -184,13 +184,13 @@ steps:
   - id: pick
     type: branch
     branches:
-      - {when: 'event.amount > 100', next: big}
+      - {when: 'trigger.amount > 100', next: big}
     otherwise: small
   - id: big
     type: crm.create
     config:
       object_type: tasks
-      properties: {hs_task_subject: "Big deal ${{ event.amount }}"}
+      properties: {hs_task_subject: "Big deal ${{ trigger.amount }}"}
     next: notify
   - id: small
     type: end
@@ -199,7 +199,7 @@ steps:
     config:
       url: https://hooks.example.com/deals
       method: POST
-      body: {amount: "${{ event.amount }}", task: "${{ steps.big.output.id }}"}
+      body: {amount: "${{ trigger.amount }}", task: "${{ steps.big.output.id }}"}
 """
 
 

@@ -47,7 +47,7 @@ def test_replay_after_outcome_unknown_runs_again_under_the_lineage_key_and_charg
                     "config": {
                         "object_type": "tasks",
                         "connection_id": conn,
-                        "properties": {"hs_task_subject": "Call ${{ event.name }}"},
+                        "properties": {"hs_task_subject": "Call ${{ trigger.name }}"},
                     },
                 },
             ]

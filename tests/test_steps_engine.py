@@ -435,7 +435,7 @@ def test_branch_records_its_choice_and_takes_only_that_edge(db: Database) -> Non
                 {
                     "id": "pick",
                     "type": "branch",
-                    "branches": [{"when": 'event.tier == "gold"', "next": "gold"}],
+                    "branches": [{"when": 'trigger.tier == "gold"', "next": "gold"}],
                     "otherwise": "plain",
                 },
                 {"id": "gold", "type": "test.noop"},
@@ -472,7 +472,7 @@ def test_rendered_config_sees_earlier_outputs(db: Database) -> None:
                 {
                     "id": "b",
                     "type": "test.echo",
-                    "config": {"prev": "${{ steps.a.output.n }}", "who": "${{ event.name }}"},
+                    "config": {"prev": "${{ steps.a.output.n }}", "who": "${{ trigger.name }}"},
                 },
             ]
         ),

@@ -27,6 +27,8 @@ from shared.db import Database
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import RehearsalRequest, RehearsalResult, RehearsalStep
 from shared.workflows.definition import WorkflowDefinition
+from shared.workflows.expressions import ExpressionError, compile_expression
+from shared.workflows.scope import Occurrence, trigger_record
 
 SQL = queries.load("ops")
 WORKFLOW_GET = SQL["ops_workflow_get"]
@@ -76,7 +78,9 @@ def start_rehearsal(
         if version is None:
             raise not_found("version")
         definition = WorkflowDefinition.model_validate(version["definition"])
-        payload, event_id, record_key, truncated, label = _event(tx, request, workflow)
+        payload, event_id, record_key, record, truncated, label = _event(
+            tx, request, workflow, definition
+        )
         run_id = str(uuid.uuid4())
         tx.execute(
             RUN_INSERT,
@@ -90,37 +94,62 @@ def start_rehearsal(
             dedup_mode=definition.trigger.dedup,
             payload=json.dumps(payload),
             payload_truncated=truncated,
+            record=json.dumps(record, default=str),
         )
         insert_steps(tx, run_id=run_id, lineage_root=run_id, nodes=[definition.entry])
     return RehearsalStart(run_id=run_id, tenant_id=workflow["tenant_id"])
 
 
 def _event(
-    tx: Any, request: RehearsalRequest, workflow: dict[str, Any]
-) -> tuple[Any, int | None, str | None, bool, str]:
+    tx: Any, request: RehearsalRequest, workflow: dict[str, Any], definition: WorkflowDefinition
+) -> tuple[Any, int | None, str | None, dict[str, Any], bool, str]:
+    """(payload, event id, record key, the record the rule would see, truncated, label)."""
     if (request.event_id is None) == (request.event is None):
         raise OpsError(422, "invalid_body", "give exactly one of event_id and event")
     if request.event_id is not None:
         event = tx.one(EVENT_GET, event_id=request.event_id, tenant_id=workflow["tenant_id"])
         if event is None:
             raise not_found("event")
-        record_key = None
-        if event["record_object_type"] is not None and event["connection_id"] is not None:
-            record_key = (
-                f"{event['connection_id']}:{event['record_object_type']}:"
-                f"{event['record_object_id']}"
-            )
+        occurrence = Occurrence.from_row(event)
+        key, record = _record(occurrence, definition)
         return (
             event["payload"],
             int(event["id"]),
-            record_key,
+            key,
+            record,
             bool(event["payload_truncated"]),
             f"event-{event['id']}",
         )
     supplied = request.event
     assert supplied is not None
+    occurrence = Occurrence(
+        id=None,
+        type=supplied.event_type,
+        tenant_id=workflow["tenant_id"],
+        payload=supplied.payload,
+        record_object_type=supplied.record_object_type,
+        record_object_id=supplied.record_object_id,
+    )
+    key, record = _record(occurrence, definition)
+    # No event row: the payload carries the event type for the step scope's `event.type`.
     payload = {"event_type": supplied.event_type, **supplied.payload}
-    return payload, None, None, False, "supplied"
+    return payload, None, key, record, False, "supplied"
+
+
+def _record(
+    occurrence: Occurrence, definition: WorkflowDefinition
+) -> tuple[str | None, dict[str, Any]]:
+    """The record admission's rule would see for this event (the same function builds it)."""
+    expression = None
+    if definition.trigger.record != "event":
+        try:
+            expression = compile_expression(definition.trigger.record)
+        except ExpressionError as exc:
+            raise OpsError(
+                422, "invalid_definition", f"the trigger's record expression: {exc}"
+            ) from exc
+    key, record, _ = trigger_record(occurrence, expression)
+    return key, record
 
 
 class RehearsalClock:

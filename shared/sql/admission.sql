@@ -96,8 +96,12 @@ FROM (SELECT key FROM unnest(CAST(:lock_keys AS text[])) AS key ORDER BY key) AS
 --   <refusal>        a reason decided before the transaction (rule, credits, echo, …)
 --   duplicate        once_per_record and the record is already enrolled
 --   already_running  not_while_running and a live run for the record is still running
---   admitted         run row (pinned version, payload copied from the event row, lineage root
---                    = its own id), enrollment (once_per_record), first step row
+--   admitted         run row (pinned version, payload copied from the event row, the record the
+--                    rule saw, lineage root = its own id), enrollment (once_per_record), first
+--                    step row
+-- :records holds, per binding, the record its trigger named by expression, or NULL for the
+-- event's own record, which is sent once as :event_record (shared/workflows/scope.py builds
+-- both), so the statement doesn't carry K copies of the same record.
 -- Every pairing not 'handled' gets its delivery claim (run_id set when admitted). All writes
 -- are sibling CTEs: none sees another's rows, and the foreign keys between them are checked at
 -- the end of the statement. A concurrent admission that skipped the lock (or a bug) meets the
@@ -110,9 +114,10 @@ WITH input AS (
     FROM unnest(CAST(:workflow_ids AS uuid[]), CAST(:version_ids AS uuid[]),
                 CAST(:dedup_modes AS text[]), CAST(:run_ids AS uuid[]),
                 CAST(:record_keys AS text[]), CAST(:refusals AS text[]),
-                CAST(:entry_nodes AS text[]), CAST(:entry_types AS text[]))
+                CAST(:entry_nodes AS text[]), CAST(:entry_types AS text[]),
+                CAST(:records AS text[]))
          AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal, entry_node,
-               entry_type)
+               entry_type, record)
 ), seen AS (
     SELECT i.*,
            (c.event_id IS NOT NULL) AS claimed,
@@ -146,9 +151,10 @@ WITH input AS (
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key, event_id,
                                record_key, dedup_mode, namespace, trigger_payload,
-                               payload_truncated, lineage_root)
+                               payload_truncated, lineage_root, trigger_record)
     SELECT d.run_id, ev.tenant_id, d.workflow_id, d.version_id, :start_key, ev.id,
-           d.record_key, d.dedup_mode, 'live', ev.payload, ev.payload_truncated, d.run_id
+           d.record_key, d.dedup_mode, 'live', ev.payload, ev.payload_truncated, d.run_id,
+           coalesce(CAST(d.record AS jsonb), CAST(:event_record AS jsonb))
     FROM decided d CROSS JOIN ev
     WHERE d.outcome = 'admitted'
     RETURNING id

@@ -123,11 +123,13 @@ WHERE e.id = :event_id
   AND (CAST(:tenant_id AS text) IS NULL OR e.tenant_id = CAST(:tenant_id AS text))
 
 -- name: ops_replay_run_insert
+-- The replay reads the payload and the record the original's rule saw, so its steps render
+-- what the original's did.
 INSERT INTO workflow_runs (tenant_id, workflow_id, version_id, start_key, event_id, record_key,
                            dedup_mode, namespace, status, trigger_payload, payload_truncated,
-                           replay_of, lineage_root)
+                           replay_of, lineage_root, trigger_record)
 SELECT tenant_id, workflow_id, version_id, :start_key, event_id, record_key, dedup_mode,
-       'live', 'running', trigger_payload, payload_truncated, id, lineage_root
+       'live', 'running', trigger_payload, payload_truncated, id, lineage_root, trigger_record
 FROM workflow_runs
 WHERE id = CAST(:run_id AS uuid)
 RETURNING id, lineage_root
@@ -272,14 +274,15 @@ SELECT version_id FROM workflow_activations WHERE workflow_id = CAST(:workflow_i
 -- A rehearsal run: its own namespace (so the live partial unique index, live claims and live
 -- history never see it) and its own start key; it is its own lineage root, so its steps'
 -- idempotency keys can never equal a live step's. Delivery claims and enrollments are not
--- written: a rehearsal decides nothing about the event.
+-- written: a rehearsal decides nothing about the event. Its record is the one admission's rule
+-- would see (shared/workflows/scope.py), so its steps render what a live run's would.
 INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key, event_id,
                            record_key, dedup_mode, namespace, status, trigger_payload,
-                           payload_truncated, lineage_root)
+                           payload_truncated, lineage_root, trigger_record)
 VALUES (CAST(:run_id AS uuid), :tenant_id, CAST(:workflow_id AS uuid),
         CAST(:version_id AS uuid), :start_key, :event_id, :record_key, :dedup_mode,
         'rehearsal', 'running', CAST(:payload AS jsonb), :payload_truncated,
-        CAST(:run_id AS uuid))
+        CAST(:run_id AS uuid), CAST(:record AS jsonb))
 
 -- name: ops_rehearsal_pending
 SELECT CAST(id AS text) AS id, status FROM workflow_steps

@@ -38,8 +38,9 @@ WHERE id = ANY(CAST(:step_ids AS uuid[])) AND status = 'pending'
 -- name: steps_claim
 -- The claim (invariant 7): only a pending step of a running run in the wanted namespace. A
 -- concurrent claim blocks on the row lock, re-checks `status = 'pending'` and gets zero rows.
--- Returns everything the executor needs in this one round trip, including the outputs of the
--- run's settled steps for the block's scope. The lease's history row is inserted by the same
+-- Returns everything the executor needs in this one round trip: the facts of the trigger
+-- event and the record the rule saw (the expression scope, shared/workflows/scope.py) and the
+-- outputs of the run's settled steps. The lease's history row is inserted by the same
 -- statement, so it exists exactly when the claim does.
 WITH claimed AS (
     UPDATE workflow_steps s
@@ -60,9 +61,10 @@ WITH claimed AS (
               r.tenant_id, CAST(r.workflow_id AS text) AS workflow_id,
               CAST(r.version_id AS text) AS version_id,
               CAST(r.lineage_root AS text) AS lineage_root,
-              r.trigger_payload, r.record_key, r.event_id, r.namespace,
+              r.trigger_payload, r.trigger_record, r.record_key, r.event_id, r.namespace,
               CAST(e.connection_id AS text) AS connection_id, e.event_type,
-              e.record_object_type, e.record_object_id,
+              e.record_object_type, e.record_object_id, e.source_event_id, e.occurred_at,
+              e.author_id, e.changed_fields,
               (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
                           'output', p.output, 'branch_choice', p.branch_choice)), '{}'::jsonb)
                  FROM workflow_steps p

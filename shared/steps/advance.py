@@ -50,6 +50,7 @@ from shared.steps.outcomes import (
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Step, WorkflowDefinition
+from shared.workflows.scope import RunFacts, step_scope
 
 SQL = queries.load("steps")
 VERSION_DEFINITION = SQL["versions_definition"]
@@ -115,25 +116,17 @@ def default_dispatch(step_ids: Sequence[str]) -> None:
 
 
 def build_scope(step: ClaimedStep) -> dict[str, Any]:
-    """What a step's config may refer to: `event` (the trigger payload), `trigger` (facts
-    about the occurrence), `record` (the record's identity, plus any `record` object the
-    payload carries) and `steps.<id>.output` of the run's succeeded steps."""
-    payload = dict(step.trigger_payload)
-    record: dict[str, Any] = {}
-    if isinstance(payload.get("record"), Mapping):
-        record.update(payload["record"])
-    if step.record_object_type is not None:
-        record.setdefault("object_type", step.record_object_type)
-        record.setdefault("id", step.record_object_id)
-    trigger = {
-        "event_type": step.event_type,
-        "event_id": step.event_id,
-        "record_key": step.record_key,
-        "run_id": step.run_id,
-        "workflow_id": step.workflow_id,
-        "tenant": step.tenant_id,
-    }
-    return {"event": payload, "trigger": trigger, "record": record, "steps": dict(step.prior_steps)}
+    """What a step's config and a branch condition read: the scope the trigger rule read, with
+    the record kept with the run, plus `steps` and `run` (shared/workflows/scope.py)."""
+    run = RunFacts(
+        id=step.run_id,
+        workflow_id=step.workflow_id,
+        version_id=step.version_id,
+        tenant_id=step.tenant_id,
+        lineage_root=step.lineage_root,
+        namespace=step.namespace,
+    )
+    return step_scope(step.occurrence, step.trigger_record, run=run, steps=step.prior_steps)
 
 
 def render_config(node: Step, scope: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from shared.db import Database
 from shared.errors import TransientError
 from shared.logs import get_logger
 from shared.steps.crashpoints import crash_point
+from shared.workflows.scope import Occurrence
 
 SQL = queries.load("steps")
 CLAIM = SQL["steps_claim"]
@@ -71,13 +72,13 @@ class ClaimedStep:
     version_id: str
     lineage_root: str
     namespace: str
-    trigger_payload: Mapping[str, Any]
     record_key: str | None
     event_id: int | None
     connection_id: str | None
-    event_type: str | None
-    record_object_type: str | None
-    record_object_id: str | None
+    # The trigger occurrence and the record its rule saw: the step's expression scope
+    # (shared/workflows/scope.py). `trigger_record` is None for runs admitted before it was kept.
+    occurrence: Occurrence
+    trigger_record: Mapping[str, Any] | None
     prior_steps: Mapping[str, Any]
 
 
@@ -117,14 +118,26 @@ def claim_step(
         version_id=row["version_id"],
         lineage_root=row["lineage_root"],
         namespace=row["namespace"],
-        trigger_payload=row["trigger_payload"] or {},
         record_key=row["record_key"],
         event_id=row["event_id"],
         connection_id=row["connection_id"],
-        event_type=row["event_type"],
-        record_object_type=row["record_object_type"],
-        record_object_id=row["record_object_id"],
+        occurrence=_occurrence(row),
+        trigger_record=row["trigger_record"],
         prior_steps=row["prior_steps"] or {},
+    )
+
+
+def _occurrence(row: Mapping[str, Any]) -> Occurrence:
+    """The run's trigger occurrence: the event row's facts with the run's copy of its payload.
+    A rehearsal of a supplied event has no event row; its payload names the event type."""
+    payload = row["trigger_payload"] or {}
+    return Occurrence.from_row(
+        {
+            **row,
+            "id": row["event_id"],
+            "event_type": row["event_type"] or payload.get("event_type"),
+            "payload": payload,
+        }
     )
 
 

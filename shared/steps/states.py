@@ -1,21 +1,29 @@
-"""Step statuses, who moves a row into and out of each, and the one table of allowed moves.
+"""Step and run statuses, who moves a row into and out of each, and the one table of allowed
+moves for each.
 
-Every status change in the engine is one guarded `UPDATE … WHERE status = …` in
-`shared/sql/steps.sql`; `QUERY_TRANSITIONS` names the moves each of those statements makes, and
-a test checks them against `TRANSITIONS` (and the schema's CHECK on the column). `LeaseEnd`
-names how a claimed attempt's lease ended, for the step's lease history.
+Every status change is one guarded `UPDATE … WHERE status = …` in a named SQL block, whichever
+file it lives in (the engine's in `shared/sql/steps.sql`, admission's in `admission.sql`, the
+ops moves in `ops.sql`). `STEP_STATEMENTS` and `RUN_STATEMENTS` declare, for EVERY statement
+that writes `workflow_steps` or `workflow_runs`, the statuses it moves rows from and to;
+`tests/test_sql_statements.py` finds those statements in every SQL file, checks each
+declaration against the statement's text and the transition table, and checks the enums
+against the schema's CHECK constraints as the migrated database has them. `LeaseEnd` names how
+a claimed attempt's lease ended, for the step's lease history.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, NamedTuple
 
 
 class StepStatus(StrEnum):
     PENDING = "pending"
     """Ready to be claimed. In: `insert_steps` (admission for first steps, settle for the
     next ones), the sweep (a due wait served or a retry due; an expired lease reclaimed), ops
-    retry. Out: the claim in `advance_step` (→ running), ops cancel (→ skipped)."""
+    retry and replay. Out: the claim in `advance_step` (→ running), ops cancel (→ skipped)."""
 
     RUNNING = "running"
     """Claimed under a lease (`lease_id`, `lease_expires_at`); heartbeats extend it. In: the
@@ -27,14 +35,18 @@ class StepStatus(StrEnum):
     WAITING_FOR_DELAY = "waiting_for_delay"
     """A delay is being served; `wake_at` is when it is over (the wait is then *served*: the
     step succeeds when claimed again, without running its block a second time). In: settle of a
-    block that returned a future wake time. Out: the sweep when due (→ pending), ops cancel."""
+    block that returned a future wake time. Out: the sweep when due (→ pending), a rehearsal
+    (which serves its delays at once: → pending), ops retry of the run (→ pending), ops
+    cancel."""
 
     WAITING_FOR_RETRY = "waiting_for_retry"
     """An attempt failed transiently (or was throttled) and waits; `wake_at` is when to try
-    *again*. In: settle. Out: the sweep when due (→ pending), ops cancel (→ skipped)."""
+    *again*. In: settle. Out: the sweep when due (→ pending), ops retry of the run (→
+    pending), ops cancel (→ skipped)."""
 
     SUCCEEDED = "succeeded"
-    """Terminal, with `finished_at`. In: settle. Out: never (a replay is a new run)."""
+    """Terminal, with `finished_at`. In: settle; a replay's copy of a settled step. Out:
+    never (a replay is a new run)."""
 
     SKIPPED = "skipped"
     """Terminal, with `finished_at`: the step was not run (its run was cancelled). In: ops
@@ -75,15 +87,115 @@ TRANSITIONS: frozenset[tuple[StepStatus, StepStatus]] = frozenset(
     }
 )
 
-# The moves each engine statement in shared/sql/steps.sql makes: (from states, to states).
-QUERY_TRANSITIONS: dict[str, tuple[frozenset[StepStatus], frozenset[StepStatus]]] = {
-    "steps_claim": (frozenset({S.PENDING}), frozenset({S.RUNNING})),
-    "steps_settle": (
-        frozenset({S.RUNNING}),
-        frozenset({S.SUCCEEDED, S.FAILED, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}),
+# A step row is created pending (admission's first step, settle's next steps, a replay's
+# restarted roots); a replay also copies the original run's settled steps as they were.
+STEP_INITIAL = frozenset({S.PENDING, S.SUCCEEDED, S.SKIPPED, S.FAILED})
+
+
+class Moves(NamedTuple):
+    """What one statement does to a table's status column: it moves rows whose status is in
+    `sources` (what its WHERE guard names; empty for an INSERT, whose rows are new) to one of
+    `targets` (empty when it writes other columns only: a heartbeat, a dispatch stamp)."""
+
+    sources: frozenset[Any]
+    targets: frozenset[Any]
+
+
+def _moves(sources: set[Any] | frozenset[Any], targets: set[Any] | frozenset[Any]) -> Moves:
+    return Moves(frozenset(sources), frozenset(targets))
+
+
+NEW: frozenset[Any] = frozenset()  # the sources of an INSERT
+
+# Every statement that writes workflow_steps, in any SQL file, and the moves it makes.
+STEP_STATEMENTS: dict[str, Moves] = {
+    # shared/sql/steps.sql: the engine and the sweep
+    "steps_insert_many": _moves(NEW, {S.PENDING}),
+    "steps_mark_dispatched": _moves({S.PENDING}, set()),
+    "steps_claim": _moves({S.PENDING}, {S.RUNNING}),
+    "steps_heartbeat": _moves({S.RUNNING}, set()),
+    "steps_mark_side_effect_started": _moves({S.RUNNING}, set()),
+    "steps_withdraw_side_effect_mark": _moves({S.RUNNING}, set()),
+    "steps_settle": _moves(
+        {S.RUNNING}, {S.SUCCEEDED, S.FAILED, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}
     ),
-    "steps_reclaim_expired": (frozenset({S.RUNNING}), frozenset({S.PENDING, S.FAILED})),
-    "steps_wake_due": (PARKED, frozenset({S.PENDING})),
+    "steps_reclaim_expired": _moves({S.RUNNING}, {S.PENDING, S.FAILED}),
+    "steps_wake_due": _moves(PARKED, {S.PENDING}),
+    "steps_redispatch_lost": _moves({S.PENDING}, set()),
+    # shared/sql/admission.sql: the first step of an admitted run
+    "admission_admit": _moves(NEW, {S.PENDING}),
+    # shared/sql/ops.sql: replay, retry, rehearsal
+    "ops_replay_steps_copy": _moves(NEW, TERMINAL),
+    "ops_replay_step_restart": _moves(NEW, {S.PENDING}),
+    # A pending root is rewritten in place (fresh attempt budget), which is not a move.
+    "ops_retry_step_reset": _moves({S.FAILED, S.PENDING, *PARKED}, {S.PENDING}),
+    "ops_rehearsal_serve_delays": _moves({S.WAITING_FOR_DELAY}, {S.PENDING}),
+}
+# Their new status is a parameter (the settlement's) or copied from another row, so only the
+# declaration says which; for every other statement the test reads it from the text.
+STEP_DYNAMIC = frozenset({"steps_settle", "ops_replay_steps_copy"})
+
+# Kept for readers of the engine's own statements (the lease history test).
+QUERY_TRANSITIONS = STEP_STATEMENTS
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    """Executing its steps. In: admission (a new live run), replay (a new run of the lineage),
+    a rehearsal's start, ops retry of a failed run (reopened in place). Out: the engine when no
+    step is left (→ succeeded) or a step failed (→ failed), the sweep's reclaim of a step that
+    failed (→ failed), the end of a rehearsal (→ cancelled)."""
+
+    SUCCEEDED = "succeeded"
+    """Terminal, with `finished_at`: every step settled and none failed. Out: never."""
+
+    FAILED = "failed"
+    """Terminal, with `finished_at` and `error`; a step failed. Its journal is the dead-letter
+    list. Out: ops retry (→ running); a replay starts a new run instead."""
+
+    CANCELLED = "cancelled"
+    """Terminal, with `finished_at`: stopped before it finished (a rehearsal that would have
+    waited, or ran out of its step budget). Out: never."""
+
+
+R = RunStatus
+RUN_TRANSITIONS: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
+    {
+        (R.RUNNING, R.SUCCEEDED),  # the last step settled
+        (R.RUNNING, R.FAILED),  # a step failed (settle or the sweep's reclaim)
+        (R.RUNNING, R.CANCELLED),  # a rehearsal stops
+        (R.FAILED, R.RUNNING),  # ops retry reopens the run
+    }
+)
+RUN_INITIAL = frozenset({R.RUNNING})
+
+# Every statement that writes workflow_runs, in any SQL file, and the moves it makes.
+RUN_STATEMENTS: dict[str, Moves] = {
+    "admission_admit": _moves(NEW, {R.RUNNING}),
+    "runs_finish_if_done": _moves({R.RUNNING}, {R.SUCCEEDED}),
+    "runs_fail": _moves({R.RUNNING}, {R.FAILED}),
+    "steps_reclaim_expired": _moves({R.RUNNING}, {R.FAILED}),
+    "ops_replay_run_insert": _moves(NEW, {R.RUNNING}),
+    "ops_retry_run_reopen": _moves({R.FAILED}, {R.RUNNING}),
+    "ops_rehearsal_run_insert": _moves(NEW, {R.RUNNING}),
+    "ops_rehearsal_stop": _moves({R.RUNNING}, {R.CANCELLED}),
+}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One table's statuses, allowed moves, initial statuses and the statements that write it."""
+
+    statuses: type[StrEnum]
+    transitions: frozenset[tuple[Any, Any]]
+    initial: frozenset[Any]
+    statements: Mapping[str, Moves]
+    dynamic: frozenset[str] = frozenset()
+
+
+MACHINES: dict[str, Machine] = {
+    "workflow_steps": Machine(StepStatus, TRANSITIONS, STEP_INITIAL, STEP_STATEMENTS, STEP_DYNAMIC),
+    "workflow_runs": Machine(RunStatus, RUN_TRANSITIONS, RUN_INITIAL, RUN_STATEMENTS),
 }
 
 

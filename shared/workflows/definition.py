@@ -3,7 +3,7 @@
     name: enroll-new-lead
     tenant: acme
     trigger:
-      events: [hubspot.contact.created]
+      events: [hubspot.contact.property_changed]
       rule: 'record.lifecyclestage == "lead"'      # CEL, optional
       dedup: once_per_record                        # | not_while_running | every_time
       record: event                                 # where the record identity comes from
@@ -11,14 +11,15 @@
     steps:
       - id: create_task
         type: crm.create
-        config: {object_type: tasks, properties: {subject: "Call ${{ record.firstname }}"}}
+        config: {object_type: tasks, properties: {subject: "Call contact ${{ record.id }}"}}
         next: notify
       - id: notify
         type: http.request
         config: {url: https://example.com/hook, body: {task: "${{ steps.create_task.output.id }}"}}
 
 The first step listed is the entry point. `next` names the following step (or is omitted at
-the end); a `branch` step lists `branches` with CEL conditions and an `otherwise` edge.
+the end); a `branch` step lists `branches` with CEL conditions and an `otherwise` edge. What
+expressions read (`event`, `trigger`, `record`, `steps`, `run`) is shared/workflows/scope.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 DedupMode = Literal["once_per_record", "not_while_running", "every_time"]
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 EVENT_TYPE_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)+$"
+# Where the JSON Schema describes what expressions read (shared/workflows/schema.py).
+SCOPE_REF = "#/$defs/ExpressionScope"
 
 
 class _Strict(BaseModel):
@@ -39,13 +42,16 @@ class _Strict(BaseModel):
 class Trigger(_Strict):
     events: list[str] = Field(min_length=1, description="Event types that start this workflow.")
     rule: str | None = Field(
-        default=None, description="CEL condition over `event` and `record`; empty means always."
+        default=None,
+        description="CEL condition over the expression scope's `event`, `trigger` and `record` "
+        f"({SCOPE_REF}); empty means always.",
     )
     dedup: DedupMode = "once_per_record"
     record: str = Field(
         default="event",
         description="Where the record identity comes from: `event` (the event's own record) "
-        "or a CEL expression yielding an object id.",
+        "or a CEL expression over `event`, `trigger` and `record` yielding an object id or "
+        f"{{id, object_type}} ({SCOPE_REF}).",
     )
     watch: list[str] = Field(
         default_factory=list, description="Fields whose change fires a property-change trigger."
@@ -53,14 +59,21 @@ class Trigger(_Strict):
 
 
 class Branch(_Strict):
-    when: str = Field(description="CEL condition; the first branch whose condition holds wins.")
+    when: str = Field(
+        description=f"CEL condition over the expression scope ({SCOPE_REF}); the first branch "
+        "whose condition holds wins."
+    )
     next: str
 
 
 class Step(_Strict):
     id: str = Field(pattern=STEP_ID_PATTERN)
     type: str = Field(description="Block type, e.g. crm.create, http.request, branch, delay, end.")
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The block's config; a value may be a `${{ … }}` template over the "
+        f"expression scope ({SCOPE_REF}).",
+    )
     next: str | None = None
     branches: list[Branch] = Field(default_factory=list)
     otherwise: str | None = None

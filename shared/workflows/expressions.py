@@ -19,11 +19,8 @@ scope is stopped with an `ExpressionError` instead of running. The measured `map
 cost in this library is quadratic in the list length (it copies its accumulator), and the
 estimate charges for that.
 
-Scope shape (everyone builds it this way):
-    {"event": {type, occurred_at, payload, changed_fields, author_id},
-     "trigger": <payload>, "record": {id, object_type, <properties>…},
-     "steps": {"<step id>": {"output": {…}}}}
-Step ids that are not CEL identifiers (they may contain `-`) are read as `steps["a-b"]`.
+The scope (`event`, `trigger`, `record`, and for steps `steps` and `run`) is built by
+shared/workflows/scope.py, and only there; its docstring says what each root holds.
 """
 
 from __future__ import annotations
@@ -48,7 +45,8 @@ MAX_ALLOCATION_BYTES = 32 * 1024 * 1024
 MAX_RESULT_BYTES = 256 * 1024
 MAX_COMPREHENSION_DEPTH = 3
 
-ROOTS = frozenset({"event", "trigger", "record", "steps"})
+# The scope's roots; shared/workflows/scope.py builds them and documents what each holds.
+ROOTS = frozenset({"event", "trigger", "record", "steps", "run"})
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 # map/filter copy their accumulator on every iteration in this library (measured: 4 000
 # elements take ~0.5 s), so they cost L + L²/16 units instead of L.
@@ -246,7 +244,8 @@ def compile_expression(src: str) -> CompiledExpression:
     unknown = sorted(variables - ROOTS - bound)
     if unknown:
         raise ExpressionError(
-            f"unknown name {unknown[0]!r}; expressions can read event, trigger, record and steps",
+            f"unknown name {unknown[0]!r}; expressions can read event, trigger, record, steps "
+            "and run",
             source=text,
         )
     for fn in refs.get("functions", ()):

@@ -12,6 +12,7 @@ from typing import Any
 
 from shared.blocks import registry
 from shared.workflows.definition import WorkflowDefinition
+from shared.workflows.scope import ROOTS, RULE_ROOTS
 
 SCHEMA_ID = "https://onceflow.dev/schema/workflow.schema.json"
 TEMPLATE_STRING = {"type": "string", "pattern": r"\$\{\{.*\}\}"}
@@ -34,6 +35,7 @@ def build_schema() -> dict[str, Any]:
                 "then": {"properties": {"config": _templatable(config)}},
             }
         )
+    defs["ExpressionScope"] = expression_scope()
     known = [s.type_name for s in registry.all_specs()]
     step = defs["Step"]
     step["properties"]["type"]["examples"] = known
@@ -42,6 +44,18 @@ def build_schema() -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
         **schema,
+    }
+
+
+def expression_scope() -> dict[str, Any]:
+    """What CEL expressions read (rules, record expressions, branch conditions, templates),
+    from its one description in shared/workflows/scope.py."""
+    return {
+        "title": "ExpressionScope",
+        "description": "The names a CEL expression can read. A trigger rule and a record "
+        f"expression read {', '.join(sorted(RULE_ROOTS))}; steps read all of them.",
+        "type": "object",
+        "properties": {name: {"description": text} for name, text in ROOTS.items()},
     }
 
 

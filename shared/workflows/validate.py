@@ -32,6 +32,7 @@ from shared.workflows.expressions import (
     compile_expression,
     template_expressions,
 )
+from shared.workflows.scope import RULE_ROOTS
 
 PathT = tuple[str | int, ...]
 Severity = Literal["error", "warning"]
@@ -342,16 +343,24 @@ class _Validation:
             seen.add(event)
         if t.rule is not None:
             compiled = self.expression(("trigger", "rule"), t.rule)
-            if compiled is not None and "steps" in compiled.variables:
+            step_only = sorted(compiled.variables - RULE_ROOTS) if compiled is not None else []
+            if step_only:
                 self.add(
                     "error",
                     ("trigger", "rule"),
-                    "a trigger rule runs before any step: it cannot read `steps`",
+                    f"a trigger rule runs before the run exists: it cannot read `{step_only[0]}` "
+                    "(a rule reads event, trigger and record)",
                 )
         if t.record != "event":
             compiled = self.expression(("trigger", "record"), t.record)
-            if compiled is not None and "steps" in compiled.variables:
-                self.add("error", ("trigger", "record"), "the record identity cannot read `steps`")
+            step_only = sorted(compiled.variables - RULE_ROOTS) if compiled is not None else []
+            if step_only:
+                self.add(
+                    "error",
+                    ("trigger", "record"),
+                    f"the record identity cannot read `{step_only[0]}` "
+                    "(it reads event, trigger and record)",
+                )
         changes = [e for e in t.events if e.endswith(PROPERTY_CHANGED)]
         if changes and not t.watch:
             self.add(

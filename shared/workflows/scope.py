@@ -1,0 +1,234 @@
+"""The expression scope: what every expression of a workflow reads, built here and nowhere else.
+
+Trigger rules and the trigger's `record` expression (at admission), branch conditions and
+`${{ … }}` step templates (in the step engine), replays and rehearsals all get their scope from
+this module, so one expression gives one value wherever it is written. `ROOTS` below is the one
+description of what each root holds: the JSON Schema (`make schema`) and the README's
+Expressions section are rendered from it, and tests keep them equal. Pure: no database driver,
+no HTTP client.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from shared.workflows.expressions import (
+    CompiledExpression,
+    ExpressionError,
+    PreparedScope,
+    evaluate,
+)
+
+ROOTS: dict[str, str] = {
+    "event": (
+        "The trigger occurrence as onceflow recorded it: `id`, `type` (e.g. "
+        "hubspot.contact.property_changed), `tenant_id`, `connection_id`, `source_event_id` "
+        "(the provider's event id), `occurred_at` (a timestamp), `author_id` (who made the "
+        "change, when the provider says), `changed_fields` ({property: new value} for a "
+        "property change, {} otherwise)."
+    ),
+    "trigger": (
+        "The event's payload exactly as the provider sent it: one element of a HubSpot webhook "
+        "(objectId, propertyName, propertyValue, occurredAt, subscriptionType, changeSource, "
+        "sourceId, …), or what an application passed to emit."
+    ),
+    "record": (
+        "The record the run is about, as the event describes it, never a fresh read from the "
+        "CRM: `id`, `object_type` (singular: contact, deal, …), `key` (connection:type:id), "
+        "`connection_id`, the properties the payload carries under `properties` (HubSpot "
+        "webhooks carry none) and, on top, the event's changed fields. A HubSpot property "
+        "change gives the one property that changed: read any other with a crm.get step. A "
+        "trigger whose record is an expression gets only `id`, `object_type` and `key`. The "
+        "record the rule saw is kept with the run: steps, replays and rehearsals read the same."
+    ),
+    "steps": (
+        "Steps only: `steps.<id>.output` and `steps.<id>.branch_choice` of the run's succeeded "
+        'steps (`steps["a-b"]` for an id that is not an identifier).'
+    ),
+    "run": (
+        "Steps only: `id`, `workflow_id`, `version_id`, `tenant_id`, `lineage_root` (the first "
+        "run of a replay lineage) and `namespace` (live or rehearsal)."
+    ),
+}
+RULE_ROOTS = frozenset({"event", "trigger", "record"})
+STEP_ROOTS = frozenset(ROOTS)
+
+
+def markdown_table() -> str:
+    """`ROOTS` as the README shows it."""
+    rows = ["| root | what it holds |", "|---|---|"]
+    rows += [f"| `{name}` | {text} |" for name, text in ROOTS.items()]
+    return "\n".join(rows) + "\n"
+
+
+def record_key(connection_id: str | None, object_type: str, object_id: str) -> str:
+    """The record identity every part of onceflow uses."""
+    return f"{connection_id or 'app'}:{object_type}:{object_id}"
+
+
+def _json(value: Any) -> Any:
+    # jsonb columns arrive decoded from pg8000, text columns (and hand-made rows) as strings.
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One trigger occurrence: the facts of a `workflow_trigger_events` row that expressions
+    may read."""
+
+    id: int | None
+    type: str | None
+    tenant_id: str
+    connection_id: str | None = None
+    source_event_id: str | None = None
+    occurred_at: datetime | None = None
+    author_id: str | None = None
+    changed_fields: Mapping[str, Any] = field(default_factory=dict)
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    record_object_type: str | None = None
+    record_object_id: str | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Occurrence:
+        """From an event row's columns (`id`, `event_type`, `tenant_id`, `connection_id`,
+        `source_event_id`, `occurred_at`, `author_id`, `changed_fields`, `payload`,
+        `record_object_type`, `record_object_id`)."""
+        connection = row.get("connection_id")
+        return cls(
+            id=None if row.get("id") is None else int(row["id"]),
+            type=row.get("event_type"),
+            tenant_id=str(row["tenant_id"]),
+            connection_id=None if connection is None else str(connection),
+            source_event_id=row.get("source_event_id"),
+            occurred_at=row.get("occurred_at"),
+            author_id=row.get("author_id"),
+            changed_fields=_json(row.get("changed_fields")) or {},
+            payload=_json(row.get("payload")) or {},
+            record_object_type=row.get("record_object_type"),
+            record_object_id=row.get("record_object_id"),
+        )
+
+    @property
+    def record_key(self) -> str | None:
+        if self.record_object_id is None or self.record_object_type is None:
+            return None
+        return record_key(self.connection_id, self.record_object_type, self.record_object_id)
+
+    def event(self) -> dict[str, Any]:
+        """The `event` root."""
+        return {
+            "id": self.id,
+            "type": self.type,
+            "tenant_id": self.tenant_id,
+            "connection_id": self.connection_id,
+            "source_event_id": self.source_event_id,
+            "occurred_at": self.occurred_at,
+            "author_id": self.author_id,
+            "changed_fields": dict(self.changed_fields),
+        }
+
+    def record(self) -> dict[str, Any]:
+        """The event's own record as the `record` root ({} when the event names none)."""
+        if self.record_object_id is None:
+            return {}
+        props = self.payload.get("properties")
+        record: dict[str, Any] = dict(props) if isinstance(props, Mapping) else {}
+        record.update(self.changed_fields)
+        record.update(
+            id=self.record_object_id,
+            object_type=self.record_object_type,
+            key=self.record_key,
+            connection_id=self.connection_id,
+        )
+        return record
+
+
+def rule_scope(occurrence: Occurrence, record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a trigger rule and a trigger's record expression read."""
+    return {"event": occurrence.event(), "trigger": dict(occurrence.payload), "record": record}
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """The `run` root of a step's scope."""
+
+    id: str
+    workflow_id: str
+    version_id: str
+    tenant_id: str
+    lineage_root: str
+    namespace: str
+
+    def as_scope(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "workflow_id": self.workflow_id,
+            "version_id": self.version_id,
+            "tenant_id": self.tenant_id,
+            "lineage_root": self.lineage_root,
+            "namespace": self.namespace,
+        }
+
+
+def step_scope(
+    occurrence: Occurrence,
+    record: Mapping[str, Any] | None,
+    *,
+    run: RunFacts,
+    steps: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What a step's config and a branch condition read: the rule's scope, with the record
+    kept with the run (None for a run admitted before it was kept: the event's own record,
+    which is what such a run's rule saw unless its trigger took the record from an
+    expression), plus `steps` and `run`."""
+    kept = occurrence.record() if record is None else dict(record)
+    return {**rule_scope(occurrence, kept), "steps": dict(steps), "run": run.as_scope()}
+
+
+def record_from_expression(
+    expression: CompiledExpression, scope: Mapping[str, Any] | PreparedScope, occurrence: Occurrence
+) -> tuple[str | None, dict[str, Any], str | None]:
+    """A trigger's `record` expression evaluated over the rule scope: (record key, the record
+    the rule then sees, why there is none). The expression yields an object id (of the
+    event's object type) or a map with `id` and `object_type`."""
+    try:
+        value = evaluate(expression, scope)
+    except ExpressionError as exc:
+        return None, {}, f"the trigger's record expression failed: {exc}"
+    object_type = occurrence.record_object_type
+    object_id: Any = value
+    if isinstance(value, Mapping):
+        object_type = value.get("object_type") or object_type
+        object_id = value.get("id")
+    if isinstance(object_id, bool) or not isinstance(object_id, str | int) or object_id == "":
+        return (
+            None,
+            {},
+            f"the trigger's record expression `{expression.source}` gave {value!r:.80}, "
+            "not a record id",
+        )
+    if not object_type:
+        return None, {}, "the record expression gave an id but no object_type"
+    key = record_key(occurrence.connection_id, str(object_type), str(object_id))
+    return key, {"id": str(object_id), "object_type": str(object_type), "key": key}, None
+
+
+def trigger_record(
+    occurrence: Occurrence,
+    expression: CompiledExpression | None,
+    scope: Mapping[str, Any] | PreparedScope | None = None,
+) -> tuple[str | None, dict[str, Any], str | None]:
+    """The record a trigger sees: the event's own (expression None) or the one its `record`
+    expression names. (record key, record, why there is none). `scope` is the rule scope
+    when the caller already built it."""
+    if expression is None:
+        if occurrence.record_key is None:
+            return None, {}, f"event {occurrence.id} ({occurrence.type}) names no record"
+        return occurrence.record_key, occurrence.record(), None
+    if scope is None:
+        scope = rule_scope(occurrence, occurrence.record())
+    return record_from_expression(expression, scope, occurrence)
