@@ -4,6 +4,7 @@
 #   onceflow-pubsub-push    signs the OIDC token of the push subscriptions
 #   onceflow-scheduler      signs the OIDC token of the scheduler jobs
 #   onceflow-deployer       Cloud Build: migrations, grants, terraform apply
+#   onceflow-build          builds the functions' images from the source archive
 
 resource "google_service_account" "function" {
   for_each     = local.functions
@@ -19,6 +20,11 @@ resource "google_service_account" "pubsub_push" {
 resource "google_service_account" "scheduler" {
   account_id   = "onceflow-scheduler"
   display_name = "onceflow Cloud Scheduler jobs"
+}
+
+resource "google_service_account" "build" {
+  account_id   = "onceflow-build"
+  display_name = "onceflow function builds"
 }
 
 resource "google_service_account" "deployer" {
@@ -162,4 +168,19 @@ resource "google_cloud_run_service_iam_member" "ops_invoker" {
   service  = google_cloudfunctions2_function.function["ops"].name
   role     = "roles/run.invoker"
   member   = each.value
+}
+
+# --- function builds ------------------------------------------------------------------------
+
+# What a Cloud Functions build needs as its own account: read the source archive, push the
+# image to the function's Artifact Registry repository, write its log.
+resource "google_project_iam_member" "build" {
+  for_each = toset([
+    "roles/logging.logWriter",
+    "roles/artifactregistry.writer",
+    "roles/storage.objectViewer",
+  ])
+  project = var.project_id
+  role    = each.value
+  member  = google_service_account.build.member
 }

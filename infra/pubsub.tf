@@ -7,28 +7,40 @@
 #
 # The local stack (devstack) creates the same topics and subscriptions on the Pub/Sub emulator
 # from these resources, so keep names and policies as literals.
+#
+# Expiry: a subscription without `expiration_policy` is deleted after 31 days without
+# activity. For a dead-letter hold that is the normal state, and once it is gone later dead
+# letters land on a topic nobody reads. Every subscription here sets `ttl = ""` (never); one
+# that may expire must say why in `local.subscriptions_allowed_to_expire` (tests/test_infra.py).
+locals {
+  subscriptions_allowed_to_expire = {}
+}
 
 resource "google_pubsub_topic" "trigger_events" {
   name                       = "trigger-events"
   message_retention_duration = "86400s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
 resource "google_pubsub_topic" "step_ready" {
   name                       = "step-ready"
   message_retention_duration = "86400s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
 resource "google_pubsub_topic" "trigger_events_dead_letter" {
   name                       = "trigger-events-dead-letter"
   message_retention_duration = "604800s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
 resource "google_pubsub_topic" "step_ready_dead_letter" {
   name                       = "step-ready-dead-letter"
   message_retention_duration = "604800s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
@@ -38,6 +50,11 @@ resource "google_pubsub_subscription" "trigger_events_dead_letter" {
   topic                      = google_pubsub_topic.trigger_events_dead_letter.id
   message_retention_duration = "604800s"
   ack_deadline_seconds       = 60
+  labels                     = local.labels
+
+  expiration_policy {
+    ttl = "" # never: an idle dead-letter hold is the normal, healthy state
+  }
 }
 
 resource "google_pubsub_subscription" "step_ready_dead_letter" {
@@ -45,6 +62,11 @@ resource "google_pubsub_subscription" "step_ready_dead_letter" {
   topic                      = google_pubsub_topic.step_ready_dead_letter.id
   message_retention_duration = "604800s"
   ack_deadline_seconds       = 60
+  labels                     = local.labels
+
+  expiration_policy {
+    ttl = "" # never: an idle dead-letter hold is the normal, healthy state
+  }
 }
 
 # trigger-events -> admit_event. For push, the ack deadline is the request timeout: it must
@@ -75,6 +97,8 @@ resource "google_pubsub_subscription" "admit_event_push" {
   expiration_policy {
     ttl = "" # never expire for inactivity
   }
+
+  labels = local.labels
 
   depends_on = [
     google_cloud_run_service_iam_member.pubsub_push_invoker,
@@ -107,8 +131,10 @@ resource "google_pubsub_subscription" "advance_step_push" {
   }
 
   expiration_policy {
-    ttl = ""
+    ttl = "" # never expire for inactivity
   }
+
+  labels = local.labels
 
   depends_on = [
     google_cloud_run_service_iam_member.pubsub_push_invoker,
