@@ -185,6 +185,8 @@ resource "google_cloudfunctions2_function" "function" {
       DB_IP_TYPE               = "private"
       DB_POOL_SIZE             = tostring(var.db_pool_size)
       LOG_LEVEL                = var.log_level
+      # Where ops' health view reads the scheduler jobs (shared/ops/health.py).
+      SCHEDULER_LOCATION = var.region
       # The Cloud Functions API adds this to every gen2 function; declared so that a plan of
       # an unchanged tree shows no update.
       LOG_EXECUTION_ID = "true"

@@ -184,3 +184,12 @@ resource "google_project_iam_member" "build" {
   role    = each.value
   member  = google_service_account.build.member
 }
+
+# --- health view ----------------------------------------------------------------------------
+
+# ops' GET /v1/health reads each scheduler job's last attempt (shared/ops/health.py).
+resource "google_project_iam_member" "ops_scheduler_viewer" {
+  project = var.project_id
+  role    = "roles/cloudscheduler.viewer"
+  member  = google_service_account.function["ops"].member
+}
