@@ -104,6 +104,10 @@ locals {
     for name, f in local.functions : lookup(var.max_instances, name, 0) * var.db_pool_size if f.uses_database
   ])
   db_connection_limit = var.db_max_connections - var.db_connection_reserve
+
+  # Known before the function exists (its own url attribute would be a cycle): gen2 functions
+  # answer at https://REGION-PROJECT.cloudfunctions.net/NAME.
+  webhook_public_base_url = coalesce(var.webhook_public_base_url, "https://${var.region}-${var.project_id}.cloudfunctions.net/webhook")
 }
 
 # Fails `terraform plan` when a scale-out could exhaust Postgres: past max_connections new
@@ -185,6 +189,10 @@ resource "google_cloudfunctions2_function" "function" {
       DB_IP_TYPE               = "private"
       DB_POOL_SIZE             = tostring(var.db_pool_size)
       LOG_LEVEL                = var.log_level
+      # The URI HubSpot signs is the URL it called. Behind the cloudfunctions.net URL the
+      # request path has no function-name prefix, so without this the signature base differs
+      # and every delivery is refused 401 (shared/webhooks/receive.py, public_uri).
+      PUBLIC_BASE_URL = each.key == "webhook" ? local.webhook_public_base_url : ""
       # Where ops' health view reads the scheduler jobs (shared/ops/health.py).
       SCHEDULER_LOCATION = var.region
       # The Cloud Functions API adds this to every gen2 function; declared so that a plan of

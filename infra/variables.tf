@@ -208,3 +208,9 @@ variable "alert_thresholds" {
   })
   default = {}
 }
+
+variable "webhook_public_base_url" {
+  description = "The URL the CRM calls, up to and without /hubspot/<connection id> (PUBLIC_BASE_URL). Empty: the webhook function's own https://REGION-PROJECT.cloudfunctions.net/webhook. Set it when a load balancer or custom domain fronts the function."
+  type        = string
+  default     = ""
+}

@@ -627,3 +627,15 @@ def test_ops_can_read_the_scheduler_for_the_health_view(tf: Terraform) -> None:
     assert grant["member"] == '${google_service_account.function["ops"].member}'
     service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
     assert service["environment_variables"]["SCHEDULER_LOCATION"] == "${var.region}"
+
+
+def test_webhook_knows_the_public_url_the_crm_signs(tf: Terraform) -> None:
+    """Behind cloudfunctions.net the path loses its /webhook prefix; without PUBLIC_BASE_URL
+    the rebuilt URI differs from the signed one and every signed delivery is a 401."""
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    env = service["environment_variables"]["PUBLIC_BASE_URL"]
+    assert 'each.key == "webhook"' in env and "local.webhook_public_base_url" in env
+    base = tf.locals["webhook_public_base_url"]
+    assert "var.webhook_public_base_url" in base
+    assert "https://${var.region}-${var.project_id}.cloudfunctions.net/webhook" in base
+    assert "local.webhook_public_base_url" in tf.outputs["webhook_url"]["value"]
