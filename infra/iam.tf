@@ -10,26 +10,31 @@ resource "google_service_account" "function" {
   for_each     = local.functions
   account_id   = "onceflow-fn-${replace(each.key, "_", "-")}"
   display_name = "onceflow ${each.key} function"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "pubsub_push" {
   account_id   = "onceflow-pubsub-push"
   display_name = "onceflow Pub/Sub push subscriptions"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "scheduler" {
   account_id   = "onceflow-scheduler"
   display_name = "onceflow Cloud Scheduler jobs"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "build" {
   account_id   = "onceflow-build"
   display_name = "onceflow function builds"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "deployer" {
   account_id   = var.deployer_service_account
   display_name = "onceflow Cloud Build deployer"
+  depends_on   = [google_project_service.enabled]
 }
 
 locals {
@@ -172,13 +177,14 @@ resource "google_cloud_run_service_iam_member" "ops_invoker" {
 
 # --- function builds ------------------------------------------------------------------------
 
-# What a Cloud Functions build needs as its own account: read the source archive, push the
-# image to the function's Artifact Registry repository, write its log.
+# The roles Google's "build service account" page (Cloud Run functions) lists for a custom
+# build account: write the build log, push the image to Artifact Registry, read the source
+# from (and keep build files in) Cloud Storage.
 resource "google_project_iam_member" "build" {
   for_each = toset([
     "roles/logging.logWriter",
     "roles/artifactregistry.writer",
-    "roles/storage.objectViewer",
+    "roles/storage.objectAdmin",
   ])
   project = var.project_id
   role    = each.value

@@ -69,6 +69,10 @@ resource "google_pubsub_subscription" "step_ready_dead_letter" {
   }
 }
 
+# Push endpoints and OIDC audiences are the functions' run.app URLs (service_config[0].uri),
+# not their cloudfunctions.net `url`: Cloud Run counts Pub/Sub push as internal traffic only
+# when it calls the default run.app URL, and admit_event/advance_step are ALLOW_INTERNAL_ONLY.
+#
 # trigger-events -> admit_event. For push, the ack deadline is the request timeout: it must
 # cover admit_event's timeout_seconds (120) or Pub/Sub redelivers a message still being admitted.
 resource "google_pubsub_subscription" "admit_event_push" {
@@ -77,10 +81,10 @@ resource "google_pubsub_subscription" "admit_event_push" {
   ack_deadline_seconds = 120
 
   push_config {
-    push_endpoint = google_cloudfunctions2_function.function["admit_event"].url
+    push_endpoint = google_cloudfunctions2_function.function["admit_event"].service_config[0].uri
     oidc_token {
       service_account_email = google_service_account.pubsub_push.email
-      audience              = google_cloudfunctions2_function.function["admit_event"].url
+      audience              = google_cloudfunctions2_function.function["admit_event"].service_config[0].uri
     }
   }
 
@@ -113,10 +117,10 @@ resource "google_pubsub_subscription" "advance_step_push" {
   ack_deadline_seconds = 300
 
   push_config {
-    push_endpoint = google_cloudfunctions2_function.function["advance_step"].url
+    push_endpoint = google_cloudfunctions2_function.function["advance_step"].service_config[0].uri
     oidc_token {
       service_account_email = google_service_account.pubsub_push.email
-      audience              = google_cloudfunctions2_function.function["advance_step"].url
+      audience              = google_cloudfunctions2_function.function["advance_step"].service_config[0].uri
     }
   }
 

@@ -80,9 +80,12 @@ def ref_to(rtype: str, expression: Any) -> str:
 
 
 def function_ref(expression: Any) -> str:
-    """The function key in `${google_cloudfunctions2_function.function["KEY"].attr}`."""
+    """The function key in `${google_cloudfunctions2_function.function["KEY"].attr}` (attr
+    `url`, or `service_config[0].uri`, the run.app URL)."""
     match = re.fullmatch(
-        rf'\$\{{{FUNCTION_RESOURCE}\.function\["([a-z_]+)"\]\.[a-z_]+\}}', str(expression)
+        rf'\$\{{{FUNCTION_RESOURCE}\.function\["([a-z_]+)"\]\.'
+        r"(?:[a-z_]+|service_config\[0\]\.uri)\}",
+        str(expression),
     )
     assert match, f"expected a reference to one function, got {expression!r}"
     return match[1]
@@ -639,3 +642,122 @@ def test_webhook_knows_the_public_url_the_crm_signs(tf: Terraform) -> None:
     assert "var.webhook_public_base_url" in base
     assert "https://${var.region}-${var.project_id}.cloudfunctions.net/webhook" in base
     assert "local.webhook_public_base_url" in tf.outputs["webhook_url"]["value"]
+
+
+def test_internal_only_functions_are_called_at_their_run_app_url(tf: Terraform) -> None:
+    """Cloud Run admits Pub/Sub and Cloud Scheduler as internal traffic only when they call the
+    default run.app URL (service_config[0].uri), not the cloudfunctions.net `url`."""
+    internal = {n for n, f in tf.locals["functions"].items() if f["ingress"] != "ALLOW_ALL"}
+    run_app = re.compile(
+        r'\$\{google_cloudfunctions2_function\.function\["([a-z_]+)"\]'
+        r"\.service_config\[0\]\.uri\}"
+    )
+    called: set[str] = set()
+    for sub in tf.of_type("google_pubsub_subscription").values():
+        if "push_config" in sub:
+            push = one(sub["push_config"])
+            for value in (push["push_endpoint"], one(push["oidc_token"])["audience"]):
+                match = run_app.fullmatch(value)
+                assert match, value
+                called.add(match[1])
+    for job in tf.of_type("google_cloud_scheduler_job").values():
+        target = one(job["http_target"])
+        for value in (target["uri"], one(target["oidc_token"])["audience"]):
+            match = run_app.fullmatch(value)
+            assert match, value
+            called.add(match[1])
+    assert called == internal
+
+
+# --- infra/README.md: the procedure itself ----------------------------------------------------
+
+
+def _readme_section(title: str) -> str:
+    text = (INFRA / "README.md").read_text("utf-8")
+    start = text.index(f"### {title}")
+    end = text.find("\n### ", start + 4)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_readme_walks_an_empty_project_in_an_order_that_works() -> None:
+    """Each step of the first deployment needs only what the steps before it made."""
+    steps = _readme_section("First deployment")
+    order = [
+        "cloudresourcemanager.googleapis.com",  # project IAM bindings need it
+        "terraform init",
+        "-target=google_project_service.enabled",  # APIs before resources that use them
+        "-target=google_secret_manager_secret.secret",  # containers before versions
+        "gcloud secrets versions add",  # version 1 exists before a function pins it
+        "terraform apply -var=project_id=P -var=region=R`",  # the whole thing
+        "infra/bootstrap.sql",  # the role and the schema grant, as postgres
+        "Cloud Build trigger",  # migrate (as the deployer) then apply then grants
+    ]
+    positions = [steps.find(marker) for marker in order]
+    assert all(p >= 0 for p in positions), dict(zip(order, positions, strict=True))
+    assert positions == sorted(positions), "steps out of order"
+    # The role grant is spelled out, not hidden behind a file name.
+    assert 'GRANT onceflow_app TO "onceflow-deployer@P.iam" WITH ADMIN OPTION' in steps
+    roles = _readme_section("Who does what")
+    assert "Who applies Terraform" in roles and "Who owns the schema" in roles
+    assert "Verify with one signed test webhook" in (INFRA / "README.md").read_text("utf-8")
+    assert "Capacity, on paper" in (INFRA / "README.md").read_text("utf-8")
+
+
+def test_readme_smoke_recipe_is_accepted_by_the_real_webhook(
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's smoke SQL runs on the real schema, its token authenticates as an admin,
+    and a delivery signed exactly as its shell recipe signs it is stored (200) by the real
+    webhook entry point sitting behind a front end that strips the /webhook prefix."""
+    import base64
+    import hashlib
+    import hmac
+    import time
+
+    import functions_framework
+
+    from shared.ops.auth import authenticate
+
+    section = _readme_section("Verify with one signed test webhook")
+    sql = re.search(r"```sql\n(.*?)```", section, re.S)
+    body = re.search(r"^BODY='(.*)'$", section, re.M)
+    assert sql and body
+    assert 'printf %s "POST${URI}${BODY}${TS}"' in section  # the signed base, as below
+    with db.transaction() as tx:
+        connection = None
+        plain = "\n".join(line.split("--")[0] for line in sql[1].splitlines())
+        for statement in filter(str.strip, plain.split(";")):
+            row = tx.one(statement)
+            if row is not None and "id" in row:
+                connection = str(row["id"])
+    assert connection
+    principal = authenticate(db, "ofo_smoke_CHANGE_ME")
+    assert principal is not None and principal.is_admin
+
+    secret = "smoke-client-secret"
+    base = "https://europe-west1-p.cloudfunctions.net/webhook"  # terraform output webhook_url
+    monkeypatch.setenv("HUBSPOT_CLIENT_SECRET", secret)
+    monkeypatch.setenv("PUBLIC_BASE_URL", base)
+    monkeypatch.setenv("WEBHOOK_NUDGE", "off")
+    uri = f"{base}/hubspot/{connection}"
+    stamp = str(int(time.time()) * 1000)
+    digest = hmac.new(
+        secret.encode(), f"POST{uri}{body[1]}{stamp}".encode(), hashlib.sha256
+    ).digest()
+    app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
+    response = app.test_client().post(
+        f"/hubspot/{connection}",  # what the function sees: no /webhook prefix
+        data=body[1].encode(),
+        headers={
+            "Content-Type": "application/json",
+            "X-HubSpot-Request-Timestamp": stamp,
+            "X-HubSpot-Signature-v3": base64.b64encode(digest).decode(),
+        },
+        base_url="http://10.0.0.7:8080",
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    with db.transaction() as tx:
+        assert (
+            tx.scalar("SELECT count(*) FROM webhook_inbox WHERE connection_id = :c", c=connection)
+            == 1
+        )
