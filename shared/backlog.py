@@ -32,6 +32,7 @@ class DeadLetters:
     poisoned_messages: int
     poisoned_messages_24h: int
     dead_inbox_rows: int
+    undelivered_events: int
 
 
 def read_backlog(tx: Tx) -> Backlog:
@@ -54,4 +55,5 @@ def read_dead_letters(tx: Tx) -> DeadLetters:
         poisoned_messages=int(row["poisoned_messages"]),
         poisoned_messages_24h=int(row["poisoned_messages_24h"]),
         dead_inbox_rows=int(row["dead_inbox_rows"]),
+        undelivered_events=int(row["undelivered_events"]),
     )

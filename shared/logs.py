@@ -41,9 +41,10 @@ class LogEvent(StrEnum):
     # A connection's circuit breaker opened. Emitted by the breaker, which is not built yet:
     # the name and fields are fixed here so the alert exists before it does.
     BREAKER_TRIPPED = "breaker_tripped"
-    # Work put aside because it can never succeed: an inbox row marked dead, a Pub/Sub message
-    # recorded in poisoned_messages. (Pub/Sub's own dead-letter topics are watched through
-    # their hold subscriptions' backlog, not through a log line.)
+    # Work put aside because it can never succeed. `kind`: `inbox_row` (an inbox row marked
+    # dead), `poisoned_message` (a Pub/Sub message recorded in poisoned_messages),
+    # `undelivered_event` (a trigger event the sweep gave up re-publishing). Pub/Sub's own
+    # dead-letter topics are watched through their hold subscriptions' backlog instead.
     DEAD_LETTERED = "dead_lettered"
     # The sweep reclaimed a running step whose lease expired (its process died or hung).
     LEASE_EXPIRED = "lease_expired"

@@ -89,9 +89,9 @@ def test_sweep_logs_lease_expired_and_run_failed_when_attempts_are_used_up(
     _, (retried,) = start_run(db, version)
     failed_run, (exhausted,) = start_run(db, version)
     _crash(db, retried, attempt=1)
-    _crash(db, exhausted, attempt=5)
+    _crash(db, exhausted, attempt=50)  # beyond any block's max_attempts
     caplog.set_level(logging.INFO)
-    config = SweepConfig(batch=50, max_lease_attempts=5, poll_seconds=0.05)
+    config = SweepConfig(batch=50, poll_seconds=0.05)
     run_sweep(db, 0, config=config, dispatch=lambda ids: None, duties=[])
 
     expired = {line["step_id"]: line for line in events(caplog, LogEvent.LEASE_EXPIRED)}
@@ -161,3 +161,23 @@ def test_the_backlog_report_gives_the_age_of_each_queue(
     assert line["inbox_oldest_seconds"] >= 600
     assert line["outbox_oldest_seconds"] >= 1200
     assert line["steps_oldest_pending_seconds"] >= 1800
+
+
+def test_a_trigger_event_given_up_as_undelivered_logs_dead_lettered(
+    db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    from shared.outbox import requeue_undecided
+    from tests.ops_support import seed_tenant
+
+    seed_tenant(db, "t-undelivered-log")
+    with db.transaction() as tx:
+        event_id = tx.scalar(
+            "INSERT INTO workflow_trigger_events (tenant_id, event_type, payload, published_at,"
+            " redeliveries) VALUES ('t-undelivered-log', 'test.lost', '{}',"
+            " now() - interval '10 minutes', 3) RETURNING id"
+        )
+    caplog.set_level(logging.INFO)
+    done = requeue_undecided(db, after_seconds=60, max_redeliveries=3, batch=10)
+    assert done.given_up == (event_id,)
+    (line,) = events(caplog, LogEvent.DEAD_LETTERED)
+    assert line["kind"] == "undelivered_event" and str(event_id) in line["reason"]

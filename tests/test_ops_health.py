@@ -65,6 +65,11 @@ def _world(db: Database) -> dict[str, Any]:
             "INSERT INTO workflow_trigger_events (tenant_id, event_type, payload, created_at)"
             " VALUES ('health-a', 'test.health', '{}', now() - interval '15 minutes')"
         )
+        tx.execute(
+            "INSERT INTO workflow_trigger_events (tenant_id, event_type, payload, published_at,"
+            " redeliveries, undelivered_at, undelivered_reason)"
+            " VALUES ('health-a', 'test.health', '{}', now(), 5, now(), 'never decided')"
+        )
     return out
 
 
@@ -93,6 +98,7 @@ def test_admin_sees_the_machinery_and_every_connection(
     assert machinery["backlog"]["outbox_oldest_seconds"] >= 900
     assert machinery["dead_letters"]["dead_inbox_rows"] >= 1
     assert machinery["dead_letters"]["poisoned_messages_24h"] >= 1
+    assert machinery["dead_letters"]["undelivered_events"] >= 1
 
     by_id = {c["connection_id"]: c for c in body["connections"]}
     a, b = by_id[world["health-a"]], by_id[world["health-b"]]
@@ -104,6 +110,7 @@ def test_admin_sees_the_machinery_and_every_connection(
     problems = " | ".join(body["problems"])
     assert "outbox row waiting to be published" in problems
     assert "inbox rows are dead" in problems
+    assert "trigger events were given up as undelivered" in problems
     assert f"connection {world['health-b']}: the last call to its provider failed" in problems
     # The secret's value never appears, only whether it is set.
     assert "secret-value" not in resp.get_data(as_text=True)
@@ -179,7 +186,7 @@ def test_a_scheduler_job_reads_as_its_last_attempt_and_status() -> None:
             steps_oldest_pending_seconds=0,
         ),
         dead_letters=DeadLetterHealth(
-            poisoned_messages=0, poisoned_messages_24h=0, dead_inbox_rows=0
+            poisoned_messages=0, poisoned_messages_24h=0, dead_inbox_rows=0, undelivered_events=0
         ),
         sweep_duties=[],
     )

@@ -170,6 +170,8 @@ def _problems(machinery: MachineryHealth | None, connections: list[ConnectionHea
         d = machinery.dead_letters
         if d.dead_inbox_rows:
             found.append(f"{d.dead_inbox_rows} inbox rows are dead")
+        if d.undelivered_events:
+            found.append(f"{d.undelivered_events} trigger events were given up as undelivered")
         if d.poisoned_messages_24h:
             found.append(f"{d.poisoned_messages_24h} poisoned messages in the last 24 hours")
         found.extend(

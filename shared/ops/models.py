@@ -479,6 +479,9 @@ class DeadLetterHealth(_Response):
     poisoned_messages: int
     poisoned_messages_24h: int
     dead_inbox_rows: int
+    undelivered_events: int = Field(
+        description="Trigger events given up after every re-publish (ops can re-queue them)."
+    )
 
 
 class SweepDutyHealth(_Response):

@@ -345,7 +345,8 @@ def _health(api: OpsApi, principal: auth.Principal) -> str:
             f"<tr><td>steps</td><td>{b.steps_pending}</td>"
             f"<td>{b.steps_oldest_pending_seconds:.0f}</td></tr></tbody></table>"
             f'<p class="meta dead-counts">Dead inbox rows: {d.dead_inbox_rows}; poisoned '
-            f"messages: {d.poisoned_messages} ({d.poisoned_messages_24h} in 24 h).</p>"
+            f"messages: {d.poisoned_messages} ({d.poisoned_messages_24h} in 24 h); undelivered "
+            f"trigger events: {d.undelivered_events}.</p>"
         )
     if report.connections:
         rows = "".join(

@@ -27,8 +27,11 @@ FROM inbox, outbox, steps
 
 -- name: dead_letter_counts
 -- What was put aside because it can never succeed: poisoned Pub/Sub messages (all time and
--- the last 24 hours) and inbox rows that ran out of attempts.
+-- the last 24 hours), inbox rows that ran out of attempts, and trigger events the sweep gave
+-- up re-publishing (ops can re-queue them). The last two read partial indexes (0180).
 SELECT (SELECT count(*) FROM poisoned_messages) AS poisoned_messages,
        (SELECT count(*) FROM poisoned_messages
         WHERE received_at > now() - interval '24 hours') AS poisoned_messages_24h,
-       (SELECT count(*) FROM webhook_inbox WHERE status = 'dead') AS dead_inbox_rows
+       (SELECT count(*) FROM webhook_inbox WHERE status = 'dead') AS dead_inbox_rows,
+       (SELECT count(*) FROM workflow_trigger_events
+        WHERE undelivered_at IS NOT NULL) AS undelivered_events
