@@ -146,6 +146,24 @@ def test_scheduler_is_not_contacted_unless_configured() -> None:
     assert read_scheduler({"GOOGLE_CLOUD_PROJECT": "p"}).available is False
 
 
+def test_a_configured_scheduler_without_credentials_says_so(
+    monkeypatch: Any, tmp_path: Any
+) -> None:
+    # No key file, no gcloud login, no metadata server (NO_GCE_CHECK): not a 500, a sentence.
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path))
+    monkeypatch.setenv("NO_GCE_CHECK", "true")
+    got = read_scheduler({"GOOGLE_CLOUD_PROJECT": "p", "SCHEDULER_LOCATION": "europe-west1"})
+    assert got.available is False and got.jobs == []
+    assert got.detail is not None and got.detail.startswith("no credentials")
+
+
+def test_the_health_view_asks_for_the_jobs_infra_declares() -> None:
+    from devstack.scheduler import declared_jobs
+
+    assert set(SCHEDULED_JOBS) == {job.name for job in declared_jobs()}
+
+
 def test_a_scheduler_job_reads_as_its_last_attempt_and_status() -> None:
     at = datetime.now(UTC) - timedelta(seconds=30)
     ok = scheduler_v1.Job(
@@ -194,4 +212,3 @@ def test_a_scheduler_job_reads_as_its_last_attempt_and_status() -> None:
         "scheduler job drain-inbox last failed: error 7: PERMISSION_DENIED: run.invoker",
         "scheduler job publish-outbox is PAUSED",
     ]
-    assert set(SCHEDULED_JOBS) == {"drain-inbox", "publish-outbox", "sweep"}
