@@ -46,6 +46,21 @@ resource "google_storage_bucket" "source" {
   uniform_bucket_level_access = true
   public_access_prevention    = "enforced"
   force_destroy               = true
+  labels                      = local.labels
+
+  # Every code change uploads a new onceflow-<hash>.zip and every build leaves its artifact
+  # under builds/: without this rule the bucket only grows. A deleted archive that is still
+  # the deployed one is uploaded again by the next apply under the same name, which changes no
+  # function (their build_config names the object, not its generation).
+  lifecycle_rule {
+    condition {
+      age            = var.source_retention_days
+      matches_prefix = ["onceflow-", "builds/"]
+    }
+    action {
+      type = "Delete"
+    }
+  }
 
   depends_on = [google_project_service.enabled]
 }

@@ -12,6 +12,19 @@
 # the same code runs behind the emulator's push subscriptions locally. A normal return is a 2xx
 # (ack); a raise is a 500 (nack), which the subscription's retry policy and dead-letter topic
 # bound.
+#
+# Sizing (per function below):
+#   cpu = "1": without it a 256Mi instance gets about a sixth of a vCPU, so a Python cold start
+#     (imports, pydantic models, the connector) takes seconds, and webhook risks HubSpot's
+#     few-second delivery timeout. CPU is billed only while a request runs (throttled between
+#     requests), so a whole vCPU costs little more than a slow one.
+#   ingress: ALLOW_INTERNAL_ONLY for the five functions that only Pub/Sub push (admit_event,
+#     advance_step) and Cloud Scheduler (drain_inbox, publish_outbox, sweep) call. Cloud Run's
+#     "internal" ingress admits requests from Pub/Sub, Cloud Scheduler, Eventarc and Cloud Tasks
+#     of the same project (Cloud Run docs, "Restrict network ingress"); IAM (iam.tf) still
+#     checks their OIDC tokens. webhook (the CRM, from the internet) and ops (people, from
+#     their workstations) stay ALLOW_ALL behind signatures and IAM. See infra/README.md,
+#     "Ingress", for the caveat on first-generation functions.
 locals {
   functions = {
     webhook = {
@@ -21,6 +34,8 @@ locals {
       uses_database   = true
       timeout_seconds = 30
       memory          = "256Mi"
+      cpu             = "1"
+      ingress         = "ALLOW_ALL"
     }
     drain_inbox = {
       entry_point     = "drain_inbox"
@@ -29,6 +44,8 @@ locals {
       uses_database   = true
       timeout_seconds = 60
       memory          = "256Mi"
+      cpu             = "1"
+      ingress         = "ALLOW_INTERNAL_ONLY"
     }
     publish_outbox = {
       entry_point     = "publish_outbox"
@@ -37,6 +54,8 @@ locals {
       uses_database   = true
       timeout_seconds = 60
       memory          = "256Mi"
+      cpu             = "1"
+      ingress         = "ALLOW_INTERNAL_ONLY"
     }
     admit_event = {
       entry_point     = "admit_event"
@@ -45,6 +64,8 @@ locals {
       uses_database   = true
       timeout_seconds = 120
       memory          = "256Mi"
+      cpu             = "1"
+      ingress         = "ALLOW_INTERNAL_ONLY"
     }
     advance_step = {
       entry_point     = "advance_step"
@@ -53,6 +74,8 @@ locals {
       uses_database   = true
       timeout_seconds = 300
       memory          = "512Mi"
+      cpu             = "1"
+      ingress         = "ALLOW_INTERNAL_ONLY"
     }
     sweep = {
       entry_point     = "sweep"
@@ -61,6 +84,8 @@ locals {
       uses_database   = true
       timeout_seconds = 60
       memory          = "256Mi"
+      cpu             = "1"
+      ingress         = "ALLOW_INTERNAL_ONLY"
     }
     ops = {
       entry_point     = "ops"
@@ -69,6 +94,8 @@ locals {
       uses_database   = true
       timeout_seconds = 60
       memory          = "256Mi"
+      cpu             = "1"
+      ingress         = "ALLOW_ALL"
     }
   }
 
@@ -77,6 +104,10 @@ locals {
     for name, f in local.functions : lookup(var.max_instances, name, 0) * var.db_pool_size if f.uses_database
   ])
   db_connection_limit = var.db_max_connections - var.db_connection_reserve
+
+  # Known before the function exists (its own url attribute would be a cycle): gen2 functions
+  # answer at https://REGION-PROJECT.cloudfunctions.net/NAME.
+  webhook_public_base_url = coalesce(var.webhook_public_base_url, "https://${var.region}-${var.project_id}.cloudfunctions.net/webhook")
 }
 
 # Fails `terraform plan` when a scale-out could exhaust Postgres: past max_connections new
@@ -106,9 +137,14 @@ resource "google_cloudfunctions2_function" "function" {
   location    = var.region
   description = "onceflow ${each.key} (${each.value.trigger})"
 
+  labels = local.labels
+
   build_config {
     runtime     = "python311"
     entry_point = each.value.entry_point
+    # Builds run as onceflow-build (iam.tf), not the Compute Engine default account, which
+    # new projects no longer give Editor and older ones give far too much.
+    service_account = google_service_account.build.id
     # Build-time only: the buildpack reads main.py at the archive root (its default, made
     # explicit). Runtime configuration belongs in service_config.
     environment_variables = {
@@ -124,15 +160,19 @@ resource "google_cloudfunctions2_function" "function" {
 
   service_config {
     max_instance_count = var.max_instances[each.key]
-    min_instance_count = 0
+    # Only webhook keeps a warm instance (var.webhook_min_instances): the CRM's delivery
+    # timeout is a few seconds and a cold start eats most of it. The others are fed by
+    # Pub/Sub and the scheduler, which wait and retry.
+    min_instance_count = each.key == "webhook" ? var.webhook_min_instances : 0
     # One request per instance: the pool (db_pool_size) is sized for one invocation's
     # transactions, and the connection budget assumes it.
     max_instance_request_concurrency = 1
     available_memory                 = each.value.memory
+    available_cpu                    = each.value.cpu
     timeout_seconds                  = each.value.timeout_seconds
-    # IAM is the gate (iam.tf): only webhook grants allUsers. Pub/Sub push and Cloud Scheduler
-    # reach the run.app URL from Google's front end, so ingress stays ALLOW_ALL.
-    ingress_settings               = "ALLOW_ALL"
+    # Network gate per function (see the sizing note above); IAM is the second gate (iam.tf):
+    # only webhook grants allUsers.
+    ingress_settings               = each.value.ingress
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.function[each.key].email
 
@@ -149,6 +189,15 @@ resource "google_cloudfunctions2_function" "function" {
       DB_IP_TYPE               = "private"
       DB_POOL_SIZE             = tostring(var.db_pool_size)
       LOG_LEVEL                = var.log_level
+      # The URI HubSpot signs is the URL it called. Behind the cloudfunctions.net URL the
+      # request path has no function-name prefix, so without this the signature base differs
+      # and every delivery is refused 401 (shared/webhooks/receive.py, public_uri).
+      PUBLIC_BASE_URL = each.key == "webhook" ? local.webhook_public_base_url : ""
+      # Where ops' health view reads the scheduler jobs (shared/ops/health.py).
+      SCHEDULER_LOCATION = var.region
+      # The Cloud Functions API adds this to every gen2 function; declared so that a plan of
+      # an unchanged tree shows no update.
+      LOG_EXECUTION_ID = "true"
     }
 
     dynamic "secret_environment_variables" {
@@ -164,6 +213,7 @@ resource "google_cloudfunctions2_function" "function" {
 
   depends_on = [
     terraform_data.db_connection_budget,
+    google_project_iam_member.build,
     google_secret_manager_secret_iam_member.accessor,
     google_project_iam_member.function_sql,
     google_sql_user.function,

@@ -1,6 +1,9 @@
 -- Table privileges for the functions' IAM database users. Cloud Build runs this as the
--- deployer (the owner of every table, since it applies the migrations) after each
--- `terraform apply`, when every function's IAM user exists. Idempotent.
+-- deployer after each `terraform apply`, when every function's IAM user exists. Idempotent.
+--
+-- Runs WITHOUT CREATEROLE (IAM database users have none): the role `onceflow_app` and the
+-- deployer's ADMIN OPTION on it come from infra/bootstrap.sql, run once by `postgres`. The
+-- deployer applied the migrations, so it owns every table and can grant on them.
 --
 -- Migrations stay free of deployment names: this file grants one NOLOGIN role the DML every
 -- function needs, and hands that role to each IAM user whose name starts with
@@ -10,9 +13,13 @@ DECLARE
     member text;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'onceflow_app') THEN
-        CREATE ROLE onceflow_app NOLOGIN;
+        RAISE EXCEPTION '% cannot grant onceflow_app: the role does not exist', current_user
+            USING HINT = 'run infra/bootstrap.sql once as postgres (infra/README.md)';
     END IF;
-    GRANT USAGE ON SCHEMA public TO onceflow_app;
+    IF NOT pg_has_role(current_user, 'onceflow_app', 'MEMBER WITH ADMIN OPTION') THEN
+        RAISE EXCEPTION '% cannot grant onceflow_app: no ADMIN OPTION on it', current_user
+            USING HINT = 'run infra/bootstrap.sql once as postgres (infra/README.md)';
+    END IF;
     GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO onceflow_app;
     GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO onceflow_app;
     GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO onceflow_app;

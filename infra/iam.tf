@@ -4,26 +4,37 @@
 #   onceflow-pubsub-push    signs the OIDC token of the push subscriptions
 #   onceflow-scheduler      signs the OIDC token of the scheduler jobs
 #   onceflow-deployer       Cloud Build: migrations, grants, terraform apply
+#   onceflow-build          builds the functions' images from the source archive
 
 resource "google_service_account" "function" {
   for_each     = local.functions
   account_id   = "onceflow-fn-${replace(each.key, "_", "-")}"
   display_name = "onceflow ${each.key} function"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "pubsub_push" {
   account_id   = "onceflow-pubsub-push"
   display_name = "onceflow Pub/Sub push subscriptions"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "scheduler" {
   account_id   = "onceflow-scheduler"
   display_name = "onceflow Cloud Scheduler jobs"
+  depends_on   = [google_project_service.enabled]
+}
+
+resource "google_service_account" "build" {
+  account_id   = "onceflow-build"
+  display_name = "onceflow function builds"
+  depends_on   = [google_project_service.enabled]
 }
 
 resource "google_service_account" "deployer" {
   account_id   = var.deployer_service_account
   display_name = "onceflow Cloud Build deployer"
+  depends_on   = [google_project_service.enabled]
 }
 
 locals {
@@ -162,4 +173,29 @@ resource "google_cloud_run_service_iam_member" "ops_invoker" {
   service  = google_cloudfunctions2_function.function["ops"].name
   role     = "roles/run.invoker"
   member   = each.value
+}
+
+# --- function builds ------------------------------------------------------------------------
+
+# The roles Google's "build service account" page (Cloud Run functions) lists for a custom
+# build account: write the build log, push the image to Artifact Registry, read the source
+# from (and keep build files in) Cloud Storage.
+resource "google_project_iam_member" "build" {
+  for_each = toset([
+    "roles/logging.logWriter",
+    "roles/artifactregistry.writer",
+    "roles/storage.objectAdmin",
+  ])
+  project = var.project_id
+  role    = each.value
+  member  = google_service_account.build.member
+}
+
+# --- health view ----------------------------------------------------------------------------
+
+# ops' GET /v1/health reads each scheduler job's last attempt (shared/ops/health.py).
+resource "google_project_iam_member" "ops_scheduler_viewer" {
+  project = var.project_id
+  role    = "roles/cloudscheduler.viewer"
+  member  = google_service_account.function["ops"].member
 }

@@ -4,8 +4,8 @@ output "function_urls" {
 }
 
 output "webhook_url" {
-  description = "Register this URL with the CRM (the only public function)."
-  value       = google_cloudfunctions2_function.function["webhook"].url
+  description = "Register <this>/hubspot/<connection id> with the CRM (the only public function); the signature check rebuilds URIs from it."
+  value       = local.webhook_public_base_url
 }
 
 output "instance_connection_name" {

@@ -7,28 +7,40 @@
 #
 # The local stack (devstack) creates the same topics and subscriptions on the Pub/Sub emulator
 # from these resources, so keep names and policies as literals.
+#
+# Expiry: a subscription without `expiration_policy` is deleted after 31 days without
+# activity. For a dead-letter hold that is the normal state, and once it is gone later dead
+# letters land on a topic nobody reads. Every subscription here sets `ttl = ""` (never); one
+# that may expire must say why in `local.subscriptions_allowed_to_expire` (tests/test_infra.py).
+locals {
+  subscriptions_allowed_to_expire = {}
+}
 
 resource "google_pubsub_topic" "trigger_events" {
   name                       = "trigger-events"
   message_retention_duration = "86400s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
 resource "google_pubsub_topic" "step_ready" {
   name                       = "step-ready"
   message_retention_duration = "86400s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
 resource "google_pubsub_topic" "trigger_events_dead_letter" {
   name                       = "trigger-events-dead-letter"
   message_retention_duration = "604800s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
 resource "google_pubsub_topic" "step_ready_dead_letter" {
   name                       = "step-ready-dead-letter"
   message_retention_duration = "604800s"
+  labels                     = local.labels
   depends_on                 = [google_project_service.enabled]
 }
 
@@ -38,6 +50,11 @@ resource "google_pubsub_subscription" "trigger_events_dead_letter" {
   topic                      = google_pubsub_topic.trigger_events_dead_letter.id
   message_retention_duration = "604800s"
   ack_deadline_seconds       = 60
+  labels                     = local.labels
+
+  expiration_policy {
+    ttl = "" # never: an idle dead-letter hold is the normal, healthy state
+  }
 }
 
 resource "google_pubsub_subscription" "step_ready_dead_letter" {
@@ -45,8 +62,17 @@ resource "google_pubsub_subscription" "step_ready_dead_letter" {
   topic                      = google_pubsub_topic.step_ready_dead_letter.id
   message_retention_duration = "604800s"
   ack_deadline_seconds       = 60
+  labels                     = local.labels
+
+  expiration_policy {
+    ttl = "" # never: an idle dead-letter hold is the normal, healthy state
+  }
 }
 
+# Push endpoints and OIDC audiences are the functions' run.app URLs (service_config[0].uri),
+# not their cloudfunctions.net `url`: Cloud Run counts Pub/Sub push as internal traffic only
+# when it calls the default run.app URL, and admit_event/advance_step are ALLOW_INTERNAL_ONLY.
+#
 # trigger-events -> admit_event. For push, the ack deadline is the request timeout: it must
 # cover admit_event's timeout_seconds (120) or Pub/Sub redelivers a message still being admitted.
 resource "google_pubsub_subscription" "admit_event_push" {
@@ -55,10 +81,10 @@ resource "google_pubsub_subscription" "admit_event_push" {
   ack_deadline_seconds = 120
 
   push_config {
-    push_endpoint = google_cloudfunctions2_function.function["admit_event"].url
+    push_endpoint = google_cloudfunctions2_function.function["admit_event"].service_config[0].uri
     oidc_token {
       service_account_email = google_service_account.pubsub_push.email
-      audience              = google_cloudfunctions2_function.function["admit_event"].url
+      audience              = google_cloudfunctions2_function.function["admit_event"].service_config[0].uri
     }
   }
 
@@ -76,6 +102,8 @@ resource "google_pubsub_subscription" "admit_event_push" {
     ttl = "" # never expire for inactivity
   }
 
+  labels = local.labels
+
   depends_on = [
     google_cloud_run_service_iam_member.pubsub_push_invoker,
     google_pubsub_topic_iam_member.dead_letter_publisher,
@@ -89,10 +117,10 @@ resource "google_pubsub_subscription" "advance_step_push" {
   ack_deadline_seconds = 300
 
   push_config {
-    push_endpoint = google_cloudfunctions2_function.function["advance_step"].url
+    push_endpoint = google_cloudfunctions2_function.function["advance_step"].service_config[0].uri
     oidc_token {
       service_account_email = google_service_account.pubsub_push.email
-      audience              = google_cloudfunctions2_function.function["advance_step"].url
+      audience              = google_cloudfunctions2_function.function["advance_step"].service_config[0].uri
     }
   }
 
@@ -107,8 +135,10 @@ resource "google_pubsub_subscription" "advance_step_push" {
   }
 
   expiration_policy {
-    ttl = ""
+    ttl = "" # never expire for inactivity
   }
+
+  labels = local.labels
 
   depends_on = [
     google_cloud_run_service_iam_member.pubsub_push_invoker,

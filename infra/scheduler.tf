@@ -5,6 +5,10 @@
 # cadence lives here only: keep each one a plain string literal, in a job named after its
 # function.
 #
+# Targets and audiences are the run.app URLs (service_config[0].uri): the scheduled functions
+# are ALLOW_INTERNAL_ONLY, and Cloud Run counts Cloud Scheduler as internal only when it calls
+# the default run.app URL (see pubsub.tf).
+#
 # attempt_deadline covers the function's timeout_seconds (60) with room for a cold start.
 # retry_count = 0: the next tick is a minute away and does the same work, so a retry would
 # only overlap it.
@@ -22,12 +26,12 @@ resource "google_cloud_scheduler_job" "drain_inbox" {
 
   http_target {
     http_method = "POST"
-    uri         = google_cloudfunctions2_function.function["drain_inbox"].url
+    uri         = google_cloudfunctions2_function.function["drain_inbox"].service_config[0].uri
     headers     = { "Content-Type" = "application/json" }
     body        = base64encode("{}")
     oidc_token {
       service_account_email = google_service_account.scheduler.email
-      audience              = google_cloudfunctions2_function.function["drain_inbox"].url
+      audience              = google_cloudfunctions2_function.function["drain_inbox"].service_config[0].uri
     }
   }
 
@@ -47,12 +51,12 @@ resource "google_cloud_scheduler_job" "publish_outbox" {
 
   http_target {
     http_method = "POST"
-    uri         = google_cloudfunctions2_function.function["publish_outbox"].url
+    uri         = google_cloudfunctions2_function.function["publish_outbox"].service_config[0].uri
     headers     = { "Content-Type" = "application/json" }
     body        = base64encode("{}")
     oidc_token {
       service_account_email = google_service_account.scheduler.email
-      audience              = google_cloudfunctions2_function.function["publish_outbox"].url
+      audience              = google_cloudfunctions2_function.function["publish_outbox"].service_config[0].uri
     }
   }
 
@@ -72,12 +76,12 @@ resource "google_cloud_scheduler_job" "sweep" {
 
   http_target {
     http_method = "POST"
-    uri         = google_cloudfunctions2_function.function["sweep"].url
+    uri         = google_cloudfunctions2_function.function["sweep"].service_config[0].uri
     headers     = { "Content-Type" = "application/json" }
     body        = base64encode("{}")
     oidc_token {
       service_account_email = google_service_account.scheduler.email
-      audience              = google_cloudfunctions2_function.function["sweep"].url
+      audience              = google_cloudfunctions2_function.function["sweep"].service_config[0].uri
     }
   }
 

@@ -5,6 +5,7 @@
 resource "google_secret_manager_secret" "secret" {
   for_each  = var.secrets
   secret_id = each.key
+  labels    = local.labels
 
   replication {
     auto {}

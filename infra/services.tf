@@ -5,10 +5,15 @@ locals {
     "artifactregistry.googleapis.com",
     "cloudbuild.googleapis.com",
     "cloudfunctions.googleapis.com",
+    # Project IAM bindings (google_project_iam_member) go through this API; a new project
+    # does not always have it on, and the first apply would fail half way.
+    "cloudresourcemanager.googleapis.com",
     "cloudscheduler.googleapis.com",
     "compute.googleapis.com",
     "eventarc.googleapis.com",
     "iam.googleapis.com",
+    "logging.googleapis.com",
+    "monitoring.googleapis.com",
     "pubsub.googleapis.com",
     "run.googleapis.com",
     "secretmanager.googleapis.com",
@@ -26,4 +31,10 @@ resource "google_project_service" "enabled" {
 
 data "google_project" "this" {
   project_id = var.project_id
+}
+
+# On every resource that takes labels: billing reports and `gcloud ... --filter=labels.app=`
+# find the whole deployment.
+locals {
+  labels = merge({ app = "onceflow", managed-by = "terraform" }, var.labels)
 }

@@ -12,6 +12,7 @@ resource "google_sql_database_instance" "main" {
 
   settings {
     tier              = var.sql_tier
+    user_labels       = local.labels
     availability_type = "ZONAL"
     edition           = "ENTERPRISE"
 

@@ -159,3 +159,58 @@ variable "deployer_service_account" {
   type        = string
   default     = "onceflow-deployer"
 }
+
+variable "webhook_min_instances" {
+  description = "Warm instances kept for webhook. 1 keeps a cold start out of the CRM's few-second delivery timeout (it costs one idle instance); 0 scales to zero."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.webhook_min_instances >= 0 && var.webhook_min_instances <= 10
+    error_message = "webhook_min_instances must be between 0 and 10."
+  }
+}
+
+variable "labels" {
+  description = "Extra labels for every labelled resource (added to app=onceflow, managed-by=terraform)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "source_retention_days" {
+  description = "Days a source archive (onceflow-<hash>.zip) and a Cloud Build artifact are kept in the source bucket. The deployed archive is uploaded again by the next apply if it was deleted, which redeploys nothing (same name, same content)."
+  type        = number
+  default     = 90
+
+  validation {
+    condition     = var.source_retention_days >= 7
+    error_message = "Keep archives at least 7 days, so a rollback to last week's build is possible."
+  }
+}
+
+variable "notification_channels" {
+  description = "Cloud Monitoring notification channel ids (projects/P/notificationChannels/N) every onceflow alert pages. Empty: alerts open incidents in the console only."
+  type        = list(string)
+  default     = []
+}
+
+variable "alert_thresholds" {
+  description = "When the alerts in monitoring.tf fire. Counts are per 10-minute window; ages are seconds, compared with the 99th percentile of the sweep's backlog reports over 5 minutes."
+  type = object({
+    failed_runs                    = optional(number, 5)
+    breaker_trips                  = optional(number, 0)
+    dead_letters                   = optional(number, 0)
+    lease_expiries                 = optional(number, 0)
+    outbox_oldest_seconds          = optional(number, 300)
+    inbox_oldest_seconds           = optional(number, 300)
+    pending_step_oldest_seconds    = optional(number, 600)
+    backlog_report_missing_seconds = optional(number, 900)
+  })
+  default = {}
+}
+
+variable "webhook_public_base_url" {
+  description = "The URL the CRM calls, up to and without /hubspot/<connection id> (PUBLIC_BASE_URL). Empty: the webhook function's own https://REGION-PROJECT.cloudfunctions.net/webhook. Set it when a load balancer or custom domain fronts the function."
+  type        = string
+  default     = ""
+}

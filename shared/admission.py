@@ -64,6 +64,7 @@ Rehearsal runs are created by the ops side; admission only ever creates `live` r
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -78,7 +79,7 @@ from shared import queries
 from shared.db import Database, Tx
 from shared.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo
 from shared.errors import ConflictError, PermanentError, TransientError
-from shared.logs import get_logger, labelled
+from shared.logs import LogEvent, get_logger, labelled, log_event
 from shared.pubsub import decode_push_message, publish_step_ready
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
@@ -670,7 +671,14 @@ def admit_delivery(
     except TransientError:
         raise
     except PermanentError as exc:
-        log.error("poisoned trigger-events message %s: %s", message_id, exc)
+        log_event(
+            log,
+            LogEvent.DEAD_LETTERED,
+            f"poisoned trigger-events message {message_id}: {exc}",
+            level=logging.ERROR,
+            kind="poisoned_message",
+            reason=str(exc)[:1000],
+        )
         record_poisoned(db, message_id=message_id, data=cloud_event_data, reason=str(exc))
         return None
 

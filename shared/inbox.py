@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 import uuid
 from collections import Counter
@@ -32,7 +33,7 @@ from typing import Any, Literal
 from shared import connections, queries, shadow
 from shared.db import Database, Tx
 from shared.errors import PermanentError, TransientError
-from shared.logs import get_logger, labelled
+from shared.logs import LogEvent, get_logger, labelled, log_event
 from shared.normalize import NormalizedEvent, UnparseableBody, normalize
 from shared.outbox import TriggerEvent, emit
 
@@ -257,8 +258,8 @@ def process_row(
         return "processed", outcome.produced
     except TransientError as exc:
         if row.attempts >= policy.max_attempts:
-            log.error("inbox row dead after %d attempts: %s", row.attempts, exc)
             _settle(db, MARK_DEAD, id=row.id, lease_id=lease_id, error=str(exc)[:2000])
+            _log_dead(f"inbox row dead after {row.attempts} attempts: {exc}")
             return "dead", 0
         delay = backoff_seconds(row.attempts, policy)
         log.warning("inbox row attempt %d failed, retry in %.0f s: %s", row.attempts, delay, exc)
@@ -275,7 +276,19 @@ def process_row(
         # Permanent: a retry of the same row would fail the same way. Visible, not looping.
         log.exception("inbox row failed permanently")
         _settle(db, MARK_DEAD, id=row.id, lease_id=lease_id, error=f"{exc!r}"[:2000])
+        _log_dead(f"inbox row failed permanently: {exc!r}")
         return "dead", 0
+
+
+def _log_dead(reason: str) -> None:
+    log_event(
+        log,
+        LogEvent.DEAD_LETTERED,
+        reason[:1000],
+        level=logging.ERROR,
+        kind="inbox_row",
+        reason=reason[:1000],
+    )
 
 
 def drain_inbox(

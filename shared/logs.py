@@ -4,6 +4,12 @@ Cloud Run forwards stdout to Cloud Logging, which reads `severity`, `message`,
 `logging.googleapis.com/trace` and `logging.googleapis.com/labels` from each JSON line. Labels
 (`event_id`, `run_id`, `step_id`, `tenant`) come from a context variable, so code deep in the
 engine logs with the ids of the work it is doing without passing them around.
+
+Some lines are *events* that alerts count (`log_event`): they carry `event` and their fields
+at the top of the JSON payload, so a log-based metric in `infra/monitoring.tf` matches
+`jsonPayload.event="run_failed"` and extracts `jsonPayload.outbox_oldest_seconds`. `EVENTS` is
+the one list of those names and fields; tests/test_log_events.py checks that the engine emits
+each in this shape and tests/test_infra.py that every metric matches one.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 LABEL_KEYS = ("event_id", "run_id", "step_id", "tenant", "connection_id", "inbox_id", "function")
@@ -26,6 +33,41 @@ _labels: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar(
 _trace: contextvars.ContextVar[str | None] = contextvars.ContextVar("trace", default=None)
 
 
+class LogEvent(StrEnum):
+    """Structured log lines that alerts match (infra/monitoring.tf)."""
+
+    # A run ended failed: a step failed for good, or its lease expired with no attempts left.
+    RUN_FAILED = "run_failed"
+    # A connection's circuit breaker opened. Emitted by the breaker, which is not built yet:
+    # the name and fields are fixed here so the alert exists before it does.
+    BREAKER_TRIPPED = "breaker_tripped"
+    # Work put aside because it can never succeed. `kind`: `inbox_row` (an inbox row marked
+    # dead), `poisoned_message` (a Pub/Sub message recorded in poisoned_messages),
+    # `undelivered_event` (a trigger event the sweep gave up re-publishing). Pub/Sub's own
+    # dead-letter topics are watched through their hold subscriptions' backlog instead.
+    DEAD_LETTERED = "dead_lettered"
+    # The sweep reclaimed a running step whose lease expired (its process died or hung).
+    LEASE_EXPIRED = "lease_expired"
+    # The sweep's periodic report of how old the oldest unfinished work is, in seconds
+    # (0 when there is none).
+    BACKLOG_AGE = "backlog_age"
+
+
+EVENTS: dict[LogEvent, tuple[str, ...]] = {
+    LogEvent.RUN_FAILED: ("run_id", "outcome_code"),
+    LogEvent.BREAKER_TRIPPED: ("connection_id", "reason"),
+    LogEvent.DEAD_LETTERED: ("kind", "reason"),
+    LogEvent.LEASE_EXPIRED: ("step_id", "run_id", "outcome"),
+    LogEvent.BACKLOG_AGE: (
+        "inbox_oldest_seconds",
+        "outbox_oldest_seconds",
+        "steps_oldest_pending_seconds",
+    ),
+}
+# Keys of the JSON line itself; an event field may not shadow one (tests/test_log_events.py).
+ENTRY_KEYS = frozenset({"severity", "message", "time", "logger", "event", "exception"})
+
+
 class CloudLoggingFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -34,6 +76,10 @@ class CloudLoggingFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
             "logger": record.name,
         }
+        event = getattr(record, "event", None)
+        if isinstance(event, str):
+            entry["event"] = event
+            entry.update(getattr(record, "event_fields", {}))
         labels = dict(_labels.get())
         extra = getattr(record, "labels", None)
         if isinstance(extra, Mapping):
@@ -67,6 +113,28 @@ def configure() -> None:
 def get_logger(name: str) -> logging.Logger:
     configure()
     return logging.getLogger(name)
+
+
+def log_event(
+    logger: logging.Logger,
+    event: LogEvent,
+    message: str,
+    *,
+    level: int = logging.INFO,
+    **fields: Any,
+) -> None:
+    """Write one `event` line with exactly the fields `EVENTS` declares for it.
+
+    A missing or unexpected field is a programming error (an alert would silently stop
+    matching), so it raises instead of logging a line of the wrong shape."""
+    expected = EVENTS[event]
+    if set(fields) != set(expected):
+        raise ValueError(f"{event} takes fields {expected}, got {tuple(sorted(fields))}")
+    logger.log(
+        level,
+        message,
+        extra={"event": str(event), "event_fields": {k: fields[k] for k in expected}},
+    )
 
 
 @contextmanager

@@ -21,6 +21,7 @@ a row marked published without having been published would be a loss, which the 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import uuid
@@ -32,7 +33,7 @@ from typing import Any
 from shared import queries
 from shared.db import Database, Tx
 from shared.errors import PermanentError, TransientError
-from shared.logs import get_logger
+from shared.logs import LogEvent, get_logger, log_event
 from shared.pubsub import TRIGGER_EVENTS, Publisher, get_publisher
 
 SQL = queries.load("outbox")
@@ -257,9 +258,13 @@ def requeue_undecided(
         )
     given_up = tuple(int(r["id"]) for r in rows if r["given_up"])
     for event_id in given_up:
-        log.error(
-            "trigger event undelivered",
-            extra={"labels": {"event": "trigger_event_undelivered", "event_id": str(event_id)}},
+        log_event(
+            log,
+            LogEvent.DEAD_LETTERED,
+            f"trigger event {event_id} undelivered: given up after {max_redeliveries} re-publishes",
+            level=logging.ERROR,
+            kind="undelivered_event",
+            reason=f"trigger event {event_id}: admission never decided it",
         )
     return Requeued(
         requeued=tuple(int(r["id"]) for r in rows if not r["given_up"]), given_up=given_up

@@ -96,7 +96,7 @@ def impatient_db(database_url: str) -> Iterator[Database]:
 
 
 def test_transient_failures_back_off_then_go_dead_with_the_error(
-    db: Database, impatient_db: Database, database_url: str
+    db: Database, impatient_db: Database, database_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     conn = make_connection(db)
     row_id = store(db, conn, created(1))
@@ -128,6 +128,14 @@ def test_transient_failures_back_off_then_go_dead_with_the_error(
                 assert report.dead == 1
                 assert (row["id"], row["status"], row["attempts"]) == (row_id, "dead", 3)
                 assert "lock" in row["last_error"]
+                # The line the dead-letter alert counts (infra/monitoring.tf).
+                dead = [
+                    r
+                    for r in caplog.records
+                    if getattr(r, "event", None) == "dead_lettered"
+                    and r.event_fields["kind"] == "inbox_row"
+                ]
+                assert len(dead) == 1 and "lock" in dead[0].event_fields["reason"]
         assert 9 < delays[0] <= 10 and 14 < delays[1] <= 15
         blocker.rollback()
     finally:

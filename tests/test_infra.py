@@ -80,9 +80,12 @@ def ref_to(rtype: str, expression: Any) -> str:
 
 
 def function_ref(expression: Any) -> str:
-    """The function key in `${google_cloudfunctions2_function.function["KEY"].attr}`."""
+    """The function key in `${google_cloudfunctions2_function.function["KEY"].attr}` (attr
+    `url`, or `service_config[0].uri`, the run.app URL)."""
     match = re.fullmatch(
-        rf'\$\{{{FUNCTION_RESOURCE}\.function\["([a-z_]+)"\]\.[a-z_]+\}}', str(expression)
+        rf'\$\{{{FUNCTION_RESOURCE}\.function\["([a-z_]+)"\]\.'
+        r"(?:[a-z_]+|service_config\[0\]\.uri)\}",
+        str(expression),
     )
     assert match, f"expected a reference to one function, got {expression!r}"
     return match[1]
@@ -418,32 +421,346 @@ def test_cloudbuild_tests_migrates_packages_and_applies_infra() -> None:
 # --- infra/grants.sql -----------------------------------------------------------------------
 
 
-def test_grants_give_function_users_table_privileges_and_rerun_cleanly(database_url: str) -> None:
-    """Cloud Build runs grants.sql after apply; here on real Postgres, with a role named like a
-    function's IAM database user, twice (the second deploy must be a no-op, not an error)."""
+def test_bootstrap_then_grants_work_for_a_deployer_without_createrole(
+    empty_database_url: str,
+) -> None:
+    """The order infra/README.md prescribes, on an empty database: `postgres` runs
+    bootstrap.sql once; the deployer, an ordinary login role WITHOUT CREATEROLE (as a Cloud
+    SQL IAM user is), applies the migrations (so it owns the schema) and runs grants.sql
+    twice (the second deploy must be a no-op). Function users then have the app role; others
+    don't."""
     import uuid
 
     import pg8000.dbapi
 
     from shared.db import parse_database_url
+    from shared.migrate import apply_all, discover
 
-    member = f"onceflow-fn-test-{uuid.uuid4().hex[:8]}@p.iam"
-    outsider = f"someone-{uuid.uuid4().hex[:8]}@p.iam"
-    conn = pg8000.dbapi.connect(**parse_database_url(database_url))
-    conn.autocommit = True
-    cur = conn.cursor()
+    tag = uuid.uuid4().hex[:8]
+    deployer = f"onceflow-deployer-{tag}@p.iam"
+    member = f"onceflow-fn-test-{tag}@p.iam"
+    outsider = f"someone-{tag}@p.iam"
+    params = parse_database_url(empty_database_url)
+    admin = pg8000.dbapi.connect(**params)
+    admin.autocommit = True
+    cur = admin.cursor()
     try:
-        for role in (member, outsider):
-            cur.execute(f'CREATE ROLE "{role}" LOGIN')
-        sql = (INFRA / "grants.sql").read_text("utf-8")
-        cur.execute(sql)
-        cur.execute(sql)
+        for role in (deployer, member, outsider):
+            cur.execute(f'CREATE ROLE "{role}" LOGIN NOSUPERUSER NOCREATEROLE')
+        as_deployer = pg8000.dbapi.connect(**{**params, "user": deployer})
+        try:
+            # Before the bootstrap, grants.sql says what is missing instead of failing obscurely.
+            with pytest.raises(pg8000.dbapi.DatabaseError, match="cannot grant onceflow_app"):
+                as_deployer.autocommit = True
+                as_deployer.cursor().execute((INFRA / "grants.sql").read_text("utf-8"))
+            bootstrap = (INFRA / "bootstrap.sql").read_text("utf-8")
+            cur.execute(f"SET onceflow.deployer = '{deployer}'")
+            cur.execute(bootstrap)
+            cur.execute(bootstrap)
+            apply_all(as_deployer, discover(), log=False)
+            grants = (INFRA / "grants.sql").read_text("utf-8")
+            as_deployer.autocommit = True
+            as_deployer.cursor().execute(grants)
+            as_deployer.cursor().execute(grants)
+        finally:
+            as_deployer.close()
+        cur.execute("SELECT rolcreaterole FROM pg_roles WHERE rolname = %s", (deployer,))
+        assert cur.fetchone()[0] is False
+        cur.execute("SELECT tableowner FROM pg_tables WHERE tablename = 'workflow_steps'")
+        assert cur.fetchone()[0] == deployer, "the deployer owns the schema it migrated"
         cur.execute("SELECT has_table_privilege(%s, 'workflow_steps', 'INSERT, UPDATE')", (member,))
         assert cur.fetchone()[0] is True
         cur.execute("SELECT has_table_privilege(%s, 'workflow_steps', 'SELECT')", (outsider,))
         assert cur.fetchone()[0] is False, "only onceflow-fn-* users get the app role"
     finally:
-        cur.execute("DROP OWNED BY onceflow_app")
-        for role in (member, outsider):
+        cur.execute("SELECT 1 FROM pg_roles WHERE rolname = 'onceflow_app'")
+        if cur.fetchone():
+            cur.execute("DROP OWNED BY onceflow_app")
+        for role in (member, outsider, deployer):
+            cur.execute(f'DROP OWNED BY "{role}"')
             cur.execute(f'DROP ROLE IF EXISTS "{role}"')
-        conn.close()
+        admin.close()
+
+
+# --- issue 18: deploys that work the first time and say when something is stuck ------------
+
+
+def test_every_subscription_never_expires_or_says_why(tf: Terraform) -> None:
+    """Without expiration_policy Pub/Sub deletes a subscription after 31 idle days: for a
+    dead-letter hold that is its normal state, and later dead letters would be lost."""
+    allowed = tf.locals["subscriptions_allowed_to_expire"]
+    subscriptions = tf.of_type("google_pubsub_subscription")
+    assert len(subscriptions) >= 4
+    for name, sub in subscriptions.items():
+        if name in allowed:
+            assert isinstance(allowed[name], str) and len(allowed[name]) > 20, name
+            continue
+        assert "expiration_policy" in sub, f"{name}: no expiration_policy (expires after 31 days)"
+        assert one(sub["expiration_policy"])["ttl"] == "", f'{name}: ttl must be "" (never)'
+    holds = [s for s in subscriptions.values() if s["name"].endswith("-dead-letter-hold")]
+    assert len(holds) == 2 and not set(allowed) & {
+        n for n, s in subscriptions.items() if s in holds
+    }, "the dead-letter holds themselves may never expire"
+
+
+def test_functions_declare_log_execution_id_so_plans_show_no_diff(tf: Terraform) -> None:
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert service["environment_variables"]["LOG_EXECUTION_ID"] == "true"
+
+
+def test_functions_are_sized_for_python(tf: Terraform) -> None:
+    fn = tf.resources[(FUNCTION_RESOURCE, "function")]
+    service = one(fn["service_config"])
+    assert service["available_cpu"] == "${each.value.cpu}"
+    for name, entry in tf.locals["functions"].items():
+        # A fraction of a vCPU makes a Python cold start take seconds.
+        assert float(entry["cpu"]) >= 1, name
+    # webhook keeps warm instances, set by a variable; everything else scales to zero.
+    assert "var.webhook_min_instances" in service["min_instance_count"]
+    assert 'each.key == "webhook"' in service["min_instance_count"]
+    assert tf.variables["webhook_min_instances"]["default"] >= 1
+    # Builds run as their own account, with the roles a build needs and nothing more.
+    build = one(fn["build_config"])
+    assert ref_to("google_service_account", build["service_account"]) == "build"
+    roles = tf.resources[("google_project_iam_member", "build")]
+    assert ref_to("google_service_account", roles["member"]) == "build"
+    assert "roles/artifactregistry.writer" in str(roles["for_each"])
+    assert "roles/logging.logWriter" in str(roles["for_each"])
+    assert "google_project_iam_member.build" in str(fn["depends_on"])
+
+
+def test_internal_only_ingress_for_functions_no_outsider_calls(tf: Terraform) -> None:
+    """Pub/Sub push and Cloud Scheduler of the same project count as internal traffic for
+    Cloud Run (functions.tf, infra/README.md "Ingress"); webhook and ops are called from the
+    internet (the CRM, people) and stay ALLOW_ALL behind signatures and IAM."""
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert service["ingress_settings"] == "${each.value.ingress}"
+    declared = tf.locals["functions"]
+    for d in DEPLOYABLES:
+        expected = "ALLOW_INTERNAL_ONLY" if d.trigger in ("pubsub", "schedule") else "ALLOW_ALL"
+        assert declared[d.name]["ingress"] == expected, d.name
+    internal = [n for n, f in declared.items() if f["ingress"] == "ALLOW_INTERNAL_ONLY"]
+    assert len(internal) == 5
+    source = (INFRA / "functions.tf").read_text("utf-8")
+    assert "so ingress stays ALLOW_ALL" not in source, "the old, wrong comment is back"
+
+
+def test_everything_labelled_and_old_bundles_expire(tf: Terraform) -> None:
+    assert "var.labels" in tf.locals["labels"]
+    labelled = {
+        (FUNCTION_RESOURCE, "function"): "labels",
+        ("google_storage_bucket", "source"): "labels",
+        ("google_secret_manager_secret", "secret"): "labels",
+    }
+    for rtype in ("google_pubsub_topic", "google_pubsub_subscription"):
+        labelled.update({(rtype, n): "labels" for n in tf.of_type(rtype)})
+    for key, attr in labelled.items():
+        assert tf.resources[key][attr] == "${local.labels}", key
+    sql = one(tf.resources[("google_sql_database_instance", "main")]["settings"])
+    assert sql["user_labels"] == "${local.labels}"
+
+    bucket = tf.resources[("google_storage_bucket", "source")]
+    rule = one(bucket["lifecycle_rule"])
+    assert one(rule["action"])["type"] == "Delete"
+    condition = one(rule["condition"])
+    assert condition["age"] == "${var.source_retention_days}"
+    assert "onceflow-" in condition["matches_prefix"]
+    assert tf.variables["source_retention_days"]["default"] >= 30
+
+
+def test_apis_an_empty_project_needs_are_enabled(tf: Terraform) -> None:
+    apis = set(tf.locals["apis"])
+    # Project IAM bindings fail on a new project without Cloud Resource Manager.
+    assert "cloudresourcemanager.googleapis.com" in apis
+    assert {"logging.googleapis.com", "monitoring.googleapis.com"} <= apis
+    assert {"cloudscheduler.googleapis.com", "secretmanager.googleapis.com"} <= apis
+
+
+def test_every_alert_metric_matches_a_documented_log_event(tf: Terraform) -> None:
+    from shared.logs import EVENTS, LogEvent
+
+    counted = tf.locals["counted_events"]
+    assert set(counted) == {
+        str(LogEvent.RUN_FAILED),
+        str(LogEvent.BREAKER_TRIPPED),
+        str(LogEvent.DEAD_LETTERED),
+        str(LogEvent.LEASE_EXPIRED),
+    }
+    metric = tf.resources[("google_logging_metric", "event_count")]
+    assert metric["for_each"] == "${local.counted_events}"
+    assert 'jsonPayload.event="${each.key}"' in metric["filter"]
+
+    ages = tf.locals["backlog_ages"]
+    assert {a["field"] for a in ages.values()} == set(EVENTS[LogEvent.BACKLOG_AGE])
+    age_metric = tf.resources[("google_logging_metric", "backlog_age")]
+    assert f'jsonPayload.event="{LogEvent.BACKLOG_AGE}"' in age_metric["filter"]
+    assert age_metric["value_extractor"] == "EXTRACT(jsonPayload.${each.value.field})"
+    assert one(age_metric["metric_descriptor"])["value_type"] == "DISTRIBUTION"
+
+
+def test_alerts_take_thresholds_and_channels_from_variables(tf: Terraform) -> None:
+    policies = tf.of_type("google_monitoring_alert_policy")
+    assert set(policies) == {"event_count", "backlog_age", "pubsub_dead_letters"}
+    for name, policy in policies.items():
+        assert policy["notification_channels"] == "${var.notification_channels}", name
+        assert one(policy["documentation"])["content"], f"{name}: say what to do"
+        conditions = policy["conditions"]
+        thresholds = [c["condition_threshold"] for c in conditions if "condition_threshold" in c]
+        assert thresholds, name
+        for t in thresholds:
+            value = str(one(t)["threshold_value"])
+            assert "var.alert_thresholds" in value or "each.value.threshold" in value, name
+    for entries in (tf.locals["counted_events"], tf.locals["backlog_ages"]):
+        for key, entry in entries.items():
+            assert "var.alert_thresholds." in entry["threshold"], key
+    # The sweep going silent must page too: no report means no age alert could fire.
+    absent = [c for c in policies["backlog_age"]["conditions"] if "condition_absent" in c]
+    assert absent
+    # Pub/Sub's own dead letters: the holds' backlog.
+    dl = one(one(policies["pubsub_dead_letters"]["conditions"])["condition_threshold"])
+    assert "num_undelivered_messages" in dl["filter"]
+    for hold in ("trigger_events_dead_letter", "step_ready_dead_letter"):
+        assert f"google_pubsub_subscription.{hold}.name" in dl["filter"]
+    thresholds_type = tf.variables["alert_thresholds"]["type"]
+    for name in ("failed_runs", "breaker_trips", "dead_letters", "lease_expiries"):
+        assert name in thresholds_type
+    assert tf.variables["notification_channels"]["default"] == []
+
+
+def test_ops_can_read_the_scheduler_for_the_health_view(tf: Terraform) -> None:
+    grant = tf.resources[("google_project_iam_member", "ops_scheduler_viewer")]
+    assert grant["role"] == "roles/cloudscheduler.viewer"
+    assert grant["member"] == '${google_service_account.function["ops"].member}'
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert service["environment_variables"]["SCHEDULER_LOCATION"] == "${var.region}"
+
+
+def test_webhook_knows_the_public_url_the_crm_signs(tf: Terraform) -> None:
+    """Behind cloudfunctions.net the path loses its /webhook prefix; without PUBLIC_BASE_URL
+    the rebuilt URI differs from the signed one and every signed delivery is a 401."""
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    env = service["environment_variables"]["PUBLIC_BASE_URL"]
+    assert 'each.key == "webhook"' in env and "local.webhook_public_base_url" in env
+    base = tf.locals["webhook_public_base_url"]
+    assert "var.webhook_public_base_url" in base
+    assert "https://${var.region}-${var.project_id}.cloudfunctions.net/webhook" in base
+    assert "local.webhook_public_base_url" in tf.outputs["webhook_url"]["value"]
+
+
+def test_internal_only_functions_are_called_at_their_run_app_url(tf: Terraform) -> None:
+    """Cloud Run admits Pub/Sub and Cloud Scheduler as internal traffic only when they call the
+    default run.app URL (service_config[0].uri), not the cloudfunctions.net `url`."""
+    internal = {n for n, f in tf.locals["functions"].items() if f["ingress"] != "ALLOW_ALL"}
+    run_app = re.compile(
+        r'\$\{google_cloudfunctions2_function\.function\["([a-z_]+)"\]'
+        r"\.service_config\[0\]\.uri\}"
+    )
+    called: set[str] = set()
+    for sub in tf.of_type("google_pubsub_subscription").values():
+        if "push_config" in sub:
+            push = one(sub["push_config"])
+            for value in (push["push_endpoint"], one(push["oidc_token"])["audience"]):
+                match = run_app.fullmatch(value)
+                assert match, value
+                called.add(match[1])
+    for job in tf.of_type("google_cloud_scheduler_job").values():
+        target = one(job["http_target"])
+        for value in (target["uri"], one(target["oidc_token"])["audience"]):
+            match = run_app.fullmatch(value)
+            assert match, value
+            called.add(match[1])
+    assert called == internal
+
+
+# --- infra/README.md: the procedure itself ----------------------------------------------------
+
+
+def _readme_section(title: str) -> str:
+    text = (INFRA / "README.md").read_text("utf-8")
+    start = text.index(f"### {title}")
+    end = text.find("\n### ", start + 4)
+    return text[start : end if end != -1 else len(text)]
+
+
+def test_readme_walks_an_empty_project_in_an_order_that_works() -> None:
+    """Each step of the first deployment needs only what the steps before it made."""
+    steps = _readme_section("First deployment")
+    order = [
+        "cloudresourcemanager.googleapis.com",  # project IAM bindings need it
+        "terraform init",
+        "-target=google_project_service.enabled",  # APIs before resources that use them
+        "-target=google_secret_manager_secret.secret",  # containers before versions
+        "gcloud secrets versions add",  # version 1 exists before a function pins it
+        "terraform apply -var=project_id=P -var=region=R`",  # the whole thing
+        "infra/bootstrap.sql",  # the role and the schema grant, as postgres
+        "Cloud Build trigger",  # migrate (as the deployer) then apply then grants
+    ]
+    positions = [steps.find(marker) for marker in order]
+    assert all(p >= 0 for p in positions), dict(zip(order, positions, strict=True))
+    assert positions == sorted(positions), "steps out of order"
+    # The role grant is spelled out, not hidden behind a file name.
+    assert 'GRANT onceflow_app TO "onceflow-deployer@P.iam" WITH ADMIN OPTION' in steps
+    roles = _readme_section("Who does what")
+    assert "Who applies Terraform" in roles and "Who owns the schema" in roles
+    assert "Verify with one signed test webhook" in (INFRA / "README.md").read_text("utf-8")
+    assert "Capacity, on paper" in (INFRA / "README.md").read_text("utf-8")
+
+
+def test_readme_smoke_recipe_is_accepted_by_the_real_webhook(
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's smoke SQL runs on the real schema, its token authenticates as an admin,
+    and a delivery signed exactly as its shell recipe signs it is stored (200) by the real
+    webhook entry point sitting behind a front end that strips the /webhook prefix."""
+    import base64
+    import hashlib
+    import hmac
+    import time
+
+    import functions_framework
+
+    from shared.ops.auth import authenticate
+
+    section = _readme_section("Verify with one signed test webhook")
+    sql = re.search(r"```sql\n(.*?)```", section, re.S)
+    body = re.search(r"^BODY='(.*)'$", section, re.M)
+    assert sql and body
+    assert 'printf %s "POST${URI}${BODY}${TS}"' in section  # the signed base, as below
+    with db.transaction() as tx:
+        connection = None
+        plain = "\n".join(line.split("--")[0] for line in sql[1].splitlines())
+        for statement in filter(str.strip, plain.split(";")):
+            row = tx.one(statement)
+            if row is not None and "id" in row:
+                connection = str(row["id"])
+    assert connection
+    principal = authenticate(db, "ofo_smoke_CHANGE_ME")
+    assert principal is not None and principal.is_admin
+
+    secret = "smoke-client-secret"
+    base = "https://europe-west1-p.cloudfunctions.net/webhook"  # terraform output webhook_url
+    monkeypatch.setenv("HUBSPOT_CLIENT_SECRET", secret)
+    monkeypatch.setenv("PUBLIC_BASE_URL", base)
+    monkeypatch.setenv("WEBHOOK_NUDGE", "off")
+    uri = f"{base}/hubspot/{connection}"
+    stamp = str(int(time.time()) * 1000)
+    digest = hmac.new(
+        secret.encode(), f"POST{uri}{body[1]}{stamp}".encode(), hashlib.sha256
+    ).digest()
+    app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
+    response = app.test_client().post(
+        f"/hubspot/{connection}",  # what the function sees: no /webhook prefix
+        data=body[1].encode(),
+        headers={
+            "Content-Type": "application/json",
+            "X-HubSpot-Request-Timestamp": stamp,
+            "X-HubSpot-Signature-v3": base64.b64encode(digest).decode(),
+        },
+        base_url="http://10.0.0.7:8080",
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    with db.transaction() as tx:
+        assert (
+            tx.scalar("SELECT count(*) FROM webhook_inbox WHERE connection_id = :c", c=connection)
+            == 1
+        )

@@ -25,7 +25,7 @@ from shared import pubsub, queries
 from shared.db import Database, get_database
 from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
-from shared.ops import auth, explain, replay
+from shared.ops import auth, explain, health, replay
 from shared.ops.cursor import decode_cursor, encode_cursor
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
@@ -37,6 +37,7 @@ from shared.ops.models import (
     DefinitionProblem,
     ErrorBody,
     FieldProblem,
+    HealthReport,
     LeaseView,
     LedgerEntry,
     LineageEntry,
@@ -489,6 +490,13 @@ def rehearse(call: Call) -> RehearsalResult:
     return rehearsal.rehearsal_result(call.db, start.run_id)
 
 
+# ---- health -------------------------------------------------------------------------------
+
+
+def get_health(call: Call) -> HealthReport:
+    return health.health_report(call.db, call.principal)
+
+
 # ---- the route table ----------------------------------------------------------------------
 
 ROUTES: tuple[Route, ...] = (
@@ -667,6 +675,16 @@ ROUTES: tuple[Route, ...] = (
         body=RehearsalRequest,
         status=201,
         errors=(400, 401, 404, 409, 413, 422),
+    ),
+    Route(
+        "health.get",
+        "GET",
+        "/v1/health",
+        get_health,
+        HealthReport,
+        "Is the machinery running? Scheduler jobs, backlog ages and dead letters (admins);"
+        " connection credentials (scoped to the caller's tenant)",
+        errors=(401,),
     ),
 )
 

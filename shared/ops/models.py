@@ -444,3 +444,78 @@ class RehearsalResult(_Response):
     status: RunStatus
     steps: list[RehearsalStep]
     would_send: list[Any] = Field(description="Side effects stopped before they left.")
+
+
+# ---- health ("is the machinery running?") --------------------------------------------------
+
+
+class ScheduledJobHealth(_Response):
+    name: str
+    state: str | None = Field(description="ENABLED, PAUSED, DISABLED, UPDATE_FAILED.")
+    last_attempt_at: datetime | None
+    next_attempt_at: datetime | None
+    last_status: str | None = Field(
+        description="'ok', the failed attempt's error, or null before the first attempt."
+    )
+    error: str | None = Field(default=None, description="Why the job could not be read.")
+
+
+class SchedulerHealth(_Response):
+    available: bool
+    detail: str | None
+    jobs: list[ScheduledJobHealth]
+
+
+class BacklogHealth(_Response):
+    inbox_pending: int
+    inbox_oldest_seconds: float
+    outbox_unpublished: int
+    outbox_oldest_seconds: float
+    steps_pending: int = Field(description="Pending steps never claimed yet.")
+    steps_oldest_pending_seconds: float
+
+
+class DeadLetterHealth(_Response):
+    poisoned_messages: int
+    poisoned_messages_24h: int
+    dead_inbox_rows: int
+    undelivered_events: int = Field(
+        description="Trigger events given up after every re-publish (ops can re-queue them)."
+    )
+
+
+class SweepDutyHealth(_Response):
+    name: str
+    last_started_at: datetime
+    last_finished_at: datetime | None
+    last_ok: bool | None
+    last_error: str | None
+
+
+class MachineryHealth(_Response):
+    scheduler: SchedulerHealth
+    backlog: BacklogHealth
+    dead_letters: DeadLetterHealth
+    sweep_duties: list[SweepDutyHealth]
+
+
+class ConnectionHealth(_Response):
+    connection_id: UUID
+    tenant_id: str
+    provider: str
+    status: str
+    credentials_configured: bool = Field(
+        description="The environment variable the connection names is set in this function."
+    )
+    last_reconcile_ok: bool | None
+    last_reconciled_at: datetime | None
+    last_reconcile_errors: list[str]
+
+
+class HealthReport(_Response):
+    checked_at: datetime
+    problems: list[str] = Field(description="What looks stuck or broken, in plain words.")
+    machinery: MachineryHealth | None = Field(
+        description="Scheduler, queues and dead letters: admin tokens only (null otherwise)."
+    )
+    connections: list[ConnectionHealth]

@@ -272,6 +272,7 @@ def _record_page(api: OpsApi, request: Request, principal: auth.Principal, token
             notices + search + '<p class="meta">Search a record by its key '
             "(<code>&lt;connection id&gt;:&lt;object type&gt;:&lt;object id&gt;</code>)"
             " to see every event, what each workflow decided, and why.</p>"
+            + _health(api, principal)
             + _dead_letters(api, principal),
             principal=principal,
             token=token,
@@ -304,6 +305,66 @@ def _record_page(api: OpsApi, request: Request, principal: auth.Principal, token
     if not details:
         body += '<p class="meta">No run was started for this record.</p>'
     return _page(f"Record {record_key}", body, principal=principal, token=token)
+
+
+def _health(api: OpsApi, principal: auth.Principal) -> str:
+    """Is the machinery running? The same report as GET /v1/health."""
+    from shared.ops.health import health_report
+
+    report = health_report(api.db, principal)
+    if report.problems:
+        verdict = '<ul class="problems">' + "".join(
+            f'<li class="notice error">{escape(p)}</li>' for p in report.problems
+        )
+        verdict += "</ul>"
+    else:
+        verdict = '<p class="notice ok">Nothing looks stuck.</p>'
+    body = verdict
+    m = report.machinery
+    if m is not None:
+        if m.scheduler.available:
+            rows = "".join(
+                f"<tr><td>{escape(j.name)}</td><td>{escape(j.state or '')}</td>"
+                f"<td>{j.last_attempt_at or 'never'}</td>"
+                f"<td>{escape(j.error or j.last_status or '')}</td></tr>"
+                for j in m.scheduler.jobs
+            )
+            body += (
+                '<table class="scheduler"><thead><tr><th>scheduled job</th><th>state</th>'
+                f"<th>last attempt</th><th>status</th></tr></thead><tbody>{rows}</tbody></table>"
+            )
+        else:
+            body += f'<p class="meta scheduler">{escape(m.scheduler.detail or "")}</p>'
+        b, d = m.backlog, m.dead_letters
+        body += (
+            '<table class="backlog"><thead><tr><th>queue</th><th>waiting</th>'
+            "<th>oldest (s)</th></tr></thead><tbody>"
+            f"<tr><td>inbox</td><td>{b.inbox_pending}</td><td>{b.inbox_oldest_seconds:.0f}</td></tr>"
+            f"<tr><td>outbox</td><td>{b.outbox_unpublished}</td>"
+            f"<td>{b.outbox_oldest_seconds:.0f}</td></tr>"
+            f"<tr><td>steps</td><td>{b.steps_pending}</td>"
+            f"<td>{b.steps_oldest_pending_seconds:.0f}</td></tr></tbody></table>"
+            f'<p class="meta dead-counts">Dead inbox rows: {d.dead_inbox_rows}; poisoned '
+            f"messages: {d.poisoned_messages} ({d.poisoned_messages_24h} in 24 h); undelivered "
+            f"trigger events: {d.undelivered_events}.</p>"
+        )
+    if report.connections:
+        rows = "".join(
+            f"<tr><td><code>{c.connection_id}</code></td><td>{escape(c.provider)}</td>"
+            f"<td>{escape(c.status)}</td><td>{'yes' if c.credentials_configured else 'NO'}</td>"
+            f"<td>{_reconcile_words(c.last_reconcile_ok)}</td></tr>"
+            for c in report.connections
+        )
+        body += (
+            '<table class="connections"><thead><tr><th>connection</th><th>provider</th>'
+            "<th>status</th><th>credentials</th><th>last provider call</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table>"
+        )
+    return f'<h2>Health</h2><div class="card health">{body}</div>'
+
+
+def _reconcile_words(ok: bool | None) -> str:
+    return {None: "not yet", True: "ok", False: "failed"}[ok]
 
 
 def _dead_letters(api: OpsApi, principal: auth.Principal) -> str:

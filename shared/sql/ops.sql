@@ -312,3 +312,21 @@ ORDER BY created_at, step_key
 
 -- name: ops_rehearsal_status
 SELECT status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) AND namespace = 'rehearsal'
+
+-- name: ops_connection_health
+-- Each connection with the outcome of its last provider subscription reconcile (the sweep's
+-- hourly call to the provider with the connection's credentials): a failing reconcile is the
+-- first sign of a revoked or expired token. tenant_id NULL (admin) sees every tenant.
+SELECT CAST(c.id AS text) AS connection_id, c.tenant_id, c.provider, c.status,
+       c.api_credentials_env, r.ok AS last_reconcile_ok, r.reconciled_at AS last_reconciled_at,
+       r.result -> 'errors' AS last_reconcile_errors
+FROM connections c
+LEFT JOIN subscription_reconciles r ON r.connection_id = c.id
+WHERE CAST(:tenant_id AS text) IS NULL OR c.tenant_id = CAST(:tenant_id AS text)
+ORDER BY c.tenant_id, c.created_at, c.id
+LIMIT 500
+
+-- name: ops_sweep_duties
+SELECT name, last_started_at, last_finished_at, last_ok, last_error
+FROM sweep_duties
+ORDER BY name

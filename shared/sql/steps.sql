@@ -214,7 +214,8 @@ WITH expired AS (
     RETURNING r.id
 )
 SELECT c.id, CAST(c.run_id AS text) AS run_id, c.status, c.outcome_code,
-       (SELECT count(*) FROM failed_runs) AS runs_failed
+       (SELECT count(*) FROM failed_runs) AS runs_failed,
+       c.run_id IN (SELECT id FROM failed_runs) AS run_failed
 FROM reclaimed c
 
 -- name: steps_wake_due

@@ -15,6 +15,7 @@ sweep re-dispatches the stamped pending rows instead.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ from shared import queries
 from shared.blocks.base import NO_RETRY, BlockContext, BlockResult, BlockSpec
 from shared.db import Database
 from shared.errors import PermanentError, TransientError
-from shared.logs import get_logger, labelled
+from shared.logs import LogEvent, get_logger, labelled, log_event
 from shared.steps.claim import (
     ClaimedStep,
     Heartbeat,
@@ -174,7 +175,14 @@ def advance_from_message(
         message = decode_push_message(cloud_event_data)
         step_id = str(uuid.UUID(str(message.get("step_id"))))
     except (PermanentError, ValueError) as exc:
-        log.warning("poisoned step-ready message: %s", exc)
+        log_event(
+            log,
+            LogEvent.DEAD_LETTERED,
+            f"poisoned step-ready message: {exc}",
+            level=logging.WARNING,
+            kind="poisoned_message",
+            reason=str(exc)[:1000],
+        )
         with db.transaction() as tx:
             tx.execute(
                 RECORD_POISONED,
@@ -331,6 +339,15 @@ def _finish(
         settlement.outcome_code,
         settled.run_status,
     )
+    if settled.run_failed:
+        log_event(
+            log,
+            LogEvent.RUN_FAILED,
+            f"run failed: step {step.step_key} failed ({settlement.outcome_code})",
+            level=logging.WARNING,
+            run_id=step.run_id,
+            outcome_code=str(settlement.outcome_code),
+        )
     crash_point("after_commit_before_publish")
     if settled.to_dispatch:
         try:

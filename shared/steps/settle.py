@@ -29,6 +29,8 @@ class Settled:
     fenced_out: bool
     to_dispatch: tuple[str, ...] = ()
     run_status: str | None = None
+    # This settle moved the run to failed (not: the run had already ended).
+    run_failed: bool = False
 
 
 def settle_step(
@@ -58,9 +60,11 @@ def settle_step(
             return Settled(fenced_out=True)
         run_status = str(row["run_status"])
         dispatch: list[str] = []
+        run_failed = False
         if settlement.status is StepStatus.FAILED:
             if tx.execute(FAIL_RUN, run_id=step.run_id, error=_run_error(step, settlement)):
                 run_status = "failed"
+                run_failed = True
         elif settlement.status is StepStatus.SUCCEEDED and run_status == "running":
             if next_nodes:
                 dispatch = insert_steps(
@@ -73,7 +77,9 @@ def settle_step(
             elif tx.execute(FINISH_IF_DONE, run_id=step.run_id):
                 run_status = "succeeded"
         crash_point("before_settle_commit")
-    return Settled(fenced_out=False, to_dispatch=tuple(dispatch), run_status=run_status)
+    return Settled(
+        fenced_out=False, to_dispatch=tuple(dispatch), run_status=run_status, run_failed=run_failed
+    )
 
 
 def _run_error(step: ClaimedStep, settlement: Settlement) -> str:

@@ -18,9 +18,10 @@ batch answered from a small partial index:
   after its attempts, or back off for minutes).
 
 Then the registered `Duty`s, each claimed once per period across all instances through a row
-in `sweep_duties`: marker expiry, provider subscription repair (hourly), trimming the lease
-history of runs that finished more than `lease_history_days` ago (hourly), and whatever later
-issues add (timeouts, cron ticks) by appending to `default_duties()` — the loop doesn't change.
+in `sweep_duties`: the backlog report the alerts read (every minute), marker expiry, provider
+subscription repair (hourly), trimming the lease history of runs that finished more than
+`lease_history_days` ago (hourly), and whatever later issues add (timeouts, cron ticks) by
+appending to `default_duties()` — the loop doesn't change.
 A duty that raises is recorded and logged; it never stops the core jobs.
 
 Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
@@ -29,6 +30,7 @@ Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,9 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared import queries
+from shared.backlog import read_backlog
 from shared.db import Database
 from shared.errors import TransientError
-from shared.logs import get_logger
+from shared.logs import LogEvent, get_logger, log_event
 
 STEPS_SQL = queries.load("steps")
 SWEEP_SQL = queries.load("sweep")
@@ -183,11 +186,25 @@ def reclaim_expired_leases(
         rows = tx.all(RECLAIM_EXPIRED, batch=config.batch, **lease_attempt_limits())
     pending = [r["id"] for r in rows if r["status"] == "pending"]
     for r in rows:
-        if r["status"] == "failed":
-            log.warning(
-                "reclaimed step failed %s",
-                r["outcome_code"],
-                extra={"labels": {"step_id": r["id"], "run_id": r["run_id"]}},
+        # After the commit: a rolled-back reclaim must not page anyone.
+        outcome = "pending" if r["status"] == "pending" else str(r["outcome_code"])
+        log_event(
+            log,
+            LogEvent.LEASE_EXPIRED,
+            f"step lease expired; reclaimed as {outcome}",
+            level=logging.WARNING,
+            step_id=r["id"],
+            run_id=r["run_id"],
+            outcome=outcome,
+        )
+        if r["run_failed"]:
+            log_event(
+                log,
+                LogEvent.RUN_FAILED,
+                f"run failed: its step's lease expired ({r['outcome_code']})",
+                level=logging.WARNING,
+                run_id=r["run_id"],
+                outcome_code=str(r["outcome_code"]),
             )
     report.reclaimed += len(pending)
     report.reclaimed_failed += len(rows) - len(pending)
@@ -312,10 +329,32 @@ def trim_lease_history(
     return {"deleted": deleted}
 
 
+def report_backlog(db: Database) -> dict[str, float]:
+    """Log the age of the oldest unfinished work per queue: the line the backlog alerts read
+    (infra/monitoring.tf). Once a minute across all sweep instances, through the duty row."""
+    with db.transaction() as tx:
+        backlog = read_backlog(tx)
+    ages = {
+        "inbox_oldest_seconds": backlog.inbox_oldest_seconds,
+        "outbox_oldest_seconds": backlog.outbox_oldest_seconds,
+        "steps_oldest_pending_seconds": backlog.steps_oldest_pending_seconds,
+    }
+    log_event(
+        log,
+        LogEvent.BACKLOG_AGE,
+        "backlog ages",
+        inbox_oldest_seconds=backlog.inbox_oldest_seconds,
+        outbox_oldest_seconds=backlog.outbox_oldest_seconds,
+        steps_oldest_pending_seconds=backlog.steps_oldest_pending_seconds,
+    )
+    return ages
+
+
 def default_duties(config: SweepConfig | None = None) -> list[Duty]:
     """The periodic duties; later issues append theirs (timeouts, cron ticks) here."""
     days = (config or SweepConfig.from_env()).lease_history_days
     return [
+        Duty("report_backlog", 60.0, report_backlog),
         Duty("expire_echo_markers", 300.0, expire_echo_markers),
         Duty("delete_expired_throttle_windows", 900.0, delete_expired_throttle_windows),
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),

@@ -1,0 +1,220 @@
+"""The health view: "is the machinery running?", in one call.
+
+For an admin: every scheduled job's last attempt and its status (read from Cloud Scheduler),
+the age of the oldest unfinished work per queue, dead-letter counts and the sweep's duties.
+For everyone, scoped to their tenant: each connection's credentials and its last call to the
+provider. Machinery details are admin-only because they describe every tenant's traffic.
+
+The Cloud Scheduler client is created lazily and only when the deployment configures it
+(`GOOGLE_CLOUD_PROJECT` and `SCHEDULER_LOCATION`, set by infra/functions.tf): its constructor
+looks for Google credentials, which local and test runs don't have, so there the scheduler part
+says "scheduler status unavailable locally" and the rest is answered from Postgres as usual.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from shared import queries
+from shared.backlog import read_backlog, read_dead_letters
+from shared.db import Database
+from shared.deployables import DEPLOYABLES
+from shared.logs import get_logger
+from shared.ops.auth import Principal
+from shared.ops.models import (
+    BacklogHealth,
+    ConnectionHealth,
+    DeadLetterHealth,
+    HealthReport,
+    MachineryHealth,
+    ScheduledJobHealth,
+    SchedulerHealth,
+    SweepDutyHealth,
+)
+
+if TYPE_CHECKING:
+    from google.cloud.scheduler_v1 import CloudSchedulerClient, Job
+
+SQL = queries.load("ops")
+CONNECTION_HEALTH = SQL["ops_connection_health"]
+SWEEP_DUTIES = SQL["ops_sweep_duties"]
+
+# Cloud Scheduler job names: one per scheduled function, named as infra/scheduler.tf names them.
+SCHEDULED_JOBS = tuple(d.name.replace("_", "-") for d in DEPLOYABLES if d.trigger == "schedule")
+UNAVAILABLE_LOCALLY = "scheduler status unavailable locally"
+SCHEDULER_TIMEOUT_SECONDS = 5.0
+
+# A scheduled function runs every minute: no attempt for this long means its job is not firing.
+STALE_ATTEMPT_SECONDS = 300.0
+# Beyond these, "problems" says the queue looks stuck (the alerts have their own thresholds).
+BACKLOG_PROBLEM_SECONDS = 300.0
+
+log = get_logger(__name__)
+
+SchedulerRead = Callable[[], SchedulerHealth]
+
+_client: CloudSchedulerClient | None = None
+_client_lock = threading.Lock()
+
+
+def _scheduler_client() -> CloudSchedulerClient:
+    global _client  # noqa: PLW0603 - one client per instance, created on first use
+    with _client_lock:
+        if _client is None:
+            from google.cloud.scheduler_v1 import CloudSchedulerClient
+
+            _client = CloudSchedulerClient()
+        return _client
+
+
+def job_health(name: str, job: Job) -> ScheduledJobHealth:
+    """One job as the health view shows it (pure: a Job in, a model out)."""
+    status: str | None = None
+    if job.last_attempt_time is not None:
+        status = "ok" if job.status.code == 0 else f"error {job.status.code}: {job.status.message}"
+    return ScheduledJobHealth(
+        name=name,
+        state=job.state.name if job.state else None,
+        last_attempt_at=job.last_attempt_time,
+        next_attempt_at=job.schedule_time,
+        last_status=status,
+    )
+
+
+def read_scheduler(env: Mapping[str, str] | None = None) -> SchedulerHealth:
+    """Every onceflow job's last attempt, or why it can't be known."""
+    env = os.environ if env is None else env
+    project, location = env.get("GOOGLE_CLOUD_PROJECT"), env.get("SCHEDULER_LOCATION")
+    if not project or not location:
+        return SchedulerHealth(available=False, detail=UNAVAILABLE_LOCALLY, jobs=[])
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+
+    try:
+        client = _scheduler_client()
+    except GoogleAuthError as exc:
+        return SchedulerHealth(available=False, detail=f"no credentials: {exc}", jobs=[])
+    jobs = []
+    for name in SCHEDULED_JOBS:
+        path = f"projects/{project}/locations/{location}/jobs/{name}"
+        try:
+            job = client.get_job(name=path, timeout=SCHEDULER_TIMEOUT_SECONDS)
+        except (GoogleAPIError, GoogleAuthError) as exc:
+            log.warning("health: cannot read scheduler job %s: %s", name, exc)
+            jobs.append(
+                ScheduledJobHealth(
+                    name=name,
+                    state=None,
+                    last_attempt_at=None,
+                    next_attempt_at=None,
+                    last_status=None,
+                    error=str(exc)[:500],
+                )
+            )
+            continue
+        jobs.append(job_health(name, job))
+    return SchedulerHealth(available=True, detail=None, jobs=jobs)
+
+
+def _connection(row: Mapping[str, Any], env: Mapping[str, str]) -> ConnectionHealth:
+    errors = row["last_reconcile_errors"]
+    if isinstance(errors, str):  # jsonb arrives as text from some drivers
+        errors = json.loads(errors)
+    variable = row["api_credentials_env"]
+    return ConnectionHealth(
+        connection_id=row["connection_id"],
+        tenant_id=row["tenant_id"],
+        provider=row["provider"],
+        status=row["status"],
+        credentials_configured=bool(variable and env.get(variable)),
+        last_reconcile_ok=row["last_reconcile_ok"],
+        last_reconciled_at=row["last_reconciled_at"],
+        last_reconcile_errors=[str(e) for e in errors or []],
+    )
+
+
+def _scheduler_problems(scheduler: SchedulerHealth) -> list[str]:
+    found: list[str] = []
+    now = datetime.now(UTC)
+    for job in scheduler.jobs:
+        if job.error:
+            found.append(f"scheduler job {job.name} cannot be read: {job.error}")
+        elif job.state not in (None, "ENABLED"):
+            found.append(f"scheduler job {job.name} is {job.state}")
+        elif job.last_attempt_at is None or (
+            (now - job.last_attempt_at).total_seconds() > STALE_ATTEMPT_SECONDS
+        ):
+            found.append(f"scheduler job {job.name} has not run in the last 5 minutes")
+        elif job.last_status != "ok":
+            found.append(f"scheduler job {job.name} last failed: {job.last_status}")
+    return found
+
+
+def _problems(machinery: MachineryHealth | None, connections: list[ConnectionHealth]) -> list[str]:
+    found: list[str] = []
+    if machinery is not None:
+        found.extend(_scheduler_problems(machinery.scheduler))
+        b = machinery.backlog
+        for what, age in (
+            ("inbox row waiting to be drained", b.inbox_oldest_seconds),
+            ("outbox row waiting to be published", b.outbox_oldest_seconds),
+            ("pending step waiting to be claimed", b.steps_oldest_pending_seconds),
+        ):
+            if age > BACKLOG_PROBLEM_SECONDS:
+                found.append(f"the oldest {what} is {age:.0f} s old")
+        d = machinery.dead_letters
+        if d.dead_inbox_rows:
+            found.append(f"{d.dead_inbox_rows} inbox rows are dead")
+        if d.undelivered_events:
+            found.append(f"{d.undelivered_events} trigger events were given up as undelivered")
+        if d.poisoned_messages_24h:
+            found.append(f"{d.poisoned_messages_24h} poisoned messages in the last 24 hours")
+        found.extend(
+            f"sweep duty {s.name} failed: {s.last_error}"
+            for s in machinery.sweep_duties
+            if s.last_ok is False
+        )
+    for c in connections:
+        if c.status != "active":
+            continue
+        if not c.credentials_configured:
+            found.append(f"connection {c.connection_id} has no credentials configured")
+        if c.last_reconcile_ok is False:
+            found.append(f"connection {c.connection_id}: the last call to its provider failed")
+    return found
+
+
+def health_report(
+    db: Database,
+    principal: Principal,
+    *,
+    scheduler: SchedulerRead = read_scheduler,
+    env: Mapping[str, str] | None = None,
+) -> HealthReport:
+    env = os.environ if env is None else env
+    machinery: MachineryHealth | None = None
+    with db.transaction() as tx:
+        rows = tx.all(CONNECTION_HEALTH, tenant_id=principal.tenant_id)
+        if principal.is_admin:
+            backlog = read_backlog(tx)
+            dead = read_dead_letters(tx)
+            duties = tx.all(SWEEP_DUTIES)
+    connections = [_connection(r, env) for r in rows]
+    if principal.is_admin:
+        machinery = MachineryHealth(
+            scheduler=scheduler(),
+            backlog=BacklogHealth.model_validate(backlog, from_attributes=True),
+            dead_letters=DeadLetterHealth.model_validate(dead, from_attributes=True),
+            sweep_duties=[SweepDutyHealth.model_validate(d) for d in duties],
+        )
+    return HealthReport(
+        checked_at=datetime.now(UTC),
+        problems=_problems(machinery, connections),
+        machinery=machinery,
+        connections=connections,
+    )
