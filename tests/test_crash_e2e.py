@@ -103,7 +103,8 @@ def test_every_crash_point_recovers_without_duplicate_effects_or_lost_runs(
                 )
             )
             steps = tx.all(
-                "SELECT run_id, step_key, status, attempt, idempotency_key, outcome_code FROM workflow_steps"
+                "SELECT run_id, step_key, status, attempt, idempotency_key, outcome_code"
+                " FROM workflow_steps"
                 " WHERE run_id = ANY(CAST(:r AS uuid[]))",
                 r=all_runs,
             )
