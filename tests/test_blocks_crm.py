@@ -162,6 +162,33 @@ def test_get_and_search(db: Database, fake: FakeCrm, connection_id: str) -> None
     assert err.value.outcome_code == "RECORD_NOT_FOUND"
 
 
+def test_a_rehearsals_read_claims_no_live_throttle_slot(
+    db: Database, fake: FakeCrm, connection_id: str
+) -> None:
+    """Invariant 13: a rehearsal's crm.get still reads the CRM but takes no slot of the
+    connection's live window (the first release claimed one before its dry-run check), and
+    charges nothing; the live read does both."""
+
+    def slots() -> int:
+        with db.transaction() as tx:
+            return int(tx.scalar("SELECT coalesce(sum(used), 0) FROM throttle_windows"))
+
+    made = StepRunner(db, "crm.create", connection_id=connection_id).run(
+        crm.CREATE, {"object_type": "deals", "properties": {"dealname": "Big"}}
+    )
+    assert made.output is not None
+    before = slots()
+    rehearsed = StepRunner(db, "crm.get", connection_id=connection_id).run(
+        crm.GET, {"object_type": "deal", "object_id": made.output["id"]}, dry_run=True
+    )
+    assert rehearsed.output is not None and rehearsed.output["properties"]["dealname"] == "Big"
+    assert slots() == before
+    StepRunner(db, "crm.get", connection_id=connection_id).run(
+        crm.GET, {"object_type": "deal", "object_id": made.output["id"]}
+    )
+    assert slots() == before + 1
+
+
 def test_missing_connection_and_missing_token_fail_clearly(
     db: Database, fake: FakeCrm, connection_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
