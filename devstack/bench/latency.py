@@ -22,13 +22,12 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 
 from devstack import stack as devstack
-from devstack.fakecrm.webhooks import signed_headers
+from devstack.fakecrm.webhooks import property_change_body, signed_headers
 from shared import connections
 from shared.db import Database, connector_from_env
 from shared.workflows import versions
@@ -73,25 +72,9 @@ def _seed(db: Database) -> str:
 
 
 def _body(n: int) -> bytes:
-    return json.dumps(
-        [
-            {
-                "eventId": 9_000_000 + n,
-                "subscriptionId": 1,
-                "portalId": PORTAL,
-                "appId": 1,
-                "occurredAt": int(datetime.now(UTC).timestamp() * 1000),
-                "subscriptionType": "contact.propertyChange",
-                "attemptNumber": 0,
-                "objectId": 100_000 + n,
-                "propertyName": "lifecyclestage",
-                "propertyValue": "lead",
-                "changeSource": "CRM_UI",
-                "sourceId": "userId:1",
-            }
-        ],
-        separators=(",", ":"),
-    ).encode()
+    return property_change_body(
+        event_id=9_000_000 + n, portal_id=PORTAL, object_id=100_000 + n, value="lead"
+    )
 
 
 def main() -> int:

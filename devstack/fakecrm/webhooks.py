@@ -29,6 +29,43 @@ def sign_v3(secret: str, method: str, uri: str, body: bytes, timestamp_ms: int) 
     return base64.b64encode(digest).decode()
 
 
+def property_change_body(
+    *,
+    event_id: int,
+    portal_id: int,
+    object_id: int,
+    value: str,
+    property_name: str = "lifecyclestage",
+    occurred_ms: int | None = None,
+    attempt: int = 0,
+    object_type: str = "contact",
+) -> bytes:
+    """One HubSpot v3 `<object>.propertyChange` delivery (a batch of one), as HubSpot sends
+    it: only the changed property, `attemptNumber` counting retries from 0."""
+    import json
+    import time
+
+    return json.dumps(
+        [
+            {
+                "eventId": event_id,
+                "subscriptionId": 1,
+                "portalId": portal_id,
+                "appId": 1,
+                "occurredAt": occurred_ms if occurred_ms is not None else int(time.time() * 1000),
+                "subscriptionType": f"{object_type}.propertyChange",
+                "attemptNumber": attempt,
+                "objectId": object_id,
+                "propertyName": property_name,
+                "propertyValue": value,
+                "changeSource": "CRM_UI",
+                "sourceId": "userId:1",
+            }
+        ],
+        separators=(",", ":"),
+    ).encode()
+
+
 def signed_headers(secret: str, uri: str, body: bytes) -> dict[str, str]:
     """The headers of a v3-signed webhook POST of `body` to `uri`, stamped now."""
     ts = now_ms()

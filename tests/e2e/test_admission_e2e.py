@@ -7,13 +7,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
-from devstack.fakecrm.webhooks import signed_headers
+from devstack.fakecrm.webhooks import property_change_body, signed_headers
 from devstack.stack import RunningStack
 from shared import connections
 from shared.db import Database
@@ -37,25 +36,9 @@ def wait_for(what: str, probe: Callable[[], Any], timeout: float = 90.0) -> Any:
 
 
 def webhook_body(event_id: int, object_id: int, stage: str, attempt: int = 0) -> bytes:
-    return json.dumps(
-        [
-            {
-                "eventId": event_id,
-                "subscriptionId": 1,
-                "portalId": PORTAL,
-                "appId": 1,
-                "occurredAt": int(datetime.now(UTC).timestamp() * 1000),
-                "subscriptionType": "contact.propertyChange",
-                "attemptNumber": attempt,
-                "objectId": object_id,
-                "propertyName": "lifecyclestage",
-                "propertyValue": stage,
-                "changeSource": "CRM_UI",
-                "sourceId": "userId:1",
-            }
-        ],
-        separators=(",", ":"),
-    ).encode()
+    return property_change_body(
+        event_id=event_id, portal_id=PORTAL, object_id=object_id, value=stage, attempt=attempt
+    )
 
 
 def test_signed_webhook_admits_one_run_and_the_resent_webhook_none(

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from devstack.fakecrm.webhooks import signed_headers
+from devstack.fakecrm.webhooks import property_change_body, signed_headers
 from devstack.stack import RunningStack
 from shared import connections
 from shared.db import Database
@@ -46,25 +46,14 @@ DECISION_BOUND_SECONDS = 90
 
 
 def body(event_id: int, object_id: int, stage: str, occurred_ms: int, attempt: int) -> bytes:
-    return json.dumps(
-        [
-            {
-                "eventId": event_id,
-                "subscriptionId": 1,
-                "portalId": PORTAL,
-                "appId": 1,
-                "occurredAt": occurred_ms,
-                "subscriptionType": "contact.propertyChange",
-                "attemptNumber": attempt,
-                "objectId": object_id,
-                "propertyName": "lifecyclestage",
-                "propertyValue": stage,
-                "changeSource": "CRM_UI",
-                "sourceId": "userId:1",
-            }
-        ],
-        separators=(",", ":"),
-    ).encode()
+    return property_change_body(
+        event_id=event_id,
+        portal_id=PORTAL,
+        object_id=object_id,
+        value=stage,
+        occurred_ms=occurred_ms,
+        attempt=attempt,
+    )
 
 
 def setup(db: Database) -> tuple[str, str, str]:
