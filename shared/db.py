@@ -481,9 +481,14 @@ def connector_from_env(env: Mapping[str, str] | None = None) -> Callable[[], Con
     if instance:
         return lambda: _connect_cloud_sql(instance, env)
     kwargs = connect_kwargs_from_env(env)
+    # pg8000's `timeout` is the socket's, for every read, not only the connect: a statement
+    # still legitimately running when it fires breaks the connection. It must outlast the
+    # server-side statement_timeout, which ends a long statement cleanly (57014) first.
+    limit_ms = SessionLimits.from_env(env).statement_timeout_ms
+    socket_timeout = max(10.0, limit_ms / 1000 + 5) if limit_ms else 300.0
 
     def connect() -> Connection:
-        conn = pg8000.dbapi.connect(timeout=10, **kwargs)
+        conn = pg8000.dbapi.connect(timeout=socket_timeout, **kwargs)
         _tune_socket(conn)
         return conn
 

@@ -12,7 +12,7 @@ import pg8000.dbapi
 import pytest
 
 from shared import inbox
-from shared.db import Database, connector_from_env
+from shared.db import Database, SessionLimits, connector_from_env
 from shared.inbox import DrainPolicy, backoff_seconds, claim_rows, process_row
 from tests.ingest_support import (
     hubspot_body,
@@ -82,15 +82,11 @@ def test_crashed_drainers_lease_expires_and_the_stale_drainer_writes_nothing(
 @pytest.fixture
 def impatient_db(database_url: str) -> Iterator[Database]:
     """A pool whose sessions give up on a lock after 100 ms (SQLSTATE 55P03: transient)."""
-    connect = connector_from_env({"DATABASE_URL": database_url})
-
-    def connect_impatient() -> Any:
-        conn = connect()
-        conn.autocommit = True
-        conn.cursor().execute("SET lock_timeout = '100ms'")
-        return conn
-
-    database = Database(connect_impatient, pool_size=4)
+    database = Database(
+        connector_from_env({"DATABASE_URL": database_url}),
+        pool_size=4,
+        limits=SessionLimits(lock_timeout_ms=100),
+    )
     yield database
     database.close()
 
