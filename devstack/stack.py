@@ -334,7 +334,12 @@ def up(
         for d in DEPLOYABLES:
             port = ports[d.name]
             sig = function_process.signature_type(d)
-            _spawn(root, d.name, function_process.command(d.name, port, signature=sig), fn_env)
+            _spawn(
+                root,
+                d.name,
+                function_process.command(d.name, port, signature=sig, front=True),
+                fn_env,
+            )
             components[d.name] = {
                 "kind": "function",
                 "trigger": d.trigger,
@@ -799,7 +804,9 @@ def restart_function(
         if p.name == name:
             _stop_one(p)
     env = {**_base_env(), **info["env"], **(extra_env or {})}
-    args = function_process.command(name, comp["port"], signature=str(comp["signature_type"]))
+    args = function_process.command(
+        name, comp["port"], signature=str(comp["signature_type"]), front=True
+    )
     _spawn(root, name, args, env)
     comp["extra_env"] = dict(extra_env or {})
     _write_json(stack_file(root), info)

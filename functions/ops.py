@@ -11,4 +11,4 @@ from shared.request_body import detached
 @functions_framework.http
 def ops(request: Any) -> Any:
     # Detached: a refused request's unread body is never read after the answer.
-    return detached(handle_request(request))
+    return detached(handle_request(request), request)

@@ -32,7 +32,7 @@ def webhook(request: Any) -> flask.Response:
                 headers=dict(request.headers),
                 content_length=request.content_length,
                 read=request.stream.read,
-                socket=request.environ.get("gunicorn.socket"),
+                environ=request.environ,
             )
         )
     if answer.stored is not None:
@@ -42,5 +42,6 @@ def webhook(request: Any) -> flask.Response:
     # Detached: a refused request's unread body is never read after the answer (an oversize
     # one is refused "without reading the rest"; a 404 or 405 never read any of it).
     return detached(
-        flask.Response(json.dumps(answer.body), status=answer.status, mimetype="application/json")
+        flask.Response(json.dumps(answer.body), status=answer.status, mimetype="application/json"),
+        request,
     )

@@ -30,13 +30,17 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from flask import Response
+from flask import Request, Response
 
 READ_CHUNK_BYTES = 64 * 1024
+# gunicorn puts the connection's socket in the environ (functions-framework runs gunicorn, in
+# the cloud and locally); the second key is ours.
+SOCKET_KEY = "gunicorn.socket"
+CONSUMED_KEY = "onceflow.body_consumed"
 BODY_DEADLINE_SECONDS = 10.0
 MAX_JSON_DEPTH = 32
 
@@ -64,30 +68,50 @@ def refuse_declared_length(declared_length: int | None, cap: int) -> None:
         raise too_large(cap, "content_length")
 
 
-@contextmanager
-def _deadline(sock: Any, seconds: float) -> Iterator[Callable[[], bool]]:
-    """Shut the read side of `sock` down when `seconds` pass; yields "has it fired?".
+class SocketDeadline:
+    """Shuts the read side of `sock` down `seconds` after `start()` unless cancelled first: a
+    read blocked on it returns (end of data) instead of waiting for a client that stalls or
+    trickles. Without a socket (an in-process test client) nothing can stall and nothing is
+    cut; `expired` still tells the time."""
 
-    Without a socket (an in-process test client) there is nothing to stall on and nothing to
-    cut, and the deadline is only checked between reads."""
-    fired = threading.Event()
-    started = time.monotonic()
+    def __init__(self, sock: Any, seconds: float) -> None:
+        self.seconds = seconds
+        self._sock = sock if isinstance(sock, socket.socket) else None
+        self._fired = threading.Event()
+        self._started = time.monotonic()
+        self._timer: threading.Timer | None = None
 
-    def cut() -> None:
-        fired.set()
+    def start(self) -> SocketDeadline:
+        self._started = time.monotonic()
+        if self._sock is not None:
+            self._timer = threading.Timer(self.seconds, self._cut)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    @property
+    def expired(self) -> bool:
+        return self._fired.is_set() or time.monotonic() - self._started > self.seconds
+
+    def _cut(self) -> None:
+        self._fired.set()
         # Already closed by the client: the blocked read has returned anyway.
         with suppress(OSError):
-            sock.shutdown(socket.SHUT_RD)
+            assert self._sock is not None
+            self._sock.shutdown(socket.SHUT_RD)
 
-    timer = threading.Timer(seconds, cut) if isinstance(sock, socket.socket) else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
+
+@contextmanager
+def _deadline(sock: Any, seconds: float) -> Iterator[SocketDeadline]:
+    deadline = SocketDeadline(sock, seconds).start()
     try:
-        yield lambda: fired.is_set() or time.monotonic() - started > seconds
+        yield deadline
     finally:
-        if timer is not None:
-            timer.cancel()
+        deadline.cancel()
 
 
 def read_body(
@@ -95,18 +119,21 @@ def read_body(
     *,
     declared_length: int | None,
     cap: int,
-    sock: Any = None,
+    environ: MutableMapping[str, Any] | None = None,
     deadline_seconds: float = BODY_DEADLINE_SECONDS,
 ) -> bytes:
     """The whole body, or `BodyRefused`: 413 over `cap` (declared or read; the rest is never
     read), 408 past the deadline, 400 when the server's reader can't frame the client's bytes.
 
-    `sock` is the connection's socket when the server exposes it (gunicorn's
-    `environ["gunicorn.socket"]`); the deadline cuts it."""
+    `environ` is the request's WSGI environ: the deadline cuts the connection's socket when the
+    server exposes it (gunicorn's `gunicorn.socket`), and a body read to its end is noted there
+    for `detached`."""
+    environ = environ if environ is not None else {}
+    sock = environ.get(SOCKET_KEY)
     refuse_declared_length(declared_length, cap)
     chunks: list[bytes] = []
     total = 0
-    with _deadline(sock, deadline_seconds) as expired:
+    with _deadline(sock, deadline_seconds) as deadline:
         while True:
             try:
                 chunk = read(min(READ_CHUNK_BYTES, cap + 1 - total))
@@ -114,7 +141,7 @@ def read_body(
                 # The reader raises whatever its framing code raises (gunicorn: its own
                 # ParseException family for chunk errors, IOError subclasses for an early
                 # end); all of them are about bytes the client sent, or failed to.
-                if expired():
+                if deadline.expired:
                     raise _late(deadline_seconds) from exc
                 raise BodyRefused(
                     400,
@@ -122,7 +149,7 @@ def read_body(
                     "body_framing",
                     f"the request body could not be read: {_name(exc)}",
                 ) from exc
-            if expired():
+            if deadline.expired:
                 raise _late(deadline_seconds)
             if not chunk:
                 break
@@ -135,6 +162,7 @@ def read_body(
         raise BodyRefused(
             400, "malformed_body", "body_framing", "the request body ended before its length"
         )
+    environ[CONSUMED_KEY] = True
     return b"".join(chunks)
 
 
@@ -194,9 +222,24 @@ def parse_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         ) from None
 
 
-def detached(response: Response) -> Response:
+def detached(response: Response, request: Request) -> Response:
     """`response` streamed, so functions-framework doesn't read what the client is still
-    sending (see the module docstring). The length stays declared."""
+    sending (see the module docstring). The length stays declared.
+
+    When the request has a body nobody read to its end (refused, or never asked for), the read
+    side of the connection is shut down too: the server's own drain and lingering close then
+    see the end of the data at once instead of waiting seconds on a client that stalls, and
+    the connection is not reused. What the client already sent is still read and discarded
+    by the server, so the answer is not lost to a reset."""
+    environ = request.environ
+    has_body = (
+        bool(request.content_length)
+        or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    )
+    sock = environ.get(SOCKET_KEY)
+    if has_body and not environ.get(CONSUMED_KEY) and isinstance(sock, socket.socket):
+        with suppress(OSError):
+            sock.shutdown(socket.SHUT_RD)
     if response.is_streamed:
         return response
     payload = response.get_data()

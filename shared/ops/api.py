@@ -748,7 +748,7 @@ def read_body(request: Request, model: type[BaseModel]) -> Any:
             request.stream.read,
             declared_length=request.content_length,
             cap=MAX_BODY_BYTES,
-            sock=request.environ.get("gunicorn.socket"),
+            environ=request.environ,
         )
         data = request_body.parse_json(raw) if raw.strip() else {}
     except request_body.BodyRefused as refused:

@@ -156,7 +156,7 @@ def _form(request: Request) -> dict[str, str]:
             request.stream.read,
             declared_length=request.content_length,
             cap=MAX_FORM_BYTES,
-            sock=request.environ.get("gunicorn.socket"),
+            environ=request.environ,
         )
     except request_body.BodyRefused as refused:
         raise OpsError(refused.status, refused.code, refused.message) from None

@@ -64,7 +64,8 @@ class WebhookRequest:
     headers: Mapping[str, str]
     content_length: int | None
     read: Callable[[int], bytes]  # reads at most n bytes of the body
-    socket: Any = None  # the connection, when the server exposes it: the body deadline cuts it
+    # The WSGI environ, when there is one: the body deadline cuts its socket (request_body).
+    environ: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,7 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
             request.read,
             declared_length=request.content_length,
             cap=max_body_bytes(),
-            sock=request.socket,
+            environ=request.environ,
         )
     except request_body.BodyRefused as refused:
         return _refuse(refused.status, refused.code, refused.check, connection_id=connection_id)
