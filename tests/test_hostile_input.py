@@ -124,9 +124,7 @@ def test_yaml_within_the_depth_limit_still_validates() -> None:
         ("ftp://files.example.com/x", "only http and https"),
     ],
 )
-def test_validate_warns_about_urls_the_address_policy_always_refuses(
-    url: str, reason: str
-) -> None:
+def test_validate_warns_about_urls_the_address_policy_always_refuses(url: str, reason: str) -> None:
     report = validate_text(definition(url=url))
     assert report.ok  # a warning, not an error: the definition is legal
     (warning,) = report.warnings

@@ -298,9 +298,7 @@ def test_stalled_connections_dont_stop_either_function(stack: Stack, db: Databas
         # A real delivery and a real ops call, while every stalled connection is still open.
         body = hubspot_body(hubspot_event(4242))
         url = stack.webhook + webhook_path
-        delivered = httpx.post(
-            url, content=body, headers=hubspot_v3_headers(body, url), timeout=40
-        )
+        delivered = httpx.post(url, content=body, headers=hubspot_v3_headers(body, url), timeout=40)
         assert delivered.status_code == 200, delivered.text
         validated = httpx.post(
             stack.ops + "/v1/workflows/validate",
