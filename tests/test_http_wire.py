@@ -275,36 +275,39 @@ def _stall(base: str, sent: bytes) -> socket.socket:
 
 def test_stalled_connections_dont_stop_either_function(stack: Stack, db: Database) -> None:
     """More stalled connections than each process has threads, of every kind a slow client can
-    leave: connected and silent, half a request head, a head and part of a body that was
-    declared (to a route that reads it), and an oversize declared body. While they all stay
-    open, each function still answers a real request."""
+    leave: connected and silent, half a request head, a head and part of a declared body (to a
+    route that reads it), and an oversize declared body. While they all stay open, each
+    function still answers a real request: each stall costs a thread at most the head or body
+    deadline (10 s), an oversize one none, where before they held every thread until the
+    client went away."""
     webhook_path = f"/hubspot/{stack.connection}"
     auth = {"Authorization": f"Bearer {stack.token}", "Content-Type": "application/json"}
     stalls: list[socket.socket] = []
     try:
-        for _ in range(THREADS + 2):
-            for base, path, headers in (
-                (stack.webhook, webhook_path, {}),
-                (stack.ops, "/v1/workflows/validate", auth),
-            ):
-                stalls.append(_stall(base, b""))
-                stalls.append(_stall(base, f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode()))
-                stalls.append(
-                    _stall(base, head("POST", path, {**headers, "Content-Length": "100"}) + b"[{")
-                )
-                stalls.append(
-                    _stall(base, head("POST", path, {**headers, "Content-Length": "10000000000"}))
-                )
+        for base, path, headers in (
+            (stack.webhook, webhook_path, {}),
+            (stack.ops, "/v1/workflows/validate", auth),
+        ):
+            kinds = [
+                b"",
+                f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode(),
+                head("POST", path, {**headers, "Content-Length": "100"}) + b"[{",
+            ]
+            for i in range(THREADS + 2):
+                stalls.append(_stall(base, kinds[i % len(kinds)]))
+            for _ in range(THREADS + 2):
+                oversize = head("POST", path, {**headers, "Content-Length": "10000000000"})
+                stalls.append(_stall(base, oversize))
         # A real delivery and a real ops call, while every stalled connection is still open.
         body = hubspot_body(hubspot_event(4242))
         url = stack.webhook + webhook_path
-        delivered = httpx.post(url, content=body, headers=hubspot_v3_headers(body, url), timeout=40)
+        delivered = httpx.post(url, content=body, headers=hubspot_v3_headers(body, url), timeout=90)
         assert delivered.status_code == 200, delivered.text
         validated = httpx.post(
             stack.ops + "/v1/workflows/validate",
             json={"source": "name: x\n"},
             headers={"Authorization": f"Bearer {stack.token}"},
-            timeout=40,
+            timeout=90,
         )
         assert validated.status_code == 200, validated.text
         assert validated.json()["valid"] is False
