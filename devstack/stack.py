@@ -5,7 +5,9 @@
 - PostgreSQL: a throwaway cluster under `<root>/pg` (kept between runs; `rm -rf .local` resets
   it), or the server in `DATABASE_URL` when that is set; migrations applied either way;
 - the Pub/Sub emulator, with the topics and push subscriptions `infra/pubsub.tf` declares;
-- one `functions-framework` process per function in `shared/deployables.py`;
+- one functions-framework process per function in `shared/deployables.py`, started through
+  `devstack.function_server` (functions-framework's own server plus the head deadline that
+  Cloud Run's front end provides in the cloud);
 - the fake CRM (`devstack.fakecrm`), when that module is present;
 - the local scheduler (`devstack.scheduler`), calling the scheduled functions at the cadence
   `infra/scheduler.tf` declares.
