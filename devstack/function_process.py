@@ -52,11 +52,25 @@ def signature_type(fn: Deployable) -> str:
 
 
 def command(
-    target: str, port: int, *, source: Path = REPO / "main.py", signature: str | None = None
+    target: str,
+    port: int,
+    *,
+    source: Path = REPO / "main.py",
+    signature: str | None = None,
+    front: bool = False,
 ) -> list[str]:
     """Serve `target` of `source` on 127.0.0.1:`port`; without `signature`, functions-framework
-    takes `http`."""
-    args = [str(functions_framework_bin()), "--source", str(source), "--target", target]
+    takes `http`.
+
+    `front=True` runs the same server through `devstack.function_server`, which adds the head
+    deadline Cloud Run's front end provides in the cloud (the local stack and `serve` use it;
+    it needs the repository as the working directory). Without it, the exact command the
+    cloud's buildpack runs (what the archive test checks)."""
+    if front:
+        args = [sys.executable, "-m", "devstack.function_server"]
+    else:
+        args = [str(functions_framework_bin())]
+    args += ["--source", str(source), "--target", target]
     if signature is not None:
         args += ["--signature-type", signature]
     return [*args, "--host", HOST, "--port", str(port)]
@@ -68,7 +82,7 @@ def serve(target: str, env: Mapping[str, str], *, timeout: float = 30.0) -> Iter
     base URL once it answers HTTP (any status: the app is loaded by then)."""
     port = free_port()
     process = subprocess.Popen(
-        command(target, port),
+        command(target, port, front=True),
         cwd=REPO,
         env={**os.environ, **env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,

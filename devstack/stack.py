@@ -5,7 +5,9 @@
 - PostgreSQL: a throwaway cluster under `<root>/pg` (kept between runs; `rm -rf .local` resets
   it), or the server in `DATABASE_URL` when that is set; migrations applied either way;
 - the Pub/Sub emulator, with the topics and push subscriptions `infra/pubsub.tf` declares;
-- one `functions-framework` process per function in `shared/deployables.py`;
+- one functions-framework process per function in `shared/deployables.py`, started through
+  `devstack.function_server` (functions-framework's own server plus the head deadline that
+  Cloud Run's front end provides in the cloud);
 - the fake CRM (`devstack.fakecrm`), when that module is present;
 - the local scheduler (`devstack.scheduler`), calling the scheduled functions at the cadence
   `infra/scheduler.tf` declares.
@@ -334,7 +336,12 @@ def up(
         for d in DEPLOYABLES:
             port = ports[d.name]
             sig = function_process.signature_type(d)
-            _spawn(root, d.name, function_process.command(d.name, port, signature=sig), fn_env)
+            _spawn(
+                root,
+                d.name,
+                function_process.command(d.name, port, signature=sig, front=True),
+                fn_env,
+            )
             components[d.name] = {
                 "kind": "function",
                 "trigger": d.trigger,
@@ -799,7 +806,9 @@ def restart_function(
         if p.name == name:
             _stop_one(p)
     env = {**_base_env(), **info["env"], **(extra_env or {})}
-    args = function_process.command(name, comp["port"], signature=str(comp["signature_type"]))
+    args = function_process.command(
+        name, comp["port"], signature=str(comp["signature_type"]), front=True
+    )
     _spawn(root, name, args, env)
     comp["extra_env"] = dict(extra_env or {})
     _write_json(stack_file(root), info)

@@ -5,8 +5,10 @@ from typing import Any
 import functions_framework
 
 from shared.ops.api import handle_request
+from shared.request_body import detached
 
 
 @functions_framework.http
 def ops(request: Any) -> Any:
-    return handle_request(request)
+    # Detached: a refused request's unread body is never read after the answer.
+    return detached(handle_request(request), request)

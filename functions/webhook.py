@@ -14,12 +14,13 @@ import flask
 import functions_framework
 
 from shared.logs import labelled, traced
+from shared.request_body import detached
 from shared.webhooks import nudge
 from shared.webhooks.receive import WebhookRequest, receive_webhook
 
 
 @functions_framework.http
-def webhook(request: Any) -> tuple[str, int, dict[str, str]] | flask.Response:
+def webhook(request: Any) -> flask.Response:
     with traced(request.headers), labelled(function="webhook"):
         answer = receive_webhook(
             WebhookRequest(
@@ -31,16 +32,16 @@ def webhook(request: Any) -> tuple[str, int, dict[str, str]] | flask.Response:
                 headers=dict(request.headers),
                 content_length=request.content_length,
                 read=request.stream.read,
+                environ=request.environ,
             )
         )
     if answer.stored is not None:
         # Best effort by contract: the schedule drains anyway, so a nudge can't fail a delivery.
         with contextlib.suppress(Exception):
             nudge.nudge()
-    if answer.status == 413:
-        # functions-framework reads the whole request body after the view returns, unless the
-        # response is streamed; a streamed answer keeps "without reading the rest" true.
-        return flask.Response(
-            iter([json.dumps(answer.body)]), status=413, mimetype="application/json"
-        )
-    return json.dumps(answer.body), answer.status, {"Content-Type": "application/json"}
+    # Detached: a refused request's unread body is never read after the answer (an oversize
+    # one is refused "without reading the rest"; a 404 or 405 never read any of it).
+    return detached(
+        flask.Response(json.dumps(answer.body), status=answer.status, mimetype="application/json"),
+        request,
+    )

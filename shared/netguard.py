@@ -68,6 +68,68 @@ _REFUSED_V6 = (
 )
 
 
+class InvalidDestination(ValueError):
+    """The URL can't name a destination this guard would connect to, whatever DNS says."""
+
+
+@dataclass(frozen=True)
+class Destination:
+    scheme: str
+    host: str  # as the client connects to it: IDNA-encoded, an IPv6 literal without brackets
+    port: int
+
+
+def parse_destination(url: str) -> Destination:
+    """The destination of `url` as httpx, the client that sends it, reads it; so what was checked
+    is what is called (`urllib.parse` and httpx disagree on some hostile spellings)."""
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except (httpx.InvalidURL, ValueError) as exc:  # IDNA errors are ValueErrors too
+        raise InvalidDestination(f"invalid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise InvalidDestination(
+            f"only http and https URLs are allowed, not {parsed.scheme or 'none'!r}"
+        )
+    if not parsed.host:
+        raise InvalidDestination("the URL has no host")
+    if parsed.userinfo:
+        raise InvalidDestination("credentials in the URL are not allowed; use headers")
+    if port is None:
+        port = 443 if parsed.scheme == "https" else 80
+    if not 0 < port < 65536:
+        raise InvalidDestination(f"invalid URL: port {port} is out of range")
+    return Destination(parsed.scheme, parsed.host, port)
+
+
+def static_refusal(url: str, *, allow_loopback: bool = False) -> str | None:
+    """Why the policy refuses `url` whatever DNS answers (an invalid URL, an address literal in
+    any spelling the C resolver accepts, a metadata or localhost name), or None when only the
+    resolution at call time can tell. No DNS query is made."""
+    try:
+        destination = parse_destination(url)
+    except InvalidDestination as exc:
+        return str(exc)
+    address = _parse_literal(destination.host) or _legacy_ipv4(destination.host)
+    if address is None:
+        reason = name_refusal(destination.host)
+        if reason and allow_loopback and reason.startswith("loopback"):
+            return None
+        return reason
+    return refusal_reason(address, allow_loopback=allow_loopback)
+
+
+def _legacy_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """`127.1`, `0x7f000001`, `2130706433`, `0177.0.0.1`: numeric forms getaddrinfo reads as
+    IPv4 addresses without asking DNS."""
+    if not host or not all(c in "0123456789abcdefxABCDEFX." for c in host):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
 class AddressRefused(Exception):
     """The destination is not allowed. Raised before any connection is attempted."""
 
@@ -130,6 +192,20 @@ class NetPolicy:
     def from_env(cls, resolver: Resolver | None = None) -> NetPolicy:
         allow = os.environ.get(ALLOW_LOOPBACK_ENV, "") == "1"
         return cls(allow_loopback=allow, resolver=resolver or system_resolver)
+
+    def pinned(self, host: str, addresses: Sequence[IPAddress]) -> NetPolicy:
+        """This policy with `host` answering only `addresses` (already checked) and every other
+        name refused: the connection goes where the check looked, with no second DNS answer to
+        differ from the first (a rebinding name with a short TTL), and a step is never charged
+        for a destination that is refused only when it connects."""
+        answer = [str(a) for a in addresses]
+
+        def resolve(name: str, port: int) -> Sequence[str]:
+            if name != host:
+                raise AddressRefused(name, f"not the checked destination {host!r}")
+            return answer
+
+        return NetPolicy(allow_loopback=self.allow_loopback, resolver=resolve)
 
     def checked_addresses(self, host: str, port: int) -> list[IPAddress]:
         """Resolve once; refuse unless *every* address is allowed (a mixed answer is how DNS

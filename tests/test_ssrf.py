@@ -274,3 +274,52 @@ def test_loopback_allowlist_is_explicit(monkeypatch: pytest.MonkeyPatch) -> None
     assert refusal_reason(ipaddress.ip_address("10.0.0.1"), allow_loopback=True)
     assert refusal_reason(ipaddress.ip_address("169.254.169.254"), allow_loopback=True)
     assert refusal_reason(ipaddress.ip_address("::ffff:127.0.0.1"), allow_loopback=True) is None
+
+
+def test_an_invalid_url_fails_permanently_at_once(
+    db: Database, listener: Listener, guarded: None
+) -> None:
+    """`http://127.0.0.1:P:80/` has no port anyone can connect to: it was read as a transient
+    connection error (urllib's ValueError on the port) and retried; now it is INVALID_URL."""
+    seed_tenant(db)
+    step = StepRunner(db, "http.request")
+    with pytest.raises(BlockFailure) as err:
+        step.run(http_block.REQUEST, {"url": f"http://127.0.0.1:{listener.port}:80/"})
+    assert (err.value.error_class, err.value.outcome_code) == ("permanent", "INVALID_URL")
+    assert listener.accepted == 0
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 0
+
+
+def test_the_checked_answer_is_the_one_connected_to_and_charged(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name whose second DNS answer differs from the first (rebinding with a zero TTL): the
+    block used to check the first answer, charge, then resolve again at connect time and be
+    refused — a charge for a request that never left. Now the name is resolved once and the
+    connection goes to the address that was checked."""
+    from devstack.fakecrm import FakeCrm
+
+    crm = FakeCrm().start()
+    calls: list[str] = []
+
+    def rebinding(host: str, port: int) -> list[str]:
+        calls.append(host)
+        return ["127.0.0.1"] if len(calls) == 1 else ["10.0.0.1"]
+
+    monkeypatch.setattr(
+        http_block, "net_policy", lambda: NetPolicy(allow_loopback=True, resolver=rebinding)
+    )
+    seed_tenant(db, credits=5)
+    port = crm.url.rsplit(":", 1)[1]
+    try:
+        result = StepRunner(db, "http.request").run(
+            http_block.REQUEST, {"url": f"http://hooks.rebind.test:{port}/_sink/in"}
+        )
+        assert result.output is not None and result.output["status"] == 200
+        assert len(crm.sink_requests()) == 1
+    finally:
+        crm.stop()
+    assert calls == ["hooks.rebind.test"]
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 1

@@ -114,6 +114,9 @@ class BlockSpec:
     # True for blocks that create records at a provider: they must be at_most_once.
     creates: bool = False
     description: str = ""
+    # What `validate` should warn about in a config that parses but will fail every time it
+    # runs: (path inside the config, message) pairs. Templated values are the block's to skip.
+    config_warnings: Callable[[Mapping[str, Any]], list[tuple[tuple[str, ...], str]]] | None = None
 
     @property
     def max_attempts(self) -> int:

@@ -20,9 +20,8 @@ import hmac
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import httpcore
 import httpx
@@ -40,7 +39,16 @@ from shared.blocks.base import (
 )
 from shared.credits import charge_block
 from shared.db import get_database
-from shared.netguard import AddressRefused, NetPolicy, guarded_client
+from shared.netguard import (
+    ALLOW_LOOPBACK_ENV,
+    AddressRefused,
+    InvalidDestination,
+    NetPolicy,
+    guarded_client,
+    parse_destination,
+    static_refusal,
+)
+from shared.workflows.expressions import TEMPLATE
 
 SQL = queries.load("signing")
 SIGNING_SECRET_ENV = SQL["tenant_signing_secret_env"]
@@ -103,16 +111,6 @@ def _invalid(message: str, code: str = OUTCOME_INVALID_URL) -> BlockFailure:
     return BlockFailure(message, error_class="permanent", outcome_code=code)
 
 
-def _check_url(url: str) -> None:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise _invalid(f"only http and https URLs are allowed, not {parts.scheme or 'none'!r}")
-    if not parts.hostname:
-        raise _invalid("the URL has no host")
-    if parts.username is not None or parts.password is not None:
-        raise _invalid("credentials in the URL are not allowed; use headers")
-
-
 def _signing_secret(tenant_id: str) -> str | None:
     with get_database().transaction() as tx:
         env_name = tx.scalar(SIGNING_SECRET_ENV, tenant_id=tenant_id)
@@ -147,7 +145,10 @@ def _decode(content: bytes, content_type: str) -> Any:
 
 def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, HttpConfig)
-    _check_url(config.url)
+    try:
+        destination = parse_destination(config.url)
+    except InvalidDestination as exc:
+        raise _invalid(str(exc)) from None
     body = _encode_body(config.body)
     headers = {
         "User-Agent": "onceflow/1",
@@ -169,14 +170,13 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
             idempotency_key=ctx.idempotency_key,
             body=body.decode("utf-8", "replace"),
         )
-    # Refuse a forbidden destination before charging for it. The guarded backend checks again
-    # at connect time (with its own single resolution): this early look is for the bill only.
+    # Refuse a forbidden destination before charging for it, and connect to exactly the
+    # addresses checked here (the guarded backend checks them again, without a second DNS
+    # answer that could differ): a request refused by the address policy never leaves, and
+    # a request that never left is never charged.
     policy = net_policy()
-    parts = urlsplit(config.url)
     try:
-        policy.checked_addresses(
-            parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-        )
+        addresses = policy.checked_addresses(destination.host, destination.port)
     except AddressRefused as exc:
         raise _invalid(str(exc), OUTCOME_SSRF_BLOCKED) from exc
     except (httpcore.ConnectError, ValueError) as exc:
@@ -192,7 +192,7 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
         headers[TIMESTAMP_HEADER] = timestamp
         headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
     charge_block(ctx, "http.request", PRICE)
-    return _send(policy, config, headers, body)
+    return _send(policy.pinned(destination.host, addresses), config, headers, body)
 
 
 def _send(
@@ -260,6 +260,24 @@ def _send(
     return BlockResult(output=result)
 
 
+def url_warnings(config: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """A literal URL the address policy refuses whatever DNS answers fails every run with
+    SSRF_BLOCKED or INVALID_URL; say so at publish time. A templated URL is only known when
+    it runs."""
+    url = config.get("url")
+    if not isinstance(url, str) or TEMPLATE.search(url):
+        return []
+    reason = static_refusal(url)
+    if reason is None:
+        return []
+    hint = (
+        f" (only with {ALLOW_LOOPBACK_ENV}=1, for local development)"
+        if reason.startswith("loopback")
+        else ""
+    )
+    return [(("url",), f"every call to this URL will be refused: {reason}{hint}")]
+
+
 REQUEST = BlockSpec(
     type_name="http.request",
     config_model=HttpConfig,
@@ -269,5 +287,6 @@ REQUEST = BlockSpec(
     retry=RetryPolicy(),
     execute=execute_request,
     description="Call an HTTP endpoint (SSRF-guarded, signed, with a stable Idempotency-Key).",
+    config_warnings=url_warnings,
 )
 SPECS = (REQUEST,)

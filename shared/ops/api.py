@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
-from shared import pubsub, queries
+from shared import pubsub, queries, request_body
 from shared.db import Database, get_database
 from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
@@ -741,22 +741,18 @@ def parse_query(request: Request, model: type[BaseModel]) -> Any:
 
 
 def read_body(request: Request, model: type[BaseModel]) -> Any:
-    length = request.content_length
-    if length is not None and length > MAX_BODY_BYTES:
-        raise OpsError(
-            413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes"
-        )
-    raw = request.stream.read(MAX_BODY_BYTES + 1)
-    if len(raw) > MAX_BODY_BYTES:
-        raise OpsError(
-            413, "body_too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes"
-        )
-    if not raw.strip():
-        raw = b"{}"
+    """The route's body model from a bounded read (`shared.request_body`): oversize 413 before
+    reading, malformed framing or JSON and too deep nesting 400, a stalled body 408."""
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise OpsError(400, "malformed_json", "the request body is not valid JSON") from None
+        raw = request_body.read_body(
+            request.stream.read,
+            declared_length=request.content_length,
+            cap=MAX_BODY_BYTES,
+            environ=request.environ,
+        )
+        data = request_body.parse_json(raw) if raw.strip() else {}
+    except request_body.BodyRefused as refused:
+        raise OpsError(refused.status, refused.code, refused.message) from None
     if not isinstance(data, dict):
         raise OpsError(422, "invalid_body", "the request body must be a JSON object")
     try:
@@ -787,6 +783,11 @@ class OpsApi:
             return error_response(err)
 
     def _handle(self, request: Request) -> Response:
+        try:
+            # Before the token lookup and before a byte is read, as the webhook does.
+            request_body.refuse_declared_length(request.content_length, MAX_BODY_BYTES)
+        except request_body.BodyRefused as refused:
+            raise OpsError(refused.status, refused.code, refused.message) from None
         adapter = _URL_MAP.bind("ops", "/")
         try:
             endpoint, params = adapter.match(request.path, method=request.method)

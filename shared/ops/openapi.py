@@ -16,7 +16,8 @@ REF = "#/components/schemas/{model}"
 STATUS_WORDS = {
     200: "OK",
     201: "Created",
-    400: "Bad request (malformed JSON, bad query, bad cursor)",
+    400: "Bad request (malformed JSON or body framing, JSON nested too deep, bad query or cursor)",
+    408: "The body did not arrive within the body deadline",
     401: "No valid bearer token",
     404: "Not found (or another tenant's)",
     409: "Conflicts with the current state",
@@ -86,7 +87,8 @@ def openapi_document() -> dict[str, Any]:
                             "application/json": {"schema": {"$ref": REF.format(model="ErrorBody")}}
                         },
                     }
-                    for code in r.errors
+                    # Any route that reads a body can time out reading it (request_body).
+                    for code in sorted({*r.errors, *((408,) if r.body is not None else ())})
                 },
             },
         }

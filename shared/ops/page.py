@@ -19,11 +19,12 @@ import hashlib
 import hmac
 from html import escape
 from typing import TYPE_CHECKING
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 from flask import Request, Response
 from pydantic import ValidationError
 
+from shared import request_body
 from shared.errors import TransientError
 from shared.ops import auth
 from shared.ops.errors import OpsError
@@ -147,9 +148,25 @@ def _login_form(message: str | None = None, status: int = 200) -> Response:
 
 
 def _form(request: Request) -> dict[str, str]:
-    if (request.content_length or 0) > MAX_FORM_BYTES:
-        raise OpsError(413, "body_too_large", "the form is too large")
-    return {k: v for k, v in request.form.items()}
+    """The page's forms are small url-encoded ones; read boundedly (`shared.request_body`) and
+    parsed here rather than by `request.form`, which would read a chunked body of any size and
+    let the framing errors of a malformed one escape as a 500."""
+    try:
+        raw = request_body.read_body(
+            request.stream.read,
+            declared_length=request.content_length,
+            cap=MAX_FORM_BYTES,
+            environ=request.environ,
+        )
+    except request_body.BodyRefused as refused:
+        raise OpsError(refused.status, refused.code, refused.message) from None
+    try:
+        pairs = parse_qsl(
+            raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=16
+        )
+    except (UnicodeDecodeError, ValueError):
+        raise OpsError(400, "malformed_form", "the form could not be read") from None
+    return dict(pairs)
 
 
 def handle(api: OpsApi, request: Request) -> Response:

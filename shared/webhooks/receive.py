@@ -8,6 +8,8 @@ only a few seconds). Refusals store nothing and log the check that failed, never
 |-------------------------------------------|--------|
 | not POST                                  | 405    |
 | body over the cap (Content-Length or read)| 413    |
+| malformed framing (e.g. a bad chunk)      | 400    |
+| body not in within the body deadline      | 408    |
 | unknown / other provider's / disconnected | 404    |
 | missing, bad or stale signature           | 401    |
 | the named secret env var is not set       | 503 (the provider retries; nothing stored) |
@@ -29,14 +31,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import connections, inbox
+from shared import connections, inbox, request_body
 from shared.db import Database, get_database
 from shared.errors import TransientError
 from shared.logs import get_logger, labelled
 from shared.webhooks import signatures
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-READ_CHUNK_BYTES = 64 * 1024
 # Headers worth keeping with the body: what a normalizer or a person needs later. Never the
 # Authorization header (Pipedrive's Basic credentials) and no signatures.
 KEPT_HEADERS = (
@@ -63,6 +64,8 @@ class WebhookRequest:
     headers: Mapping[str, str]
     content_length: int | None
     read: Callable[[int], bytes]  # reads at most n bytes of the body
+    # The WSGI environ, when there is one: the body deadline cuts its socket (request_body).
+    environ: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,20 +92,6 @@ def public_uri(request: WebhookRequest) -> str:
     scheme = forwarded.split(",")[0].strip() if forwarded else request.scheme
     host = _header(request.headers, "host") or request.host
     return f"{scheme}://{host}{suffix}"
-
-
-def read_capped(read: Callable[[int], bytes], cap: int) -> bytes | None:
-    """The body, or None as soon as it proves longer than `cap` (the rest is never read)."""
-    chunks: list[bytes] = []
-    total = 0
-    while True:
-        chunk = read(min(READ_CHUNK_BYTES, cap + 1 - total))
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > cap:
-            return None
 
 
 def _refuse(status: int, error: str, check: str, **labels: Any) -> Answer:
@@ -147,12 +136,15 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
     ):
         return _refuse(404, "unknown_connection", "path")
     provider, connection_id = parts
-    cap = max_body_bytes()
-    if request.content_length is not None and request.content_length > cap:
-        return _refuse(413, "body_too_large", "content_length", connection_id=connection_id)
-    body = read_capped(request.read, cap)
-    if body is None:
-        return _refuse(413, "body_too_large", "body_read", connection_id=connection_id)
+    try:
+        body = request_body.read_body(
+            request.read,
+            declared_length=request.content_length,
+            cap=max_body_bytes(),
+            environ=request.environ,
+        )
+    except request_body.BodyRefused as refused:
+        return _refuse(refused.status, refused.code, refused.check, connection_id=connection_id)
     db = db or get_database()
     try:
         with db.transaction() as tx:

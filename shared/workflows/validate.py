@@ -39,6 +39,9 @@ Severity = Literal["error", "warning"]
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{1,62}$"
 PROPERTY_CHANGED = ".property_changed"
 _EVENT_TYPE = re.compile(EVENT_TYPE_PATTERN)
+# The limits on a definition's text, checked before anything else reads it (README, security).
+MAX_SOURCE_CHARS = 65536
+MAX_YAML_DEPTH = 32
 _TENANT = re.compile(TENANT_PATTERN)
 
 
@@ -107,7 +110,43 @@ def format_path(path: Iterable[str | int]) -> str:
 
 class _Loader(yaml.SafeLoader):
     """Safe YAML without implicit timestamps: `2025-01-01` stays a string, so a definition
-    is always plain JSON data (it is hashed and stored as jsonb)."""
+    is always plain JSON data (it is hashed and stored as jsonb).
+
+    Anchors and aliases are refused where the composer meets them, before anything is built:
+    an alias is a reference, so a few hundred bytes of nested aliases ("billion laughs") name
+    gigabytes once anything walks the tree, and a definition has no need for them. Nesting is
+    refused past `MAX_YAML_DEPTH` at the same place, so the composer's and constructor's
+    recursion never reaches Python's limit."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        mark: yaml.error.Mark | None = event.start_mark
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases (*{event.anchor}) are not accepted", mark
+            )
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise yaml.composer.ComposerError(
+                None, None, f"anchors (&{anchor}) are not accepted", mark
+            )
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"the document nests deeper than {MAX_YAML_DEPTH} levels",
+                    mark,
+                )
+            node: yaml.Node | None = super().compose_node(parent, index)
+            return node
+        finally:
+            self._depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -169,6 +208,9 @@ def validate_file(path: str | Path) -> ValidationReport:
 
 
 def validate_text(text: str, filename: str = "<input>") -> ValidationReport:
+    if len(text) > MAX_SOURCE_CHARS:
+        message = f"the definition is {len(text)} characters; the limit is {MAX_SOURCE_CHARS}"
+        return ValidationReport(filename, (Problem("error", (), message, filename),))
     # The reader checks the whole text for characters YAML forbids (e.g. C1 controls such as
     # \x84) as the loader is built, so building it belongs inside the same error handling.
     try:
@@ -472,6 +514,9 @@ class _Validation:
                 spec.config_model.model_validate(step.config)
             except ValidationError as exc:
                 self.model_errors(exc, ("steps", i, "config"), skip_templates=step.config)
+            if spec.config_warnings is not None:
+                for where, message in spec.config_warnings(step.config):
+                    self.add("warning", ("steps", i, "config", *where), message)
         expressions: list[tuple[PathT, str]] = [
             (("steps", i, "config", *p), src) for p, src in template_expressions(step.config)
         ]
