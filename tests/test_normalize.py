@@ -134,3 +134,12 @@ def test_standard_webhook_uses_type_and_webhook_id() -> None:
     assert event.changed_fields == {"stage": "won"}
     with pytest.raises(UnparseableBody):
         normalize("standard", b'{"type": "nodots", "timestamp": "2026-01-01T00:00:00Z"}', {})
+
+
+def test_a_signed_body_nested_too_deeply_is_unparseable_not_a_crash() -> None:
+    from shared.normalize import normalize
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for provider in ("hubspot", "standard", "pipedrive"):
+        with pytest.raises(UnparseableBody):
+            normalize(provider, deep, {})

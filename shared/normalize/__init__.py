@@ -12,14 +12,19 @@ __all__ = ["NormalizedEvent", "UnparseableBody", "normalize", "snake"]
 
 def normalize(provider: str, body: bytes, headers: Mapping[str, str]) -> list[NormalizedEvent]:
     """Every event in a verified body, in occurred-at order. Raises UnparseableBody."""
-    if provider == "hubspot":
-        events = hubspot.normalize(body)
-    elif provider == "standard":
-        events = standard.normalize(body, headers)
-    elif provider == "pipedrive":
-        events = pipedrive.normalize(body)
-    else:
-        raise UnparseableBody(f"no normalizer for provider {provider!r}")
+    try:
+        if provider == "hubspot":
+            events = hubspot.normalize(body)
+        elif provider == "standard":
+            events = standard.normalize(body, headers)
+        elif provider == "pipedrive":
+            events = pipedrive.normalize(body)
+        else:
+            raise UnparseableBody(f"no normalizer for provider {provider!r}")
+    except RecursionError:
+        # A signed body can nest deeper than the JSON parser recurses: the same bytes can
+        # never parse, so the row is rejected with its reason, not retried until it is dead.
+        raise UnparseableBody("the body nests too deeply to parse") from None
     # Stable sort: within one delivery an older change is applied before a newer one, so the
     # shadow record doesn't call the older one out of order just because of array position.
     return sorted(events, key=lambda e: e.occurred_at)
