@@ -33,6 +33,8 @@ from shared.ops.models import (
     ActivationResult,
     Charge,
     Credits,
+    CronTick,
+    CronTickList,
     DeactivateRequest,
     DefinitionProblem,
     ErrorBody,
@@ -62,6 +64,7 @@ from shared.ops.models import (
     StepView,
     StuckInboxList,
     StuckInboxQuery,
+    TicksQuery,
     ValidationResult,
     VersionList,
     VersionSummary,
@@ -69,6 +72,7 @@ from shared.ops.models import (
     WorkflowSource,
     WorkflowSummary,
 )
+from shared.triggers import cron
 from shared.workflows import versions
 from shared.workflows.validate import (
     DefinitionInvalid,
@@ -366,6 +370,17 @@ def list_versions(call: Call) -> VersionList:
     )
 
 
+def list_cron_ticks(call: Call) -> CronTickList:
+    workflow_id = _uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        rows = cron.list_ticks(tx, workflow_id, status=call.query.status, limit=call.query.limit)
+    return CronTickList(
+        workflow_id=UUID(workflow_id), items=[CronTick.model_validate(r) for r in rows]
+    )
+
+
 def _problems_of(report: ValidationReport) -> list[DefinitionProblem]:
     return [
         DefinitionProblem(
@@ -620,6 +635,17 @@ ROUTES: tuple[Route, ...] = (
         VersionList,
         "A workflow's versions, newest first",
         errors=(401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.ticks",
+        "GET",
+        "/v1/workflows/{workflow_id}/ticks",
+        list_cron_ticks,
+        CronTickList,
+        "A cron workflow's ticks, fired and missed, newest first",
+        query=TicksQuery,
+        errors=(400, 401, 404),
         path_params=("workflow_id",),
     ),
     Route(

@@ -17,6 +17,14 @@
         type: http.request
         config: {url: https://example.com/hook, body: {task: "${{ steps.create_task.output.id }}"}}
 
+A trigger is one of several kinds (shared/triggers/: one module per kind, registered in
+shared/triggers/__init__.py). Besides `events`, a workflow can start on a schedule:
+
+    trigger:
+      cron: "0 9 * * MON-FRI"          # five fields, in `time_zone` (default UTC)
+      time_zone: Europe/Paris
+      catch_up: false                  # true: ticks missed during an outage fire on recovery
+
 The first step listed is the entry point. `next` names the following step (or is omitted at
 the end); a `branch` step lists `branches` with CEL conditions and an `otherwise` edge. What
 expressions read (`event`, `trigger`, `record`, `steps`, `run`) is shared/workflows/scope.py.
@@ -26,7 +34,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 DedupMode = Literal["once_per_record", "not_while_running", "every_time"]
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
@@ -39,8 +54,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Trigger fields added after versions were first stored: left out of the canonical form while
+# unset, so a definition that doesn't use them hashes exactly as it did before they existed
+# (publishing it again still finds the version already stored).
+OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up")
+
+
 class Trigger(_Strict):
-    events: list[str] = Field(min_length=1, description="Event types that start this workflow.")
+    events: list[str] = Field(
+        default_factory=list,
+        description="Event types that start this workflow (for an event trigger).",
+    )
+    cron: str | None = Field(
+        default=None,
+        description="Five-field cron schedule (minute hour day month weekday), e.g. "
+        "`0 9 * * MON-FRI`; each tick starts the workflow once.",
+    )
+    time_zone: str | None = Field(
+        default=None,
+        description="IANA time zone the cron schedule is read in, e.g. Europe/Paris; UTC if "
+        "omitted.",
+    )
+    catch_up: bool | None = Field(
+        default=None,
+        description="Cron only: fire ticks missed while nothing ran (newest 100, oldest first) "
+        "instead of recording them as missed. Off if omitted.",
+    )
     rule: str | None = Field(
         default=None,
         description="CEL condition over the expression scope's `event`, `trigger` and `record` "
@@ -56,6 +95,16 @@ class Trigger(_Strict):
     watch: list[str] = Field(
         default_factory=list, description="Fields whose change fires a property-change trigger."
     )
+
+    @model_serializer(mode="wrap")
+    def _canonical(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in OPTIONAL_TRIGGER_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class Branch(_Strict):
