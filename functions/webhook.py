@@ -33,7 +33,7 @@ def webhook(request: Any) -> tuple[str, int, dict[str, str]] | flask.Response:
                 read=request.stream.read,
             )
         )
-    if answer.stored is not None:
+    if answer.stored is not None or answer.event_id is not None:
         # Best effort by contract: the schedule drains anyway, so a nudge can't fail a delivery.
         with contextlib.suppress(Exception):
             nudge.nudge()

@@ -1,4 +1,4 @@
-"""Trigger kinds: what starts a workflow. One module per kind, registered in `KINDS` below.
+"""Trigger kinds: what starts a workflow. One module per kind, registered in `kinds()` below.
 
 A kind says, for a definition's `trigger`:
 - whether the trigger is of this kind (`applies`; exactly one kind must apply);
@@ -42,9 +42,9 @@ class TriggerKind:
 def kinds() -> tuple[TriggerKind, ...]:
     # Imported here: a kind module may need the sweep's `Duty`, and the sweep asks this
     # registry for duties, so neither imports the other at module level.
-    from shared.triggers import cron, events
+    from shared.triggers import cron, events, webhook
 
-    return (events.KIND, cron.KIND)
+    return (events.KIND, cron.KIND, webhook.KIND)
 
 
 def kinds_of(trigger: Trigger) -> list[TriggerKind]:

@@ -25,6 +25,14 @@ shared/triggers/__init__.py). Besides `events`, a workflow can start on a schedu
       time_zone: Europe/Paris
       catch_up: false                  # true: ticks missed during an outage fire on recovery
 
+or on a POST to `/{provider}/{connection_id}/{workflow name}` of the webhook function, verified
+with the connection's secret:
+
+    trigger:
+      webhook:
+        idempotency_key: "${{ headers['x-idempotency-key'] }}"   # or ${{ body.event_id }}
+        idempotency_ttl_seconds: 86400
+
 The first step listed is the entry point. `next` names the following step (or is omitted at
 the end); a `branch` step lists `branches` with CEL conditions and an `otherwise` edge. What
 expressions read (`event`, `trigger`, `record`, `steps`, `run`) is shared/workflows/scope.py.
@@ -57,7 +65,23 @@ class _Strict(BaseModel):
 # Trigger fields added after versions were first stored: left out of the canonical form while
 # unset, so a definition that doesn't use them hashes exactly as it did before they existed
 # (publishing it again still finds the version already stored).
-OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up")
+OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook")
+
+
+class WebhookTrigger(_Strict):
+    idempotency_key: str | None = Field(
+        default=None,
+        description="`${{ … }}` over `headers` (lower-case names) and `body` (parsed JSON) "
+        "naming the occurrence; a POST whose key was seen within the TTL starts nothing and is "
+        "answered with the first POST's event id. Without it every accepted POST is a new "
+        "occurrence (at-least-once).",
+    )
+    idempotency_ttl_seconds: int = Field(
+        default=86400,
+        ge=60,
+        le=30 * 86400,
+        description="How long a key keeps answering duplicates (60 s to 30 days).",
+    )
 
 
 class Trigger(_Strict):
@@ -74,6 +98,10 @@ class Trigger(_Strict):
         default=None,
         description="IANA time zone the cron schedule is read in, e.g. Europe/Paris; UTC if "
         "omitted.",
+    )
+    webhook: WebhookTrigger | None = Field(
+        default=None,
+        description="Start on a POST to the webhook function addressed to this workflow.",
     )
     catch_up: bool | None = Field(
         default=None,
