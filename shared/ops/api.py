@@ -475,6 +475,8 @@ def activate_workflow(call: Call) -> ActivationResult:
         raise not_found("workflow") from None
     except versions.VersionNotFound:
         raise not_found("version") from None
+    except DefinitionInvalid as exc:  # the database refuses its trigger (e.g. no index)
+        raise _definition_invalid(exc.report) from None
     return ActivationResult(
         workflow_id=UUID(activation.workflow_id), active_version_id=UUID(activation.version_id)
     )

@@ -7,7 +7,8 @@ A kind says, for a definition's `trigger`:
   trigger listens to the types it lists, a schedule to a type of its own workflow, so the
   events a kind emits meet ordinary bindings and admission treats them like any other;
 - the sweep duties that produce its events (`duties`: cron ticks, polls), which
-  `shared.steps.sweep.default_duties` runs with its own.
+  `shared.steps.sweep.default_duties` runs with its own;
+- what only the database can say, checked on activation (`check_activation`).
 
 Every kind that emits goes through `shared.outbox.emit`, with a deterministic key under a
 unique constraint, so admission, dedup modes, refusals and the ops views need nothing new.
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from shared.workflows.definition import Trigger
 
 if TYPE_CHECKING:
+    from shared.db import Tx
     from shared.steps.sweep import Duty
 
 PathT = tuple[str | int, ...]
@@ -37,14 +39,17 @@ class TriggerKind:
     check: Callable[[Trigger, AddProblem], None]
     event_types: Callable[[Trigger, str], tuple[str, ...]]
     duties: Callable[[], Sequence[Duty]] = lambda: ()
+    # What only the database can say about the trigger, checked on activation (a polled
+    # table exists and an index answers its query); problems refuse the activation.
+    check_activation: Callable[[Tx, Trigger], list[tuple[PathT, str]]] = lambda _tx, _t: []
 
 
 def kinds() -> tuple[TriggerKind, ...]:
     # Imported here: a kind module may need the sweep's `Duty`, and the sweep asks this
     # registry for duties, so neither imports the other at module level.
-    from shared.triggers import cron, events, webhook
+    from shared.triggers import cron, events, poll, webhook
 
-    return (events.KIND, cron.KIND, webhook.KIND)
+    return (events.KIND, cron.KIND, webhook.KIND, poll.KIND)
 
 
 def kinds_of(trigger: Trigger) -> list[TriggerKind]:

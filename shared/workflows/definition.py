@@ -33,6 +33,15 @@ with the connection's secret:
         idempotency_key: "${{ headers['x-idempotency-key'] }}"   # or ${{ body.event_id }}
         idempotency_ttl_seconds: 86400
 
+or on rows of a table that are not handled yet (the processed-at pattern):
+
+    trigger:
+      poll:
+        every_seconds: 300
+        table: {table: app.signups, key: id, stamp: onceflow_enrolled_at,
+                where: "onceflow_enrolled_at is null and plan = 'pro'"}
+        stamp_policy: on_success        # | on_attempt | {after_attempts: 3}
+
 The first step listed is the entry point. `next` names the following step (or is omitted at
 the end); a `branch` step lists `branches` with CEL conditions and an `otherwise` edge. What
 expressions read (`event`, `trigger`, `record`, `steps`, `run`) is shared/workflows/scope.py.
@@ -65,7 +74,34 @@ class _Strict(BaseModel):
 # Trigger fields added after versions were first stored: left out of the canonical form while
 # unset, so a definition that doesn't use them hashes exactly as it did before they existed
 # (publishing it again still finds the version already stored).
-OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook")
+OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook", "poll")
+
+
+class PollTable(_Strict):
+    table: str = Field(description="schema.table in the onceflow database, e.g. app.signups.")
+    key: str = Field(description="The column naming a row (unique): the record's identity.")
+    stamp: str = Field(description="The column that is null while a row is not handled yet.")
+    where: str = Field(
+        description="`<stamp> is null and …`: simple comparisons joined by `and`; an index "
+        "must answer it (activation refuses the source otherwise and shows the index to add)."
+    )
+
+
+class AfterAttempts(_Strict):
+    after_attempts: int = Field(
+        ge=1, le=100, description="Stamp after the run succeeded, or after this many attempts."
+    )
+
+
+class PollTrigger(_Strict):
+    every_seconds: int = Field(description="How often to look for rows not handled yet (≥ 60).")
+    table: PollTable = Field(description="The SQL table source.")
+    stamp_policy: Literal["on_success", "on_attempt"] | AfterAttempts = Field(
+        description="When a row is stamped as handled: when its run succeeded (a failure is "
+        "tried again next pass, forever), when its run is started (a failure is never retried), "
+        "or after success or N attempts. Declared, never implicit."
+    )
+    batch: int = Field(default=1000, ge=1, le=10000, description="Rows read per page.")
 
 
 class WebhookTrigger(_Strict):
@@ -102,6 +138,9 @@ class Trigger(_Strict):
     webhook: WebhookTrigger | None = Field(
         default=None,
         description="Start on a POST to the webhook function addressed to this workflow.",
+    )
+    poll: PollTrigger | None = Field(
+        default=None, description="Start once per row of a table that is not handled yet."
     )
     catch_up: bool | None = Field(
         default=None,

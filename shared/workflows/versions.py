@@ -173,6 +173,16 @@ def activate(tx: Tx, *, tenant_id: str, workflow_id: str, version_id: str) -> Ac
     if row is None or row["workflow_id"] != workflow_id:
         raise VersionNotFound(version_id)
     definition = WorkflowDefinition.model_validate(_json(row["definition"]))
+    problems = triggers.kind_of(definition.trigger).check_activation(tx, definition.trigger)
+    if problems:
+        raise DefinitionInvalid(
+            ValidationReport(
+                "<activation>",
+                tuple(
+                    Problem("error", path, message, "<activation>") for path, message in problems
+                ),
+            )
+        )
     previous = tx.scalar(ACTIVE_VERSION, workflow_id=workflow_id)
     event_types = triggers.binding_event_types(definition.trigger, workflow_id)
     tx.execute(ACTIVATION_UPSERT, workflow_id=workflow_id, version_id=version_id)

@@ -1,0 +1,398 @@
+"""Polling triggers, the processed-at pattern: start the workflow once per row of a table that
+is not handled yet, and stamp the row as handled by a declared policy.
+
+State lives on the record (the `stamp` column, NULL while not handled) and the poll query
+asks only for those rows, through a partial index (checked on activation: a source no index
+answers is refused with the CREATE INDEX to add). What onceflow adds is the poll key — the
+workflow, the row's key, its stamp generation and the attempt — claimed under a unique
+constraint in the transaction that emits the row's trigger event (poll_records), so a row
+re-polled before its stamp lands starts nothing twice, and neither does a retried or
+overlapping poll.
+
+Stamp policies (`validate` says the trade-off of each in a warning):
+- `on_attempt`: the row is stamped in the transaction that emits its event. Each row starts
+  at most one run per generation; a run that fails is never retried by the poll (a person
+  replays it from ops).
+- `on_success`: the row is stamped once its run succeeded. A failed or refused occurrence is
+  tried again on the next pass (a new attempt) — transient failures heal, a permanent one
+  retries every pass forever.
+- `after_attempts: N`: as on_success, but after N occurrences that did not succeed the row is
+  stamped anyway (`gave_up` in poll_records, with the last run failed for a person to see).
+While an occurrence's run has not finished the row is left alone, however often it is polled.
+
+A generation ends when onceflow stamps the row; if the application clears the stamp, the row
+is not handled yet again, and the next poll starts its next generation.
+
+One pass reads the pending rows in key order, a page (`batch`) per transaction, keyset-paged
+so each page is a range read of the index, until the rows run out or the pass's page budget
+is spent (the rest wait for the next pass). A source that cannot be polled (table or column
+dropped, index gone) is recorded in `poll_sources.last_error` and in the duty's result; the
+other sources go on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+from shared import queries
+from shared.db import Database, Tx
+from shared.errors import TransientError
+from shared.logs import get_logger
+from shared.outbox import TriggerEvent, emit
+from shared.steps.crashpoints import crash_point
+from shared.steps.sweep import Duty
+from shared.triggers import AddProblem, TriggerKind
+from shared.triggers.sql_source import (
+    SourceInvalid,
+    TableSource,
+    check_against_database,
+    parse_source,
+)
+from shared.workflows.definition import AfterAttempts, PollTrigger, Trigger
+
+SQL = queries.load("poll")
+SOURCES_ACTIVE = SQL["poll_sources_active"]
+SOURCE_CLAIM = SQL["poll_source_claim"]
+SOURCE_RECORD = SQL["poll_source_record"]
+RECORDS_STATE = SQL["poll_records_state"]
+RECORDS_CLAIM = SQL["poll_records_claim"]
+RECORDS_SET_EVENTS = SQL["poll_records_set_events"]
+RECORDS_CLOSE = SQL["poll_records_close"]
+
+# Below this a poll is a busy loop on the application's table; a minute is what the sweep's
+# own schedule gives anyway.
+MIN_EVERY_SECONDS = 60
+MAX_PAGES_PER_PASS = 100
+DUTY_EVERY_SECONDS = 15.0
+log = get_logger(__name__)
+
+
+def event_type_for(workflow_id: str) -> str:
+    return f"poll.row.w{UUID(workflow_id).hex}"
+
+
+# ---------------------------------------------------------------- deciding, pure
+
+
+@dataclass(frozen=True)
+class RecordState:
+    generation: int
+    attempts: int
+    status: Literal["open", "stamped", "gave_up"]
+    outcome: Literal["pending", "refused", "succeeded", "failed"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Literal["emit", "wait", "stamp", "give_up"]
+    generation: int = 0
+    attempt: int = 0
+
+
+def decide(  # noqa: PLR0911 - one return per row of the policy's table
+    state: RecordState | None, policy: str | AfterAttempts
+) -> Decision:
+    """What to do about one pending row, given its poll state and the stamp policy."""
+    if state is None:
+        return Decision("emit", 1, 1)
+    if state.status != "open":
+        # onceflow stamped it and the application cleared the stamp: handle it again.
+        return Decision("emit", state.generation + 1, 1)
+    if state.outcome == "pending":
+        return Decision("wait")
+    if state.outcome == "succeeded":
+        return Decision("stamp")
+    # failed or refused
+    if isinstance(policy, AfterAttempts) and state.attempts >= policy.after_attempts:
+        return Decision("give_up")
+    if policy == "on_attempt":
+        # Its stamp was written with the event; the row is pending again only because the
+        # stamp went missing between (not our doing): one more occurrence, as a new generation.
+        return Decision("emit", state.generation + 1, 1)
+    return Decision("emit", state.generation, state.attempts + 1)
+
+
+# ---------------------------------------------------------------- one pass
+
+
+@dataclass
+class PassReport:
+    rows: int = 0
+    emitted: int = 0
+    stamped: int = 0
+    gave_up: int = 0
+    waiting: int = 0
+    pages: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class PollSource:
+    workflow_id: str
+    tenant_id: str
+    name: str
+    config: PollTrigger
+    source: TableSource
+
+
+def poll_pass(db: Database, src: PollSource, *, max_pages: int = MAX_PAGES_PER_PASS) -> PassReport:
+    """One pass over the source's pending rows; raises SourceInvalid when it cannot poll."""
+    with db.transaction() as tx:
+        key_type, problems = check_against_database(tx, src.source, batch=src.config.batch)
+    if problems:
+        raise SourceInvalid("table", problems[0])
+    report = PassReport()
+    after: str | None = None
+    for _ in range(max_pages):
+        with db.transaction() as tx:
+            last, n = _poll_page(tx, src, key_type, after, report)
+        report.pages += 1
+        if n < src.config.batch or last is None:
+            break
+        after = last
+    return report
+
+
+def _poll_page(
+    tx: Tx, src: PollSource, key_type: str, after: str | None, report: PassReport
+) -> tuple[str | None, int]:
+    query = src.source.page_query(key_type, after=after is not None)
+    params: dict[str, Any] = {"limit": src.config.batch}
+    if after is not None:
+        params["after"] = after
+    rows = tx.all(query, **params)
+    if not rows:
+        return None, 0
+    report.rows += len(rows)
+    keys = [r["key"] for r in rows]
+    states = {
+        r["record_key"]: RecordState(
+            int(r["generation"]), int(r["attempts"]), r["status"], r["outcome"]
+        )
+        for r in tx.all(RECORDS_STATE, workflow_id=src.workflow_id, keys=keys)
+    }
+    policy = src.config.stamp_policy
+    to_emit: list[tuple[str, Decision]] = []
+    to_stamp: list[str] = []
+    to_give_up: list[str] = []
+    for key in keys:
+        d = decide(states.get(key), policy)
+        if d.action == "emit":
+            to_emit.append((key, d))
+        elif d.action == "stamp":
+            to_stamp.append(key)
+        elif d.action == "give_up":
+            to_give_up.append(key)
+        else:
+            report.waiting += 1
+    row_of = {r["key"]: r["row"] for r in rows}
+    emitted = _emit_occurrences(tx, src, to_emit, row_of)
+    report.emitted += len(emitted)
+    if policy == "on_attempt":
+        to_stamp += emitted
+    report.stamped += _stamp(tx, src, key_type, to_stamp, "stamped")
+    report.gave_up += _stamp(tx, src, key_type, to_give_up, "gave_up")
+    return keys[-1], len(rows)
+
+
+def _emit_occurrences(
+    tx: Tx, src: PollSource, decisions: Sequence[tuple[str, Decision]], row_of: Mapping[str, Any]
+) -> list[str]:
+    if not decisions:
+        return []
+    claimed = tx.all(
+        RECORDS_CLAIM,
+        workflow_id=src.workflow_id,
+        keys=[k for k, _ in decisions],
+        generations=[d.generation for _, d in decisions],
+        attempts=[d.attempt for _, d in decisions],
+    )
+    keys: list[str] = []
+    event_ids: list[int] = []
+    for c in claimed:
+        key, generation, attempt = c["record_key"], int(c["generation"]), int(c["attempts"])
+        row = row_of[key]
+        event_id = emit(
+            tx,
+            TriggerEvent(
+                tenant_id=src.tenant_id,
+                event_type=event_type_for(src.workflow_id),
+                payload={
+                    "table": src.source.name,
+                    "key": key,
+                    "row": json.loads(row) if isinstance(row, str) else row,
+                    "generation": generation,
+                    "attempt": attempt,
+                },
+                # The poll key. poll_records' guarded claim is what makes it once; this is the
+                # outbox's second guard once events without a connection dedup too.
+                source_event_id=f"poll:{src.workflow_id}:{key}:{generation}:{attempt}",
+                record_object_type=src.source.name,
+                record_object_id=key,
+            ),
+        )
+        if event_id is not None:
+            keys.append(key)
+            event_ids.append(event_id)
+        crash_point("poll_mid_page")
+    tx.execute(RECORDS_SET_EVENTS, workflow_id=src.workflow_id, keys=keys, event_ids=event_ids)
+    return keys
+
+
+def _stamp(tx: Tx, src: PollSource, key_type: str, keys: list[str], status: str) -> int:
+    if not keys:
+        return 0
+    tx.all(src.source.stamp_query(key_type), keys=keys)
+    return tx.execute(RECORDS_CLOSE, workflow_id=src.workflow_id, keys=keys, status=status)
+
+
+# ---------------------------------------------------------------- the sweep duty
+
+
+def active_sources(tx: Tx) -> list[tuple[str, str, str, Any]]:
+    return [
+        (r["workflow_id"], r["tenant_id"], r["name"], r["trigger"]) for r in tx.all(SOURCES_ACTIVE)
+    ]
+
+
+def load_source(workflow_id: str, tenant_id: str, name: str, trigger: Any) -> PollSource:
+    data = json.loads(trigger) if isinstance(trigger, str) else trigger
+    config = PollTrigger.model_validate(data["poll"])
+    return PollSource(workflow_id, tenant_id, name, config, parse_source(config.table))
+
+
+def poll_due_sources(db: Database) -> dict[str, Any]:
+    """The sweep duty: poll each active source whose period has passed, one after another.
+
+    A source that cannot be polled is recorded on its row and in this duty's result; the
+    others go on, and it is tried again next period (no tight loop: the claim holds it off
+    for `every_seconds`)."""
+    with db.transaction() as tx:
+        sources = active_sources(tx)
+    out: dict[str, Any] = {"sources": len(sources), "polled": 0, "emitted": 0}
+    errors: dict[str, str] = {}
+    for workflow_id, tenant_id, name, trigger in sources:
+        every = float(
+            (trigger if isinstance(trigger, dict) else json.loads(trigger))["poll"].get(
+                "every_seconds", MIN_EVERY_SECONDS
+            )
+        )
+        with db.transaction() as tx:
+            if (
+                tx.one(
+                    SOURCE_CLAIM,
+                    workflow_id=workflow_id,
+                    every_seconds=max(every, MIN_EVERY_SECONDS),
+                )
+                is None
+            ):
+                continue
+        result: dict[str, Any] | None = None
+        error: str | None = None
+        try:
+            report = poll_pass(db, load_source(workflow_id, tenant_id, name, trigger))
+            result = report.as_dict()
+            out["polled"] += 1
+            out["emitted"] += report.emitted
+        except TransientError:
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            errors[workflow_id] = error
+            log.warning("poll of workflow %s (%s) failed: %s", name, workflow_id, exc)
+        with db.transaction() as tx:
+            tx.execute(
+                SOURCE_RECORD,
+                workflow_id=workflow_id,
+                result=json.dumps(result),
+                error=error,
+            )
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+# ---------------------------------------------------------------- the kind
+
+
+POLICY_WARNINGS = {
+    "on_success": "stamp_policy on_success: a row is stamped only when its run succeeded, so a "
+    "transient failure heals on the next pass, but a row that always fails starts a run every "
+    "pass forever; after_attempts: N stops after N",
+    "on_attempt": "stamp_policy on_attempt: a row is stamped when its run is started, so it is "
+    "never started twice, but a run that fails is not retried by the poll (replay it from ops)",
+    "after_attempts": "stamp_policy after_attempts: a row is stamped when its run succeeded or "
+    "after {n} runs that did not, so transient failures get {n} tries and a permanent one "
+    "stops; check poll_records for rows given up on",
+}
+
+
+def check(t: Trigger, add: AddProblem) -> None:
+    poll = t.poll
+    assert poll is not None
+    if poll.every_seconds < MIN_EVERY_SECONDS:
+        add(
+            "error",
+            ("trigger", "poll", "every_seconds"),
+            f"a poll runs at most once a minute: every_seconds is at least {MIN_EVERY_SECONDS}; "
+            f"found {poll.every_seconds}",
+        )
+    try:
+        parse_source(poll.table)
+    except SourceInvalid as exc:
+        add("error", ("trigger", "poll", "table", exc.field), str(exc))
+    policy = poll.stamp_policy
+    if isinstance(policy, AfterAttempts):
+        warning = POLICY_WARNINGS["after_attempts"].format(n=policy.after_attempts)
+    else:
+        warning = POLICY_WARNINGS[policy]
+    add("warning", ("trigger", "poll", "stamp_policy"), warning)
+    if policy != "on_attempt" and t.dedup == "once_per_record":
+        add(
+            "error",
+            ("trigger", "dedup"),
+            "a row that is tried again (stamp_policy other than on_attempt) would be refused as "
+            "a duplicate under once_per_record; use not_while_running (no two runs for one row "
+            "at once) or every_time",
+        )
+    if t.record != "event":
+        add(
+            "error",
+            ("trigger", "record"),
+            "a poll trigger's record is the row; `record` does not apply",
+        )
+    if t.rule is not None and policy != "on_attempt":
+        add(
+            "warning",
+            ("trigger", "rule"),
+            "a row the rule refuses stays unstamped and is tried again every pass; put the "
+            "condition in the source's `where` instead",
+        )
+
+
+def check_activation(tx: Tx, t: Trigger) -> list[tuple[tuple[str | int, ...], str]]:
+    """What only the database can say: the table and columns exist, an index answers."""
+    assert t.poll is not None
+    try:
+        source = parse_source(t.poll.table)
+    except SourceInvalid as exc:
+        return [(("trigger", "poll", "table", exc.field), str(exc))]
+    _, problems = check_against_database(tx, source, batch=t.poll.batch)
+    return [(("trigger", "poll", "table"), p) for p in problems]
+
+
+KIND = TriggerKind(
+    name="poll",
+    fields=("poll",),
+    applies=lambda t: t.poll is not None,
+    check=check,
+    event_types=lambda _t, workflow_id: (event_type_for(workflow_id),),
+    duties=lambda: (Duty("poll_sources", DUTY_EVERY_SECONDS, poll_due_sources),),
+    check_activation=check_activation,
+)
