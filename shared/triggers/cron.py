@@ -307,8 +307,8 @@ def tick_event(
             "local_time": tick.astimezone(schedule.zone).isoformat(),
             "caught_up": caught_up,
         },
-        # The same key the tick row has; once `emit` dedups events without a connection it
-        # is a second guard, not the only one.
+        # The tick's key again: the outbox's unique index on (tenant, connection,
+        # source_event_id) is a second guard behind the cron_ticks primary key.
         source_event_id=f"cron:{row.workflow_id}:{instant}",
         record_object_type=TICK_OBJECT_TYPE,
         record_object_id=instant,

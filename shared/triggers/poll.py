@@ -230,8 +230,8 @@ def _emit_occurrences(
                     "generation": generation,
                     "attempt": attempt,
                 },
-                # The poll key. poll_records' guarded claim is what makes it once; this is the
-                # outbox's second guard once events without a connection dedup too.
+                # The poll key. poll_records' guarded claim is what makes it once; the
+                # outbox's unique index on the source event id is a second guard.
                 source_event_id=f"poll:{src.workflow_id}:{key}:{generation}:{attempt}",
                 record_object_type=src.source.name,
                 record_object_id=key,
