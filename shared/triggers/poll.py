@@ -33,7 +33,8 @@ other sources go on.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
@@ -67,6 +68,8 @@ RECORDS_CLOSE = SQL["poll_records_close"]
 # own schedule gives anyway.
 MIN_EVERY_SECONDS = 60
 MAX_PAGES_PER_PASS = 100
+# A pass runs inside the sweep's invocation (50 s): it leaves time for everything else.
+PASS_BUDGET_SECONDS = 15.0
 DUTY_EVERY_SECONDS = 15.0
 log = get_logger(__name__)
 
@@ -141,19 +144,29 @@ class PollSource:
     source: TableSource
 
 
-def poll_pass(db: Database, src: PollSource, *, max_pages: int = MAX_PAGES_PER_PASS) -> PassReport:
-    """One pass over the source's pending rows; raises SourceInvalid when it cannot poll."""
+def poll_pass(
+    db: Database,
+    src: PollSource,
+    *,
+    max_pages: int = MAX_PAGES_PER_PASS,
+    budget_seconds: float = PASS_BUDGET_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> PassReport:
+    """One pass over the source's pending rows, until they run out or the page or time
+    budget is spent (the sweep's other duties and core jobs wait for it; the rest of the rows
+    wait for the next pass). Raises SourceInvalid when the source cannot be polled."""
     with db.transaction() as tx:
         key_type, problems = check_against_database(tx, src.source, batch=src.config.batch)
     if problems:
         raise SourceInvalid("table", problems[0])
     report = PassReport()
     after: str | None = None
+    deadline = clock() + budget_seconds
     for _ in range(max_pages):
         with db.transaction() as tx:
             last, n = _poll_page(tx, src, key_type, after, report)
         report.pages += 1
-        if n < src.config.batch or last is None:
+        if n < src.config.batch or last is None or clock() >= deadline:
             break
         after = last
     return report
@@ -255,15 +268,23 @@ def _stamp(tx: Tx, src: PollSource, key_type: str, keys: list[str], status: str)
 # ---------------------------------------------------------------- the sweep duty
 
 
-def active_sources(tx: Tx) -> list[tuple[str, str, str, Any]]:
+def active_sources(tx: Tx) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(workflow id, tenant, workflow name, its trigger as stored) of every active poll."""
     return [
-        (r["workflow_id"], r["tenant_id"], r["name"], r["trigger"]) for r in tx.all(SOURCES_ACTIVE)
+        (
+            r["workflow_id"],
+            r["tenant_id"],
+            r["name"],
+            json.loads(r["trigger"]) if isinstance(r["trigger"], str) else r["trigger"],
+        )
+        for r in tx.all(SOURCES_ACTIVE)
     ]
 
 
-def load_source(workflow_id: str, tenant_id: str, name: str, trigger: Any) -> PollSource:
-    data = json.loads(trigger) if isinstance(trigger, str) else trigger
-    config = PollTrigger.model_validate(data["poll"])
+def load_source(
+    workflow_id: str, tenant_id: str, name: str, trigger: Mapping[str, Any]
+) -> PollSource:
+    config = PollTrigger.model_validate(trigger["poll"])
     return PollSource(workflow_id, tenant_id, name, config, parse_source(config.table))
 
 
@@ -278,21 +299,11 @@ def poll_due_sources(db: Database) -> dict[str, Any]:
     out: dict[str, Any] = {"sources": len(sources), "polled": 0, "emitted": 0}
     errors: dict[str, str] = {}
     for workflow_id, tenant_id, name, trigger in sources:
-        every = float(
-            (trigger if isinstance(trigger, dict) else json.loads(trigger))["poll"].get(
-                "every_seconds", MIN_EVERY_SECONDS
-            )
-        )
+        every = max(float(trigger["poll"].get("every_seconds", 0)), MIN_EVERY_SECONDS)
         with db.transaction() as tx:
-            if (
-                tx.one(
-                    SOURCE_CLAIM,
-                    workflow_id=workflow_id,
-                    every_seconds=max(every, MIN_EVERY_SECONDS),
-                )
-                is None
-            ):
-                continue
+            claimed = tx.one(SOURCE_CLAIM, workflow_id=workflow_id, every_seconds=every)
+        if claimed is None:
+            continue
         result: dict[str, Any] | None = None
         error: str | None = None
         try:
