@@ -39,9 +39,11 @@ class TriggerKind:
     check: Callable[[Trigger, AddProblem], None]
     event_types: Callable[[Trigger, str], tuple[str, ...]]
     duties: Callable[[], Sequence[Duty]] = lambda: ()
-    # What only the database can say about the trigger, checked on activation (a polled
-    # table exists and an index answers its query); problems refuse the activation.
-    check_activation: Callable[[Tx, Trigger], list[tuple[PathT, str]]] = lambda _tx, _t: []
+    # What only the database can say about the trigger (given the tenant), checked on
+    # activation (a polled table exists and an index answers its query); problems refuse it.
+    check_activation: Callable[[Tx, Trigger, str], list[tuple[PathT, str]]] = (
+        lambda _tx, _t, _tenant: []
+    )
 
 
 def kinds() -> tuple[TriggerKind, ...]:

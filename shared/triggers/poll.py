@@ -33,17 +33,23 @@ other sources go on.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
 
 from shared import queries
+from shared.connections import get_connection, is_connection_id
 from shared.db import Database, Tx
+from shared.echo import record_echo_marker
 from shared.errors import TransientError
 from shared.logs import get_logger
 from shared.outbox import TriggerEvent, emit
+from shared.port import connect
+from shared.port.interface import CrmPort, SearchFilter
 from shared.steps.crashpoints import crash_point
 from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind
@@ -53,7 +59,7 @@ from shared.triggers.sql_source import (
     check_against_database,
     parse_source,
 )
-from shared.workflows.definition import AfterAttempts, PollTrigger, Trigger
+from shared.workflows.definition import AfterAttempts, PollCrm, PollTrigger, Trigger
 
 SQL = queries.load("poll")
 SOURCES_ACTIVE = SQL["poll_sources_active"]
@@ -105,6 +111,10 @@ def decide(  # noqa: PLR0911 - one return per row of the policy's table
     if state.status != "open":
         # onceflow stamped it and the application cleared the stamp: handle it again.
         return Decision("emit", state.generation + 1, 1)
+    if policy == "on_attempt":
+        # Its stamp goes with its event; still open means the stamp is owed (a CRM write that
+        # did not happen yet), whatever became of the run.
+        return Decision("stamp")
     if state.outcome == "pending":
         return Decision("wait")
     if state.outcome == "succeeded":
@@ -112,10 +122,6 @@ def decide(  # noqa: PLR0911 - one return per row of the policy's table
     # failed or refused
     if isinstance(policy, AfterAttempts) and state.attempts >= policy.after_attempts:
         return Decision("give_up")
-    if policy == "on_attempt":
-        # Its stamp was written with the event; the row is pending again only because the
-        # stamp went missing between (not our doing): one more occurrence, as a new generation.
-        return Decision("emit", state.generation + 1, 1)
     return Decision("emit", state.generation, state.attempts + 1)
 
 
@@ -141,7 +147,8 @@ class PollSource:
     tenant_id: str
     name: str
     config: PollTrigger
-    source: TableSource
+    source: TableSource | None  # a SQL table source …
+    crm: PollCrm | None = None  # … or a CRM search
 
 
 def poll_pass(
@@ -151,31 +158,76 @@ def poll_pass(
     max_pages: int = MAX_PAGES_PER_PASS,
     budget_seconds: float = PASS_BUDGET_SECONDS,
     clock: Callable[[], float] = time.monotonic,
+    port_for: Callable[[str], CrmPort] | None = None,
 ) -> PassReport:
     """One pass over the source's pending rows, until they run out or the page or time
     budget is spent (the sweep's other duties and core jobs wait for it; the rest of the rows
     wait for the next pass). Raises SourceInvalid when the source cannot be polled."""
+    deadline = clock() + budget_seconds
+
+    def more() -> bool:
+        return clock() < deadline
+
+    if src.crm is not None:
+        return _crm_pass(db, src, src.crm, max_pages=max_pages, more=more, port_for=port_for)
+    assert src.source is not None
     with db.transaction() as tx:
         key_type, problems = check_against_database(tx, src.source, batch=src.config.batch)
     if problems:
         raise SourceInvalid("table", problems[0])
     report = PassReport()
     after: str | None = None
-    deadline = clock() + budget_seconds
     for _ in range(max_pages):
         with db.transaction() as tx:
-            last, n = _poll_page(tx, src, key_type, after, report)
+            last, n = _poll_page(
+                tx, src, source=src.source, key_type=key_type, after=after, report=report
+            )
         report.pages += 1
-        if n < src.config.batch or last is None or clock() >= deadline:
+        if n < src.config.batch or last is None or not more():
             break
         after = last
     return report
 
 
+@dataclass
+class PageDecisions:
+    emit: list[tuple[str, Decision]] = field(default_factory=list)
+    stamp: list[str] = field(default_factory=list)
+    give_up: list[str] = field(default_factory=list)
+    waiting: int = 0
+
+
+def _decide_page(tx: Tx, src: PollSource, keys: list[str]) -> PageDecisions:
+    states = {
+        r["record_key"]: RecordState(
+            int(r["generation"]), int(r["attempts"]), r["status"], r["outcome"]
+        )
+        for r in tx.all(RECORDS_STATE, workflow_id=src.workflow_id, keys=keys)
+    }
+    out = PageDecisions()
+    for key in keys:
+        d = decide(states.get(key), src.config.stamp_policy)
+        if d.action == "emit":
+            out.emit.append((key, d))
+        elif d.action == "stamp":
+            out.stamp.append(key)
+        elif d.action == "give_up":
+            out.give_up.append(key)
+        else:
+            out.waiting += 1
+    return out
+
+
 def _poll_page(
-    tx: Tx, src: PollSource, key_type: str, after: str | None, report: PassReport
+    tx: Tx,
+    src: PollSource,
+    *,
+    source: TableSource,
+    key_type: str,
+    after: str | None,
+    report: PassReport,
 ) -> tuple[str | None, int]:
-    query = src.source.page_query(key_type, after=after is not None)
+    query = source.page_query(key_type, after=after is not None)
     params: dict[str, Any] = {"limit": src.config.batch}
     if after is not None:
         params["after"] = after
@@ -184,38 +236,45 @@ def _poll_page(
         return None, 0
     report.rows += len(rows)
     keys = [r["key"] for r in rows]
-    states = {
-        r["record_key"]: RecordState(
-            int(r["generation"]), int(r["attempts"]), r["status"], r["outcome"]
-        )
-        for r in tx.all(RECORDS_STATE, workflow_id=src.workflow_id, keys=keys)
-    }
-    policy = src.config.stamp_policy
-    to_emit: list[tuple[str, Decision]] = []
-    to_stamp: list[str] = []
-    to_give_up: list[str] = []
-    for key in keys:
-        d = decide(states.get(key), policy)
-        if d.action == "emit":
-            to_emit.append((key, d))
-        elif d.action == "stamp":
-            to_stamp.append(key)
-        elif d.action == "give_up":
-            to_give_up.append(key)
-        else:
-            report.waiting += 1
+    page = _decide_page(tx, src, keys)
+    report.waiting += page.waiting
     row_of = {r["key"]: r["row"] for r in rows}
-    emitted = _emit_occurrences(tx, src, to_emit, row_of)
+
+    def occurrence(key: str) -> Occurrence:
+        row = row_of[key]
+        return Occurrence(
+            source.name,
+            {
+                "table": source.name,
+                "key": key,
+                "row": json.loads(row) if isinstance(row, str) else row,
+            },
+        )
+
+    emitted = _emit_occurrences(tx, src, page.emit, occurrence)
     report.emitted += len(emitted)
-    if policy == "on_attempt":
-        to_stamp += emitted
-    report.stamped += _stamp(tx, src, key_type, to_stamp, "stamped")
-    report.gave_up += _stamp(tx, src, key_type, to_give_up, "gave_up")
+    stamp = page.stamp + (emitted if src.config.stamp_policy == "on_attempt" else [])
+    report.stamped += _stamp(
+        tx, src, source=source, key_type=key_type, keys=stamp, status="stamped"
+    )
+    report.gave_up += _stamp(
+        tx, src, source=source, key_type=key_type, keys=page.give_up, status="gave_up"
+    )
     return keys[-1], len(rows)
 
 
+@dataclass(frozen=True)
+class Occurrence:
+    record_object_type: str
+    payload: dict[str, Any]
+    connection_id: str | None = None
+
+
 def _emit_occurrences(
-    tx: Tx, src: PollSource, decisions: Sequence[tuple[str, Decision]], row_of: Mapping[str, Any]
+    tx: Tx,
+    src: PollSource,
+    decisions: Sequence[tuple[str, Decision]],
+    occurrence: Callable[[str], Occurrence],
 ) -> list[str]:
     if not decisions:
         return []
@@ -230,23 +289,18 @@ def _emit_occurrences(
     event_ids: list[int] = []
     for c in claimed:
         key, generation, attempt = c["record_key"], int(c["generation"]), int(c["attempts"])
-        row = row_of[key]
+        found = occurrence(key)
         event_id = emit(
             tx,
             TriggerEvent(
                 tenant_id=src.tenant_id,
+                connection_id=found.connection_id,
                 event_type=event_type_for(src.workflow_id),
-                payload={
-                    "table": src.source.name,
-                    "key": key,
-                    "row": json.loads(row) if isinstance(row, str) else row,
-                    "generation": generation,
-                    "attempt": attempt,
-                },
+                payload={**found.payload, "generation": generation, "attempt": attempt},
                 # The poll key. poll_records' guarded claim is what makes it once; the
                 # outbox's unique index on the source event id is a second guard.
                 source_event_id=f"poll:{src.workflow_id}:{key}:{generation}:{attempt}",
-                record_object_type=src.source.name,
+                record_object_type=found.record_object_type,
                 record_object_id=key,
             ),
         )
@@ -258,11 +312,118 @@ def _emit_occurrences(
     return keys
 
 
-def _stamp(tx: Tx, src: PollSource, key_type: str, keys: list[str], status: str) -> int:
+def _stamp(
+    tx: Tx, src: PollSource, *, source: TableSource, key_type: str, keys: list[str], status: str
+) -> int:
     if not keys:
         return 0
-    tx.all(src.source.stamp_query(key_type), keys=keys)
+    tx.all(source.stamp_query(key_type), keys=keys)
     return tx.execute(RECORDS_CLOSE, workflow_id=src.workflow_id, keys=keys, status=status)
+
+
+# ---------------------------------------------------------------- a CRM search
+
+
+CRM_OBJECT_TYPES = ("contact", "company", "deal")
+CRM_PAGE = 100  # HubSpot's search returns at most 200 a page; 100 keeps requests small
+PROPERTY = re.compile(r"^[a-z][a-z0-9_]{0,99}$")
+
+
+def _crm_pass(
+    db: Database,
+    src: PollSource,
+    crm: PollCrm,
+    *,
+    max_pages: int,
+    more: Callable[[], bool],
+    port_for: Callable[[str], CrmPort] | None,
+) -> PassReport:
+    """Page through the search, start what is due, then write the stamps that are owed.
+
+    The stamps are written after the paging: a stamped record leaves the results, which would
+    shift the offsets of the pages after it. A stamp not written (a crash, a 429) is owed still:
+    the record comes back in the next search and is stamped then (`decide`)."""
+    port = (port_for or connect.port_for)(crm.connection)
+    filters = [
+        *(SearchFilter(f.property, f.operator.upper(), f.value) for f in crm.filters),
+        SearchFilter(crm.stamp, "NOT_HAS_PROPERTY", None),
+    ]
+    report = PassReport()
+    owed: list[str] = []
+    given_up: list[str] = []
+    after: str | None = None
+    for _ in range(max_pages):
+        page = port.search_page(
+            crm.object_type, filters, limit=min(CRM_PAGE, src.config.batch), after=after
+        )
+        report.pages += 1
+        report.rows += len(page.records)
+        properties = {r.id: dict(r.properties) for r in page.records}
+        if page.records:
+            with db.transaction() as tx:
+                decided = _decide_page(tx, src, list(properties))
+            due = []
+            for key, d in decided.emit:
+                # A record onceflow stamped that the search still shows unstamped: the search
+                # index lags writes (HubSpot: seconds), or someone cleared the stamp. The record
+                # itself says which.
+                if d.attempt == 1 and d.generation > 1 and _still_stamped(port, crm, key):
+                    decided.waiting += 1
+                    continue
+                due.append((key, d))
+            report.waiting += decided.waiting
+
+            def occurrence(key: str, found: dict[str, Any] = properties) -> Occurrence:
+                return Occurrence(
+                    crm.object_type,
+                    {"object_type": crm.object_type, "id": key, "properties": found[key]},
+                    crm.connection,
+                )
+
+            with db.transaction() as tx:
+                emitted = _emit_occurrences(tx, src, due, occurrence)
+            report.emitted += len(emitted)
+            owed += decided.stamp + (emitted if src.config.stamp_policy == "on_attempt" else [])
+            given_up += decided.give_up
+        if page.next_after is None or not more():
+            break
+        after = page.next_after
+    report.stamped += _stamp_crm(db, src, crm, port, keys=owed, status="stamped")
+    report.gave_up += _stamp_crm(db, src, crm, port, keys=given_up, status="gave_up")
+    return report
+
+
+def _still_stamped(port: CrmPort, crm: PollCrm, key: str) -> bool:
+    value = port.get(crm.object_type, key, [crm.stamp]).properties.get(crm.stamp)
+    return value not in (None, "")
+
+
+def _stamp_crm(
+    db: Database, src: PollSource, crm: PollCrm, port: CrmPort, *, keys: list[str], status: str
+) -> int:
+    """Write the stamp property on each record, then close their generations. Each write is
+    announced by an echo marker first, so the property change it causes doesn't start the
+    workflows watching that property."""
+    written: list[str] = []
+    stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    try:
+        for key in keys:
+            with db.transaction() as tx:
+                record_echo_marker(
+                    tx,
+                    connection_id=crm.connection,
+                    object_type=crm.object_type,
+                    object_id=key,
+                    fields={crm.stamp: stamp},
+                    step_id=None,
+                )
+            port.update(crm.object_type, key, {crm.stamp: stamp})
+            written.append(key)
+    finally:
+        if written:
+            with db.transaction() as tx:
+                tx.execute(RECORDS_CLOSE, workflow_id=src.workflow_id, keys=written, status=status)
+    return len(written)
 
 
 # ---------------------------------------------------------------- the sweep duty
@@ -285,7 +446,8 @@ def load_source(
     workflow_id: str, tenant_id: str, name: str, trigger: Mapping[str, Any]
 ) -> PollSource:
     config = PollTrigger.model_validate(trigger["poll"])
-    return PollSource(workflow_id, tenant_id, name, config, parse_source(config.table))
+    source = None if config.table is None else parse_source(config.table)
+    return PollSource(workflow_id, tenant_id, name, config, source, config.crm)
 
 
 def poll_due_sources(db: Database) -> dict[str, Any]:
@@ -354,10 +516,15 @@ def check(t: Trigger, add: AddProblem) -> None:
             f"a poll runs at most once a minute: every_seconds is at least {MIN_EVERY_SECONDS}; "
             f"found {poll.every_seconds}",
         )
-    try:
-        parse_source(poll.table)
-    except SourceInvalid as exc:
-        add("error", ("trigger", "poll", "table", exc.field), str(exc))
+    if (poll.table is None) == (poll.crm is None):
+        add("error", ("trigger", "poll"), "a poll has one source: `table` or `crm`")
+    if poll.table is not None:
+        try:
+            parse_source(poll.table)
+        except SourceInvalid as exc:
+            add("error", ("trigger", "poll", "table", exc.field), str(exc))
+    if poll.crm is not None:
+        check_crm(poll.crm, add)
     policy = poll.stamp_policy
     if isinstance(policy, AfterAttempts):
         warning = POLICY_WARNINGS["after_attempts"].format(n=policy.after_attempts)
@@ -387,9 +554,68 @@ def check(t: Trigger, add: AddProblem) -> None:
         )
 
 
-def check_activation(tx: Tx, t: Trigger) -> list[tuple[tuple[str | int, ...], str]]:
-    """What only the database can say: the table and columns exist, an index answers."""
+SEARCH_OPERATORS = frozenset(
+    {
+        "EQ",
+        "NEQ",
+        "GT",
+        "GTE",
+        "LT",
+        "LTE",
+        "HAS_PROPERTY",
+        "NOT_HAS_PROPERTY",
+        "CONTAINS_TOKEN",
+        "NOT_CONTAINS_TOKEN",
+    }
+)
+
+
+def check_crm(crm: PollCrm, add: AddProblem) -> None:
+    where = ("trigger", "poll", "crm")
+    if not is_connection_id(crm.connection):
+        add("error", (*where, "connection"), f"a connection id is a UUID; found {crm.connection!r}")
+    if crm.object_type not in CRM_OBJECT_TYPES:
+        add(
+            "error",
+            (*where, "object_type"),
+            f"object_type is one of {', '.join(CRM_OBJECT_TYPES)}; found {crm.object_type!r}",
+        )
+    if not PROPERTY.match(crm.stamp):
+        add("error", (*where, "stamp"), f"a property name is lower snake case; found {crm.stamp!r}")
+    for i, f in enumerate(crm.filters):
+        if f.operator.upper() not in SEARCH_OPERATORS:
+            add(
+                "error",
+                (*where, "filters", i, "operator"),
+                f"operator is one of {', '.join(sorted(SEARCH_OPERATORS))}; found {f.operator!r}",
+            )
+        if f.property == crm.stamp:
+            add(
+                "error",
+                (*where, "filters", i, "property"),
+                "the stamp property is filtered by onceflow itself (it has no value while a "
+                "record is not handled yet)",
+            )
+
+
+def check_activation(tx: Tx, t: Trigger, tenant_id: str) -> list[tuple[tuple[str | int, ...], str]]:
+    """What only the database can say: the table and columns exist and an index answers; the
+    CRM connection is the tenant's own and in use."""
     assert t.poll is not None
+    if t.poll.crm is not None:
+        conn = get_connection(tx, t.poll.crm.connection)
+        if conn is None or conn.tenant_id != tenant_id:
+            return [(("trigger", "poll", "crm", "connection"), "no such connection")]
+        if conn.status != "active" or conn.provider != "hubspot":
+            return [
+                (
+                    ("trigger", "poll", "crm", "connection"),
+                    f"connection {conn.id} is a {conn.status} {conn.provider} connection; a CRM "
+                    "search needs an active HubSpot one",
+                )
+            ]
+        return []
+    assert t.poll.table is not None
     try:
         source = parse_source(t.poll.table)
     except SourceInvalid as exc:

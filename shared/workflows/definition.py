@@ -40,6 +40,8 @@ or on rows of a table that are not handled yet (the processed-at pattern):
         every_seconds: 300
         table: {table: app.signups, key: id, stamp: onceflow_enrolled_at,
                 where: "onceflow_enrolled_at is null and plan = 'pro'"}
+        # or crm: {connection: <id>, object_type: contact, stamp: onceflow_enrolled_at,
+        #          filters: [{property: lifecyclestage, operator: EQ, value: lead}]}
         stamp_policy: on_success        # | on_attempt | {after_attempts: 3}
 
 The first step listed is the entry point. `next` names the following step (or is omitted at
@@ -93,9 +95,28 @@ class AfterAttempts(_Strict):
     )
 
 
+class CrmFilter(_Strict):
+    property: str
+    operator: str = Field(default="EQ", description="EQ, NEQ, GT, GTE, LT, LTE, HAS_PROPERTY, …")
+    value: str | int | float | bool | None = None
+
+
+class PollCrm(_Strict):
+    connection: str = Field(description="The id of the tenant's CRM connection to search.")
+    object_type: str = Field(description="contact, company or deal.")
+    filters: list[CrmFilter] = Field(
+        default_factory=list, description="What else a record must match (all of them)."
+    )
+    stamp: str = Field(
+        description="The property that has no value while a record is not handled yet; "
+        "onceflow writes the time it handled the record into it."
+    )
+
+
 class PollTrigger(_Strict):
     every_seconds: int = Field(description="How often to look for rows not handled yet (≥ 60).")
-    table: PollTable = Field(description="The SQL table source.")
+    table: PollTable | None = Field(default=None, description="A SQL table source.")
+    crm: PollCrm | None = Field(default=None, description="A CRM search source.")
     stamp_policy: Literal["on_success", "on_attempt"] | AfterAttempts = Field(
         description="When a row is stamped as handled: when its run succeeded (a failure is "
         "tried again next pass, forever), when its run is started (a failure is never retried), "

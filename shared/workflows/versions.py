@@ -173,7 +173,8 @@ def activate(tx: Tx, *, tenant_id: str, workflow_id: str, version_id: str) -> Ac
     if row is None or row["workflow_id"] != workflow_id:
         raise VersionNotFound(version_id)
     definition = WorkflowDefinition.model_validate(_json(row["definition"]))
-    problems = triggers.kind_of(definition.trigger).check_activation(tx, definition.trigger)
+    kind = triggers.kind_of(definition.trigger)
+    problems = kind.check_activation(tx, definition.trigger, tenant_id)
     if problems:
         raise DefinitionInvalid(
             ValidationReport(
