@@ -4,6 +4,8 @@ expression failing on a request, and requests no webhook workflow answers to."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import threading
 from pathlib import Path
@@ -241,3 +243,31 @@ def test_bad_key_expressions_are_located_validate_errors(key: str, words: str) -
     (problem,) = report.errors
     assert problem.where == "trigger.webhook.idempotency_key"
     assert words in problem.message and problem.line == 4
+
+
+def test_a_shared_hmac_secret_connection_addresses_webhook_triggers_only(
+    client: Any, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BILLING_SECRET_ACME", "s3cret")
+    hmac_connection = make_connection(db, provider="hmac", secret_env="BILLING_SECRET_ACME")
+    workflow_id = activate(db, source('{idempotency_key: "${{ body.invoice }}"}'))
+    raw = b'{"invoice": "inv_7"}'
+    good = "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()
+    path = f"/hmac/{hmac_connection}/billing"
+    answer = client.post(path, data=raw, headers={"X-Signature-256": good})
+    assert answer.status_code == 200 and answer.get_json()["status"] == "accepted"
+    again = client.post(path, data=raw, headers={"X-Signature-256": good})
+    assert again.get_json() == {**again.get_json(), "status": "duplicate"}
+    assert again.get_json()["event_id"] == answer.get_json()["event_id"]
+    (event,) = events(db, workflow_id)
+    assert "x-signature-256" not in event["payload"]["headers"]
+    forged = "sha256=" + hmac.new(b"guess", raw, hashlib.sha256).hexdigest()
+    assert client.post(path, data=raw, headers={"X-Signature-256": forged}).status_code == 401
+    assert client.post(path, data=raw).status_code == 401
+    # No CRM events come from such a sender: the inbox path does not exist for it.
+    assert (
+        client.post(
+            f"/hmac/{hmac_connection}", data=raw, headers={"X-Signature-256": good}
+        ).status_code
+        == 404
+    )

@@ -7,7 +7,8 @@
         idempotency_ttl_seconds: 86400
 
 The request is verified exactly like a provider webhook on that connection (Standard Webhooks
-for a `standard` connection: shared/webhooks/signatures.py), then addressed to the tenant's
+for a `standard` connection, `X-Signature-256` for an `hmac` one: shared/webhooks/signatures.py),
+then addressed to the tenant's
 active workflow of that name, which must have a webhook trigger. Unlike a CRM webhook it does
 not go through the inbox: the answer names the trigger event, so the event is emitted while
 the sender waits (one short transaction).
@@ -63,9 +64,11 @@ KEY_SET_EVENT = SQL["webhook_trigger_key_set_event"]
 REFUSAL_INSERT = SQL["webhook_trigger_refusal_insert"]
 KEYS_EXPIRE = SQL["webhook_trigger_keys_expire"]
 
-# Connections whose verification suits a sender of our choosing (Standard Webhooks); a CRM's
-# own signature scheme (HubSpot, Pipedrive) only ever signs that CRM's calls.
-PROVIDERS = ("standard",)
+# Connections whose verification suits a sender of the customer's choosing (Standard Webhooks,
+# or a shared HMAC secret); a CRM's own scheme (HubSpot, Pipedrive) only ever signs that CRM's
+# calls. An `hmac` connection has no CRM events to receive: it addresses webhook triggers only.
+PROVIDERS = ("standard", "hmac")
+TRIGGER_ONLY_PROVIDERS = ("hmac",)
 KEY_ROOTS = frozenset({"headers", "body"})
 MAX_KEY_LENGTH = 512
 REQUEST_OBJECT_TYPE = "webhook_request"
@@ -76,6 +79,7 @@ HIDDEN_HEADERS = frozenset(
         "cookie",
         "proxy-authorization",
         "webhook-signature",
+        "x-signature-256",
         "x-hubspot-signature",
         "x-hubspot-signature-v3",
     }

@@ -137,6 +137,8 @@ def _verify(
         )
     if connection.provider == "pipedrive":
         return signatures.verify_pipedrive(secret=secret, headers=request.headers)
+    if connection.provider == "hmac":
+        return signatures.verify_hmac(secret=secret, body=body, headers=request.headers)
     return signatures.Verdict.refuse("provider_unsupported")
 
 
@@ -152,6 +154,7 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
         or parts[0] not in connections.PROVIDERS
         or not connections.is_connection_id(parts[1])
         or (len(parts) == 3 and parts[0] not in webhook_trigger.PROVIDERS)
+        or (len(parts) == 2 and parts[0] in webhook_trigger.TRIGGER_ONLY_PROVIDERS)
     ):
         return _refuse(404, "unknown_connection", "path")
     provider, connection_id = parts[:2]
