@@ -266,6 +266,12 @@ def test_missed_ticks_without_catch_up_are_recorded_and_shown_by_the_ops_api(
     assert items[-1]["detail"] == (
         f"tick {local:%Y-%m-%d %H:%M} Europe/Paris was missed, catch_up is off"
     )
+    status = client.get(f"/v1/workflows/{workflow_id}/trigger", headers=bearer(token))
+    assert status.status_code == 200
+    detail = status.get_json()["detail"]
+    assert status.get_json()["kind"] == "cron"
+    assert (detail["ticks_fired"], detail["ticks_missed"]) == (1, 2)
+    assert items[-1]["detail"] in detail["recent_missed"]
     other = mint(db, None)
     assert (
         client.get(f"/v1/workflows/{workflow_id}/ticks", headers=bearer(other)).status_code == 200

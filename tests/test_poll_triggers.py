@@ -21,6 +21,9 @@ from shared.triggers import poll
 from shared.workflows import versions
 from shared.workflows.validate import DefinitionInvalid, validate_text
 from tests.admission_support import count, make_tenant
+from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint
+
+__all__ = ["client_fixture", "dispatched_fixture"]
 
 ROOT = Path(__file__).resolve().parent.parent
 WHERE = "enrolled_at is null and plan = 'pro'"
@@ -343,7 +346,7 @@ def test_a_poll_killed_mid_page_loses_and_duplicates_nothing(
 
 
 def test_a_source_broken_after_activation_is_recorded_and_the_others_still_poll(
-    signups: Database,
+    signups: Database, client: Any
 ) -> None:
     with signups.transaction() as tx:
         tx.execute(INDEX)
@@ -370,3 +373,7 @@ def test_a_source_broken_after_activation_is_recorded_and_the_others_still_poll(
     assert "CREATE INDEX" in error
     # Within its period it is not tried again (no tight loop on a broken source).
     assert poll.poll_due_sources(signups)["polled"] == 0
+    # Ops sees why: the trigger's status carries the poll's last error.
+    shown = client.get(f"/v1/workflows/{broken}/trigger", headers=bearer(mint(signups, "acme")))
+    assert shown.get_json()["kind"] == "poll"
+    assert "CREATE INDEX" in shown.get_json()["detail"]["last_error"]

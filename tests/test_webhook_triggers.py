@@ -22,6 +22,7 @@ from shared.workflows import versions
 from shared.workflows.validate import validate_text
 from tests.admission_support import count
 from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers
+from tests.ops_support import Dispatched, bearer, install_ops_api, mint
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER_KEY = "\"${{ headers['x-idempotency-key'] }}\""
@@ -154,7 +155,7 @@ def test_without_a_key_each_accepted_post_is_a_new_occurrence(
 
 
 def test_a_key_expression_failing_on_a_request_is_a_422_with_a_recorded_reason(
-    client: Any, db: Database, connection: str
+    client: Any, db: Database, connection: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     answer = post(client, connection, {"no": "key header"})
@@ -168,6 +169,12 @@ def test_a_key_expression_failing_on_a_request_is_a_422_with_a_recorded_reason(
     assert row["detail"] == answer.get_json()["detail"]
     # A key that is there but unusable (empty) is refused the same way.
     assert post(client, connection, {}, key="").status_code == 422
+    # Ops sees the refusals on the workflow's trigger.
+    ops = install_ops_api(db, Dispatched(), monkeypatch).test_client()
+    shown = ops.get(f"/v1/workflows/{workflow_id}/trigger", headers=bearer(mint(db, "acme")))
+    refusals = shown.get_json()["detail"]["recent_refusals"]
+    assert [r["reason"] for r in refusals] == ["idempotency_key_failed"] * 2
+    assert refusals[-1]["detail"] == answer.get_json()["detail"]
 
 
 def test_requests_no_webhook_workflow_answers_are_refused_and_start_nothing(

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
-from shared import pubsub, queries
+from shared import pubsub, queries, triggers
 from shared.db import Database, get_database
 from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
@@ -65,6 +65,7 @@ from shared.ops.models import (
     StuckInboxList,
     StuckInboxQuery,
     TicksQuery,
+    TriggerStatus,
     ValidationResult,
     VersionList,
     VersionSummary,
@@ -381,6 +382,18 @@ def list_cron_ticks(call: Call) -> CronTickList:
     )
 
 
+def trigger_status(call: Call) -> TriggerStatus:
+    workflow_id = _uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        definition = versions.active_definition(tx, workflow_id)
+        if definition is None:
+            return TriggerStatus(workflow_id=UUID(workflow_id), active=False, kind=None, detail={})
+        kind, detail = triggers.status(tx, definition.trigger, workflow_id)
+    return TriggerStatus(workflow_id=UUID(workflow_id), active=True, kind=kind, detail=detail)
+
+
 def _problems_of(report: ValidationReport) -> list[DefinitionProblem]:
     return [
         DefinitionProblem(
@@ -648,6 +661,16 @@ ROUTES: tuple[Route, ...] = (
         "A cron workflow's ticks, fired and missed, newest first",
         query=TicksQuery,
         errors=(400, 401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.trigger",
+        "GET",
+        "/v1/workflows/{workflow_id}/trigger",
+        trigger_status,
+        TriggerStatus,
+        "The active trigger's state: missed ticks, a poll's last error, refused webhook posts",
+        errors=(401, 404),
         path_params=("workflow_id",),
     ),
     Route(

@@ -421,6 +421,16 @@ class CronTickList(_Response):
     items: list[CronTick] = Field(description="Newest first.")
 
 
+class TriggerStatus(_Response):
+    workflow_id: UUID
+    active: bool
+    kind: str | None = Field(description="events, cron, webhook or poll; null when inactive.")
+    detail: dict[str, Any] = Field(
+        description="Per kind: a schedule's fired and missed ticks; a poll's last pass, its "
+        "last error and where its rows stand; a webhook trigger's refused requests."
+    )
+
+
 class DefinitionProblem(_Response):
     severity: Literal["error", "warning"]
     path: str = Field(description="Where in the definition: `steps[1].config.url`, ...")

@@ -35,3 +35,10 @@ SELECT scheduled_at, status, event_id, detail, recorded_at
    AND (CAST(:status AS text) IS NULL OR status = CAST(:status AS text))
  ORDER BY scheduled_at DESC
  LIMIT :limit
+
+-- name: cron_ticks_summary
+SELECT count(*) FILTER (WHERE status = 'fired') AS fired,
+       count(*) FILTER (WHERE status = 'missed') AS missed,
+       max(scheduled_at) AS last_decided
+  FROM cron_ticks
+ WHERE workflow_id = CAST(:workflow_id AS uuid)

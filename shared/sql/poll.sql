@@ -65,3 +65,15 @@ UPDATE poll_records
    SET status = CAST(:status AS text), stamped_at = now(), updated_at = now()
  WHERE workflow_id = CAST(:workflow_id AS uuid) AND record_key = ANY(CAST(:keys AS text[]))
    AND status = 'open'
+
+-- name: poll_source_status
+-- What ops shows for a poll: the last pass, and where its rows stand.
+SELECT s.last_polled_at, s.last_finished_at, s.last_result, s.last_error,
+       (SELECT count(*) FROM poll_records p
+         WHERE p.workflow_id = CAST(:workflow_id AS uuid) AND p.status = 'open') AS open,
+       (SELECT count(*) FROM poll_records p
+         WHERE p.workflow_id = CAST(:workflow_id AS uuid) AND p.status = 'stamped') AS stamped,
+       (SELECT count(*) FROM poll_records p
+         WHERE p.workflow_id = CAST(:workflow_id AS uuid) AND p.status = 'gave_up') AS gave_up
+  FROM (SELECT 1) AS one
+  LEFT JOIN poll_sources s ON s.workflow_id = CAST(:workflow_id AS uuid)

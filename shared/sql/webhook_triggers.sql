@@ -43,3 +43,10 @@ DELETE FROM webhook_trigger_keys
  WHERE (workflow_id, key) IN (SELECT workflow_id, key FROM webhook_trigger_keys
                                WHERE expires_at < now() ORDER BY expires_at
                                LIMIT CAST(:batch AS integer))
+
+-- name: webhook_trigger_refusals_recent
+SELECT id, connection_id::text AS connection_id, reason, detail, created_at
+  FROM webhook_trigger_refusals
+ WHERE workflow_id = CAST(:workflow_id AS uuid)
+ ORDER BY created_at DESC, id DESC
+ LIMIT :limit

@@ -8,7 +8,8 @@ A kind says, for a definition's `trigger`:
   events a kind emits meet ordinary bindings and admission treats them like any other;
 - the sweep duties that produce its events (`duties`: cron ticks, polls), which
   `shared.steps.sweep.default_duties` runs with its own;
-- what only the database can say, checked on activation (`check_activation`).
+- what only the database can say, checked on activation (`check_activation`);
+- what ops shows about it (`status`).
 
 Every kind that emits goes through `shared.outbox.emit`, with a deterministic key under a
 unique constraint, so admission, dedup modes, refusals and the ops views need nothing new.
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from shared.workflows.definition import Trigger
 
@@ -44,6 +45,9 @@ class TriggerKind:
     check_activation: Callable[[Tx, Trigger, str], list[tuple[PathT, str]]] = (
         lambda _tx, _t, _tenant: []
     )
+    # What ops shows about the trigger of an active workflow (missed ticks, a poll's last
+    # error, refused webhook requests): JSON-able.
+    status: Callable[[Tx, Trigger, str], dict[str, Any]] = lambda _tx, _t, _workflow_id: {}
 
 
 def kinds() -> tuple[TriggerKind, ...]:
@@ -97,3 +101,9 @@ def binding_event_types(trigger: Trigger, workflow_id: str) -> tuple[str, ...]:
 
 def duties() -> list[Duty]:
     return [d for k in kinds() for d in k.duties()]
+
+
+def status(tx: Tx, trigger: Trigger, workflow_id: str) -> tuple[str, dict[str, Any]]:
+    """The kind of an active workflow's trigger and what ops shows about it."""
+    kind = kind_of(trigger)
+    return kind.name, kind.status(tx, trigger, workflow_id)

@@ -58,6 +58,7 @@ SCHEDULES_ACTIVE = SQL["cron_schedules_active"]
 TICK_INSERT = SQL["cron_tick_insert"]
 TICK_SET_EVENT = SQL["cron_tick_set_event"]
 TICKS_LIST = SQL["cron_ticks_list"]
+TICKS_SUMMARY = SQL["cron_ticks_summary"]
 
 CATCH_UP_LIMIT = 100
 MISSED_RECORD_LIMIT = 100
@@ -381,6 +382,22 @@ def check(t: Trigger, add: AddProblem) -> None:
         )
 
 
+def status(tx: Tx, t: Trigger, workflow_id: str) -> dict[str, Any]:
+    summary = tx.one(TICKS_SUMMARY, workflow_id=workflow_id)
+    missed = list_ticks(tx, workflow_id, status="missed", limit=5)
+    return {
+        "cron": t.cron,
+        "time_zone": t.time_zone or "UTC",
+        "catch_up": bool(t.catch_up),
+        "ticks_fired": int(summary["fired"]) if summary else 0,
+        "ticks_missed": int(summary["missed"]) if summary else 0,
+        "last_decided": summary["last_decided"].isoformat()
+        if summary and summary["last_decided"]
+        else None,
+        "recent_missed": [m["detail"] for m in missed],
+    }
+
+
 KIND = TriggerKind(
     name="cron",
     fields=("cron", "time_zone", "catch_up"),
@@ -388,4 +405,5 @@ KIND = TriggerKind(
     check=check,
     event_types=lambda _t, workflow_id: (event_type_for(workflow_id),),
     duties=lambda: (Duty("fire_cron_ticks", DUTY_EVERY_SECONDS, fire_due_ticks),),
+    status=status,
 )

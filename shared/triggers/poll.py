@@ -69,6 +69,7 @@ RECORDS_STATE = SQL["poll_records_state"]
 RECORDS_CLAIM = SQL["poll_records_claim"]
 RECORDS_SET_EVENTS = SQL["poll_records_set_events"]
 RECORDS_CLOSE = SQL["poll_records_close"]
+SOURCE_STATUS = SQL["poll_source_status"]
 
 # Below this a poll is a busy loop on the application's table; a minute is what the sweep's
 # own schedule gives anyway.
@@ -624,6 +625,20 @@ def check_activation(tx: Tx, t: Trigger, tenant_id: str) -> list[tuple[tuple[str
     return [(("trigger", "poll", "table"), p) for p in problems]
 
 
+def status(tx: Tx, _t: Trigger, workflow_id: str) -> dict[str, Any]:
+    row = tx.one(SOURCE_STATUS, workflow_id=workflow_id)
+    assert row is not None  # the query always answers one row
+    result = row["last_result"]
+    return {
+        "last_polled_at": row["last_polled_at"].isoformat() if row["last_polled_at"] else None,
+        "last_result": json.loads(result) if isinstance(result, str) else result,
+        "last_error": row["last_error"],
+        "rows_open": int(row["open"]),
+        "rows_stamped": int(row["stamped"]),
+        "rows_given_up": int(row["gave_up"]),
+    }
+
+
 KIND = TriggerKind(
     name="poll",
     fields=("poll",),
@@ -632,4 +647,5 @@ KIND = TriggerKind(
     event_types=lambda _t, workflow_id: (event_type_for(workflow_id),),
     duties=lambda: (Duty("poll_sources", DUTY_EVERY_SECONDS, poll_due_sources),),
     check_activation=check_activation,
+    status=status,
 )

@@ -63,6 +63,7 @@ KEY_GET = SQL["webhook_trigger_key_get"]
 KEY_SET_EVENT = SQL["webhook_trigger_key_set_event"]
 REFUSAL_INSERT = SQL["webhook_trigger_refusal_insert"]
 KEYS_EXPIRE = SQL["webhook_trigger_keys_expire"]
+REFUSALS_RECENT = SQL["webhook_trigger_refusals_recent"]
 
 # Connections whose verification suits a sender of the customer's choosing (Standard Webhooks,
 # or a shared HMAC secret); a CRM's own scheme (HubSpot, Pipedrive) only ever signs that CRM's
@@ -257,6 +258,24 @@ def check(t: Trigger, add: AddProblem) -> None:
         add("error", ("trigger", "webhook", "idempotency_key"), str(exc))
 
 
+def status(tx: Tx, t: Trigger, workflow_id: str) -> dict[str, Any]:
+    assert t.webhook is not None
+    refusals = tx.all(REFUSALS_RECENT, workflow_id=workflow_id, limit=20)
+    return {
+        "idempotency_key": t.webhook.idempotency_key,
+        "idempotency_ttl_seconds": t.webhook.idempotency_ttl_seconds,
+        "recent_refusals": [
+            {
+                "connection_id": r["connection_id"],
+                "reason": r["reason"],
+                "detail": r["detail"],
+                "at": r["created_at"].isoformat(),
+            }
+            for r in refusals
+        ],
+    }
+
+
 KIND = TriggerKind(
     name="webhook",
     fields=("webhook",),
@@ -264,4 +283,5 @@ KIND = TriggerKind(
     check=check,
     event_types=lambda _t, workflow_id: (event_type_for(workflow_id),),
     duties=lambda: (Duty("expire_webhook_trigger_keys", 300.0, expire_keys),),
+    status=status,
 )

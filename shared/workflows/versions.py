@@ -157,6 +157,12 @@ def load_version(tx: Tx, version_id: str) -> WorkflowDefinition:
     return WorkflowDefinition.model_validate(_json(row["definition"]))
 
 
+def active_definition(tx: Tx, workflow_id: str) -> WorkflowDefinition | None:
+    """The definition of the workflow's active version, or None when it is not active."""
+    version_id = tx.scalar(ACTIVE_VERSION, workflow_id=workflow_id)
+    return None if version_id is None else load_version(tx, str(version_id))
+
+
 def list_versions(tx: Tx, workflow_id: str) -> list[VersionInfo]:
     return [
         VersionInfo(r["id"], int(r["number"]), r["content_hash"], r["created_at"], r["active"])
