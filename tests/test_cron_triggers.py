@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from shared import triggers
 from shared.admission import admit_event
 from shared.db import Database
-from shared.steps.sweep import run_duty
+from shared.steps.sweep import SweepConfig, default_duties, run_duty
 from shared.triggers import cron
 from shared.workflows import versions
 from shared.workflows.validate import validate_text
@@ -311,3 +312,12 @@ def test_a_schedule_the_runtime_cannot_read_is_reported_and_the_others_still_fir
     report = cron.fire_due_ticks(db, now=now, settings=GRACE)
     assert report["fired"] == 1 and list(report["errors"]) == [bad]
     assert len(events_of(db, good)) == 1 and events_of(db, bad) == []
+
+
+def test_the_sweeps_one_list_of_duties_carries_each_trigger_kinds_duties() -> None:
+    names = [d.name for d in default_duties(SweepConfig())]
+    assert len(names) == len(set(names))
+    for kind in triggers.kinds():
+        for duty in kind.duties():
+            assert duty.name in names
+    assert {"fire_cron_ticks", "poll_sources", "expire_webhook_trigger_keys"} <= set(names)

@@ -33,7 +33,19 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
 @pytest.fixture
 def connection(db: Database, fake: FakeCrm) -> str:
     seed_tenant(db, credits=100_000)
-    return seed_connection(db, fake.url)
+    connection_id = seed_connection(db, fake.url)
+    set_window(db, connection_id, 10_000)
+    return connection_id
+
+
+def set_window(db: Database, connection_id: str, calls: int) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET rate_limit_per_window = :n WHERE id = :c",
+            n=calls,
+            c=connection_id,
+        )
+        tx.execute("DELETE FROM throttle_windows WHERE connection_id = :c", c=connection_id)
 
 
 def source(connection: str, policy: str = "on_success", *, object_type: str = "contact") -> str:
@@ -197,3 +209,20 @@ def test_bad_crm_sources_are_located_validate_errors(
     problems = [p for p in report.errors if p.where == path]
     assert problems, report.problems
     assert words in problems[0].message and problems[0].line is not None
+
+
+def test_the_poll_keeps_within_the_connections_throttle_window(
+    db: Database, fake: FakeCrm, connection: str
+) -> None:
+    contacts(fake, 150, "lead")
+    workflow_id = activate(db, source(connection, "on_attempt"))
+    src = source_of(db, workflow_id)
+    set_window(db, connection, 1)  # one call this window: the first search page
+    first = poll.poll_pass(db, src)
+    assert (first.pages, first.emitted, first.stamped) == (1, 100, 0)
+    assert first.throttled == 1 + 100  # the second page, and the 100 stamps now owed
+    assert stamped(fake) == set()
+    set_window(db, connection, 10_000)  # the next window
+    second = poll.poll_pass(db, src)
+    assert (second.emitted, second.stamped, second.throttled) == (50, 150, 0)
+    assert len(stamped(fake)) == 150 and len(events(db, workflow_id)) == 150

@@ -52,6 +52,7 @@ from shared.port import connect
 from shared.port.interface import CrmPort, SearchFilter
 from shared.steps.crashpoints import crash_point
 from shared.steps.sweep import Duty
+from shared.throttle import claim_slot
 from shared.triggers import AddProblem, TriggerKind
 from shared.triggers.sql_source import (
     SourceInvalid,
@@ -137,6 +138,7 @@ class PassReport:
     gave_up: int = 0
     waiting: int = 0
     pages: int = 0
+    throttled: int = 0  # CRM calls not made: the connection's window was used up
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -343,7 +345,9 @@ def _crm_pass(
 
     The stamps are written after the paging: a stamped record leaves the results, which would
     shift the offsets of the pages after it. A stamp not written (a crash, a 429) is owed still:
-    the record comes back in the next search and is stamped then (`decide`)."""
+    the record comes back in the next search and is stamped then (`decide`). Every call takes a
+    slot of the connection's throttle window, shared with its blocks' calls; when the window is
+    used up the pass stops there and the rest waits for the next pass."""
     port = (port_for or connect.port_for)(crm.connection)
     filters = [
         *(SearchFilter(f.property, f.operator.upper(), f.value) for f in crm.filters),
@@ -354,6 +358,9 @@ def _crm_pass(
     given_up: list[str] = []
     after: str | None = None
     for _ in range(max_pages):
+        if not _slot(db, crm.connection):
+            report.throttled += 1
+            break
         page = port.search_page(
             crm.object_type, filters, limit=min(CRM_PAGE, src.config.batch), after=after
         )
@@ -368,9 +375,14 @@ def _crm_pass(
                 # A record onceflow stamped that the search still shows unstamped: the search
                 # index lags writes (HubSpot: seconds), or someone cleared the stamp. The record
                 # itself says which.
-                if d.attempt == 1 and d.generation > 1 and _still_stamped(port, crm, key):
-                    decided.waiting += 1
-                    continue
+                if d.attempt == 1 and d.generation > 1:
+                    if not _slot(db, crm.connection):
+                        report.throttled += 1
+                        decided.waiting += 1
+                        continue
+                    if _still_stamped(port, crm, key):
+                        decided.waiting += 1
+                        continue
                 due.append((key, d))
             report.waiting += decided.waiting
 
@@ -391,7 +403,14 @@ def _crm_pass(
         after = page.next_after
     report.stamped += _stamp_crm(db, src, crm, port, keys=owed, status="stamped")
     report.gave_up += _stamp_crm(db, src, crm, port, keys=given_up, status="gave_up")
+    report.throttled += len(owed) + len(given_up) - report.stamped - report.gave_up
     return report
+
+
+def _slot(db: Database, connection_id: str) -> bool:
+    """A call slot in the connection's throttle window (shared with its blocks' calls)."""
+    with db.transaction() as tx:
+        return claim_slot(tx, connection_id).allowed
 
 
 def _still_stamped(port: CrmPort, crm: PollCrm, key: str) -> bool:
@@ -409,6 +428,8 @@ def _stamp_crm(
     stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
     try:
         for key in keys:
+            if not _slot(db, crm.connection):
+                break  # the rest stay owed: stamped on a later pass
             with db.transaction() as tx:
                 record_echo_marker(
                     tx,
