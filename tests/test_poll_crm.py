@@ -20,6 +20,9 @@ from shared.workflows.validate import DefinitionInvalid, validate_text
 from tests.admission_support import count
 from tests.blocks_support import TENANT, fake_crm, seed_connection, seed_tenant
 
+# A pass's time budget is tested in test_poll_triggers.py; here a slow machine must not end a
+# pass early.
+UNBOUNDED = 3600.0
 STAMP = "onceflow_enrolled_at"
 
 
@@ -117,22 +120,22 @@ def test_each_lead_enrolled_once_while_stamps_land_late(
     contacts(fake, 40, "customer")
     workflow_id = activate(db, source(connection))
     src = source_of(db, workflow_id)
-    first = poll.poll_pass(db, src)
+    first = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (first.rows, first.emitted, first.pages) == (150, 150, 2)
     found = events(db, workflow_id)
     assert sorted(e["key"] for e in found) == sorted(leads)
     assert found[0]["payload"]["properties"]["lifecyclestage"] == "lead"
     # Re-polled while the runs haven't finished: nothing new.
-    assert poll.poll_pass(db, src).emitted == 0
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).emitted == 0
     for event in found[:2]:
         settle(db, event["id"], "succeeded")
-    third = poll.poll_pass(db, src)
+    third = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (third.stamped, third.emitted) == (2, 0)
     assert stamped(fake) == {found[0]["key"], found[1]["key"]}
     # The stamp is onceflow's own write: announced by an echo marker before it was sent.
     assert count(db, "SELECT count(*) FROM echo_markers WHERE field = :f", f=STAMP) == 2
     # Stamped records have left the search.
-    assert poll.poll_pass(db, src).rows == 148
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).rows == 148
 
 
 def test_on_attempt_stamps_after_paging_and_a_cleared_stamp_is_a_new_generation(
@@ -141,13 +144,13 @@ def test_on_attempt_stamps_after_paging_and_a_cleared_stamp_is_a_new_generation(
     leads = contacts(fake, 120, "lead")
     workflow_id = activate(db, source(connection, "on_attempt"))
     src = source_of(db, workflow_id)
-    report = poll.poll_pass(db, src)
+    report = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     # Stamping after the paging means no page was shifted: every lead was seen and started.
     assert (report.emitted, report.stamped) == (120, 120)
     assert stamped(fake) == set(leads)
-    assert poll.poll_pass(db, src).rows == 0
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).rows == 0
     fake.store.records["contacts"][leads[5]].properties[STAMP] = ""  # the CRM user clears it
-    again = poll.poll_pass(db, src)
+    again = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (again.emitted, again.stamped) == (1, 1)
     last = events(db, workflow_id)[-1]
     assert (last["key"], last["payload"]["generation"]) == (leads[5], 2)
@@ -161,10 +164,10 @@ def test_a_stamp_the_crm_refused_is_owed_and_written_on_the_next_pass(
     src = source_of(db, workflow_id)
     fake.add_fault(action="rate_limit", method="PATCH", times=5)
     with pytest.raises(PortError):
-        poll.poll_pass(db, src)
+        poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert len(events(db, workflow_id)) == 1 and stamped(fake) == set()
     fake.store.faults.clear()
-    report = poll.poll_pass(db, src)
+    report = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (report.emitted, report.stamped) == (0, 1)
     assert stamped(fake) == {lead} and len(events(db, workflow_id)) == 1
 
@@ -218,11 +221,11 @@ def test_the_poll_keeps_within_the_connections_throttle_window(
     workflow_id = activate(db, source(connection, "on_attempt"))
     src = source_of(db, workflow_id)
     set_window(db, connection, 1)  # one call this window: the first search page
-    first = poll.poll_pass(db, src)
+    first = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (first.pages, first.emitted, first.stamped) == (1, 100, 0)
     assert first.throttled == 1 + 100  # the second page, and the 100 stamps now owed
     assert stamped(fake) == set()
     set_window(db, connection, 10_000)  # the next window
-    second = poll.poll_pass(db, src)
+    second = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (second.emitted, second.stamped, second.throttled) == (50, 150, 0)
     assert len(stamped(fake)) == 150 and len(events(db, workflow_id)) == 150

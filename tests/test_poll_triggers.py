@@ -25,6 +25,9 @@ from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint
 
 __all__ = ["client_fixture", "dispatched_fixture"]
 
+# A pass's time budget is the subject of one test; elsewhere a slow machine must not end a
+# pass early.
+UNBOUNDED = 3600.0
 ROOT = Path(__file__).resolve().parent.parent
 WHERE = "enrolled_at is null and plan = 'pro'"
 INDEX = (
@@ -228,10 +231,12 @@ def test_ten_thousand_rows_each_enrolled_once_while_stamps_land_late(signups: Da
     add_rows(signups, 50, start=20_001, plan="free")  # not in the source's `where`
     workflow_id = activate(signups, source())
     src = source_of(signups, workflow_id)
-    first = poll.poll_pass(signups, src)
+    # The whole table in one pass, however slow the machine: the pass's time budget is
+    # another test's subject.
+    first = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
     assert (first.rows, first.emitted, first.pages) == (10_000, 10_000, 11)
     # Re-polled before any stamp lands (nothing admitted yet, then runs still going): nothing.
-    again = poll.poll_pass(signups, src)
+    again = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
     assert (again.emitted, again.waiting) == (0, 10_000)
     events = poll_events(signups, workflow_id)
     assert len(events) == 10_000 and len({e["key"] for e in events}) == 10_000
@@ -239,13 +244,32 @@ def test_ten_thousand_rows_each_enrolled_once_while_stamps_land_late(signups: Da
     for event in events[:3]:
         settle(signups, event["id"], "succeeded")
     settle(signups, events[3]["id"], "failed")
-    third = poll.poll_pass(signups, src)
+    third = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
     # The three succeeded rows are stamped at last; the failed one is tried again (attempt 2).
     assert (third.stamped, third.emitted) == (3, 1)
     assert stamped(signups) == 3
     (retry,) = poll_events(signups, workflow_id)[10_000:]
     assert retry["key"] == events[3]["key"] and retry["payload"]["attempt"] == 2
-    assert poll.poll_pass(signups, src).emitted == 0
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 0
+
+
+def test_a_pass_stops_at_its_time_budget_and_the_next_pass_carries_on(signups: Database) -> None:
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    add_rows(signups, 30)
+    workflow_id = activate(signups, source(batch=10))
+    src = source_of(signups, workflow_id)
+    ticks = iter(range(1000))  # a clock that moves a second per reading
+
+    def clock() -> float:
+        return float(next(ticks))
+
+    first = poll.poll_pass(signups, src, budget_seconds=0.5, clock=clock)
+    assert (first.pages, first.emitted) == (1, 10)
+    # The next pass starts from the beginning: the first page now waits, the rest is emitted.
+    rest = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
+    assert (rest.waiting, rest.emitted) == (10, 20)
+    assert len(poll_events(signups, workflow_id)) == 30
 
 
 def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_is_a_new_generation(
@@ -256,12 +280,12 @@ def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_is_a_new_generatio
     add_rows(signups, 20)
     workflow_id = activate(signups, source("on_attempt", dedup="once_per_record"))
     src = source_of(signups, workflow_id)
-    assert poll.poll_pass(signups, src).emitted == 20
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 20
     assert stamped(signups) == 20
-    assert poll.poll_pass(signups, src).rows == 0
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).rows == 0
     with signups.transaction() as tx:  # the application asks for row 7 to be handled again
         tx.execute("UPDATE app.signups SET enrolled_at = NULL WHERE id = 7")
-    assert poll.poll_pass(signups, src).emitted == 1
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
     last = poll_events(signups, workflow_id)[-1]
     assert (last["key"], last["payload"]["generation"]) == ("7", 2)
 
@@ -273,10 +297,10 @@ def test_after_attempts_gives_up_and_stamps_after_n_failures(signups: Database) 
     workflow_id = activate(signups, source("{after_attempts: 2}"))
     src = source_of(signups, workflow_id)
     for attempt in (1, 2):
-        assert poll.poll_pass(signups, src).emitted == 1
+        assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
         settle(signups, poll_events(signups, workflow_id)[-1]["id"], "failed")
         assert poll_events(signups, workflow_id)[-1]["payload"]["attempt"] == attempt
-    report = poll.poll_pass(signups, src)
+    report = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
     assert (report.emitted, report.gave_up) == (0, 1)
     assert stamped(signups) == 1
     with signups.transaction() as tx:
@@ -294,7 +318,7 @@ def test_two_pollers_racing_emit_each_row_once(signups: Database) -> None:
 
     def poller() -> None:
         barrier.wait(timeout=10)
-        reports.append(poll.poll_pass(signups, src))
+        reports.append(poll.poll_pass(signups, src, budget_seconds=UNBOUNDED))
 
     threads = [threading.Thread(target=poller) for _ in range(2)]
     for t in threads:
@@ -326,7 +350,7 @@ def test_a_poll_killed_mid_page_loses_and_duplicates_nothing(
         "db = get_database()\n"
         "with db.transaction() as tx:\n"
         "    (row,) = poll.active_sources(tx)\n"
-        "poll.poll_pass(db, poll.load_source(*row))\n"
+        "poll.poll_pass(db, poll.load_source(*row), budget_seconds=3600)\n"
     )
     child = subprocess.run(
         [sys.executable, "-c", script],
@@ -339,7 +363,7 @@ def test_a_poll_killed_mid_page_loses_and_duplicates_nothing(
     assert child.returncode == EXIT_CODE, child.stderr.decode()[-2000:]
     # The first page committed (events and stamps together); the second left nothing.
     assert len(poll_events(signups, workflow_id)) == 1000 and stamped(signups) == 1000
-    poll.poll_pass(signups, source_of(signups, workflow_id))
+    poll.poll_pass(signups, source_of(signups, workflow_id), budget_seconds=UNBOUNDED)
     events = poll_events(signups, workflow_id)
     assert len(events) == 3_000 and len({e["key"] for e in events}) == 3_000
     assert stamped(signups) == 3_000
