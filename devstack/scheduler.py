@@ -32,12 +32,12 @@ from pathlib import Path
 from types import FrameType
 
 import httpx
+from cronsim import CronSim, CronSimError
 
 from devstack import terraform
 from shared.deployables import DEPLOYABLES
 
 SPEEDUP_ENV = "ONCEFLOW_SCHEDULER_SPEEDUP"
-_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day", 1, 31), ("month", 1, 12))
 
 
 class CronError(ValueError):
@@ -46,75 +46,29 @@ class CronError(ValueError):
 
 @dataclass(frozen=True, repr=False)
 class Cron:
-    """A five-field cron expression: `*`, `*/N`, `A`, `A-B`, `A-B/N` and comma lists."""
+    """A five-field cron expression, read by `cronsim` (the library cron triggers use too)."""
 
     text: str
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]
-    any_day: bool
-    any_weekday: bool
 
     @classmethod
     def parse(cls, text: str) -> Cron:
-        parts = text.split()
-        if len(parts) != 5:
+        if len(text.split()) != 5:
             raise CronError(f"cron schedule {text!r} does not have five fields")
-        sets = [
-            _field(p, name, lo, hi) for p, (name, lo, hi) in zip(parts[:4], _FIELDS, strict=False)
-        ]
-        weekdays = frozenset(0 if d == 7 else d for d in _field(parts[4], "weekday", 0, 7))
-        return cls(
-            text, sets[0], sets[1], sets[2], sets[3], weekdays, parts[2] == "*", parts[4] == "*"
-        )
+        try:
+            CronSim(text, datetime(2000, 1, 1, tzinfo=UTC))
+        except CronSimError as exc:
+            raise CronError(f"cannot read cron schedule {text!r}: {exc}") from None
+        return cls(text)
 
     def __repr__(self) -> str:
         return f"Cron({self.text!r})"
 
-    def matches(self, at: datetime) -> bool:
-        if at.minute not in self.minutes or at.hour not in self.hours:
-            return False
-        if at.month not in self.months:
-            return False
-        day_ok = at.day in self.days
-        weekday_ok = (at.isoweekday() % 7) in self.weekdays
-        # Vixie cron: when both day fields are restricted, either one matching is enough.
-        if self.any_day or self.any_weekday:
-            return day_ok and weekday_ok
-        return day_ok or weekday_ok
-
     def next_after(self, at: datetime) -> datetime:
-        """The first whole minute strictly after `at` that matches (searches up to a year)."""
-        t = at.replace(second=0, microsecond=0) + timedelta(minutes=1)
-        for _ in range(366 * 24 * 60):
-            if self.matches(t):
-                return t
-            t += timedelta(minutes=1)
-        raise CronError(f"cron schedule {self.text!r} never fires")
-
-
-def _field(text: str, name: str, lo: int, hi: int) -> frozenset[int]:
-    out: set[int] = set()
-    for item in text.split(","):
-        rng, _, step_text = item.partition("/")
+        """The first matching minute strictly after `at`."""
         try:
-            step = int(step_text) if step_text else 1
-            if rng == "*":
-                start, end = lo, hi
-            elif "-" in rng:
-                a, b = rng.split("-", 1)
-                start, end = int(a), int(b)
-            else:
-                start = int(rng)
-                end = hi if step_text else start
-        except ValueError:
-            raise CronError(f"cannot read the cron {name} field {text!r}") from None
-        if step < 1 or start < lo or end > hi or start > end:
-            raise CronError(f"cron {name} field {text!r} is out of range {lo}-{hi}")
-        out.update(range(start, end + 1, step))
-    return frozenset(out)
+            return next(CronSim(self.text, at))
+        except StopIteration:
+            raise CronError(f"cron schedule {self.text!r} never fires") from None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def webhook(request: Any) -> flask.Response:
                 environ=request.environ,
             )
         )
-    if answer.stored is not None:
+    if answer.stored is not None or answer.event_id is not None:
         # Best effort by contract: the schedule drains anyway, so a nudge can't fail a delivery.
         with contextlib.suppress(Exception):
             nudge.nudge()

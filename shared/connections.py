@@ -31,7 +31,7 @@ GET_FOR_TENANT = SQL["connection_get_for_tenant"]
 INSERT = SQL["connection_insert"]
 ACTIVE_TRIGGERS = SQL["connection_active_triggers"]
 
-PROVIDERS = ("hubspot", "standard", "pipedrive")
+PROVIDERS = ("hubspot", "standard", "pipedrive", "hmac")
 ALL_FIELDS = "*"
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
-from shared import pubsub, queries, request_body
+from shared import pubsub, queries, request_body, triggers
 from shared.db import Database, get_database
 from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
@@ -33,6 +33,8 @@ from shared.ops.models import (
     ActivationResult,
     Charge,
     Credits,
+    CronTick,
+    CronTickList,
     DeactivateRequest,
     DefinitionProblem,
     ErrorBody,
@@ -62,6 +64,8 @@ from shared.ops.models import (
     StepView,
     StuckInboxList,
     StuckInboxQuery,
+    TicksQuery,
+    TriggerStatus,
     ValidationResult,
     VersionList,
     VersionSummary,
@@ -69,6 +73,7 @@ from shared.ops.models import (
     WorkflowSource,
     WorkflowSummary,
 )
+from shared.triggers import cron
 from shared.workflows import versions
 from shared.workflows.validate import (
     DefinitionInvalid,
@@ -366,6 +371,29 @@ def list_versions(call: Call) -> VersionList:
     )
 
 
+def list_cron_ticks(call: Call) -> CronTickList:
+    workflow_id = _uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        rows = cron.list_ticks(tx, workflow_id, status=call.query.status, limit=call.query.limit)
+    return CronTickList(
+        workflow_id=UUID(workflow_id), items=[CronTick.model_validate(r) for r in rows]
+    )
+
+
+def trigger_status(call: Call) -> TriggerStatus:
+    workflow_id = _uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        definition = versions.active_definition(tx, workflow_id)
+        if definition is None:
+            return TriggerStatus(workflow_id=UUID(workflow_id), active=False, kind=None, detail={})
+        kind, detail = triggers.status(tx, definition.trigger, workflow_id)
+    return TriggerStatus(workflow_id=UUID(workflow_id), active=True, kind=kind, detail=detail)
+
+
 def _problems_of(report: ValidationReport) -> list[DefinitionProblem]:
     return [
         DefinitionProblem(
@@ -460,6 +488,8 @@ def activate_workflow(call: Call) -> ActivationResult:
         raise not_found("workflow") from None
     except versions.VersionNotFound:
         raise not_found("version") from None
+    except DefinitionInvalid as exc:  # the database refuses its trigger (e.g. no index)
+        raise _definition_invalid(exc.report) from None
     return ActivationResult(
         workflow_id=UUID(activation.workflow_id), active_version_id=UUID(activation.version_id)
     )
@@ -619,6 +649,27 @@ ROUTES: tuple[Route, ...] = (
         list_versions,
         VersionList,
         "A workflow's versions, newest first",
+        errors=(401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.ticks",
+        "GET",
+        "/v1/workflows/{workflow_id}/ticks",
+        list_cron_ticks,
+        CronTickList,
+        "A cron workflow's ticks, fired and missed, newest first",
+        query=TicksQuery,
+        errors=(400, 401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.trigger",
+        "GET",
+        "/v1/workflows/{workflow_id}/trigger",
+        trigger_status,
+        TriggerStatus,
+        "The active trigger's state: missed ticks, a poll's last error, refused webhook posts",
         errors=(401, 404),
         path_params=("workflow_id",),
     ),

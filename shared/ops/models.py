@@ -100,6 +100,13 @@ class StuckInboxQuery(_Request):
     limit: int = Field(default=50, ge=1, le=200)
 
 
+class TicksQuery(_Request):
+    status: Literal["fired", "missed"] | None = Field(
+        default=None, description="`missed`: ticks that passed while nothing ran."
+    )
+    limit: int = Field(default=50, ge=1, le=200)
+
+
 class RecordQuery(_Request):
     record_key: Text = Field(min_length=5, max_length=500, description=RECORD_KEY_DESCRIPTION)
 
@@ -399,6 +406,29 @@ class VersionSummary(_Response):
 class VersionList(_Response):
     workflow_id: UUID
     items: list[VersionSummary]
+
+
+class CronTick(_Response):
+    scheduled_at: datetime = Field(description="The tick's instant; with the workflow, its key.")
+    status: Literal["fired", "missed"]
+    event_id: int | None = Field(description="The trigger event a fired tick emitted.")
+    detail: str = Field(description='e.g. "tick 2026-12-03 09:00 Europe/Paris was missed, …"')
+    recorded_at: datetime
+
+
+class CronTickList(_Response):
+    workflow_id: UUID
+    items: list[CronTick] = Field(description="Newest first.")
+
+
+class TriggerStatus(_Response):
+    workflow_id: UUID
+    active: bool
+    kind: str | None = Field(description="events, cron, webhook or poll; null when inactive.")
+    detail: dict[str, Any] = Field(
+        description="Per kind: a schedule's fired and missed ticks; a poll's last pass, its "
+        "last error and where its rows stand; a webhook trigger's refused requests."
+    )
 
 
 class DefinitionProblem(_Response):

@@ -33,6 +33,7 @@ from shared.port.interface import (
     RateLimitState,
     Record,
     SearchFilter,
+    SearchPage,
     Subscription,
 )
 
@@ -264,23 +265,32 @@ class HubSpotPort:
     def search(
         self, object_type: str, filters: Sequence[SearchFilter], limit: int = 10
     ) -> list[Record]:
+        return self.search_page(object_type, filters, limit=limit).records
+
+    def search_page(
+        self,
+        object_type: str,
+        filters: Sequence[SearchFilter],
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        properties: Sequence[str] = (),
+    ) -> SearchPage:
+        """One page of a search; `next_after` pages on (HubSpot's `paging.next.after`)."""
         kind = plural_object_type(object_type)
-        request = {
-            "filterGroups": [
-                {
-                    "filters": [
-                        {"propertyName": f.property, "operator": f.operator, "value": f.value}
-                        for f in filters
-                    ]
-                }
-            ]
-            if filters
-            else [],
+        request: dict[str, Any] = {
+            "filterGroups": [{"filters": [_search_filter(f) for f in filters]}] if filters else [],
             "limit": max(1, min(limit, 200)),
         }
+        if after is not None:
+            request["after"] = after
+        if properties:
+            request["properties"] = list(properties)
         body = self._request("POST", f"/crm/v3/objects/{kind}/search", json=request)
         results = body.get("results", []) if isinstance(body, dict) else []
-        return [_record(kind, r) for r in results]
+        paging = body.get("paging") if isinstance(body, dict) else None
+        nxt = paging.get("next", {}).get("after") if isinstance(paging, dict) else None
+        return SearchPage([_record(kind, r) for r in results], None if nxt is None else str(nxt))
 
     # --- webhook subscriptions (used by reconcile) -----------------------------------------
     def _subscriptions_path(self) -> str:
@@ -317,3 +327,10 @@ def _path_id(value: str) -> str:
     if not text.isdigit():
         raise PortError(f"invalid id {value!r}", code="invalid_request", transient=False)
     return text
+
+
+def _search_filter(f: SearchFilter) -> dict[str, Any]:
+    out: dict[str, Any] = {"propertyName": f.property, "operator": f.operator}
+    if f.operator not in ("HAS_PROPERTY", "NOT_HAS_PROPERTY"):
+        out["value"] = f.value  # HubSpot refuses a value on the presence operators
+    return out

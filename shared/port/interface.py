@@ -73,6 +73,12 @@ class SearchFilter:
     value: Any
 
 
+@dataclass(frozen=True)
+class SearchPage:
+    records: list[Record]
+    next_after: str | None  # the cursor of the next page; None on the last one
+
+
 class CrmPort(Protocol):
     capabilities: Capabilities
 
@@ -85,6 +91,16 @@ class CrmPort(Protocol):
     def search(
         self, object_type: str, filters: Sequence[SearchFilter], limit: int = 10
     ) -> list[Record]: ...
+
+    def search_page(
+        self,
+        object_type: str,
+        filters: Sequence[SearchFilter],
+        *,
+        limit: int = 100,
+        after: str | None = None,
+        properties: Sequence[str] = (),
+    ) -> SearchPage: ...
 
     def list_subscriptions(self) -> list[Subscription]: ...
 

@@ -1,4 +1,4 @@
-"""Named points in the step path where a test can kill the process on the spot.
+"""Named points in the step path (and a poll pass) where a test can kill the process on the spot.
 
 Armed only when BOTH `ONCEFLOW_ENABLE_CRASH_POINTS=1` and `ONCEFLOW_CRASH_POINTS` are set in
 the environment (never by `infra/`): `ONCEFLOW_CRASH_POINTS=after_claim,before_settle_commit`
@@ -21,6 +21,11 @@ CRASH_POINTS = (
     "before_settle_commit",  # the settle transaction is written but not committed
     "after_commit_before_publish",  # settled and next rows committed; step-ready not sent
 )
+# Outside the step path (the step-path tests kill at every one of CRASH_POINTS).
+POLL_CRASH_POINTS = (
+    "poll_mid_page",  # a poll page's events are being emitted; its transaction isn't committed
+)
+KNOWN_POINTS = CRASH_POINTS + POLL_CRASH_POINTS
 EXIT_CODE = 137
 
 _hits: dict[str, int] = {}
@@ -38,15 +43,15 @@ def armed_points(env: Mapping[str, str] | None = None) -> dict[str, int]:
         if not item:
             continue
         name, _, nth = item.partition(":")
-        if name not in CRASH_POINTS:
-            raise ValueError(f"unknown crash point {name!r}; known: {', '.join(CRASH_POINTS)}")
+        if name not in KNOWN_POINTS:
+            raise ValueError(f"unknown crash point {name!r}; known: {', '.join(KNOWN_POINTS)}")
         armed[name] = int(nth) if nth else 1
     return armed
 
 
 def crash_point(name: str) -> None:
     """Kill the process here if this point is armed (and this is the armed hit)."""
-    if name not in CRASH_POINTS:
+    if name not in KNOWN_POINTS:
         raise ValueError(f"unknown crash point {name!r}")
     armed = armed_points()
     if name not in armed:

@@ -20,8 +20,10 @@ batch answered from a small partial index:
 Then the registered `Duty`s, each claimed once per period across all instances through a row
 in `sweep_duties`: the backlog report the alerts read (every minute), marker expiry, provider
 subscription repair (hourly), trimming the lease history of runs that finished more than
-`lease_history_days` ago (hourly), and whatever later issues add (timeouts, cron ticks) by
-appending to `default_duties()` — the loop doesn't change.
+`lease_history_days` ago (hourly), and the duties of the trigger kinds (cron ticks,
+webhook-trigger key expiry, table and CRM polls: `shared/triggers/`). `default_duties()` is
+the one list: the sweep's own duties are written there, a trigger kind's come from its module
+through the kind registry, and the loop doesn't change.
 A duty that raises is recorded and logged; it never stops the core jobs.
 
 Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
@@ -351,7 +353,10 @@ def report_backlog(db: Database) -> dict[str, float]:
 
 
 def default_duties(config: SweepConfig | None = None) -> list[Duty]:
-    """The periodic duties; later issues append theirs (timeouts, cron ticks) here."""
+    """Every periodic duty: the sweep's own, then each trigger kind's (shared/triggers/)."""
+    # Imported here: trigger kinds import `Duty` from this module.
+    from shared import triggers
+
     days = (config or SweepConfig.from_env()).lease_history_days
     return [
         Duty("report_backlog", 60.0, report_backlog),
@@ -359,6 +364,7 @@ def default_duties(config: SweepConfig | None = None) -> list[Duty]:
         Duty("delete_expired_throttle_windows", 900.0, delete_expired_throttle_windows),
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
         Duty("trim_lease_history", 3600.0, lambda db: trim_lease_history(db, days)),
+        *triggers.duties(),
     ]
 
 

@@ -16,6 +16,11 @@ only a few seconds). Refusals store nothing and log the check that failed, never
 | database unavailable                      | 503    |
 | stored (new or identical retry)           | 200    |
 
+`POST /{provider}/{connection_id}/{workflow}` is a webhook trigger: verified the same way, then
+handed to shared/triggers/webhook.py (404 without an active webhook workflow of that name, 422
+when its idempotency key fails on the request, 200 with the event id, or the first POST's
+event id for a duplicate).
+
 The full URI HubSpot v3 signs is the one HubSpot called. Behind Cloud Run (and any proxy)
 the request's own URL may not be it, so: `PUBLIC_BASE_URL` (e.g.
 `https://hooks.example.com/webhook`), when set, is prepended to the request path and query;
@@ -35,6 +40,7 @@ from shared import connections, inbox, request_body
 from shared.db import Database, get_database
 from shared.errors import TransientError
 from shared.logs import get_logger, labelled
+from shared.triggers import webhook as webhook_trigger
 from shared.webhooks import signatures
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
@@ -73,6 +79,7 @@ class Answer:
     status: int
     body: dict[str, Any] = field(default_factory=dict)
     stored: inbox.Stored | None = None
+    event_id: int | None = None  # a webhook trigger emitted this event
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -119,6 +126,8 @@ def _verify(
         )
     if connection.provider == "pipedrive":
         return signatures.verify_pipedrive(secret=secret, headers=request.headers)
+    if connection.provider == "hmac":
+        return signatures.verify_hmac(secret=secret, body=body, headers=request.headers)
     return signatures.Verdict.refuse("provider_unsupported")
 
 
@@ -130,12 +139,15 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
         return _refuse(405, "method_not_allowed", "method")
     parts = request.path.strip("/").split("/")
     if (
-        len(parts) != 2
+        len(parts) not in (2, 3)
         or parts[0] not in connections.PROVIDERS
         or not connections.is_connection_id(parts[1])
+        or (len(parts) == 3 and parts[0] not in webhook_trigger.PROVIDERS)
+        or (len(parts) == 2 and parts[0] in webhook_trigger.TRIGGER_ONLY_PROVIDERS)
     ):
         return _refuse(404, "unknown_connection", "path")
-    provider, connection_id = parts
+    provider, connection_id = parts[:2]
+    workflow_name = parts[2] if len(parts) == 3 else None
     try:
         body = request_body.read_body(
             request.read,
@@ -169,6 +181,8 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
         verdict = _verify(connection, request, body, secret)
         if not verdict.ok:
             return _refuse(401, "invalid_signature", verdict.check)
+        if workflow_name is not None:
+            return _to_workflow(db, connection, workflow_name, request.headers, body)
         kept = {
             name: value
             for name in KEPT_HEADERS
@@ -191,3 +205,23 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
             {"status": "accepted", "inbox_id": stored.inbox_id, "deliveries": stored.deliveries},
             stored,
         )
+
+
+def _to_workflow(
+    db: Database,
+    connection: connections.Connection,
+    workflow_name: str,
+    headers: Mapping[str, str],
+    body: bytes,
+) -> Answer:
+    """A verified request addressed to a workflow's webhook trigger."""
+    try:
+        reply = webhook_trigger.receive_for_workflow(db, connection, workflow_name, headers, body)
+    except TransientError as exc:
+        log.warning("webhook trigger: database unavailable: %s", exc)
+        return Answer(503, {"error": "unavailable"})
+    if reply.status >= 400:
+        log.warning("webhook trigger %s refused (%d): %s", workflow_name, reply.status, reply.body)
+    else:
+        log.info("webhook trigger %s: %s", workflow_name, reply.body.get("status"))
+    return Answer(reply.status, reply.body, event_id=reply.event_id)

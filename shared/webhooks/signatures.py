@@ -13,6 +13,9 @@ never the expected signature.
   values of HMAC-SHA256 over `id.timestamp.body`, keyed by the base64 after `whsec_`;
   `webhook-timestamp` (seconds) within 5 minutes either way.
 - `pipedrive`: HTTP Basic credentials equal to the configured `user:password`.
+- `hmac` (webhook triggers from any sender with a shared secret): `X-Signature-256:
+  sha256=<hex HMAC-SHA256(secret, body)>`, GitHub's format. It carries no timestamp, so a
+  captured request can be replayed; a webhook trigger's idempotency key absorbs that.
 """
 
 from __future__ import annotations
@@ -140,3 +143,16 @@ def verify_pipedrive(*, secret: str, headers: Mapping[str, str]) -> Verdict:
     if _same(presented, secret.encode()):
         return Verdict.accept("pipedrive_basic")
     return Verdict.refuse("credentials_mismatch")
+
+
+def verify_hmac(*, secret: str, body: bytes, headers: Mapping[str, str]) -> Verdict:
+    presented = _header(headers, "X-Signature-256")
+    if presented is None:
+        return Verdict.refuse("signature_missing")
+    scheme, _, value = presented.strip().partition("=")
+    if scheme != "sha256" or not value:
+        return Verdict.refuse("signature_malformed")
+    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    if _same(expected, value.lower()):
+        return Verdict.accept("hmac_sha256")
+    return Verdict.refuse("hmac_sha256_mismatch")

@@ -17,6 +17,33 @@
         type: http.request
         config: {url: https://example.com/hook, body: {task: "${{ steps.create_task.output.id }}"}}
 
+A trigger is one of several kinds (shared/triggers/: one module per kind, registered in
+shared/triggers/__init__.py). Besides `events`, a workflow can start on a schedule:
+
+    trigger:
+      cron: "0 9 * * MON-FRI"          # five fields, in `time_zone` (default UTC)
+      time_zone: Europe/Paris
+      catch_up: false                  # true: ticks missed during an outage fire on recovery
+
+or on a POST to `/{provider}/{connection_id}/{workflow name}` of the webhook function, verified
+with the connection's secret:
+
+    trigger:
+      webhook:
+        idempotency_key: "${{ headers['x-idempotency-key'] }}"   # or ${{ body.event_id }}
+        idempotency_ttl_seconds: 86400
+
+or on rows of a table that are not handled yet (the processed-at pattern):
+
+    trigger:
+      poll:
+        every_seconds: 300
+        table: {table: app.signups, key: id, stamp: onceflow_enrolled_at,
+                where: "onceflow_enrolled_at is null and plan = 'pro'"}
+        # or crm: {connection: <id>, object_type: contact, stamp: onceflow_enrolled_at,
+        #          filters: [{property: lifecyclestage, operator: EQ, value: lead}]}
+        stamp_policy: on_success        # | on_attempt | {after_attempts: 3}
+
 The first step listed is the entry point. `next` names the following step (or is omitted at
 the end); a `branch` step lists `branches` with CEL conditions and an `otherwise` edge. What
 expressions read (`event`, `trigger`, `record`, `steps`, `run`) is shared/workflows/scope.py.
@@ -26,7 +53,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 DedupMode = Literal["once_per_record", "not_while_running", "every_time"]
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
@@ -39,8 +73,101 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Trigger fields added after versions were first stored: left out of the canonical form while
+# unset, so a definition that doesn't use them hashes exactly as it did before they existed
+# (publishing it again still finds the version already stored).
+OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook", "poll")
+
+
+class PollTable(_Strict):
+    table: str = Field(description="schema.table in the onceflow database, e.g. app.signups.")
+    key: str = Field(description="The column naming a row (unique): the record's identity.")
+    stamp: str = Field(description="The column that is null while a row is not handled yet.")
+    where: str = Field(
+        description="`<stamp> is null and …`: simple comparisons joined by `and`; an index "
+        "must answer it (activation refuses the source otherwise and shows the index to add)."
+    )
+
+
+class AfterAttempts(_Strict):
+    after_attempts: int = Field(
+        ge=1, le=100, description="Stamp after the run succeeded, or after this many attempts."
+    )
+
+
+class CrmFilter(_Strict):
+    property: str
+    operator: str = Field(default="EQ", description="EQ, NEQ, GT, GTE, LT, LTE, HAS_PROPERTY, …")
+    value: str | int | float | bool | None = None
+
+
+class PollCrm(_Strict):
+    connection: str = Field(description="The id of the tenant's CRM connection to search.")
+    object_type: str = Field(description="contact, company or deal.")
+    filters: list[CrmFilter] = Field(
+        default_factory=list, description="What else a record must match (all of them)."
+    )
+    stamp: str = Field(
+        description="The property that has no value while a record is not handled yet; "
+        "onceflow writes the time it handled the record into it."
+    )
+
+
+class PollTrigger(_Strict):
+    every_seconds: int = Field(description="How often to look for rows not handled yet (≥ 60).")
+    table: PollTable | None = Field(default=None, description="A SQL table source.")
+    crm: PollCrm | None = Field(default=None, description="A CRM search source.")
+    stamp_policy: Literal["on_success", "on_attempt"] | AfterAttempts = Field(
+        description="When a row is stamped as handled: when its run succeeded (a failure is "
+        "tried again next pass, forever), when its run is started (a failure is never retried), "
+        "or after success or N attempts. Declared, never implicit."
+    )
+    batch: int = Field(default=1000, ge=1, le=10000, description="Rows read per page.")
+
+
+class WebhookTrigger(_Strict):
+    idempotency_key: str | None = Field(
+        default=None,
+        description="`${{ … }}` over `headers` (lower-case names) and `body` (parsed JSON) "
+        "naming the occurrence; a POST whose key was seen within the TTL starts nothing and is "
+        "answered with the first POST's event id. Without it every accepted POST is a new "
+        "occurrence (at-least-once).",
+    )
+    idempotency_ttl_seconds: int = Field(
+        default=86400,
+        ge=60,
+        le=30 * 86400,
+        description="How long a key keeps answering duplicates (60 s to 30 days).",
+    )
+
+
 class Trigger(_Strict):
-    events: list[str] = Field(min_length=1, description="Event types that start this workflow.")
+    events: list[str] = Field(
+        default_factory=list,
+        description="Event types that start this workflow (for an event trigger).",
+    )
+    cron: str | None = Field(
+        default=None,
+        description="Five-field cron schedule (minute hour day month weekday), e.g. "
+        "`0 9 * * MON-FRI`; each tick starts the workflow once.",
+    )
+    time_zone: str | None = Field(
+        default=None,
+        description="IANA time zone the cron schedule is read in, e.g. Europe/Paris; UTC if "
+        "omitted.",
+    )
+    webhook: WebhookTrigger | None = Field(
+        default=None,
+        description="Start on a POST to the webhook function addressed to this workflow.",
+    )
+    poll: PollTrigger | None = Field(
+        default=None, description="Start once per row of a table that is not handled yet."
+    )
+    catch_up: bool | None = Field(
+        default=None,
+        description="Cron only: fire ticks missed while nothing ran (newest 100, oldest first) "
+        "instead of recording them as missed. Off if omitted.",
+    )
     rule: str | None = Field(
         default=None,
         description="CEL condition over the expression scope's `event`, `trigger` and `record` "
@@ -56,6 +183,16 @@ class Trigger(_Strict):
     watch: list[str] = Field(
         default_factory=list, description="Fields whose change fires a property-change trigger."
     )
+
+    @model_serializer(mode="wrap")
+    def _canonical(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in OPTIONAL_TRIGGER_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class Branch(_Strict):

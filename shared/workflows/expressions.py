@@ -222,8 +222,11 @@ def _depth(nodes: tuple[Comprehension, ...]) -> int:
 
 
 @lru_cache(maxsize=4096)
-def compile_expression(src: str) -> CompiledExpression:
-    """Parse and check an expression; raises `ExpressionError` with what is wrong."""
+def compile_expression(src: str, roots: frozenset[str] = ROOTS) -> CompiledExpression:
+    """Parse and check an expression; raises `ExpressionError` with what is wrong.
+
+    `roots` are the names it may read: the workflow scope's by default; a narrower scope (a
+    webhook trigger's idempotency key reads only `headers` and `body`) passes its own."""
     if not isinstance(src, str):
         raise ExpressionError(f"an expression must be a string, found {type(src).__name__}")
     text = src.strip()
@@ -241,12 +244,13 @@ def compile_expression(src: str) -> CompiledExpression:
     refs = program.references()
     step_refs, tree, bound, plus = _analyse(text)
     variables = frozenset(refs.get("variables", ()))
-    unknown = sorted(variables - ROOTS - bound)
+    unknown = sorted(variables - roots - bound)
     if unknown:
+        readable = (
+            ", ".join(sorted(roots)) if roots != ROOTS else "event, trigger, record, steps and run"
+        )
         raise ExpressionError(
-            f"unknown name {unknown[0]!r}; expressions can read event, trigger, record, steps "
-            "and run",
-            source=text,
+            f"unknown name {unknown[0]!r}; expressions can read {readable}", source=text
         )
     for fn in refs.get("functions", ()):
         if _OPERATOR.match(fn) or fn in FUNCTIONS:
@@ -266,7 +270,7 @@ def compile_expression(src: str) -> CompiledExpression:
     return CompiledExpression(
         source=text,
         program=program,
-        variables=variables & ROOTS,
+        variables=variables & roots,
         step_refs=step_refs,
         comprehensions=tree,
         concatenations=plus,

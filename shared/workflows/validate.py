@@ -22,9 +22,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
+from shared import triggers
 from shared.blocks import registry
 from shared.errors import PermanentError
-from shared.workflows.definition import EVENT_TYPE_PATTERN, Step, Trigger, WorkflowDefinition
+from shared.workflows.definition import Step, Trigger, WorkflowDefinition
 from shared.workflows.expressions import (
     TEMPLATE,
     CompiledExpression,
@@ -37,8 +38,6 @@ from shared.workflows.scope import RULE_ROOTS
 PathT = tuple[str | int, ...]
 Severity = Literal["error", "warning"]
 TENANT_PATTERN = r"^[a-z0-9][a-z0-9_-]{1,62}$"
-PROPERTY_CHANGED = ".property_changed"
-_EVENT_TYPE = re.compile(EVENT_TYPE_PATTERN)
 # The limits on a definition's text, checked before anything else reads it (README, security).
 MAX_SOURCE_CHARS = 65536
 MAX_YAML_DEPTH = 32
@@ -371,18 +370,7 @@ class _Validation:
         self.check_risks(d)
 
     def check_trigger(self, t: Trigger) -> None:
-        seen: set[str] = set()
-        for i, event in enumerate(t.events):
-            if not _EVENT_TYPE.match(event):
-                self.add(
-                    "error",
-                    ("trigger", "events", i),
-                    "an event type is dotted lower snake case like hubspot.contact.created; "
-                    f"found {event!r}",
-                )
-            if event in seen:
-                self.add("warning", ("trigger", "events", i), f"event {event!r} is listed twice")
-            seen.add(event)
+        triggers.check_trigger(t, self.add)
         if t.rule is not None:
             compiled = self.expression(("trigger", "rule"), t.rule)
             step_only = sorted(compiled.variables - RULE_ROOTS) if compiled is not None else []
@@ -403,21 +391,6 @@ class _Validation:
                     f"the record identity cannot read `{step_only[0]}` "
                     "(it reads event, trigger and record)",
                 )
-        changes = [e for e in t.events if e.endswith(PROPERTY_CHANGED)]
-        if changes and not t.watch:
-            self.add(
-                "warning",
-                ("trigger", "watch"),
-                f"{changes[0]} with no `watch` list fires on a change to any property, and "
-                "provider subscriptions are per property, so none is created for it; "
-                "list the fields you mean",
-            )
-        if t.watch and not changes:
-            self.add(
-                "warning",
-                ("trigger", "watch"),
-                "`watch` only matters for *.property_changed events; none is listed",
-            )
 
     def check_ids(self, d: WorkflowDefinition) -> set[str]:
         ids: set[str] = set()

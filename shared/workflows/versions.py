@@ -5,7 +5,8 @@ publish: validate, then store the definition keyed by the SHA-256 of its canonic
   other formatting, comments or key order — returns the version already stored. Nothing
   invalid is ever stored; the database also refuses any UPDATE of a version.
 activate: in one transaction, point the workflow at a version and replace its bindings with one
-  row per event type that version listens to, so matching an event is one index lookup.
+  row per event type that version listens to (its trigger kind says which: shared/triggers/),
+  so matching an event is one index lookup.
   Runs already started keep the version they started with (`workflow_runs.version_id`); only
   admissions after the commit see the new bindings.
 deactivate: remove the activation and the bindings; in-flight runs continue on their version.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared import queries
+from shared import queries, triggers
 from shared.db import Tx
 from shared.errors import PermanentError
 from shared.workflows.definition import WorkflowDefinition
@@ -156,6 +157,12 @@ def load_version(tx: Tx, version_id: str) -> WorkflowDefinition:
     return WorkflowDefinition.model_validate(_json(row["definition"]))
 
 
+def active_definition(tx: Tx, workflow_id: str) -> WorkflowDefinition | None:
+    """The definition of the workflow's active version, or None when it is not active."""
+    version_id = tx.scalar(ACTIVE_VERSION, workflow_id=workflow_id)
+    return None if version_id is None else load_version(tx, str(version_id))
+
+
 def list_versions(tx: Tx, workflow_id: str) -> list[VersionInfo]:
     return [
         VersionInfo(r["id"], int(r["number"]), r["content_hash"], r["created_at"], r["active"])
@@ -172,8 +179,19 @@ def activate(tx: Tx, *, tenant_id: str, workflow_id: str, version_id: str) -> Ac
     if row is None or row["workflow_id"] != workflow_id:
         raise VersionNotFound(version_id)
     definition = WorkflowDefinition.model_validate(_json(row["definition"]))
+    kind = triggers.kind_of(definition.trigger)
+    problems = kind.check_activation(tx, definition.trigger, tenant_id)
+    if problems:
+        raise DefinitionInvalid(
+            ValidationReport(
+                "<activation>",
+                tuple(
+                    Problem("error", path, message, "<activation>") for path, message in problems
+                ),
+            )
+        )
     previous = tx.scalar(ACTIVE_VERSION, workflow_id=workflow_id)
-    event_types = tuple(dict.fromkeys(definition.trigger.events))
+    event_types = triggers.binding_event_types(definition.trigger, workflow_id)
     tx.execute(ACTIVATION_UPSERT, workflow_id=workflow_id, version_id=version_id)
     tx.execute(BINDINGS_DELETE, workflow_id=workflow_id)
     tx.execute(
