@@ -118,7 +118,10 @@ def main() -> int:
             with db.transaction() as tx:
                 rows = tx.all(
                     "SELECT EXTRACT(EPOCH FROM c.claimed_at - i.received_at) AS decided,"
-                    "       EXTRACT(EPOCH FROM s.started_at - i.received_at) AS first_step"
+                    "       EXTRACT(EPOCH FROM s.started_at - i.received_at) AS first_step,"
+                    "       EXTRACT(EPOCH FROM e.created_at - i.received_at) AS drained,"
+                    "       EXTRACT(EPOCH FROM e.published_at - e.created_at) AS published,"
+                    "       EXTRACT(EPOCH FROM c.claimed_at - e.published_at) AS admitted"
                     " FROM webhook_inbox i"
                     " JOIN workflow_trigger_events e ON e.inbox_id = i.id"
                     " JOIN delivery_claims c ON c.event_id = e.id"
@@ -129,12 +132,20 @@ def main() -> int:
             if len(rows) >= events and all(r["first_step"] is not None for r in rows):
                 break
             time.sleep(0.5)
-        decided = [float(str(r["decided"])) * 1000 for r in rows]
-        first = [float(str(r["first_step"])) * 1000 for r in rows if r["first_step"] is not None]
+        def ms(column: str) -> list[float]:
+            return [float(str(r[column])) * 1000 for r in rows if r[column] is not None]
+
+        decided = ms("decided")
         print(
             f"webhooks sent: {events} at {rate:g}/s ({failures} not 2xx); decided: {len(decided)}"
         )
-        for name, values in (("webhook → decision", decided), ("webhook → first step", first)):
+        for name, values in (
+            ("webhook → decision", decided),
+            ("webhook → first step", ms("first_step")),
+            ("  stored → drained", ms("drained")),
+            ("  drained → published", ms("published")),
+            ("  published → decided", ms("admitted")),
+        ):
             if values:
                 print(
                     f"{name:22s} p50 {_percentile(values, 0.5):7.0f} ms   "
