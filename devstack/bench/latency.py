@@ -10,7 +10,8 @@ Both ends are stamped by the database's clock, so no process clock skews the fig
 path measured is the one a user has: webhook → inbox → (nudge) drain → outbox → publish →
 Pub/Sub emulator push → admit_event → step-ready push → advance_step.
 
-Options: BENCH_LATENCY_EVENTS (default 300), BENCH_LATENCY_RATE per second (default 20).
+Options: BENCH_LATENCY_EVENTS (default 300), BENCH_LATENCY_RATE per second (default 20),
+BENCH_LATENCY_KEEP=1 to leave the stack running afterwards (its logs, to see where time went).
 """
 
 from __future__ import annotations
@@ -80,12 +81,18 @@ def _body(n: int) -> bytes:
 def main() -> int:
     events = int(os.environ.get("BENCH_LATENCY_EVENTS", "300"))
     rate = float(os.environ.get("BENCH_LATENCY_RATE", "20"))
+    keep = os.environ.get("BENCH_LATENCY_KEEP") == "1"
     root = Path(tempfile.mkdtemp(prefix="onceflow-bench-latency-"))
     root.chmod(0o755)
     os.environ.pop("DATABASE_URL", None)
     try:
         devstack.up(root / "local", free_ports=True)
         running = devstack.RunningStack.open(root / "local")
+        if keep:
+            print(
+                f"stack kept running in {root / 'local'} (logs there; stop with "
+                f"`python -m devstack.stack down --root {root / 'local'}`)"
+            )
         db = Database(connector_from_env({"DATABASE_URL": running.database_url}), pool_size=2)
         connection_id = _seed(db)
         uri = f"{running.url('webhook')}/hubspot/{connection_id}"
@@ -132,6 +139,7 @@ def main() -> int:
             if len(rows) >= events and all(r["first_step"] is not None for r in rows):
                 break
             time.sleep(0.5)
+
         def ms(column: str) -> list[float]:
             return [float(str(r[column])) * 1000 for r in rows if r[column] is not None]
 
@@ -154,8 +162,9 @@ def main() -> int:
         db.close()
         return 0 if len(decided) >= events and failures == 0 else 1
     finally:
-        devstack.down(root / "local", quiet=True)
-        shutil.rmtree(root, ignore_errors=True)
+        if not keep:
+            devstack.down(root / "local", quiet=True)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
