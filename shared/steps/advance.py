@@ -2,8 +2,12 @@
 
     claim (lease) ─► [at-most-once already started? → failed OUTCOME_UNKNOWN]
                   ─► [delay served? → succeeded]
-                  ─► render config ─► block.execute(ctx) under a heartbeat
-                  ─► classify ─► settle + next rows (one txn, fenced) ─► publish step-ready
+                  ─► render config ─► gates, then block.execute(ctx), under a heartbeat
+                  ─► classify ─► settle the gates ─► settle + next rows (one txn, fenced)
+                  ─► publish step-ready
+
+Gates (rate limits, charge) are declared on the block spec and the workflow and run here, in
+the one order shared/steps/gates.py documents; no block calls them.
 
 Ack/nack: the caller acks (returns normally) for everything this function returns — a step
 that was not claimable, a recorded failure, a lease lost mid-way — and lets a `TransientError`
@@ -37,6 +41,7 @@ from shared.steps.claim import (
     withdraw_side_effect_mark,
 )
 from shared.steps.crashpoints import crash_point
+from shared.steps.gates import WorkflowGates, run_gated, settle_gates
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
     OUTCOME_GRAPH_UNREADABLE,
@@ -229,7 +234,10 @@ def _run_claimed(
             db, step, failed(step.attempt, OUTCOME_UNKNOWN_BLOCK, msg, "permanent"), [], dispatch
         )
 
-    settlement, lost = _execute(db, step, node=node, spec=spec, config=config, now=now)
+    workflow = WorkflowGates.of(step.workflow_id, graph)
+    settlement, lost = _execute(
+        db, step, node=node, spec=spec, workflow=workflow, config=config, now=now
+    )
     if lost:
         log.warning("lease lost while the block ran; not settling (its successor owns it)")
         return Advanced(step_id=step.id, claimed=True, note="lease lost")
@@ -248,6 +256,7 @@ def _execute(
     *,
     node: Step,
     spec: BlockSpec,
+    workflow: WorkflowGates,
     config: LeaseConfig,
     now: Callable[[], datetime],
 ) -> tuple[Settlement, bool]:
@@ -305,10 +314,7 @@ def _execute(
             node=node,
         )
         outcome: BlockResult | BaseException
-        try:
-            outcome = spec.execute(ctx, block_config)
-        except Exception as exc:
-            outcome = exc
+        outcome, passed = run_gated(spec, ctx, block_config, workflow)
         crash_point("after_side_effect")
         lost = heartbeat.lost.is_set()
     settlement = classify_outcome(
@@ -319,6 +325,8 @@ def _execute(
         successors=node.successors(),
         now=now(),
     )
+    # A lost lease settles nothing here: the attempt that owns the step now decides refunds.
+    settle_gates(ctx, passed, outcome, StepStatus.RUNNING if lost else settlement.status)
     return settlement, lost
 
 
