@@ -13,6 +13,8 @@ from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
+from shared.admission import Reason
+
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
@@ -31,15 +33,8 @@ StepStatus = Literal[
     "skipped",
     "failed",
 ]
-RefusalReason = Literal[
-    "duplicate",
-    "already_running",
-    "rule_not_matched",
-    "insufficient_credits",
-    "echo_suppressed",
-    "provider_suppressed",
-    "missing_record_identity",
-]
+# The refusal reasons, written once (shared/admission.py) and imported.
+RefusalReason = Reason
 RECORD_KEY_DESCRIPTION = "`<connection id>:<object type>:<object id>`, as runs record it."
 
 
@@ -451,6 +446,27 @@ class PublishResult(_Response):
     content_hash: str
     created: bool = Field(description="False when the same content was already published.")
     warnings: list[DefinitionProblem]
+
+
+class ResumeRequest(_Request):
+    half_open: bool = Field(
+        default=False,
+        description="Resume on trial: runs are admitted, the next run that succeeds closes the "
+        "breaker and the next that fails pauses the workflow again at once.",
+    )
+    reason: Text | None = Field(
+        default=None, max_length=500, description="What was fixed, for the audit trail."
+    )
+
+
+class BreakerStatus(_Response):
+    workflow_id: UUID
+    state: Literal["closed", "open", "half_open"]
+    consecutive_failures: int
+    trips: int
+    opened_at: datetime | None
+    reason: str | None
+    explanation: str
 
 
 class ActivationResult(_Response):

@@ -55,7 +55,7 @@ from shared.steps.outcomes import (
 )
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
-from shared.workflows.definition import Step, WorkflowDefinition
+from shared.workflows.definition import Breaker, Step, WorkflowDefinition
 from shared.workflows.scope import RunFacts, step_scope
 
 SQL = queries.load("steps")
@@ -247,7 +247,7 @@ def _run_claimed(
         msg = f"step leads to unknown node {exc.args[0]!r}"
         settlement = failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent")
         next_nodes = []
-    return _finish(db, step, settlement, next_nodes, dispatch)
+    return _finish(db, step, settlement, next_nodes, dispatch, breaker=graph.breaker)
 
 
 def _execute(
@@ -330,12 +330,38 @@ def _execute(
     return settlement, lost
 
 
+def _count_run_for_breaker(
+    db: Database,
+    step: ClaimedStep,
+    run_failed: bool,
+    settlement: Settlement,
+    breaker: Breaker | None,
+) -> None:
+    """The run ended: count it for the workflow's circuit breaker (shared/breaker.py). After
+    the settle committed, so a failure here must not nack the message (the redelivery would
+    find the step settled and count nothing): it is logged, and the streak misses one run."""
+    from shared import breaker as circuit
+
+    try:
+        circuit.record_run_outcome(
+            db,
+            step.workflow_id,
+            failed=run_failed,
+            settings=breaker,
+            why=f"step {step.step_key} failed ({settlement.outcome_code})",
+        )
+    except Exception:
+        log.warning("circuit breaker not updated for run %s", step.run_id, exc_info=True)
+
+
 def _finish(
     db: Database,
     step: ClaimedStep,
     settlement: Settlement,
     next_nodes: list[Step],
     dispatch: Dispatch,
+    *,
+    breaker: Breaker | None = None,
 ) -> Advanced:
     settled = settle_step(db, step, settlement, next_nodes)
     if settled.fenced_out:
@@ -356,6 +382,8 @@ def _finish(
             run_id=step.run_id,
             outcome_code=str(settlement.outcome_code),
         )
+    if step.namespace == "live" and (settled.run_failed or settled.run_status == "succeeded"):
+        _count_run_for_breaker(db, step, settled.run_failed, settlement, breaker)
     crash_point("after_commit_before_publish")
     if settled.to_dispatch:
         try:

@@ -10,6 +10,7 @@
       watch: [lifecyclestage]                       # for property-change triggers
     rate_limit: {max: 100, per: 1m}                 # optional: calls of this workflow's steps
     host_rate_limit: {max: 10, per: 1s}             # optional: per destination host
+    breaker: {after_failures: 10, notify_url: https://ops.example.com/hook}   # optional
     steps:
       - id: create_task
         type: crm.create
@@ -217,6 +218,25 @@ class RateLimit(_Strict):
         return duration_seconds(self.per)
 
 
+DEFAULT_BREAKER_AFTER_FAILURES = 10
+
+
+class Breaker(_Strict):
+    after_failures: int = Field(
+        default=DEFAULT_BREAKER_AFTER_FAILURES,
+        ge=0,
+        le=100_000,
+        description="Consecutive failed runs that pause the workflow (its events are then "
+        "refused `workflow_paused` until resumed); 0 turns the breaker off.",
+    )
+    notify_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="Optional https URL that gets a JSON POST when the breaker trips (sent "
+        "through the same SSRF guard as http.request).",
+    )
+
+
 class Branch(_Strict):
     when: str = Field(
         description=f"CEL condition over the expression scope ({SCOPE_REF}); the first branch "
@@ -263,6 +283,11 @@ class WorkflowDefinition(_Strict):
         default=None,
         description="At most `max` http.request calls per window to one destination host "
         "(counted per tenant and host, whichever workflow makes them).",
+    )
+    breaker: Breaker | None = Field(
+        default=None,
+        description="The circuit breaker; omitted means the defaults (pause after "
+        f"{DEFAULT_BREAKER_AFTER_FAILURES} consecutive failed runs, no notify URL).",
     )
 
     def step(self, step_id: str) -> Step:
