@@ -19,6 +19,7 @@ from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, Retry
 from shared.blocks.registry import RegistryError, check_spec
 from shared.db import Database
 from shared.netguard import NetPolicy
+from shared.ops.api import run_detail
 from shared.steps.advance import advance_step
 from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
 from shared.workflows.definition import WorkflowDefinition
@@ -175,6 +176,10 @@ def test_a_refused_connection_that_fails_for_good_is_refunded_once(
     with db.transaction() as tx:
         rows = tx.all("SELECT amount, reason FROM credit_refunds")
     assert [(r["amount"], r["reason"]) for r in rows] == [(1, "not applied: HTTP_CONNECTION_ERROR")]
+    # The run detail shows the charge with its refund.
+    [charge] = run_detail(db, run_id, None).charges
+    assert charge.amount == 1 and charge.refunded == 1
+    assert charge.refund_reason == "not applied: HTTP_CONNECTION_ERROR"
 
 
 def test_a_refund_is_never_paid_twice_under_racing_settles(db: Database, fake: FakeCrm) -> None:

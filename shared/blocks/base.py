@@ -136,7 +136,7 @@ class Gate(StrEnum):
     WORKFLOW_LIMIT = "workflow_limit"
     # A slot in the destination host's window (`host_rate_limit` in the definition).
     HOST_LIMIT = "host_limit"
-    # A reservation of the block's price against the workflow's `budget`.
+    # A reservation of the block's price against the workflow's `budget` (shared/budgets.py).
     BUDGET = "budget"
     # The block's price, charged once per lineage key.
     CHARGE = "charge"

@@ -32,6 +32,7 @@ from shared.ops.models import (
     ActivateRequest,
     ActivationResult,
     BreakerStatus,
+    BudgetStatus,
     Charge,
     Credits,
     CronTick,
@@ -512,6 +513,14 @@ def get_breaker(call: Call) -> BreakerStatus:
     return _breaker_status(call, str(workflow["id"]))
 
 
+def get_budget(call: Call) -> BudgetStatus:
+    from shared import budgets
+
+    workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    with call.db.transaction() as tx:
+        return BudgetStatus.model_validate(budgets.workflow_summary(tx, str(workflow["id"])))
+
+
 def resume_workflow(call: Call) -> BreakerStatus:
     """Close (or half-open) a workflow's open circuit breaker; 409 when it is not open."""
     from shared import breaker
@@ -754,6 +763,16 @@ ROUTES: tuple[Route, ...] = (
         get_breaker,
         BreakerStatus,
         "The workflow's circuit breaker: closed, open (paused) or half-open, and why",
+        errors=(401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.budget",
+        "GET",
+        "/v1/workflows/{workflow_id}/budget",
+        get_budget,
+        BudgetStatus,
+        "The workflow's spend budget: its cap and the reserved, spent and released credits",
         errors=(401, 404),
         path_params=("workflow_id",),
     ),

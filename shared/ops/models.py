@@ -226,7 +226,17 @@ class StepView(_Response):
     )
 
 
-class Charge(_Response):
+class _Refundable(_Response):
+    """A ledger row's refund, if it had one (at most one per charge)."""
+
+    refunded: int | None = Field(
+        default=None, description="Credits paid back because the call provably never applied."
+    )
+    refund_reason: str | None = None
+    refunded_at: datetime | None = None
+
+
+class Charge(_Refundable):
     lineage_key: str
     amount: int
     block_type: str
@@ -348,7 +358,7 @@ class RecordExplanation(_Response):
     )
 
 
-class LedgerEntry(_Response):
+class LedgerEntry(_Refundable):
     id: int
     lineage_key: str
     amount: int
@@ -467,6 +477,15 @@ class BreakerStatus(_Response):
     opened_at: datetime | None
     reason: str | None
     explanation: str
+
+
+class BudgetStatus(_Response):
+    workflow_id: UUID
+    credits: int | None = Field(description="The cap per window; null when none is declared.")
+    per: str = Field(description="The rolling window the sums cover.")
+    reserved: int = Field(description="Reserved for requests not settled yet (or unknown).")
+    spent: int
+    released: int = Field(description="Reserved, then given back: the request never applied.")
 
 
 class ActivationResult(_Response):

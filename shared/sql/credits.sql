@@ -33,10 +33,8 @@ UPDATE tenants SET credit_balance = credit_balance + :amount WHERE id = :tenant_
 RETURNING credit_balance
 
 -- name: credits_ledger_for_run
-SELECT l.lineage_key, l.amount, l.block_type, l.step_id::text AS step_id,
-       r.amount AS refunded, r.reason AS refund_reason, r.created_at AS refunded_at
-  FROM credit_ledger l LEFT JOIN credit_refunds r ON r.charge_id = l.id
- WHERE l.run_id = CAST(:run_id AS uuid) ORDER BY l.id
+SELECT lineage_key, amount, block_type, step_id::text AS step_id
+  FROM credit_ledger WHERE run_id = CAST(:run_id AS uuid) ORDER BY id
 
 -- name: credits_mark_outcome_unknown
 -- An attempt of this charge's step may have applied: the charge is no longer refundable.

@@ -11,17 +11,23 @@ block calls a limiter or the ledger itself, so no block can forget one. Before `
     2. connection limit         ┐ one atomic claim each (shared/throttle.py); over a limit the
     3. workflow limit           │ step parks `THROTTLED` until the window ends, without using
     4. host limit               ┘ an attempt ("throttled until T by workflow limit …").
-    5. charge                   → the spec's price, once per lineage key (shared/credits.py);
-                                  a tenant that can't pay fails `INSUFFICIENT_CREDITS`.
-    6. block.execute
+    5. budget                   → a reservation of the price against the workflow's `budget`,
+                                  keyed by the idempotency key, checked under the budget's lock
+                                  (shared/budgets.py); over the cap the step fails
+                                  `BUDGET_EXCEEDED`, nothing sent.
+    6. charge                   → the spec's price, once per lineage key (shared/credits.py);
+                                  a tenant that can't pay fails `INSUFFICIENT_CREDITS` (and the
+                                  reservation is released).
+    7. block.execute
 
 After the attempt is classified (`settle_gates`), by what the outcome proves:
 
-    succeeded / applied         → the charge stands.
-    failed for good, provably   → the charge is refunded, once (a refund row keyed to it).
-      not applied
-    fate unknown (timeout,      → the charge is marked never-refundable.
-      reset, OUTCOME_UNKNOWN)
+    succeeded / applied         → the reservation is spent; the charge stands.
+    provably not applied        → the reservation is released (a retry reserves again); when
+                                  the step failed for good, the charge is refunded, once (a
+                                  refund row keyed to it).
+    fate unknown (timeout,      → the reservation stays reserved, the charge is marked
+      reset, 5xx)                 never-refundable; the reconcile duty settles what is left.
 
 The order is cheap-and-reversible first: a throttled step has used a window slot, never a
 credit. A slot taken by a claim that a later limit refuses stays used (windows end anyway;
@@ -34,17 +40,18 @@ from dataclasses import dataclass, replace
 
 from pydantic import BaseModel
 
-from shared import credits, throttle
+from shared import budgets, credits, throttle
 from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec, Gate, Target
-from shared.db import get_database
+from shared.db import Tx, get_database
 from shared.steps.states import StepStatus
-from shared.workflows.definition import RateLimit, WorkflowDefinition
+from shared.workflows.definition import Budget, RateLimit, WorkflowDefinition
 
 # The documented order; `open_gates` runs the declared ones in it.
 ORDER: tuple[Gate, ...] = (
     Gate.CONNECTION_LIMIT,
     Gate.WORKFLOW_LIMIT,
     Gate.HOST_LIMIT,
+    Gate.BUDGET,
     Gate.CHARGE,
 )
 
@@ -56,16 +63,18 @@ class WorkflowGates:
     workflow_id: str
     rate_limit: RateLimit | None = None
     host_rate_limit: RateLimit | None = None
+    budget: Budget | None = None
 
     @classmethod
     def of(cls, workflow_id: str, graph: WorkflowDefinition) -> WorkflowGates:
-        return cls(workflow_id, graph.rate_limit, graph.host_rate_limit)
+        return cls(workflow_id, graph.rate_limit, graph.host_rate_limit, graph.budget)
 
 
 @dataclass(frozen=True)
 class Passed:
     """What the gates took for this attempt, for `settle_gates`."""
 
+    reserved: bool = False
     charged: bool = False
     # What the target resolved (the block reads it from its context: the checked addresses).
     target: Target | None = None
@@ -117,11 +126,20 @@ def open_gates(
     target = spec.target(ctx, config) if spec.target is not None else Target()
     for limit in _limits(spec, ctx, target, workflow):
         throttle.claim_or_park(limit)
+    reserved = False
+    if Gate.BUDGET in spec.gates and workflow.budget is not None and spec.price > 0:
+        budgets.budget_gate(ctx, workflow.workflow_id, workflow.budget, spec.price)
+        reserved = True
     charged = False
     if Gate.CHARGE in spec.gates and spec.price > 0:
-        credits.charge_gate(ctx, spec.type_name, spec.price)
+        try:
+            credits.charge_gate(ctx, spec.type_name, spec.price)
+        except Exception:
+            if reserved:  # nothing will be sent: give the reservation back
+                get_database().run(lambda tx: budgets.settle_released(tx, ctx.idempotency_key))
+            raise
         charged = True
-    return Passed(charged=charged, target=target)
+    return Passed(reserved=reserved, charged=charged, target=target)
 
 
 def run_gated(
@@ -152,14 +170,26 @@ def settle_gates(
     """Settle what the gates took by what the attempt proves (see the module docstring).
     Runs after the block, before the step's own settle; every write here is idempotent, so a
     crash between the two and a second run of this attempt's settle change nothing more."""
-    if ctx.dry_run or not passed.charged:
+    if ctx.dry_run or not (passed.charged or passed.reserved):
         return
+    key = ctx.idempotency_key
     if isinstance(outcome, BlockResult):
+        if passed.reserved:
+            get_database().run(lambda tx: budgets.settle_spent(tx, key))
         return
     if not provably_not_applied(outcome):
-        get_database().run(lambda tx: credits.mark_outcome_unknown(tx, ctx.idempotency_key))
+
+        def unknown(tx: Tx) -> None:
+            if passed.reserved:
+                budgets.mark_outcome_unknown(tx, key)
+            if passed.charged:
+                credits.mark_outcome_unknown(tx, key)
+
+        get_database().run(unknown)
         return
-    if status is StepStatus.FAILED:
+    if passed.reserved:
+        get_database().run(lambda tx: budgets.settle_released(tx, key))
+    if passed.charged and status is StepStatus.FAILED:
         reason = f"not applied: {getattr(outcome, 'outcome_code', type(outcome).__name__)}"
         get_database().run(
             lambda tx: credits.refund(

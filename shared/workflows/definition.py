@@ -11,6 +11,7 @@
     rate_limit: {max: 100, per: 1m}                 # optional: calls of this workflow's steps
     host_rate_limit: {max: 10, per: 1s}             # optional: per destination host
     breaker: {after_failures: 10, notify_url: https://ops.example.com/hook}   # optional
+    budget: {credits: 500, per: 1d}                 # optional: a rolling cap on spend
     steps:
       - id: create_task
         type: crm.create
@@ -237,6 +238,22 @@ class Breaker(_Strict):
     )
 
 
+class Budget(_Strict):
+    credits: int = Field(
+        gt=0,
+        le=1_000_000_000,
+        description="The most credits this workflow's steps may reserve and spend per window.",
+    )
+    per: str = Field(
+        pattern=DURATION_PATTERN,
+        description="The rolling window: `30s`, `1m`, `1h` or `1d` (e.g. `1d`: the last 24 h).",
+    )
+
+    @property
+    def window_seconds(self) -> int:
+        return duration_seconds(self.per)
+
+
 class Branch(_Strict):
     when: str = Field(
         description=f"CEL condition over the expression scope ({SCOPE_REF}); the first branch "
@@ -283,6 +300,11 @@ class WorkflowDefinition(_Strict):
         default=None,
         description="At most `max` http.request calls per window to one destination host "
         "(counted per tenant and host, whichever workflow makes them).",
+    )
+    budget: Budget | None = Field(
+        default=None,
+        description="A spend cap: each priced step reserves its price before its request leaves; "
+        "a step that would go over fails BUDGET_EXCEEDED and sends nothing.",
     )
     breaker: Breaker | None = Field(
         default=None,
