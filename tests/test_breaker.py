@@ -5,8 +5,12 @@ an SSRF-guarded notify URL, and resumes only when asked (closed, or half-open on
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -209,3 +213,36 @@ def test_the_notify_url_gets_one_post_through_the_ssrf_guard(
     assert paged["method"] == "POST" and paged["path"] == "/_sink/paged"
     body = json.loads(paged["body"])
     assert body["event"] == "breaker_tripped" and body["workflow_id"] == workflow_id
+
+
+def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DATABASE_URL=database_url, NO_GCE_CHECK="true")
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_the_cli_shows_and_resumes_the_breaker_audited(
+    db: Database, database_url: str, conn: str
+) -> None:
+    workflow_id = _bind(db, after_failures=1)
+    _advance_together(db, _admit(db, conn, 1))
+    shown = _cli(database_url, "breaker", workflow_id)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "open"
+    resumed = _cli(database_url, "breaker", workflow_id, "--resume", "--half-open")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "half_open"
+    again = _cli(database_url, "breaker", workflow_id, "--resume")
+    assert again.returncode == 1 and "not open" in again.stderr
+    with db.transaction() as tx:
+        actions = [r["action"] for r in tx.all("SELECT action FROM ops_audit ORDER BY id")]
+    assert actions == ["breaker.tripped", "cli.breaker.resume"]
+    budget = _cli(database_url, "budget", workflow_id)
+    assert budget.returncode == 0
+    assert json.loads(budget.stdout)["credits"] is None  # no budget declared
