@@ -6,8 +6,8 @@
 # tests/test_infra.py that every metric here matches one of them):
 #
 #   run_failed       a run ended failed (advance_step's settle, or the sweep's lease reclaim)
-#   breaker_tripped  a connection's circuit breaker opened (the breaker is not built yet; the
-#                    line is specified in shared/logs.py so this alert is ready when it lands)
+#   breaker_tripped  a workflow's circuit breaker opened after consecutive failed runs
+#                    (shared/breaker.py); its events are refused workflow_paused
 #   dead_lettered    an inbox row marked dead, or a Pub/Sub message recorded as poisoned
 #   lease_expired    the sweep reclaimed a step whose lease expired (a process died or hung)
 #   backlog_age      once a minute from the sweep: age of the oldest undrained inbox row,
@@ -28,7 +28,7 @@ locals {
     breaker_tripped = {
       title     = "circuit breaker tripped"
       threshold = var.alert_thresholds.breaker_trips
-      runbook   = "A connection's circuit breaker opened: its provider keeps failing. Steps for it wait instead of failing; check the provider's status and the connection's credentials (GET /v1/health)."
+      runbook   = "A workflow's circuit breaker opened: its runs kept failing, so its events are now refused (workflow_paused). GET /v1/workflows/{id}/breaker says why; look at its failed runs (GET /v1/runs?status=failed), fix the cause, then POST /v1/workflows/{id}/resume (half_open: true to try one run first)."
     }
     dead_lettered = {
       title     = "work dead-lettered"

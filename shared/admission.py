@@ -18,7 +18,9 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    `rule_not_matched` (the trigger's CEL rule was false, or could not be evaluated on this
    event: the detail says which), `insufficient_credits` (the tenant's balance can't pay the
    entry step's block price; an unregistered block type has no price and is not refused here:
-   the step engine fails that step with its own error).
+   the step engine fails that step with its own error), then `workflow_paused` (the
+   workflow's circuit breaker is open: shared/breaker.py; a paused workflow still says
+   `rule_not_matched` for events its rule would not have taken).
 3. `admission_admit`, one statement for all bindings, under the locks: the delivery claim
    (unique on event and workflow) for every pairing; `duplicate` when once_per_record finds
    an enrollment, `already_running` when not_while_running finds a live running run for the
@@ -109,6 +111,7 @@ Reason = Literal[
     "echo_suppressed",
     "provider_suppressed",
     "missing_record_identity",
+    "workflow_paused",
 ]
 REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
 Outcome = Literal["admitted", "refused", "handled"]
@@ -451,6 +454,13 @@ def _plan_bindings(
         version_id = str(b["version_id"])
         trigger = _trigger_for(version_id, b["definition"])
         key, record, refused = static_refusal(event, trigger, b["dedup_mode"])
+        if refused is None and b.get("breaker_state") == "open":
+            refused = (
+                "workflow_paused",
+                f"workflow {workflow_id} is paused by its circuit breaker since "
+                f"{b.get('breaker_opened_at')}: {b.get('breaker_reason')}. Resume it with "
+                f"POST /v1/workflows/{workflow_id}/resume",
+            )
         if (
             refused is None
             and key is not None

@@ -1,16 +1,24 @@
 """Credits: a price per block type, a tenant balance, and a ledger that charges a lineage once.
 
-Where charging happens: in the side-effecting block, after throttling and before the request
-leaves (`charge_step`), in its own committed transaction. Charging before the side effect is the
-only place a step that can't be paid for can still be stopped; charging at settle would bill
-for a call already made. The ledger is unique on the lineage key, which is the step's
-idempotency key (stable across retries and replays of the step), so an attempt that crashed
-after charging, a retry, and a replay all find the ledger row and are not charged again
-(invariant 11). The balance moves only through one conditional UPDATE (`credit_balance >=
+Where charging happens: in the step executor's gates (shared/steps/gates.py), after the rate
+limits and the budget and before the block's request leaves (`charge_step`), in its own
+committed transaction; the price is the block spec's `price`, stated once. Charging before the
+side effect is the only place a step that can't be paid for can still be stopped; charging at
+settle would bill for a call already made. The ledger is unique on the lineage key, which is
+the step's idempotency key (stable across retries and replays of the step), so an attempt that
+crashed after charging, a retry, and a replay all find the ledger row and are not charged
+again (invariant 11). The balance moves only through one conditional UPDATE (`credit_balance >=
 amount`), so concurrent charges can never take it below zero. Rehearsals are never charged.
 
 A step that can't be paid for fails permanently with `INSUFFICIENT_CREDITS`; admission
 refuses `insufficient_credits` up front with `has_credits`.
+
+Refunds: when a step fails for good and its last attempt provably never applied (refused
+before it left, refused connection, 429, a 4xx the port classifies as not applied), its charge
+is refunded (`refund`): a `credit_refunds` row keyed to the charge, written with the balance
+credit in one transaction, `ON CONFLICT (charge_id) DO NOTHING`, so no settle, redelivery or
+replay pays it twice. A charge any of whose attempts ended with the outcome unknown
+(`mark_outcome_unknown`) is never refunded.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ LEDGER_INSERT = SQL["credits_ledger_insert"]
 DEBIT = SQL["credits_debit"]
 BALANCE = SQL["credits_balance"]
 GRANT = SQL["credits_grant"]
+MARK_OUTCOME_UNKNOWN = SQL["credits_mark_outcome_unknown"]
+REFUND_INSERT = SQL["credits_refund_insert"]
 
 OUTCOME_INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
 ChargeStatus = Literal["charged", "already_charged", "insufficient"]
@@ -112,9 +122,23 @@ def grant(tx: Tx, tenant_id: str, amount: int) -> int | None:
     return None if value is None else int(value)
 
 
-def charge_block(ctx: BlockContext, block_type: str, price: int) -> None:
-    """Charge a block's step by its lineage key, once and committed, before the side effect
-    leaves; a tenant that can't pay fails the step permanently."""
+def mark_outcome_unknown(tx: Tx, lineage_key: str) -> None:
+    tx.execute(MARK_OUTCOME_UNKNOWN, lineage_key=lineage_key)
+
+
+def refund(tx: Tx, *, lineage_key: str, reason: str, step_id: str | None) -> int:
+    """Refund the charge of `lineage_key` once; the amount paid back now (0 when there is no
+    charge, it was refunded already, or its outcome was ever unknown)."""
+    row = tx.one(REFUND_INSERT, lineage_key=lineage_key, reason=reason[:500], step_id=step_id)
+    if row is None:
+        return 0
+    tx.scalar(GRANT, tenant_id=row["tenant_id"], amount=int(row["amount"]))
+    return int(row["amount"])
+
+
+def charge_gate(ctx: BlockContext, block_type: str, price: int) -> Charge:
+    """The charge gate: charge a step by its lineage key, once and committed, before the side
+    effect leaves; a tenant that can't pay fails the step permanently, nothing sent."""
     outcome = charge_step(
         tenant_id=ctx.tenant_id,
         lineage_key=ctx.idempotency_key,
@@ -128,4 +152,6 @@ def charge_block(ctx: BlockContext, block_type: str, price: int) -> None:
             f"tenant {ctx.tenant_id} has {outcome.balance} credits; {block_type} costs {price}",
             error_class="permanent",
             outcome_code=OUTCOME_INSUFFICIENT_CREDITS,
+            not_applied=True,
         )
+    return outcome

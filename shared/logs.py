@@ -38,8 +38,8 @@ class LogEvent(StrEnum):
 
     # A run ended failed: a step failed for good, or its lease expired with no attempts left.
     RUN_FAILED = "run_failed"
-    # A connection's circuit breaker opened. Emitted by the breaker, which is not built yet:
-    # the name and fields are fixed here so the alert exists before it does.
+    # A workflow's circuit breaker opened after consecutive failed runs (shared/breaker.py):
+    # its events are refused `workflow_paused` until someone resumes it.
     BREAKER_TRIPPED = "breaker_tripped"
     # Work put aside because it can never succeed. `kind`: `inbox_row` (an inbox row marked
     # dead), `poisoned_message` (a Pub/Sub message recorded in poisoned_messages),
@@ -55,7 +55,7 @@ class LogEvent(StrEnum):
 
 EVENTS: dict[LogEvent, tuple[str, ...]] = {
     LogEvent.RUN_FAILED: ("run_id", "outcome_code"),
-    LogEvent.BREAKER_TRIPPED: ("connection_id", "reason"),
+    LogEvent.BREAKER_TRIPPED: ("workflow_id", "reason"),
     LogEvent.DEAD_LETTERED: ("kind", "reason"),
     LogEvent.LEASE_EXPIRED: ("step_id", "run_id", "outcome"),
     LogEvent.BACKLOG_AGE: (

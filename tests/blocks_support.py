@@ -15,6 +15,8 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec
 from shared.db import Database
 from shared.port import connect
+from shared.steps.gates import WorkflowGates, run_gated, settle_gates
+from shared.steps.states import StepStatus
 from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of
 
 MARK = (
@@ -80,6 +82,13 @@ class StepRunner:
         self.db = db
         version = publish_version(db, definition([{"id": "s0", "type": block_type}]))
         self.run_id, _ = start_run(db, version)
+        with db.transaction() as tx:
+            self.workflow_id = str(
+                tx.scalar(
+                    "SELECT workflow_id::text FROM workflow_runs WHERE id = CAST(:r AS uuid)",
+                    r=self.run_id,
+                )
+            )
         step = steps_of(db, self.run_id)["s0"]
         self.step_id = str(step["id"])
         self.idempotency_key = str(step["idempotency_key"])
@@ -106,12 +115,29 @@ class StepRunner:
         )
 
     def run(
-        self, spec: BlockSpec, config: Mapping[str, Any], *, dry_run: bool = False
+        self,
+        spec: BlockSpec,
+        config: Mapping[str, Any],
+        *,
+        dry_run: bool = False,
+        workflow: WorkflowGates | None = None,
     ) -> BlockResult:
+        """One attempt the way the executor runs it: the spec's gates, then the block, then
+        the gates settled (a permanent failure counts as the step's last attempt)."""
         self.attempt += 1
-        return spec.execute(
-            self.context(dry_run=dry_run), spec.config_model.model_validate(dict(config))
+        ctx = self.context(dry_run=dry_run)
+        outcome, passed = run_gated(
+            spec,
+            ctx,
+            spec.config_model.model_validate(dict(config)),
+            workflow or WorkflowGates(self.workflow_id),
         )
+        permanent = getattr(outcome, "error_class", "permanent") == "permanent"
+        final = StepStatus.FAILED if permanent else StepStatus.WAITING_FOR_RETRY
+        settle_gates(ctx, passed, outcome, StepStatus.SUCCEEDED if not _failed(outcome) else final)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     def side_effect_started(self) -> bool:
         with self.db.transaction() as tx:
@@ -122,3 +148,7 @@ class StepRunner:
                     id=self.step_id,
                 )
             )
+
+
+def _failed(outcome: BlockResult | BaseException) -> bool:
+    return isinstance(outcome, BaseException)

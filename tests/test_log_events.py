@@ -66,9 +66,9 @@ def test_no_event_field_shadows_a_key_of_the_log_entry() -> None:
         assert all(f.isidentifier() and f.islower() for f in fields), event
 
 
-def test_breaker_tripped_is_declared_for_the_breaker_to_come() -> None:
-    # No code emits it yet (the breaker is another issue's); the alert matches this shape.
-    assert EVENTS[LogEvent.BREAKER_TRIPPED] == ("connection_id", "reason")
+def test_breaker_tripped_names_the_workflow() -> None:
+    # The breaker (shared/breaker.py) emits it; tests/test_breaker.py checks the real line.
+    assert EVENTS[LogEvent.BREAKER_TRIPPED] == ("workflow_id", "reason")
 
 
 def _crash(db: Database, step_id: str, attempt: int) -> None:

@@ -48,7 +48,10 @@ def set_window(db: Database, connection_id: str, calls: int) -> None:
             n=calls,
             c=connection_id,
         )
-        tx.execute("DELETE FROM throttle_windows WHERE connection_id = :c", c=connection_id)
+        tx.execute(
+            "DELETE FROM throttle_windows WHERE scope = 'connection' AND subject = :c",
+            c=connection_id,
+        )
 
 
 def source(connection: str, policy: str = "on_success", *, object_type: str = "contact") -> str:

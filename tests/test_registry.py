@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from shared.blocks import registry
-from shared.blocks.base import NO_RETRY, BlockContext, BlockFailure, BlockResult, BlockSpec
+from shared.blocks.base import NO_RETRY, BlockContext, BlockFailure, BlockResult, BlockSpec, Gate
 from shared.blocks.flow import NO_BRANCH_TAKEN, DelayConfig, wake_time
 from shared.workflows.definition import Branch, Step
 
@@ -30,6 +30,7 @@ def _spec(**overrides: object) -> BlockSpec:
         "price": 1,
         "retry": NO_RETRY,
         "execute": _noop,
+        "gates": frozenset({Gate.CHARGE}),
     }
     fields.update(overrides)
     return BlockSpec(**fields)  # type: ignore[arg-type]

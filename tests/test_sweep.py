@@ -273,13 +273,13 @@ def test_default_duties_delete_ended_throttle_windows(db: Database) -> None:
     with db.transaction() as tx:
         for ago in ("2 hours", "1 minute"):
             tx.execute(
-                "INSERT INTO throttle_windows (connection_id, window_start, used)"
-                " VALUES (:c, now() - CAST(:ago AS interval), 3)",
+                "INSERT INTO throttle_windows (scope, subject, window_seconds, window_start, used)"
+                " VALUES ('connection', :c, 10, now() - CAST(:ago AS interval), 3)",
                 c=conn,
                 ago=ago,
             )
     duty = next(d for d in default_duties() if d.name == "delete_expired_throttle_windows")
     assert duty.run(db) == {"deleted": 1}
     with db.transaction() as tx:
-        left = tx.all("SELECT used FROM throttle_windows WHERE connection_id = :c", c=conn)
+        left = tx.all("SELECT used FROM throttle_windows WHERE subject = :c", c=conn)
     assert [row["used"] for row in left] == [3]

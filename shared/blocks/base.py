@@ -5,8 +5,10 @@ and settles the step from the `BlockResult` it returns or the `BlockFailure` it 
 never touch step rows themselves: the context hands them the few journal operations they may
 need (heartbeat, the at-most-once marker), already fenced on the step's lease.
 
-The two things every side-effecting block does the same way live here too, so they can't drift
-apart between blocks: the rehearsal answer (`dry_run_result`) and the charge (`charge`).
+The rehearsal answer every side-effecting block gives (`dry_run_result`) lives here too, so it
+can't drift apart between blocks. Gates (rate limits, budget, charge) are not the block's
+business: a spec *declares* which apply (`gates`) and how to find what they key on (`target`),
+and the step executor runs them in one order around the block (shared/steps/gates.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
+from ipaddress import IPv4Address, IPv6Address
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -36,6 +40,19 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a block's gates key on, resolved from its context and config before any gate runs.
+    Resolving it may refuse the step (no connection, a forbidden address): such a refusal
+    happens before anything is claimed or charged."""
+
+    connection_id: str | None = None
+    host: str | None = None
+    # The destination's addresses as the address policy checked them: the block connects to
+    # exactly these (no second DNS answer that could differ).
+    addresses: tuple[IPv4Address | IPv6Address, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,8 @@ class BlockContext:
     # The definition node being executed (from the run's pinned version): `branch` reads its
     # `branches`/`otherwise` edges here. None for callers that only run action blocks.
     node: Step | None = None
+    # What the gates resolved before the block ran (BlockSpec.target); None without gates.
+    target: Target | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +109,7 @@ class BlockFailure(Exception):
         outcome_code: str,
         retry_after: float | None = None,
         consumes_attempt: bool = True,
+        not_applied: bool = False,
     ) -> None:
         super().__init__(message)
         self.error_class: ErrorClass = error_class
@@ -97,9 +117,36 @@ class BlockFailure(Exception):
         self.retry_after = retry_after
         # Throttling parks a step without using up an attempt.
         self.consumes_attempt = consumes_attempt
+        # The request provably never took effect (refused before it left, refused connection,
+        # 429, a 4xx the port classifies as not applied): its charge is refunded and its
+        # budget reservation released. False means applied or unknown.
+        self.not_applied = not_applied
 
 
 Execute = Callable[[BlockContext, BaseModel], BlockResult]
+
+
+class Gate(StrEnum):
+    """What the executor checks before a block's side effect leaves (shared/steps/gates.py
+    runs them in this order; a rehearsal runs none)."""
+
+    # A slot in the connection's window (limit on the connection row).
+    CONNECTION_LIMIT = "connection_limit"
+    # A slot in the workflow's window (`rate_limit` in the definition).
+    WORKFLOW_LIMIT = "workflow_limit"
+    # A slot in the destination host's window (`host_rate_limit` in the definition).
+    HOST_LIMIT = "host_limit"
+    # A reservation of the block's price against the workflow's `budget` (shared/budgets.py).
+    BUDGET = "budget"
+    # The block's price, charged once per lineage key.
+    CHARGE = "charge"
+
+
+# Every gate a side-effecting provider call goes through.
+PROVIDER_GATES = frozenset({Gate.CONNECTION_LIMIT, Gate.WORKFLOW_LIMIT, Gate.BUDGET, Gate.CHARGE})
+
+
+ResolveTarget = Callable[[BlockContext, BaseModel], Target]
 
 
 @dataclass(frozen=True)
@@ -117,6 +164,10 @@ class BlockSpec:
     # What `validate` should warn about in a config that parses but will fail every time it
     # runs: (path inside the config, message) pairs. Templated values are the block's to skip.
     config_warnings: Callable[[Mapping[str, Any]], list[tuple[tuple[str, ...], str]]] | None = None
+    # The gates the executor runs before `execute` (never called by the block itself).
+    gates: frozenset[Gate] = frozenset()
+    # Resolves what the gates key on; required when a limit gate is declared.
+    target: ResolveTarget | None = None
 
     @property
     def max_attempts(self) -> int:

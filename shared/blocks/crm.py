@@ -1,11 +1,13 @@
 """CRM blocks: crm.create (at-most-once), crm.update (idempotent, echo-marked), crm.get and
 crm.search (reads). They talk to the connection's `CrmPort`, never to a vendor.
 
-Order of work in a writing block, and why:
+Before `execute` runs, the step executor has run the gates every CRM block declares
+(`PROVIDER_GATES`: the connection's and the workflow's rate limits, the charge of the spec's
+price; shared/steps/gates.py), keyed on the connection `connection_target` resolves (and
+whose port it builds, so a misconfigured connection fails before any slot or credit is taken).
+A rehearsal runs no gate. Then, in a writing block:
 1. dry run: stop here and describe the request (rehearsals never touch a provider).
-2. build the port: a misconfigured connection fails before anything is journaled.
-3. throttle: claim a slot in the connection's window, or park without using an attempt.
-4. charge: once per lineage key, before the request, so an unpaid call never leaves.
+2. the port (cached per connection).
 5. crm.create: set `side_effect_started_at` WHERE NULL (committed). Finding it set means an
    earlier attempt may have created the record: fail `OUTCOME_UNKNOWN`, never call again.
    crm.update: commit an echo marker first, so the webhook the write causes is refused.
@@ -20,16 +22,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared import echo, throttle
+from shared import echo
 from shared.blocks.base import (
+    PROVIDER_GATES,
     BlockContext,
     BlockFailure,
     BlockResult,
     BlockSpec,
     RetryPolicy,
+    Target,
     dry_run_result,
 )
-from shared.credits import charge_block
 from shared.db import get_database
 from shared.logs import get_logger
 from shared.port import connect
@@ -105,6 +108,7 @@ def failure_from_port(exc: PortError, *, what: str) -> BlockFailure:
         error_class="transient" if exc.transient else "permanent",
         outcome_code=outcome,
         retry_after=exc.retry_after,
+        not_applied=exc.code in NOT_APPLIED_CODES,
     )
 
 
@@ -137,25 +141,23 @@ def _output(record: Record) -> dict[str, Any]:
     return {"id": record.id, "object_type": record.object_type, "properties": record.properties}
 
 
-def _connect(
-    ctx: BlockContext, config: _Config, block_type: str, price: int
-) -> tuple[str, CrmPort]:
-    """Steps 2-4 above: the connection and its port, a throttle slot, the charge (a read still
-    runs in a rehearsal, uncharged; a write has stopped at its dry run before this)."""
+def connection_target(ctx: BlockContext, config: BaseModel) -> Target:
+    """What the gates key on: the step's connection, whose port is built here so that a
+    misconfigured connection is refused before a slot or a credit is taken."""
+    assert isinstance(config, _Config)
     connection_id = _connection_id(ctx, config)
-    port = _port(connection_id)
-    if not ctx.dry_run:
-        # A rehearsal's read claims no slot of the live window (invariant 13: rehearsals
-        # never touch live state); its reads are few and the provider's own 429 bounds them.
-        throttle.claim_or_park(connection_id)
-        charge_block(ctx, block_type, price)
-    return connection_id, port
+    _port(connection_id)
+    return Target(connection_id=connection_id)
+
+
+def _connect(ctx: BlockContext, config: _Config) -> tuple[str, CrmPort]:
+    """The connection and its port. The gates ran before the block (a rehearsal's read runs
+    none: it claims no live slot and is charged nothing, invariant 13)."""
+    connection_id = _connection_id(ctx, config)
+    return connection_id, _port(connection_id)
 
 
 # --- crm.create ---------------------------------------------------------------------------------
-CREATE_PRICE = 2
-
-
 def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, CreateConfig)
     object_type = _object_type(config.object_type)
@@ -164,7 +166,7 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
         return dry_run_result(
             "crm.create", _output(stand_in), object_type=object_type, properties=config.properties
         )
-    connection_id, port = _connect(ctx, config, "crm.create", CREATE_PRICE)
+    connection_id, port = _connect(ctx, config)
     if not ctx.mark_side_effect_started():
         raise BlockFailure(
             "an earlier attempt may already have created this record (its response was never "
@@ -222,9 +224,6 @@ def _record_create_echo(
 
 
 # --- crm.update ---------------------------------------------------------------------------------
-UPDATE_PRICE = 1
-
-
 def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, UpdateConfig)
     object_type = _object_type(config.object_type)
@@ -236,7 +235,7 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
             object_id=config.object_id,
             properties=config.properties,
         )
-    connection_id, port = _connect(ctx, config, "crm.update", UPDATE_PRICE)
+    connection_id, port = _connect(ctx, config)
     # Committed before the call: the webhook this write causes may arrive before the response.
     get_database().run(
         lambda tx: echo.record_echo_marker(
@@ -257,13 +256,10 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
 
 
 # --- reads --------------------------------------------------------------------------------------
-READ_PRICE = 1
-
-
 def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, GetConfig)
     object_type = _object_type(config.object_type)
-    _, port = _connect(ctx, config, "crm.get", READ_PRICE)
+    _, port = _connect(ctx, config)
     try:
         record = port.get(object_type, config.object_id, config.properties)
     except PortError as exc:
@@ -274,7 +270,7 @@ def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
 def execute_search(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, SearchConfig)
     object_type = _object_type(config.object_type)
-    _, port = _connect(ctx, config, "crm.search", READ_PRICE)
+    _, port = _connect(ctx, config)
     filters = [SearchFilter(f.property, f.operator.upper(), f.value) for f in config.filters]
     try:
         records = port.search(object_type, filters, config.limit)
@@ -288,8 +284,10 @@ CREATE = BlockSpec(
     config_model=CreateConfig,
     kind="action",
     side_effect="at_most_once",
-    price=CREATE_PRICE,
+    price=2,
     retry=ACTION_RETRY,
+    gates=PROVIDER_GATES,
+    target=connection_target,
     execute=execute_create,
     creates=True,
     description="Create a CRM record. At most once: a lost response fails OUTCOME_UNKNOWN.",
@@ -299,8 +297,10 @@ UPDATE = BlockSpec(
     config_model=UpdateConfig,
     kind="action",
     side_effect="idempotent",
-    price=UPDATE_PRICE,
+    price=1,
     retry=ACTION_RETRY,
+    gates=PROVIDER_GATES,
+    target=connection_target,
     execute=execute_update,
     description="Update CRM record properties (idempotent; the echo webhook is suppressed).",
 )
@@ -309,8 +309,10 @@ GET = BlockSpec(
     config_model=GetConfig,
     kind="action",
     side_effect="none",
-    price=READ_PRICE,
+    price=1,
     retry=ACTION_RETRY,
+    gates=PROVIDER_GATES,
+    target=connection_target,
     execute=execute_get,
     description="Read one CRM record.",
 )
@@ -319,8 +321,10 @@ SEARCH = BlockSpec(
     config_model=SearchConfig,
     kind="action",
     side_effect="none",
-    price=READ_PRICE,
+    price=1,
     retry=ACTION_RETRY,
+    gates=PROVIDER_GATES,
+    target=connection_target,
     execute=execute_search,
     description="Search CRM records by property filters (AND).",
 )

@@ -34,15 +34,18 @@ from shared.blocks.base import (
     BlockResult,
     BlockSpec,
     ErrorClass,
+    Gate,
     RetryPolicy,
+    Target,
     dry_run_result,
 )
-from shared.credits import charge_block
 from shared.db import get_database
 from shared.netguard import (
     ALLOW_LOOPBACK_ENV,
     AddressRefused,
+    Destination,
     InvalidDestination,
+    IPAddress,
     NetPolicy,
     guarded_client,
     parse_destination,
@@ -53,7 +56,6 @@ from shared.workflows.expressions import TEMPLATE
 SQL = queries.load("signing")
 SIGNING_SECRET_ENV = SQL["tenant_signing_secret_env"]
 
-PRICE = 1
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 30.0
 DEFAULT_MAX_RESPONSE_BYTES = 256 * 1024
@@ -107,8 +109,14 @@ def sign(secret: str, timestamp: str, body: bytes) -> str:
     return f"v1={digest.hexdigest()}"
 
 
-def _invalid(message: str, code: str = OUTCOME_INVALID_URL) -> BlockFailure:
-    return BlockFailure(message, error_class="permanent", outcome_code=code)
+def _invalid(
+    message: str, code: str = OUTCOME_INVALID_URL, *, not_applied: bool = True
+) -> BlockFailure:
+    """A permanent refusal; by default one made before the request left (a redirect or an
+    oversized response was answered, so those say `not_applied=False`)."""
+    return BlockFailure(
+        message, error_class="permanent", outcome_code=code, not_applied=not_applied
+    )
 
 
 def _signing_secret(tenant_id: str) -> str | None:
@@ -143,12 +151,41 @@ def _decode(content: bytes, content_type: str) -> Any:
     return text
 
 
-def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
-    assert isinstance(config, HttpConfig)
+def _destination(url: str) -> Destination:
     try:
-        destination = parse_destination(config.url)
+        return parse_destination(url)
     except InvalidDestination as exc:
         raise _invalid(str(exc)) from None
+
+
+def _checked_addresses(policy: NetPolicy, destination: Destination) -> tuple[IPAddress, ...]:
+    """Resolve once and check every address; a refusal here is made before anything left."""
+    try:
+        return tuple(policy.checked_addresses(destination.host, destination.port))
+    except AddressRefused as exc:
+        raise _invalid(str(exc), OUTCOME_SSRF_BLOCKED) from exc
+    except (httpcore.ConnectError, ValueError) as exc:
+        raise BlockFailure(
+            f"cannot resolve the destination: {exc}",
+            error_class="transient",
+            outcome_code="HTTP_CONNECTION_ERROR",
+            not_applied=True,
+        ) from exc
+
+
+def destination_target(ctx: BlockContext, config: BaseModel) -> Target:
+    """What the gates key on: the destination host, resolved and checked here, before any slot
+    or credit is taken, so a destination the address policy refuses costs nothing. The checked
+    addresses travel with the target: the block connects to exactly those."""
+    assert isinstance(config, HttpConfig)
+    destination = _destination(config.url)
+    addresses = _checked_addresses(net_policy(), destination)
+    return Target(host=destination.host, addresses=addresses)
+
+
+def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, HttpConfig)
+    destination = _destination(config.url)
     body = _encode_body(config.body)
     headers = {
         "User-Agent": "onceflow/1",
@@ -170,28 +207,21 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
             idempotency_key=ctx.idempotency_key,
             body=body.decode("utf-8", "replace"),
         )
-    # Refuse a forbidden destination before charging for it, and connect to exactly the
-    # addresses checked here (the guarded backend checks them again, without a second DNS
-    # answer that could differ): a request refused by the address policy never leaves, and
-    # a request that never left is never charged.
+    # Connect to exactly the addresses the gates' target checked before anything was claimed
+    # or charged (the guarded backend checks them again, without a second DNS answer that
+    # could differ); checked here only when the block runs without its gates.
     policy = net_policy()
-    try:
-        addresses = policy.checked_addresses(destination.host, destination.port)
-    except AddressRefused as exc:
-        raise _invalid(str(exc), OUTCOME_SSRF_BLOCKED) from exc
-    except (httpcore.ConnectError, ValueError) as exc:
-        raise BlockFailure(
-            f"cannot resolve the destination: {exc}",
-            error_class="transient",
-            outcome_code="HTTP_CONNECTION_ERROR",
-        ) from exc
+    target = ctx.target
+    if target is not None and target.host == destination.host and target.addresses:
+        addresses = target.addresses
+    else:
+        addresses = _checked_addresses(policy, destination)
     secret = _signing_secret(ctx.tenant_id)
     if secret is not None:
         # The timestamp is the send time: a retry is signed afresh, the key stays the same.
         timestamp = str(int(time.time()))
         headers[TIMESTAMP_HEADER] = timestamp
         headers[SIGNATURE_HEADER] = sign(secret, timestamp, body)
-    charge_block(ctx, "http.request", PRICE)
     return _send(policy.pinned(destination.host, addresses), config, headers, body)
 
 
@@ -209,6 +239,7 @@ def _send(
                 raise _invalid(
                     f"redirects are refused ({status} to {response.headers.get('location')!r})",
                     OUTCOME_REDIRECT_REFUSED,
+                    not_applied=False,
                 )
             content = bytearray()
             for chunk in response.iter_bytes():
@@ -217,6 +248,7 @@ def _send(
                     raise _invalid(
                         f"response larger than {config.max_response_bytes} bytes",
                         OUTCOME_RESPONSE_TOO_LARGE,
+                        not_applied=False,
                     )
                 if time.monotonic() > deadline:
                     raise BlockFailure(
@@ -232,13 +264,19 @@ def _send(
         raise _invalid(f"invalid URL: {exc}") from exc
     except httpx.TimeoutException as exc:
         raise BlockFailure(
-            f"timed out: {exc!r}", error_class="transient", outcome_code="HTTP_TIMEOUT"
+            f"timed out: {exc!r}",
+            error_class="transient",
+            outcome_code="HTTP_TIMEOUT",
+            # Only a connect timeout proves nothing was sent.
+            not_applied=isinstance(exc, httpx.ConnectTimeout),
         ) from exc
     except httpx.TransportError as exc:
         raise BlockFailure(
             f"connection failed: {exc!r}",
             error_class="transient",
             outcome_code="HTTP_CONNECTION_ERROR",
+            # A refused or failed connect never carried the request.
+            not_applied=isinstance(exc, httpx.ConnectError),
         ) from exc
     result = {
         "status": status,
@@ -256,6 +294,8 @@ def _send(
             error_class=error_class,
             outcome_code=f"HTTP_{status}",
             retry_after=seconds,
+            # A 429 is the receiver saying it did not process the request.
+            not_applied=status == 429,
         )
     return BlockResult(output=result)
 
@@ -283,9 +323,12 @@ REQUEST = BlockSpec(
     config_model=HttpConfig,
     kind="action",
     side_effect="idempotent",
-    price=PRICE,
+    price=1,
     retry=RetryPolicy(),
     execute=execute_request,
+    # No connection to count against: the workflow's and the destination host's windows.
+    gates=frozenset({Gate.WORKFLOW_LIMIT, Gate.HOST_LIMIT, Gate.BUDGET, Gate.CHARGE}),
+    target=destination_target,
     description="Call an HTTP endpoint (SSRF-guarded, signed, with a stable Idempotency-Key).",
     config_warnings=url_warnings,
 )

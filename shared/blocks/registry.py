@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import threading
 
-from shared.blocks.base import NO_RETRY, BlockSpec
+from shared.blocks.base import NO_RETRY, BlockSpec, Gate
 
 # Block modules, in load order. Each must define SPECS.
 CATALOG: tuple[str, ...] = ("shared.blocks.flow", "shared.blocks.crm", "shared.blocks.http")
@@ -51,6 +51,17 @@ def check_spec(spec: BlockSpec) -> None:
     if spec.kind == "flow" and (spec.side_effect != "none" or spec.retry != NO_RETRY):
         raise RegistryError(
             f"flow-control block {spec.type_name!r} must have side_effect='none' and no retries"
+        )
+    if spec.price > 0 and Gate.CHARGE not in spec.gates:
+        raise RegistryError(
+            f"block {spec.type_name!r} has price {spec.price} but does not declare the charge "
+            "gate: the executor would never charge it"
+        )
+    limits = {Gate.CONNECTION_LIMIT, Gate.HOST_LIMIT}
+    if spec.gates & limits and spec.target is None:
+        raise RegistryError(
+            f"block {spec.type_name!r} declares a connection or host limit but no target to "
+            "key it on"
         )
     if spec.price < 0:
         raise RegistryError(f"block {spec.type_name!r} has a negative price {spec.price}")

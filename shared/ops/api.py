@@ -31,6 +31,8 @@ from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
     ActivateRequest,
     ActivationResult,
+    BreakerStatus,
+    BudgetStatus,
     Charge,
     Credits,
     CronTick,
@@ -55,6 +57,7 @@ from shared.ops.models import (
     ReplayRequest,
     ReplayResult,
     RequeueResult,
+    ResumeRequest,
     RetryRequest,
     RetryResult,
     RunDetail,
@@ -495,6 +498,43 @@ def activate_workflow(call: Call) -> ActivationResult:
     )
 
 
+def _breaker_status(call: Call, workflow_id: str) -> BreakerStatus:
+    from shared import breaker
+
+    with call.db.transaction() as tx:
+        row = breaker.status(tx, workflow_id)
+    return BreakerStatus.model_validate(
+        {**row, "explanation": explain.explain_breaker(row["state"], row["reason"])}
+    )
+
+
+def get_breaker(call: Call) -> BreakerStatus:
+    workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    return _breaker_status(call, str(workflow["id"]))
+
+
+def get_budget(call: Call) -> BudgetStatus:
+    from shared import budgets
+
+    workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    with call.db.transaction() as tx:
+        return BudgetStatus.model_validate(budgets.workflow_summary(tx, str(workflow["id"])))
+
+
+def resume_workflow(call: Call) -> BreakerStatus:
+    """Close (or half-open) a workflow's open circuit breaker; 409 when it is not open."""
+    from shared import breaker
+
+    body: ResumeRequest = call.body
+    workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
+    workflow_id = str(workflow["id"])
+    with call.db.transaction() as tx:
+        moved = breaker.resume(tx, workflow_id, half_open=body.half_open)
+    if moved is None:
+        raise OpsError(409, "not_paused", f"workflow {workflow_id}'s circuit breaker is not open")
+    return _breaker_status(call, workflow_id)
+
+
 def deactivate_workflow(call: Call) -> ActivationResult:
     workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
     try:
@@ -714,6 +754,37 @@ ROUTES: tuple[Route, ...] = (
         "Deactivate a workflow (unbinds its triggers)",
         body=DeactivateRequest,
         errors=(400, 401, 404, 413, 422),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.breaker",
+        "GET",
+        "/v1/workflows/{workflow_id}/breaker",
+        get_breaker,
+        BreakerStatus,
+        "The workflow's circuit breaker: closed, open (paused) or half-open, and why",
+        errors=(401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.budget",
+        "GET",
+        "/v1/workflows/{workflow_id}/budget",
+        get_budget,
+        BudgetStatus,
+        "The workflow's spend budget: its cap and the reserved, spent and released credits",
+        errors=(401, 404),
+        path_params=("workflow_id",),
+    ),
+    Route(
+        "workflows.resume",
+        "POST",
+        "/v1/workflows/{workflow_id}/resume",
+        resume_workflow,
+        BreakerStatus,
+        "Resume a workflow its circuit breaker paused (closed, or half-open on trial)",
+        body=ResumeRequest,
+        errors=(400, 401, 404, 409, 413, 422),
         path_params=("workflow_id",),
     ),
     Route(

@@ -49,7 +49,23 @@ REASON_WORDS = {
     "echo_suppressed": "This change was made by onceflow itself, so it did not trigger again.",
     "provider_suppressed": "The change was made by an author excluded from triggering workflows.",
     "missing_record_identity": "The event did not say which record it was about.",
+    "workflow_paused": "The workflow was paused by its circuit breaker after several runs in a "
+    "row failed; it starts no runs until someone resumes it.",
 }
+
+
+def explain_breaker(state: str, reason: str | None) -> str:
+    if state == "open":
+        return (
+            f"Paused by its circuit breaker ({reason}): its events are refused "
+            "(workflow_paused) until someone resumes it (POST /v1/workflows/{id}/resume)."
+        )
+    if state == "half_open":
+        return (
+            "Resumed on trial: runs are admitted; the next run that succeeds closes the "
+            "breaker, the next that fails pauses the workflow again."
+        )
+    return "Running normally: the circuit breaker is closed."
 
 
 def explain_reason(reason: str) -> str:

@@ -13,6 +13,8 @@ from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
+from shared.admission import Reason
+
 
 def _no_nul(value: str) -> str:
     if "\x00" in value:
@@ -31,15 +33,8 @@ StepStatus = Literal[
     "skipped",
     "failed",
 ]
-RefusalReason = Literal[
-    "duplicate",
-    "already_running",
-    "rule_not_matched",
-    "insufficient_credits",
-    "echo_suppressed",
-    "provider_suppressed",
-    "missing_record_identity",
-]
+# The refusal reasons, written once (shared/admission.py) and imported.
+RefusalReason = Reason
 RECORD_KEY_DESCRIPTION = "`<connection id>:<object type>:<object id>`, as runs record it."
 
 
@@ -231,7 +226,17 @@ class StepView(_Response):
     )
 
 
-class Charge(_Response):
+class _Refundable(_Response):
+    """A ledger row's refund, if it had one (at most one per charge)."""
+
+    refunded: int | None = Field(
+        default=None, description="Credits paid back because the call provably never applied."
+    )
+    refund_reason: str | None = None
+    refunded_at: datetime | None = None
+
+
+class Charge(_Refundable):
     lineage_key: str
     amount: int
     block_type: str
@@ -353,7 +358,7 @@ class RecordExplanation(_Response):
     )
 
 
-class LedgerEntry(_Response):
+class LedgerEntry(_Refundable):
     id: int
     lineage_key: str
     amount: int
@@ -451,6 +456,36 @@ class PublishResult(_Response):
     content_hash: str
     created: bool = Field(description="False when the same content was already published.")
     warnings: list[DefinitionProblem]
+
+
+class ResumeRequest(_Request):
+    half_open: bool = Field(
+        default=False,
+        description="Resume on trial: runs are admitted, the next run that succeeds closes the "
+        "breaker and the next that fails pauses the workflow again at once.",
+    )
+    reason: Text | None = Field(
+        default=None, max_length=500, description="What was fixed, for the audit trail."
+    )
+
+
+class BreakerStatus(_Response):
+    workflow_id: UUID
+    state: Literal["closed", "open", "half_open"]
+    consecutive_failures: int
+    trips: int
+    opened_at: datetime | None
+    reason: str | None
+    explanation: str
+
+
+class BudgetStatus(_Response):
+    workflow_id: UUID
+    credits: int | None = Field(description="The cap per window; null when none is declared.")
+    per: str = Field(description="The rolling window the sums cover.")
+    reserved: int = Field(description="Reserved for requests not settled yet (or unknown).")
+    spent: int
+    released: int = Field(description="Reserved, then given back: the request never applied.")
 
 
 class ActivationResult(_Response):

@@ -51,10 +51,14 @@ WITH ev AS (
     SELECT b.workflow_id, b.version_id, b.dedup_mode,
            CASE WHEN b.version_id = ANY(CAST(:cached_versions AS uuid[])) THEN NULL
                 ELSE v.definition END AS definition,
-           coalesce(v.definition -> 'trigger' ->> 'record', 'event') = 'event' AS record_from_event
+           coalesce(v.definition -> 'trigger' ->> 'record', 'event') = 'event' AS record_from_event,
+           wb.state AS breaker_state, wb.opened_at AS breaker_opened_at,
+           wb.reason AS breaker_reason
     FROM ev
     JOIN trigger_bindings b ON b.tenant_id = ev.tenant_id AND b.event_type = ev.event_type
     JOIN workflow_versions v ON v.id = b.version_id
+    -- The circuit breaker (shared/breaker.py): an open one refuses `workflow_paused`.
+    LEFT JOIN workflow_breakers wb ON wb.workflow_id = b.workflow_id
     ORDER BY b.workflow_id
 ), locked AS (
     -- Materialized (it calls a volatile function), so every lock is taken exactly once, in
@@ -77,7 +81,9 @@ SELECT ev.*,
                    'workflow_id', l.workflow_id, 'version_id', l.version_id,
                    'dedup_mode', l.dedup_mode, 'definition', l.definition,
                    'record_from_event', l.record_from_event, 'locked', l.locked,
-                   'claimed', l.claimed, 'start_run_id', l.start_run_id)
+                   'claimed', l.claimed, 'start_run_id', l.start_run_id,
+                   'breaker_state', l.breaker_state, 'breaker_opened_at', l.breaker_opened_at,
+                   'breaker_reason', l.breaker_reason)
                    ORDER BY l.workflow_id), '[]'::jsonb)
           FROM locked l) AS bindings
 FROM ev

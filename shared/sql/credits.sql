@@ -35,3 +35,19 @@ RETURNING credit_balance
 -- name: credits_ledger_for_run
 SELECT lineage_key, amount, block_type, step_id::text AS step_id
   FROM credit_ledger WHERE run_id = CAST(:run_id AS uuid) ORDER BY id
+
+-- name: credits_mark_outcome_unknown
+-- An attempt of this charge's step may have applied: the charge is no longer refundable.
+UPDATE credit_ledger SET outcome_unknown_at = now()
+ WHERE lineage_key = :lineage_key AND outcome_unknown_at IS NULL
+
+-- name: credits_refund_insert
+-- At most one refund per charge (UNIQUE charge_id): a second settle, a redelivery or a replay
+-- inserts nothing and so credits nothing. A charge whose outcome was ever unknown is not
+-- refunded.
+INSERT INTO credit_refunds (charge_id, tenant_id, amount, reason, step_id)
+SELECT id, tenant_id, amount, :reason, CAST(:step_id AS uuid)
+  FROM credit_ledger
+ WHERE lineage_key = :lineage_key AND amount > 0 AND outcome_unknown_at IS NULL
+ON CONFLICT (charge_id) DO NOTHING
+RETURNING tenant_id, amount

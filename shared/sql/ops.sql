@@ -80,8 +80,11 @@ WHERE s.run_id = CAST(:run_id AS uuid)
 ORDER BY l.step_id, l.claimed_at, l.lease_id
 
 -- name: ops_run_charges
-SELECT l.lineage_key, l.amount, l.block_type, l.run_id, l.step_id, l.created_at
+-- With the refund of each charge, if it was refunded (at most one: credit_refunds.charge_id).
+SELECT l.lineage_key, l.amount, l.block_type, l.run_id, l.step_id, l.created_at,
+       r.amount AS refunded, r.reason AS refund_reason, r.created_at AS refunded_at
 FROM credit_ledger l
+LEFT JOIN credit_refunds r ON r.charge_id = l.id
 WHERE l.run_id = CAST(:run_id AS uuid)
    OR l.lineage_key = ANY(CAST(:keys AS text[]))
 ORDER BY l.created_at, l.id
@@ -232,8 +235,10 @@ WHERE b.tenant_id = :tenant_id
 SELECT credit_balance FROM tenants WHERE id = :tenant_id
 
 -- name: ops_credit_ledger
-SELECT l.id, l.lineage_key, l.amount, l.block_type, l.run_id, l.step_id, l.created_at
+SELECT l.id, l.lineage_key, l.amount, l.block_type, l.run_id, l.step_id, l.created_at,
+       r.amount AS refunded, r.reason AS refund_reason, r.created_at AS refunded_at
 FROM credit_ledger l
+LEFT JOIN credit_refunds r ON r.charge_id = l.id
 WHERE l.tenant_id = :tenant_id
   AND (CAST(:cursor_id AS bigint) IS NULL OR l.id < CAST(:cursor_id AS bigint))
 ORDER BY l.id DESC

@@ -2,8 +2,12 @@
 
     claim (lease) ─► [at-most-once already started? → failed OUTCOME_UNKNOWN]
                   ─► [delay served? → succeeded]
-                  ─► render config ─► block.execute(ctx) under a heartbeat
-                  ─► classify ─► settle + next rows (one txn, fenced) ─► publish step-ready
+                  ─► render config ─► gates, then block.execute(ctx), under a heartbeat
+                  ─► classify ─► settle the gates ─► settle + next rows (one txn, fenced)
+                  ─► publish step-ready
+
+Gates (rate limits, charge) are declared on the block spec and the workflow and run here, in
+the one order shared/steps/gates.py documents; no block calls them.
 
 Ack/nack: the caller acks (returns normally) for everything this function returns — a step
 that was not claimable, a recorded failure, a lease lost mid-way — and lets a `TransientError`
@@ -37,6 +41,7 @@ from shared.steps.claim import (
     withdraw_side_effect_mark,
 )
 from shared.steps.crashpoints import crash_point
+from shared.steps.gates import WorkflowGates, run_gated, settle_gates
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
     OUTCOME_GRAPH_UNREADABLE,
@@ -50,7 +55,7 @@ from shared.steps.outcomes import (
 )
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
-from shared.workflows.definition import Step, WorkflowDefinition
+from shared.workflows.definition import Breaker, Step, WorkflowDefinition
 from shared.workflows.scope import RunFacts, step_scope
 
 SQL = queries.load("steps")
@@ -229,7 +234,10 @@ def _run_claimed(
             db, step, failed(step.attempt, OUTCOME_UNKNOWN_BLOCK, msg, "permanent"), [], dispatch
         )
 
-    settlement, lost = _execute(db, step, node=node, spec=spec, config=config, now=now)
+    workflow = WorkflowGates.of(step.workflow_id, graph)
+    settlement, lost = _execute(
+        db, step, node=node, spec=spec, workflow=workflow, config=config, now=now
+    )
     if lost:
         log.warning("lease lost while the block ran; not settling (its successor owns it)")
         return Advanced(step_id=step.id, claimed=True, note="lease lost")
@@ -239,7 +247,7 @@ def _run_claimed(
         msg = f"step leads to unknown node {exc.args[0]!r}"
         settlement = failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent")
         next_nodes = []
-    return _finish(db, step, settlement, next_nodes, dispatch)
+    return _finish(db, step, settlement, next_nodes, dispatch, breaker=graph.breaker)
 
 
 def _execute(
@@ -248,6 +256,7 @@ def _execute(
     *,
     node: Step,
     spec: BlockSpec,
+    workflow: WorkflowGates,
     config: LeaseConfig,
     now: Callable[[], datetime],
 ) -> tuple[Settlement, bool]:
@@ -305,10 +314,7 @@ def _execute(
             node=node,
         )
         outcome: BlockResult | BaseException
-        try:
-            outcome = spec.execute(ctx, block_config)
-        except Exception as exc:
-            outcome = exc
+        outcome, passed = run_gated(spec, ctx, block_config, workflow)
         crash_point("after_side_effect")
         lost = heartbeat.lost.is_set()
     settlement = classify_outcome(
@@ -319,7 +325,33 @@ def _execute(
         successors=node.successors(),
         now=now(),
     )
+    # A lost lease settles nothing here: the attempt that owns the step now decides refunds.
+    settle_gates(ctx, passed, outcome, StepStatus.RUNNING if lost else settlement.status)
     return settlement, lost
+
+
+def _count_run_for_breaker(
+    db: Database,
+    step: ClaimedStep,
+    run_failed: bool,
+    settlement: Settlement,
+    breaker: Breaker | None,
+) -> None:
+    """The run ended: count it for the workflow's circuit breaker (shared/breaker.py). After
+    the settle committed, so a failure here must not nack the message (the redelivery would
+    find the step settled and count nothing): it is logged, and the streak misses one run."""
+    from shared import breaker as circuit
+
+    try:
+        circuit.record_run_outcome(
+            db,
+            step.workflow_id,
+            failed=run_failed,
+            settings=breaker,
+            why=f"step {step.step_key} failed ({settlement.outcome_code})",
+        )
+    except Exception:
+        log.warning("circuit breaker not updated for run %s", step.run_id, exc_info=True)
 
 
 def _finish(
@@ -328,6 +360,8 @@ def _finish(
     settlement: Settlement,
     next_nodes: list[Step],
     dispatch: Dispatch,
+    *,
+    breaker: Breaker | None = None,
 ) -> Advanced:
     settled = settle_step(db, step, settlement, next_nodes)
     if settled.fenced_out:
@@ -348,6 +382,8 @@ def _finish(
             run_id=step.run_id,
             outcome_code=str(settlement.outcome_code),
         )
+    if step.namespace == "live" and (settled.run_failed or settled.run_status == "succeeded"):
+        _count_run_for_breaker(db, step, settled.run_failed, settlement, breaker)
     crash_point("after_commit_before_publish")
     if settled.to_dispatch:
         try:

@@ -315,6 +315,13 @@ def delete_expired_throttle_windows(db: Database) -> dict[str, int]:
         return {"deleted": delete_expired_windows(tx)}
 
 
+def reconcile_budget_reservations(db: Database) -> dict[str, int]:
+    """Budget reservations whose step ended without settling them (shared/budgets.py)."""
+    from shared.budgets import reconcile
+
+    return reconcile(db)
+
+
 def trim_lease_history(
     db: Database, days: int, *, batch: int = 5000, max_batches: int = 20
 ) -> dict[str, int]:
@@ -362,6 +369,7 @@ def default_duties(config: SweepConfig | None = None) -> list[Duty]:
         Duty("report_backlog", 60.0, report_backlog),
         Duty("expire_echo_markers", 300.0, expire_echo_markers),
         Duty("delete_expired_throttle_windows", 900.0, delete_expired_throttle_windows),
+        Duty("reconcile_budget_reservations", 300.0, reconcile_budget_reservations),
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
         Duty("trim_lease_history", 3600.0, lambda db: trim_lease_history(db, days)),
         *triggers.duties(),

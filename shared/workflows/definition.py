@@ -8,6 +8,10 @@
       dedup: once_per_record                        # | not_while_running | every_time
       record: event                                 # where the record identity comes from
       watch: [lifecyclestage]                       # for property-change triggers
+    rate_limit: {max: 100, per: 1m}                 # optional: calls of this workflow's steps
+    host_rate_limit: {max: 10, per: 1s}             # optional: per destination host
+    breaker: {after_failures: 10, notify_url: https://ops.example.com/hook}   # optional
+    budget: {credits: 500, per: 1d}                 # optional: a rolling cap on spend
     steps:
       - id: create_task
         type: crm.create
@@ -195,6 +199,61 @@ class Trigger(_Strict):
         return data
 
 
+DURATION_PATTERN = r"^[1-9][0-9]{0,6}(s|m|h|d)$"
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def duration_seconds(text: str) -> int:
+    """`30s`, `1m`, `2h`, `1d` as seconds (the pattern above has been checked)."""
+    return int(text[:-1]) * _UNIT_SECONDS[text[-1]]
+
+
+class RateLimit(_Strict):
+    max: int = Field(gt=0, le=1_000_000, description="Calls admitted per window.")
+    per: str = Field(
+        pattern=DURATION_PATTERN, description="Window length: `30s`, `1m`, `1h` or `1d`."
+    )
+
+    @property
+    def window_seconds(self) -> int:
+        return duration_seconds(self.per)
+
+
+DEFAULT_BREAKER_AFTER_FAILURES = 10
+
+
+class Breaker(_Strict):
+    after_failures: int = Field(
+        default=DEFAULT_BREAKER_AFTER_FAILURES,
+        ge=0,
+        le=100_000,
+        description="Consecutive failed runs that pause the workflow (its events are then "
+        "refused `workflow_paused` until resumed); 0 turns the breaker off.",
+    )
+    notify_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="Optional https URL that gets a JSON POST when the breaker trips (sent "
+        "through the same SSRF guard as http.request).",
+    )
+
+
+class Budget(_Strict):
+    credits: int = Field(
+        gt=0,
+        le=1_000_000_000,
+        description="The most credits this workflow's steps may reserve and spend per window.",
+    )
+    per: str = Field(
+        pattern=DURATION_PATTERN,
+        description="The rolling window: `30s`, `1m`, `1h` or `1d` (e.g. `1d`: the last 24 h).",
+    )
+
+    @property
+    def window_seconds(self) -> int:
+        return duration_seconds(self.per)
+
+
 class Branch(_Strict):
     when: str = Field(
         description=f"CEL condition over the expression scope ({SCOPE_REF}); the first branch "
@@ -231,6 +290,27 @@ class WorkflowDefinition(_Strict):
     description: str | None = None
     trigger: Trigger
     steps: list[Step] = Field(min_length=1)
+    rate_limit: RateLimit | None = Field(
+        default=None,
+        description="At most `max` side-effecting steps of this workflow per window, across "
+        "all its runs and instances; a step over the limit waits for the next window without "
+        "using an attempt.",
+    )
+    host_rate_limit: RateLimit | None = Field(
+        default=None,
+        description="At most `max` http.request calls per window to one destination host "
+        "(counted per tenant and host, whichever workflow makes them).",
+    )
+    budget: Budget | None = Field(
+        default=None,
+        description="A spend cap: each priced step reserves its price before its request leaves; "
+        "a step that would go over fails BUDGET_EXCEEDED and sends nothing.",
+    )
+    breaker: Breaker | None = Field(
+        default=None,
+        description="The circuit breaker; omitted means the defaults (pause after "
+        f"{DEFAULT_BREAKER_AFTER_FAILURES} consecutive failed runs, no notify URL).",
+    )
 
     def step(self, step_id: str) -> Step:
         for s in self.steps:

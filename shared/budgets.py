@@ -1,0 +1,174 @@
+"""Spend budgets: a cap enforced by a reservation written before the side effect (invariant 16).
+
+A workflow's `budget: {credits: N, per: 1d}` caps what its steps may spend over a rolling
+window. The step executor's budget gate (shared/steps/gates.py) reserves a priced step's price
+right before its request leaves, keyed by the step's idempotency key — stable across retries
+and replays of the step, so a re-run of the same attempt finds its own row and never counts
+twice — in one transaction under the budget's advisory lock:
+
+    live reservations + settled spend in the window + amount <= cap   →  reserved
+    otherwise                                                         →  BUDGET_EXCEEDED
+
+and the step fails permanently with nothing sent. After the attempt, by what it proves:
+
+- sent (the block returned)                      → `spent`
+- provably not applied (refused before it left,  → `released` (a retry reserves it again,
+  refused connection, 429, …)                       counted against the cap afresh)
+- fate unknown (timeout, reset, 5xx)             → stays `reserved`, marked outcome-unknown
+                                                   (it can then only become spent)
+
+A reservation whose step ended without reporting (a crash between reserve and settle, a lease
+that expired for good) is settled by the `reconcile_budget_reservations` sweep duty, once
+(guarded on its status): counted as spent, since the request may have left. Rehearsals never
+reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from shared import queries
+from shared.blocks.base import BlockContext, BlockFailure
+from shared.db import Database, Tx, get_database
+from shared.workflows.definition import Budget, WorkflowDefinition
+
+SQL = queries.load("budgets")
+LOCK = SQL["budget_lock"]
+GET = SQL["budget_reservation_get"]
+USED = SQL["budget_used"]
+INSERT = SQL["budget_reserve_insert"]
+RESERVE_AGAIN = SQL["budget_reserve_again"]
+SETTLE_SPENT = SQL["budget_settle_spent"]
+SETTLE_RELEASED = SQL["budget_settle_released"]
+MARK_OUTCOME_UNKNOWN = SQL["budget_mark_outcome_unknown"]
+RECONCILE = SQL["budget_reconcile"]
+SUMMARY = SQL["budget_summary"]
+ACTIVE_DEFINITION = SQL["budget_active_definition"]
+
+OUTCOME_BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+# A reservation this old whose step has ended is reconciled (longer than a step's lease, so an
+# attempt still running is never judged).
+RECONCILE_AFTER_SECONDS = 900
+# The window the ops view sums over for a workflow that declares no budget.
+UNCAPPED_WINDOW = Budget(credits=1, per="30d")
+ReserveStatus = Literal["reserved", "already_reserved", "exceeded"]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    status: ReserveStatus
+    used: int
+    cap: int
+
+
+def workflow_budget_key(workflow_id: str) -> str:
+    return f"workflow:{workflow_id}"
+
+
+def reserve(
+    tx: Tx,
+    *,
+    budget_key: str,
+    budget: Budget,
+    amount: int,
+    idempotency_key: str,
+    tenant_id: str,
+    run_id: str | None,
+    step_id: str | None,
+) -> Reservation:
+    """Reserve `amount` for `idempotency_key` if it fits under the cap (see the module
+    docstring). Under the budget's lock: the sum and the write can't interleave with another
+    reservation of the same budget."""
+    tx.one(LOCK, budget_key=budget_key)
+    existing = tx.one(GET, idempotency_key=idempotency_key)
+    used = int(tx.scalar(USED, budget_key=budget_key, window_seconds=budget.window_seconds))
+    if existing is not None and existing["status"] != "released":
+        return Reservation("already_reserved", used, budget.credits)
+    if used + amount > budget.credits:
+        return Reservation("exceeded", used, budget.credits)
+    if existing is None:
+        tx.execute(
+            INSERT,
+            budget_key=budget_key,
+            idempotency_key=idempotency_key,
+            tenant_id=tenant_id,
+            run_id=run_id,
+            step_id=step_id,
+            amount=amount,
+        )
+    else:
+        tx.execute(RESERVE_AGAIN, idempotency_key=idempotency_key, amount=amount, step_id=step_id)
+    return Reservation("reserved", used + amount, budget.credits)
+
+
+def budget_gate(ctx: BlockContext, workflow_id: str, budget: Budget, amount: int) -> None:
+    """The budget gate: reserve in its own committed transaction, or fail the step with
+    nothing sent."""
+    key = workflow_budget_key(workflow_id)
+    outcome = get_database().run(
+        lambda tx: reserve(
+            tx,
+            budget_key=key,
+            budget=budget,
+            amount=amount,
+            idempotency_key=ctx.idempotency_key,
+            tenant_id=ctx.tenant_id,
+            run_id=ctx.run_id,
+            step_id=ctx.step_id,
+        )
+    )
+    if outcome.status == "exceeded":
+        raise BlockFailure(
+            f"workflow {workflow_id}'s budget is {budget.credits} credits per {budget.per}; "
+            f"{outcome.used} are reserved or spent and this step needs {amount}",
+            error_class="permanent",
+            outcome_code=OUTCOME_BUDGET_EXCEEDED,
+            not_applied=True,
+        )
+
+
+def settle_spent(tx: Tx, idempotency_key: str) -> None:
+    tx.execute(SETTLE_SPENT, idempotency_key=idempotency_key)
+
+
+def settle_released(tx: Tx, idempotency_key: str) -> None:
+    tx.execute(SETTLE_RELEASED, idempotency_key=idempotency_key)
+
+
+def mark_outcome_unknown(tx: Tx, idempotency_key: str) -> None:
+    tx.execute(MARK_OUTCOME_UNKNOWN, idempotency_key=idempotency_key)
+
+
+def reconcile(
+    db: Database, *, older_than_seconds: int = RECONCILE_AFTER_SECONDS, batch: int = 500
+) -> dict[str, int]:
+    """The sweep duty: settle open reservations whose step ended without reporting."""
+    with db.transaction() as tx:
+        rows = tx.all(RECONCILE, older_than_seconds=older_than_seconds, batch=batch)
+    return {"settled": len(rows)}
+
+
+def summary(tx: Tx, workflow_id: str, budget: Budget) -> dict[str, int]:
+    """Reserved, spent and released credits of the workflow's current window."""
+    row = tx.one(
+        SUMMARY, budget_key=workflow_budget_key(workflow_id), window_seconds=budget.window_seconds
+    )
+    assert row is not None
+    return {k: int(row[k]) for k in ("reserved", "spent", "released")}
+
+
+def workflow_summary(tx: Tx, workflow_id: str) -> dict[str, Any]:
+    """For ops: the active version's budget (None when it declares none) and the reserved,
+    spent and released credits of its window (30 days without a budget)."""
+    definition = tx.scalar(ACTIVE_DEFINITION, workflow_id=workflow_id)
+    budget = None
+    if definition is not None:
+        budget = WorkflowDefinition.model_validate(definition).budget
+    sums = summary(tx, workflow_id, budget or UNCAPPED_WINDOW)
+    return {
+        "workflow_id": workflow_id,
+        "credits": None if budget is None else budget.credits,
+        "per": (budget or UNCAPPED_WINDOW).per,
+        **sums,
+    }

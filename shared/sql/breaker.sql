@@ -1,0 +1,55 @@
+-- The circuit breaker per workflow (shared/breaker.py). Every state change is one guarded
+-- UPDATE; the row lock serializes concurrent run outcomes of one workflow.
+
+-- name: breaker_ensure
+INSERT INTO workflow_breakers (workflow_id) VALUES (CAST(:workflow_id AS uuid))
+ON CONFLICT (workflow_id) DO NOTHING
+
+-- name: breaker_count_failure
+-- Counts while open too (runs already in flight keep failing), so the count says how many.
+UPDATE workflow_breakers SET consecutive_failures = consecutive_failures + 1, updated_at = now()
+ WHERE workflow_id = CAST(:workflow_id AS uuid)
+RETURNING state, consecutive_failures
+
+-- name: breaker_trip
+-- The one transition into `open`: closed at the threshold, or half_open on any failure. Run
+-- after breaker_count_failure in the same transaction; of N racing failures exactly one finds
+-- the breaker not yet open and trips it, the others update nothing.
+UPDATE workflow_breakers
+   SET state = 'open', opened_at = now(), reason = :reason, trips = trips + 1, updated_at = now()
+ WHERE workflow_id = CAST(:workflow_id AS uuid)
+   AND (state = 'half_open'
+        OR (state = 'closed' AND consecutive_failures >= CAST(:threshold AS integer)))
+RETURNING trips, consecutive_failures, opened_at
+
+-- name: breaker_record_success
+-- A succeeded run ends a failure streak; in half_open it closes the breaker. An open breaker
+-- stays open (a run admitted before the trip may still succeed): only a person resumes it.
+UPDATE workflow_breakers
+   SET consecutive_failures = 0,
+       state = CASE WHEN state = 'half_open' THEN 'closed' ELSE state END,
+       opened_at = CASE WHEN state = 'half_open' THEN NULL ELSE opened_at END,
+       updated_at = now()
+ WHERE workflow_id = CAST(:workflow_id AS uuid) AND state <> 'open'
+   AND (consecutive_failures > 0 OR state = 'half_open')
+RETURNING state
+
+-- name: breaker_resume
+-- An explicit resume: closed (the count starts again) or half_open. Zero rows: not open.
+UPDATE workflow_breakers
+   SET state = CAST(:to_state AS text), consecutive_failures = 0,
+       opened_at = CASE WHEN CAST(:to_state AS text) = 'closed' THEN NULL ELSE opened_at END,
+       updated_at = now()
+ WHERE workflow_id = CAST(:workflow_id AS uuid) AND state = 'open'
+RETURNING state
+
+-- name: breaker_get
+SELECT CAST(workflow_id AS text) AS workflow_id, state, consecutive_failures, trips, opened_at,
+       reason, updated_at
+  FROM workflow_breakers WHERE workflow_id = CAST(:workflow_id AS uuid)
+
+-- name: breaker_audit_insert
+-- Trips are audited like the ops calls that resume them (no token: the engine did it).
+INSERT INTO ops_audit (token_id, tenant_id, action, target, detail)
+SELECT NULL, w.tenant_id, :action, CAST(w.id AS text), CAST(:detail AS jsonb)
+  FROM workflows w WHERE w.id = CAST(:workflow_id AS uuid)

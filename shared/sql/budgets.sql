@@ -1,0 +1,76 @@
+-- Spend budgets (shared/budgets.py): reservations written before the side effect, checked
+-- under a per-budget lock, settled by outcome, reconciled when the outcome never came.
+
+-- name: budget_lock
+-- The per-budget lock: every reservation of one budget is decided one at a time, so the sum
+-- read below cannot be stale when the row is written. Released at commit.
+SELECT pg_advisory_xact_lock(hashtextextended('budget:' || :budget_key, 0)) IS NOT NULL AS locked
+
+-- name: budget_reservation_get
+SELECT status, amount FROM budget_reservations WHERE idempotency_key = :idempotency_key
+
+-- name: budget_used
+-- Live reservations + settled spend of the rolling window.
+SELECT coalesce(sum(amount), 0) AS used
+  FROM budget_reservations
+ WHERE budget_key = :budget_key AND status <> 'released'
+   AND reserved_at > now() - make_interval(secs => CAST(:window_seconds AS integer))
+
+-- name: budget_reserve_insert
+INSERT INTO budget_reservations
+       (budget_key, idempotency_key, tenant_id, run_id, step_id, amount, status)
+VALUES (:budget_key, :idempotency_key, :tenant_id, CAST(:run_id AS uuid),
+        CAST(:step_id AS uuid), :amount, 'reserved')
+
+-- name: budget_reserve_again
+-- A released reservation (its attempt provably never applied) reserved again by the retry.
+UPDATE budget_reservations
+   SET status = 'reserved', amount = :amount, reserved_at = now(), settled_at = NULL,
+       settled_by = NULL, step_id = CAST(:step_id AS uuid)
+ WHERE idempotency_key = :idempotency_key AND status = 'released'
+
+-- name: budget_settle_spent
+UPDATE budget_reservations SET status = 'spent', settled_at = now(), settled_by = 'outcome'
+ WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+
+-- name: budget_settle_released
+-- Only a reservation none of whose attempts had an unknown outcome is released.
+UPDATE budget_reservations SET status = 'released', settled_at = now(), settled_by = 'outcome'
+ WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+   AND outcome_unknown_at IS NULL
+
+-- name: budget_mark_outcome_unknown
+UPDATE budget_reservations SET outcome_unknown_at = coalesce(outcome_unknown_at, now())
+ WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+
+-- name: budget_reconcile
+-- Reservations still open whose step has ended (or whose run ended without it): the outcome
+-- will never be reported. A succeeded step spent it; a failed, skipped or abandoned one may
+-- have sent its request (a crash between reserve and settle, a timeout), so it counts as spent
+-- too: the cap holds for whatever may have left. Guarded on status, so two sweeps settle each
+-- row once. Steps still pending, running or parked keep theirs (their next attempt reuses it).
+UPDATE budget_reservations b
+   SET status = 'spent', settled_at = now(), settled_by = 'reconcile'
+  FROM workflow_steps s
+  JOIN workflow_runs r ON r.id = s.run_id
+ WHERE b.id IN (SELECT id FROM budget_reservations
+                 WHERE status = 'reserved'
+                   AND reserved_at < now() - make_interval(secs => CAST(:older_than_seconds AS integer))
+                 ORDER BY reserved_at LIMIT :batch)
+   AND s.id = b.step_id
+   AND b.status = 'reserved'
+   AND (s.status IN ('succeeded', 'failed', 'skipped') OR r.status <> 'running')
+RETURNING b.idempotency_key, s.status AS step_status
+
+-- name: budget_summary
+SELECT coalesce(sum(amount) FILTER (WHERE status = 'reserved'), 0) AS reserved,
+       coalesce(sum(amount) FILTER (WHERE status = 'spent'), 0) AS spent,
+       coalesce(sum(amount) FILTER (WHERE status = 'released'), 0) AS released
+  FROM budget_reservations
+ WHERE budget_key = :budget_key
+   AND reserved_at > now() - make_interval(secs => CAST(:window_seconds AS integer))
+
+-- name: budget_active_definition
+SELECT v.definition
+  FROM workflow_activations a JOIN workflow_versions v ON v.id = a.version_id
+ WHERE a.workflow_id = CAST(:workflow_id AS uuid)

@@ -1,0 +1,248 @@
+"""The circuit breaker per workflow: trips exactly once when runs fail at once, refuses the
+next event `workflow_paused` (recorded and explained), pages through the alert's log line and
+an SSRF-guarded notify URL, and resumes only when asked (closed, or half-open on trial)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devstack.fakecrm import FakeCrm
+from shared import breaker
+from shared.admission import admit_event
+from shared.db import Database
+from shared.logs import CloudLoggingFormatter, LogEvent
+from shared.netguard import NetPolicy
+from shared.ops.explain import explain_reason
+from shared.steps.advance import advance_step
+from shared.workflows import versions
+from tests.admission_support import Published, emit_event, make_connection, make_tenant, refusals
+from tests.ops_support import (
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+)
+from tests.steps_support import start_run, steps_of
+
+# Loopback is refused by the default address policy: a permanent SSRF_BLOCKED failure that
+# costs nothing and fails the run at once.
+FAILING_STEP = {"id": "call", "type": "http.request", "config": {"url": "http://127.0.0.1:9/x"}}
+
+
+def _bind(
+    db: Database, after_failures: int, step: dict[str, Any] = FAILING_STEP, **breaker_settings: Any
+) -> str:
+    source = {
+        "name": "flaky",
+        "tenant": "acme",
+        "trigger": {"events": ["hubspot.contact.property_changed"], "dedup": "every_time"},
+        "steps": [step],
+        "breaker": {"after_failures": after_failures, **breaker_settings},
+    }
+    with db.transaction() as tx:
+        published = versions.publish(tx, json.dumps(source), tenant_id="acme")
+        versions.activate(
+            tx,
+            tenant_id="acme",
+            workflow_id=published.workflow_id,
+            version_id=published.version_id,
+        )
+    return str(published.workflow_id)
+
+
+@pytest.fixture
+def conn(db: Database) -> str:
+    make_tenant(db)
+    return make_connection(db)
+
+
+def _admit(db: Database, conn: str, n: int, start: int = 0) -> list[str]:
+    """n events for n records; the first step ids of the runs admitted."""
+    steps: list[str] = []
+    for i in range(start, start + n):
+        published = Published()
+        admit_event(
+            db, emit_event(db, connection_id=conn, object_id=str(1000 + i)), publish=published
+        )
+        steps += published.ids
+    return steps
+
+
+def _advance_together(db: Database, step_ids: list[str]) -> None:
+    barrier = threading.Barrier(len(step_ids))
+    errors: list[BaseException] = []
+
+    def one(step_id: str) -> None:
+        try:
+            barrier.wait()
+            advance_step(db, step_id, dispatch=lambda ids: None)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in step_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def _breaker_row(db: Database, workflow_id: str) -> dict[str, Any]:
+    with db.transaction() as tx:
+        return breaker.status(tx, workflow_id)
+
+
+def _trip_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    fmt = CloudLoggingFormatter()
+    lines = [json.loads(fmt.format(r)) for r in caplog.records]
+    return [x for x in lines if x.get("event") == str(LogEvent.BREAKER_TRIPPED)]
+
+
+def test_ten_runs_failing_at_once_trip_it_exactly_once_and_the_next_event_is_refused(
+    db: Database, conn: str, client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    workflow_id = _bind(db, after_failures=3)
+    steps = _admit(db, conn, 10)
+    assert len(steps) == 10
+    _advance_together(db, steps)
+
+    with db.transaction() as tx:
+        failed = tx.scalar("SELECT count(*) FROM workflow_runs WHERE status = 'failed'")
+        audits = tx.all("SELECT action, target FROM ops_audit WHERE action = 'breaker.tripped'")
+    assert failed == 10
+    row = _breaker_row(db, workflow_id)
+    assert row["state"] == "open" and row["trips"] == 1
+    assert row["consecutive_failures"] == 10  # counted while open too
+    assert audits == [{"action": "breaker.tripped", "target": workflow_id}]
+    lines = _trip_lines(caplog)
+    assert len(lines) == 1
+    assert (
+        lines[0]["workflow_id"] == workflow_id and "consecutive failed runs" in lines[0]["reason"]
+    )
+
+    # Paused: the next event is refused, recorded and explained.
+    assert _admit(db, conn, 1, start=10) == []
+    [refusal] = [r for r in refusals(db, workflow_id) if r["reason"] == "workflow_paused"]
+    assert "paused by its circuit breaker" in refusal["detail"]
+    assert "circuit breaker" in explain_reason("workflow_paused")
+
+    # Resumed on request (audited), the next event runs again.
+    token = mint(db, None)
+    got = client.get(f"/v1/workflows/{workflow_id}/breaker", headers=bearer(token))
+    assert got.status_code == 200 and got.get_json()["state"] == "open"
+    resumed = client.post(
+        f"/v1/workflows/{workflow_id}/resume", json={"reason": "fixed"}, headers=bearer(token)
+    )
+    assert resumed.status_code == 200, resumed.get_json()
+    assert resumed.get_json()["state"] == "closed"
+    again = client.post(f"/v1/workflows/{workflow_id}/resume", json={}, headers=bearer(token))
+    assert again.status_code == 409 and again.get_json()["code"] == "not_paused"
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM ops_audit WHERE action = 'workflows.resume'") == 2
+    assert len(_admit(db, conn, 1, start=11)) == 1
+
+
+def test_half_open_admits_and_the_next_run_decides(db: Database, conn: str) -> None:
+    workflow_id = _bind(db, after_failures=2)
+    _advance_together(db, _admit(db, conn, 2))
+    assert _breaker_row(db, workflow_id)["state"] == "open"
+
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+    [step] = _admit(db, conn, 1, start=2)
+    advance_step(db, step, dispatch=lambda ids: None)  # it fails: open again, at once
+    row = _breaker_row(db, workflow_id)
+    assert row["state"] == "open" and row["trips"] == 2
+
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+    breaker.record_run_outcome(db, workflow_id, failed=False, settings=None)
+    assert _breaker_row(db, workflow_id)["state"] == "closed"
+
+
+def test_a_rehearsal_failing_does_not_count(db: Database, conn: str) -> None:
+    # An ftp URL fails even a rehearsal (the URL check runs before the dry-run answer).
+    ftp = {"id": "call", "type": "http.request", "config": {"url": "ftp://example.com/x"}}
+    workflow_id = _bind(db, after_failures=1, step=ftp)
+
+    with db.transaction() as tx:
+        version_id = str(
+            tx.scalar(
+                "SELECT version_id FROM workflow_activations WHERE workflow_id = :w", w=workflow_id
+            )
+        )
+    run_id, [step] = start_run(db, version_id, namespace="rehearsal")
+    advance_step(db, step, dispatch=lambda ids: None, namespace="rehearsal")
+    assert steps_of(db, run_id)["call"]["status"] == "failed"
+    assert _breaker_row(db, workflow_id)["state"] == "closed"
+    assert _breaker_row(db, workflow_id)["consecutive_failures"] == 0
+
+
+@pytest.fixture
+def sink(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    crm = FakeCrm().start()
+    try:
+        yield crm
+    finally:
+        crm.stop()
+
+
+def test_the_notify_url_gets_one_post_through_the_ssrf_guard(
+    db: Database, conn: str, sink: FakeCrm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default policy refuses loopback: nothing is sent, the trip still stands.
+    workflow_id = _bind(db, after_failures=1, notify_url=f"{sink.url}/_sink/paged")
+    _advance_together(db, _admit(db, conn, 1))
+    assert _breaker_row(db, workflow_id)["state"] == "open"
+    assert sink.sink_requests() == []
+
+    monkeypatch.setattr(breaker, "net_policy", lambda: NetPolicy(allow_loopback=True))
+    with db.transaction() as tx:
+        breaker.resume(tx, workflow_id)
+    _advance_together(db, _admit(db, conn, 1, start=1))
+    [paged] = sink.sink_requests()
+    assert paged["method"] == "POST" and paged["path"] == "/_sink/paged"
+    body = json.loads(paged["body"])
+    assert body["event"] == "breaker_tripped" and body["workflow_id"] == workflow_id
+
+
+def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, DATABASE_URL=database_url, NO_GCE_CHECK="true")
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_the_cli_shows_and_resumes_the_breaker_audited(
+    db: Database, database_url: str, conn: str
+) -> None:
+    workflow_id = _bind(db, after_failures=1)
+    _advance_together(db, _admit(db, conn, 1))
+    shown = _cli(database_url, "breaker", workflow_id)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "open"
+    resumed = _cli(database_url, "breaker", workflow_id, "--resume", "--half-open")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"] == "half_open"
+    again = _cli(database_url, "breaker", workflow_id, "--resume")
+    assert again.returncode == 1 and "not open" in again.stderr
+    with db.transaction() as tx:
+        actions = [r["action"] for r in tx.all("SELECT action FROM ops_audit ORDER BY id")]
+    assert actions == ["breaker.tripped", "cli.breaker.resume"]
+    budget = _cli(database_url, "budget", workflow_id)
+    assert budget.returncode == 0
+    assert json.loads(budget.stdout)["credits"] is None  # no budget declared

@@ -1,0 +1,249 @@
+"""Spend budgets: reservations written before the send, checked under the budget's lock, settled
+by outcome, and reconciled once after a crash (invariant 16)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from devstack.fakecrm import FakeCrm
+from shared import budgets
+from shared.blocks import http as http_block
+from shared.db import Database, connector_from_env
+from shared.netguard import NetPolicy
+from shared.steps.advance import advance_step
+from shared.steps.gates import WorkflowGates, open_gates, settle_gates
+from shared.steps.states import StepStatus
+from shared.workflows.definition import Budget, WorkflowDefinition
+from tests.blocks_support import StepRunner, seed_tenant
+from tests.ops_support import (
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+)
+from tests.steps_support import TENANT, publish_version, start_run, steps_of
+
+CAP = Budget(credits=20, per="1d")
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
+    crm = FakeCrm().start()
+    try:
+        yield crm
+    finally:
+        crm.stop()
+
+
+def _race(database_url: str, jobs: list[Callable[[Database], Any]]) -> list[Any]:
+    """Each job on its own warmed-up connection, all released at once; their results."""
+    barrier = threading.Barrier(len(jobs))
+    results: list[Any] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        own = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
+        try:
+            own.run(lambda tx: tx.scalar("SELECT 1"))
+            barrier.wait(timeout=60)
+            results[i] = jobs[i](own)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    return results
+
+
+def _reservations(db: Database) -> list[dict[str, Any]]:
+    with db.transaction() as tx:
+        return tx.all(
+            "SELECT idempotency_key, status, amount, settled_by"
+            " FROM budget_reservations ORDER BY id"
+        )
+
+
+def test_fifty_racing_reservations_against_a_cap_of_twenty_admit_exactly_twenty(
+    db: Database, database_url: str
+) -> None:
+    seed_tenant(db)
+
+    def reserve(i: int) -> Callable[[Database], str]:
+        def job(own: Database) -> str:
+            return own.run(
+                lambda tx: (
+                    budgets.reserve(
+                        tx,
+                        budget_key="workflow:race",
+                        budget=CAP,
+                        amount=1,
+                        idempotency_key=f"key-{i}",
+                        tenant_id=TENANT,
+                        run_id=None,
+                        step_id=None,
+                    ).status
+                )
+            )
+
+        return job
+
+    results = _race(database_url, [reserve(i) for i in range(50)])
+    assert results.count("reserved") == 20 and results.count("exceeded") == 30
+    assert len(_reservations(db)) == 20
+
+
+def _budget_workflow(url: str) -> WorkflowDefinition:
+    return WorkflowDefinition.model_validate(
+        {
+            "name": "capped",
+            "tenant": TENANT,
+            "trigger": {"events": ["test.thing.created"]},
+            "steps": [{"id": "call", "type": "http.request", "config": {"url": url}}],
+            "budget": {"credits": 20, "per": "1d"},
+        }
+    )
+
+
+def test_over_the_cap_a_step_fails_budget_exceeded_and_nothing_is_sent(
+    db: Database, fake: FakeCrm, client: Any
+) -> None:
+    seed_tenant(db, credits=1000)
+    version = publish_version(db, _budget_workflow(f"{fake.url}/_sink/pay"))
+    runs = [start_run(db, version) for _ in range(50)]
+    barrier = threading.Barrier(50)
+    errors: list[BaseException] = []
+
+    def one(step_id: str) -> None:
+        try:
+            barrier.wait(timeout=60)
+            advance_step(db, step_id, dispatch=lambda ids: None)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(ids[0],)) for _, ids in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    steps = [steps_of(db, run_id)["call"] for run_id, _ in runs]
+    assert [s["status"] for s in steps].count("succeeded") == 20
+    refused = [s for s in steps if s["status"] == "failed"]
+    assert len(refused) == 30
+    assert {s["outcome_code"] for s in refused} == {"BUDGET_EXCEEDED"}
+    assert len(fake.sink_requests()) == 20  # nothing sent for the 30
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 20  # nor charged
+        assert tx.scalar("SELECT credit_balance FROM tenants WHERE id = :t", t=TENANT) == 980
+    assert {r["status"] for r in _reservations(db)} == {"spent"}
+    assert len(_reservations(db)) == 20
+    # Ops shows it (the workflow's active version declares the budget).
+    with db.transaction() as tx:
+        workflow_id = str(
+            tx.scalar("SELECT workflow_id FROM workflow_versions WHERE id = :v", v=version)
+        )
+        tx.execute(
+            "INSERT INTO workflow_activations (workflow_id, version_id) VALUES (:w, :v)",
+            w=workflow_id,
+            v=version,
+        )
+    got = client.get(f"/v1/workflows/{workflow_id}/budget", headers=bearer(mint(db, None)))
+    assert got.status_code == 200, got.get_json()
+    assert got.get_json() == {
+        "workflow_id": workflow_id,
+        "credits": 20,
+        "per": "1d",
+        "reserved": 0,
+        "spent": 20,
+        "released": 0,
+    }
+
+
+def test_settled_by_outcome_spent_released_or_left_reserved(db: Database, fake: FakeCrm) -> None:
+    seed_tenant(db, credits=100)
+    workflow = WorkflowGates("00000000-0000-0000-0000-0000000000aa", budget=CAP)
+
+    sent = StepRunner(db, "http.request")
+    sent.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/a"}, workflow=workflow)
+
+    fake.add_fault(action="rate_limit", path="/_sink")
+    refused = StepRunner(db, "http.request")  # 429: provably not applied
+    with pytest.raises(Exception, match="429"):
+        refused.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/b"}, workflow=workflow)
+
+    fake.add_fault(action="error_500", path="/_sink")
+    unknown = StepRunner(db, "http.request")  # 5xx: may have been applied
+    with pytest.raises(Exception, match="500"):
+        unknown.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/c"}, workflow=workflow)
+
+    status = {r["idempotency_key"]: r["status"] for r in _reservations(db)}
+    assert status == {
+        sent.idempotency_key: "spent",
+        refused.idempotency_key: "released",
+        unknown.idempotency_key: "reserved",
+    }
+    # The retry of the 429 reserves its row again; the retry of the unknown one reuses its own.
+    refused.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/b"}, workflow=workflow)
+    unknown.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/c"}, workflow=workflow)
+    assert {r["status"] for r in _reservations(db)} == {"spent"}
+    assert len(_reservations(db)) == 3
+    with db.transaction() as tx:
+        assert budgets.summary(tx, workflow.workflow_id, CAP) == {
+            "reserved": 0,
+            "spent": 3,
+            "released": 0,
+        }
+
+
+def test_a_crash_between_reserve_and_settle_is_reconciled_once(
+    db: Database, database_url: str, fake: FakeCrm
+) -> None:
+    seed_tenant(db, credits=100)
+    workflow = WorkflowGates("00000000-0000-0000-0000-0000000000bb", budget=CAP)
+    step = StepRunner(db, "http.request")
+    config = http_block.HttpConfig(url=f"{fake.url}/_sink/x")
+    ctx = step.context()
+    passed = open_gates(http_block.REQUEST, ctx, config, workflow)
+    # ... the process dies here (after the reservation, before any settle). Its re-run
+    # reserves the same row, never a second one.
+    again = open_gates(http_block.REQUEST, ctx, config, workflow)
+    assert passed.reserved and again.reserved
+    assert [r["status"] for r in _reservations(db)] == ["reserved"]
+    # The step ended without reporting (the sweep failed it after its last lease expired).
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'failed', finished_at = now(),"
+            " outcome_code = 'LEASE_EXPIRED' WHERE id = CAST(:s AS uuid)",
+            s=step.step_id,
+        )
+    # Two sweeps reconcile at once: the row is settled once.
+    settled = _race(
+        database_url,
+        [lambda own: budgets.reconcile(own, older_than_seconds=0)["settled"] for _ in range(2)],
+    )
+    assert sorted(settled) == [0, 1]
+    [row] = _reservations(db)
+    assert row["status"] == "spent" and row["settled_by"] == "reconcile"
+    # A late settle of the dead attempt changes nothing either.
+    settle_gates(ctx, passed, RuntimeError("late"), StepStatus.FAILED)
+    assert [r["status"] for r in _reservations(db)] == ["spent"]
+
+
+def test_a_rehearsal_reserves_nothing(db: Database, fake: FakeCrm) -> None:
+    seed_tenant(db)
+    workflow = WorkflowGates("00000000-0000-0000-0000-0000000000cc", budget=CAP)
+    StepRunner(db, "http.request").run(
+        http_block.REQUEST, {"url": f"{fake.url}/_sink/x"}, dry_run=True, workflow=workflow
+    )
+    assert _reservations(db) == []

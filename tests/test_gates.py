@@ -1,0 +1,269 @@
+"""Gates run by the step executor, not by blocks: workflow and host rate limits through
+`advance_step` racing at a barrier, refunds of calls that provably never applied (once), and
+the registry refusing a spec that would skip a gate."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from devstack.fakecrm import FakeCrm
+from shared import credits
+from shared.blocks import http as http_block
+from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, RetryPolicy
+from shared.blocks.registry import RegistryError, check_spec
+from shared.db import Database
+from shared.netguard import NetPolicy
+from shared.ops.api import run_detail
+from shared.steps.advance import advance_step
+from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
+from shared.workflows.definition import WorkflowDefinition
+from tests.blocks_support import StepRunner, seed_tenant
+from tests.steps_support import TENANT, publish_version, start_run, steps_of
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
+    crm = FakeCrm().start()
+    try:
+        yield crm
+    finally:
+        crm.stop()
+
+
+def _http_workflow(url: str, **limits: Any) -> WorkflowDefinition:
+    return WorkflowDefinition.model_validate(
+        {
+            "name": "notify",
+            "tenant": TENANT,
+            "trigger": {"events": ["test.thing.created"]},
+            "steps": [{"id": "call", "type": "http.request", "config": {"url": url}}],
+            **limits,
+        }
+    )
+
+
+def _advance_together(db: Database, step_ids: list[str]) -> None:
+    barrier = threading.Barrier(len(step_ids))
+    errors: list[BaseException] = []
+
+    def one(step_id: str) -> None:
+        try:
+            barrier.wait()
+            advance_step(db, step_id, dispatch=lambda ids: None)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(s,)) for s in step_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def _steps(db: Database, run_ids: list[str]) -> list[dict[str, Any]]:
+    return [steps_of(db, r)["call"] for r in run_ids]
+
+
+def _window_ends_and_parked_steps_wake(db: Database) -> list[str]:
+    """What time does in production, done by hand: the window ends (its row is gone, as after
+    the boundary) and the sweep wakes the parked steps whose retry time came."""
+    with db.transaction() as tx:
+        tx.execute("DELETE FROM throttle_windows")
+        tx.execute(
+            "UPDATE workflow_steps SET wake_at = now() - interval '1 second' "
+            "WHERE status = 'waiting_for_retry'"
+        )
+    woken: list[str] = []
+    wake_due_steps(db, SweepConfig(), woken.extend, SweepReport())
+    return woken
+
+
+def test_workflow_rate_limit_admits_max_per_window_and_parks_the_rest_until_later(
+    db: Database, fake: FakeCrm
+) -> None:
+    seed_tenant(db, credits=100)
+    version = publish_version(
+        db, _http_workflow(f"{fake.url}/_sink/hook", rate_limit={"max": 3, "per": "1h"})
+    )
+    runs = [start_run(db, version) for _ in range(8)]
+    run_ids = [r for r, _ in runs]
+    _advance_together(db, [ids[0] for _, ids in runs])
+
+    steps = _steps(db, run_ids)
+    assert sorted(s["status"] for s in steps).count("succeeded") == 3
+    parked = [s for s in steps if s["status"] == "waiting_for_retry"]
+    assert len(parked) == 5
+    for s in parked:
+        assert s["outcome_code"] == "THROTTLED" and s["attempt"] == 0  # no attempt used
+        assert s["error"].startswith("throttled until ") and "by workflow limit" in s["error"]
+    assert len(fake.sink_requests()) == 3
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 3  # throttled: no charge
+
+    # The next windows run the rest, max at a time.
+    for expected_done in (6, 8):
+        _advance_together(db, _window_ends_and_parked_steps_wake(db))
+        done = [s for s in _steps(db, run_ids) if s["status"] == "succeeded"]
+        assert len(done) == expected_done
+    assert len(fake.sink_requests()) == 8
+
+
+def test_host_rate_limit_counts_calls_to_one_host(db: Database, fake: FakeCrm) -> None:
+    seed_tenant(db, credits=100)
+    version = publish_version(
+        db, _http_workflow(f"{fake.url}/_sink/hook", host_rate_limit={"max": 2, "per": "1h"})
+    )
+    runs = [start_run(db, version) for _ in range(4)]
+    _advance_together(db, [ids[0] for _, ids in runs])
+    steps = _steps(db, [r for r, _ in runs])
+    assert [s["status"] for s in steps].count("succeeded") == 2
+    throttled = [s for s in steps if s["outcome_code"] == "THROTTLED"]
+    assert len(throttled) == 2 and all("by host limit" in s["error"] for s in throttled)
+    with db.transaction() as tx:
+        subject = tx.scalar("SELECT subject FROM throttle_windows WHERE scope = 'host'")
+    assert subject == f"{TENANT}|127.0.0.1"
+
+
+def test_a_rehearsal_takes_no_slot_and_no_credit(db: Database, fake: FakeCrm) -> None:
+    seed_tenant(db, credits=100)
+    version = publish_version(
+        db, _http_workflow(f"{fake.url}/_sink/hook", rate_limit={"max": 1, "per": "1h"})
+    )
+    run_id, [step_id] = start_run(db, version, namespace="rehearsal")
+    advance_step(db, step_id, dispatch=lambda ids: None, namespace="rehearsal")
+    assert steps_of(db, run_id)["call"]["status"] == "succeeded"
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM throttle_windows") == 0
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 0
+    assert fake.sink_requests() == []
+
+
+def _balance(db: Database) -> int:
+    with db.transaction() as tx:
+        return int(tx.scalar("SELECT credit_balance FROM tenants WHERE id = :t", t=TENANT))
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_refused_connection_that_fails_for_good_is_refunded_once(
+    db: Database, fake: FakeCrm
+) -> None:
+    seed_tenant(db, credits=10)
+    version = publish_version(db, _http_workflow(f"http://127.0.0.1:{_closed_port()}/hook"))
+    run_id, [step_id] = start_run(db, version)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["call"]
+    assert step["status"] == "waiting_for_retry"
+    assert step["outcome_code"] == "HTTP_CONNECTION_ERROR"
+    assert _balance(db) == 9  # charged; the retry uses the same charge
+    for _ in range(2):
+        for woken in _window_ends_and_parked_steps_wake(db):
+            advance_step(db, woken, dispatch=lambda ids: None)
+    assert steps_of(db, run_id)["call"]["status"] == "failed"
+    assert _balance(db) == 10  # refunded
+    with db.transaction() as tx:
+        rows = tx.all("SELECT amount, reason FROM credit_refunds")
+    assert [(r["amount"], r["reason"]) for r in rows] == [(1, "not applied: HTTP_CONNECTION_ERROR")]
+    # The run detail shows the charge with its refund.
+    [charge] = run_detail(db, run_id, None).charges
+    assert charge.amount == 1 and charge.refunded == 1
+    assert charge.refund_reason == "not applied: HTTP_CONNECTION_ERROR"
+
+
+def test_a_refund_is_never_paid_twice_under_racing_settles(db: Database, fake: FakeCrm) -> None:
+    """A redelivered or replayed settle of the same charge, eight at once: one refund row,
+    one credit back."""
+    seed_tenant(db, credits=5)
+    step = StepRunner(db, "http.request")
+    step.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/x"})
+    assert _balance(db) == 4
+    barrier = threading.Barrier(8)
+    paid: list[int] = []
+
+    def settle() -> None:
+        barrier.wait()
+        paid.append(
+            db.run(
+                lambda tx: credits.refund(
+                    tx, lineage_key=step.idempotency_key, reason="test", step_id=step.step_id
+                )
+            )
+        )
+
+    threads = [threading.Thread(target=settle) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(paid) == [0] * 7 + [1]
+    assert _balance(db) == 5
+
+
+def test_a_refusal_before_the_request_left_is_refunded_and_an_unknown_outcome_never(
+    db: Database, fake: FakeCrm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GONE_SECRET", raising=False)
+    seed_tenant(db, credits=10, signing_secret_env="GONE_SECRET")
+    refused = StepRunner(db, "http.request")
+    with pytest.raises(Exception, match="GONE_SECRET"):
+        refused.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/x"})
+    assert _balance(db) == 10 and fake.sink_requests() == []
+
+    seed_tenant(db, credits=10)
+    fake.add_fault(action="error_500", path="/_sink")
+    unknown = StepRunner(db, "http.request")
+    with pytest.raises(Exception, match="500"):
+        unknown.run(http_block.REQUEST, {"url": f"{fake.url}/_sink/x"})
+    # The 500 may have been applied: later proof that an attempt never left refunds nothing.
+    with db.transaction() as tx:
+        assert (
+            credits.refund(tx, lineage_key=unknown.idempotency_key, reason="test", step_id=None)
+            == 0
+        )
+    assert _balance(db) == 9
+
+
+def test_a_forbidden_destination_is_refused_before_any_gate(db: Database) -> None:
+    seed_tenant(db, credits=10)
+    step = StepRunner(db, "http.request")
+    with pytest.raises(Exception) as err:
+        step.run(http_block.REQUEST, {"url": "http://169.254.169.254/latest"})
+    assert getattr(err.value, "outcome_code", None) == "SSRF_BLOCKED"
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 0
+        assert tx.scalar("SELECT count(*) FROM throttle_windows") == 0
+
+
+def _noop(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    return BlockResult()
+
+
+def test_the_registry_refuses_a_priced_block_without_the_charge_gate() -> None:
+    base = BlockSpec(
+        type_name="x.priced",
+        config_model=BaseModel,
+        kind="action",
+        side_effect="idempotent",
+        price=1,
+        retry=RetryPolicy(),
+        execute=_noop,
+    )
+    with pytest.raises(RegistryError, match="charge gate"):
+        check_spec(base)
+    with pytest.raises(RegistryError, match="no target"):
+        check_spec(
+            BlockSpec(**{**base.__dict__, "gates": frozenset({Gate.CHARGE, Gate.CONNECTION_LIMIT})})
+        )
+    check_spec(BlockSpec(**{**base.__dict__, "gates": frozenset({Gate.CHARGE})}))
