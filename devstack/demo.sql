@@ -18,9 +18,12 @@ FROM delivery_claims c JOIN workflows w ON w.id = c.workflow_id
 WHERE c.event_id = ANY(:event_ids) ORDER BY c.claimed_at
 
 -- name: demo_refusals
+-- In the order the changes happened, not the order admission decided them: two events pushed
+-- at once are admitted concurrently, in either order.
 SELECT r.event_id, w.name AS workflow, r.reason, r.detail
 FROM admission_refusals r JOIN workflows w ON w.id = r.workflow_id
-WHERE r.event_id = ANY(:event_ids) ORDER BY r.id
+JOIN workflow_trigger_events e ON e.id = r.event_id
+WHERE r.event_id = ANY(:event_ids) ORDER BY e.occurred_at, e.id, w.name
 
 -- name: demo_runs
 SELECT id, status, event_id, error FROM workflow_runs
