@@ -52,6 +52,7 @@ OUTCOME_ALREADY_EXISTS = "ALREADY_EXISTS"
 # Vendor-neutral port codes → step outcome codes.
 _PORT_OUTCOMES = {
     "rate_limited": "PROVIDER_RATE_LIMITED",
+    "busy": "PROVIDER_BUSY",
     "unavailable": "PROVIDER_UNAVAILABLE",
     "timeout": "PROVIDER_TIMEOUT",
     "connection_reset": "PROVIDER_CONNECTION_RESET",

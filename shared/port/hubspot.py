@@ -3,8 +3,12 @@
 Everything HubSpot-specific stops here. Responses become `Record`/`Subscription`; failures
 become `PortError` with a vendor-neutral code, classified once:
 
-- 429 → `rate_limited`, transient, retry-after from `Retry-After` (else the rate-limit
-  interval); 408/425 → `timeout`; 5xx → `unavailable`; all transient.
+- 429 → `rate_limited`, transient, retry-after from `Retry-After`, else the interval the same
+  answer's `X-HubSpot-RateLimit-Interval-Milliseconds` gives (CRM 429s don't promise
+  Retry-After), else the last interval seen; 408/425 → `timeout`; 5xx → `unavailable`;
+  423 Locked and 477 Migration in Progress → `busy` (HubSpot refused to act now; 477 carries
+  Retry-After); all transient. Source:
+  https://developers.hubspot.com/docs/api-reference/error-handling
 - connect errors → `connect_failed` (transient, and the request never left); read/write
   timeouts → `timeout`; a connection dropped or reset mid-request → `connection_reset`
   (transient, but the write may have been applied: at-most-once callers must not retry).
@@ -43,9 +47,21 @@ PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task"
 SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 # Codes whose request provably never changed anything at the provider.
+# `busy` (423/477) is HubSpot saying it would not act on the request now.
 NOT_APPLIED_CODES = frozenset(
-    {"connect_failed", "rate_limited", "unauthorized", "invalid_request", "not_found", "conflict"}
+    {
+        "connect_failed",
+        "rate_limited",
+        "busy",
+        "unauthorized",
+        "invalid_request",
+        "not_found",
+        "conflict",
+    }
 )
+# 423: the record is locked by another sync; 477: the portal is being migrated between data
+# centres (Retry-After says when to come back). Both retryable per HubSpot's error handling.
+BUSY_STATUSES = frozenset({423, 477})
 
 
 def plural_object_type(object_type: str) -> str:
@@ -73,6 +89,11 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         return None
 
 
+def _interval_ms(headers: httpx.Headers) -> int | None:
+    value = headers.get("X-HubSpot-RateLimit-Interval-Milliseconds")
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+
+
 def _message(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -90,9 +111,18 @@ def classify_response(response: httpx.Response, interval_ms: int | None = None) 
     if status == 429:
         retry_after = _retry_after(response.headers)
         if retry_after is None:
-            retry_after = (interval_ms or 10_000) / 1000
+            interval = _interval_ms(response.headers) or interval_ms or 10_000
+            retry_after = interval / 1000
         return PortError(
             message, code="rate_limited", transient=True, retry_after=retry_after, status=status
+        )
+    if status in BUSY_STATUSES:
+        return PortError(
+            message,
+            code="busy",
+            transient=True,
+            status=status,
+            retry_after=_retry_after(response.headers),
         )
     if status in (408, 425):
         return PortError(message, code="timeout", transient=True, status=status)

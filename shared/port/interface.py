@@ -17,7 +17,7 @@ ObjectType = Literal["contacts", "companies", "deals", "tasks"]
 class PortError(Exception):
     """A classified failure from a provider.
 
-    code: vendor-neutral (`rate_limited`, `unavailable`, `timeout`, `connection_reset`,
+    code: vendor-neutral (`rate_limited`, `busy`, `unavailable`, `timeout`, `connection_reset`,
     `conflict`, `not_found`, `unauthorized`, `invalid_request`, `unknown`).
     """
 
