@@ -8,6 +8,15 @@ ON CONFLICT (connection_id, body_sha256)
 DO UPDATE SET deliveries = webhook_inbox.deliveries + 1
 RETURNING id, deliveries
 
+-- name: inbox_store_for_app
+-- A delivery to an app's URL (events of several portals): stored once, as sent; the drain
+-- routes each event to its connection. An identical redelivery to the app is the same row.
+INSERT INTO webhook_inbox (app_provider, app_id, body_sha256, body, headers)
+VALUES (:app_provider, :app_id, :body_sha256, :body, CAST(:headers AS jsonb))
+ON CONFLICT (app_provider, app_id, body_sha256) WHERE app_id IS NOT NULL
+DO UPDATE SET deliveries = webhook_inbox.deliveries + 1
+RETURNING id, deliveries
+
 -- name: inbox_claim
 -- A lease is also a postponement: next_attempt_at moves to the lease expiry, so the pending
 -- index alone says what is claimable, and a crashed drainer's rows come back by themselves.
@@ -21,7 +30,8 @@ UPDATE webhook_inbox i
                  ORDER BY next_attempt_at, id
                  LIMIT :limit
                    FOR UPDATE SKIP LOCKED)
-RETURNING i.id, i.connection_id::text AS connection_id, i.body, i.headers, i.attempts
+RETURNING i.id, i.connection_id::text AS connection_id, i.app_provider, i.app_id, i.body,
+          i.headers, i.attempts
 
 -- name: inbox_lock_leased
 -- Inside the processing transaction: still ours? (A lease that expired and was re-claimed
