@@ -276,3 +276,96 @@ def test_search_lags_writes_when_asked() -> None:
             assert found["total"] == 1
     finally:
         fake.stop()
+
+
+class _GatedInbox(_Inbox):
+    """An inbox that holds every request at a gate until the test opens it, counting how many
+    are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.changed = threading.Condition()
+        self.in_flight = 0
+        inbox = self
+        handler = self.server.RequestHandlerClass
+
+        class H(handler):  # type: ignore[valid-type,misc]
+            def do_POST(self) -> None:
+                with inbox.changed:
+                    inbox.in_flight += 1
+                    inbox.changed.notify_all()
+                inbox.gate.wait(30)
+                super().do_POST()
+
+        self.server.RequestHandlerClass = H
+
+    def wait_in_flight(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.in_flight >= count, timeout)
+
+
+def test_realistic_delivery_is_concurrent_unordered_duplicated_and_redelivered() -> None:
+    """HubSpot delivers up to 10 requests at once, in no particular order, and sometimes twice
+    (https://developers.hubspot.com/docs/api/webhooks). The realistic mode does all of it."""
+    inbox = _GatedInbox()
+    fake = FakeCrm(FakeCrmConfig(webhook_url=inbox.url, delivery="realistic")).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            for n in range(24):
+                c.post("/crm/v3/objects/deals", json={"properties": {"dealname": f"d{n}"}})
+        # Serial delivery would never have more than one request in flight.
+        assert inbox.wait_in_flight(10, timeout=20)
+        inbox.gate.set()  # the rest were waiting: taken in a shuffled order from here on
+        assert fake.webhooks.wait_idle(30)
+    finally:
+        inbox.gate.set()
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    bodies = [body for _h, body, _p in inbox.received]
+    assert len(bodies) > len(set(bodies))  # byte-identical duplicates
+    batches = [json.loads(b) for b in bodies]
+    # Redelivered although acknowledged (204): the same events again, attemptNumber 1.
+    assert any(e["attemptNumber"] == 1 for batch in batches for e in batch)
+    firsts = [batch[0]["eventId"] for batch in batches if batch[0]["attemptNumber"] == 0]
+    assert firsts != sorted(firsts)  # not in the order the changes happened
+    created = {e["objectId"] for batch in batches for e in batch}
+    assert len(created) == 24  # nothing lost
+
+
+def test_v1_signature_beside_v3_and_non_unique_event_ids() -> None:
+    inbox = _Inbox()
+    config = FakeCrmConfig(webhook_url=inbox.url, app_secret="s3cret", unique_event_ids=False)
+    fake = FakeCrm(config).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            for n in range(4):
+                c.post("/crm/v3/objects/contacts", json={"properties": {"email": f"{n}@x.io"}})
+        assert fake.webhooks.wait_idle()
+    finally:
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    ids: list[int] = []
+    for headers, body, _path in inbox.received:
+        assert headers["X-HubSpot-Signature-Version"] == "v1"
+        assert headers["X-HubSpot-Signature"] == hashlib.sha256(b"s3cret" + body).hexdigest()
+        assert "X-HubSpot-Signature-v3" in headers
+        ids.extend(e["eventId"] for e in json.loads(body))
+    assert len(ids) == 8 and len(set(ids)) < len(ids)  # eventIds repeat across events
+
+
+def test_429_without_retry_after_when_asked() -> None:
+    """HubSpot's CRM 429s don't promise Retry-After; the rate-limit headers say the window."""
+    config = FakeCrmConfig(rate_limit_max=1, rate_limit_retry_after=False)
+    fake = FakeCrm(config).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            c.get("/crm/v3/objects/contacts/1")
+            refused = c.get("/crm/v3/objects/contacts/1")
+    finally:
+        fake.stop()
+    assert refused.status_code == 429
+    assert "Retry-After" not in refused.headers
+    assert refused.headers["X-HubSpot-RateLimit-Interval-Milliseconds"] == "10000"

@@ -23,7 +23,7 @@ from devstack.fakecrm.store import (
     StoredRecord,
     now_ms,
 )
-from devstack.fakecrm.webhooks import WebhookSender
+from devstack.fakecrm.webhooks import DELIVERY_MODES, DeliveryMode, WebhookSender
 
 MAX_BODY = 1 << 20
 OBJECT_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
@@ -52,6 +52,12 @@ class FakeCrmConfig:
     search_lag_seconds: float = 0.0
     # The author id HubSpot puts in `sourceId` for changes made through this app's token.
     integration_source_id: str = field(default="")
+    # How webhooks are delivered: "serial" or "realistic" (see devstack/fakecrm/webhooks.py).
+    delivery: str = "serial"
+    # HubSpot: eventId "is not guaranteed to be unique". Off: ids repeat (a small cycle).
+    unique_event_ids: bool = True
+    # HubSpot's CRM 429s don't promise Retry-After; off, only the rate-limit headers say when.
+    rate_limit_retry_after: bool = True
 
 
 class _Drop(Exception):
@@ -90,7 +96,10 @@ class FakeCrm:
             self.config.integration_source_id = self.config.app_id
         self.store = Store()
         self.webhooks = WebhookSender(
-            self.store, lambda: self.config.app_secret, lambda: self.config.webhook_url
+            self.store,
+            lambda: self.config.app_secret,
+            lambda: self.config.webhook_url,
+            DeliveryMode.named(self.config.delivery),
         )
         self._window_start = 0.0
         self._window_used = 0
@@ -164,7 +173,7 @@ class FakeCrm:
     # --- writes and the webhooks they cause -------------------------------------------------
     def _event(self, object_type: str, record_id: str, kind: str, **extra: Any) -> dict[str, Any]:
         return {
-            "eventId": self.store.next_event_id(),
+            "eventId": self.store.next_event_id(unique=self.config.unique_event_ids),
             "subscriptionId": 0,
             "portalId": self.config.portal_id,
             "appId": int(self.config.app_id) if self.config.app_id.isdigit() else 0,
@@ -319,6 +328,9 @@ class FakeCrm:
                     "app_id": self.config.app_id,
                     "portal_id": self.config.portal_id,
                     "require_subscriptions": self.config.require_subscriptions,
+                    "delivery": self.config.delivery,
+                    "unique_event_ids": self.config.unique_event_ids,
+                    "rate_limit_retry_after": self.config.rate_limit_retry_after,
                 },
             }
 
@@ -509,7 +521,14 @@ class _Handler(BaseHTTPRequestHandler):
                         "policyName": "TEN_SECONDLY_ROLLING",
                         "category": "RATE_LIMITS",
                     },
-                    {**rate_headers, "Retry-After": str(max(int(wait + 0.999), 1))},
+                    {
+                        **rate_headers,
+                        **(
+                            {"Retry-After": str(max(int(wait + 0.999), 1))}
+                            if self.fake.config.rate_limit_retry_after
+                            else {}
+                        ),
+                    },
                 )
             status, body = self._api(method, path, parse_qs(url.query), self._json(raw))
             if fault and fault.action == "drop_after_commit":
@@ -654,6 +673,16 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.config.search_lag_seconds = float(body["search_lag_seconds"])
             if "require_subscriptions" in body:
                 fake.config.require_subscriptions = bool(body["require_subscriptions"])
+            if "delivery" in body:
+                if body["delivery"] not in DELIVERY_MODES:
+                    raise _error(
+                        400, f"delivery must be one of {DELIVERY_MODES}", "VALIDATION_ERROR"
+                    )
+                fake.config.delivery = body["delivery"]
+                fake.webhooks.set_mode(DeliveryMode.named(fake.config.delivery))
+            for flag in ("unique_event_ids", "rate_limit_retry_after"):
+                if flag in body:
+                    setattr(fake.config, flag, bool(body[flag]))
             return 200, fake.state()["config"]
         if path == "/_admin/webhooks/flush" and method == "POST":
             return 200, {"idle": fake.webhooks.wait_idle(float(body.get("timeout", 10)))}

@@ -107,8 +107,10 @@ class Store:
     def next_id(self) -> str:
         return str(next(self._ids))
 
-    def next_event_id(self) -> int:
-        return next(self._event_ids)
+    def next_event_id(self, *, unique: bool = True) -> int:
+        number = next(self._event_ids)
+        # Not unique: a cycle of 5 ids, so unrelated events share one soon and often.
+        return number if unique else 100 + number % 5
 
     def next_subscription_id(self) -> str:
         return str(next(self._sub_ids))
