@@ -56,6 +56,9 @@ class FakeCrmConfig:
     delivery: str = "serial"
     # HubSpot: eventId "is not guaranteed to be unique". Off: ids repeat (a small cycle).
     unique_event_ids: bool = True
+    # When set, /webhooks/v3 takes only this developer API key (`?hapikey=`), like HubSpot,
+    # and refuses a portal's CRM token; unset, it takes what the CRM API takes (older tests).
+    developer_api_key: str | None = None
     # HubSpot's CRM 429s don't promise Retry-After; off, only the rate-limit headers say when.
     rate_limit_retry_after: bool = True
 
@@ -509,7 +512,7 @@ class _Handler(BaseHTTPRequestHandler):
                 entry["status"] = 200
                 self._send(200, {"ok": True})
                 return
-            self._authorize()
+            self._authorize(path, parse_qs(url.query))
             allowed, rate_headers, wait = self.fake.take_rate()
             if not allowed:
                 raise _Reply(
@@ -542,7 +545,16 @@ class _Handler(BaseHTTPRequestHandler):
             entry["status"] = "dropped"
             self._drop(drop.reset)
 
-    def _authorize(self) -> None:
+    def _authorize(self, path: str, query: dict[str, list[str]]) -> None:
+        developer_key = self.fake.config.developer_api_key
+        if developer_key and SUBS_PATH.match(path):
+            if query.get("hapikey") != [developer_key]:
+                raise _error(
+                    401,
+                    "The webhooks API requires the app's developer API key (hapikey).",
+                    "INVALID_AUTHENTICATION",
+                )
+            return
         token = self.fake.config.token
         if token and self.headers.get("Authorization") != f"Bearer {token}":
             raise _error(

@@ -18,6 +18,7 @@ from shared.connections import is_connection_id
 from shared.db import Tx
 from shared.port.hubspot import HubSpotPort
 from shared.port.interface import CrmPort, PortError
+from shared.provider_apps import ProviderApp
 
 SQL = queries.load("port")
 GET = SQL["port_connection_get"]
@@ -114,6 +115,33 @@ def build_port(settings: PortSettings) -> CrmPort:
 def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
     """Convenience for callers outside a transaction's `with` block (errors are PortError)."""
     return build_port(load_port_settings(tx, connection_id))
+
+
+def port_for_app(app: ProviderApp) -> CrmPort | None:
+    """A port acting with the app's developer credential (for its webhook subscriptions); None
+    when the app names none. A private app has no subscriptions API at all."""
+    if app.provider != "hubspot":
+        raise PortError(
+            f"no adapter for provider {app.provider!r}", code="invalid_request", transient=False
+        )
+    if not app.developer_credential_env:
+        return None
+    key = os.environ.get(app.developer_credential_env)
+    if not key:
+        raise PortError(
+            f"environment variable {app.developer_credential_env} is not set",
+            code="unauthorized",
+            transient=False,
+        )
+    cache_key = (f"app:{app.app_id}", app.provider, app.api_base_url, key, app.app_id)
+    with _cache_lock:
+        port = _cache.get(cache_key)
+        if port is None:  # kept like a connection's, so a warm instance reuses its pool
+            port = HubSpotPort(
+                None, base_url=app.api_base_url, app_id=app.app_id, developer_api_key=key
+            )
+            _cache[cache_key] = port
+        return port
 
 
 def set_provider_app_id(tx: Tx, connection_id: str, app_id: str | None) -> int:

@@ -190,21 +190,31 @@ class HubSpotPort:
 
     def __init__(
         self,
-        token: str,
+        token: str | None,
         *,
         base_url: str | None = None,
         app_id: str | None = None,
+        developer_api_key: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`token`: a portal's CRM token (private-app token or OAuth access token), for records.
+        `developer_api_key`: the app's developer credential, which is what the webhooks v3
+        subscriptions API takes (as `hapikey`), not a portal token
+        (https://developers.hubspot.com/docs/api/webhooks). A port for an app's subscriptions
+        has the key and no token."""
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.app_id = app_id
+        self._developer_api_key = developer_api_key
         self.rate_limit = RateLimitState()
         self._spent_until = 0.0
         self._lock = threading.Lock()
         self._client = httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            headers={
+                "Accept": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
             timeout=httpx.Timeout(timeout),
             follow_redirects=False,
             trust_env=False,
@@ -332,8 +342,11 @@ class HubSpotPort:
             )
         return f"/webhooks/v3/{self.app_id}/subscriptions"
 
+    def _developer_params(self) -> dict[str, str] | None:
+        return {"hapikey": self._developer_api_key} if self._developer_api_key else None
+
     def list_subscriptions(self) -> list[Subscription]:
-        body = self._request("GET", self._subscriptions_path())
+        body = self._request("GET", self._subscriptions_path(), params=self._developer_params())
         results = body.get("results", []) if isinstance(body, dict) else []
         return [_subscription(r) for r in results if r.get("active", True)]
 
@@ -344,11 +357,17 @@ class HubSpotPort:
         }
         if subscription.property_name:
             request["propertyName"] = subscription.property_name
-        body = self._request("POST", self._subscriptions_path(), json=request)
+        body = self._request(
+            "POST", self._subscriptions_path(), json=request, params=self._developer_params()
+        )
         return _subscription(body)
 
     def delete_subscription(self, subscription_id: str) -> None:
-        self._request("DELETE", f"{self._subscriptions_path()}/{_path_id(subscription_id)}")
+        self._request(
+            "DELETE",
+            f"{self._subscriptions_path()}/{_path_id(subscription_id)}",
+            params=self._developer_params(),
+        )
 
 
 def _path_id(value: str) -> str:
