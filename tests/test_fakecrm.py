@@ -323,9 +323,10 @@ def test_realistic_delivery_is_concurrent_unordered_duplicated_and_redelivered()
         fake.stop()
         inbox.server.shutdown()
         inbox.server.server_close()
-    bodies = [body for _h, body, _p in inbox.received]
-    assert len(bodies) > len(set(bodies))  # byte-identical duplicates
-    batches = [json.loads(b) for b in bodies]
+    batches = [json.loads(body) for _h, body, _p in inbox.received]
+    first_tries = [json.dumps(e) for batch in batches for e in batch if e["attemptNumber"] == 0]
+    assert len(first_tries) > len(set(first_tries))  # the same event sent twice as-is
+    assert any(len(batch) > 2 for batch in batches)  # waiting batches merged into one request
     # Redelivered although acknowledged (204): the same events again, attemptNumber 1.
     assert any(e["attemptNumber"] == 1 for batch in batches for e in batch)
     firsts = [batch[0]["eventId"] for batch in batches if batch[0]["attemptNumber"] == 0]
@@ -369,3 +370,83 @@ def test_429_without_retry_after_when_asked() -> None:
     assert refused.status_code == 429
     assert "Retry-After" not in refused.headers
     assert refused.headers["X-HubSpot-RateLimit-Interval-Milliseconds"] == "10000"
+
+
+def test_portals_of_one_app_are_apart_and_share_one_webhook_url() -> None:
+    """Two portals installed the same app: each token sees only its portal's records, and both
+    portals' changes go to the app's one URL, naming their portalId."""
+    inbox = _Inbox()
+    config = FakeCrmConfig(webhook_url=inbox.url, token="tok-a", portals={"tok-b": 2002})
+    fake = FakeCrm(config).start()
+    try:
+        a = httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer tok-a"})
+        b = httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer tok-b"})
+        with a, b:
+            made = a.post("/crm/v3/objects/contacts", json={"properties": {"email": "x@x.io"}})
+            rid = made.json()["id"]
+            assert b.get(f"/crm/v3/objects/contacts/{rid}").status_code == 404
+            # Unique per portal: the same email is a new contact in the other portal.
+            assert (
+                b.post(
+                    "/crm/v3/objects/contacts", json={"properties": {"email": "x@x.io"}}
+                ).status_code
+                == 201
+            )
+            found = b.post("/crm/v3/objects/contacts/search", json={"filterGroups": []})
+            assert [r["id"] for r in found.json()["results"]] != [rid]
+        assert fake.webhooks.wait_idle()
+    finally:
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    portals = {e["portalId"] for _h, body, path in inbox.received for e in json.loads(body)}
+    assert portals == {62515, 2002}
+    assert {path for _h, _b, path in inbox.received} == {"/webhooks/hubspot/c1"}
+
+
+def test_tasks_need_hs_timestamp_and_take_associations_and_unique_values_conflict() -> None:
+    """HubSpot's tasks guide: `hs_timestamp` is required, and a task shows on a record only
+    when associated with it (type 204: task to contact). A property created with
+    hasUniqueValue answers a second create with 409 "Existing ID: N"."""
+    config = FakeCrmConfig(strict_tasks=True, unique_properties={"tasks": ["onceflow_key"]})
+    fake = FakeCrm(config).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            contact = c.post("/crm/v3/objects/contacts", json={"properties": {"email": "t@x.io"}})
+            cid = contact.json()["id"]
+            assert (
+                c.post(
+                    "/crm/v3/objects/tasks", json={"properties": {"hs_task_subject": "Call"}}
+                ).status_code
+                == 400
+            )
+            task = {
+                "properties": {
+                    "hs_task_subject": "Call",
+                    "hs_timestamp": "1",
+                    "onceflow_key": "k1",
+                },
+                "associations": [
+                    {
+                        "to": {"id": cid},
+                        "types": [
+                            {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 204}
+                        ],
+                    }
+                ],
+            }
+            made = c.post("/crm/v3/objects/tasks", json=task)
+            assert made.status_code == 201
+            assert made.json()["associations"] == {
+                "contacts": {"results": [{"id": cid, "type_id": 204}]}
+            }
+            again = c.post("/crm/v3/objects/tasks", json=task)
+            assert again.status_code == 409
+            assert f"Existing ID: {made.json()['id']}" in again.json()["message"]
+            wrong = {**task, "properties": {**task["properties"], "onceflow_key": "k2"}}
+            wrong["associations"] = [
+                {"to": {"id": "999999"}, "types": [{"associationTypeId": 204}]}
+            ]
+            assert c.post("/crm/v3/objects/tasks", json=wrong).status_code == 400
+    finally:
+        fake.stop()

@@ -10,7 +10,9 @@ Delivery modes (`DeliveryMode`), switchable at run time through `/_admin/config`
   "Retries" and "Webhook settings"): up to 10 concurrent requests, no order guarantee (a
   seeded shuffle of what is waiting, plus concurrency), retried up to 10 times, and now and
   then a batch delivered twice as-is or redelivered with `attemptNumber` + 1 although it was
-  acknowledged (what a lost acknowledgement looks like from the receiving side).
+  acknowledged (what a lost acknowledgement looks like from the receiving side). Waiting
+  batches are merged into one request (HubSpot sends up to 100 events per request, of every
+  portal that installed the app), so one request can mix portals and even repeat an event.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class DeliveryMode:
     duplicate_every: int = 0  # every Nth batch is sent twice, byte-identical (0: never)
     redeliver_every: int = 0  # every Nth acknowledged batch comes again, attemptNumber + 1
     retry_delay_cap: float = 2.0
+    merge_up_to: int = 1  # waiting batches merged into one request (events capped at 100)
     seed: int = 13
 
     @staticmethod
@@ -57,6 +60,7 @@ class DeliveryMode:
                 duplicate_every=3,
                 redeliver_every=4,
                 retry_delay_cap=1.0,
+                merge_up_to=4,
             )
         raise ValueError("delivery mode must be 'serial' or 'realistic'")
 
@@ -203,14 +207,27 @@ class WebhookSender:
         for thread in self._threads:
             thread.join(timeout=5)
 
-    def _take(self, index: int) -> tuple[list[dict[str, Any]], int] | None:
+    def _take(self, index: int) -> tuple[list[dict[str, Any]], int, int] | None:
+        """A request's events, its first attempt number and how many batches it carries."""
         with self._cond:
             while not self._stopping and (not self._waiting or index >= self.mode.concurrency):
                 self._cond.wait(0.5)
             if self._stopping:
                 return None
-            at = self._rng.randrange(len(self._waiting)) if self.mode.shuffle else 0
-            return self._waiting.pop(at)
+            batch, attempt = self._waiting.pop(self._pick())
+            events, carried = list(batch), 1
+            while carried < self.mode.merge_up_to and self._waiting:
+                at = self._pick()
+                more, more_attempt = self._waiting[at]
+                if more_attempt != attempt or len(events) + len(more) > 100:
+                    break
+                self._waiting.pop(at)
+                events.extend(more)
+                carried += 1
+            return events, attempt, carried
+
+    def _pick(self) -> int:
+        return self._rng.randrange(len(self._waiting)) if self.mode.shuffle else 0
 
     def _run(self, index: int) -> None:
         with httpx.Client(timeout=5.0) as client:
@@ -218,7 +235,7 @@ class WebhookSender:
                 taken = self._take(index)
                 if taken is None:
                     return
-                batch, first_attempt = taken
+                batch, first_attempt, carried = taken
                 try:
                     acknowledged_at = self._deliver(client, batch, first_attempt)
                     if acknowledged_at is not None:
@@ -229,7 +246,7 @@ class WebhookSender:
                                 self._put(batch, acknowledged_at + 1)
                 finally:
                     with self._cond:
-                        self._pending -= 1
+                        self._pending -= carried
                         self._cond.notify_all()
 
     def _deliver(
