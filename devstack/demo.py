@@ -71,6 +71,10 @@ steps:
       properties:
         hs_task_subject: "Call new lead ${{{{ record.id }}}}"
         hs_task_priority: HIGH
+        hs_timestamp: "${{{{ event.occurred_at }}}}"
+      associations:
+        - object_type: contacts
+          id: "${{{{ record.id }}}}"
     next: mark_contacted
   - id: mark_contacted
     type: crm.update

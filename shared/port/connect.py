@@ -34,6 +34,7 @@ class PortSettings:
     api_base_url: str | None
     api_credentials_env: str | None
     provider_app_id: str | None
+    idempotency_property: str | None = None
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
@@ -50,6 +51,7 @@ def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
         api_base_url=row["api_base_url"],
         api_credentials_env=row["api_credentials_env"],
         provider_app_id=row["provider_app_id"],
+        idempotency_property=row["idempotency_property"],
     )
 
 
@@ -89,7 +91,7 @@ def build_port(settings: PortSettings) -> CrmPort:
         settings.provider,
         settings.api_base_url,
         token,
-        settings.provider_app_id,
+        f"{settings.provider_app_id}|{settings.idempotency_property}",
     )
     with _cache_lock:
         port = _cache.get(key)
@@ -106,7 +108,10 @@ def build_port(settings: PortSettings) -> CrmPort:
                 if isinstance(old, HubSpotPort):
                     old.close()
             port = HubSpotPort(
-                token, base_url=settings.api_base_url, app_id=settings.provider_app_id
+                token,
+                base_url=settings.api_base_url,
+                app_id=settings.provider_app_id,
+                idempotency_property=settings.idempotency_property,
             )
             _cache[key] = port
         return port

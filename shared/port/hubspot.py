@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from shared.port.interface import (
+    Association,
     Capabilities,
     PortError,
     RateLimitState,
@@ -62,6 +63,32 @@ NOT_APPLIED_CODES = frozenset(
 # 423: the record is locked by another sync; 477: the portal is being migrated between data
 # centres (Retry-After says when to come back). Both retryable per HubSpot's error handling.
 BUSY_STATUSES = frozenset({423, 477})
+
+
+# HubSpot-defined association type ids, (from, to) plural types: the tasks guide
+# (https://developers.hubspot.com/docs/api-reference/latest/crm/activities/tasks/guide) lists
+# task -> contact 204, company 192, deal 216. A task must be associated to show on a record.
+DEFAULT_ASSOCIATION_TYPES = {
+    ("tasks", "contacts"): 204,
+    ("tasks", "companies"): 192,
+    ("tasks", "deals"): 216,
+}
+
+
+def association_input(object_type: str, association: Association) -> dict[str, Any]:
+    """One entry of a v3 create's `associations`."""
+    to_type = plural_object_type(association.to_object_type)
+    type_id = association.type_id or DEFAULT_ASSOCIATION_TYPES.get((object_type, to_type))
+    if type_id is None:
+        raise PortError(
+            f"no default association type from {object_type} to {to_type}; set type_id",
+            code="invalid_request",
+            transient=False,
+        )
+    return {
+        "to": {"id": _path_id(association.to_id)},
+        "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": type_id}],
+    }
 
 
 def plural_object_type(object_type: str) -> str:
@@ -187,6 +214,7 @@ class HubSpotPort:
         event_author_identity=True,  # changeSource/sourceId on every event
         subscription_management=True,  # webhooks v3 subscriptions API
     )
+    idempotency_property: str | None = None
 
     def __init__(
         self,
@@ -195,6 +223,7 @@ class HubSpotPort:
         base_url: str | None = None,
         app_id: str | None = None,
         developer_api_key: str | None = None,
+        idempotency_property: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -206,6 +235,13 @@ class HubSpotPort:
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.app_id = app_id
         self._developer_api_key = developer_api_key
+        if idempotency_property:
+            # The portal has a unique-value property for onceflow's key: a create sent twice
+            # makes one record and a 409 naming it, so creates may be retried and adopted.
+            self.idempotency_property = idempotency_property
+            self.capabilities = Capabilities(
+                write_idempotency=True, event_author_identity=True, subscription_management=True
+            )
         self.rate_limit = RateLimitState()
         self._spent_until = 0.0
         self._lock = threading.Lock()
@@ -280,11 +316,17 @@ class HubSpotPort:
                 self._spent_until = time.monotonic() + state.interval_ms / 1000
 
     # --- records ----------------------------------------------------------------------------
-    def create(self, object_type: str, properties: Mapping[str, Any]) -> Record:
+    def create(
+        self,
+        object_type: str,
+        properties: Mapping[str, Any],
+        associations: Sequence[Association] = (),
+    ) -> Record:
         kind = plural_object_type(object_type)
-        body = self._request(
-            "POST", f"/crm/v3/objects/{kind}", json={"properties": dict(properties)}
-        )
+        request: dict[str, Any] = {"properties": dict(properties)}
+        if associations:
+            request["associations"] = [association_input(kind, a) for a in associations]
+        body = self._request("POST", f"/crm/v3/objects/{kind}", json=request)
         return _record(kind, body)
 
     def update(self, object_type: str, object_id: str, properties: Mapping[str, Any]) -> Record:
