@@ -25,6 +25,12 @@ from tests.ingest_support import (
     make_connection,
     trigger_events,
 )
+from tests.ops_support import (
+    bearer,
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    install_ops_api,
+    mint,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "https://hooks.example.com"
@@ -38,6 +44,11 @@ PATH = f"/hubspot/app/{APP_ID}"
 def client() -> Any:
     app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
     return app.test_client()
+
+
+@pytest.fixture
+def ops_client(db: Database, dispatched: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    return install_ops_api(db, dispatched, monkeypatch).test_client()
 
 
 @pytest.fixture(autouse=True)
@@ -159,3 +170,20 @@ def test_one_live_connection_per_app_and_portal(
     make_connection(db, tenant_id="acme", app_id=APP_ID, portal_id="1001")
     with pytest.raises(ConflictError):
         make_connection(db, tenant_id="globex", app_id=APP_ID, portal_id="1001")
+
+
+def test_ops_shows_the_operator_which_portals_nobody_takes(
+    client: Any, db: Database, app: provider_apps.ProviderApp, ops_client: Any
+) -> None:
+    make_connection(db, tenant_id="acme", app_id=APP_ID, portal_id="1001")
+    assert post(client, hubspot_body(event(1, 1001), event(2, 3003))).status_code == 200
+    inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    operator = ops_client.get(f"/v1/apps/hubspot/{APP_ID}", headers=bearer(mint(db, None)))
+    assert operator.status_code == 200, operator.get_json()
+    report = operator.get_json()
+    assert [(u["account_id"], u["reason"], u["events"]) for u in report["unrouted"]] == [
+        ("3003", "no_live_connection", 1)
+    ]
+    # An app spans tenants: a tenant's token sees no app at all.
+    tenant = ops_client.get(f"/v1/apps/hubspot/{APP_ID}", headers=bearer(mint(db, "acme")))
+    assert tenant.status_code == 404

@@ -46,6 +46,7 @@ from shared.ops.models import (
     LedgerEntry,
     LineageEntry,
     PageQuery,
+    ProviderAppReport,
     PublishResult,
     RecordExplanation,
     RecordQuery,
@@ -69,6 +70,7 @@ from shared.ops.models import (
     StuckInboxQuery,
     TicksQuery,
     TriggerStatus,
+    UnroutedPortal,
     ValidationResult,
     VersionList,
     VersionSummary,
@@ -202,6 +204,29 @@ def requeue_inbox_row(call: Call) -> RequeueResult:
         if tx.one(INBOX_REQUEUE_DEAD, inbox_id=inbox_id, tenant_id=call.scope) is None:
             raise not_found("dead inbox row")
     return RequeueResult(id=inbox_id)
+
+
+def provider_app_report(call: Call) -> ProviderAppReport:
+    """An app spans tenants (one URL for every portal that installed it): operator only; a
+    tenant's token gets the 404 an unknown app gets."""
+    from shared import provider_apps
+    from shared.workflows.subscriptions import last_app_reconcile
+
+    if call.scope is not None:
+        raise not_found("provider app")
+    with call.db.transaction() as tx:
+        app = provider_apps.get_app(tx, "hubspot", call.path["app_id"])
+        if app is None:
+            raise not_found("provider app")
+        unrouted = provider_apps.unrouted_summary(tx, app.provider, app.app_id)
+    last = last_app_reconcile(call.db, app.provider, app.app_id)
+    return ProviderAppReport(
+        provider=app.provider,
+        app_id=app.app_id,
+        kind=app.kind,
+        unrouted=[UnroutedPortal.model_validate(row) for row in unrouted],
+        subscriptions=dict(last) if last else None,
+    )
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -662,6 +687,16 @@ ROUTES: tuple[Route, ...] = (
         "Drain a dead inbox row again, with a fresh attempt budget",
         errors=(401, 404),
         path_params=("inbox_id",),
+    ),
+    Route(
+        "apps.hubspot.get",
+        "GET",
+        "/v1/apps/hubspot/{app_id}",
+        provider_app_report,
+        ProviderAppReport,
+        "A HubSpot app: portals it hears from that no connection takes, and its subscriptions",
+        errors=(401, 404),
+        path_params=("app_id",),
     ),
     Route(
         "credits.get",
