@@ -187,3 +187,27 @@ def test_ops_shows_the_operator_which_portals_nobody_takes(
     # An app spans tenants: a tenant's token sees no app at all.
     tenant = ops_client.get(f"/v1/apps/hubspot/{APP_ID}", headers=bearer(mint(db, "acme")))
     assert tenant.status_code == 404
+
+
+def test_a_dead_app_row_is_listed_and_requeued_for_the_operator_only(
+    client: Any, db: Database, app: provider_apps.ProviderApp, ops_client: Any
+) -> None:
+    assert post(client, hubspot_body(event(1, 1001))).status_code == 200
+    (row,) = inbox_rows(db)
+    with db.transaction() as tx:  # what running out of transient attempts leaves behind
+        tx.execute(
+            "UPDATE webhook_inbox SET status = 'dead', finished_at = now(), last_error = 'x'"
+            " WHERE id = :id",
+            id=row["id"],
+        )
+    make_connection(db, tenant_id="acme", app_id=APP_ID, portal_id="1001")
+    operator, tenant = bearer(mint(db, None)), bearer(mint(db, "acme"))
+    listed = ops_client.get("/v1/inbox/stuck", headers=operator).get_json()["rows"]
+    assert [(r["id"], r["app_id"], r["connection_id"]) for r in listed] == [
+        (row["id"], APP_ID, None)
+    ]
+    assert ops_client.get("/v1/inbox/stuck", headers=tenant).get_json()["rows"] == []
+    path = f"/v1/inbox/{row['id']}/requeue"
+    assert ops_client.post(path, headers=tenant, json={}).status_code == 404
+    assert ops_client.post(path, headers=operator, json={}).status_code == 200
+    assert inbox.drain_inbox(db, budget_seconds=10, until_empty=True).events == 1

@@ -324,7 +324,12 @@ class StuckInboxRow(_Response):
     The body is never shown."""
 
     id: int
-    connection_id: UUID
+    connection_id: UUID | None = Field(
+        description="The connection it came to; none for a provider app's URL (see app_id)."
+    )
+    app_id: str | None = Field(
+        default=None, description="The HubSpot app whose one URL it came to (operator only)."
+    )
     status: Literal["dead", "rejected"]
     attempts: int
     deliveries: int
