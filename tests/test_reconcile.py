@@ -28,6 +28,12 @@ from shared.port.interface import (
 from shared.workflows import subscriptions as subs
 from shared.workflows import versions
 from tests.blocks_support import fake_crm
+from tests.ops_support import (
+    bearer,
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    install_ops_api,
+    mint,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
@@ -392,3 +398,23 @@ def test_a_private_app_is_not_reconciled_through_the_api(db: Database, dev_fake:
         for s in last["desired"]["subscriptions"]
     }
     assert to_create == EXAMPLE_KEYS  # what the operator must create in HubSpot's UI
+
+
+def test_activating_or_deactivating_through_ops_reconciles_the_app_at_once(
+    db: Database, dev_fake: FakeCrm, dispatched: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _seed_app(db, dev_fake.url)
+    assert _provider_keys(dev_fake) == []  # nothing reconciled yet
+    client = install_ops_api(db, dispatched, monkeypatch).test_client()
+    h = bearer(mint(db, "globex"))
+    with db.transaction() as tx:
+        wf = tx.scalar("SELECT id::text FROM workflows WHERE tenant_id = 'globex'")
+        version = tx.scalar(
+            "SELECT id::text FROM workflow_versions WHERE workflow_id = CAST(:w AS uuid)", w=wf
+        )
+    assert client.post(f"/v1/workflows/{wf}/deactivate", headers=h, json={}).status_code == 200
+    # The app's union without globex's deal workflow, right away (acme's needs stay).
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS - {("deal", "propertyChange", "dealstage")}
+    answer = client.post(f"/v1/workflows/{wf}/activate", headers=h, json={"version_id": version})
+    assert answer.status_code == 200
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS

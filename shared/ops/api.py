@@ -518,6 +518,7 @@ def activate_workflow(call: Call) -> ActivationResult:
         raise not_found("version") from None
     except DefinitionInvalid as exc:  # the database refuses its trigger (e.g. no index)
         raise _definition_invalid(exc.report) from None
+    _reconcile_subscriptions_now(call.db, workflow["tenant_id"])
     return ActivationResult(
         workflow_id=UUID(activation.workflow_id), active_version_id=UUID(activation.version_id)
     )
@@ -569,7 +570,21 @@ def deactivate_workflow(call: Call) -> ActivationResult:
             )
     except versions.WorkflowNotFound:
         raise not_found("workflow") from None
+    _reconcile_subscriptions_now(call.db, workflow["tenant_id"])
     return ActivationResult(workflow_id=workflow["id"], active_version_id=None)
+
+
+def _reconcile_subscriptions_now(db: Database, tenant_id: str) -> None:
+    """The provider subscriptions the change needs, at once (after the commit). Best effort:
+    the activation stands either way, each outcome is recorded, and the hourly sweep repairs
+    what failed here."""
+    from shared.port.connect import port_for, port_for_app
+    from shared.workflows.subscriptions import reconcile_tenant
+
+    try:
+        reconcile_tenant(db, tenant_id, port_for, port_for_app)
+    except Exception:
+        log.warning("subscription reconcile after an activation failed", exc_info=True)
 
 
 # ---- rehearsals ---------------------------------------------------------------------------

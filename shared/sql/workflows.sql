@@ -133,3 +133,12 @@ ON CONFLICT (provider, app_id) DO UPDATE
 SELECT desired, result, ok, reconciled_at
   FROM app_subscription_reconciles
  WHERE provider = :provider AND app_id = :app_id
+
+-- name: workflows_tenant_reconcile_targets
+-- The tenant's active connections, with the registered app each belongs to (NULL: none, so
+-- it is reconciled on its own), for reconciling right after an activation changes.
+SELECT c.id::text AS id, c.provider, p.app_id
+  FROM connections c
+  LEFT JOIN provider_apps p ON p.provider = c.provider AND p.app_id = c.provider_app_id
+ WHERE c.tenant_id = :tenant_id AND c.status = 'active'
+ ORDER BY c.id

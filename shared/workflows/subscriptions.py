@@ -52,6 +52,7 @@ APPS = SQL["workflows_app_reconcile_apps"]
 APP_TENANTS = SQL["workflows_app_active_tenants"]
 APP_RECORD = SQL["workflows_app_reconcile_record"]
 APP_LAST = SQL["workflows_app_reconcile_last"]
+TENANT_TARGETS = SQL["workflows_tenant_reconcile_targets"]
 
 log = get_logger(__name__)
 
@@ -337,38 +338,62 @@ def last_app_reconcile(db: Database, provider: str, app_id: str) -> dict[str, An
         return tx.one(APP_LAST, provider=provider, app_id=app_id)
 
 
-def reconcile_apps(
-    db: Database, port_for_app: Callable[[ProviderApp], CrmPort | None]
-) -> list[ReconcileResult]:
+PortForConnection = Callable[[str], CrmPort]
+PortForApp = Callable[[ProviderApp], CrmPort | None]
+
+
+def reconcile_app_with(db: Database, app: ProviderApp, port_for_app: PortForApp) -> ReconcileResult:
+    """One app, building its port first; a port that cannot be built is a recorded failure."""
+    try:
+        port = None if app.kind == "private" else port_for_app(app)
+    except PortError as exc:
+        result = ReconcileResult(
+            app_key(app), False, errors=(f"no port: {exc}",), desired=desired_for_app(db, app)
+        )
+        record_app_result(db, app, result)
+    else:
+        result = reconcile_app(db, app, port)
+    if not result.ok:
+        log.warning(
+            "app subscription reconcile failed: %s",
+            "; ".join(result.errors),
+            extra={"labels": {"app": app.app_id}},
+        )
+    return result
+
+
+def reconcile_connection_with(
+    db: Database, connection_id: str, port_for_connection: PortForConnection
+) -> ReconcileResult:
+    """One connection, building its port first; a port that cannot be built is a recorded
+    failure."""
+    try:
+        port = port_for_connection(connection_id)
+    except PortError as exc:
+        _, desired = desired_for_connection(db, connection_id)
+        result = ReconcileResult(connection_id, False, errors=(f"no port: {exc}",), desired=desired)
+        record_result(db, result)
+    else:
+        result = reconcile_connection(db, connection_id, port)
+    if not result.ok:
+        log.warning(
+            "subscription reconcile failed: %s",
+            "; ".join(result.errors),
+            extra={"labels": {"connection_id": connection_id}},
+        )
+    return result
+
+
+def reconcile_apps(db: Database, port_for_app: PortForApp) -> list[ReconcileResult]:
     with db.transaction() as tx:
         apps = [get_app(tx, r["provider"], r["app_id"]) for r in tx.all(APPS)]
-    results = []
-    for app in apps:
-        if app is None:  # pragma: no cover - listed a moment ago; apps are never deleted
-            continue
-        try:
-            port = None if app.kind == "private" else port_for_app(app)
-        except PortError as exc:
-            result = ReconcileResult(
-                app_key(app), False, errors=(f"no port: {exc}",), desired=desired_for_app(db, app)
-            )
-            record_app_result(db, app, result)
-        else:
-            result = reconcile_app(db, app, port)
-        if not result.ok:
-            log.warning(
-                "app subscription reconcile failed: %s",
-                "; ".join(result.errors),
-                extra={"labels": {"app": app.app_id}},
-            )
-        results.append(result)
-    return results
+    return [reconcile_app_with(db, app, port_for_app) for app in apps if app is not None]
 
 
 def reconcile_all(
     db: Database,
-    port_for_connection: Callable[[str], CrmPort],
-    port_for_app: Callable[[ProviderApp], CrmPort | None] | None = None,
+    port_for_connection: PortForConnection,
+    port_for_app: PortForApp | None = None,
 ) -> list[ReconcileResult]:
     """Reconcile every registered app, then every active connection not of one (the hourly
     sweep). A connection or app whose port cannot be built (missing secret, unknown provider)
@@ -378,25 +403,34 @@ def reconcile_all(
         results.extend(reconcile_apps(db, port_for_app))
     with db.transaction() as tx:
         connections = tx.all(CONNECTIONS)
-    for conn in connections:
-        connection_id = conn["id"]
-        try:
-            port = port_for_connection(connection_id)
-        except PortError as exc:
-            _, desired = desired_for_connection(db, connection_id)
-            result = ReconcileResult(
-                connection_id, False, errors=(f"no port: {exc}",), desired=desired
-            )
-            record_result(db, result)
-        else:
-            result = reconcile_connection(db, connection_id, port)
-        if not result.ok:
-            log.warning(
-                "subscription reconcile failed: %s",
-                "; ".join(result.errors),
-                extra={"labels": {"connection_id": connection_id}},
-            )
-        results.append(result)
+    results.extend(
+        reconcile_connection_with(db, conn["id"], port_for_connection) for conn in connections
+    )
+    return results
+
+
+def reconcile_tenant(
+    db: Database,
+    tenant_id: str,
+    port_for_connection: PortForConnection,
+    port_for_app: PortForApp,
+) -> list[ReconcileResult]:
+    """What activating or deactivating one of the tenant's workflows changes, reconciled at
+    once: each of the tenant's connections, or the app it belongs to (whose union includes
+    the other tenants of the app). The hourly sweep repairs whatever this misses."""
+    with db.transaction() as tx:
+        targets = tx.all(TENANT_TARGETS, tenant_id=tenant_id)
+        apps = {
+            (r["provider"], r["app_id"]): get_app(tx, r["provider"], r["app_id"])
+            for r in targets
+            if r["app_id"] is not None
+        }
+    results = [reconcile_app_with(db, app, port_for_app) for app in apps.values() if app]
+    results.extend(
+        reconcile_connection_with(db, r["id"], port_for_connection)
+        for r in targets
+        if r["app_id"] is None
+    )
     return results
 
 
