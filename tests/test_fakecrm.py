@@ -450,3 +450,52 @@ def test_tasks_need_hs_timestamp_and_take_associations_and_unique_values_conflic
             assert c.post("/crm/v3/objects/tasks", json=wrong).status_code == 400
     finally:
         fake.stop()
+
+
+def test_oauth_codes_expiring_access_tokens_refresh_and_revocation() -> None:
+    """HubSpot's OAuth as the fake plays it: a one-time code, access tokens that expire (a
+    401 on the CRM API), a refresh, and a revoked refresh token answering BAD_REFRESH_TOKEN."""
+    fake = FakeCrm(FakeCrmConfig(token="tok")).start()
+    client = {"client_id": "fake-client-id", "client_secret": "fake-client-secret"}
+    redirect = "https://ops.example.com/oauth/callback"
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            code = c.post(
+                "/_admin/oauth/authorize", json={"portal_id": 2002, "redirect_uri": redirect}
+            ).json()["code"]
+            exchange = {**client, "grant_type": "authorization_code", "code": code}
+            granted = c.post("/oauth/v1/token", data={**exchange, "redirect_uri": redirect})
+            assert granted.status_code == 200
+            tokens = granted.json()
+            assert (tokens["expires_in"], tokens["hub_id"]) == (1800, 2002)
+            replayed = c.post("/oauth/v1/token", data={**exchange, "redirect_uri": redirect})
+            assert (replayed.status_code, replayed.json()["status"]) == (400, "BAD_AUTH_CODE")
+
+            def create(access: str) -> httpx.Response:
+                return c.post(
+                    "/crm/v3/objects/deals",
+                    json={"properties": {"dealname": "x"}},
+                    headers={"Authorization": f"Bearer {access}"},
+                )
+
+            assert create(tokens["access_token"]).status_code == 201
+            assert fake.records("deals")[0]["portalId"] == 2002
+            c.post("/_admin/oauth/expire", json={})
+            expired = create(tokens["access_token"])
+            assert (expired.status_code, expired.json()["category"]) == (
+                401,
+                "EXPIRED_AUTHENTICATION",
+            )
+            refresh = {**client, "grant_type": "refresh_token"}
+            fresh = c.post(
+                "/oauth/v1/token", data={**refresh, "refresh_token": tokens["refresh_token"]}
+            ).json()
+            assert create(fresh["access_token"]).status_code == 201
+            c.post("/_admin/oauth/revoke", json={"refresh_token": tokens["refresh_token"]})
+            revoked = c.post(
+                "/oauth/v1/token", data={**refresh, "refresh_token": tokens["refresh_token"]}
+            )
+            assert (revoked.status_code, revoked.json()["status"]) == (400, "BAD_REFRESH_TOKEN")
+            assert create(fresh["access_token"]).status_code == 401  # uninstalled: tokens gone
+    finally:
+        fake.stop()

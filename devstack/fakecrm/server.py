@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
     OBJECT_TYPES,
     SINGULAR,
@@ -74,6 +75,10 @@ class FakeCrmConfig:
     # When set, /webhooks/v3 takes only this developer API key (`?hapikey=`), like HubSpot,
     # and refuses a portal's CRM token; unset, it takes what the CRM API takes (older tests).
     developer_api_key: str | None = None
+    # The app's OAuth client (devstack/fakecrm/oauth.py); access tokens live this long.
+    oauth_client_id: str = "fake-client-id"
+    oauth_client_secret: str = "fake-client-secret"  # noqa: S105 - a local fake's default
+    access_token_seconds: float = 1800.0
     # HubSpot's CRM 429s don't promise Retry-After; off, only the rate-limit headers say when.
     rate_limit_retry_after: bool = True
 
@@ -113,6 +118,11 @@ class FakeCrm:
         if not self.config.integration_source_id:
             self.config.integration_source_id = self.config.app_id
         self.store = Store()
+        self.oauth = OAuthServer(
+            client_id=self.config.oauth_client_id,
+            client_secret=self.config.oauth_client_secret,
+            access_seconds=self.config.access_token_seconds,
+        )
         self.webhooks = WebhookSender(
             self.store,
             lambda: self.config.app_secret,
@@ -587,6 +597,15 @@ class _Handler(BaseHTTPRequestHandler):
                 entry["status"] = 200
                 self._send(200, {"ok": True})
                 return
+            if path == "/oauth/v1/token" and method == "POST":
+                form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+                try:
+                    granted = self.fake.oauth.token(form)
+                except OAuthRefused as refused:
+                    raise _Reply(refused.status, refused.body) from None
+                entry["status"] = 200
+                self._send(200, granted)
+                return
             portal = self._authorize(path, parse_qs(url.query))
             allowed, rate_headers, wait = self.fake.take_rate()
             if not allowed:
@@ -636,6 +655,13 @@ class _Handler(BaseHTTPRequestHandler):
         bearer = presented.removeprefix("Bearer ") if presented.startswith("Bearer ") else None
         if bearer is not None and bearer in config.portals:
             return config.portals[bearer]
+        state, oauth_portal = self.fake.oauth.portal_of(bearer or "")
+        if state == "live":
+            return oauth_portal
+        if state == "expired":
+            raise _error(
+                401, "The OAuth token used to make this call expired.", "EXPIRED_AUTHENTICATION"
+            )
         if config.token and bearer != config.token:
             raise _error(
                 401,
@@ -780,6 +806,14 @@ class _Handler(BaseHTTPRequestHandler):
                 if flag in body:
                     setattr(fake.config, flag, bool(body[flag]))
             return 200, fake.state()["config"]
+        if path == "/_admin/oauth/authorize" and method == "POST":
+            portal_id = int(body.get("portal_id", fake.config.portal_id))
+            code = fake.oauth.authorize(portal_id, str(body.get("redirect_uri", "")))
+            return 200, {"code": code}
+        if path == "/_admin/oauth/revoke" and method == "POST":
+            return 200, {"revoked": fake.oauth.revoke(str(body.get("refresh_token", "")))}
+        if path == "/_admin/oauth/expire" and method == "POST":
+            return 200, {"expired": fake.oauth.expire_all()}
         if path == "/_admin/webhooks/flush" and method == "POST":
             return 200, {"idle": fake.webhooks.wait_idle(float(body.get("timeout", 10)))}
         if m := ADMIN_RECORDS.match(path):
