@@ -71,6 +71,10 @@ steps:
       properties:
         hs_task_subject: "Call new lead ${{{{ record.id }}}}"
         hs_task_priority: HIGH
+        hs_timestamp: "${{{{ event.occurred_at }}}}"
+      associations:
+        - object_type: contacts
+          id: "${{{{ record.id }}}}"
     next: mark_contacted
   - id: mark_contacted
     type: crm.update
@@ -474,7 +478,13 @@ class Scenario:
                 for e in tx.all(SQL["demo_trigger_events"], connection_id=self.connection_id)
             }
         stamp = self.tenant_id.rsplit("-", 1)[-1]
-        httpx.post(f"{fake}/_admin/config", json={"webhook_url": self.webhook_uri()}, timeout=5)
+        # Realistic delivery: concurrent, shuffled, some batches sent twice or redelivered
+        # after they were acknowledged, as HubSpot does (devstack/fakecrm/webhooks.py).
+        httpx.post(
+            f"{fake}/_admin/config",
+            json={"webhook_url": self.webhook_uri(), "delivery": "realistic"},
+            timeout=5,
+        )
         created = httpx.post(
             f"{fake}/_admin/records/contacts",
             json={
@@ -546,6 +556,16 @@ class Scenario:
             f"the CRM has {len(mine)} task '{subject}'"
             + (f" (task {mine[0]['id']})" if mine else "")
             + " — a create is at most once: the step marks the side effect before calling.",
+        )
+        linked = [
+            str(a["id"])
+            for t in mine
+            for a in t.get("associations", {}).get("contacts", {}).get("results", [])
+        ]
+        self.story.verdict(
+            linked == [contact_id],
+            f"the task is associated with contact {contact_id}, so it shows on the contact "
+            "in HubSpot (a task needs an association to appear on a record).",
         )
         contact = httpx.get(f"{fake}/_admin/records/contacts", timeout=5).json()["results"]
         status = next(

@@ -1,4 +1,5 @@
-"""`webhook` entry point: `POST /{provider}/{connection_id}` (public, no IAM).
+"""`webhook` entry point: `POST /{provider}/{connection_id}` and, for a HubSpot app's one URL
+for all its portals, `POST /hubspot/app/{appId}` (public, no IAM).
 
 Thin: turn the Flask request into a `WebhookRequest`, let `shared.webhooks.receive` decide,
 answer with its JSON, then nudge the drain (after the response is decided; never fails it).
@@ -15,14 +16,19 @@ import functions_framework
 
 from shared.logs import labelled, traced
 from shared.request_body import detached
-from shared.webhooks import nudge
+from shared.webhooks import hubspot_app, nudge
 from shared.webhooks.receive import WebhookRequest, receive_webhook
 
 
 @functions_framework.http
 def webhook(request: Any) -> flask.Response:
     with traced(request.headers), labelled(function="webhook"):
-        answer = receive_webhook(
+        receive = (
+            hubspot_app.receive_app_webhook
+            if hubspot_app.is_app_path(request.path)
+            else receive_webhook
+        )
+        answer = receive(
             WebhookRequest(
                 method=request.method,
                 path=request.path,

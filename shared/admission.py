@@ -332,6 +332,11 @@ class EventFacts:
 
 def provider_suppression(event: EventFacts) -> str | None:
     """Why the provider side says not to run, or None."""
+    if event.connection_status == "needs_reauthorization":
+        return (
+            f"connection {event.connection_id} needs reauthorization: its OAuth refresh token "
+            "was revoked (install the app on the portal again)"
+        )
     if event.connection_status in ("paused", "disconnected"):
         return f"connection {event.connection_id} is {event.connection_status}"
     if event.author_id is not None and event.author_id in event.excluded_authors:

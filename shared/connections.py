@@ -116,8 +116,10 @@ def create_connection(
     api_base_url: str | None = None,
     provider_account_id: str | None = None,
     watched_fields: Mapping[str, list[str]] | None = None,
+    provider_app_id: str | None = None,
 ) -> str:
-    """Insert a connection; its id."""
+    """Insert a connection; its id. With `provider_app_id` and `provider_account_id` (HubSpot
+    app id and portal id) it also receives the events its app's one URL routes to it."""
     return str(
         tx.scalar(
             INSERT,
@@ -129,6 +131,7 @@ def create_connection(
             api_base_url=api_base_url,
             provider_account_id=provider_account_id,
             watched_fields=json.dumps(dict(watched_fields or {})),
+            provider_app_id=provider_app_id,
         )
     )
 

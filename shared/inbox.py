@@ -11,6 +11,12 @@ Row states (`webhook_inbox.status`):
 - `dead` — failed `max_attempts` times on transient errors, or once on a permanent one;
   the error stays in `last_error` for a person to look at. Terminal.
 
+A row comes from a connection's own URL (`connection_id`) or from a provider app's URL
+(`app_provider`, `app_id`: one HubSpot app, many portals). An app's row is split when drained:
+each event goes to the connection of its (app, portal), in the same one transaction, and an
+event no live connection takes is recorded in `unrouted_provider_events` (see
+shared/provider_apps.py), counted as dropped `unrouted` in the row's outcome.
+
 The claim commits on its own (the attempt counter must survive a crash that kills the
 process mid-row, or a poison row would be retried forever). Each row is then processed in
 ONE transaction: fence on the lease → parse → shadow records → outbox → stamp processed. If
@@ -30,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from shared import connections, queries, shadow
+from shared import connections, provider_apps, queries, shadow
 from shared.db import Database, Tx
 from shared.errors import PermanentError, TransientError
 from shared.logs import LogEvent, get_logger, labelled, log_event
@@ -39,6 +45,7 @@ from shared.outbox import TriggerEvent, emit
 
 SQL = queries.load("inbox")
 STORE = SQL["inbox_store"]
+STORE_FOR_APP = SQL["inbox_store_for_app"]
 CLAIM = SQL["inbox_claim"]
 LOCK_LEASED = SQL["inbox_lock_leased"]
 MARK_PROCESSED = SQL["inbox_mark_processed"]
@@ -74,6 +81,22 @@ def store(tx: Tx, connection_id: str, body: bytes, headers: Mapping[str, str]) -
     return Stored(int(row["id"]), int(row["deliveries"]))
 
 
+def store_for_app(
+    tx: Tx, app: provider_apps.ProviderApp, body: bytes, headers: Mapping[str, str]
+) -> Stored:
+    """Keep a verified app-level body once; the drain splits it per connection."""
+    row = tx.one(
+        STORE_FOR_APP,
+        app_provider=app.provider,
+        app_id=app.app_id,
+        body_sha256=hashlib.sha256(body).digest(),
+        body=body,
+        headers=json.dumps(dict(headers)),
+    )
+    assert row is not None  # INSERT … ON CONFLICT DO UPDATE … RETURNING always returns a row
+    return Stored(int(row["id"]), int(row["deliveries"]))
+
+
 # --- draining -------------------------------------------------------------------------------
 
 
@@ -97,10 +120,11 @@ def backoff_seconds(attempt: int, policy: DrainPolicy) -> float:
 @dataclass(frozen=True)
 class ClaimedRow:
     id: int
-    connection_id: str
+    connection_id: str | None  # None for an app's row (then `app` is set)
     body: bytes
     headers: Mapping[str, str]
     attempts: int
+    app: tuple[str, str] | None = None  # (provider, app id)
 
 
 @dataclass
@@ -147,6 +171,7 @@ def claim_rows(db: Database, lease_id: str, policy: DrainPolicy) -> list[Claimed
                 body=bytes(r["body"]),
                 headers=dict(headers or {}),
                 attempts=int(r["attempts"]),
+                app=(r["app_provider"], r["app_id"]) if r["app_id"] is not None else None,
             )
         )
     return sorted(out, key=lambda c: c.id)
@@ -201,6 +226,29 @@ def write_events(
     return outcome
 
 
+def write_routed_events(
+    tx: Tx,
+    app: provider_apps.ProviderApp,
+    inbox_id: int,
+    events: list[NormalizedEvent],
+    context: ConnectionContext,
+) -> Outcome:
+    """An app's batch: each connection's events through `write_events`, the rest recorded as
+    unrouted (kept for ops, never silently dropped), all in the caller's transaction."""
+    routes = provider_apps.route_events(tx, app, events)
+    outcome = Outcome()
+    for connection_id, group in routes.by_connection.items():
+        connection, watched = context.get(tx, connection_id)
+        part = write_events(tx, connection, inbox_id, group, watched)
+        outcome.produced += part.produced
+        outcome.dropped.update(part.dropped)
+        outcome.event_ids.extend(part.event_ids)
+    for unrouted in routes.unrouted:
+        provider_apps.record_unrouted(tx, app, inbox_id, unrouted)
+        outcome.dropped["unrouted"] += 1
+    return outcome
+
+
 def _settle(db: Database, query: Any, **params: Any) -> None:
     with db.transaction() as tx:
         tx.execute(query, **params)
@@ -213,6 +261,15 @@ class ConnectionContext:
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[connections.Connection, connections.WatchedFields]] = {}
+        self._apps: dict[tuple[str, str], provider_apps.ProviderApp] = {}
+
+    def app(self, tx: Tx, provider: str, app_id: str) -> provider_apps.ProviderApp:
+        if (provider, app_id) not in self._apps:
+            app = provider_apps.get_app(tx, provider, app_id)
+            if app is None:  # pragma: no cover - the foreign key keeps it
+                raise PermanentError("the row's provider app no longer exists")
+            self._apps[(provider, app_id)] = app
+        return self._apps[(provider, app_id)]
 
     def get(
         self, tx: Tx, connection_id: str
@@ -239,9 +296,12 @@ def process_row(
         with db.transaction() as tx:
             if tx.one(LOCK_LEASED, id=row.id, lease_id=lease_id) is None:
                 return "lease_lost", 0
-            connection, watched = context.get(tx, row.connection_id)
+            if row.app is not None:
+                provider = row.app[0]
+            else:
+                provider = context.get(tx, str(row.connection_id))[0].provider
             try:
-                events = normalize(connection.provider, row.body, row.headers)
+                events = normalize(provider, row.body, row.headers)
             except UnparseableBody as exc:
                 # Settled in this same transaction, under the lease we just fenced on.
                 log.warning("inbox row rejected: %s", exc)
@@ -253,7 +313,12 @@ def process_row(
                     outcome=json.dumps({"produced": 0, "dropped": {}}),
                 )
                 return "rejected", 0
-            outcome = write_events(tx, connection, row.id, events, watched)
+            if row.app is None:
+                connection, watched = context.get(tx, str(row.connection_id))
+                outcome = write_events(tx, connection, row.id, events, watched)
+            else:
+                app = context.app(tx, *row.app)
+                outcome = write_routed_events(tx, app, row.id, events, context)
             tx.execute(MARK_PROCESSED, id=row.id, lease_id=lease_id, outcome=outcome.as_json())
         return "processed", outcome.produced
     except TransientError as exc:
@@ -324,7 +389,7 @@ def drain_inbox(
         report.claimed += len(rows)
         context = ConnectionContext()
         for row in rows:
-            with labelled(inbox_id=row.id, connection_id=row.connection_id):
+            with labelled(inbox_id=row.id, connection_id=row.connection_id or ""):
                 result, produced = process_row(db, row, lease_id, policy, context)
             report.count(result)
             report.events += produced

@@ -107,6 +107,9 @@ def configure() -> None:
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(os.environ.get("LOG_LEVEL", "INFO"))
+    # httpx logs every request URL at INFO, and HubSpot's developer API key travels in the
+    # query string (`hapikey`): a secret must never reach the logs.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     _configured = True
 
 

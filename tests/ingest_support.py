@@ -35,6 +35,8 @@ def make_connection(
     secret_env: str = "HUBSPOT_SECRET_ACME",
     signature_versions: tuple[str, ...] = ("v3",),
     watched_fields: dict[str, list[str]] | None = None,
+    app_id: str | None = None,
+    portal_id: str | None = None,
 ) -> str:
     make_tenant(db, tenant_id)
     with db.transaction() as tx:
@@ -45,6 +47,8 @@ def make_connection(
             webhook_secret_env=secret_env,
             signature_versions=signature_versions,
             watched_fields=watched_fields,
+            provider_app_id=app_id,
+            provider_account_id=portal_id,
         )
 
 

@@ -236,3 +236,72 @@ def test_update_records_an_echo_marker_before_the_call(
     result = step.run(crm.UPDATE, config)  # the retry
     assert result.output is not None
     assert result.output["properties"]["lifecyclestage"] == "lead"
+
+
+# ---------------------------------------------------------------- HubSpot as it really is
+
+
+@pytest.fixture
+def keyed_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    """A portal with a unique-value property for onceflow's key, and HubSpot's task rules."""
+    config = FakeCrmConfig(
+        token="tok", strict_tasks=True, unique_properties={"tasks": ["onceflow_key"]}
+    )
+    with fake_crm(monkeypatch, config) as server:
+        yield server
+
+
+def _keyed_connection(db: Database, fake: FakeCrm) -> str:
+    seed_tenant(db, credits=100)
+    connection_id = seed_connection(db, fake.url)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET idempotency_property = 'onceflow_key'"
+            " WHERE id = CAST(:c AS uuid)",
+            c=connection_id,
+        )
+    return connection_id
+
+
+KEYED_TASK = {
+    "object_type": "tasks",
+    "properties": {"hs_task_subject": "Call Ada", "hs_timestamp": "2026-12-03T10:00:00Z"},
+}
+
+
+def test_a_lost_create_response_is_adopted_when_the_portal_has_a_key_property(
+    db: Database, keyed_fake: FakeCrm
+) -> None:
+    """Issue 13, item 6: the same lost response that gives OUTCOME_UNKNOWN without a key
+    property is, with one, retried and resolved by HubSpot's 409 "Existing ID: N"."""
+    connection_id = _keyed_connection(db, keyed_fake)
+    keyed_fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    with pytest.raises(BlockFailure) as err:
+        step.run(crm.CREATE, KEYED_TASK)
+    assert err.value.error_class == "transient"  # safe to retry, not OUTCOME_UNKNOWN
+    assert step.side_effect_started()
+    (made,) = keyed_fake.records("tasks")
+    assert made["properties"]["onceflow_key"] == step.idempotency_key
+    result = step.run(crm.CREATE, KEYED_TASK)
+    assert result.outcome_code == "ADOPTED_EXISTING"
+    assert result.output is not None
+    assert (result.output["id"], result.output["adopted_existing"]) == (made["id"], made["id"])
+    assert len(keyed_fake.records("tasks")) == 1
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT credit_balance FROM tenants") == 98  # charged once
+
+
+def test_a_created_task_is_associated_with_its_contact(db: Database, keyed_fake: FakeCrm) -> None:
+    connection_id = _keyed_connection(db, keyed_fake)
+    contact = crm.CREATE  # the contact the task is for, made by a step too
+    who = StepRunner(db, "crm.create", connection_id=connection_id).run(
+        contact, {"object_type": "contacts", "properties": {"email": "ada@x.io"}}
+    )
+    assert who.output is not None
+    task = {**KEYED_TASK, "associations": [{"object_type": "contacts", "id": who.output["id"]}]}
+    StepRunner(db, "crm.create", connection_id=connection_id).run(crm.CREATE, task)
+    (stored,) = keyed_fake.records("tasks")
+    assert stored["associations"] == {
+        "contacts": {"results": [{"id": who.output["id"], "type_id": 204}]}
+    }

@@ -276,3 +276,226 @@ def test_search_lags_writes_when_asked() -> None:
             assert found["total"] == 1
     finally:
         fake.stop()
+
+
+class _GatedInbox(_Inbox):
+    """An inbox that holds every request at a gate until the test opens it, counting how many
+    are in flight at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.changed = threading.Condition()
+        self.in_flight = 0
+        inbox = self
+        handler = self.server.RequestHandlerClass
+
+        class H(handler):  # type: ignore[valid-type,misc]
+            def do_POST(self) -> None:
+                with inbox.changed:
+                    inbox.in_flight += 1
+                    inbox.changed.notify_all()
+                inbox.gate.wait(30)
+                super().do_POST()
+
+        self.server.RequestHandlerClass = H
+
+    def wait_in_flight(self, count: int, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.in_flight >= count, timeout)
+
+
+def test_realistic_delivery_is_concurrent_unordered_duplicated_and_redelivered() -> None:
+    """HubSpot delivers up to 10 requests at once, in no particular order, and sometimes twice
+    (https://developers.hubspot.com/docs/api/webhooks). The realistic mode does all of it."""
+    inbox = _GatedInbox()
+    fake = FakeCrm(FakeCrmConfig(webhook_url=inbox.url, delivery="realistic")).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            for n in range(24):
+                c.post("/crm/v3/objects/deals", json={"properties": {"dealname": f"d{n}"}})
+        # Serial delivery would never have more than one request in flight.
+        assert inbox.wait_in_flight(10, timeout=20)
+        inbox.gate.set()  # the rest were waiting: taken in a shuffled order from here on
+        assert fake.webhooks.wait_idle(30)
+    finally:
+        inbox.gate.set()
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    batches = [json.loads(body) for _h, body, _p in inbox.received]
+    first_tries = [json.dumps(e) for batch in batches for e in batch if e["attemptNumber"] == 0]
+    assert len(first_tries) > len(set(first_tries))  # the same event sent twice as-is
+    assert any(len(batch) > 2 for batch in batches)  # waiting batches merged into one request
+    # Redelivered although acknowledged (204): the same events again, attemptNumber 1.
+    assert any(e["attemptNumber"] == 1 for batch in batches for e in batch)
+    firsts = [batch[0]["eventId"] for batch in batches if batch[0]["attemptNumber"] == 0]
+    assert firsts != sorted(firsts)  # not in the order the changes happened
+    created = {e["objectId"] for batch in batches for e in batch}
+    assert len(created) == 24  # nothing lost
+
+
+def test_v1_signature_beside_v3_and_non_unique_event_ids() -> None:
+    inbox = _Inbox()
+    config = FakeCrmConfig(webhook_url=inbox.url, app_secret="s3cret", unique_event_ids=False)
+    fake = FakeCrm(config).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            for n in range(4):
+                c.post("/crm/v3/objects/contacts", json={"properties": {"email": f"{n}@x.io"}})
+        assert fake.webhooks.wait_idle()
+    finally:
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    ids: list[int] = []
+    for headers, body, _path in inbox.received:
+        assert headers["X-HubSpot-Signature-Version"] == "v1"
+        assert headers["X-HubSpot-Signature"] == hashlib.sha256(b"s3cret" + body).hexdigest()
+        assert "X-HubSpot-Signature-v3" in headers
+        ids.extend(e["eventId"] for e in json.loads(body))
+    assert len(ids) == 8 and len(set(ids)) < len(ids)  # eventIds repeat across events
+
+
+def test_429_without_retry_after_when_asked() -> None:
+    """HubSpot's CRM 429s don't promise Retry-After; the rate-limit headers say the window."""
+    config = FakeCrmConfig(rate_limit_max=1, rate_limit_retry_after=False)
+    fake = FakeCrm(config).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            c.get("/crm/v3/objects/contacts/1")
+            refused = c.get("/crm/v3/objects/contacts/1")
+    finally:
+        fake.stop()
+    assert refused.status_code == 429
+    assert "Retry-After" not in refused.headers
+    assert refused.headers["X-HubSpot-RateLimit-Interval-Milliseconds"] == "10000"
+
+
+def test_portals_of_one_app_are_apart_and_share_one_webhook_url() -> None:
+    """Two portals installed the same app: each token sees only its portal's records, and both
+    portals' changes go to the app's one URL, naming their portalId."""
+    inbox = _Inbox()
+    config = FakeCrmConfig(webhook_url=inbox.url, token="tok-a", portals={"tok-b": 2002})
+    fake = FakeCrm(config).start()
+    try:
+        a = httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer tok-a"})
+        b = httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer tok-b"})
+        with a, b:
+            made = a.post("/crm/v3/objects/contacts", json={"properties": {"email": "x@x.io"}})
+            rid = made.json()["id"]
+            assert b.get(f"/crm/v3/objects/contacts/{rid}").status_code == 404
+            # Unique per portal: the same email is a new contact in the other portal.
+            assert (
+                b.post(
+                    "/crm/v3/objects/contacts", json={"properties": {"email": "x@x.io"}}
+                ).status_code
+                == 201
+            )
+            found = b.post("/crm/v3/objects/contacts/search", json={"filterGroups": []})
+            assert [r["id"] for r in found.json()["results"]] != [rid]
+        assert fake.webhooks.wait_idle()
+    finally:
+        fake.stop()
+        inbox.server.shutdown()
+        inbox.server.server_close()
+    portals = {e["portalId"] for _h, body, path in inbox.received for e in json.loads(body)}
+    assert portals == {62515, 2002}
+    assert {path for _h, _b, path in inbox.received} == {"/webhooks/hubspot/c1"}
+
+
+def test_tasks_need_hs_timestamp_and_take_associations_and_unique_values_conflict() -> None:
+    """HubSpot's tasks guide: `hs_timestamp` is required, and a task shows on a record only
+    when associated with it (type 204: task to contact). A property created with
+    hasUniqueValue answers a second create with 409 "Existing ID: N"."""
+    config = FakeCrmConfig(strict_tasks=True, unique_properties={"tasks": ["onceflow_key"]})
+    fake = FakeCrm(config).start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            contact = c.post("/crm/v3/objects/contacts", json={"properties": {"email": "t@x.io"}})
+            cid = contact.json()["id"]
+            assert (
+                c.post(
+                    "/crm/v3/objects/tasks", json={"properties": {"hs_task_subject": "Call"}}
+                ).status_code
+                == 400
+            )
+            task = {
+                "properties": {
+                    "hs_task_subject": "Call",
+                    "hs_timestamp": "1",
+                    "onceflow_key": "k1",
+                },
+                "associations": [
+                    {
+                        "to": {"id": cid},
+                        "types": [
+                            {"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": 204}
+                        ],
+                    }
+                ],
+            }
+            made = c.post("/crm/v3/objects/tasks", json=task)
+            assert made.status_code == 201
+            assert made.json()["associations"] == {
+                "contacts": {"results": [{"id": cid, "type_id": 204}]}
+            }
+            again = c.post("/crm/v3/objects/tasks", json=task)
+            assert again.status_code == 409
+            assert f"Existing ID: {made.json()['id']}" in again.json()["message"]
+            wrong = {**task, "properties": {**task["properties"], "onceflow_key": "k2"}}
+            wrong["associations"] = [
+                {"to": {"id": "999999"}, "types": [{"associationTypeId": 204}]}
+            ]
+            assert c.post("/crm/v3/objects/tasks", json=wrong).status_code == 400
+    finally:
+        fake.stop()
+
+
+def test_oauth_codes_expiring_access_tokens_refresh_and_revocation() -> None:
+    """HubSpot's OAuth as the fake plays it: a one-time code, access tokens that expire (a
+    401 on the CRM API), a refresh, and a revoked refresh token answering BAD_REFRESH_TOKEN."""
+    fake = FakeCrm(FakeCrmConfig(token="tok")).start()
+    client = {"client_id": "fake-client-id", "client_secret": "fake-client-secret"}
+    redirect = "https://ops.example.com/oauth/callback"
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            code = c.post(
+                "/_admin/oauth/authorize", json={"portal_id": 2002, "redirect_uri": redirect}
+            ).json()["code"]
+            exchange = {**client, "grant_type": "authorization_code", "code": code}
+            granted = c.post("/oauth/v1/token", data={**exchange, "redirect_uri": redirect})
+            assert granted.status_code == 200
+            tokens = granted.json()
+            assert (tokens["expires_in"], tokens["hub_id"]) == (1800, 2002)
+            replayed = c.post("/oauth/v1/token", data={**exchange, "redirect_uri": redirect})
+            assert (replayed.status_code, replayed.json()["status"]) == (400, "BAD_AUTH_CODE")
+
+            def create(access: str) -> httpx.Response:
+                return c.post(
+                    "/crm/v3/objects/deals",
+                    json={"properties": {"dealname": "x"}},
+                    headers={"Authorization": f"Bearer {access}"},
+                )
+
+            assert create(tokens["access_token"]).status_code == 201
+            assert fake.records("deals")[0]["portalId"] == 2002
+            c.post("/_admin/oauth/expire", json={})
+            expired = create(tokens["access_token"])
+            assert (expired.status_code, expired.json()["category"]) == (
+                401,
+                "EXPIRED_AUTHENTICATION",
+            )
+            refresh = {**client, "grant_type": "refresh_token"}
+            fresh = c.post(
+                "/oauth/v1/token", data={**refresh, "refresh_token": tokens["refresh_token"]}
+            ).json()
+            assert create(fresh["access_token"]).status_code == 201
+            c.post("/_admin/oauth/revoke", json={"refresh_token": tokens["refresh_token"]})
+            revoked = c.post(
+                "/oauth/v1/token", data={**refresh, "refresh_token": tokens["refresh_token"]}
+            )
+            assert (revoked.status_code, revoked.json()["status"]) == (400, "BAD_REFRESH_TOKEN")
+            assert create(fresh["access_token"]).status_code == 401  # uninstalled: tokens gone
+    finally:
+        fake.stop()

@@ -12,7 +12,7 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.tools import free_port
 from shared.db import Database
 from shared.port import connect
-from shared.port.hubspot import HubSpotPort, classify_response
+from shared.port.hubspot import NOT_APPLIED_CODES, HubSpotPort, classify_response
 from shared.port.interface import PortError, SearchFilter, Subscription
 
 
@@ -111,6 +111,34 @@ def test_classification_table() -> None:
     assert not cls(418).transient and cls(418).code == "unknown"
     assert cls(422).code == "invalid_request"
     assert cls(409, body='{"message":"Existing ID: 77"}').existing_id == "77"
+
+
+def test_locked_and_migrating_are_transient_and_not_applied() -> None:
+    """https://developers.hubspot.com/docs/api-reference/error-handling: 423 Locked (a record
+    is being synced by another process) and 477 Migration in Progress (with Retry-After) are
+    retryable, and HubSpot refused the request: a create may be retried."""
+
+    def cls(status: int, headers: dict[str, str] | None = None) -> PortError:
+        return classify_response(httpx.Response(status, headers=headers, text="{}"), 10_000)
+
+    locked, migrating = cls(423), cls(477, {"Retry-After": "30"})
+    assert (locked.transient, locked.code) == (True, "busy")
+    assert (migrating.transient, migrating.code, migrating.retry_after) == (True, "busy", 30)
+    assert "busy" in NOT_APPLIED_CODES  # crm.create may withdraw its mark and retry
+
+
+def test_429_without_retry_after_waits_the_interval_its_headers_give() -> None:
+    """HubSpot's CRM 429s don't promise Retry-After; X-HubSpot-RateLimit-Interval-Milliseconds
+    on the same answer says how long the window is
+    (https://developers.hubspot.com/docs/api/usage-details)."""
+    answer = httpx.Response(
+        429,
+        headers={"X-HubSpot-RateLimit-Interval-Milliseconds": "2500"},
+        text='{"policyName":"TEN_SECONDLY_ROLLING"}',
+    )
+    assert classify_response(answer, None).retry_after == 2.5
+    # Headers win over a stale interval remembered from an earlier answer.
+    assert classify_response(answer, 10_000).retry_after == 2.5
 
 
 def test_rate_limit_headers_are_honoured_without_spending_a_request() -> None:

@@ -47,6 +47,22 @@ def test_drain_turns_rows_into_events_and_stamps_them(db: Database) -> None:
     assert len(trigger_events(db)) == 3
 
 
+def test_events_sharing_an_event_id_are_both_kept_and_a_retry_is_still_one(
+    db: Database,
+) -> None:
+    """eventId is not unique at HubSpot: two creations with eventId 5 on different contacts are
+    two events; HubSpot's retry of the first (attemptNumber 1: a different body, so a new inbox
+    row) is recognised at the outbox and produces nothing."""
+    conn = make_connection(db)
+    first = hubspot_event(5, 1, subscription_type="contact.creation")
+    store(db, conn, hubspot_body(first, hubspot_event(5, 2, subscription_type="contact.creation")))
+    store(db, conn, hubspot_body({**first, "attemptNumber": 1}))
+    report = inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert (report.processed, report.events) == (2, 2)
+    assert [e["record_object_id"] for e in trigger_events(db)] == ["1", "2"]
+    assert inbox_rows(db)[1]["outcome"] == {"produced": 0, "dropped": {"re_announced": 1}}
+
+
 def test_unparseable_verified_body_is_rejected_and_never_retried(db: Database) -> None:
     conn = make_connection(db)
     row_id = store(db, conn, b'{"not": "an array"}')

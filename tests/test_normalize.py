@@ -37,7 +37,7 @@ def test_hubspot_events_map_to_the_naming_scheme() -> None:
     changed = events[1]
     assert (changed.object_type, changed.object_id) == ("contact", "11")
     assert changed.changed_fields == {"email": "a@x.io"}
-    assert changed.source_event_id == "2"
+    assert changed.source_event_id == "555:contact.propertyChange:11:email:2000:2"
     assert (changed.author_id, changed.author_source) == ("userId:42", "CRM_UI")
     assert changed.occurred_at == datetime.fromtimestamp(2, UTC)
     assert changed.payload["propertyName"] == "email"
@@ -49,7 +49,7 @@ def test_hubspot_events_come_out_in_occurred_order() -> None:
         hubspot_event(2, property_value="b", occurred_at_ms=2000),
         hubspot_event(1, property_value="a", occurred_at_ms=1000),
     )
-    assert [e.source_event_id for e in normalize("hubspot", body, {})] == ["1", "2"]
+    assert [e.payload["eventId"] for e in normalize("hubspot", body, {})] == [1, 2]
 
 
 def test_hubspot_generic_object_subscription_uses_singular_type() -> None:
@@ -143,3 +143,23 @@ def test_a_signed_body_nested_too_deeply_is_unparseable_not_a_crash() -> None:
     for provider in ("hubspot", "standard", "pipedrive"):
         with pytest.raises(UnparseableBody):
             normalize(provider, deep, {})
+
+
+def test_hubspot_dedup_key_is_not_the_event_id_alone() -> None:
+    """HubSpot: eventId "is not guaranteed to be unique"
+    (https://developers.hubspot.com/docs/api/webhooks). Two different events sharing one
+    eventId get different keys; a retry (only attemptNumber differs) gets the same key."""
+    first = hubspot_event(7, 11, property_name="email", property_value="a@x.io")
+    other_object = hubspot_event(7, 12, property_name="email", property_value="a@x.io")
+    other_portal = {**first, "portalId": 556}
+    other_type = hubspot_event(7, 11, subscription_type="contact.creation")
+    retry = {**first, "attemptNumber": 3}
+    keys = [
+        normalize("hubspot", hubspot_body(e), {})[0].source_event_id
+        for e in (first, other_object, other_portal, other_type, retry)
+    ]
+    assert len(set(keys[:4])) == 4
+    assert keys[4] == keys[0]
+    generic = {**other_type, "subscriptionType": "object.creation", "objectTypeId": "0-3"}
+    (deal,) = normalize("hubspot", hubspot_body(generic), {})
+    assert deal.source_event_id == "555:object.creation:0-3/11:-:1700000000000:7"

@@ -13,8 +13,11 @@ import httpx
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared import provider_apps
+from shared.connections import create_connection
 from shared.db import Database
 from shared.port import connect
+from shared.port.hubspot import HubSpotPort
 from shared.port.interface import (
     Capabilities,
     PortError,
@@ -25,6 +28,12 @@ from shared.port.interface import (
 from shared.workflows import subscriptions as subs
 from shared.workflows import versions
 from tests.blocks_support import fake_crm
+from tests.ops_support import (
+    bearer,
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    install_ops_api,
+    mint,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
@@ -283,3 +292,129 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
     last = subs.last_reconcile(db, connection_id)
     assert last is not None
     assert last["ok"] is True
+
+
+# ---------------------------------------------------------------- per provider app
+
+
+def _seed_app(db: Database, fake_url: str, *, kind: str = "public") -> tuple[str, str]:
+    """One HubSpot app installed on two portals of two tenants: acme runs the two contact
+    workflows, globex the deal one."""
+    with db.transaction() as tx:
+        provider_apps.register_app(
+            tx,
+            provider="hubspot",
+            app_id="424242",
+            kind=kind,  # type: ignore[arg-type]
+            client_secret_env="FAKECRM_APP_SECRET",
+            developer_credential_env="FAKECRM_DEVELOPER_KEY",
+            api_base_url=fake_url,
+        )
+        ids = []
+        for tenant, portal in (("acme", "1001"), ("globex", "2002")):
+            tx.execute(
+                "INSERT INTO tenants (id, name) VALUES (:t, :t) ON CONFLICT DO NOTHING", t=tenant
+            )
+            ids.append(
+                create_connection(
+                    tx,
+                    tenant_id=tenant,
+                    provider="hubspot",
+                    webhook_secret_env="FAKECRM_APP_SECRET",
+                    api_credentials_env="FAKECRM_TOKEN",
+                    api_base_url=fake_url,
+                    provider_account_id=portal,
+                    provider_app_id="424242",
+                )
+            )
+        for path in EXAMPLES:
+            source = path.read_text()
+            tenant = "globex" if path.name == "deal-closed-won.yaml" else "acme"
+            source = source.replace("tenant: acme", f"tenant: {tenant}")
+            published = versions.publish(tx, source, filename=str(path))
+            versions.activate(
+                tx,
+                tenant_id=tenant,
+                workflow_id=published.workflow_id,
+                version_id=published.version_id,
+            )
+    return ids[0], ids[1]
+
+
+@pytest.fixture
+def dev_fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    monkeypatch.setenv("FAKECRM_DEVELOPER_KEY", "dev-key")
+    config = FakeCrmConfig(token="tok", require_subscriptions=True, developer_api_key="dev-key")
+    with fake_crm(monkeypatch, config) as server:
+        yield server
+
+
+def test_an_apps_subscriptions_are_the_union_over_its_connections(
+    db: Database, dev_fake: FakeCrm
+) -> None:
+    """Two portals of one app: reconciling per connection made each delete what the other
+    needed. Per app, the fake holds the union, and a second pass changes nothing."""
+    acme, globex = _seed_app(db, dev_fake.url)
+    results = subs.reconcile_all(db, connect.port_for, connect.port_for_app)
+    assert [(r.connection_id, r.ok) for r in results] == [("hubspot-app:424242", True)]
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS
+    again = subs.reconcile_all(db, connect.port_for, connect.port_for_app)
+    assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), 3)
+    # A per-connection reconcile of one portal refuses to touch the app's subscriptions.
+    skipped = subs.reconcile_connection(db, acme, connect.port_for(acme))
+    assert skipped.skipped == "reconciled per provider app"
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS
+    # Deactivating globex's connection drops what only globex needed.
+    with db.transaction() as tx:
+        tx.execute("UPDATE connections SET status = 'paused' WHERE id = CAST(:c AS uuid)", c=globex)
+    after = subs.reconcile_all(db, connect.port_for, connect.port_for_app)[0]
+    assert after.deleted == (("deal", "propertyChange", "dealstage"),)
+    last = subs.last_app_reconcile(db, "hubspot", "424242")
+    assert last is not None and last["ok"] is True
+
+
+def test_the_subscriptions_api_takes_the_developer_credential_not_a_crm_token(
+    dev_fake: FakeCrm,
+) -> None:
+    portal_token_port = HubSpotPort("tok", base_url=dev_fake.url, app_id="424242")
+    try:
+        with pytest.raises(PortError) as err:
+            portal_token_port.list_subscriptions()
+        assert err.value.code == "unauthorized"
+    finally:
+        portal_token_port.close()
+
+
+def test_a_private_app_is_not_reconciled_through_the_api(db: Database, dev_fake: FakeCrm) -> None:
+    _seed_app(db, dev_fake.url, kind="private")
+    sent_before = len(dev_fake.state()["requests"])
+    (result,) = subs.reconcile_all(db, connect.port_for, connect.port_for_app)
+    assert result.ok and result.skipped is not None and "UI" in result.skipped
+    assert len(dev_fake.state()["requests"]) == sent_before  # HubSpot was not called
+    last = subs.last_app_reconcile(db, "hubspot", "424242")
+    assert last is not None
+    to_create = {
+        (s["object_type"], s["event_kind"], s["property_name"])
+        for s in last["desired"]["subscriptions"]
+    }
+    assert to_create == EXAMPLE_KEYS  # what the operator must create in HubSpot's UI
+
+
+def test_activating_or_deactivating_through_ops_reconciles_the_app_at_once(
+    db: Database, dev_fake: FakeCrm, dispatched: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _seed_app(db, dev_fake.url)
+    assert _provider_keys(dev_fake) == []  # nothing reconciled yet
+    client = install_ops_api(db, dispatched, monkeypatch).test_client()
+    h = bearer(mint(db, "globex"))
+    with db.transaction() as tx:
+        wf = tx.scalar("SELECT id::text FROM workflows WHERE tenant_id = 'globex'")
+        version = tx.scalar(
+            "SELECT id::text FROM workflow_versions WHERE workflow_id = CAST(:w AS uuid)", w=wf
+        )
+    assert client.post(f"/v1/workflows/{wf}/deactivate", headers=h, json={}).status_code == 200
+    # The app's union without globex's deal workflow, right away (acme's needs stay).
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS - {("deal", "propertyChange", "dealstage")}
+    answer = client.post(f"/v1/workflows/{wf}/activate", headers=h, json={"version_id": version})
+    assert answer.status_code == 200
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS

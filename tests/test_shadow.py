@@ -69,9 +69,9 @@ def test_changed_unchanged_out_of_order_and_re_announced(db: Database) -> None:
     assert deliver(db, conn, retry)["outcome"] == {"produced": 0, "dropped": {"re_announced": 1}}
 
     events = trigger_events(db)
-    assert [(e["event_type"], e["source_event_id"]) for e in events] == [
-        ("hubspot.contact.property_changed", "1"),
-        ("hubspot.contact.property_changed", "2"),
+    assert [(e["event_type"], e["payload"]["eventId"]) for e in events] == [
+        ("hubspot.contact.property_changed", 1),
+        ("hubspot.contact.property_changed", 2),
     ]
     assert events[1]["changed_fields"] == {"lifecyclestage": "customer"}
     assert events[1]["author_id"] == "userId:42"
@@ -80,7 +80,7 @@ def test_changed_unchanged_out_of_order_and_re_announced(db: Database) -> None:
         shadow = tx.one("SELECT value_hash, occurred_at, last_event_id FROM shadow_records")
     assert shadow is not None
     assert bytes(shadow["value_hash"]) == hashlib.sha256(b'"customer"').digest()
-    assert shadow["last_event_id"] == "3"
+    assert shadow["last_event_id"] == "555:contact.propertyChange:101:lifecyclestage:3000:3"
 
 
 def test_unwatched_field_is_dropped_and_says_so(db: Database) -> None:

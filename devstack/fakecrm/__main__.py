@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate-limit-max", type=int, default=190)
     parser.add_argument("--require-subscriptions", action="store_true")
     parser.add_argument("--search-lag-seconds", type=float, default=0.0)
+    parser.add_argument("--delivery", choices=("serial", "realistic"), default="serial")
     args = parser.parse_args(argv)
 
     config = FakeCrmConfig(
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         rate_limit_max=args.rate_limit_max,
         require_subscriptions=args.require_subscriptions,
         search_lag_seconds=args.search_lag_seconds,
+        delivery=args.delivery,
     )
     if args.app_secret_env:
         secret = os.environ.get(args.app_secret_env)

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
     OBJECT_TYPES,
     SINGULAR,
@@ -23,12 +24,19 @@ from devstack.fakecrm.store import (
     StoredRecord,
     now_ms,
 )
-from devstack.fakecrm.webhooks import WebhookSender
+from devstack.fakecrm.webhooks import DELIVERY_MODES, DeliveryMode, WebhookSender
 
 MAX_BODY = 1 << 20
 OBJECT_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
 SEARCH_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)/search$")
 SUBS_PATH = re.compile(r"^/webhooks/v3/(?P<app>[^/]+)/subscriptions(?:/(?P<id>[^/]+))?$")
+# HubSpot-defined association type ids the fake knows, task -> record (tasks guide:
+# https://developers.hubspot.com/docs/api-reference/latest/crm/activities/tasks/guide).
+ASSOCIATION_TYPES = {
+    204: ("tasks", "contacts"),
+    192: ("tasks", "companies"),
+    216: ("tasks", "deals"),
+}
 ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
 
 
@@ -52,6 +60,27 @@ class FakeCrmConfig:
     search_lag_seconds: float = 0.0
     # The author id HubSpot puts in `sourceId` for changes made through this app's token.
     integration_source_id: str = field(default="")
+    # How webhooks are delivered: "serial" or "realistic" (see devstack/fakecrm/webhooks.py).
+    delivery: str = "serial"
+    # HubSpot: eventId "is not guaranteed to be unique". Off: ids repeat (a small cycle).
+    unique_event_ids: bool = True
+    # More portals that installed the same app: bearer token -> portal id. Each portal sees
+    # only its own records, and its changes' webhooks name it in `portalId` (one URL per app).
+    portals: dict[str, int] = field(default_factory=dict)
+    # Properties created with `hasUniqueValue`, per object type (e.g. {"tasks":
+    # ["onceflow_key"]}): a second create with the same value answers 409 "Existing ID: N".
+    unique_properties: dict[str, list[str]] = field(default_factory=dict)
+    # HubSpot requires `hs_timestamp` on a task (the tasks guide); off for older tests.
+    strict_tasks: bool = False
+    # When set, /webhooks/v3 takes only this developer API key (`?hapikey=`), like HubSpot,
+    # and refuses a portal's CRM token; unset, it takes what the CRM API takes (older tests).
+    developer_api_key: str | None = None
+    # The app's OAuth client (devstack/fakecrm/oauth.py); access tokens live this long.
+    oauth_client_id: str = "fake-client-id"
+    oauth_client_secret: str = "fake-client-secret"  # noqa: S105 - a local fake's default
+    access_token_seconds: float = 1800.0
+    # HubSpot's CRM 429s don't promise Retry-After; off, only the rate-limit headers say when.
+    rate_limit_retry_after: bool = True
 
 
 class _Drop(Exception):
@@ -89,8 +118,16 @@ class FakeCrm:
         if not self.config.integration_source_id:
             self.config.integration_source_id = self.config.app_id
         self.store = Store()
+        self.oauth = OAuthServer(
+            client_id=self.config.oauth_client_id,
+            client_secret=self.config.oauth_client_secret,
+            access_seconds=self.config.access_token_seconds,
+        )
         self.webhooks = WebhookSender(
-            self.store, lambda: self.config.app_secret, lambda: self.config.webhook_url
+            self.store,
+            lambda: self.config.app_secret,
+            lambda: self.config.webhook_url,
+            DeliveryMode.named(self.config.delivery),
         )
         self._window_start = 0.0
         self._window_used = 0
@@ -131,7 +168,10 @@ class FakeCrm:
 
     def records(self, object_type: str) -> list[dict[str, Any]]:
         with self.store.lock:
-            return [r.to_json() for r in self.store.records[object_type].values()]
+            return [
+                {**r.to_json(), "portalId": r.portal_id}
+                for r in self.store.records[object_type].values()
+            ]
 
     def sink_requests(self) -> list[dict[str, Any]]:
         with self.store.lock:
@@ -162,11 +202,13 @@ class FakeCrm:
             return allowed, headers, max(interval - (now - self._window_start), 0.0)
 
     # --- writes and the webhooks they cause -------------------------------------------------
-    def _event(self, object_type: str, record_id: str, kind: str, **extra: Any) -> dict[str, Any]:
+    def _event(
+        self, object_type: str, record_id: str, kind: str, portal_id: int, **extra: Any
+    ) -> dict[str, Any]:
         return {
-            "eventId": self.store.next_event_id(),
+            "eventId": self.store.next_event_id(unique=self.config.unique_event_ids),
             "subscriptionId": 0,
-            "portalId": self.config.portal_id,
+            "portalId": portal_id,
             "appId": int(self.config.app_id) if self.config.app_id.isdigit() else 0,
             "occurredAt": now_ms(),
             "subscriptionType": f"{SINGULAR[object_type]}.{kind}",
@@ -197,12 +239,64 @@ class FakeCrm:
                 kept.append(event)
         return kept
 
+    def portal_record(self, object_type: str, record_id: str, portal_id: int) -> StoredRecord:
+        """The portal's record (caller holds the lock); another portal's reads as missing."""
+        rec = self.store.records[object_type].get(record_id)
+        if rec is None or rec.portal_id != portal_id:
+            raise _error(404, "resource not found", "OBJECT_NOT_FOUND")
+        return rec
+
+    def _associations(
+        self, object_type: str, body: Any, portal_id: int
+    ) -> list[tuple[str, str, int]]:
+        """`associations` of a v3 create, checked like HubSpot: known type, existing target."""
+        wanted = body.get("associations") if isinstance(body, dict) else None
+        out: list[tuple[str, str, int]] = []
+        for item in wanted or []:
+            try:
+                to_id = str(item["to"]["id"])
+                type_id = int(item["types"][0]["associationTypeId"])
+            except (KeyError, IndexError, TypeError, ValueError):
+                raise _error(400, "Invalid association input", "VALIDATION_ERROR") from None
+            pair = ASSOCIATION_TYPES.get(type_id)
+            if pair is None or pair[0] != object_type:
+                raise _error(
+                    400,
+                    f"association type {type_id} is invalid for {object_type}",
+                    "VALIDATION_ERROR",
+                )
+            target = self.store.records[pair[1]].get(to_id)
+            if target is None or target.portal_id != portal_id:
+                raise _error(400, f"{pair[1]} {to_id} does not exist", "VALIDATION_ERROR")
+            out.append((pair[1], to_id, type_id))
+        return out
+
     def create_record(
-        self, object_type: str, properties: dict[str, Any], source: tuple[str, str]
+        self,
+        object_type: str,
+        properties: dict[str, Any],
+        source: tuple[str, str],
+        portal_id: int | None = None,
+        body: Any = None,
     ) -> StoredRecord:
         """Non-idempotent on purpose: the same body twice makes two records (like the vendor)."""
+        portal = self.config.portal_id if portal_id is None else portal_id
+        if (
+            self.config.strict_tasks
+            and object_type == "tasks"
+            and not properties.get("hs_timestamp")
+        ):
+            raise _error(
+                400, "Property values were not valid: hs_timestamp is required", "VALIDATION_ERROR"
+            )
         with self.store.lock:
-            clash = self.store.find_unique(object_type, properties)
+            associations = self._associations(object_type, body, portal)
+            clash = self.store.find_unique(
+                object_type,
+                properties,
+                portal,
+                tuple(self.config.unique_properties.get(object_type, ())),
+            )
             if clash is not None:
                 raise _error(
                     409,
@@ -215,7 +309,7 @@ class FakeCrm:
             props.update(
                 {"hs_object_id": rid, "createdate": str(ms), "hs_lastmodifieddate": str(ms)}
             )
-            rec = StoredRecord(object_type, rid, props, ms, ms)
+            rec = StoredRecord(object_type, rid, props, ms, ms, portal, associations)
             self.store.records[object_type][rid] = rec
             self.store.writes.append(
                 {"op": "create", "type": object_type, "id": rid, "properties": dict(properties)}
@@ -227,6 +321,7 @@ class FakeCrm:
                         object_type,
                         rid,
                         "creation",
+                        portal,
                         changeFlag="CREATED",
                         changeSource=source[0],
                         sourceId=source[1],
@@ -238,6 +333,7 @@ class FakeCrm:
                             object_type,
                             rid,
                             "propertyChange",
+                            portal,
                             propertyName=name,
                             propertyValue=None if value is None else str(value),
                             changeSource=source[0],
@@ -254,11 +350,11 @@ class FakeCrm:
         record_id: str,
         properties: dict[str, Any],
         source: tuple[str, str],
+        portal_id: int | None = None,
     ) -> StoredRecord:
+        portal = self.config.portal_id if portal_id is None else portal_id
         with self.store.lock:
-            rec = self.store.records[object_type].get(record_id)
-            if rec is None:
-                raise _error(404, "resource not found", "OBJECT_NOT_FOUND")
+            rec = self.portal_record(object_type, record_id, portal)
             ms = now_ms()
             events = []
             for name, value in properties.items():
@@ -272,6 +368,7 @@ class FakeCrm:
                             object_type,
                             record_id,
                             "propertyChange",
+                            portal,
                             propertyName=name,
                             propertyValue=new,
                             changeSource=source[0],
@@ -319,6 +416,9 @@ class FakeCrm:
                     "app_id": self.config.app_id,
                     "portal_id": self.config.portal_id,
                     "require_subscriptions": self.config.require_subscriptions,
+                    "delivery": self.config.delivery,
+                    "unique_event_ids": self.config.unique_event_ids,
+                    "rate_limit_retry_after": self.config.rate_limit_retry_after,
                 },
             }
 
@@ -497,7 +597,16 @@ class _Handler(BaseHTTPRequestHandler):
                 entry["status"] = 200
                 self._send(200, {"ok": True})
                 return
-            self._authorize()
+            if path == "/oauth/v1/token" and method == "POST":
+                form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+                try:
+                    granted = self.fake.oauth.token(form)
+                except OAuthRefused as refused:
+                    raise _Reply(refused.status, refused.body) from None
+                entry["status"] = 200
+                self._send(200, granted)
+                return
+            portal = self._authorize(path, parse_qs(url.query))
             allowed, rate_headers, wait = self.fake.take_rate()
             if not allowed:
                 raise _Reply(
@@ -509,9 +618,16 @@ class _Handler(BaseHTTPRequestHandler):
                         "policyName": "TEN_SECONDLY_ROLLING",
                         "category": "RATE_LIMITS",
                     },
-                    {**rate_headers, "Retry-After": str(max(int(wait + 0.999), 1))},
+                    {
+                        **rate_headers,
+                        **(
+                            {"Retry-After": str(max(int(wait + 0.999), 1))}
+                            if self.fake.config.rate_limit_retry_after
+                            else {}
+                        ),
+                    },
                 )
-            status, body = self._api(method, path, parse_qs(url.query), self._json(raw))
+            status, body = self._api(method, path, parse_qs(url.query), self._json(raw), portal)
             if fault and fault.action == "drop_after_commit":
                 raise _Drop(reset=False)
             entry["status"] = status
@@ -523,38 +639,62 @@ class _Handler(BaseHTTPRequestHandler):
             entry["status"] = "dropped"
             self._drop(drop.reset)
 
-    def _authorize(self) -> None:
-        token = self.fake.config.token
-        if token and self.headers.get("Authorization") != f"Bearer {token}":
+    def _authorize(self, path: str, query: dict[str, list[str]]) -> int:
+        """The portal the request acts for (its bearer token says which), or a 401."""
+        config = self.fake.config
+        developer_key = config.developer_api_key
+        if developer_key and SUBS_PATH.match(path):
+            if query.get("hapikey") != [developer_key]:
+                raise _error(
+                    401,
+                    "The webhooks API requires the app's developer API key (hapikey).",
+                    "INVALID_AUTHENTICATION",
+                )
+            return config.portal_id
+        presented = self.headers.get("Authorization") or ""
+        bearer = presented.removeprefix("Bearer ") if presented.startswith("Bearer ") else None
+        if bearer is not None and bearer in config.portals:
+            return config.portals[bearer]
+        state, oauth_portal = self.fake.oauth.portal_of(bearer or "")
+        if state == "live":
+            return oauth_portal
+        if state == "expired":
+            raise _error(
+                401, "The OAuth token used to make this call expired.", "EXPIRED_AUTHENTICATION"
+            )
+        if config.token and bearer != config.token:
             raise _error(
                 401,
                 "Authentication credentials not found or invalid.",
                 "INVALID_AUTHENTICATION",
             )
+        return config.portal_id
 
     # --- the vendor API ---------------------------------------------------------------------
     def _api(
-        self, method: str, path: str, query: dict[str, list[str]], body: Any
+        self, method: str, path: str, query: dict[str, list[str]], body: Any, portal: int
     ) -> tuple[int, Any]:
         api_source = ("INTEGRATION", self.fake.config.integration_source_id)
         if m := SEARCH_PATH.match(path):
             if method != "POST":
                 raise _error(405, "method not allowed", "VALIDATION_ERROR")
-            return 200, self._search(_object_type(m["type"]), body)
+            return 200, self._search(_object_type(m["type"]), body, portal)
         if m := OBJECT_PATH.match(path):
             object_type = _object_type(m["type"])
             record_id = m["id"]
             if record_id is None and method == "POST":
-                rec = self.fake.create_record(object_type, _properties(body), api_source)
+                rec = self.fake.create_record(
+                    object_type, _properties(body), api_source, portal, body
+                )
                 return 201, rec.to_json()
             if record_id is not None and method == "PATCH":
-                rec = self.fake.update_record(object_type, record_id, _properties(body), api_source)
+                rec = self.fake.update_record(
+                    object_type, record_id, _properties(body), api_source, portal
+                )
                 return 200, rec.to_json()
             if record_id is not None and method == "GET":
                 with self.fake.store.lock:
-                    found = self.fake.store.records[object_type].get(record_id)
-                    if found is None:
-                        raise _error(404, "resource not found", "OBJECT_NOT_FOUND")
+                    found = self.fake.portal_record(object_type, record_id, portal)
                     only = [p for v in query.get("properties", []) for p in v.split(",") if p]
                     return 200, found.to_json(only or None)
             raise _error(405, "method not allowed", "VALIDATION_ERROR")
@@ -562,7 +702,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._subscriptions(method, m["app"], m["id"], body)
         raise _error(404, f"no route for {method} {path}", "OBJECT_NOT_FOUND")
 
-    def _search(self, object_type: str, body: Any) -> dict[str, Any]:
+    def _search(self, object_type: str, body: Any, portal: int) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise _error(400, "Invalid search request", "VALIDATION_ERROR")
         groups = body.get("filterGroups") or []
@@ -575,6 +715,7 @@ class _Handler(BaseHTTPRequestHandler):
                 r
                 for r in self.fake.store.records[object_type].values()
                 if r.updated_ms <= visible_before
+                and r.portal_id == portal
                 and (
                     not groups
                     or any(all(_matches(r, f) for f in g.get("filters", [])) for g in groups)
@@ -654,7 +795,25 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.config.search_lag_seconds = float(body["search_lag_seconds"])
             if "require_subscriptions" in body:
                 fake.config.require_subscriptions = bool(body["require_subscriptions"])
+            if "delivery" in body:
+                if body["delivery"] not in DELIVERY_MODES:
+                    raise _error(
+                        400, f"delivery must be one of {DELIVERY_MODES}", "VALIDATION_ERROR"
+                    )
+                fake.config.delivery = body["delivery"]
+                fake.webhooks.set_mode(DeliveryMode.named(fake.config.delivery))
+            for flag in ("unique_event_ids", "rate_limit_retry_after"):
+                if flag in body:
+                    setattr(fake.config, flag, bool(body[flag]))
             return 200, fake.state()["config"]
+        if path == "/_admin/oauth/authorize" and method == "POST":
+            portal_id = int(body.get("portal_id", fake.config.portal_id))
+            code = fake.oauth.authorize(portal_id, str(body.get("redirect_uri", "")))
+            return 200, {"code": code}
+        if path == "/_admin/oauth/revoke" and method == "POST":
+            return 200, {"revoked": fake.oauth.revoke(str(body.get("refresh_token", "")))}
+        if path == "/_admin/oauth/expire" and method == "POST":
+            return 200, {"expired": fake.oauth.expire_all()}
         if path == "/_admin/webhooks/flush" and method == "POST":
             return 200, {"idle": fake.webhooks.wait_idle(float(body.get("timeout", 10)))}
         if m := ADMIN_RECORDS.match(path):
@@ -663,9 +822,12 @@ class _Handler(BaseHTTPRequestHandler):
             user = ("CRM_UI", f"userId:{body.get('user_id', 7001)}" if body else "userId:7001")
             if method == "GET" and m["id"] is None:
                 return 200, {"results": fake.records(object_type)}
+            # `portal_id` in the body: a change in another portal of the app.
+            portal = int(body.get("portal_id", fake.config.portal_id)) if body else None
             if method == "POST" and m["id"] is None:
-                return 201, fake.create_record(object_type, _properties(body), user).to_json()
+                made = fake.create_record(object_type, _properties(body), user, portal, body)
+                return 201, made.to_json()
             if method == "PATCH" and m["id"] is not None:
-                rec = fake.update_record(object_type, m["id"], _properties(body), user)
+                rec = fake.update_record(object_type, m["id"], _properties(body), user, portal)
                 return 200, rec.to_json()
         raise _error(404, f"no admin route for {method} {path}", "OBJECT_NOT_FOUND")

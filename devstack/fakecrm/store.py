@@ -35,6 +35,9 @@ class StoredRecord:
     properties: dict[str, Any]
     created_ms: int
     updated_ms: int
+    portal_id: int = 0
+    # (to object type, to id, association type id), as HubSpot's v4 associations list them.
+    associations: list[tuple[str, str, int]] = field(default_factory=list)
 
     def to_json(self, only: list[str] | None = None) -> dict[str, Any]:
         props = dict(self.properties)
@@ -43,13 +46,19 @@ class StoredRecord:
             props = {k: v for k, v in props.items() if k in keep}
             for name in only:
                 props.setdefault(name, None)
-        return {
+        body: dict[str, Any] = {
             "id": self.id,
             "properties": props,
             "createdAt": iso(self.created_ms),
             "updatedAt": iso(self.updated_ms),
             "archived": False,
         }
+        if self.associations:
+            grouped: dict[str, list[dict[str, Any]]] = {}
+            for to_type, to_id, type_id in self.associations:
+                grouped.setdefault(to_type, []).append({"id": to_id, "type_id": type_id})
+            body["associations"] = {t: {"results": r} for t, r in grouped.items()}
+        return body
 
 
 @dataclass
@@ -107,8 +116,10 @@ class Store:
     def next_id(self) -> str:
         return str(next(self._ids))
 
-    def next_event_id(self) -> int:
-        return next(self._event_ids)
+    def next_event_id(self, *, unique: bool = True) -> int:
+        number = next(self._event_ids)
+        # Not unique: a cycle of 5 ids, so unrelated events share one soon and often.
+        return number if unique else 100 + number % 5
 
     def next_subscription_id(self) -> str:
         return str(next(self._sub_ids))
@@ -144,14 +155,25 @@ class Store:
                     return rule
         return None
 
-    def find_unique(self, object_type: str, properties: dict[str, Any]) -> StoredRecord | None:
-        name = UNIQUE_PROPERTY.get(object_type)
-        if not name or not properties.get(name):
-            return None
-        wanted = str(properties[name]).lower()
-        for rec in self.records[object_type].values():
-            if str(rec.properties.get(name, "")).lower() == wanted:
-                return rec
+    def find_unique(
+        self,
+        object_type: str,
+        properties: dict[str, Any],
+        portal_id: int = 0,
+        extra_unique: tuple[str, ...] = (),
+    ) -> StoredRecord | None:
+        """A record of the portal holding a value of `properties` that must be unique: HubSpot's
+        own (email, domain) or a property created with `hasUniqueValue` (`extra_unique`)."""
+        names = [n for n in (UNIQUE_PROPERTY.get(object_type), *extra_unique) if n]
+        for name in names:
+            if not properties.get(name):
+                continue
+            wanted = str(properties[name]).lower()
+            for rec in self.records[object_type].values():
+                if rec.portal_id == portal_id and (
+                    str(rec.properties.get(name, "")).lower() == wanted
+                ):
+                    return rec
         return None
 
     def reset(self) -> None:

@@ -9,7 +9,11 @@ A rehearsal runs no gate. Then, in a writing block:
 1. dry run: stop here and describe the request (rehearsals never touch a provider).
 2. the port (cached per connection).
 5. crm.create: set `side_effect_started_at` WHERE NULL (committed). Finding it set means an
-   earlier attempt may have created the record: fail `OUTCOME_UNKNOWN`, never call again.
+   earlier attempt may have created the record: fail `OUTCOME_UNKNOWN`, never call again —
+   unless the port declares write idempotency (the connection has a unique-value property for
+   onceflow's key, stamped with the step's idempotency key on every try): then it creates again,
+   and HubSpot's 409 "Existing ID: N" names the record the lost try made, which is adopted
+   (outcome `ADOPTED_EXISTING`, output `adopted_existing: N`).
    crm.update: commit an echo marker first, so the webhook the write causes is refused.
 6. call the port; classify its `PortError` into a `BlockFailure`.
 7. crm.create: record echo markers for the properties it set, now that the record has an id
@@ -37,7 +41,7 @@ from shared.db import get_database
 from shared.logs import get_logger
 from shared.port import connect
 from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
-from shared.port.interface import CrmPort, PortError, Record, SearchFilter
+from shared.port.interface import Association, CrmPort, PortError, Record, SearchFilter
 
 Scalar = str | int | float | bool | None
 ECHO_TTL_SECONDS = 600
@@ -49,9 +53,11 @@ ACTION_RETRY = RetryPolicy()
 OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
 OUTCOME_NO_CONNECTION = "NO_CONNECTION"
 OUTCOME_ALREADY_EXISTS = "ALREADY_EXISTS"
+OUTCOME_ADOPTED_EXISTING = "ADOPTED_EXISTING"
 # Vendor-neutral port codes → step outcome codes.
 _PORT_OUTCOMES = {
     "rate_limited": "PROVIDER_RATE_LIMITED",
+    "busy": "PROVIDER_BUSY",
     "unavailable": "PROVIDER_UNAVAILABLE",
     "timeout": "PROVIDER_TIMEOUT",
     "connection_reset": "PROVIDER_CONNECTION_RESET",
@@ -71,8 +77,22 @@ class _Config(BaseModel):
     )
 
 
+class AssociationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    object_type: str = Field(description="The existing record's type (contacts, companies, deals).")
+    id: str = Field(min_length=1, description="The existing record's id.")
+    type_id: int | None = Field(
+        default=None, description="Provider association type; default: the provider's for the pair."
+    )
+
+
 class CreateConfig(_Config):
     properties: dict[str, Scalar] = Field(min_length=1)
+    associations: list[AssociationConfig] = Field(
+        default_factory=list,
+        description="Existing records to link the new one to (a HubSpot task shows on a record "
+        "only when associated with it).",
+    )
 
 
 class UpdateConfig(_Config):
@@ -167,15 +187,30 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
             "crm.create", _output(stand_in), object_type=object_type, properties=config.properties
         )
     connection_id, port = _connect(ctx, config)
+    properties: dict[str, Scalar] = dict(config.properties)
+    key_property = port.idempotency_property if port.capabilities.write_idempotency else None
+    if key_property:
+        properties[key_property] = ctx.idempotency_key
+    associations = [Association(a.object_type, a.id, a.type_id) for a in config.associations]
     if not ctx.mark_side_effect_started():
-        raise BlockFailure(
-            "an earlier attempt may already have created this record (its response was never "
-            "recorded); not calling again. Check the CRM, then replay the run.",
-            error_class="permanent",
-            outcome_code=OUTCOME_UNKNOWN,
+        if key_property is None:
+            raise BlockFailure(
+                "an earlier attempt may already have created this record (its response was "
+                "never recorded); not calling again. Check the CRM, then replay the run.",
+                error_class="permanent",
+                outcome_code=OUTCOME_UNKNOWN,
+            )
+        return _create_or_adopt(
+            ctx,
+            config=config,
+            connection_id=connection_id,
+            port=port,
+            object_type=object_type,
+            properties=properties,
+            associations=associations,
         )
     try:
-        record = port.create(object_type, config.properties)
+        record = port.create(object_type, properties, associations)
     except PortError as exc:
         if exc.code in NOT_APPLIED_CODES:
             # The provider provably did not create anything. For a retryable refusal, take the
@@ -188,6 +223,9 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
                     outcome_code=OUTCOME_UNKNOWN,
                 ) from exc
             raise failure_from_port(exc, what="crm.create") from exc
+        if key_property and exc.transient:
+            # Unknown fate, but the key property makes a retry safe: it creates or adopts.
+            raise failure_from_port(exc, what="crm.create") from exc
         # The request left and its fate is unknown (reset, timeout, 5xx): never call again.
         raise BlockFailure(
             f"crm.create outcome unknown after {exc.code}: {exc}. The record may exist; "
@@ -195,6 +233,36 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
             error_class="permanent",
             outcome_code=OUTCOME_UNKNOWN,
         ) from exc
+    _record_create_echo(ctx, config, connection_id, record)
+    return BlockResult(output=_output(record))
+
+
+def _create_or_adopt(
+    ctx: BlockContext,
+    *,
+    config: CreateConfig,
+    connection_id: str,
+    port: CrmPort,
+    object_type: str,
+    properties: dict[str, Scalar],
+    associations: list[Association],
+) -> BlockResult:
+    """An earlier try may have created the record. The key property makes a second create
+    safe: either it creates (the earlier one never applied) or HubSpot refuses with the id of
+    the record the earlier one made, which this step adopts."""
+    try:
+        record = port.create(object_type, properties, associations)
+    except PortError as exc:
+        if exc.code == "conflict" and exc.existing_id:
+            log.info(
+                "crm.create adopted existing record %s (its earlier response was lost)",
+                exc.existing_id,
+            )
+            adopted = Record(object_type, exc.existing_id, dict(properties))
+            output = {**_output(adopted), "adopted_existing": exc.existing_id}
+            return BlockResult(output=output, outcome_code=OUTCOME_ADOPTED_EXISTING)
+        # Even ambiguous again, a transient failure is safe to retry: the key stays the guard.
+        raise failure_from_port(exc, what="crm.create (retry of an ambiguous create)") from exc
     _record_create_echo(ctx, config, connection_id, record)
     return BlockResult(output=_output(record))
 

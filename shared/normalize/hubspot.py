@@ -4,8 +4,16 @@ Each element has `eventId`, `subscriptionType` (`contact.creation`,
 `contact.propertyChange`, `deal.propertyChange`, `company.deletion`, … or the generic
 `object.*` with `objectTypeId`), `objectId`, `propertyName`/`propertyValue` for property
 changes, `occurredAt` (ms), `changeSource` and `sourceId` (who made the change),
-`attemptNumber` and `portalId`. The author is `author_source = changeSource`,
+`attemptNumber`, `portalId` and `appId`. The author is `author_source = changeSource`,
 `author_id = sourceId` (e.g. `userId:123`, or an app id for integration writes).
+
+The event's identity (`source_event_id`, the outbox's dedup key) is NOT `eventId` alone:
+HubSpot documents `eventId` as "not guaranteed to be unique"
+(https://developers.hubspot.com/docs/api/webhooks, "Webhook payloads"). It is
+`portalId:subscriptionType:objectId:propertyName:occurredAt:eventId` — every field a retry
+repeats unchanged (a retry only bumps `attemptNumber`), so a real retry is still the same
+key, while two different events that happen to share an `eventId` differ in at least one of
+the others and are both kept. HubSpot's own `eventId` stays in the payload.
 """
 
 from __future__ import annotations
@@ -52,9 +60,32 @@ class HubSpotEvent(BaseModel):
     property_value: Any = Field(default=None, alias="propertyValue")
     change_source: StrictStr | None = Field(default=None, alias="changeSource")
     source_id: StrictStr | StrictInt | None = Field(default=None, alias="sourceId")
+    portal_id: StrictInt | StrictStr | None = Field(default=None, alias="portalId")
+    app_id: StrictInt | StrictStr | None = Field(default=None, alias="appId")
 
 
 HubSpotEventList = TypeAdapter(list[HubSpotEvent])
+
+
+def _part(value: object) -> str:
+    # ":" separates the parts; a property name can't contain one, but keep the key unambiguous.
+    return "-" if value is None else str(value).replace(":", "%3A")
+
+
+def dedup_key(event: HubSpotEvent) -> str:
+    """The event's identity across deliveries (see the module docstring for why)."""
+    # Generic `object.*` subscriptions name the type separately: objects of two types may
+    # share an id.
+    obj = f"{event.object_type_id}/{event.object_id}" if event.object_type_id else event.object_id
+    parts = (
+        event.portal_id,
+        event.subscription_type,
+        obj,
+        event.property_name,
+        event.occurred_at,
+        event.event_id,
+    )
+    return ":".join(_part(v) for v in parts)
 
 
 def _object_type(event: HubSpotEvent) -> str:
@@ -93,7 +124,7 @@ def _to_event(event: HubSpotEvent, index: int) -> NormalizedEvent:
         kind=kind,
         occurred_at=datetime.fromtimestamp(event.occurred_at / 1000, UTC),
         payload=event.model_dump(mode="json", by_alias=True, exclude_none=True),
-        source_event_id=str(event.event_id),
+        source_event_id=dedup_key(event),
         object_type=object_type if object_id is not None else None,
         object_id=object_id,
         changed_fields=changed,

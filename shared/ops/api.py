@@ -46,6 +46,7 @@ from shared.ops.models import (
     LedgerEntry,
     LineageEntry,
     PageQuery,
+    ProviderAppReport,
     PublishResult,
     RecordExplanation,
     RecordQuery,
@@ -69,6 +70,7 @@ from shared.ops.models import (
     StuckInboxQuery,
     TicksQuery,
     TriggerStatus,
+    UnroutedPortal,
     ValidationResult,
     VersionList,
     VersionSummary,
@@ -202,6 +204,29 @@ def requeue_inbox_row(call: Call) -> RequeueResult:
         if tx.one(INBOX_REQUEUE_DEAD, inbox_id=inbox_id, tenant_id=call.scope) is None:
             raise not_found("dead inbox row")
     return RequeueResult(id=inbox_id)
+
+
+def provider_app_report(call: Call) -> ProviderAppReport:
+    """An app spans tenants (one URL for every portal that installed it): operator only; a
+    tenant's token gets the 404 an unknown app gets."""
+    from shared import provider_apps
+    from shared.workflows.subscriptions import last_app_reconcile
+
+    if call.scope is not None:
+        raise not_found("provider app")
+    with call.db.transaction() as tx:
+        app = provider_apps.get_app(tx, "hubspot", call.path["app_id"])
+        if app is None:
+            raise not_found("provider app")
+        unrouted = provider_apps.unrouted_summary(tx, app.provider, app.app_id)
+    last = last_app_reconcile(call.db, app.provider, app.app_id)
+    return ProviderAppReport(
+        provider=app.provider,
+        app_id=app.app_id,
+        kind=app.kind,
+        unrouted=[UnroutedPortal.model_validate(row) for row in unrouted],
+        subscriptions=dict(last) if last else None,
+    )
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -493,6 +518,7 @@ def activate_workflow(call: Call) -> ActivationResult:
         raise not_found("version") from None
     except DefinitionInvalid as exc:  # the database refuses its trigger (e.g. no index)
         raise _definition_invalid(exc.report) from None
+    _reconcile_subscriptions_now(call.db, workflow["tenant_id"])
     return ActivationResult(
         workflow_id=UUID(activation.workflow_id), active_version_id=UUID(activation.version_id)
     )
@@ -544,7 +570,21 @@ def deactivate_workflow(call: Call) -> ActivationResult:
             )
     except versions.WorkflowNotFound:
         raise not_found("workflow") from None
+    _reconcile_subscriptions_now(call.db, workflow["tenant_id"])
     return ActivationResult(workflow_id=workflow["id"], active_version_id=None)
+
+
+def _reconcile_subscriptions_now(db: Database, tenant_id: str) -> None:
+    """The provider subscriptions the change needs, at once (after the commit). Best effort:
+    the activation stands either way, each outcome is recorded, and the hourly sweep repairs
+    what failed here."""
+    from shared.port.connect import port_for, port_for_app
+    from shared.workflows.subscriptions import reconcile_tenant
+
+    try:
+        reconcile_tenant(db, tenant_id, port_for, port_for_app)
+    except Exception:
+        log.warning("subscription reconcile after an activation failed", exc_info=True)
 
 
 # ---- rehearsals ---------------------------------------------------------------------------
@@ -662,6 +702,16 @@ ROUTES: tuple[Route, ...] = (
         "Drain a dead inbox row again, with a fresh attempt budget",
         errors=(401, 404),
         path_params=("inbox_id",),
+    ),
+    Route(
+        "apps.hubspot.get",
+        "GET",
+        "/v1/apps/hubspot/{app_id}",
+        provider_app_report,
+        ProviderAppReport,
+        "A HubSpot app: portals it hears from that no connection takes, and its subscriptions",
+        errors=(401, 404),
+        path_params=("app_id",),
     ),
     Route(
         "credits.get",

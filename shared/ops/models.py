@@ -324,7 +324,12 @@ class StuckInboxRow(_Response):
     The body is never shown."""
 
     id: int
-    connection_id: UUID
+    connection_id: UUID | None = Field(
+        description="The connection it came to; none for a provider app's URL (see app_id)."
+    )
+    app_id: str | None = Field(
+        default=None, description="The HubSpot app whose one URL it came to (operator only)."
+    )
     status: Literal["dead", "rejected"]
     attempts: int
     deliveries: int
@@ -336,6 +341,32 @@ class StuckInboxRow(_Response):
 
 class StuckInboxList(_Response):
     rows: list[StuckInboxRow]
+
+
+class UnroutedPortal(_Response):
+    """Events an app's one webhook URL received for a portal that no live connection takes:
+    recorded and acknowledged (never a 5xx, never silently dropped)."""
+
+    account_id: str = Field(description="The HubSpot portalId ('' when the event named none).")
+    reason: str
+    explanation: str
+    events: int
+    deliveries: int
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+
+class ProviderAppReport(_Response):
+    """A provider app (one webhook URL for every portal that installed it), for the operator."""
+
+    provider: str
+    app_id: str
+    kind: Literal["public", "private"]
+    unrouted: list[UnroutedPortal]
+    subscriptions: dict[str, Any] | None = Field(
+        description="The last subscription reconcile: `desired` (for a private app, what the "
+        "operator must create in HubSpot's UI), `result`, `ok`, `reconciled_at`."
+    )
 
 
 class RequeueResult(_Response):

@@ -18,6 +18,7 @@ from shared.connections import is_connection_id
 from shared.db import Tx
 from shared.port.hubspot import HubSpotPort
 from shared.port.interface import CrmPort, PortError
+from shared.provider_apps import ProviderApp
 
 SQL = queries.load("port")
 GET = SQL["port_connection_get"]
@@ -33,6 +34,7 @@ class PortSettings:
     api_base_url: str | None
     api_credentials_env: str | None
     provider_app_id: str | None
+    idempotency_property: str | None = None
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
@@ -49,6 +51,7 @@ def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
         api_base_url=row["api_base_url"],
         api_credentials_env=row["api_credentials_env"],
         provider_app_id=row["provider_app_id"],
+        idempotency_property=row["idempotency_property"],
     )
 
 
@@ -88,7 +91,7 @@ def build_port(settings: PortSettings) -> CrmPort:
         settings.provider,
         settings.api_base_url,
         token,
-        settings.provider_app_id,
+        f"{settings.provider_app_id}|{settings.idempotency_property}",
     )
     with _cache_lock:
         port = _cache.get(key)
@@ -105,7 +108,10 @@ def build_port(settings: PortSettings) -> CrmPort:
                 if isinstance(old, HubSpotPort):
                     old.close()
             port = HubSpotPort(
-                token, base_url=settings.api_base_url, app_id=settings.provider_app_id
+                token,
+                base_url=settings.api_base_url,
+                app_id=settings.provider_app_id,
+                idempotency_property=settings.idempotency_property,
             )
             _cache[key] = port
         return port
@@ -114,6 +120,33 @@ def build_port(settings: PortSettings) -> CrmPort:
 def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
     """Convenience for callers outside a transaction's `with` block (errors are PortError)."""
     return build_port(load_port_settings(tx, connection_id))
+
+
+def port_for_app(app: ProviderApp) -> CrmPort | None:
+    """A port acting with the app's developer credential (for its webhook subscriptions); None
+    when the app names none. A private app has no subscriptions API at all."""
+    if app.provider != "hubspot":
+        raise PortError(
+            f"no adapter for provider {app.provider!r}", code="invalid_request", transient=False
+        )
+    if not app.developer_credential_env:
+        return None
+    key = os.environ.get(app.developer_credential_env)
+    if not key:
+        raise PortError(
+            f"environment variable {app.developer_credential_env} is not set",
+            code="unauthorized",
+            transient=False,
+        )
+    cache_key = (f"app:{app.app_id}", app.provider, app.api_base_url, key, app.app_id)
+    with _cache_lock:
+        port = _cache.get(cache_key)
+        if port is None:  # kept like a connection's, so a warm instance reuses its pool
+            port = HubSpotPort(
+                None, base_url=app.api_base_url, app_id=app.app_id, developer_api_key=key
+            )
+            _cache[cache_key] = port
+        return port
 
 
 def set_provider_app_id(tx: Tx, connection_id: str, app_id: str | None) -> int:

@@ -3,8 +3,12 @@
 Everything HubSpot-specific stops here. Responses become `Record`/`Subscription`; failures
 become `PortError` with a vendor-neutral code, classified once:
 
-- 429 → `rate_limited`, transient, retry-after from `Retry-After` (else the rate-limit
-  interval); 408/425 → `timeout`; 5xx → `unavailable`; all transient.
+- 429 → `rate_limited`, transient, retry-after from `Retry-After`, else the interval the same
+  answer's `X-HubSpot-RateLimit-Interval-Milliseconds` gives (CRM 429s don't promise
+  Retry-After), else the last interval seen; 408/425 → `timeout`; 5xx → `unavailable`;
+  423 Locked and 477 Migration in Progress → `busy` (HubSpot refused to act now; 477 carries
+  Retry-After); all transient. Source:
+  https://developers.hubspot.com/docs/api-reference/error-handling
 - connect errors → `connect_failed` (transient, and the request never left); read/write
   timeouts → `timeout`; a connection dropped or reset mid-request → `connection_reset`
   (transient, but the write may have been applied: at-most-once callers must not retry).
@@ -28,6 +32,7 @@ from typing import Any
 import httpx
 
 from shared.port.interface import (
+    Association,
     Capabilities,
     PortError,
     RateLimitState,
@@ -43,9 +48,47 @@ PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task"
 SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 # Codes whose request provably never changed anything at the provider.
+# `busy` (423/477) is HubSpot saying it would not act on the request now.
 NOT_APPLIED_CODES = frozenset(
-    {"connect_failed", "rate_limited", "unauthorized", "invalid_request", "not_found", "conflict"}
+    {
+        "connect_failed",
+        "rate_limited",
+        "busy",
+        "unauthorized",
+        "invalid_request",
+        "not_found",
+        "conflict",
+    }
 )
+# 423: the record is locked by another sync; 477: the portal is being migrated between data
+# centres (Retry-After says when to come back). Both retryable per HubSpot's error handling.
+BUSY_STATUSES = frozenset({423, 477})
+
+
+# HubSpot-defined association type ids, (from, to) plural types: the tasks guide
+# (https://developers.hubspot.com/docs/api-reference/latest/crm/activities/tasks/guide) lists
+# task -> contact 204, company 192, deal 216. A task must be associated to show on a record.
+DEFAULT_ASSOCIATION_TYPES = {
+    ("tasks", "contacts"): 204,
+    ("tasks", "companies"): 192,
+    ("tasks", "deals"): 216,
+}
+
+
+def association_input(object_type: str, association: Association) -> dict[str, Any]:
+    """One entry of a v3 create's `associations`."""
+    to_type = plural_object_type(association.to_object_type)
+    type_id = association.type_id or DEFAULT_ASSOCIATION_TYPES.get((object_type, to_type))
+    if type_id is None:
+        raise PortError(
+            f"no default association type from {object_type} to {to_type}; set type_id",
+            code="invalid_request",
+            transient=False,
+        )
+    return {
+        "to": {"id": _path_id(association.to_id)},
+        "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": type_id}],
+    }
 
 
 def plural_object_type(object_type: str) -> str:
@@ -73,6 +116,11 @@ def _retry_after(headers: httpx.Headers) -> float | None:
         return None
 
 
+def _interval_ms(headers: httpx.Headers) -> int | None:
+    value = headers.get("X-HubSpot-RateLimit-Interval-Milliseconds")
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+
+
 def _message(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -90,9 +138,18 @@ def classify_response(response: httpx.Response, interval_ms: int | None = None) 
     if status == 429:
         retry_after = _retry_after(response.headers)
         if retry_after is None:
-            retry_after = (interval_ms or 10_000) / 1000
+            interval = _interval_ms(response.headers) or interval_ms or 10_000
+            retry_after = interval / 1000
         return PortError(
             message, code="rate_limited", transient=True, retry_after=retry_after, status=status
+        )
+    if status in BUSY_STATUSES:
+        return PortError(
+            message,
+            code="busy",
+            transient=True,
+            status=status,
+            retry_after=_retry_after(response.headers),
         )
     if status in (408, 425):
         return PortError(message, code="timeout", transient=True, status=status)
@@ -157,24 +214,43 @@ class HubSpotPort:
         event_author_identity=True,  # changeSource/sourceId on every event
         subscription_management=True,  # webhooks v3 subscriptions API
     )
+    idempotency_property: str | None = None
 
     def __init__(
         self,
-        token: str,
+        token: str | None,
         *,
         base_url: str | None = None,
         app_id: str | None = None,
+        developer_api_key: str | None = None,
+        idempotency_property: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """`token`: a portal's CRM token (private-app token or OAuth access token), for records.
+        `developer_api_key`: the app's developer credential, which is what the webhooks v3
+        subscriptions API takes (as `hapikey`), not a portal token
+        (https://developers.hubspot.com/docs/api/webhooks). A port for an app's subscriptions
+        has the key and no token."""
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self.app_id = app_id
+        self._developer_api_key = developer_api_key
+        if idempotency_property:
+            # The portal has a unique-value property for onceflow's key: a create sent twice
+            # makes one record and a 409 naming it, so creates may be retried and adopted.
+            self.idempotency_property = idempotency_property
+            self.capabilities = Capabilities(
+                write_idempotency=True, event_author_identity=True, subscription_management=True
+            )
         self.rate_limit = RateLimitState()
         self._spent_until = 0.0
         self._lock = threading.Lock()
         self._client = httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            headers={
+                "Accept": "application/json",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            },
             timeout=httpx.Timeout(timeout),
             follow_redirects=False,
             trust_env=False,
@@ -240,11 +316,17 @@ class HubSpotPort:
                 self._spent_until = time.monotonic() + state.interval_ms / 1000
 
     # --- records ----------------------------------------------------------------------------
-    def create(self, object_type: str, properties: Mapping[str, Any]) -> Record:
+    def create(
+        self,
+        object_type: str,
+        properties: Mapping[str, Any],
+        associations: Sequence[Association] = (),
+    ) -> Record:
         kind = plural_object_type(object_type)
-        body = self._request(
-            "POST", f"/crm/v3/objects/{kind}", json={"properties": dict(properties)}
-        )
+        request: dict[str, Any] = {"properties": dict(properties)}
+        if associations:
+            request["associations"] = [association_input(kind, a) for a in associations]
+        body = self._request("POST", f"/crm/v3/objects/{kind}", json=request)
         return _record(kind, body)
 
     def update(self, object_type: str, object_id: str, properties: Mapping[str, Any]) -> Record:
@@ -302,8 +384,11 @@ class HubSpotPort:
             )
         return f"/webhooks/v3/{self.app_id}/subscriptions"
 
+    def _developer_params(self) -> dict[str, str] | None:
+        return {"hapikey": self._developer_api_key} if self._developer_api_key else None
+
     def list_subscriptions(self) -> list[Subscription]:
-        body = self._request("GET", self._subscriptions_path())
+        body = self._request("GET", self._subscriptions_path(), params=self._developer_params())
         results = body.get("results", []) if isinstance(body, dict) else []
         return [_subscription(r) for r in results if r.get("active", True)]
 
@@ -314,11 +399,17 @@ class HubSpotPort:
         }
         if subscription.property_name:
             request["propertyName"] = subscription.property_name
-        body = self._request("POST", self._subscriptions_path(), json=request)
+        body = self._request(
+            "POST", self._subscriptions_path(), json=request, params=self._developer_params()
+        )
         return _subscription(body)
 
     def delete_subscription(self, subscription_id: str) -> None:
-        self._request("DELETE", f"{self._subscriptions_path()}/{_path_id(subscription_id)}")
+        self._request(
+            "DELETE",
+            f"{self._subscriptions_path()}/{_path_id(subscription_id)}",
+            params=self._developer_params(),
+        )
 
 
 def _path_id(value: str) -> str:

@@ -17,7 +17,7 @@ ObjectType = Literal["contacts", "companies", "deals", "tasks"]
 class PortError(Exception):
     """A classified failure from a provider.
 
-    code: vendor-neutral (`rate_limited`, `unavailable`, `timeout`, `connection_reset`,
+    code: vendor-neutral (`rate_limited`, `busy`, `unavailable`, `timeout`, `connection_reset`,
     `conflict`, `not_found`, `unauthorized`, `invalid_request`, `unknown`).
     """
 
@@ -60,6 +60,16 @@ class Subscription:
 
 
 @dataclass(frozen=True)
+class Association:
+    """Link a record being created to an existing one (`to_object_type` plural, e.g.
+    "contacts"). `type_id` None: the provider's default type for the pair."""
+
+    to_object_type: str
+    to_id: str
+    type_id: int | None = None
+
+
+@dataclass(frozen=True)
 class Capabilities:
     write_idempotency: bool = False  # the provider dedupes writes by a key we send
     event_author_identity: bool = False  # events say who made the change
@@ -81,8 +91,16 @@ class SearchPage:
 
 class CrmPort(Protocol):
     capabilities: Capabilities
+    # With `capabilities.write_idempotency`: the property a create stamps its idempotency key
+    # in; the provider refuses a second record with the same value and names the first.
+    idempotency_property: str | None
 
-    def create(self, object_type: str, properties: Mapping[str, Any]) -> Record: ...
+    def create(
+        self,
+        object_type: str,
+        properties: Mapping[str, Any],
+        associations: Sequence[Association] = (),
+    ) -> Record: ...
 
     def update(self, object_type: str, object_id: str, properties: Mapping[str, Any]) -> Record: ...
 

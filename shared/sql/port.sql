@@ -3,7 +3,7 @@
 
 -- name: port_connection_get
 SELECT id::text AS id, tenant_id, provider, status, api_base_url, api_credentials_env,
-       provider_app_id
+       provider_app_id, idempotency_property
   FROM connections
  WHERE id = CAST(:connection_id AS uuid)
 

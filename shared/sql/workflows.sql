@@ -81,16 +81,21 @@ SELECT w.tenant_id, a.workflow_id::text AS workflow_id, a.version_id::text AS ve
  ORDER BY w.name
 
 -- name: workflows_reconcile_connections
--- Connections whose provider subscriptions the hourly sweep keeps in line.
-SELECT id::text AS id, tenant_id, provider
-  FROM connections
- WHERE status = 'active'
- ORDER BY id
+-- Connections whose provider subscriptions the hourly sweep keeps in line one by one: those of
+-- a registered provider app are reconciled per app instead (workflows_app_reconcile_apps).
+SELECT c.id::text AS id, c.tenant_id, c.provider
+  FROM connections c
+ WHERE c.status = 'active'
+   AND NOT EXISTS (SELECT 1 FROM provider_apps p
+                    WHERE p.provider = c.provider AND p.app_id = c.provider_app_id)
+ ORDER BY c.id
 
 -- name: workflows_reconcile_connection_get
-SELECT id::text AS id, tenant_id, provider, status
-  FROM connections
- WHERE id = CAST(:connection_id AS uuid)
+SELECT c.id::text AS id, c.tenant_id, c.provider, c.status,
+       EXISTS (SELECT 1 FROM provider_apps p
+                WHERE p.provider = c.provider AND p.app_id = c.provider_app_id) AS app_registered
+  FROM connections c
+ WHERE c.id = CAST(:connection_id AS uuid)
 
 -- name: workflows_reconcile_record
 INSERT INTO subscription_reconciles (connection_id, desired, result, ok, reconciled_at)
@@ -103,3 +108,37 @@ ON CONFLICT (connection_id) DO UPDATE
 SELECT desired, result, ok, reconciled_at
   FROM subscription_reconciles
  WHERE connection_id = CAST(:connection_id AS uuid)
+
+-- name: workflows_app_reconcile_apps
+-- Apps whose subscriptions the hourly sweep keeps in line (one reconcile per app).
+SELECT provider, app_id
+  FROM provider_apps
+ ORDER BY provider, app_id
+
+-- name: workflows_app_active_tenants
+-- The tenants of the app's active connections: their active triggers make the app's union.
+SELECT DISTINCT tenant_id
+  FROM connections
+ WHERE provider = :provider AND provider_app_id = :app_id AND status = 'active'
+ ORDER BY tenant_id
+
+-- name: workflows_app_reconcile_record
+INSERT INTO app_subscription_reconciles (provider, app_id, desired, result, ok, reconciled_at)
+VALUES (:provider, :app_id, CAST(:desired AS jsonb), CAST(:result AS jsonb), :ok, now())
+ON CONFLICT (provider, app_id) DO UPDATE
+   SET desired = EXCLUDED.desired, result = EXCLUDED.result, ok = EXCLUDED.ok,
+       reconciled_at = EXCLUDED.reconciled_at
+
+-- name: workflows_app_reconcile_last
+SELECT desired, result, ok, reconciled_at
+  FROM app_subscription_reconciles
+ WHERE provider = :provider AND app_id = :app_id
+
+-- name: workflows_tenant_reconcile_targets
+-- The tenant's active connections, with the registered app each belongs to (NULL: none, so
+-- it is reconciled on its own), for reconciling right after an activation changes.
+SELECT c.id::text AS id, c.provider, p.app_id
+  FROM connections c
+  LEFT JOIN provider_apps p ON p.provider = c.provider AND p.app_id = c.provider_app_id
+ WHERE c.tenant_id = :tenant_id AND c.status = 'active'
+ ORDER BY c.id

@@ -300,10 +300,10 @@ def expire_echo_markers(db: Database) -> dict[str, int]:
 
 def reconcile_subscriptions(db: Database) -> dict[str, int]:
     """Hourly provider subscription repair (the workflows issue's reconcile)."""
-    from shared.port.connect import port_for
+    from shared.port.connect import port_for, port_for_app
     from shared.workflows.subscriptions import reconcile_all
 
-    results = reconcile_all(db, port_for)
+    results = reconcile_all(db, port_for, port_for_app)
     return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}
 
 

@@ -27,7 +27,9 @@ ROOTS: dict[str, str] = {
     "event": (
         "The trigger occurrence as onceflow recorded it: `id`, `type` (e.g. "
         "hubspot.contact.property_changed), `tenant_id`, `connection_id`, `source_event_id` "
-        "(the provider's event id), `occurred_at` (a timestamp), `author_id` (who made the "
+        "(the provider event's identity; for HubSpot portal:subscription:object:property:"
+        "occurredAt:eventId, since its eventId alone is not unique; the raw id is in "
+        "`payload`), `occurred_at` (a timestamp), `author_id` (who made the "
         "change, when the provider says), `changed_fields` ({property: new value} for a "
         "property change, {} otherwise)."
     ),

@@ -14,7 +14,19 @@ a concurrent reconcile (a create that finds the subscription already there, or a
 that finds it already gone, counts as done). The outcome — desired set, what changed, what
 failed — is recorded per connection in `subscription_reconciles`.
 
-`reconcile_all(db, port_for_connection)` is what the hourly sweep calls to repair drift.
+Subscriptions of a registered provider app (shared/provider_apps.py) belong to the app:
+every portal that installs a HubSpot app gets the same ones
+(https://developers.hubspot.com/docs/api/webhooks: "configured for a public app, not
+individual accounts"). Reconciling them per connection made two connections of one app delete
+what the other needed, so such connections are reconciled once per app (`reconcile_app`): the
+desired set is the union over the tenants of the app's ACTIVE connections, applied with the
+app's developer credential (the subscriptions API does not take a portal's CRM token). A
+private app's webhook settings "can only be edited in the in-app settings for your private
+app, and cannot currently be edited through the API": its reconcile calls nothing and records
+the subscriptions the operator must create in HubSpot's UI.
+
+`reconcile_all(db, port_for_connection, port_for_app)` is what the hourly sweep calls to
+repair drift.
 """
 
 from __future__ import annotations
@@ -28,6 +40,7 @@ from shared import queries
 from shared.db import Database
 from shared.logs import get_logger
 from shared.port.interface import CrmPort, PortError, Subscription
+from shared.provider_apps import ProviderApp, get_app
 
 SQL = queries.load("workflows")
 ACTIVE_DEFINITIONS = SQL["workflows_active_definitions"]
@@ -35,6 +48,11 @@ CONNECTIONS = SQL["workflows_reconcile_connections"]
 CONNECTION_GET = SQL["workflows_reconcile_connection_get"]
 RECORD = SQL["workflows_reconcile_record"]
 LAST = SQL["workflows_reconcile_last"]
+APPS = SQL["workflows_app_reconcile_apps"]
+APP_TENANTS = SQL["workflows_app_active_tenants"]
+APP_RECORD = SQL["workflows_app_reconcile_record"]
+APP_LAST = SQL["workflows_app_reconcile_last"]
+TENANT_TARGETS = SQL["workflows_tenant_reconcile_targets"]
 
 log = get_logger(__name__)
 
@@ -225,6 +243,11 @@ def reconcile_connection(db: Database, connection_id: str, port: CrmPort) -> Rec
     conn, desired = desired_for_connection(db, connection_id)
     if conn is None:
         return ReconcileResult(connection_id, False, errors=("connection does not exist",))
+    if conn["app_registered"]:
+        # Never per connection: it would delete what the app's other portals need.
+        return ReconcileResult(
+            connection_id, True, skipped="reconciled per provider app", desired=desired
+        )
     if conn["status"] != "active":
         result = ReconcileResult(
             connection_id, True, skipped=f"connection is {conn['status']}", desired=desired
@@ -251,33 +274,163 @@ def last_reconcile(db: Database, connection_id: str) -> dict[str, Any] | None:
         return tx.one(LAST, connection_id=connection_id)
 
 
+# ---------------------------------------------------------------- per provider app
+
+
+def desired_for_app(db: Database, app: ProviderApp) -> DesiredSubscriptions:
+    """The union of what the tenants of the app's active connections need."""
+    with db.transaction() as tx:
+        tenants = [
+            r["tenant_id"] for r in tx.all(APP_TENANTS, provider=app.provider, app_id=app.app_id)
+        ]
+        rows = [row for t in tenants for row in tx.all(ACTIVE_DEFINITIONS, tenant_id=t)]
+    triggers = [_json(r["definition"]).get("trigger") or {} for r in rows]
+    return desired_subscriptions(app.provider, triggers)
+
+
+def app_key(app: ProviderApp) -> str:
+    """How an app's reconcile is named where a connection id would be."""
+    return f"{app.provider}-app:{app.app_id}"
+
+
+def reconcile_app(db: Database, app: ProviderApp, port: CrmPort | None) -> ReconcileResult:
+    """Bring one app's subscriptions in line with the union and record the outcome. `port`
+    acts with the app's developer credential; None (no credential, or a private app) records
+    what the operator has to create by hand instead."""
+    desired = desired_for_app(db, app)
+    if app.kind == "private":
+        result = ReconcileResult(
+            app_key(app),
+            True,
+            skipped="private app: HubSpot manages its webhook subscriptions only in its UI; "
+            "create the desired subscriptions there",
+            desired=desired,
+        )
+    elif port is None:
+        result = ReconcileResult(
+            app_key(app),
+            False,
+            errors=("the app names no developer credential (developer_credential_env)",),
+            desired=desired,
+        )
+    else:
+        result = apply_plan(app_key(app), port, desired)
+    record_app_result(db, app, result)
+    return result
+
+
+def record_app_result(db: Database, app: ProviderApp, result: ReconcileResult) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            APP_RECORD,
+            provider=app.provider,
+            app_id=app.app_id,
+            desired=json.dumps(result.desired.as_json()),
+            result=json.dumps(result.as_json()),
+            ok=result.ok,
+        )
+
+
+def last_app_reconcile(db: Database, provider: str, app_id: str) -> dict[str, Any] | None:
+    """Ops: the app's last reconcile, with the desired set (for a private app, the list the
+    operator must create in HubSpot's UI)."""
+    with db.transaction() as tx:
+        return tx.one(APP_LAST, provider=provider, app_id=app_id)
+
+
+PortForConnection = Callable[[str], CrmPort]
+PortForApp = Callable[[ProviderApp], CrmPort | None]
+
+
+def reconcile_app_with(db: Database, app: ProviderApp, port_for_app: PortForApp) -> ReconcileResult:
+    """One app, building its port first; a port that cannot be built is a recorded failure."""
+    try:
+        port = None if app.kind == "private" else port_for_app(app)
+    except PortError as exc:
+        result = ReconcileResult(
+            app_key(app), False, errors=(f"no port: {exc}",), desired=desired_for_app(db, app)
+        )
+        record_app_result(db, app, result)
+    else:
+        result = reconcile_app(db, app, port)
+    if not result.ok:
+        log.warning(
+            "app subscription reconcile failed: %s",
+            "; ".join(result.errors),
+            extra={"labels": {"app": app.app_id}},
+        )
+    return result
+
+
+def reconcile_connection_with(
+    db: Database, connection_id: str, port_for_connection: PortForConnection
+) -> ReconcileResult:
+    """One connection, building its port first; a port that cannot be built is a recorded
+    failure."""
+    try:
+        port = port_for_connection(connection_id)
+    except PortError as exc:
+        _, desired = desired_for_connection(db, connection_id)
+        result = ReconcileResult(connection_id, False, errors=(f"no port: {exc}",), desired=desired)
+        record_result(db, result)
+    else:
+        result = reconcile_connection(db, connection_id, port)
+    if not result.ok:
+        log.warning(
+            "subscription reconcile failed: %s",
+            "; ".join(result.errors),
+            extra={"labels": {"connection_id": connection_id}},
+        )
+    return result
+
+
+def reconcile_apps(db: Database, port_for_app: PortForApp) -> list[ReconcileResult]:
+    with db.transaction() as tx:
+        apps = [get_app(tx, r["provider"], r["app_id"]) for r in tx.all(APPS)]
+    return [reconcile_app_with(db, app, port_for_app) for app in apps if app is not None]
+
+
 def reconcile_all(
-    db: Database, port_for_connection: Callable[[str], CrmPort]
+    db: Database,
+    port_for_connection: PortForConnection,
+    port_for_app: PortForApp | None = None,
 ) -> list[ReconcileResult]:
-    """Reconcile every active connection (the hourly sweep). A connection whose port cannot
-    be built (missing secret, unknown provider) is recorded as failed; the others go on."""
+    """Reconcile every registered app, then every active connection not of one (the hourly
+    sweep). A connection or app whose port cannot be built (missing secret, unknown provider)
+    is recorded as failed; the others go on."""
+    results: list[ReconcileResult] = []
+    if port_for_app is not None:
+        results.extend(reconcile_apps(db, port_for_app))
     with db.transaction() as tx:
         connections = tx.all(CONNECTIONS)
-    results: list[ReconcileResult] = []
-    for conn in connections:
-        connection_id = conn["id"]
-        try:
-            port = port_for_connection(connection_id)
-        except PortError as exc:
-            _, desired = desired_for_connection(db, connection_id)
-            result = ReconcileResult(
-                connection_id, False, errors=(f"no port: {exc}",), desired=desired
-            )
-            record_result(db, result)
-        else:
-            result = reconcile_connection(db, connection_id, port)
-        if not result.ok:
-            log.warning(
-                "subscription reconcile failed: %s",
-                "; ".join(result.errors),
-                extra={"labels": {"connection_id": connection_id}},
-            )
-        results.append(result)
+    results.extend(
+        reconcile_connection_with(db, conn["id"], port_for_connection) for conn in connections
+    )
+    return results
+
+
+def reconcile_tenant(
+    db: Database,
+    tenant_id: str,
+    port_for_connection: PortForConnection,
+    port_for_app: PortForApp,
+) -> list[ReconcileResult]:
+    """What activating or deactivating one of the tenant's workflows changes, reconciled at
+    once: each of the tenant's connections, or the app it belongs to (whose union includes
+    the other tenants of the app). The hourly sweep repairs whatever this misses."""
+    with db.transaction() as tx:
+        targets = tx.all(TENANT_TARGETS, tenant_id=tenant_id)
+        apps = {
+            (r["provider"], r["app_id"]): get_app(tx, r["provider"], r["app_id"])
+            for r in targets
+            if r["app_id"] is not None
+        }
+    results = [reconcile_app_with(db, app, port_for_app) for app in apps.values() if app]
+    results.extend(
+        reconcile_connection_with(db, r["id"], port_for_connection)
+        for r in targets
+        if r["app_id"] is None
+    )
     return results
 
 

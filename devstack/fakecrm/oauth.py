@@ -1,0 +1,115 @@
+"""The fake's OAuth: HubSpot's token endpoint with expiring access tokens.
+
+As HubSpot documents it (https://developers.hubspot.com/docs/api-reference/legacy/
+authentication/oauth-tokens/v1/guide): the install redirect carries a one-time `code`; a
+form-encoded `POST /oauth/v1/token` exchanges it (`grant_type=authorization_code`, with the
+app's `client_id`, `client_secret` and the same `redirect_uri`) for an access token, a
+refresh token and `expires_in` (1800 seconds: access tokens live 30 minutes, per HubSpot's
+changelog "Expiration of OAuth access tokens is changing"); `grant_type=refresh_token` gives a
+new access token. A code used twice, or a refresh token revoked (the portal uninstalled the
+app) answers 400: `BAD_AUTH_CODE`, `BAD_REFRESH_TOKEN` ("missing or unknown refresh token").
+An expired access token is a 401 on the CRM API.
+
+Tests and the demo drive the user's side through `/_admin/oauth/*`: `authorize` (the user
+installs the app on a portal: a code for the redirect), `revoke` (uninstall) and `expire`
+(every access token expires now, to see a refresh happen without waiting 30 minutes).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCESS_TOKEN_SECONDS = 1800
+
+
+class OAuthRefused(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = {"status": code, "message": message}
+
+
+@dataclass
+class OAuthServer:
+    client_id: str = "fake-client-id"
+    client_secret: str = "fake-client-secret"  # noqa: S105 - a local fake's default
+    access_seconds: float = ACCESS_TOKEN_SECONDS
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # code -> (portal, redirect_uri); refresh token -> portal; access token -> (portal, expiry)
+    codes: dict[str, tuple[int, str]] = field(default_factory=dict)
+    refresh_tokens: dict[str, int] = field(default_factory=dict)
+    access_tokens: dict[str, tuple[int, float]] = field(default_factory=dict)
+    refreshes: int = 0
+
+    # --- the user's side (admin) ------------------------------------------------------------
+    def authorize(self, portal_id: int, redirect_uri: str) -> str:
+        code = "code-" + secrets.token_urlsafe(12)
+        with self.lock:
+            self.codes[code] = (portal_id, redirect_uri)
+        return code
+
+    def revoke(self, refresh_token: str) -> bool:
+        with self.lock:
+            portal = self.refresh_tokens.pop(refresh_token, None)
+            if portal is None:
+                return False
+            for token, (p, _) in list(self.access_tokens.items()):
+                if p == portal:
+                    del self.access_tokens[token]
+            return True
+
+    def expire_all(self) -> int:
+        with self.lock:
+            for token, (portal, _) in self.access_tokens.items():
+                self.access_tokens[token] = (portal, 0.0)
+            return len(self.access_tokens)
+
+    # --- the app's side ---------------------------------------------------------------------
+    def token(self, form: dict[str, str]) -> dict[str, Any]:
+        """`POST /oauth/v1/token`; raises OAuthRefused with HubSpot's error shape."""
+        if form.get("client_id") != self.client_id or form.get("client_secret") != (
+            self.client_secret
+        ):
+            raise OAuthRefused(400, "BAD_CLIENT_ID", "missing or unknown client id or secret")
+        grant = form.get("grant_type")
+        with self.lock:
+            if grant == "authorization_code":
+                found = self.codes.pop(form.get("code", ""), None)
+                if found is None:
+                    raise OAuthRefused(400, "BAD_AUTH_CODE", "missing or unknown auth code")
+                portal, redirect_uri = found
+                if form.get("redirect_uri") != redirect_uri:
+                    raise OAuthRefused(400, "BAD_REDIRECT_URI", "redirect_uri does not match")
+                refresh = "refresh-" + secrets.token_urlsafe(16)
+                self.refresh_tokens[refresh] = portal
+            elif grant == "refresh_token":
+                refresh = form.get("refresh_token", "")
+                portal_or_none = self.refresh_tokens.get(refresh)
+                if portal_or_none is None:
+                    raise OAuthRefused(400, "BAD_REFRESH_TOKEN", "missing or unknown refresh token")
+                portal = portal_or_none
+                self.refreshes += 1
+            else:
+                raise OAuthRefused(400, "BAD_GRANT_TYPE", f"unsupported grant_type {grant!r}")
+            access = "access-" + secrets.token_urlsafe(16)
+            self.access_tokens[access] = (portal, time.monotonic() + self.access_seconds)
+        return {
+            "token_type": "bearer",
+            "access_token": access,
+            "refresh_token": refresh,
+            "expires_in": int(self.access_seconds),
+            "hub_id": portal,
+        }
+
+    def portal_of(self, access_token: str) -> tuple[str, int]:
+        """("live", portal), ("expired", portal) or ("unknown", 0) for a bearer token."""
+        with self.lock:
+            found = self.access_tokens.get(access_token)
+        if found is None:
+            return "unknown", 0
+        portal, expires = found
+        return ("live" if time.monotonic() < expires else "expired"), portal

@@ -1,0 +1,48 @@
+-- Provider apps (one webhook URL for many portals), routing their events to connections, and
+-- the events no connection took.
+
+-- name: provider_app_get
+SELECT provider, app_id, kind, client_secret_env, developer_credential_env, signature_versions,
+       api_base_url
+  FROM provider_apps
+ WHERE provider = :provider AND app_id = :app_id
+
+-- name: provider_app_upsert
+-- Registering an app again updates where its secrets live (rotation is a new env var name).
+INSERT INTO provider_apps (provider, app_id, kind, client_secret_env, developer_credential_env,
+                           signature_versions, api_base_url)
+VALUES (:provider, :app_id, :kind, :client_secret_env, :developer_credential_env,
+        CAST(:signature_versions AS text[]), :api_base_url)
+ON CONFLICT (provider, app_id) DO UPDATE
+   SET kind = EXCLUDED.kind, client_secret_env = EXCLUDED.client_secret_env,
+       developer_credential_env = EXCLUDED.developer_credential_env,
+       signature_versions = EXCLUDED.signature_versions, api_base_url = EXCLUDED.api_base_url
+
+-- name: provider_app_live_connections
+-- The live (not disconnected) connection of each account of the app, for routing one batch.
+-- The unique index connections_app_account makes it at most one per account.
+SELECT provider_account_id AS account_id, id::text AS connection_id
+  FROM connections
+ WHERE provider = :provider AND provider_app_id = :app_id
+   AND provider_account_id = ANY(CAST(:accounts AS text[]))
+   AND status <> 'disconnected'
+
+-- name: provider_app_record_unrouted
+-- In the drain's transaction. The same event delivered again (a HubSpot retry of the batch)
+-- counts as one more delivery of the row, not a second row.
+INSERT INTO unrouted_provider_events (provider, app_id, account_id, reason, source_event_id,
+                                      event_type, payload, inbox_id)
+VALUES (:provider, :app_id, :account_id, :reason, :source_event_id, :event_type,
+        CAST(:payload AS jsonb), :inbox_id)
+ON CONFLICT (provider, app_id, account_id, source_event_id) DO UPDATE
+   SET deliveries = unrouted_provider_events.deliveries + 1, last_seen_at = now(),
+       inbox_id = EXCLUDED.inbox_id, reason = EXCLUDED.reason
+
+-- name: provider_app_unrouted_summary
+-- Ops, per app: which portals send events nobody takes, how many, since when, and why.
+SELECT account_id, reason, count(*) AS events, sum(deliveries) AS deliveries,
+       min(first_seen_at) AS first_seen_at, max(last_seen_at) AS last_seen_at
+  FROM unrouted_provider_events
+ WHERE provider = :provider AND app_id = :app_id
+ GROUP BY account_id, reason
+ ORDER BY max(last_seen_at) DESC
