@@ -14,6 +14,7 @@ from uuid import UUID
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from shared.admission import Reason
+from shared.workflows.definition import EVENT_TYPE_PATTERN
 
 
 def _no_nul(value: str) -> str:
@@ -80,6 +81,12 @@ class RunsQuery(PageQuery):
     )
     created_after: AwareDatetime | None = Field(default=None, description="Inclusive.")
     created_before: AwareDatetime | None = Field(default=None, description="Exclusive.")
+    event_type: Text | None = Field(
+        default=None,
+        max_length=200,
+        pattern=EVENT_TYPE_PATTERN,
+        description="Runs started by a trigger event of this type (`hubspot.contact.created`).",
+    )
 
 
 class RefusalsQuery(PageQuery):
@@ -356,6 +363,31 @@ class RecordExplanation(_Response):
             "may have concerned this record (newest first, at most 20)."
         ),
     )
+
+
+class RecordSearchQuery(_Request):
+    q: Text = Field(
+        min_length=1,
+        max_length=500,
+        description="A HubSpot record URL, an object id, an email, or a record key.",
+    )
+
+
+class RecordMatch(_Response):
+    record_key: str = Field(description=RECORD_KEY_DESCRIPTION)
+    connection_id: UUID
+    object_type: str
+    object_id: str
+    matched_on: str = Field(description="What matched, in plain words.")
+    last_seen_at: datetime | None = Field(
+        description="The newest event or run for it; null when nothing was received yet."
+    )
+
+
+class RecordSearch(_Response):
+    query: str
+    interpreted_as: Literal["record_key", "hubspot_url", "email", "object_id"]
+    items: list[RecordMatch] = Field(description="Newest first, within your connections.")
 
 
 class LedgerEntry(_Refundable):
