@@ -150,6 +150,9 @@ def test_run_page_shows_escaped_capped_input_output_and_every_attempt(
     assert "#1" in html and "reclaimed → pending" in html
     assert "#2" in html and "HTTP 500 from the hook" in html
     assert "Replay this run" in html
+    # The picture: the graph inline as SVG (no script, nothing fetched), its node failed.
+    assert '<svg xmlns="http://www.w3.org/2000/svg" class="run-picture"' in html
+    assert '<g class="node" data-node="a" data-status="failed">' in html
     # Another tenant's token: the same 404 as an unknown run.
     seed_tenant(db, "globex")
     client.post("/ui/login", data={"token": mint(db, "globex")})

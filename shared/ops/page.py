@@ -21,16 +21,18 @@ import hmac
 import json
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 from flask import Request, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from werkzeug.datastructures import MultiDict
 
-from shared import request_body
+from shared import queries, request_body
 from shared.errors import TransientError
 from shared.ops import auth
 from shared.ops.errors import OpsError
@@ -45,10 +47,12 @@ from shared.ops.models import (
     VersionList,
     WorkflowList,
 )
+from shared.workflows.definition import WorkflowDefinition
 
 if TYPE_CHECKING:
     from shared.ops.api import OpsApi
 
+VERSION_DEFINITION = queries.load("ops")["ops_version_definition"]
 COOKIE = "onceflow_ops"
 COOKIE_PATH = "/ui"
 COOKIE_MAX_AGE = 8 * 3600
@@ -450,6 +454,8 @@ def _run_page(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Res
         with api.db.transaction() as tx:
             hubspot_url = record_url(tx, r.record_key)
     replayable = r.status == "failed" and not any(x.replay_of == r.id for x in detail.lineage)
+    with api.db.transaction() as tx:
+        definition = tx.scalar(VERSION_DEFINITION, version_id=str(r.version_id))
     return render(
         "run.html",
         f"Run {r.workflow_name}",
@@ -459,5 +465,15 @@ def _run_page(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Res
         hubspot_url=hubspot_url,
         logs_url=logs_url(str(r.id)),
         replayable=replayable,
-        picture=None,
+        picture=_picture(definition, detail),
     )
+
+
+def _picture(definition: Any, detail: RunDetail) -> Markup | None:
+    from shared.ops.graph_svg import render_picture
+
+    try:
+        parsed = WorkflowDefinition.model_validate(definition)
+    except ValidationError:
+        return None  # a definition this code can no longer read: the tables still tell all
+    return render_picture(parsed, detail.steps, datetime.now(UTC))
