@@ -350,12 +350,31 @@ class RequeueResult(_Response):
     requeued: bool = True
 
 
+class RecordDrop(_Response):
+    """A property change of the record that became no trigger event, so no workflow saw it."""
+
+    id: int
+    event_type: str
+    source_event_id: str | None
+    inbox_id: int | None
+    reason: Literal["not_watched", "unchanged", "out_of_order", "re_announced"]
+    fields: Any = Field(description="{field: value} as announced (values cut to 200 chars).")
+    occurred_at: datetime
+    recorded_at: datetime
+    explanation: str = Field(description="What happened and what to do, in plain words.")
+
+
 class RecordExplanation(_Response):
     record_key: str
     events: list[EventDecisions] = Field(
         description="Every event seen for the record, oldest first."
     )
     runs: list[RunSummary] = Field(description="Every live run for the record, oldest first.")
+    drops: list[RecordDrop] = Field(
+        default_factory=list,
+        description="Changes of the record dropped before they became events (newest first, at"
+        " most 100, kept for `ONCEFLOW_DROP_RETENTION_DAYS`).",
+    )
     stuck_inbox: list[StuckInboxRow] = Field(
         default_factory=list,
         description=(
