@@ -23,3 +23,16 @@ CREATE TABLE pre_admission_drops (
 CREATE INDEX pre_admission_drops_record
     ON pre_admission_drops (connection_id, record_object_type, record_object_id, id);
 CREATE INDEX pre_admission_drops_recorded ON pre_admission_drops USING brin (recorded_at);
+
+-- Webhooks refused at the door for a known connection (a signature that did not match, a
+-- stale timestamp, a disconnected connection): counts and when, per connection and check,
+-- never the body. One row per (connection, check), so a flood of forged requests updates a
+-- row instead of growing a table.
+CREATE TABLE webhook_refusal_counts (
+    connection_id  uuid NOT NULL REFERENCES connections (id),
+    check_name     text NOT NULL CHECK (check_name ~ '^[a-z0-9_]{1,64}$'),
+    refusals       bigint NOT NULL DEFAULT 1 CHECK (refusals >= 1),
+    first_seen_at  timestamptz NOT NULL DEFAULT now(),
+    last_seen_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (connection_id, check_name)
+);

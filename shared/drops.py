@@ -1,5 +1,7 @@
-"""Pre-admission drops: a property change the drain turned into no trigger event, recorded
-per record so that "I changed firstname and nothing ran" has an answer.
+"""Pre-admission drops: a webhook refused at the door of a known connection (counted per
+connection and check, never the body), and a property change the drain turned into no
+trigger event, recorded per record, so that "I changed firstname and nothing ran" has an
+answer.
 
 The drain decides these in its own transaction (shared/inbox.py `write_events`); the row is
 written in that same transaction, so a drop is recorded exactly when it happened (a drain
@@ -17,15 +19,20 @@ from typing import Any, Literal
 
 from shared import queries
 from shared.db import Database, Tx
+from shared.errors import OnceflowError
+from shared.logs import get_logger
 
 SQL = queries.load("drops")
 INSERT = SQL["drops_insert"]
 FOR_RECORD = SQL["drops_for_record"]
 TRIM = SQL["drops_trim"]
+COUNT_REFUSAL = SQL["webhook_refusal_count"]
+REFUSALS_FOR_CONNECTION = SQL["webhook_refusals_for_connection"]
 
 DropReason = Literal["not_watched", "unchanged", "out_of_order", "re_announced"]
 MAX_VALUE_CHARS = 200
 DEFAULT_RETENTION_DAYS = 14
+log = get_logger(__name__)
 
 
 def _cut(value: Any) -> Any:
@@ -78,3 +85,13 @@ def trim_drops(
         if n < batch:
             break
     return {"deleted": deleted}
+
+
+def count_webhook_refusal(db: Database, connection_id: str, check: str) -> None:
+    """Count a refused delivery for its connection. Best effort: the refusal is the answer,
+    and a database that can't take the count must not turn a 401 into a 503."""
+    try:
+        with db.transaction() as tx:
+            tx.execute(COUNT_REFUSAL, connection_id=connection_id, check_name=check[:64])
+    except OnceflowError as exc:
+        log.warning("could not count a webhook refusal: %s", exc)

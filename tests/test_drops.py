@@ -1,17 +1,29 @@
 """Why, from the first byte: a property change the drain turned into no event is recorded per
-record (reason and field values), explained on the record's timeline in plain words, visible
-only to its tenant, and trimmed after the retention."""
+record (reason and field values), a webhook refused at the door is counted per connection
+(never its body); both are explained on the record's timeline in plain words, visible only
+to their tenant, and drops are trimmed after the retention."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+import functions_framework
+import pytest
 
 from shared import inbox
 from shared.db import Database
 from shared.drops import trim_drops
 from shared.steps.sweep import SweepConfig, default_duties
-from tests.ingest_support import hubspot_body, hubspot_event, make_connection
+from tests.ingest_support import (
+    HUBSPOT_SECRET,
+    hubspot_body,
+    hubspot_event,
+    hubspot_v3_headers,
+    make_connection,
+)
 from tests.ops_support import (
+    ROOT_MAIN,
     bearer,
     client_fixture,  # noqa: F401 - fixture `client`
     dispatched_fixture,  # noqa: F401 - fixture `dispatched`
@@ -19,6 +31,7 @@ from tests.ops_support import (
 )
 
 T = 1_700_000_000_000
+BASE = "https://hooks.example.com"
 
 
 def _deliver(db: Database, conn: str, *events: dict[str, Any]) -> None:
@@ -118,3 +131,44 @@ def test_drops_are_trimmed_after_the_retention_by_a_sweep_duty(db: Database) -> 
     config = SweepConfig.from_env({"ONCEFLOW_DROP_RETENTION_DAYS": "3"})
     assert config.drop_retention_days == 3
     assert "trim_pre_admission_drops" in {d.name for d in default_duties(config)}
+
+
+def test_refused_webhooks_are_counted_per_connection_and_explained(
+    db: Database, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEBHOOK_NUDGE", "off")
+    monkeypatch.delenv("PUBLIC_BASE_URL", raising=False)
+    monkeypatch.setenv("HUBSPOT_SECRET_ACME", HUBSPOT_SECRET)
+    webhook = functions_framework.create_app("webhook", ROOT_MAIN, "http").test_client()
+    acme = make_connection(db, tenant_id="acme")
+    globex = make_connection(db, tenant_id="globex", secret_env="HUBSPOT_SECRET_ACME")
+    body = hubspot_body(hubspot_event(1))
+    path = f"/hubspot/{acme}"
+    forged = hubspot_v3_headers(body, BASE + path, secret="guess")
+    for _ in range(2):
+        assert webhook.post(path, data=body, headers=forged, base_url=BASE).status_code == 401
+    stale = hubspot_v3_headers(body, BASE + path, timestamp_ms=int(time.time() * 1000) - 600_000)
+    assert webhook.post(path, data=body, headers=stale, base_url=BASE).status_code == 401
+    good = hubspot_v3_headers(body, BASE + path)
+    assert webhook.post(path, data=body, headers=good, base_url=BASE).status_code == 200
+
+    story = client.get(
+        "/v1/records/explain",
+        query_string={"record_key": f"{acme}:contact:101"},
+        headers=bearer(mint(db, "acme")),
+    ).get_json()
+    counts = {w["check_name"]: w for w in story["webhook_refusals"]}
+    assert {k: w["refusals"] for k, w in counts.items()} == {
+        "hubspot_v3_mismatch": 2,
+        "timestamp_stale": 1,
+    }
+    assert counts["hubspot_v3_mismatch"]["explanation"].startswith(
+        "The signature did not match: check the app secret."
+    )
+    # Another tenant's connection shows none of it.
+    theirs = client.get(
+        "/v1/records/explain",
+        query_string={"record_key": f"{globex}:contact:101"},
+        headers=bearer(mint(db, "globex")),
+    ).get_json()
+    assert theirs["webhook_refusals"] == []

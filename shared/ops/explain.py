@@ -26,6 +26,7 @@ from shared.ops.models import (
     RecordExplanation,
     RunSummary,
     StuckInboxRow,
+    WebhookRefusalCount,
 )
 
 SQL = queries.load("ops")
@@ -38,6 +39,7 @@ BINDINGS_FOR_TENANT = SQL["ops_bindings_for_tenant"]
 STUCK_INBOX = queries.load("inbox")["inbox_dead_list"]
 STUCK_INBOX_SHOWN = 20
 RECORD_DROPS = queries.load("drops")["drops_for_record"]
+CONNECTION_REFUSALS = queries.load("drops")["webhook_refusals_for_connection"]
 DROPS_SHOWN = 100
 
 MAX_EVENTS = 500
@@ -99,6 +101,37 @@ def explain_drop(
         f"HubSpot announced this same change again (event {source_event_id or 'without an id'}); "
         "the first announcement already counted, so it made no second event."
     )
+
+
+def explain_webhook_refusal(check: str) -> str:
+    """A delivery refused at the door (shared/webhooks/receive.py), in plain words."""
+    if check.endswith("_mismatch"):
+        return (
+            "The signature did not match: check the app secret. The connection's webhook "
+            "secret must be the one of the provider app that sends these webhooks."
+        )
+    if check == "timestamp_stale":
+        return (
+            "The request was signed too long ago: check the sender's clock, or whether "
+            "something is replaying old requests."
+        )
+    if (
+        check.endswith("_missing")
+        or check.endswith("_malformed")
+        or check == "credentials_not_basic"
+    ):
+        return (
+            "The request carried no usable signature: is this URL configured in another app, "
+            "or called by something other than the provider?"
+        )
+    if check.endswith("_not_enabled"):
+        return (
+            "The provider signed with an older signature version this connection does not "
+            "accept: enable it on the connection (signature_versions) or use a v3 app."
+        )
+    if check == "connection_disconnected":
+        return "The connection is disconnected, so its webhooks are refused: reconnect it."
+    return f"Refused at the door ({check})."
 
 
 def explain_reason(reason: str) -> str:
@@ -233,8 +266,15 @@ def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> Reco
         object_id=object_id,
         limit=DROPS_SHOWN,
     )
+    refused = tx.all(CONNECTION_REFUSALS, connection_id=connection_id)
     return RecordExplanation(
         record_key=record_key,
+        webhook_refusals=[
+            WebhookRefusalCount.model_validate(
+                {**r, "explanation": explain_webhook_refusal(r["check_name"])}
+            )
+            for r in refused
+        ],
         events=out,
         drops=[
             RecordDrop.model_validate(

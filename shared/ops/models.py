@@ -364,6 +364,16 @@ class RecordDrop(_Response):
     explanation: str = Field(description="What happened and what to do, in plain words.")
 
 
+class WebhookRefusalCount(_Response):
+    """Deliveries to the record's connection refused at the door (bodies are never kept)."""
+
+    check_name: str = Field(description="The check that failed: `hubspot_v3_mismatch`, ...")
+    refusals: int
+    first_seen_at: datetime
+    last_seen_at: datetime
+    explanation: str = Field(description="What it means and what to do, in plain words.")
+
+
 class RecordExplanation(_Response):
     record_key: str
     events: list[EventDecisions] = Field(
@@ -374,6 +384,11 @@ class RecordExplanation(_Response):
         default_factory=list,
         description="Changes of the record dropped before they became events (newest first, at"
         " most 100, kept for `ONCEFLOW_DROP_RETENTION_DAYS`).",
+    )
+    webhook_refusals: list[WebhookRefusalCount] = Field(
+        default_factory=list,
+        description="Webhooks to the record's connection refused before they were stored "
+        "(signature, timestamp, disconnected): any of them may have concerned this record.",
     )
     stuck_inbox: list[StuckInboxRow] = Field(
         default_factory=list,

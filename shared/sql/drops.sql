@@ -25,3 +25,15 @@ WHERE id IN (SELECT id FROM pre_admission_drops
              WHERE recorded_at < now() - make_interval(days => :days)
              ORDER BY id
              LIMIT :batch)
+
+-- name: webhook_refusal_count
+INSERT INTO webhook_refusal_counts (connection_id, check_name)
+VALUES (CAST(:connection_id AS uuid), :check_name)
+ON CONFLICT (connection_id, check_name)
+DO UPDATE SET refusals = webhook_refusal_counts.refusals + 1, last_seen_at = now()
+
+-- name: webhook_refusals_for_connection
+SELECT check_name, refusals, first_seen_at, last_seen_at
+FROM webhook_refusal_counts
+WHERE connection_id = CAST(:connection_id AS uuid)
+ORDER BY last_seen_at DESC
