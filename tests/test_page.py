@@ -83,7 +83,13 @@ def _story(db: Database) -> dict[str, Any]:
             v=ver,
             rk=record_key,
         )
-    return {"record_key": record_key, "run": run, "token": mint(db, "acme", label="support")}
+    return {
+        "record_key": record_key,
+        "run": run,
+        "workflow": wf,
+        "version": ver,
+        "token": mint(db, "acme", label="support"),
+    }
 
 
 def test_the_page_needs_a_token_cookie_and_forms_need_the_csrf_value(
@@ -198,6 +204,21 @@ def test_the_page_in_chromium_search_timeline_and_a_real_replay_click(
             run_shot = out_dir / "ops-run-page.png"
             page.screenshot(path=str(run_shot), full_page=True)
             print(f"screenshot: {run_shot}")
+            # Bulk replay with a preview: one more failed run appears; "Replay all…" lists
+            # both, and confirming replays the new one and refuses the one already replayed.
+            extra = seed_run(db, "acme", s["workflow"], s["version"], [JournalRow("a", "failed")])
+            page.click("header nav >> text=Failed runs")
+            page.wait_for_url("**/ui/runs?status=failed")
+            page.click("form.bulk button[value=replay]")
+            page.wait_for_selector("div.bulk-preview")
+            assert "2 failed run(s) will be affected" in page.inner_text("p.bulk-count")
+            page.screenshot(path=str(out_dir / "ops-bulk-preview.png"), full_page=True)
+            page.click("button.confirm")
+            page.wait_for_selector("div.bulk-results")
+            assert page.inner_text("p.bulk-summary") == "1 of 2 replayed; 1 refused."
+            assert "ok" in (page.get_attribute(f"tr[data-target='{extra}']", "class") or "")
+            page.screenshot(path=str(out_dir / "ops-bulk-done.png"), full_page=True)
+            assert len(dispatched.ids) == 2
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000 and run_shot.stat().st_size > 10_000

@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,8 +57,10 @@ VERSION_DEFINITION = queries.load("ops")["ops_version_definition"]
 COOKIE = "onceflow_ops"
 COOKIE_PATH = "/ui"
 COOKIE_MAX_AGE = 8 * 3600
-MAX_FORM_BYTES = 8 * 1024
-MAX_FORM_FIELDS = 16
+# A bulk confirmation carries up to 200 ids (shared/ops/bulk.py MAX_TARGETS) besides its csrf
+# value and action.
+MAX_FORM_BYTES = 16 * 1024
+MAX_FORM_FIELDS = 210
 MAX_RUNS_SHOWN = 25
 FAILED_ON_HOME = 10
 # A step's input or output is shown up to this many bytes of pretty JSON; the API has the rest.
@@ -204,6 +207,8 @@ def _handle(api: OpsApi, request: Request) -> Response:
         return _get(api, request, viewer, parts)
     if len(parts) == 5 and parts[2] == "runs" and parts[4] == "replay" and request.method == "POST":
         return _replay(api, request, viewer, parts[3])
+    if parts == ["", "ui", "bulk"] and request.method == "POST":
+        return _bulk_confirmed(api, request, viewer)
     raise OpsError(404, "not_found", "there is no such page")
 
 
@@ -214,6 +219,8 @@ def _get(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Res
         return _runs_page(api, request, viewer)
     if len(parts) == 4 and parts[2] == "runs":
         return _run_page(api, request, viewer, parts[3])
+    if parts == ["", "ui", "bulk"]:
+        return _bulk_preview(api, request, viewer)
     raise OpsError(404, "not_found", "there is no such page")
 
 
@@ -387,7 +394,9 @@ def _aware(value: str) -> str:
     return value
 
 
-def _runs_page(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+def _run_filters(request: Request) -> tuple[dict[str, str], RunsQuery, list[Notice]]:
+    """The runs filters of a page's query string: as typed (to show them back), as a query,
+    and a notice naming any that is not valid (then no filter applies, never a 500)."""
     form = {k: request.args.get(k, "").strip() for k in RUN_FILTERS}
     form["limit"] = form["limit"] or str(MAX_RUNS_SHOWN)
     raw = {k: v for k, v in form.items() if v}
@@ -396,13 +405,16 @@ def _runs_page(api: OpsApi, request: Request, viewer: Viewer) -> Response:
             raw[k] = _aware(raw[k])
     if request.args.get("cursor"):
         raw["cursor"] = request.args["cursor"]
-    notices: list[Notice] = []
     try:
-        query = RunsQuery.model_validate(raw)
+        return form, RunsQuery.model_validate(raw), []
     except ValidationError as exc:
         wrong = ", ".join(str(e["loc"][0]) for e in exc.errors())
-        notices.append(Notice(f"These filters are not valid: {wrong}.", error=True))
-        query = RunsQuery(limit=MAX_RUNS_SHOWN)
+        notice = Notice(f"These filters are not valid: {wrong}.", error=True)
+        return form, RunsQuery(limit=MAX_RUNS_SHOWN), [notice]
+
+
+def _runs_page(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+    form, query, notices = _run_filters(request)
     page = _call(api, viewer, "runs.list", query=query)
     assert isinstance(page, RunPage)
     workflows = _call(api, viewer, "workflows.list")
@@ -431,7 +443,63 @@ def _runs_page(api: OpsApi, request: Request, viewer: Viewer) -> Response:
         if page.next_cursor
         else None,
         first_page_url="/ui/runs?" + urlencode(kept) if request.args.get("cursor") else None,
+        bulk_filters={k: v for k, v in kept.items() if k not in ("status", "limit")},
     )
+
+
+def _bulk_preview(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+    from shared.ops import bulk
+
+    action = request.args.get("action", "")
+    spec = bulk.action_named(action)
+    _, query, notices = _run_filters(request)
+    if notices:
+        raise OpsError(400, "invalid_query", notices[0].text)
+    targets, more = bulk.preview(_caller(api, viewer), action, query)
+    return render(
+        "bulk.html",
+        f"{spec.verb.capitalize()}: preview",
+        viewer=viewer,
+        action=action,
+        verb=spec.verb,
+        past=spec.past,
+        what=spec.what,
+        consequence=spec.consequence,
+        targets=targets,
+        more=more,
+        results=None,
+        done=0,
+    )
+
+
+def _bulk_confirmed(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+    from shared.ops import bulk
+
+    form = _check_csrf(request, viewer.token)
+    action = form.get("action", "")
+    spec = bulk.action_named(action)
+    results = bulk.perform(_caller(api, viewer), action, form.getlist("target"))
+    return render(
+        "bulk.html",
+        f"{spec.verb.capitalize()}: done",
+        viewer=viewer,
+        action=action,
+        verb=spec.verb,
+        past=spec.past,
+        what=spec.what,
+        consequence=spec.consequence,
+        targets=[],
+        more=False,
+        results=results,
+        done=sum(1 for r in results if r.ok),
+    )
+
+
+def _caller(api: OpsApi, viewer: Viewer) -> Callable[..., BaseModel]:
+    def call(route_name: str, **kwargs: Any) -> BaseModel:
+        return _call(api, viewer, route_name, **kwargs)
+
+    return call
 
 
 def logs_url(run_id: str) -> str | None:
