@@ -205,10 +205,18 @@ def _handle(api: OpsApi, request: Request) -> Response:
     parts = path.split("/")
     if request.method == "GET":
         return _get(api, request, viewer, parts)
-    if len(parts) == 5 and parts[2] == "runs" and parts[4] == "replay" and request.method == "POST":
+    if request.method == "POST":
+        return _post(api, request, viewer, parts)
+    raise OpsError(404, "not_found", "there is no such page")
+
+
+def _post(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Response:
+    if len(parts) == 5 and parts[2] == "runs" and parts[4] == "replay":
         return _replay(api, request, viewer, parts[3])
-    if parts == ["", "ui", "bulk"] and request.method == "POST":
+    if parts == ["", "ui", "bulk"]:
         return _bulk_confirmed(api, request, viewer)
+    if parts == ["", "ui", "redrive"]:
+        return _redrive(api, request, viewer, confirmed=True)
     raise OpsError(404, "not_found", "there is no such page")
 
 
@@ -221,6 +229,8 @@ def _get(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Res
         return _run_page(api, request, viewer, parts[3])
     if parts == ["", "ui", "bulk"]:
         return _bulk_preview(api, request, viewer)
+    if parts == ["", "ui", "redrive"]:
+        return _redrive(api, request, viewer, confirmed=False)
     raise OpsError(404, "not_found", "there is no such page")
 
 
@@ -492,6 +502,38 @@ def _bulk_confirmed(api: OpsApi, request: Request, viewer: Viewer) -> Response:
         more=False,
         results=results,
         done=sum(1 for r in results if r.ok),
+    )
+
+
+def _redrive(api: OpsApi, request: Request, viewer: Viewer, *, confirmed: bool) -> Response:
+    """Pub/Sub dead letters (shared/ops/redrive.py): machinery, so admins only; a tenant
+    token is told there is no such page, as for anything not theirs."""
+    from shared.ops import redrive
+
+    if not viewer.principal.is_admin:
+        raise OpsError(404, "not_found", "there is no such page")
+    if confirmed:
+        _check_csrf(request, viewer.token)
+    try:
+        holds = redrive.redrive() if confirmed else redrive.peek()
+    except TransientError as exc:
+        raise OpsError(503, "unavailable", f"Pub/Sub could not be reached: {exc}") from None
+    total = sum(h.messages for h in holds)
+    if confirmed:
+        auth.record_audit(
+            api.db,
+            viewer.principal,
+            action="deadletters.redrive",
+            target=None,
+            detail={h.subscription: h.messages for h in holds},
+        )
+    return render(
+        "redrive.html",
+        "Pub/Sub dead letters",
+        viewer=viewer,
+        holds=holds,
+        total=total,
+        done=confirmed,
     )
 
 
