@@ -723,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root: Path = args.root.resolve()
     started_here = False
+    running: devstack.RunningStack | None = None
     story = Story()
     try:
         alive = [p for p in devstack.read_pids(root) if p.alive()]
@@ -768,6 +769,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             textwrap.fill(text, 96, initial_indent="  did not happen: ", subsequent_indent="    ")
         )
+    if not started_here and running is not None:
+        # The stack stays up: one click from what the demo did to the page that shows it.
+        from devstack.ops_access import mint_local_access
+
+        access = mint_local_access(root, running.database_url, running.url("ops"), "make demo")
+        print("\n" + access.lines())
     return 0
 
 

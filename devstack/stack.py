@@ -754,13 +754,18 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one exit per 
                 echo=True,
             )
             print(format_table(health(root, info)))
+            from devstack.ops_access import mint_local_access
+
+            access = mint_local_access(
+                root, info["database_url"], info["components"]["ops"]["url"], "make dev"
+            )
             print(
                 f"\nready in {info['startup_seconds']} s. stack.json: {stack_file(root)}  "
                 f"logs: {root / 'logs'}/<component>.log\n"
                 f"export DATABASE_URL={info['database_url']} "
                 f"PUBSUB_EMULATOR_HOST={info['pubsub_emulator_host']} "
                 f"GOOGLE_CLOUD_PROJECT={info['project']}\n"
-                "stop it with `make dev-down`"
+                "stop it with `make dev-down`\n\n" + access.lines()
             )
             return 0
         if args.command == "down":

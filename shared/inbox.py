@@ -34,9 +34,9 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-from shared import connections, provider_apps, queries, shadow
+from shared import connections, drops, provider_apps, queries, shadow
 from shared.db import Database, Tx
 from shared.errors import PermanentError, TransientError
 from shared.logs import LogEvent, get_logger, labelled, log_event
@@ -200,6 +200,7 @@ def write_events(
             )
             if not emit_it:
                 outcome.dropped[reason or "unchanged"] += 1
+                _record_drop(tx, connection, inbox_id, event, reason or "unchanged")
                 continue
         event_id = emit(
             tx,
@@ -220,6 +221,7 @@ def write_events(
         )
         if event_id is None:
             outcome.dropped["re_announced"] += 1
+            _record_drop(tx, connection, inbox_id, event, "re_announced")
         else:
             outcome.produced += 1
             outcome.event_ids.append(event_id)
@@ -247,6 +249,32 @@ def write_routed_events(
         provider_apps.record_unrouted(tx, app, inbox_id, unrouted)
         outcome.dropped["unrouted"] += 1
     return outcome
+
+
+def _record_drop(
+    tx: Tx,
+    connection: connections.Connection,
+    inbox_id: int | None,
+    event: NormalizedEvent,
+    reason: str,
+) -> None:
+    """Per record, for the timeline (shared/drops.py); an event naming no record has only
+    the inbox row's counts."""
+    if not (event.object_type and event.object_id):
+        return
+    drops.record_drop(
+        tx,
+        tenant_id=connection.tenant_id,
+        connection_id=connection.id,
+        object_type=event.object_type,
+        object_id=event.object_id,
+        inbox_id=inbox_id,
+        source_event_id=event.source_event_id,
+        event_type=event.event_type,
+        reason=cast("drops.DropReason", reason),
+        fields=event.changed_fields,
+        occurred_at=event.occurred_at,
+    )
 
 
 def _settle(db: Database, query: Any, **params: Any) -> None:

@@ -280,18 +280,26 @@ def test_a_failed_admission_transaction_decides_nothing_and_the_redelivery_decid
     # (shared.db reports any failure inside a transaction as a onceflow error.)
     assert count(db, "SELECT count(*) FROM delivery_claims WHERE event_id = :e", e=event_id) == 0
     assert count(db, "SELECT count(*) FROM admission_refusals WHERE event_id = :e", e=event_id) == 0
-    assert count(
-        db, "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NULL",
-        e=event_id,
-    ) == 1
+    assert (
+        count(
+            db,
+            "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NULL",
+            e=event_id,
+        )
+        == 1
+    )
     admit_event(db, event_id, publish=Published())
     assert count(db, "SELECT count(*) FROM delivery_claims WHERE event_id = :e", e=event_id) == 2
     reasons = {r["workflow_id"]: r["reason"] for r in refusals(db) if r["event_id"] == event_id}
     assert reasons == {once: "duplicate", ruled: "rule_not_matched"}
-    assert count(
-        db, "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NOT NULL",
-        e=event_id,
-    ) == 1
+    assert (
+        count(
+            db,
+            "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NOT NULL",
+            e=event_id,
+        )
+        == 1
+    )
 
 
 def test_a_stale_refusal_gives_way_to_the_decision_made_now(db: Database, conn: str) -> None:
@@ -318,10 +326,14 @@ def test_a_stale_refusal_gives_way_to_the_decision_made_now(db: Database, conn: 
 def test_an_event_with_nothing_bound_is_decided(db: Database, conn: str) -> None:
     event_id = emit_event(db, connection_id=conn)
     assert admit_event(db, event_id, publish=Published()).outcomes == ()
-    assert count(
-        db, "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NOT NULL",
-        e=event_id,
-    ) == 1
+    assert (
+        count(
+            db,
+            "SELECT count(*) FROM workflow_trigger_events WHERE id = :e AND decided_at IS NOT NULL",
+            e=event_id,
+        )
+        == 1
+    )
 
 
 def test_admission_needs_one_pooled_connection_even_with_refusals(
@@ -368,10 +380,14 @@ def test_admission_needs_one_pooled_connection_even_with_refusals(
         assert time.monotonic() - started < 20
     finally:
         shared_pool.close()
-    assert count(
-        db, "SELECT count(*) FROM delivery_claims WHERE event_id = ANY(CAST(:e AS bigint[]))",
-        e=events,
-    ) == 16
+    assert (
+        count(
+            db,
+            "SELECT count(*) FROM delivery_claims WHERE event_id = ANY(CAST(:e AS bigint[]))",
+            e=events,
+        )
+        == 16
+    )
 
 
 def _wait_for_lock_wait(db: Database, timeout: float = 10.0) -> None:

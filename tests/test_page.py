@@ -1,5 +1,7 @@
-"""The page for people: sign-in, a record's timeline in plain words, and replay from a real
-click in headless Chromium (Debian's `chromium`, driven by playwright; no browser download)."""
+"""The page for people: sign-in, search, a record's timeline in plain words, replay, the runs
+page with filters and a run's steps, from real clicks in headless Chromium (Debian's
+`chromium`, driven by playwright; no browser download). Screenshots are kept in
+$ONCEFLOW_TEST_OUTPUT (docs/screenshots holds the ones the README shows)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,7 @@ def _story(db: Database) -> dict[str, Any]:
                 outcome_code="OUTCOME_UNKNOWN",
                 error="the create's response was lost",
                 error_class="permanent",
+                output={"detail": "the response was lost after the request was sent"},
             ),
         ],
         event_id=first,
@@ -80,7 +83,13 @@ def _story(db: Database) -> dict[str, Any]:
             v=ver,
             rk=record_key,
         )
-    return {"record_key": record_key, "run": run, "token": mint(db, "acme", label="support")}
+    return {
+        "record_key": record_key,
+        "run": run,
+        "workflow": wf,
+        "version": ver,
+        "token": mint(db, "acme", label="support"),
+    }
 
 
 def test_the_page_needs_a_token_cookie_and_forms_need_the_csrf_value(
@@ -116,7 +125,7 @@ def test_the_page_needs_a_token_cookie_and_forms_need_the_csrf_value(
     seed_tenant(db, "globex")
     client.post("/ui/login", data={"token": mint(db, "globex")})
     other = client.get("/ui", query_string={"record_key": s["record_key"]})
-    assert "no record with that id" in other.get_data(as_text=True)
+    assert "No record of your connections matches that" in other.get_data(as_text=True)
     assert s["run"] not in other.get_data(as_text=True)
 
 
@@ -150,7 +159,7 @@ def test_the_page_in_chromium_search_timeline_and_a_real_replay_click(
             page.fill("input[name=token]", s["token"])
             page.click("button[type=submit]")
             page.wait_for_url(f"{ops_server}/ui")
-            page.fill("input[name=record_key]", s["record_key"])
+            page.fill("input[name=q]", "4242")  # an object id, as people search
             page.click("text=Search record")
             page.wait_for_selector("ol.timeline")
             timeline = page.inner_text("ol.timeline")
@@ -176,7 +185,41 @@ def test_the_page_in_chromium_search_timeline_and_a_real_replay_click(
             assert "replay of" in card and "pending" in card
             assert page.query_selector(f"section[data-run-id='{s['run']}'] button.replay") is None
             assert len(dispatched.ids) == 1
+            # The runs page: filter to failed runs of this workflow, open one, unfold its
+            # step's output.
+            page.click("header nav >> text=Runs")
+            page.wait_for_url(f"{ops_server}/ui/runs")
+            page.select_option("select[name=status]", "failed")
+            page.select_option("select[name=workflow_id]", label="enroll-new-lead")
+            page.click("form.filters button[type=submit]")
+            page.wait_for_url("**/ui/runs?**status=failed**")
+            listed = page.query_selector_all("table.runs tbody tr")
+            assert [r.get_attribute("data-run-id") for r in listed] == [s["run"]]
+            assert "v1" in page.inner_text("div.versions")
+            page.click(f"tr[data-run-id='{s['run']}'] a.open-run")
+            page.wait_for_url(f"{ops_server}/ui/runs/{s['run']}")
+            page.click("tr[data-step-key='create'] details.output summary")
+            assert "lost" in page.inner_text("tr[data-step-key='create'] details.output pre")
+            assert "OUTCOME_UNKNOWN" in page.inner_text("section.steps")
+            run_shot = out_dir / "ops-run-page.png"
+            page.screenshot(path=str(run_shot), full_page=True)
+            print(f"screenshot: {run_shot}")
+            # Bulk replay with a preview: one more failed run appears; "Replay all…" lists
+            # both, and confirming replays the new one and refuses the one already replayed.
+            extra = seed_run(db, "acme", s["workflow"], s["version"], [JournalRow("a", "failed")])
+            page.click("header nav >> text=Failed runs")
+            page.wait_for_url("**/ui/runs?status=failed")
+            page.click("form.bulk button[value=replay]")
+            page.wait_for_selector("div.bulk-preview")
+            assert "2 failed run(s) will be affected" in page.inner_text("p.bulk-count")
+            page.screenshot(path=str(out_dir / "ops-bulk-preview.png"), full_page=True)
+            page.click("button.confirm")
+            page.wait_for_selector("div.bulk-results")
+            assert page.inner_text("p.bulk-summary") == "1 of 2 replayed; 1 refused."
+            assert "ok" in (page.get_attribute(f"tr[data-target='{extra}']", "class") or "")
+            page.screenshot(path=str(out_dir / "ops-bulk-done.png"), full_page=True)
+            assert len(dispatched.ids) == 2
         finally:
             browser.close()
-    assert shot.stat().st_size > 10_000
+    assert shot.stat().st_size > 10_000 and run_shot.stat().st_size > 10_000
     shutil.rmtree(profile, ignore_errors=True)

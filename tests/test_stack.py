@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -14,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 
 from devstack import emulator, function_process, scheduler, stack
@@ -80,6 +82,21 @@ def test_up_status_second_up_and_down_leave_nothing_behind(reachable_tmp: Path) 
             j.function for j in scheduler.declared_jobs()
         }
         assert "healthy" in up.stdout and "DOWN" not in up.stdout
+        # One click from the page: its URL and a local admin token that signs in.
+        ops_url = comps["ops"]["url"]
+        assert f"ops page: {ops_url}/ui" in up.stdout
+        token = re.search(r"^ops token: (ofo_\S+)$", up.stdout, re.MULTILINE)
+        assert token is not None
+        assert (root / "ops-token").read_text().strip() == token[1]
+        assert (root / "ops-token").stat().st_mode & 0o777 == 0o600
+        signed_in = httpx.post(
+            f"{ops_url}/ui/login", data={"token": token[1]}, timeout=10, follow_redirects=False
+        )
+        assert signed_in.status_code == 303 and signed_in.headers["location"] == "/ui"
+        health = httpx.get(
+            f"{ops_url}/v1/health", headers={"Authorization": f"Bearer {token[1]}"}, timeout=10
+        )
+        assert health.status_code == 200 and health.json()["machinery"] is not None  # admin
 
         status = run_stack("status", "--root", str(root))
         assert status.returncode == 0, status.stdout + status.stderr

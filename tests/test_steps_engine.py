@@ -395,8 +395,9 @@ def test_a_woken_delay_is_served_even_when_the_executors_clock_runs_behind(
     make_past(db, run_id)
     assert run_sweep(db, 0, duties=[], dispatch=q).woken == 1
     behind = datetime.now(UTC) - timedelta(hours=1)
-    advanced = advance_step(db, q.ids.pop(0), lookup=lookup, dispatch=q, config=LEASE,
-                            now=lambda: behind)
+    advanced = advance_step(
+        db, q.ids.pop(0), lookup=lookup, dispatch=q, config=LEASE, now=lambda: behind
+    )
     assert advanced.status == "succeeded"
     assert steps_of(db, run_id)["wait"]["status"] == "succeeded"
 

@@ -88,10 +88,21 @@ def dedup_key(event: HubSpotEvent) -> str:
     return ":".join(_part(v) for v in parts)
 
 
+def object_type_for(type_id: str) -> str:
+    """The object type onceflow names a HubSpot objectTypeId (`0-1` → `contact`); record
+    URLs carry the same ids (shared/ops/search.py)."""
+    return _OBJECT_TYPE_IDS.get(type_id, f"object_{snake(type_id)}")
+
+
+def type_id_for(object_type: str) -> str | None:
+    """The inverse of `object_type_for` for HubSpot's standard objects."""
+    return next((k for k, v in _OBJECT_TYPE_IDS.items() if v == object_type), None)
+
+
 def _object_type(event: HubSpotEvent) -> str:
     name = event.subscription_type.split(".", 1)[0]
     if name == "object" and event.object_type_id:
-        return _OBJECT_TYPE_IDS.get(event.object_type_id, f"object_{snake(event.object_type_id)}")
+        return object_type_for(event.object_type_id)
     return snake(name)
 
 

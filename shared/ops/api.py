@@ -50,6 +50,8 @@ from shared.ops.models import (
     PublishResult,
     RecordExplanation,
     RecordQuery,
+    RecordSearch,
+    RecordSearchQuery,
     Refusal,
     RefusalPage,
     RefusalsQuery,
@@ -244,6 +246,7 @@ def list_runs(call: Call) -> RunPage:
             record_key=q.record_key,
             created_after=q.created_after,
             created_before=q.created_before,
+            event_type=q.event_type,
             cursor_at=cur["at"] if cur else None,
             cursor_id=cur["id"] if cur else None,
             limit=q.limit + 1,
@@ -346,6 +349,14 @@ def explain_record(call: Call) -> RecordExplanation:
     q: RecordQuery = call.query
     with call.db.transaction() as tx:
         return explain.explain_record(tx, record_key=q.record_key, tenant_scope=call.scope)
+
+
+def search_records(call: Call) -> RecordSearch:
+    from shared.ops import search
+
+    q: RecordSearchQuery = call.query
+    with call.db.transaction() as tx:
+        return search.search(tx, q.q, tenant_scope=call.scope)
 
 
 # ---- credits ------------------------------------------------------------------------------
@@ -672,6 +683,17 @@ ROUTES: tuple[Route, ...] = (
         "Why did (or didn't) my workflow run for this record?",
         query=RecordQuery,
         errors=(400, 401, 404, 422),
+    ),
+    Route(
+        "records.search",
+        "GET",
+        "/v1/records/search",
+        search_records,
+        RecordSearch,
+        "Find records by HubSpot record URL, object id, email or record key, within your"
+        " connections",
+        query=RecordSearchQuery,
+        errors=(400, 401, 422),
     ),
     Route(
         "events.requeue",

@@ -22,9 +22,11 @@ from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
     Decision,
     EventDecisions,
+    RecordDrop,
     RecordExplanation,
     RunSummary,
     StuckInboxRow,
+    WebhookRefusalCount,
 )
 
 SQL = queries.load("ops")
@@ -36,6 +38,9 @@ RECORD_CLAIMS = SQL["ops_record_claims"]
 BINDINGS_FOR_TENANT = SQL["ops_bindings_for_tenant"]
 STUCK_INBOX = queries.load("inbox")["inbox_dead_list"]
 STUCK_INBOX_SHOWN = 20
+RECORD_DROPS = queries.load("drops")["drops_for_record"]
+CONNECTION_REFUSALS = queries.load("drops")["webhook_refusals_for_connection"]
+DROPS_SHOWN = 100
 
 MAX_EVENTS = 500
 
@@ -66,6 +71,67 @@ def explain_breaker(state: str, reason: str | None) -> str:
             "breaker, the next that fails pauses the workflow again."
         )
     return "Running normally: the circuit breaker is closed."
+
+
+def explain_drop(
+    reason: str, fields: dict[str, Any], object_type: str, source_event_id: str | None
+) -> str:
+    """A pre-admission drop (shared/drops.py) in plain words, with what to do about it."""
+    names = ", ".join(sorted(fields)) or "a property"
+    if reason == "not_watched":
+        return (
+            f"The change of {names} was received, but no active workflow watches "
+            f"{'that field' if len(fields) == 1 else 'those fields'} on {object_type} records, so "
+            "it did not become an event. To react to it, add the field to a workflow trigger's "
+            "`watch` list (or its events) and publish the workflow."
+        )
+    if reason == "unchanged":
+        return (
+            f"The new value of {names} was the same as the last one onceflow saw for this "
+            "record, so nothing changed and no event was made (HubSpot announces no-op saves, "
+            "and onceflow's own writes come back this way)."
+        )
+    if reason == "out_of_order":
+        return (
+            f"This change of {names} happened before a change onceflow had already applied to "
+            "this record (it arrived late); applying it would move the record back in time, so "
+            "it was dropped."
+        )
+    return (
+        f"HubSpot announced this same change again (event {source_event_id or 'without an id'}); "
+        "the first announcement already counted, so it made no second event."
+    )
+
+
+def explain_webhook_refusal(check: str) -> str:
+    """A delivery refused at the door (shared/webhooks/receive.py), in plain words."""
+    if check.endswith("_mismatch"):
+        return (
+            "The signature did not match: check the app secret. The connection's webhook "
+            "secret must be the one of the provider app that sends these webhooks."
+        )
+    if check == "timestamp_stale":
+        return (
+            "The request was signed too long ago: check the sender's clock, or whether "
+            "something is replaying old requests."
+        )
+    if (
+        check.endswith("_missing")
+        or check.endswith("_malformed")
+        or check == "credentials_not_basic"
+    ):
+        return (
+            "The request carried no usable signature: is this URL configured in another app, "
+            "or called by something other than the provider?"
+        )
+    if check.endswith("_not_enabled"):
+        return (
+            "The provider signed with an older signature version this connection does not "
+            "accept: enable it on the connection (signature_versions) or use a v3 app."
+        )
+    if check == "connection_disconnected":
+        return "The connection is disconnected, so its webhooks are refused: reconnect it."
+    return f"Refused at the door ({check})."
 
 
 def explain_reason(reason: str) -> str:
@@ -192,9 +258,35 @@ def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> Reco
                 decisions=decisions,
             )
         )
+    drops = tx.all(
+        RECORD_DROPS,
+        tenant_id=tenant_id,
+        connection_id=connection_id,
+        object_type=object_type,
+        object_id=object_id,
+        limit=DROPS_SHOWN,
+    )
+    refused = tx.all(CONNECTION_REFUSALS, connection_id=connection_id)
     return RecordExplanation(
         record_key=record_key,
+        webhook_refusals=[
+            WebhookRefusalCount.model_validate(
+                {**r, "explanation": explain_webhook_refusal(r["check_name"])}
+            )
+            for r in refused
+        ],
         events=out,
+        drops=[
+            RecordDrop.model_validate(
+                {
+                    **d,
+                    "explanation": explain_drop(
+                        d["reason"], d["fields"] or {}, object_type, d["source_event_id"]
+                    ),
+                }
+            )
+            for d in drops
+        ],
         runs=[RunSummary.model_validate(r) for r in runs],
         stuck_inbox=stuck_inbox_rows(stuck),
     )

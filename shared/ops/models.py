@@ -14,6 +14,7 @@ from uuid import UUID
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from shared.admission import Reason
+from shared.workflows.definition import EVENT_TYPE_PATTERN
 
 
 def _no_nul(value: str) -> str:
@@ -80,6 +81,12 @@ class RunsQuery(PageQuery):
     )
     created_after: AwareDatetime | None = Field(default=None, description="Inclusive.")
     created_before: AwareDatetime | None = Field(default=None, description="Exclusive.")
+    event_type: Text | None = Field(
+        default=None,
+        max_length=200,
+        pattern=EVENT_TYPE_PATTERN,
+        description="Runs started by a trigger event of this type (`hubspot.contact.created`).",
+    )
 
 
 class RefusalsQuery(PageQuery):
@@ -374,12 +381,46 @@ class RequeueResult(_Response):
     requeued: bool = True
 
 
+class RecordDrop(_Response):
+    """A property change of the record that became no trigger event, so no workflow saw it."""
+
+    id: int
+    event_type: str
+    source_event_id: str | None
+    inbox_id: int | None
+    reason: Literal["not_watched", "unchanged", "out_of_order", "re_announced"]
+    fields: Any = Field(description="{field: value} as announced (values cut to 200 chars).")
+    occurred_at: datetime
+    recorded_at: datetime
+    explanation: str = Field(description="What happened and what to do, in plain words.")
+
+
+class WebhookRefusalCount(_Response):
+    """Deliveries to the record's connection refused at the door (bodies are never kept)."""
+
+    check_name: str = Field(description="The check that failed: `hubspot_v3_mismatch`, ...")
+    refusals: int
+    first_seen_at: datetime
+    last_seen_at: datetime
+    explanation: str = Field(description="What it means and what to do, in plain words.")
+
+
 class RecordExplanation(_Response):
     record_key: str
     events: list[EventDecisions] = Field(
         description="Every event seen for the record, oldest first."
     )
     runs: list[RunSummary] = Field(description="Every live run for the record, oldest first.")
+    drops: list[RecordDrop] = Field(
+        default_factory=list,
+        description="Changes of the record dropped before they became events (newest first, at"
+        " most 100, kept for `ONCEFLOW_DROP_RETENTION_DAYS`).",
+    )
+    webhook_refusals: list[WebhookRefusalCount] = Field(
+        default_factory=list,
+        description="Webhooks to the record's connection refused before they were stored "
+        "(signature, timestamp, disconnected): any of them may have concerned this record.",
+    )
     stuck_inbox: list[StuckInboxRow] = Field(
         default_factory=list,
         description=(
@@ -387,6 +428,31 @@ class RecordExplanation(_Response):
             "may have concerned this record (newest first, at most 20)."
         ),
     )
+
+
+class RecordSearchQuery(_Request):
+    q: Text = Field(
+        min_length=1,
+        max_length=500,
+        description="A HubSpot record URL, an object id, an email, or a record key.",
+    )
+
+
+class RecordMatch(_Response):
+    record_key: str = Field(description=RECORD_KEY_DESCRIPTION)
+    connection_id: UUID
+    object_type: str
+    object_id: str
+    matched_on: str = Field(description="What matched, in plain words.")
+    last_seen_at: datetime | None = Field(
+        description="The newest event or run for it; null when nothing was received yet."
+    )
+
+
+class RecordSearch(_Response):
+    query: str
+    interpreted_as: Literal["record_key", "hubspot_url", "email", "object_id"]
+    items: list[RecordMatch] = Field(description="Newest first, within your connections.")
 
 
 class LedgerEntry(_Refundable):

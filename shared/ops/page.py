@@ -1,9 +1,10 @@
-"""The page for people: search a record, see its timeline, replay a failed run.
+"""The page for people: find a record or a run, see what happened and why, replay a failed run.
 
-Server-rendered HTML and CSS, no front-end build. The timeline answers the question sales
-teams ask ("why didn't my workflow run for this lead?"): every event received for the
-record, what each workflow decided about it in plain words, every run with its steps, and a
-replay button for failed runs.
+Server-rendered HTML from Jinja2 templates in shared/ops/templates (autoescaped: every value a
+tenant or a provider chose is escaped by the template engine, not by hand), CSS inline, no
+scripts and no front-end build. The page reads through the API's own handlers (`Call` and
+`OpsApi.run_route`), so it shows exactly what the API would answer to the same token, scoped
+the same way.
 
 Auth uses the same bearer tokens as the API. A login form posts the token once; it is kept in
 an HttpOnly, SameSite=Strict cookie scoped to /ui (Secure whenever the request arrived over
@@ -17,14 +18,22 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from html import escape
-from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl, urlencode
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, urlencode
 
 from flask import Request, Response
-from pydantic import ValidationError
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+from pydantic import BaseModel, ValidationError
+from werkzeug.datastructures import MultiDict
 
-from shared import request_body
+from shared import queries, request_body
 from shared.errors import TransientError
 from shared.ops import auth
 from shared.ops.errors import OpsError
@@ -34,123 +43,120 @@ from shared.ops.models import (
     ReplayRequest,
     ReplayResult,
     RunDetail,
-    StepView,
+    RunPage,
+    RunsQuery,
+    VersionList,
+    WorkflowList,
 )
+from shared.workflows.definition import WorkflowDefinition
 
 if TYPE_CHECKING:
     from shared.ops.api import OpsApi
 
+VERSION_DEFINITION = queries.load("ops")["ops_version_definition"]
 COOKIE = "onceflow_ops"
 COOKIE_PATH = "/ui"
 COOKIE_MAX_AGE = 8 * 3600
-MAX_FORM_BYTES = 8 * 1024
+# A bulk confirmation carries up to 200 ids (shared/ops/bulk.py MAX_TARGETS) besides its csrf
+# value and action.
+MAX_FORM_BYTES = 16 * 1024
+MAX_FORM_FIELDS = 210
 MAX_RUNS_SHOWN = 25
+FAILED_ON_HOME = 10
+# A step's input or output is shown up to this many bytes of pretty JSON; the API has the rest.
+MAX_JSON_SHOWN = 4096
+RUN_STATUSES = ("running", "succeeded", "failed", "cancelled")
+OUTCOME_WORDS = {
+    "admitted": "ran",
+    "refused": "did not run",
+    "undecided": "not decided yet",
+    "undelivered": "never decided",
+}
+HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
-CSS = """
-:root { --ink:#1d2330; --muted:#5b6475; --line:#dde2ea; --ok:#1f7a4d; --bad:#b42318;
-        --wait:#8a6100; --bg:#f6f7f9; }
-* { box-sizing: border-box; }
-body { font: 15px/1.45 system-ui, sans-serif; color: var(--ink); background: var(--bg);
-       margin: 0; }
-header.top { background: #fff; border-bottom: 1px solid var(--line); padding: 12px 24px;
-             display: flex; gap: 16px; align-items: center; }
-header.top h1 { font-size: 17px; margin: 0; }
-main { max-width: 1040px; margin: 0 auto; padding: 24px; }
-form.search { display: flex; gap: 8px; margin-bottom: 20px; }
-input[type=text], input[type=password] { flex: 1; padding: 8px 10px; border: 1px solid var(--line);
-       border-radius: 6px; font: inherit; }
-button { padding: 8px 14px; border: 0; border-radius: 6px; background: #2b4acb; color: #fff;
-         font: inherit; cursor: pointer; }
-button.replay { background: var(--bad); }
-.card { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 14px 18px;
-        margin: 0 0 14px; }
-.meta { color: var(--muted); font-size: 13px; }
-ol.timeline { list-style: none; padding: 0; margin: 0; border-left: 3px solid var(--line); }
-ol.timeline > li { margin: 0 0 14px 16px; }
-ul.decisions { list-style: none; padding: 0; margin: 8px 0 0; }
-ul.decisions li { padding: 6px 10px; border-radius: 6px; margin: 4px 0; }
-.admitted { background: #e8f5ee; } .refused { background: #fdecea; }
-.undecided { background: #fff6db; }
-.badge { display: inline-block; padding: 1px 8px; border-radius: 10px; font-size: 12px;
-         font-weight: 600; color: #fff; background: var(--muted); }
-.badge.succeeded { background: var(--ok); } .badge.failed { background: var(--bad); }
-.badge.running, .badge.pending { background: var(--wait); }
-table { border-collapse: collapse; width: 100%; margin-top: 8px; font-size: 13px; }
-th, td { text-align: left; border-top: 1px solid var(--line); padding: 5px 6px;
-         vertical-align: top; }
-.notice { background: #e8f0fe; border: 1px solid #b3c7f7; padding: 10px 14px;
-          border-radius: 6px; margin-bottom: 16px; }
-.error { background: #fdecea; border-color: #f5b5ae; }
-code { font-size: 12px; }
-ol.attempts { list-style: none; padding: 0; margin: 2px 0 0; color: var(--muted);
-              font-size: 12px; white-space: nowrap; }
-"""
+
+@dataclass(frozen=True)
+class ShownJson:
+    text: str
+    size: int
+    omitted: int
+
+
+def shown_json(value: Any, cap: int = MAX_JSON_SHOWN) -> ShownJson:
+    """Pretty JSON cut at `cap` bytes (a step's output can be a whole CRM record list)."""
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    raw = text.encode()
+    if len(raw) <= cap:
+        return ShownJson(text, len(raw), 0)
+    return ShownJson(raw[:cap].decode(errors="ignore") + "\n…", len(raw), len(raw) - cap)
+
+
+TEMPLATES = Environment(
+    loader=FileSystemLoader(Path(__file__).parent / "templates"),
+    autoescape=True,
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+TEMPLATES.filters["shown_json"] = shown_json
 
 
 def csrf_value(token: str) -> str:
     return hmac.new(token.encode(), b"onceflow-ops-csrf", hashlib.sha256).hexdigest()
 
 
-def _page(
+@dataclass(frozen=True)
+class Notice:
+    text: str
+    error: bool = False
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is looking, for the header and the forms."""
+
+    principal: auth.Principal
+    token: str
+
+    @property
+    def csrf(self) -> str:
+        return csrf_value(self.token)
+
+
+def render(
+    template: str,
     title: str,
-    body: str,
     *,
+    viewer: Viewer | None = None,
+    notices: list[Notice] | None = None,
     status: int = 200,
-    principal: auth.Principal | None = None,
-    token: str | None = None,
+    **context: Any,
 ) -> Response:
-    who = ""
-    if principal is not None and token is not None:
-        scope = "admin" if principal.is_admin else f"tenant {principal.tenant_id}"
-        who = (
-            f'<span class="meta">{escape(principal.label)} · {escape(scope)}</span>'
-            f'<form method="post" action="/ui/logout" style="margin-left:auto">'
-            f'<input type="hidden" name="csrf" value="{csrf_value(token)}">'
-            f"<button>Sign out</button></form>"
-        )
-    html = (
-        "<!doctype html><html lang=en><head><meta charset=utf-8>"
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{escape(title)} · onceflow</title><style>{CSS}</style></head><body>"
-        f'<header class="top"><h1><a href="/ui" style="color:inherit;text-decoration:none">'
-        f"onceflow ops</a></h1>{who}</header><main>{body}</main></body></html>"
+    html = TEMPLATES.get_template(template).render(
+        title=title,
+        principal=viewer.principal if viewer else None,
+        csrf=viewer.csrf if viewer else "",
+        notices=notices or [],
+        **context,
     )
-    return Response(
-        html,
-        status=status,
-        mimetype="text/html",
-        headers={
-            "Cache-Control": "no-store",
-            "Content-Security-Policy": "default-src 'none'; "
-            "style-src 'unsafe-inline'; form-action 'self'; "
-            "frame-ancestors 'none'",
-            "X-Content-Type-Options": "nosniff",
-            "Referrer-Policy": "no-referrer",
-        },
-    )
+    return Response(html, status=status, mimetype="text/html", headers=HEADERS)
 
 
 def _redirect(location: str) -> Response:
     return Response("", status=303, headers={"Location": location})
 
 
-def _login_form(message: str | None = None, status: int = 200) -> Response:
-    note = f'<p class="notice error">{escape(message)}</p>' if message else ""
-    body = (
-        f'<div class="card"><h2>Sign in</h2>{note}'
-        "<p>Paste your ops token (mint one with "
-        "<code>python -m shared.ops.tokens create --tenant &lt;tenant&gt;</code>).</p>"
-        '<form class="search" method="post" action="/ui/login">'
-        '<input type="password" name="token" aria-label="ops token" autocomplete="off" '
-        'required><button type="submit">Sign in</button></form></div>'
-    )
-    return _page("Sign in", body, status=status)
-
-
-def _form(request: Request) -> dict[str, str]:
+def _form(request: Request) -> MultiDict[str, str]:
     """The page's forms are small url-encoded ones; read boundedly (`shared.request_body`) and
     parsed here rather than by `request.form`, which would read a chunked body of any size and
-    let the framing errors of a malformed one escape as a 500."""
+    let the framing errors of a malformed one escape as a 500. A key may repeat (a bulk
+    confirmation lists its targets)."""
     try:
         raw = request_body.read_body(
             request.stream.read,
@@ -162,24 +168,23 @@ def _form(request: Request) -> dict[str, str]:
         raise OpsError(refused.status, refused.code, refused.message) from None
     try:
         pairs = parse_qsl(
-            raw.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=16
+            raw.decode("utf-8"),
+            keep_blank_values=True,
+            strict_parsing=False,
+            max_num_fields=MAX_FORM_FIELDS,
         )
     except (UnicodeDecodeError, ValueError):
         raise OpsError(400, "malformed_form", "the form could not be read") from None
-    return dict(pairs)
+    return MultiDict(pairs)
 
 
 def handle(api: OpsApi, request: Request) -> Response:
     try:
         return _handle(api, request)
     except OpsError as err:
-        return _page(
-            "Error", f'<p class="notice error">{escape(err.message)}</p>', status=err.status
-        )
+        return render("error.html", "Error", message=err.message, status=err.status)
     except TransientError:
-        return _page(
-            "Busy", '<p class="notice error">The database is busy; try again.</p>', status=503
-        )
+        return render("error.html", "Busy", message="The database is busy; try again.", status=503)
 
 
 def _handle(api: OpsApi, request: Request) -> Response:
@@ -190,28 +195,53 @@ def _handle(api: OpsApi, request: Request) -> Response:
     principal = auth.authenticate(api.db, token)
     if principal is None or token is None:
         return _redirect("/ui/login")
+    viewer = Viewer(principal, token)
 
     if path == "/ui/logout" and request.method == "POST":
         _check_csrf(request, token)
         response = _redirect("/ui/login")
         response.delete_cookie(COOKIE, path=COOKIE_PATH)
         return response
-    if path == "/ui" and request.method == "GET":
-        return _record_page(api, request, principal, token)
     parts = path.split("/")
-    if len(parts) == 5 and parts[2] == "runs" and parts[4] == "replay" and request.method == "POST":
-        return _replay(api, request, principal, token, parts[3])
+    if request.method == "GET":
+        return _get(api, request, viewer, parts)
+    if request.method == "POST":
+        return _post(api, request, viewer, parts)
+    raise OpsError(404, "not_found", "there is no such page")
+
+
+def _post(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Response:
+    if len(parts) == 5 and parts[2] == "runs" and parts[4] == "replay":
+        return _replay(api, request, viewer, parts[3])
+    if parts == ["", "ui", "bulk"]:
+        return _bulk_confirmed(api, request, viewer)
+    if parts == ["", "ui", "redrive"]:
+        return _redrive(api, request, viewer, confirmed=True)
+    raise OpsError(404, "not_found", "there is no such page")
+
+
+def _get(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Response:
+    if parts == ["", "ui"]:
+        return _home(api, request, viewer)
+    if parts == ["", "ui", "runs"]:
+        return _runs_page(api, request, viewer)
+    if len(parts) == 4 and parts[2] == "runs":
+        return _run_page(api, request, viewer, parts[3])
+    if parts == ["", "ui", "bulk"]:
+        return _bulk_preview(api, request, viewer)
+    if parts == ["", "ui", "redrive"]:
+        return _redrive(api, request, viewer, confirmed=False)
     raise OpsError(404, "not_found", "there is no such page")
 
 
 def _login(api: OpsApi, request: Request) -> Response:
     if request.method == "GET":
-        return _login_form()
+        return render("login.html", "Sign in", message=None)
     if request.method != "POST":
         raise OpsError(405, "method_not_allowed", "use the form")
     token = _form(request).get("token", "").strip()
     if auth.authenticate(api.db, token) is None:
-        return _login_form("That token is not valid.", status=401)
+        return render("login.html", "Sign in", message="That token is not valid.", status=401)
     response = _redirect("/ui")
     response.set_cookie(
         COOKIE,
@@ -229,286 +259,331 @@ def _is_https(request: Request) -> bool:
     return request.is_secure or request.headers.get("X-Forwarded-Proto", "") == "https"
 
 
-def _check_csrf(request: Request, token: str) -> dict[str, str]:
+def _check_csrf(request: Request, token: str) -> MultiDict[str, str]:
     form = _form(request)
     if not hmac.compare_digest(form.get("csrf", ""), csrf_value(token)):
         raise OpsError(403, "csrf", "the form is stale or came from another site; reload")
     return form
 
 
-def _replay(
-    api: OpsApi, request: Request, principal: auth.Principal, token: str, run_id: str
-) -> Response:
-    from shared.ops.api import ROUTE_BY_NAME, Call
+def _call(
+    api: OpsApi,
+    viewer: Viewer,
+    route_name: str,
+    *,
+    path: dict[str, str] | None = None,
+    query: BaseModel | None = None,
+    body: BaseModel | None = None,
+) -> BaseModel:
+    """A route of the API, answered for the signed-in token (scoped and audited the same)."""
+    from shared.ops.api import ROUTE_BY_NAME, Call, EmptyQuery
 
-    form = _check_csrf(request, token)
-    record_key = form.get("record_key", "")
-    try:
-        body = ReplayRequest(reason="replayed from the ops page")
-    except ValidationError as exc:  # pragma: no cover - a constant
-        raise OpsError(422, "invalid_body", str(exc)) from None
     call = Call(
         db=api.db,
-        principal=principal,
-        path={"run_id": run_id},
-        query=None,
+        principal=viewer.principal,
+        path=path or {},
+        query=query if query is not None else EmptyQuery(),
         body=body,
         dispatch=api.dispatch,
     )
+    return api.run_route(ROUTE_BY_NAME[route_name], call)
+
+
+def _replay(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Response:
+    form = _check_csrf(request, viewer.token)
+    record_key = form.get("record_key", "")
     try:
-        result = api.run_route(ROUTE_BY_NAME["runs.replay"], call)
+        result = _call(
+            api,
+            viewer,
+            "runs.replay",
+            path={"run_id": run_id},
+            body=ReplayRequest(reason="replayed from the ops page"),
+        )
         assert isinstance(result, ReplayResult)
-        params = {"record_key": record_key, "replayed": str(result.run.id)}
     except OpsError as err:
-        params = {"record_key": record_key, "problem": err.message}
-    return _redirect("/ui?" + urlencode(params))
+        if record_key:
+            return _redirect("/ui?" + urlencode({"record_key": record_key, "problem": err.message}))
+        return _redirect(f"/ui/runs/{quote(run_id)}?" + urlencode({"problem": err.message}))
+    if record_key:
+        return _redirect("/ui?" + urlencode({"record_key": record_key, "replayed": result.run.id}))
+    return _redirect(f"/ui/runs/{result.run.id}?" + urlencode({"replayed": result.run.id}))
 
 
-def _record_page(api: OpsApi, request: Request, principal: auth.Principal, token: str) -> Response:
-    from shared.ops.api import run_detail
-    from shared.ops.explain import explain_record
-
-    record_key = request.args.get("record_key", "").strip()
-    notices = ""
+def _action_notices(request: Request) -> list[Notice]:
+    notices = []
     if request.args.get("replayed"):
-        notices += (
-            f'<p class="notice">Replay started: run '
-            f"<code>{escape(request.args['replayed'])}</code>.</p>"
-        )
+        notices.append(Notice(f"Replay started: run {request.args['replayed']}."))
     if request.args.get("problem"):
-        notices += f'<p class="notice error">Replay refused: {escape(request.args["problem"])}</p>'
-    search = (
-        '<form class="search" method="get" action="/ui">'
-        f'<input type="text" name="record_key" value="{escape(record_key)}" '
-        'placeholder="connection-id:contacts:123" aria-label="record key">'
-        "<button type=submit>Search record</button></form>"
-    )
-    if not record_key:
-        return _page(
-            "Records",
-            notices + search + '<p class="meta">Search a record by its key '
-            "(<code>&lt;connection id&gt;:&lt;object type&gt;:&lt;object id&gt;</code>)"
-            " to see every event, what each workflow decided, and why.</p>"
-            + _health(api, principal)
-            + _dead_letters(api, principal),
-            principal=principal,
-            token=token,
-        )
-    try:
-        query = RecordQuery(record_key=record_key)
-        with api.db.transaction() as tx:
-            story = explain_record(
-                tx, record_key=query.record_key, tenant_scope=principal.tenant_id
-            )
-    except (OpsError, ValidationError) as exc:
-        message = exc.message if isinstance(exc, OpsError) else "That is not a record key."
-        return _page(
-            "Records",
-            notices + search + f'<p class="notice error">{escape(message)}</p>',
-            principal=principal,
-            token=token,
-        )
-    details = [
-        run_detail(api.db, str(r.id), principal.tenant_id) for r in story.runs[-MAX_RUNS_SHOWN:]
-    ]
-    body = (
-        notices
-        + search
-        + f"<h2>Record <code>{escape(record_key)}</code></h2>"
-        + _timeline(story)
-        + "<h2>Runs</h2>"
-        + "".join(_run_card(d, story, record_key, token) for d in reversed(details))
-    )
-    if not details:
-        body += '<p class="meta">No run was started for this record.</p>'
-    return _page(f"Record {record_key}", body, principal=principal, token=token)
+        notices.append(Notice(f"Replay refused: {request.args['problem']}", error=True))
+    return notices
 
 
-def _health(api: OpsApi, principal: auth.Principal) -> str:
-    """Is the machinery running? The same report as GET /v1/health."""
+# ---- search and the record timeline --------------------------------------------------------
+
+
+def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+    from shared.ops import search
     from shared.ops.health import health_report
 
-    report = health_report(api.db, principal)
-    if report.problems:
-        verdict = '<ul class="problems">' + "".join(
-            f'<li class="notice error">{escape(p)}</li>' for p in report.problems
-        )
-        verdict += "</ul>"
-    else:
-        verdict = '<p class="notice ok">Nothing looks stuck.</p>'
-    body = verdict
-    m = report.machinery
-    if m is not None:
-        if m.scheduler.available:
-            rows = "".join(
-                f"<tr><td>{escape(j.name)}</td><td>{escape(j.state or '')}</td>"
-                f"<td>{j.last_attempt_at or 'never'}</td>"
-                f"<td>{escape(j.error or j.last_status or '')}</td></tr>"
-                for j in m.scheduler.jobs
-            )
-            body += (
-                '<table class="scheduler"><thead><tr><th>scheduled job</th><th>state</th>'
-                f"<th>last attempt</th><th>status</th></tr></thead><tbody>{rows}</tbody></table>"
-            )
-        else:
-            body += f'<p class="meta scheduler">{escape(m.scheduler.detail or "")}</p>'
-        b, d = m.backlog, m.dead_letters
-        body += (
-            '<table class="backlog"><thead><tr><th>queue</th><th>waiting</th>'
-            "<th>oldest (s)</th></tr></thead><tbody>"
-            f"<tr><td>inbox</td><td>{b.inbox_pending}</td><td>{b.inbox_oldest_seconds:.0f}</td></tr>"
-            f"<tr><td>outbox</td><td>{b.outbox_unpublished}</td>"
-            f"<td>{b.outbox_oldest_seconds:.0f}</td></tr>"
-            f"<tr><td>steps</td><td>{b.steps_pending}</td>"
-            f"<td>{b.steps_oldest_pending_seconds:.0f}</td></tr></tbody></table>"
-            f'<p class="meta dead-counts">Dead inbox rows: {d.dead_inbox_rows}; poisoned '
-            f"messages: {d.poisoned_messages} ({d.poisoned_messages_24h} in 24 h); undelivered "
-            f"trigger events: {d.undelivered_events}.</p>"
-        )
-    if report.connections:
-        rows = "".join(
-            f"<tr><td><code>{c.connection_id}</code></td><td>{escape(c.provider)}</td>"
-            f"<td>{escape(c.status)}</td><td>{'yes' if c.credentials_configured else 'NO'}</td>"
-            f"<td>{_reconcile_words(c.last_reconcile_ok)}</td></tr>"
-            for c in report.connections
-        )
-        body += (
-            '<table class="connections"><thead><tr><th>connection</th><th>provider</th>'
-            "<th>status</th><th>credentials</th><th>last provider call</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>"
-        )
-    return f'<h2>Health</h2><div class="card health">{body}</div>'
-
-
-def _reconcile_words(ok: bool | None) -> str:
-    return {None: "not yet", True: "ok", False: "failed"}[ok]
-
-
-def _dead_letters(api: OpsApi, principal: auth.Principal) -> str:
-    """The newest failed runs (the dead-letter list), each linking to its record."""
-    from shared.ops.api import RUNS_LIST
-
-    with api.db.transaction() as tx:
-        rows = tx.all(
-            RUNS_LIST,
-            tenant_id=principal.tenant_id,
-            workflow_id=None,
-            status="failed",
-            record_key=None,
-            created_after=None,
-            created_before=None,
-            cursor_at=None,
-            cursor_id=None,
-            limit=MAX_RUNS_SHOWN,
-        )
-    if not rows:
-        return '<h2>Failed runs</h2><p class="meta">No failed run.</p>'
-    items = "".join(
-        f"<tr><td>{escape(r['workflow_name'])}</td><td><code>{r['id']}</code></td>"
-        f"<td>{r['created_at']:%Y-%m-%d %H:%M}</td><td>{escape(r['error'] or '')}</td><td>"
-        + (
-            f'<a href="/ui?{urlencode({"record_key": r["record_key"]})}#run-{r["id"]}">'
-            "open record</a>"
-            if r["record_key"]
-            else ""
-        )
-        + "</td></tr>"
-        for r in rows
-    )
-    return (
-        '<h2>Failed runs</h2><div class="card"><table class="dead-letters"><thead><tr>'
-        "<th>workflow</th><th>run</th><th>started</th><th>error</th><th></th></tr></thead>"
-        f"<tbody>{items}</tbody></table></div>"
+    notices = _action_notices(request)
+    q = (request.args.get("q") or request.args.get("record_key") or "").strip()
+    matches = None
+    if q:
+        try:
+            with api.db.transaction() as tx:
+                found = search.find_records(tx, q, tenant_scope=viewer.principal.tenant_id)
+        except OpsError as err:
+            notices.append(Notice(err.message, error=True))
+            found = None
+        if found is not None and len(found) == 1:
+            return _record_page(api, viewer, found[0].record_key, q, notices)
+        matches = found
+    failed = _call(api, viewer, "runs.list", query=RunsQuery(status="failed", limit=FAILED_ON_HOME))
+    assert isinstance(failed, RunPage)
+    return render(
+        "home.html",
+        "Search",
+        viewer=viewer,
+        notices=notices,
+        q=q,
+        matches=matches,
+        health=health_report(api.db, viewer.principal),
+        failed=failed.items,
     )
 
 
-def _timeline(story: RecordExplanation) -> str:
-    if not story.events:
-        return '<p class="meta">No event was received for this record.</p>'
-    items = []
-    for e in story.events:
-        decisions = (
-            "".join(
-                f'<li class="{d.outcome}"><b>{escape(d.workflow_name)}</b>: '
-                f"{_outcome_words(d.outcome)} — {escape(d.explanation)}"
-                + (
-                    f' <span class="meta">({escape(d.reason or "")}: '
-                    f"{escape(d.detail or '')})</span>"
-                    if d.outcome == "refused"
-                    else ""
-                )
-                + (f' <a href="#run-{d.run_id}">run</a>' if d.run_id else "")
-                + "</li>"
-                for d in e.decisions
-            )
-            or '<li class="undecided">No workflow listens to this kind of event.</li>'
-        )
-        items.append(
-            f'<li class="card event" data-event-id="{e.event_id}"><div><b>'
-            f"{escape(e.event_type)}</b> "
-            f'<span class="meta">event #{e.event_id} · {e.occurred_at:%Y-%m-%d %H:%M:%S %Z}'
-            f"{' · payload truncated' if e.payload_truncated else ''}</span></div>"
-            f'<ul class="decisions">{decisions}</ul></li>'
-        )
-    return f'<ol class="timeline">{"".join(items)}</ol>'
+def _record_page(
+    api: OpsApi, viewer: Viewer, record_key: str, q: str, notices: list[Notice]
+) -> Response:
+    from shared.ops.api import run_detail
+    from shared.ops.search import record_url
 
-
-def _outcome_words(outcome: str) -> str:
-    return {"admitted": "admitted", "refused": "did not run", "undecided": "not decided yet"}[
-        outcome
+    try:
+        query = RecordQuery(record_key=record_key)
+    except ValidationError:
+        raise OpsError(422, "invalid_record_key", "That is not a record key.") from None
+    story = _call(api, viewer, "records.explain", query=query)
+    assert isinstance(story, RecordExplanation)
+    details = [
+        run_detail(api.db, str(r.id), viewer.principal.tenant_id)
+        for r in story.runs[-MAX_RUNS_SHOWN:]
     ]
+    with api.db.transaction() as tx:
+        hubspot_url = record_url(tx, record_key)
+    return render(
+        "record.html",
+        f"Record {record_key}",
+        viewer=viewer,
+        notices=notices,
+        q=q,
+        story=story,
+        details=list(reversed(details)),
+        outcome_words=OUTCOME_WORDS,
+        hubspot_url=hubspot_url,
+    )
 
 
-def _run_card(d: RunDetail, story: RecordExplanation, record_key: str, token: str) -> str:
-    r = d.run
-    replayed = any(x.replay_of == r.id for x in d.lineage)
-    button = ""
-    if r.status == "failed" and not replayed:
-        button = (
-            f'<form method="post" action="/ui/runs/{r.id}/replay">'
-            f'<input type="hidden" name="csrf" value="{csrf_value(token)}">'
-            f'<input type="hidden" name="record_key" value="{escape(record_key)}">'
-            f'<button class="replay" type="submit">Replay this run</button></form>'
+# ---- runs ----------------------------------------------------------------------------------
+
+RUN_FILTERS = (
+    "workflow_id",
+    "status",
+    "record_key",
+    "event_type",
+    "created_after",
+    "created_before",
+    "limit",
+)
+
+
+def _aware(value: str) -> str:
+    """`datetime-local` inputs carry no zone; the page says they are UTC."""
+    if value and len(value) <= 19 and "+" not in value and not value.endswith("Z"):
+        return value + ("+00:00" if len(value) > 16 else ":00+00:00")
+    return value
+
+
+def _run_filters(request: Request) -> tuple[dict[str, str], RunsQuery, list[Notice]]:
+    """The runs filters of a page's query string: as typed (to show them back), as a query,
+    and a notice naming any that is not valid (then no filter applies, never a 500)."""
+    form = {k: request.args.get(k, "").strip() for k in RUN_FILTERS}
+    form["limit"] = form["limit"] or str(MAX_RUNS_SHOWN)
+    raw = {k: v for k, v in form.items() if v}
+    for k in ("created_after", "created_before"):
+        if k in raw:
+            raw[k] = _aware(raw[k])
+    if request.args.get("cursor"):
+        raw["cursor"] = request.args["cursor"]
+    try:
+        return form, RunsQuery.model_validate(raw), []
+    except ValidationError as exc:
+        wrong = ", ".join(str(e["loc"][0]) for e in exc.errors())
+        notice = Notice(f"These filters are not valid: {wrong}.", error=True)
+        return form, RunsQuery(limit=MAX_RUNS_SHOWN), [notice]
+
+
+def _runs_page(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+    form, query, notices = _run_filters(request)
+    page = _call(api, viewer, "runs.list", query=query)
+    assert isinstance(page, RunPage)
+    workflows = _call(api, viewer, "workflows.list")
+    assert isinstance(workflows, WorkflowList)
+    versions, versions_of = [], ""
+    if query.workflow_id is not None and any(w.id == query.workflow_id for w in workflows.items):
+        listed = _call(
+            api, viewer, "workflows.versions", path={"workflow_id": str(query.workflow_id)}
         )
-    rows = "".join(
-        f"<tr><td><code>{escape(s.step_key)}</code></td><td>{escape(s.block_type)}</td>"
-        f'<td><span class="badge {s.status}">{s.status}</span>'
-        f"{' (copied)' if s.copied_from else ''}</td><td>{_attempts(s)}</td>"
-        f"<td>{escape(s.outcome_code or '')}</td><td>{escape(s.error or '')}</td></tr>"
-        for s in d.steps
-    )
-    lineage = ""
-    if r.replay_of:
-        lineage = f' · replay of <a href="#run-{r.replay_of}"><code>{r.replay_of}</code></a>'
-    return (
-        f'<section class="card run" id="run-{r.id}" data-run-id="{r.id}">'
-        f"<div><b>{escape(r.workflow_name)}</b> "
-        f'<span class="badge {r.status}">{r.status}</span> '
-        f'<span class="meta">run <code>{r.id}</code> · {r.created_at:%Y-%m-%d %H:%M:%S %Z}'
-        f"{lineage}</span></div>"
-        + (f'<p class="meta">{escape(r.error)}</p>' if r.error else "")
-        + "<table><thead><tr><th>step</th><th>block</th><th>status</th><th>attempts</th>"
-        f"<th>outcome</th><th>error</th></tr></thead><tbody>{rows}</tbody></table>"
-        f"{button}</section>"
+        assert isinstance(listed, VersionList)
+        versions = listed.items
+        versions_of = next(w.name for w in workflows.items if w.id == query.workflow_id)
+    kept = {k: v for k, v in form.items() if v}
+    return render(
+        "runs.html",
+        "Runs",
+        viewer=viewer,
+        notices=notices,
+        form=form,
+        statuses=RUN_STATUSES,
+        workflows=workflows.items,
+        versions=versions,
+        versions_of=versions_of,
+        page=page,
+        next_page_url="/ui/runs?" + urlencode({**kept, "cursor": page.next_cursor})
+        if page.next_cursor
+        else None,
+        first_page_url="/ui/runs?" + urlencode(kept) if request.args.get("cursor") else None,
+        bulk_filters={k: v for k, v in kept.items() if k not in ("status", "limit")},
     )
 
 
-def _attempts(s: StepView) -> str:
-    """The attempt count, then one short line per kept lease saying how it ended (when it was
-    claimed and ended on hover): a retried or reclaimed step shows every try, not the last."""
-    items = []
-    for lease in s.leases:
-        if lease.end_kind is None:
-            how = "running"
-        elif lease.end_kind == "reclaimed":
-            how = f"reclaimed → {lease.end_status}"
-        else:
-            how = str(lease.end_status)
-        if lease.outcome_code:
-            how += f" ({lease.outcome_code})"
-        when = f"claimed {lease.claimed_at:%Y-%m-%d %H:%M:%S %Z}"
-        if lease.ended_at is not None:
-            when += f", ended {lease.ended_at:%Y-%m-%d %H:%M:%S %Z}"
-        items.append(f'<li title="{escape(when)}">#{lease.attempt} {escape(how)}</li>')
-    listed = f'<ol class="attempts">{"".join(items)}</ol>' if items else ""
-    return f"{s.attempt}{listed}"
+def _bulk_preview(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+    from shared.ops import bulk
+
+    action = request.args.get("action", "")
+    spec = bulk.action_named(action)
+    _, query, notices = _run_filters(request)
+    if notices:
+        raise OpsError(400, "invalid_query", notices[0].text)
+    targets, more = bulk.preview(_caller(api, viewer), action, query)
+    return render(
+        "bulk.html",
+        f"{spec.verb.capitalize()}: preview",
+        viewer=viewer,
+        action=action,
+        verb=spec.verb,
+        past=spec.past,
+        what=spec.what,
+        consequence=spec.consequence,
+        targets=targets,
+        more=more,
+        results=None,
+        done=0,
+    )
+
+
+def _bulk_confirmed(api: OpsApi, request: Request, viewer: Viewer) -> Response:
+    from shared.ops import bulk
+
+    form = _check_csrf(request, viewer.token)
+    action = form.get("action", "")
+    spec = bulk.action_named(action)
+    results = bulk.perform(_caller(api, viewer), action, form.getlist("target"))
+    return render(
+        "bulk.html",
+        f"{spec.verb.capitalize()}: done",
+        viewer=viewer,
+        action=action,
+        verb=spec.verb,
+        past=spec.past,
+        what=spec.what,
+        consequence=spec.consequence,
+        targets=[],
+        more=False,
+        results=results,
+        done=sum(1 for r in results if r.ok),
+    )
+
+
+def _redrive(api: OpsApi, request: Request, viewer: Viewer, *, confirmed: bool) -> Response:
+    """Pub/Sub dead letters (shared/ops/redrive.py): machinery, so admins only; a tenant
+    token is told there is no such page, as for anything not theirs."""
+    from shared.ops import redrive
+
+    if not viewer.principal.is_admin:
+        raise OpsError(404, "not_found", "there is no such page")
+    if confirmed:
+        _check_csrf(request, viewer.token)
+    try:
+        holds = redrive.redrive() if confirmed else redrive.peek()
+    except TransientError as exc:
+        raise OpsError(503, "unavailable", f"Pub/Sub could not be reached: {exc}") from None
+    total = sum(h.messages for h in holds)
+    if confirmed:
+        auth.record_audit(
+            api.db,
+            viewer.principal,
+            action="deadletters.redrive",
+            target=None,
+            detail={h.subscription: h.messages for h in holds},
+        )
+    return render(
+        "redrive.html",
+        "Pub/Sub dead letters",
+        viewer=viewer,
+        holds=holds,
+        total=total,
+        done=confirmed,
+    )
+
+
+def _caller(api: OpsApi, viewer: Viewer) -> Callable[..., BaseModel]:
+    def call(route_name: str, **kwargs: Any) -> BaseModel:
+        return _call(api, viewer, route_name, **kwargs)
+
+    return call
+
+
+def logs_url(run_id: str) -> str | None:
+    """The run's log lines in Cloud Logging (every line carries the `run_id` label)."""
+    project = os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCP_PROJECT")
+    if not project:
+        return None
+    query = quote(f'labels.run_id="{run_id}"', safe="")
+    return f"https://console.cloud.google.com/logs/query;query={query}?project={quote(project)}"
+
+
+def _run_page(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Response:
+    from shared.ops.search import record_url
+
+    detail = _call(api, viewer, "runs.get", path={"run_id": run_id})
+    assert isinstance(detail, RunDetail)
+    r = detail.run
+    hubspot_url = None
+    if r.record_key:
+        with api.db.transaction() as tx:
+            hubspot_url = record_url(tx, r.record_key)
+    replayable = r.status == "failed" and not any(x.replay_of == r.id for x in detail.lineage)
+    with api.db.transaction() as tx:
+        definition = tx.scalar(VERSION_DEFINITION, version_id=str(r.version_id))
+    return render(
+        "run.html",
+        f"Run {r.workflow_name}",
+        viewer=viewer,
+        notices=_action_notices(request),
+        d=detail,
+        hubspot_url=hubspot_url,
+        logs_url=logs_url(str(r.id)),
+        replayable=replayable,
+        picture=_picture(definition, detail),
+    )
+
+
+def _picture(definition: Any, detail: RunDetail) -> Markup | None:
+    from shared.ops.graph_svg import render_picture
+
+    try:
+        parsed = WorkflowDefinition.model_validate(definition)
+    except ValidationError:
+        return None  # a definition this code can no longer read: the tables still tell all
+    return render_picture(parsed, detail.steps, datetime.now(UTC))

@@ -38,6 +38,9 @@ WHERE r.namespace = 'live'
        OR r.created_at >= CAST(:created_after AS timestamptz))
   AND (CAST(:created_before AS timestamptz) IS NULL
        OR r.created_at < CAST(:created_before AS timestamptz))
+  AND (CAST(:event_type AS text) IS NULL
+       OR EXISTS (SELECT 1 FROM workflow_trigger_events e
+                  WHERE e.id = r.event_id AND e.event_type = CAST(:event_type AS text)))
   AND (CAST(:cursor_at AS timestamptz) IS NULL
        OR (r.created_at, r.id) < (CAST(:cursor_at AS timestamptz), CAST(:cursor_id AS uuid)))
 ORDER BY r.created_at DESC, r.id DESC

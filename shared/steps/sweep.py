@@ -42,6 +42,7 @@ from typing import Any
 from shared import queries
 from shared.backlog import read_backlog
 from shared.db import Database
+from shared.drops import trim_drops
 from shared.errors import TransientError
 from shared.logs import LogEvent, get_logger, log_event
 
@@ -73,6 +74,8 @@ class SweepConfig:
     poll_seconds: float = 2.0
     # Runs are kept for good; the per-attempt lease history of a finished run only for this long.
     lease_history_days: int = 30
+    # Pre-admission drops (shared/drops.py) hold changed property values: kept this long.
+    drop_retention_days: int = 14
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SweepConfig:
@@ -92,6 +95,9 @@ class SweepConfig:
             poll_seconds=float(env.get("ONCEFLOW_SWEEP_POLL_SECONDS", d.poll_seconds)),
             lease_history_days=_positive_int(
                 env, "ONCEFLOW_LEASE_HISTORY_DAYS", d.lease_history_days
+            ),
+            drop_retention_days=_positive_int(
+                env, "ONCEFLOW_DROP_RETENTION_DAYS", d.drop_retention_days
             ),
         )
 
@@ -364,7 +370,8 @@ def default_duties(config: SweepConfig | None = None) -> list[Duty]:
     # Imported here: trigger kinds import `Duty` from this module.
     from shared import triggers
 
-    days = (config or SweepConfig.from_env()).lease_history_days
+    config = config or SweepConfig.from_env()
+    days, drop_days = config.lease_history_days, config.drop_retention_days
     return [
         Duty("report_backlog", 60.0, report_backlog),
         Duty("expire_echo_markers", 300.0, expire_echo_markers),
@@ -372,6 +379,7 @@ def default_duties(config: SweepConfig | None = None) -> list[Duty]:
         Duty("reconcile_budget_reservations", 300.0, reconcile_budget_reservations),
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
         Duty("trim_lease_history", 3600.0, lambda db: trim_lease_history(db, days)),
+        Duty("trim_pre_admission_drops", 3600.0, lambda db: trim_drops(db, drop_days)),
         *triggers.duties(),
     ]
 

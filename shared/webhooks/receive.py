@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import connections, inbox, request_body
+from shared import connections, drops, inbox, request_body
 from shared.db import Database, get_database
 from shared.errors import TransientError
 from shared.logs import get_logger, labelled
@@ -172,6 +172,7 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
         if connection.provider != provider:
             return _refuse(404, "unknown_connection", "provider_mismatch")
         if connection.status == "disconnected":
+            drops.count_webhook_refusal(db, connection.id, "connection_disconnected")
             return _refuse(404, "unknown_connection", "connection_disconnected")
         try:
             secret = connection.webhook_secret()
@@ -180,6 +181,7 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
             return Answer(503, {"error": "verification_unavailable"})
         verdict = _verify(connection, request, body, secret)
         if not verdict.ok:
+            drops.count_webhook_refusal(db, connection.id, verdict.check)
             return _refuse(401, "invalid_signature", verdict.check)
         if workflow_name is not None:
             return _to_workflow(db, connection, workflow_name, request.headers, body)
