@@ -8,9 +8,9 @@ WORKFLOW_ID [--resume [--half-open]]`.
 Over the ops API (shared/ops/client.py says which credentials and where they come from):
 `publish FILE [--activate]`, `activate WORKFLOW VERSION`, `deactivate WORKFLOW`, `runs
 [filters]`, `show RUN`, `explain RECORD` (a record key, a HubSpot record URL, an object id or
-an email), `replay RUN…` and `retry RUN…` (or `--failed` with filters: every failed run that
-matches, listed first, done only with `--yes`). `--json` prints the API's JSON for scripts;
-otherwise readable tables.
+an email), `cancel RUN --reason WHY`, `replay RUN…` and `retry RUN…` (or `--failed` with
+filters: every failed run that matches, listed first, done only with `--yes`). `--json` prints
+the API's JSON for scripts; otherwise readable tables.
 
 Exit codes say what happened, so a CI step can branch on them:
   0 done · 1 problems found (an invalid definition, some of a bulk action failed) · 2 usage ·
@@ -322,6 +322,18 @@ def _deactivate(s: Session, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cancel(s: Session, args: argparse.Namespace) -> int:
+    """Cancel a running run (the API does it, audited); a run that already ended is refused
+    with who ended it and when."""
+    result = s.client.call("POST", f"/v1/runs/{args.run}/cancel", body={"reason": args.reason})
+    skipped = ", ".join(result["skipped_steps"]) or "none"
+    s.emit(
+        result,
+        lambda: print(f"run {args.run}: cancelled; skipped steps: {skipped}", file=s.out),
+    )
+    return EXIT_OK
+
+
 def _targets(s: Session, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The runs a bulk action names: the ids given, or every failed run matching the filters."""
     if args.runs:
@@ -457,6 +469,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN")
     p = sub.add_parser("explain", parents=[remote], help="why did (or didn't) it run?")
     p.add_argument("record", metavar="RECORD", help="record key, HubSpot URL, object id or email")
+    p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
     for action, what in (("replay", "as new linked runs"), ("retry", "in place")):
         p = sub.add_parser(action, parents=[remote], help=f"{action} failed runs {what}")
         p.add_argument("runs", nargs="*", metavar="RUN")
@@ -481,6 +496,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "runs": _runs,
     "show": _show,
     "explain": _explain,
+    "cancel": _cancel,
     "replay": lambda s, a: _bulk(s, a, "replay"),
     "retry": lambda s, a: _bulk(s, a, "retry"),
 }

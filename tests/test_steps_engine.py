@@ -503,7 +503,8 @@ def test_rehearsal_and_ended_runs_are_not_claimed(db: Database) -> None:
     run_id, (cancelled_step,) = start_run(db, version)
     with db.transaction() as tx:
         tx.execute(
-            "UPDATE workflow_runs SET status = 'cancelled', finished_at = now() WHERE id = :r",
+            "UPDATE workflow_runs SET status = 'cancelled', finished_at = now(),"
+            " cancelled_by = 'test' WHERE id = :r",
             r=run_id,
         )
     for sid in (rehearsal_step, cancelled_step):

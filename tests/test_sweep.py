@@ -194,7 +194,8 @@ def test_sweep_ignores_rehearsal_and_ended_runs(db: Database) -> None:
     ended_run, (ended,) = start_run(db, version)
     with db.transaction() as tx:
         tx.execute(
-            "UPDATE workflow_runs SET status = 'cancelled', finished_at = now() WHERE id = :r",
+            "UPDATE workflow_runs SET status = 'cancelled', finished_at = now(),"
+            " cancelled_by = 'test' WHERE id = :r",
             r=ended_run,
         )
     for sid in (rehearsal, ended):

@@ -33,6 +33,8 @@ from shared.ops.models import (
     ActivationResult,
     BreakerStatus,
     BudgetStatus,
+    CancelRequest,
+    CancelResult,
     Charge,
     Credits,
     CronTick,
@@ -303,6 +305,27 @@ def replay_failed_run(call: Call) -> ReplayResult:
         copied_steps=[s.step_key for s in outcome.plan.copy],
         reset_steps=[s.step_key for s in outcome.plan.reset],
         restarted_steps=[s.step_key for s in outcome.plan.restart],
+    )
+
+
+def cancel_live_run(call: Call) -> CancelResult:
+    """Stop a running run (shared/steps/cancel.py). A run that already ended is a 409 that
+    says how and when ("already cancelled by X at T")."""
+    from shared.steps.cancel import cancel_run
+
+    body: CancelRequest = call.body
+    run_id = _uuid_param(call, "run_id", "run")
+    outcome = cancel_run(
+        call.db, run_id, by=call.principal.label, reason=body.reason, tenant_scope=call.scope
+    )
+    if outcome is None:
+        raise not_found("run")
+    if not outcome.moved:
+        raise OpsError(409, "run_not_running", outcome.why_not or "the run is not running")
+    return CancelResult(
+        run=run_detail(call.db, run_id, call.scope).run,
+        skipped_steps=list(outcome.skipped_steps),
+        running_steps=list(outcome.running_steps),
     )
 
 
@@ -647,7 +670,7 @@ ROUTES: tuple[Route, ...] = (
         "/v1/runs/{run_id}/replay",
         replay_failed_run,
         ReplayResult,
-        "Replay a failed run as a new linked run (invariant 12)",
+        "Replay a failed or cancelled run as a new linked run (invariant 12)",
         body=ReplayRequest,
         status=201,
         errors=(400, 401, 404, 409, 413, 422),
@@ -661,6 +684,18 @@ ROUTES: tuple[Route, ...] = (
         RetryResult,
         "Retry a failed run in place, after its cause was fixed",
         body=RetryRequest,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("run_id",),
+    ),
+    Route(
+        "runs.cancel",
+        "POST",
+        "/v1/runs/{run_id}/cancel",
+        cancel_live_run,
+        CancelResult,
+        "Cancel a running run: pending and parked steps are skipped, a running step finishes"
+        " its attempt and nothing follows it",
+        body=CancelRequest,
         errors=(400, 401, 404, 409, 413, 422),
         path_params=("run_id",),
     ),

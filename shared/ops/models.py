@@ -122,6 +122,12 @@ class ReplayRequest(_Request):
     )
 
 
+class CancelRequest(_Request):
+    reason: Text = Field(
+        min_length=1, max_length=500, description="Why, kept on the run and in the audit trail."
+    )
+
+
 class RetryRequest(_Request):
     reason: Text | None = Field(
         default=None, max_length=500, description="What was fixed, for the audit trail."
@@ -176,6 +182,8 @@ class RunSummary(_Response):
     lineage_root: UUID
     created_at: datetime
     finished_at: datetime | None
+    cancelled_by: str | None = Field(default=None, description="Who cancelled the run.")
+    cancel_reason: str | None = Field(default=None, description="Why it was cancelled.")
 
 
 class RunPage(_Response):
@@ -477,6 +485,14 @@ class ReplayResult(_Response):
     copied_steps: list[str] = Field(description="Step keys copied from the replayed run.")
     reset_steps: list[str] = Field(description="Step keys reachable from the first error.")
     restarted_steps: list[str] = Field(description="Step keys dispatched again, as pending.")
+
+
+class CancelResult(_Response):
+    run: RunSummary
+    skipped_steps: list[str] = Field(description="Pending and parked steps, now skipped.")
+    running_steps: list[str] = Field(
+        description="Steps finishing their attempt; their settle creates no next steps."
+    )
 
 
 class RetryResult(_Response):

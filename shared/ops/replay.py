@@ -9,9 +9,12 @@ operation and the ledger's unique `lineage_key` turns a second charge into a no-
 Retry: the same failed run reopened in place (the dead-letter entry leaves the list), its
 root steps back to pending with a fresh attempt budget and their keys unchanged.
 
-Both refuse, with a code and words: runs that are not failed, runs already replayed (replay
-the newest run of the lineage instead), lineages older than 60 days, and truncated payloads
-(a replay would run on a payload that is not the one the provider sent).
+A cancelled run is replayed like a failed one: its skipped steps are the roots.
+
+Both refuse, with a code and words: runs that are not failed (or, for a replay, cancelled),
+runs already replayed (replay the newest run of the lineage instead), lineages older than 60
+days, and truncated payloads (a replay would run on a payload that is not the one the provider
+sent).
 """
 
 from __future__ import annotations
@@ -82,8 +85,18 @@ def _journal(tx: Tx, run_id: str) -> list[JournalStep]:
     ]
 
 
+# A cancelled run keeps its journal and may be replayed (its skipped steps start again); only
+# a failed run is retried in place.
+REPLAYABLE = ("failed", "cancelled")
+RETRYABLE = ("failed",)
+
+
 def _checked_failed_run(
-    tx: Tx, run_id: str, tenant_scope: str | None, now: datetime
+    tx: Tx,
+    run_id: str,
+    tenant_scope: str | None,
+    now: datetime,
+    allowed: tuple[str, ...] = RETRYABLE,
 ) -> dict[str, Any]:
     """The run, locked through its lineage root, if it may be replayed or retried."""
     run = tx.one(RUN_GET, run_id=run_id, namespace="live", tenant_id=tenant_scope)
@@ -93,11 +106,12 @@ def _checked_failed_run(
     # Re-read under the lock: a concurrent replay or retry may have moved it.
     run = tx.one(RUN_GET, run_id=run_id, namespace="live", tenant_id=tenant_scope)
     assert run is not None  # runs are never deleted
-    if run["status"] != "failed":
+    if run["status"] not in allowed:
         raise OpsError(
             409,
             "run_not_failed",
-            f"only failed runs can be replayed or retried; this one is {run['status']}",
+            f"only failed or cancelled runs can be replayed, and failed runs retried; "
+            f"this one is {run['status']}",
         )
     later = tx.one(REPLAYS_OF, run_id=run_id)
     if later is not None:
@@ -163,7 +177,7 @@ def replay_run(
     now = now or datetime.now(UTC)
     try:
         with db.transaction() as tx:
-            run = _checked_failed_run(tx, run_id, tenant_scope, now)
+            run = _checked_failed_run(tx, run_id, tenant_scope, now, REPLAYABLE)
             plan, _ = _plan(tx, run)
             lineage_root = str(run["lineage_root"])
             oldest = {

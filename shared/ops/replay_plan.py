@@ -21,6 +21,8 @@ from datetime import datetime
 from shared.workflows.definition import WorkflowDefinition
 
 SETTLED = frozenset({"succeeded", "skipped", "failed"})
+# Settled without having done their work: a replay starts them again.
+NOT_DONE = frozenset({"failed", "skipped"})
 # What the `branch` block journals when no edge was taken (shared.blocks.flow; a test keeps
 # the two equal without this pure module importing the blocks).
 NO_BRANCH_TAKEN = "(none)"
@@ -110,8 +112,9 @@ def first_error(steps: Sequence[JournalStep]) -> JournalStep | None:
 def plan_replay(definition: WorkflowDefinition, steps: Sequence[JournalStep]) -> ReplayPlan:
     """What a replay of a run with this journal does.
 
-    Roots: the first failed step; then any failed or unsettled step the first region does
-    not cover (nothing else would ever drive it again in the new run)."""
+    Roots: the first failed step; then any failed, skipped (a cancelled run's) or unsettled
+    step the first region does not cover (nothing else would ever drive it again in the new
+    run)."""
     first = first_error(steps)
     roots: list[JournalStep] = [first] if first is not None else []
     region = reachable_nodes(definition, [r.node_id for r in roots], steps)
@@ -121,7 +124,7 @@ def plan_replay(definition: WorkflowDefinition, steps: Sequence[JournalStep]) ->
             for s in steps
             if s not in roots
             and s.node_id not in region
-            and (s.status == "failed" or s.status not in SETTLED)
+            and (s.status in NOT_DONE or s.status not in SETTLED)
         ]
         if not stray:
             break
@@ -134,7 +137,7 @@ def plan_replay(definition: WorkflowDefinition, steps: Sequence[JournalStep]) ->
     for s in steps:
         if s.id in root_ids:
             reset.append(s)
-        elif s.node_id in root_nodes and s.status in SETTLED and s.status != "failed":
+        elif s.node_id in root_nodes and s.status in SETTLED and s.status not in NOT_DONE:
             # A settled sibling iteration of a root node (`node[0]` beside a failed
             # `node[1]`) is kept: it did its work and its key is not being reused.
             copy.append(s)

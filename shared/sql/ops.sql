@@ -26,7 +26,7 @@ SELECT 1 FROM tenants WHERE id = :tenant_id
 -- Newest first; the cursor is the (created_at, id) of the last row of the previous page.
 SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id, r.start_key,
        r.event_id, r.record_key, r.status, r.error, r.replay_of, r.lineage_root,
-       r.created_at, r.finished_at
+       r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 WHERE r.namespace = 'live'
@@ -50,7 +50,7 @@ LIMIT :limit
 SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
        v.number AS version_number, r.start_key, r.event_id, r.record_key, r.dedup_mode,
        r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
-       r.payload_truncated, r.created_at, r.finished_at
+       r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 JOIN workflow_versions v ON v.id = r.version_id
@@ -209,7 +209,7 @@ LIMIT :limit
 -- name: ops_record_runs
 SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id, r.start_key,
        r.event_id, r.record_key, r.status, r.error, r.replay_of, r.lineage_root,
-       r.created_at, r.finished_at
+       r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 WHERE r.tenant_id = :tenant_id AND r.namespace = 'live'

@@ -265,3 +265,53 @@ RETURNING CAST(s.id AS text) AS id
 -- A step-ready message that can never succeed (not base64 JSON, no step id): recorded, acked.
 INSERT INTO poisoned_messages (source, message_id, data, reason)
 VALUES ('step-ready', CAST(:message_id AS text), CAST(:data AS text), CAST(:reason AS text))
+
+-- name: runs_cancel
+-- Ops cancel a live run: the run ends `cancelled` with who and why, and its pending and parked
+-- steps become `skipped` in the same statement. A running step keeps its lease: it finishes
+-- its attempt and its settle sees the run ended, so it creates no next steps (settle_step).
+-- The run row is locked first, so the row returned is the newest one whether or not this
+-- statement moved it: a loser (the run already ended, a second cancel) says who won and when.
+-- No row: no such live run in the caller's scope.
+WITH run AS (
+    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    FROM workflow_runs
+    WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
+      AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+    FOR UPDATE
+), cancelled AS (
+    UPDATE workflow_runs r
+    SET status = 'cancelled', finished_at = now(), cancelled_by = CAST(:by AS text),
+        cancel_reason = CAST(:reason AS text),
+        error = 'cancelled by ' || CAST(:by AS text) || ': ' || CAST(:reason AS text)
+    FROM run
+    WHERE r.id = run.id AND r.status = 'running'
+    RETURNING r.id, r.status, r.finished_at, r.cancelled_by, r.cancel_reason
+), skipped AS (
+    UPDATE workflow_steps s
+    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
+    FROM cancelled c
+    WHERE s.run_id = c.id AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry')
+    RETURNING s.step_key
+)
+SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
+       coalesce(c.status, run.status) AS status,
+       coalesce(c.finished_at, run.finished_at) AS finished_at,
+       coalesce(c.cancelled_by, run.cancelled_by) AS cancelled_by,
+       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason,
+       coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
+                CAST(ARRAY[] AS text[])) AS skipped_steps,
+       coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
+                  WHERE run_id = run.id AND status = 'running'),
+                CAST(ARRAY[] AS text[])) AS running_steps
+FROM run LEFT JOIN cancelled c ON c.id = run.id
+
+-- name: steps_skip_parked_of_ended_run
+-- A step that was running when its run was cancelled settled into a wait (a retry, a delay):
+-- nothing would ever wake it (the sweep wakes steps of running runs only), so it is skipped in
+-- the settle's transaction. Zero rows: the run is still running, or the step did not park.
+UPDATE workflow_steps s
+SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
+FROM workflow_runs r
+WHERE s.id = CAST(:step_id AS uuid) AND r.id = s.run_id AND r.status = 'cancelled'
+  AND s.status IN ('waiting_for_delay', 'waiting_for_retry')

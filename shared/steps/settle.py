@@ -19,6 +19,7 @@ SQL = queries.load("steps")
 SETTLE = SQL["steps_settle"]
 FINISH_IF_DONE = SQL["runs_finish_if_done"]
 FAIL_RUN = SQL["runs_fail"]
+SKIP_PARKED_OF_ENDED_RUN = SQL["steps_skip_parked_of_ended_run"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,9 @@ def settle_step(
 
     In the same transaction: rows for `next_nodes` when the step succeeded and its run is
     still running (dispatched_at stamped: the caller publishes right after commit), otherwise
-    the run's end — failed when the step failed, succeeded when nothing is left to do."""
+    the run's end — failed when the step failed, succeeded when nothing is left to do. A run
+    cancelled while the attempt ran gets no next steps, and a wait the step parked in is
+    skipped."""
     with db.transaction() as tx:
         row = tx.one(
             SETTLE,
@@ -76,6 +79,10 @@ def settle_step(
                 )
             elif tx.execute(FINISH_IF_DONE, run_id=step.run_id):
                 run_status = "succeeded"
+        elif settlement.status.parked and run_status == "cancelled":
+            # Cancelled while this attempt ran: the attempt is recorded (lease history), but
+            # nothing would ever wake the wait it asked for.
+            tx.execute(SKIP_PARKED_OF_ENDED_RUN, step_id=step.id)
         crash_point("before_settle_commit")
     return Settled(
         fenced_out=False, to_dispatch=tuple(dispatch), run_status=run_status, run_failed=run_failed

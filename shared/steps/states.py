@@ -49,8 +49,10 @@ class StepStatus(StrEnum):
     never (a replay is a new run)."""
 
     SKIPPED = "skipped"
-    """Terminal, with `finished_at`: the step was not run (its run was cancelled). In: ops
-    cancel. Out: never."""
+    """Terminal, with `finished_at`, outcome `CANCELLED`: the step was not run (its run was
+    cancelled). In: ops cancel (`runs_cancel`, pending and parked steps); a settle that parked
+    a step of a run cancelled meanwhile (`steps_skip_parked_of_ended_run`). Out: never; a
+    replay of the cancelled run starts it again in the new run."""
 
     FAILED = "failed"
     """Terminal, with `finished_at`, `error`, `error_class`, `outcome_code`; the run fails and
@@ -81,8 +83,8 @@ TRANSITIONS: frozenset[tuple[StepStatus, StepStatus]] = frozenset(
         (S.RUNNING, S.PENDING),  # sweep: expired lease, safe to run again
         (S.WAITING_FOR_DELAY, S.PENDING),  # sweep: the delay is served
         (S.WAITING_FOR_RETRY, S.PENDING),  # sweep: time to try again
-        (S.WAITING_FOR_DELAY, S.SKIPPED),  # ops cancel
-        (S.WAITING_FOR_RETRY, S.SKIPPED),  # ops cancel
+        (S.WAITING_FOR_DELAY, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
+        (S.WAITING_FOR_RETRY, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
         (S.FAILED, S.PENDING),  # ops retry of a dead-lettered step
     }
 )
@@ -130,6 +132,9 @@ STEP_STATEMENTS: dict[str, Moves] = {
     # A pending root is rewritten in place (fresh attempt budget), which is not a move.
     "ops_retry_step_reset": _moves({S.FAILED, S.PENDING, *PARKED}, {S.PENDING}),
     "ops_rehearsal_serve_delays": _moves({S.WAITING_FOR_DELAY}, {S.PENDING}),
+    # shared/sql/steps.sql: ops cancel, and a settle that parked a step of a cancelled run
+    "runs_cancel": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
+    "steps_skip_parked_of_ended_run": _moves(PARKED, {S.SKIPPED}),
 }
 # Their new status is a parameter (the settlement's) or copied from another row, so only the
 # declaration says which; for every other statement the test reads it from the text.
@@ -144,7 +149,7 @@ class RunStatus(StrEnum):
     """Executing its steps. In: admission (a new live run), replay (a new run of the lineage),
     a rehearsal's start, ops retry of a failed run (reopened in place). Out: the engine when no
     step is left (→ succeeded) or a step failed (→ failed), the sweep's reclaim of a step that
-    failed (→ failed), the end of a rehearsal (→ cancelled)."""
+    failed (→ failed), ops cancel and the end of a rehearsal (→ cancelled)."""
 
     SUCCEEDED = "succeeded"
     """Terminal, with `finished_at`: every step settled and none failed. Out: never."""
@@ -154,8 +159,10 @@ class RunStatus(StrEnum):
     list. Out: ops retry (→ running); a replay starts a new run instead."""
 
     CANCELLED = "cancelled"
-    """Terminal, with `finished_at`: stopped before it finished (a rehearsal that would have
-    waited, or ran out of its step budget). Out: never."""
+    """Terminal, with `finished_at`: stopped before it finished. In: ops cancel of a live run
+    (`runs_cancel`, which records `cancelled_by` and `cancel_reason`); the end of a rehearsal
+    that would have waited or ran out of its step budget. Out: never; a replay starts a new
+    run of the lineage from the skipped steps."""
 
 
 R = RunStatus
@@ -163,7 +170,7 @@ RUN_TRANSITIONS: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
     {
         (R.RUNNING, R.SUCCEEDED),  # the last step settled
         (R.RUNNING, R.FAILED),  # a step failed (settle or the sweep's reclaim)
-        (R.RUNNING, R.CANCELLED),  # a rehearsal stops
+        (R.RUNNING, R.CANCELLED),  # ops cancel; a rehearsal stops
         (R.FAILED, R.RUNNING),  # ops retry reopens the run
     }
 )
@@ -179,6 +186,7 @@ RUN_STATEMENTS: dict[str, Moves] = {
     "ops_retry_run_reopen": _moves({R.FAILED}, {R.RUNNING}),
     "ops_rehearsal_run_insert": _moves(NEW, {R.RUNNING}),
     "ops_rehearsal_stop": _moves({R.RUNNING}, {R.CANCELLED}),
+    "runs_cancel": _moves({R.RUNNING}, {R.CANCELLED}),
 }
 
 

@@ -1,0 +1,78 @@
+"""Cancelling a live run (ops): one guarded statement, `runs_cancel`.
+
+The run ends `cancelled` with who and why; its pending and parked steps become `skipped` in
+the same statement. A step that is running keeps its lease and finishes its attempt; its
+settle sees the run ended and creates no next steps (shared/steps/settle.py). The journal is
+kept, so the run can be replayed (shared/ops/replay.py). A cancel that loses — the run ended
+first, or another cancel won — changes nothing and says who won and when.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from shared import queries
+from shared.db import Database
+from shared.logs import get_logger
+
+SQL = queries.load("steps")
+CANCEL = SQL["runs_cancel"]
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """The run as the cancel left it, whether or not the cancel moved it."""
+
+    run_id: str
+    moved: bool
+    status: str
+    finished_at: datetime | None
+    cancelled_by: str | None
+    cancel_reason: str | None
+    skipped_steps: tuple[str, ...] = ()
+    # Finishing their attempt; their settle creates nothing after them.
+    running_steps: tuple[str, ...] = ()
+
+    @property
+    def why_not(self) -> str | None:
+        """Why this cancel changed nothing, in words for the person who asked (None: it won)."""
+        if self.moved:
+            return None
+        at = self.finished_at.isoformat() if self.finished_at else "an unknown time"
+        if self.status == "cancelled":
+            why = f": {self.cancel_reason}" if self.cancel_reason else ""
+            return f"already cancelled by {self.cancelled_by or 'onceflow'} at {at}{why}"
+        return f"the run already ended {self.status} at {at}"
+
+
+def cancel_run(
+    db: Database, run_id: str, *, by: str, reason: str, tenant_scope: str | None = None
+) -> Cancellation | None:
+    """Cancel the live run `run_id` (in `tenant_scope`, None for every tenant). None: no such
+    run. Repeating it is harmless: the second call changes nothing and says who cancelled."""
+    with db.transaction() as tx:
+        row = tx.one(CANCEL, run_id=run_id, tenant_id=tenant_scope, by=by, reason=reason)
+    if row is None:
+        return None
+    outcome = Cancellation(
+        run_id=str(row["run_id"]),
+        moved=bool(row["moved"]),
+        status=str(row["status"]),
+        finished_at=row["finished_at"],
+        cancelled_by=row["cancelled_by"],
+        cancel_reason=row["cancel_reason"],
+        skipped_steps=tuple(row["skipped_steps"] or ()),
+        running_steps=tuple(row["running_steps"] or ()),
+    )
+    if outcome.moved:
+        log.info(
+            "run %s cancelled by %s (%d step(s) skipped, %d finishing their attempt)",
+            run_id,
+            by,
+            len(outcome.skipped_steps),
+            len(outcome.running_steps),
+        )
+    return outcome
