@@ -9,7 +9,9 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    binding (one index range scan on trigger_bindings), and takes the dedup locks:
    `pg_advisory_xact_lock` on a 64-bit hash of (workflow, record), in workflow order, for the
    bindings whose dedup mode needs one (`every_time` doesn't: its only rule, one run per
-   event, is the start key's unique index).
+   event, is the start key's unique index). On the event's first decision it also reads the
+   open waits (`wait_for`) on its (tenant, type, record), by index; each one whose condition
+   holds is resumed by one guarded statement (shared/steps/parks.py), and only then.
 2. In Python, per binding, the refusals that don't depend on other runs, in this order of
    precedence (exactly one reason is recorded):
    `provider_suppressed` (connection paused or disconnected; the event's author is in the
@@ -83,6 +85,7 @@ from shared.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo
 from shared.errors import ConflictError, PermanentError, TransientError
 from shared.logs import LogEvent, get_logger, labelled, log_event
 from shared.pubsub import decode_push_message, publish_step_ready
+from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
     CompiledExpression,
@@ -504,6 +507,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         cached_versions=cached,
         take_locks=seams.take_locks,
         echo_skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
+        max_waits=MAX_WAITS_PER_EVENT,
     )
     if row is None:
         raise EventNotFound(f"trigger event {event_id} does not exist")
@@ -547,6 +551,13 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         # Nothing bound to decide (or only pairings decided before decided_at existed).
         tx.execute(MARK_DECIDED, event_id=event_id)
     write_refusals(tx, tenant_id=event.tenant_id, event_id=event_id, refusals=refusals)
+    open_waits = row["open_waits"]
+    open_waits = json.loads(open_waits) if isinstance(open_waits, str) else open_waits
+    if open_waits:
+        # The first decision of an event also offers it to the open waits it can match
+        # (wait_for; statement 1 read them by index), in this transaction; each resume is
+        # guarded, so a concurrent or redelivered admission resumes a wait at most once.
+        dispatch += offer_event(tx, event.occurrence, open_waits)
     if resume:
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
     return _Attempt(outcomes, refusals, dispatch, event.tenant_id)

@@ -96,6 +96,33 @@ class BlockResult:
     # Which successors to create; None means "the node's declared next edges".
     next_nodes: tuple[str, ...] | None = None
     outcome_code: str = "OK"
+    # For `wait_for` and `approval`: park the step on a park row until an event, a decision
+    # or the deadline resumes it (shared/steps/parks.py).
+    park: ParkRequest | None = None
+
+
+@dataclass(frozen=True)
+class ParkRequest:
+    """What a block asks to wait for. The engine writes it as a park row and commits it before
+    the step parks; whoever resumes the step writes what resumed it into the step's output,
+    and the step then settles without running its block again."""
+
+    kind: Literal["event", "approval"]
+    deadline: datetime
+    # event: fail | continue | goto; approval: reject | proceed.
+    on_timeout: str
+    timeout_goto: str | None = None
+    # An event wait: its type, the record it correlates on, a CEL condition over the incoming
+    # event and the waiting run's scope (`scope`, kept with the park as the wait saw it).
+    event_type: str | None = None
+    record_key: str | None = None
+    condition: str | None = None
+    scope: Mapping[str, Any] | None = None
+    lookback_seconds: float = 0.0
+    # An approval: who may decide and what they are shown.
+    approver_role: str | None = None
+    approver_users: tuple[str, ...] = ()
+    summary: str | None = None
 
 
 class BlockFailure(Exception):

@@ -17,7 +17,12 @@ import threading
 from shared.blocks.base import NO_RETRY, BlockSpec, Gate
 
 # Block modules, in load order. Each must define SPECS.
-CATALOG: tuple[str, ...] = ("shared.blocks.flow", "shared.blocks.crm", "shared.blocks.http")
+CATALOG: tuple[str, ...] = (
+    "shared.blocks.flow",
+    "shared.blocks.waits",
+    "shared.blocks.crm",
+    "shared.blocks.http",
+)
 
 
 class RegistryError(ValueError):

@@ -85,7 +85,25 @@ SELECT ev.*,
                    'breaker_state', l.breaker_state, 'breaker_opened_at', l.breaker_opened_at,
                    'breaker_reason', l.breaker_reason)
                    ORDER BY l.workflow_id), '[]'::jsonb)
-          FROM locked l) AS bindings
+          FROM locked l) AS bindings,
+       -- The open waits (wait_for) this event may resume, when this is its first decision:
+       -- an index lookup by (tenant, type, record) on step_parks_open_event_waits, so
+       -- waiting runs never make admission scan, and no extra round trip when none waits.
+       -- A wait's park row is committed before its step parks (shared/steps/parks.py), and
+       -- this snapshot is taken after the event was recorded: an event recorded after a
+       -- wait's lookback read finds the wait here.
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'id', w.id, 'condition', w.condition, 'scope', w.scope) ORDER BY w.id),
+                   '[]'::jsonb)
+          FROM (SELECT p.id, p.condition, p.scope
+                  FROM step_parks p JOIN workflow_runs r ON r.id = p.run_id
+                 WHERE ev.decided_at IS NULL
+                   AND p.tenant_id = ev.tenant_id AND p.event_type = ev.event_type
+                   AND p.record_key = ev.record_key
+                   AND p.kind = 'event' AND p.resumed_at IS NULL
+                   AND r.status = 'running' AND r.namespace = 'live'
+                 ORDER BY p.id
+                 LIMIT CAST(:max_waits AS integer)) w) AS open_waits
 FROM ev
 
 -- name: admission_lock_records

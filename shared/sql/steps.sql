@@ -114,6 +114,8 @@ WITH run AS (
         outcome_code = CAST(:outcome_code AS text),
         branch_choice = CAST(:branch_choice AS text),
         wake_at = CAST(:wake_at AS timestamptz),
+        park_id = CAST(:park_id AS bigint),
+        park_kind = CAST(:park_kind AS text),
         lease_id = NULL,
         lease_expires_at = NULL,
         finished_at = CASE WHEN CAST(:status AS text) IN ('succeeded', 'skipped', 'failed')
@@ -222,24 +224,43 @@ FROM reclaimed c
 -- Parked steps whose wake time has come go back to pending, stamped as dispatched (the caller
 -- publishes right after commit; a lost publish is picked up by steps_redispatch_lost). A
 -- delay's wait is served by this very move, judged by the database's clock: the row says so
--- (output.delay_served), so an executor whose clock runs behind never parks it again.
+-- (output.delay_served), so an executor whose clock runs behind never parks it again. A wait
+-- for an event or a decision whose deadline came is resumed by the deadline: the output says
+-- so with what the park row says to do on timeout (the goto target included, so a crash
+-- after this lands on the same step), and the park row is closed in the same statement. An
+-- event or a decision that resumed the step first leaves it pending, and this guard skips it.
 WITH due AS (
-    SELECT s.id
+    SELECT s.id, s.park_id
     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
-    WHERE s.status IN ('waiting_for_delay', 'waiting_for_retry') AND s.wake_at <= now()
+    WHERE s.status IN ('waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+      AND s.wake_at <= now()
       AND r.status = 'running' AND r.namespace = 'live'
     ORDER BY s.wake_at
     LIMIT CAST(:batch AS integer)
     FOR UPDATE OF s SKIP LOCKED
+), woken AS (
+    UPDATE workflow_steps s
+    SET status = 'pending', wake_at = NULL, dispatched_at = now(),
+        output = CASE
+            WHEN s.status = 'waiting_for_delay'
+            THEN coalesce(s.output, '{}'::jsonb) || '{"delay_served": true}'::jsonb
+            WHEN s.status IN ('waiting_for_event', 'waiting_for_approval')
+            THEN coalesce(s.output, '{}'::jsonb) || jsonb_build_object('resumed',
+                 jsonb_build_object('by', 'deadline', 'at', now(), 'kind', p.kind,
+                                    'on_timeout', p.on_timeout, 'goto', p.timeout_goto))
+            ELSE s.output END
+    FROM due LEFT JOIN step_parks p ON p.id = due.park_id
+    WHERE s.id = due.id
+      AND s.status IN ('waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.id, s.park_id, s.output -> 'resumed' IS NOT NULL AS resumed
+), closed AS (
+    UPDATE step_parks p SET resumed_at = now(), resumed_by = 'deadline'
+    FROM woken w
+    WHERE w.resumed AND p.id = w.park_id AND p.resumed_at IS NULL
 )
-UPDATE workflow_steps s
-SET status = 'pending', wake_at = NULL, dispatched_at = now(),
-    output = CASE WHEN s.status = 'waiting_for_delay'
-                  THEN coalesce(s.output, '{}'::jsonb) || '{"delay_served": true}'::jsonb
-                  ELSE s.output END
-FROM due
-WHERE s.id = due.id AND s.status IN ('waiting_for_delay', 'waiting_for_retry')
-RETURNING CAST(s.id AS text) AS id
+SELECT CAST(id AS text) AS id FROM woken
 
 -- name: steps_redispatch_lost
 -- Pending steps whose step-ready message was evidently lost: dispatched (or, never stamped,
@@ -291,8 +312,14 @@ WITH run AS (
     UPDATE workflow_steps s
     SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
     FROM cancelled c
-    WHERE s.run_id = c.id AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry')
-    RETURNING s.step_key
+    WHERE s.run_id = c.id
+      AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.step_key, s.park_id
+), parks_closed AS (
+    UPDATE step_parks p SET resumed_at = now(), resumed_by = 'cancel'
+    FROM skipped k
+    WHERE p.id = k.park_id AND p.resumed_at IS NULL
 )
 SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
        coalesce(c.status, run.status) AS status,
@@ -307,11 +334,95 @@ SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
 FROM run LEFT JOIN cancelled c ON c.id = run.id
 
 -- name: steps_skip_parked_of_ended_run
--- A step that was running when its run was cancelled settled into a wait (a retry, a delay):
--- nothing would ever wake it (the sweep wakes steps of running runs only), so it is skipped in
--- the settle's transaction. Zero rows: the run is still running, or the step did not park.
-UPDATE workflow_steps s
-SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
-FROM workflow_runs r
-WHERE s.id = CAST(:step_id AS uuid) AND r.id = s.run_id AND r.status = 'cancelled'
-  AND s.status IN ('waiting_for_delay', 'waiting_for_retry')
+-- A step that was running when its run was cancelled settled into a wait (a retry, a delay, an
+-- event, a decision): nothing would ever wake it (the sweep wakes steps of running runs only),
+-- so it is skipped in the settle's transaction, its park row closed as cancelled. Zero rows:
+-- the run is still running, or the step did not park.
+WITH skipped AS (
+    UPDATE workflow_steps s
+    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
+    FROM workflow_runs r
+    WHERE s.id = CAST(:step_id AS uuid) AND r.id = s.run_id AND r.status = 'cancelled'
+      AND s.status IN ('waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.park_id
+)
+UPDATE step_parks p SET resumed_at = now(), resumed_by = 'cancel'
+FROM skipped k
+WHERE p.id = k.park_id AND p.resumed_at IS NULL
+
+-- name: parks_open
+-- The park row of a step that asks to wait, committed before the step parks (its own
+-- transaction): the conditions and the deadline exist before anyone could need them. A step
+-- whose earlier attempt wrote it (and crashed before parking) gets that row back unchanged:
+-- the first park's deadline is the one that holds.
+INSERT INTO step_parks (step_id, run_id, tenant_id, kind, deadline, on_timeout, timeout_goto,
+                        event_type, record_key, condition, scope, lookback_seconds,
+                        approver_role, approver_users, summary)
+VALUES (CAST(:step_id AS uuid), CAST(:run_id AS uuid), CAST(:tenant_id AS text),
+        CAST(:kind AS text), CAST(:deadline AS timestamptz), CAST(:on_timeout AS text),
+        CAST(:timeout_goto AS text), CAST(:event_type AS text), CAST(:record_key AS text),
+        CAST(:condition AS text), CAST(:scope AS jsonb),
+        CAST(:lookback_seconds AS double precision), CAST(:approver_role AS text),
+        CAST(:approver_users AS text[]), CAST(:summary AS text))
+ON CONFLICT (step_id) DO UPDATE SET step_id = EXCLUDED.step_id
+RETURNING id, kind, deadline, created_at, resumed_at
+
+-- name: parks_get
+-- A park row as it is now: a resume that changed nothing reads who won, and when.
+SELECT p.id, CAST(p.step_id AS text) AS step_id, CAST(p.run_id AS text) AS run_id,
+       p.tenant_id, p.kind, p.deadline, p.on_timeout, p.timeout_goto, p.event_type,
+       p.record_key, p.condition, p.scope, p.lookback_seconds, p.approver_role,
+       p.approver_users, p.summary, p.decision, p.decided_by, p.decision_comment,
+       p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at,
+       s.status AS step_status, s.step_key, r.status AS run_status
+FROM step_parks p
+JOIN workflow_steps s ON s.id = p.step_id
+JOIN workflow_runs r ON r.id = p.run_id
+WHERE p.id = CAST(:park_id AS bigint)
+  AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = CAST(:tenant_id AS text))
+
+-- name: parks_lookback_events
+-- Events a wait that just parked may have missed: of its type, on its record, that arrived
+-- since the park row was written (or `lookback_seconds` before it). Any event committed after
+-- this read is admitted after the park row was committed, so admission offers it: between
+-- the two, none is missed. Read through the events' record index; bounded.
+SELECT e.id, e.tenant_id, e.event_type, e.connection_id, e.source_event_id, e.occurred_at,
+       e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id
+FROM workflow_trigger_events e
+WHERE e.tenant_id = CAST(:tenant_id AS text)
+  AND e.record_object_type = CAST(:object_type AS text)
+  AND e.record_object_id = CAST(:object_id AS text)
+  AND e.event_type = CAST(:event_type AS text)
+  AND e.created_at >= CAST(:since AS timestamptz)
+ORDER BY e.id
+LIMIT CAST(:limit AS integer)
+
+-- name: steps_resume_parked
+-- The one resume by an event or a decision: the waiting step back to pending (stamped as
+-- dispatched: the caller publishes after commit) with what resumed it in its output, and its
+-- park row closed, in one statement guarded on the step's status. The step row is locked
+-- before the park row, as every other writer of both does (the cancel, the sweep), so no
+-- two of them deadlock. Zero rows: someone else resumed it first (read the park row to say
+-- who), or the run ended.
+WITH resumed AS (
+    UPDATE workflow_steps s
+    SET status = 'pending', wake_at = NULL, dispatched_at = now(),
+        output = coalesce(s.output, '{}'::jsonb) || CAST(:output AS jsonb)
+    FROM workflow_runs r
+    WHERE s.park_id = CAST(:park_id AS bigint)
+      AND s.status IN ('waiting_for_event', 'waiting_for_approval')
+      AND r.id = s.run_id AND r.status = 'running'
+    RETURNING s.id, s.park_id
+), closed AS (
+    UPDATE step_parks p
+    SET resumed_at = now(), resumed_by = CAST(:resumed_by AS text),
+        resumed_event_id = CAST(:event_id AS bigint),
+        decision = CAST(:decision AS text), decided_by = CAST(:decided_by AS text),
+        decision_comment = CAST(:comment AS text)
+    FROM resumed
+    WHERE p.id = resumed.park_id AND p.resumed_at IS NULL
+    RETURNING p.resumed_at
+)
+SELECT CAST(resumed.id AS text) AS step_id, closed.resumed_at
+FROM resumed JOIN closed ON true

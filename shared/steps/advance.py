@@ -1,7 +1,7 @@
 """`advance_step`: one step per invocation — claim, execute, settle, dispatch.
 
     claim (lease) ─► [at-most-once already started? → failed OUTCOME_UNKNOWN]
-                  ─► [delay served? → succeeded]
+                  ─► [delay served? → succeeded] [wait resumed? → settled from its resume]
                   ─► render config ─► gates, then block.execute(ctx), under a heartbeat
                   ─► classify ─► settle the gates ─► settle + next rows (one txn, fenced)
                   ─► publish step-ready
@@ -51,6 +51,7 @@ from shared.steps.outcomes import (
     Settlement,
     classify_outcome,
     failed,
+    resumed_settlement,
     served_delay,
 )
 from shared.steps.settle import settle_step
@@ -283,6 +284,13 @@ def _execute(
             ),
             False,
         )
+    # A wait resumed by an event, a decision or its deadline settles from what resumed it
+    # (journaled in its output), never by running its block again (shared/steps/parks.py).
+    resumed = resumed_settlement(
+        step.output, attempt=step.attempt, successors=[node.next] if node.next else []
+    )
+    if resumed is not None:
+        return resumed, False
     try:
         block_config = spec.config_model.model_validate(render_config(node, build_scope(step)))
     except TransientError:

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from shared.blocks.base import BlockFailure, BlockKind, BlockResult, ErrorClass, RetryPolicy
+from shared.blocks.base import (
+    BlockFailure,
+    BlockKind,
+    BlockResult,
+    ErrorClass,
+    ParkRequest,
+    RetryPolicy,
+)
 from shared.errors import ConflictError, PermanentError, TransientError
 from shared.steps.states import StepStatus
 
@@ -39,6 +46,16 @@ MAX_ERROR_CHARS = 4000
 DELAY_UNTIL_KEY = "delay_until"
 # Set by the statement that wakes a delayed step (steps_wake_due, ops_rehearsal_serve_delays).
 DELAY_SERVED_KEY = "delay_served"
+# Set by whatever resumed a parked wait (steps_resume_parked, steps_wake_due): {"by": "event" |
+# "decision" | "deadline", …}; the step then settles from it without running its block.
+RESUMED_KEY = "resumed"
+OUTCOME_WAITING = "WAITING"
+# What `branch` journals for an ended path (shared.blocks.flow; replay_plan reads the same).
+NO_BRANCH_TAKEN = "(none)"
+OUTCOME_EVENT_RECEIVED = "EVENT_RECEIVED"
+OUTCOME_WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
+OUTCOME_APPROVED = "APPROVED"
+OUTCOME_REJECTED = "REJECTED"
 
 _TRANSIENT_HTTP = frozenset({408, 425, 429})
 
@@ -98,6 +115,8 @@ class Settlement:
     wake_at: datetime | None = None
     # Successor nodes to create rows for (only when the step succeeded).
     next_nodes: tuple[str, ...] = ()
+    # A wait to park on (status waiting_for_event / waiting_for_approval).
+    park: ParkRequest | None = None
 
     @property
     def fails_run(self) -> bool:
@@ -125,6 +144,8 @@ def classify_outcome(
 ) -> Settlement:
     """The next state of a step whose attempt `attempt` produced `outcome`.
 
+    - A result that asks to park (`park`) waits for an event or a decision until its deadline
+      (the engine writes the park row first).
     - A result with a future `wake_at` parks the step in `waiting_for_delay` (the wake time
       is journaled in the output so the served wait is recognised later); otherwise the step
       succeeds and its successors are the result's `next_nodes`, else the branch it chose,
@@ -136,31 +157,7 @@ def classify_outcome(
     - Anything else fails the step (and the run). Flow control never retries.
     """
     if isinstance(outcome, BlockResult):
-        if outcome.wake_at is not None and outcome.wake_at > now:
-            output = dict(outcome.output or {})
-            output[DELAY_UNTIL_KEY] = outcome.wake_at.isoformat()
-            return Settlement(
-                status=StepStatus.WAITING_FOR_DELAY,
-                attempt=attempt,
-                outcome_code=OUTCOME_DELAYED,
-                output=output,
-                branch_choice=outcome.branch_choice,
-                wake_at=outcome.wake_at,
-            )
-        if outcome.next_nodes is not None:
-            nxt = tuple(outcome.next_nodes)
-        elif outcome.branch_choice is not None:
-            nxt = (outcome.branch_choice,)
-        else:
-            nxt = tuple(successors)
-        return Settlement(
-            status=StepStatus.SUCCEEDED,
-            attempt=attempt,
-            outcome_code=outcome.outcome_code,
-            output=outcome.output,
-            branch_choice=outcome.branch_choice,
-            next_nodes=nxt,
-        )
+        return _result(outcome, attempt=attempt, successors=successors, now=now)
 
     error_class, code, retry_after = classify_exception(outcome)
     message = str(outcome) or type(outcome).__name__
@@ -199,9 +196,129 @@ def classify_outcome(
     return failed(attempt, code, message, error_class)
 
 
+def _result(
+    outcome: BlockResult, *, attempt: int, successors: Sequence[str], now: datetime
+) -> Settlement:
+    """What a block's returned result means (classify_outcome's first case)."""
+    if outcome.park is not None:
+        return _parked(outcome, outcome.park, attempt)
+    if outcome.wake_at is not None and outcome.wake_at > now:
+        output = dict(outcome.output or {})
+        output[DELAY_UNTIL_KEY] = outcome.wake_at.isoformat()
+        return Settlement(
+            status=StepStatus.WAITING_FOR_DELAY,
+            attempt=attempt,
+            outcome_code=OUTCOME_DELAYED,
+            output=output,
+            branch_choice=outcome.branch_choice,
+            wake_at=outcome.wake_at,
+        )
+    if outcome.next_nodes is not None:
+        nxt = tuple(outcome.next_nodes)
+    elif outcome.branch_choice is not None:
+        nxt = (outcome.branch_choice,)
+    else:
+        nxt = tuple(successors)
+    return Settlement(
+        status=StepStatus.SUCCEEDED,
+        attempt=attempt,
+        outcome_code=outcome.outcome_code,
+        output=outcome.output,
+        branch_choice=outcome.branch_choice,
+        next_nodes=nxt,
+    )
+
+
+def _parked(outcome: BlockResult, park: ParkRequest, attempt: int) -> Settlement:
+    event = park.kind == "event"
+    return Settlement(
+        status=StepStatus.WAITING_FOR_EVENT if event else StepStatus.WAITING_FOR_APPROVAL,
+        attempt=attempt,
+        outcome_code=OUTCOME_WAITING,
+        output=outcome.output,
+        wake_at=park.deadline,
+        park=park,
+    )
+
+
 def served_delay(output: Mapping[str, Any] | None) -> bool:
     """True when a step parked by a delay was woken because its wake time came: the wake
     statement (the sweep's, or a rehearsal's) says so in the row, judged by the database's
     clock. Never the executor's wall clock: one running behind would park the step again for
     a whole new duration."""
     return bool(output) and output.get(DELAY_SERVED_KEY) is True  # type: ignore[union-attr]
+
+
+def resumed_settlement(
+    output: Mapping[str, Any] | None, *, attempt: int, successors: Sequence[str]
+) -> Settlement | None:
+    """How a resumed wait settles, from what resumed it (the step's output says; None when it
+    was not a resumed wait). Pure and decided from the journal alone, so an attempt that
+    crashes before settling settles the same way when claimed again.
+
+    - an event: succeeded, the matched event as its output, on to the declared successors;
+    - a decision: approved goes on; rejected takes `on_reject`'s goto when the step has one,
+      fails the step when it says `fail`, else ends this path;
+    - the deadline: an event wait fails (`fail`), goes on (`continue`) or jumps to its
+      `goto` target (journaled as the branch choice, so a replay follows the same edge); an
+      approval is rejected (`reject`, as above) or approved (`proceed`)."""
+    resumed = (output or {}).get(RESUMED_KEY)
+    if not isinstance(resumed, Mapping):
+        return None
+    by = resumed.get("by")
+    decision = resumed.get("decision")
+    if by == "deadline" and resumed.get("kind") == "approval":
+        decision = "approved" if resumed.get("on_timeout") == "proceed" else "rejected"
+    if by == "event" or decision == "approved":
+        code = OUTCOME_EVENT_RECEIVED if by == "event" else OUTCOME_APPROVED
+        return _went_on(output, attempt, code, successors)
+    if decision == "rejected":
+        return _rejected(output, resumed, attempt)
+    if by == "deadline":
+        return _timed_out(output, resumed, attempt, successors)
+    return None
+
+
+def _went_on(
+    output: Mapping[str, Any] | None,
+    attempt: int,
+    code: str,
+    nxt: Sequence[str],
+    choice: str | None = None,
+) -> Settlement:
+    return Settlement(
+        status=StepStatus.SUCCEEDED,
+        attempt=attempt,
+        outcome_code=code,
+        output=output,
+        branch_choice=choice,
+        next_nodes=tuple(nxt),
+    )
+
+
+def _rejected(
+    output: Mapping[str, Any] | None, resumed: Mapping[str, Any], attempt: int
+) -> Settlement:
+    # The approval block journaled its `on_reject` in the output it parked with.
+    on_reject = (output or {}).get("on_reject")
+    if on_reject == "fail":
+        who = resumed.get("decided_by") or "its deadline"
+        return failed(attempt, OUTCOME_REJECTED, f"rejected by {who}", "permanent")
+    if isinstance(on_reject, str) and on_reject:
+        return _went_on(output, attempt, OUTCOME_REJECTED, (on_reject,), on_reject)
+    return _went_on(output, attempt, OUTCOME_REJECTED, (), NO_BRANCH_TAKEN)
+
+
+def _timed_out(
+    output: Mapping[str, Any] | None,
+    resumed: Mapping[str, Any],
+    attempt: int,
+    successors: Sequence[str],
+) -> Settlement:
+    on_timeout, goto = resumed.get("on_timeout"), resumed.get("goto")
+    if on_timeout == "fail":
+        msg = f"no matching event before the deadline ({resumed.get('at')})"
+        return failed(attempt, OUTCOME_WAIT_TIMED_OUT, msg, "permanent")
+    if on_timeout == "goto" and isinstance(goto, str):
+        return _went_on(output, attempt, OUTCOME_WAIT_TIMED_OUT, (goto,), goto)
+    return _went_on(output, attempt, OUTCOME_WAIT_TIMED_OUT, successors)

@@ -12,6 +12,7 @@ from shared.steps.claim import ClaimedStep
 from shared.steps.crashpoints import crash_point
 from shared.steps.journal import insert_steps
 from shared.steps.outcomes import Settlement
+from shared.steps.parks import look_back, open_park
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Step
 
@@ -44,6 +45,18 @@ def settle_step(
     the run's end — failed when the step failed, succeeded when nothing is left to do. A run
     cancelled while the attempt ran gets no next steps, and a wait the step parked in is
     skipped."""
+    park = settlement.park
+    opened = None
+    wake_at = settlement.wake_at
+    if park is not None:
+        # The conditions and the deadline are committed before the step parks: from here on,
+        # every admitted event is offered to this wait (and the lookback below covers what
+        # came before). A crash between the two leaves the step running: the sweep reclaims
+        # it, and the next attempt gets this same row back.
+        opened = open_park(
+            db, step_id=step.id, run_id=step.run_id, tenant_id=step.tenant_id, park=park
+        )
+        wake_at = opened.deadline
     with db.transaction() as tx:
         row = tx.one(
             SETTLE,
@@ -57,7 +70,9 @@ def settle_step(
             error_class=settlement.error_class,
             outcome_code=settlement.outcome_code,
             branch_choice=settlement.branch_choice,
-            wake_at=settlement.wake_at,
+            wake_at=wake_at,
+            park_id=None if opened is None else opened.id,
+            park_kind=None if opened is None else opened.kind,
         )
         if row is None:
             return Settled(fenced_out=True)
@@ -83,6 +98,10 @@ def settle_step(
             # Cancelled while this attempt ran: the attempt is recorded (lease history), but
             # nothing would ever wake the wait it asked for.
             tx.execute(SKIP_PARKED_OF_ENDED_RUN, step_id=step.id)
+        elif park is not None and opened is not None and opened.kind == "event":
+            resumed = look_back(tx, opened, park, tenant_id=step.tenant_id)
+            if resumed is not None:
+                dispatch.append(resumed)
         crash_point("before_settle_commit")
     return Settled(
         fenced_out=False, to_dispatch=tuple(dispatch), run_status=run_status, run_failed=run_failed

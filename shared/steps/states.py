@@ -44,6 +44,24 @@ class StepStatus(StrEnum):
     *again*. In: settle. Out: the sweep when due (→ pending), ops retry of the run (→
     pending), ops cancel (→ skipped)."""
 
+    WAITING_FOR_EVENT = "waiting_for_event"
+    """A `wait_for` step waits for a matching trigger event; its park row (`park_id`, kind
+    `event`: event type, record, condition, deadline) was committed before it parked, and
+    `wake_at` is the deadline. In: settle of a block that asked to park
+    (shared/steps/parks.py). Out, each in one guarded UPDATE that also closes the park row:
+    a matching event offered at admission or found by the park's lookback
+    (`steps_resume_parked`, → pending), the sweep at the deadline (`steps_wake_due`, →
+    pending), ops cancel (`runs_cancel`, → skipped). The resumed step settles without
+    running its block again, from what the resume wrote in its output."""
+
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    """An `approval` step waits for a person's decision; its park row (`park_id`, kind
+    `approval`: who may decide, the summary, `expires_at` as the deadline) was committed
+    before it parked, and `wake_at` is the deadline. In: settle, as above. Out: the first
+    decision through the ops API (`steps_resume_parked`, → pending), the sweep at the
+    deadline (`steps_wake_due`, → pending: rejected, or approved when `on_timeout: proceed`),
+    ops cancel (→ skipped)."""
+
     SUCCEEDED = "succeeded"
     """Terminal, with `finished_at`. In: settle; a replay's copy of a settled step. Out:
     never (a replay is a new run)."""
@@ -69,7 +87,17 @@ class StepStatus(StrEnum):
 
 
 TERMINAL = frozenset({StepStatus.SUCCEEDED, StepStatus.SKIPPED, StepStatus.FAILED})
-PARKED = frozenset({StepStatus.WAITING_FOR_DELAY, StepStatus.WAITING_FOR_RETRY})
+PARKED = frozenset(
+    {
+        StepStatus.WAITING_FOR_DELAY,
+        StepStatus.WAITING_FOR_RETRY,
+        StepStatus.WAITING_FOR_EVENT,
+        StepStatus.WAITING_FOR_APPROVAL,
+    }
+)
+# Parked on a park row (shared/steps/parks.py): resumed by an event or a decision, not by time
+# alone.
+WAITING_ON_PARK = frozenset({StepStatus.WAITING_FOR_EVENT, StepStatus.WAITING_FOR_APPROVAL})
 
 S = StepStatus
 TRANSITIONS: frozenset[tuple[StepStatus, StepStatus]] = frozenset(
@@ -85,6 +113,12 @@ TRANSITIONS: frozenset[tuple[StepStatus, StepStatus]] = frozenset(
         (S.WAITING_FOR_RETRY, S.PENDING),  # sweep: time to try again
         (S.WAITING_FOR_DELAY, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
         (S.WAITING_FOR_RETRY, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
+        (S.RUNNING, S.WAITING_FOR_EVENT),  # settle of a wait_for (its park row committed first)
+        (S.RUNNING, S.WAITING_FOR_APPROVAL),  # settle of an approval (likewise)
+        (S.WAITING_FOR_EVENT, S.PENDING),  # a matching event; the sweep at the deadline
+        (S.WAITING_FOR_APPROVAL, S.PENDING),  # a decision; the sweep at the deadline
+        (S.WAITING_FOR_EVENT, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
+        (S.WAITING_FOR_APPROVAL, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
         (S.FAILED, S.PENDING),  # ops retry of a dead-lettered step
     }
 )
@@ -118,19 +152,21 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "steps_heartbeat": _moves({S.RUNNING}, set()),
     "steps_mark_side_effect_started": _moves({S.RUNNING}, set()),
     "steps_withdraw_side_effect_mark": _moves({S.RUNNING}, set()),
-    "steps_settle": _moves(
-        {S.RUNNING}, {S.SUCCEEDED, S.FAILED, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}
-    ),
+    "steps_settle": _moves({S.RUNNING}, {S.SUCCEEDED, S.FAILED, *PARKED}),
     "steps_reclaim_expired": _moves({S.RUNNING}, {S.PENDING, S.FAILED}),
     "steps_wake_due": _moves(PARKED, {S.PENDING}),
     "steps_redispatch_lost": _moves({S.PENDING}, set()),
+    # shared/sql/steps.sql: a wait resumed by a matching event or a decision
+    "steps_resume_parked": _moves(WAITING_ON_PARK, {S.PENDING}),
     # shared/sql/admission.sql: the first step of an admitted run
     "admission_admit": _moves(NEW, {S.PENDING}),
     # shared/sql/ops.sql: replay, retry, rehearsal
     "ops_replay_steps_copy": _moves(NEW, TERMINAL),
     "ops_replay_step_restart": _moves(NEW, {S.PENDING}),
     # A pending root is rewritten in place (fresh attempt budget), which is not a move.
-    "ops_retry_step_reset": _moves({S.FAILED, S.PENDING, *PARKED}, {S.PENDING}),
+    "ops_retry_step_reset": _moves(
+        {S.FAILED, S.PENDING, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}, {S.PENDING}
+    ),
     "ops_rehearsal_serve_delays": _moves({S.WAITING_FOR_DELAY}, {S.PENDING}),
     # shared/sql/steps.sql: ops cancel, and a settle that parked a step of a cancelled run
     "runs_cancel": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),

@@ -262,6 +262,10 @@ class Branch(_Strict):
     next: str
 
 
+# Config keys whose `{goto: <step>}` is an edge of the graph (wait_for, approval).
+JUMP_KEYS = ("on_timeout", "on_reject")
+
+
 class Step(_Strict):
     id: str = Field(pattern=STEP_ID_PATTERN)
     type: str = Field(description="Block type, e.g. crm.create, http.request, branch, delay, end.")
@@ -275,13 +279,25 @@ class Step(_Strict):
     otherwise: str | None = None
 
     def successors(self) -> list[str]:
-        """Every node this step can lead to, in declaration order."""
+        """Every node this step can lead to, in declaration order: its branches, `otherwise`,
+        `next`, and the jumps a wait's config declares (`on_timeout: {goto: …}`,
+        `on_reject: {goto: …}`)."""
         out = [b.next for b in self.branches]
         if self.otherwise:
             out.append(self.otherwise)
         if self.next:
             out.append(self.next)
+        out += [j for j in self.jumps() if j not in out]
         return out
+
+    def jumps(self) -> list[str]:
+        """The `goto` targets in this step's config (`on_timeout`, `on_reject`)."""
+        found: list[str] = []
+        for key in JUMP_KEYS:
+            value = self.config.get(key)
+            if isinstance(value, dict) and isinstance(value.get("goto"), str):
+                found.append(value["goto"])
+        return found
 
 
 class WorkflowDefinition(_Strict):

@@ -48,12 +48,13 @@ ROOTS: dict[str, str] = {
         "record the rule saw is kept with the run: steps, replays and rehearsals read the same."
     ),
     "steps": (
-        "Steps only: `steps.<id>.output` and `steps.<id>.branch_choice` of the run's succeeded "
-        'steps (`steps["a-b"]` for an id that is not an identifier).'
+        "Steps and wait conditions only: `steps.<id>.output` and `steps.<id>.branch_choice` "
+        'of the run\'s succeeded steps (`steps["a-b"]` for an id that is not an identifier).'
     ),
     "run": (
-        "Steps only: `id`, `workflow_id`, `version_id`, `tenant_id`, `lineage_root` (the first "
-        "run of a replay lineage) and `namespace` (live or rehearsal)."
+        "Steps and wait conditions only: `id`, `workflow_id`, `version_id`, `tenant_id`, "
+        "`lineage_root` (the first run of a replay lineage) and `namespace` (live or "
+        "rehearsal)."
     ),
 }
 RULE_ROOTS = frozenset({"event", "trigger", "record"})
@@ -189,6 +190,23 @@ def step_scope(
     expression), plus `steps` and `run`."""
     kept = occurrence.record() if record is None else dict(record)
     return {**rule_scope(occurrence, kept), "steps": dict(steps), "run": run.as_scope()}
+
+
+def kept_for_wait(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """What a wait keeps with its park row of the step scope it parked with: `steps` and
+    `run`, which its condition reads beside the incoming event (`wait_scope`)."""
+    return {"steps": dict(scope.get("steps") or {}), "run": dict(scope.get("run") or {})}
+
+
+def wait_scope(incoming: Occurrence, waiting: Mapping[str, Any]) -> dict[str, Any]:
+    """What a `wait_for` condition reads: the incoming event exactly as a trigger rule reads
+    it (`event`, `trigger`, `record`), plus the waiting run's `steps` and `run` as they were
+    when the wait parked (kept with its park row)."""
+    return {
+        **rule_scope(incoming, incoming.record()),
+        "steps": dict(waiting.get("steps") or {}),
+        "run": dict(waiting.get("run") or {}),
+    }
 
 
 def record_from_expression(

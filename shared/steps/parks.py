@@ -1,0 +1,226 @@
+"""Park and resume: the one mechanism behind `wait_for` (an event) and `approval` (a decision).
+
+    block asks to park ─► park row written and COMMITTED (conditions, deadline, who decides)
+                      ─► settle: step → waiting_for_event / waiting_for_approval, wake_at =
+                         the deadline; an event wait looks back for events it may have missed
+    resumers, each ONE guarded UPDATE of the step row that also closes the park row:
+      a matching event (admission's offer, or the lookback)   steps_resume_parked
+      a decision (ops approve / reject)                        steps_resume_parked
+      the deadline (the sweep, through the wake-time index)    steps_wake_due
+      a cancel (ops)                                           runs_cancel
+    the resumed step is pending with what resumed it in its output; the executor settles it
+    from that (outcomes.resumed_settlement) without running its block again.
+
+Whoever commits first wins; the others match zero rows and read the park row to say who won
+("already resumed by event 42 at …"). The park row is committed before the step parks, so an
+event recorded after the lookback's read is admitted after the park row exists and is offered
+to it: no event falls between the two.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from shared import queries
+from shared.blocks.base import ParkRequest
+from shared.db import Database, Tx
+from shared.logs import get_logger
+from shared.workflows.expressions import ExpressionError, evaluate_condition
+from shared.workflows.scope import Occurrence, wait_scope
+
+SQL = queries.load("steps")
+OPEN = SQL["parks_open"]
+GET = SQL["parks_get"]
+LOOKBACK_EVENTS = SQL["parks_lookback_events"]
+RESUME = SQL["steps_resume_parked"]
+
+# The most waits one event is offered to, and the most events one lookback reads: bounded
+# work per admission and per park, whatever a tenant's workflows do.
+MAX_WAITS_PER_EVENT = 1000
+MAX_LOOKBACK_EVENTS = 200
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class OpenedPark:
+    id: int
+    kind: str
+    deadline: datetime
+    created_at: datetime
+
+
+def open_park(
+    db: Database, *, step_id: str, run_id: str, tenant_id: str, park: ParkRequest
+) -> OpenedPark:
+    """Write the park row and commit it, before the step parks. A step whose earlier attempt
+    wrote one gets that row back: its deadline holds."""
+    with db.transaction() as tx:
+        row = tx.one(
+            OPEN,
+            step_id=step_id,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=park.kind,
+            deadline=park.deadline,
+            on_timeout=park.on_timeout,
+            timeout_goto=park.timeout_goto,
+            event_type=park.event_type,
+            record_key=park.record_key,
+            condition=park.condition,
+            scope=None if park.scope is None else json.dumps(park.scope, default=str),
+            lookback_seconds=park.lookback_seconds,
+            approver_role=park.approver_role,
+            approver_users=list(park.approver_users),
+            summary=park.summary,
+        )
+    assert row is not None  # an INSERT … ON CONFLICT DO UPDATE returns its row
+    return OpenedPark(
+        id=int(row["id"]), kind=row["kind"], deadline=row["deadline"], created_at=row["created_at"]
+    )
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A resume attempt's answer, whether or not it moved the step."""
+
+    park_id: int
+    moved: bool
+    step_id: str | None = None
+    resumed_at: datetime | None = None
+    # The park row as it is now (None when it moved, or the park does not exist).
+    park: Mapping[str, Any] | None = None
+
+    @property
+    def why_not(self) -> str | None:
+        """Who resumed it first, in words (None when this one did)."""
+        if self.moved:
+            return None
+        p = self.park
+        if p is None:
+            return "no such wait"
+        at = p["resumed_at"].isoformat() if p["resumed_at"] else None
+        said = {
+            "event": f"already resumed by event {p['resumed_event_id']} at {at}",
+            "decision": f"already decided by {p['decided_by']} at {at} ({p['decision']})",
+            "deadline": f"already resumed by its deadline at {at}",
+            "cancel": f"its run was cancelled at {at}",
+        }.get(p["resumed_by"])
+        if said is not None:
+            return said
+        if p["run_status"] != "running":
+            return f"its run already ended {p['run_status']}"
+        return f"the step is not waiting (it is {p['step_status']})"
+
+
+def park_row(tx: Tx, park_id: int, tenant_scope: str | None = None) -> dict[str, Any] | None:
+    return tx.one(GET, park_id=park_id, tenant_id=tenant_scope)
+
+
+def resume_park(
+    tx: Tx,
+    park_id: int,
+    *,
+    by: str,
+    output: Mapping[str, Any],
+    event_id: int | None = None,
+    decision: str | None = None,
+    decided_by: str | None = None,
+    comment: str | None = None,
+) -> Resumed:
+    """The guarded resume by an event or a decision (`steps_resume_parked`), in the caller's
+    transaction. A loser reads the park row afresh (a new statement sees the winner's commit)
+    to say who won."""
+    resumed = {"by": by, "at": datetime.now(UTC).isoformat(), **output.get("resumed", {})}
+    row = tx.one(
+        RESUME,
+        park_id=park_id,
+        output=json.dumps({**output, "resumed": resumed}, default=str),
+        resumed_by=by,
+        event_id=event_id,
+        decision=decision,
+        decided_by=decided_by,
+        comment=comment,
+    )
+    if row is not None:
+        return Resumed(park_id, True, step_id=row["step_id"], resumed_at=row["resumed_at"])
+    return Resumed(park_id, False, park=park_row(tx, park_id))
+
+
+def event_output(incoming: Occurrence) -> dict[str, Any]:
+    """The step's output when an event resumes it: the event as a trigger rule reads it."""
+    return {
+        "event": incoming.event(),
+        "trigger": dict(incoming.payload),
+        "record": incoming.record(),
+        "resumed": {"kind": "event", "event_id": incoming.id},
+    }
+
+
+def _matches(condition: str, incoming: Occurrence, waiting: Any, park_id: int) -> bool:
+    waiting = json.loads(waiting) if isinstance(waiting, str) else (waiting or {})
+    try:
+        return evaluate_condition(condition, wait_scope(incoming, waiting))
+    except ExpressionError as exc:
+        # The wait's own condition can't be judged on this event: it does not match. The
+        # deadline still ends the wait; the log says why it never matched.
+        log.warning("wait %d: condition failed on event %s: %s", park_id, incoming.id, exc)
+        return False
+
+
+def offer_event(tx: Tx, incoming: Occurrence, open_waits: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Offer one admitted event to the open waits on its (tenant, type, record) — read by the
+    admission's first statement through an index (`open_waits` of admission_context) — in
+    the admission's transaction; the ids of the steps it resumed. Each resume is guarded, so
+    a concurrent or redelivered admission of the same event resumes a wait at most once."""
+    resumed: list[str] = []
+    if incoming.id is None:
+        return resumed
+    for wait in open_waits:
+        if not _matches(str(wait["condition"]), incoming, wait.get("scope"), int(wait["id"])):
+            continue
+        done = resume_park(
+            tx, int(wait["id"]), by="event", output=event_output(incoming), event_id=incoming.id
+        )
+        if done.moved and done.step_id is not None:
+            resumed.append(done.step_id)
+    return resumed
+
+
+def look_back(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) -> str | None:
+    """An event wait that just parked: the first already-recorded event that matches it (of
+    its type, on its record, recorded since the park row was written or within its lookback
+    before), which resumes it at once. The step id when it did."""
+    if request.record_key is None or request.event_type is None or request.condition is None:
+        return None
+    _, object_type, object_id = _split_record_key(request.record_key)
+    since = park.created_at - timedelta(seconds=request.lookback_seconds)
+    for row in tx.all(
+        LOOKBACK_EVENTS,
+        tenant_id=tenant_id,
+        object_type=object_type,
+        object_id=object_id,
+        event_type=request.event_type,
+        since=since,
+        limit=MAX_LOOKBACK_EVENTS,
+    ):
+        incoming = Occurrence.from_row(row)
+        if incoming.record_key != request.record_key:
+            continue  # same object on another connection
+        if not _matches(request.condition, incoming, request.scope, park.id):
+            continue
+        done = resume_park(
+            tx, park.id, by="event", output=event_output(incoming), event_id=incoming.id
+        )
+        return done.step_id if done.moved else None
+    return None
+
+
+def _split_record_key(key: str) -> tuple[str, str, str]:
+    """`connection:object_type:object_id` (shared/workflows/scope.record_key) back apart."""
+    connection, object_type, object_id = key.split(":", 2)
+    return connection, object_type, object_id

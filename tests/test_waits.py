@@ -1,0 +1,318 @@
+"""`wait_for` and the park-and-resume mechanism (shared/steps/parks.py) against real Postgres:
+a matching event admitted later resumes the wait once and is its output; the deadline's
+fail / continue / goto; the lookback; an event against the deadline and 32 deliveries against
+10 waits at a barrier; a cancel of a waiting run; and the indexes that keep parked runs free
+for admission and the sweep (EXPLAIN)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from shared import queries
+from shared.admission import admit_event
+from shared.db import Database
+from shared.steps import parks
+from shared.steps.cancel import cancel_run
+from shared.steps.sweep import SweepConfig, SweepReport, run_sweep, wake_due_steps
+from tests.admission_support import bind_workflow, emit_event, make_connection, make_tenant
+from tests.steps_blocks import Recorder, block_lookup
+from tests.test_steps_engine import Queue, make_past
+
+STARTS = "hubspot.contact.created"
+REPLIED = "hubspot.contact.property_changed"
+REPLY = (
+    'has(event.changed_fields.hs_lead_status) && event.changed_fields.hs_lead_status == "CONNECTED"'
+)
+
+
+def _workflow(
+    on_timeout: Any = "fail", lookback: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    wait: dict[str, Any] = {
+        "event": REPLIED,
+        "when": REPLY,
+        "timeout": {"days": 3},
+        "on_timeout": on_timeout,
+    }
+    if lookback is not None:
+        wait["lookback"] = lookback
+    steps = [
+        {"id": "wait_reply", "type": "wait_for", "config": wait, "next": "thank"},
+        {"id": "thank", "type": "end"},
+    ]
+    if isinstance(on_timeout, dict):
+        steps.append({"id": "nudge", "type": "end"})
+    return steps
+
+
+class Flow:
+    """A tenant, a connection and a bound workflow; admits events and drives steps."""
+
+    def __init__(self, db: Database, steps: list[dict[str, Any]], name: str = "reengage") -> None:
+        self.db = db
+        self.rec = Recorder()
+        self.lookup = block_lookup(self.rec)
+        self.q = Queue()
+        if not _exists(db, "SELECT 1 FROM tenants WHERE id = 'acme'"):
+            make_tenant(db)
+        self.conn = make_connection(db)
+        self.workflow_id = bind_workflow(
+            db, name, events=(STARTS,), dedup="every_time", steps=steps
+        )
+
+    def start(self, object_id: str = "101") -> str:
+        event = emit_event(
+            self.db, connection_id=self.conn, event_type=STARTS, object_id=object_id, changed={}
+        )
+        result = admit_event(self.db, event, publish=self.q)
+        (outcome,) = result.outcomes
+        assert outcome.run_id is not None
+        self.drain()
+        return outcome.run_id
+
+    def event(self, changed: dict[str, Any], object_id: str = "101") -> int:
+        return emit_event(
+            self.db,
+            connection_id=self.conn,
+            event_type=REPLIED,
+            object_id=object_id,
+            changed=changed,
+            payload={"objectId": object_id, **changed},
+        )
+
+    def admit(self, event_id: int) -> list[str]:
+        return list(admit_event(self.db, event_id, publish=self.q).dispatched)
+
+    def drain(self) -> None:
+        self.q.drain(self.db, self.lookup)
+
+
+def _exists(db: Database, query: str) -> bool:
+    with db.transaction() as tx:
+        return tx.one(query) is not None
+
+
+def _steps(db: Database, run_id: str) -> dict[str, dict[str, Any]]:
+    with db.transaction() as tx:
+        rows = tx.all("SELECT * FROM workflow_steps WHERE run_id = :r", r=run_id)
+    return {r["step_key"]: r for r in rows}
+
+
+def _park(db: Database, run_id: str) -> dict[str, Any]:
+    with db.transaction() as tx:
+        row = tx.one("SELECT * FROM step_parks WHERE run_id = :r", r=run_id)
+    assert row is not None
+    return row
+
+
+def _run_status(db: Database, run_id: str) -> str:
+    with db.transaction() as tx:
+        return str(tx.scalar("SELECT status FROM workflow_runs WHERE id = :r", r=run_id))
+
+
+def test_a_matching_event_resumes_the_wait_once_and_is_its_output(db: Database) -> None:
+    flow = Flow(db, _workflow())
+    run_id = flow.start()
+    wait = _steps(db, run_id)["wait_reply"]
+    park = _park(db, run_id)
+    # The park row holds the conditions and the deadline the step row carries.
+    assert wait["status"] == "waiting_for_event" and wait["park_id"] == park["id"]
+    assert wait["wake_at"] == park["deadline"] and park["event_type"] == REPLIED
+    assert park["record_key"] == f"{flow.conn}:contact:101" and park["condition"] == REPLY
+
+    # Not the reply it waits for, and the reply on another record: nothing moves.
+    assert flow.admit(flow.event({"hs_lead_status": "OPEN"})) == []
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"}, object_id="202")) == []
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
+
+    reply = flow.event({"hs_lead_status": "CONNECTED"})
+    assert flow.admit(reply) == [str(wait["id"])]
+    assert flow.admit(reply) == []  # a redelivery resumes nothing
+    flow.drain()
+    journal = _steps(db, run_id)
+    done = journal["wait_reply"]
+    assert done["status"] == "succeeded" and done["outcome_code"] == "EVENT_RECEIVED"
+    assert done["output"]["event"]["id"] == reply
+    assert done["output"]["trigger"] == {"objectId": "101", "hs_lead_status": "CONNECTED"}
+    assert done["output"]["resumed"]["by"] == "event"
+    assert set(journal) == {"wait_reply", "thank"}
+    assert journal["thank"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
+    park = _park(db, run_id)
+    assert (park["resumed_by"], park["resumed_event_id"]) == ("event", reply)
+
+
+@pytest.mark.parametrize(
+    ("on_timeout", "step_status", "ran", "run_status"),
+    [
+        ({"goto": "nudge"}, "succeeded", "nudge", "succeeded"),
+        ("continue", "succeeded", "thank", "succeeded"),
+        ("fail", "failed", None, "failed"),
+    ],
+)
+def test_at_the_deadline_the_wait_fails_continues_or_jumps(
+    db: Database, on_timeout: Any, step_status: str, ran: str | None, run_status: str
+) -> None:
+    flow = Flow(db, _workflow(on_timeout))
+    run_id = flow.start()
+    make_past(db, run_id)
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    journal = _steps(db, run_id)
+    wait = journal["wait_reply"]
+    assert wait["status"] == step_status and wait["outcome_code"] == "WAIT_TIMED_OUT"
+    assert set(journal) - {"wait_reply"} == ({ran} if ran else set())
+    if isinstance(on_timeout, dict):
+        # The jump is journaled with the settle, so a replay follows the same edge.
+        assert wait["branch_choice"] == "nudge"
+    assert _run_status(db, run_id) == run_status
+    assert _park(db, run_id)["resumed_by"] == "deadline"
+    # A reply after the deadline resumes nothing.
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"})) == []
+
+
+def test_lookback_counts_an_event_recorded_just_before_the_wait(db: Database) -> None:
+    flow = Flow(db, _workflow(lookback={"hours": 1}), name="with-lookback")
+    early = flow.event({"hs_lead_status": "CONNECTED"})
+    flow.admit(early)  # admitted before any wait existed
+    run_id = flow.start()
+    flow.drain()
+    wait = _steps(db, run_id)["wait_reply"]
+    assert wait["status"] == "succeeded" and wait["output"]["event"]["id"] == early
+
+
+def test_without_lookback_an_earlier_event_does_not_count(db: Database) -> None:
+    flow = Flow(db, _workflow())
+    flow.admit(flow.event({"hs_lead_status": "CONNECTED"}))
+    run_id = flow.start()
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
+
+
+def test_an_event_and_the_deadline_at_a_barrier_resume_the_wait_once(db: Database) -> None:
+    flow = Flow(db, _workflow({"goto": "nudge"}))
+    run_id = flow.start()
+    step_id = _steps(db, run_id)["wait_reply"]["id"]
+    reply = flow.event({"hs_lead_status": "CONNECTED"})
+    make_past(db, run_id)
+    barrier = threading.Barrier(2)
+    by_event: list[str] = []
+    by_deadline: list[str] = []
+
+    def event() -> None:
+        barrier.wait()
+        by_event.extend(admit_event(db, reply, publish=lambda _: None).dispatched)
+
+    def deadline() -> None:
+        barrier.wait()
+        wake_due_steps(db, SweepConfig(), by_deadline.extend, SweepReport())
+
+    threads = [threading.Thread(target=event), threading.Thread(target=deadline)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(by_event + by_deadline) == [str(step_id)]
+    park = _park(db, run_id)
+    assert park["resumed_by"] == ("event" if by_event else "deadline")
+    # The loser can say who won.
+    with db.transaction() as tx:
+        again = parks.resume_park(tx, park["id"], by="event", output={}, event_id=reply)
+    assert not again.moved
+    assert again.why_not is not None and again.why_not.startswith("already resumed by ")
+    flow.q(by_event + by_deadline)
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert set(journal) == {"wait_reply", "thank" if by_event else "nudge"}
+
+
+def test_32_deliveries_of_one_event_to_10_waiting_runs_resume_each_once(db: Database) -> None:
+    flow = Flow(db, _workflow())
+    runs = [flow.start() for _ in range(10)]
+    waits = {str(_steps(db, r)["wait_reply"]["id"]) for r in runs}
+    reply = flow.event({"hs_lead_status": "CONNECTED"})
+    barrier = threading.Barrier(32)
+    resumed: list[str] = []
+    lock = threading.Lock()
+
+    def deliver() -> None:
+        barrier.wait()
+        ids = admit_event(db, reply, publish=lambda _: None).dispatched
+        with lock:
+            resumed.extend(ids)
+
+    threads = [threading.Thread(target=deliver) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(resumed) == sorted(waits)
+    with db.transaction() as tx:
+        assert (
+            tx.scalar("SELECT count(*) FROM step_parks WHERE resumed_event_id = :e", e=reply) == 10
+        )
+
+
+def test_cancelling_a_waiting_run_closes_its_wait(db: Database) -> None:
+    flow = Flow(db, _workflow())
+    run_id = flow.start()
+    park = _park(db, run_id)
+    outcome = cancel_run(db, run_id, by="alice", reason="lost deal")
+    assert outcome is not None and outcome.skipped_steps == ("wait_reply",)
+    assert _steps(db, run_id)["wait_reply"]["status"] == "skipped"
+    assert _park(db, run_id)["resumed_by"] == "cancel"
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"})) == []
+    with db.transaction() as tx:
+        late = parks.resume_park(tx, park["id"], by="event", output={}, event_id=None)
+    assert not late.moved and late.why_not is not None
+    assert late.why_not.startswith("its run was cancelled at ")
+
+
+def _plan(db: Database, statement: str, **params: Any) -> str:
+    with db.transaction() as tx:
+        rows = tx.all("EXPLAIN " + statement, **params)
+    return "\n".join(str(next(iter(r.values()))) for r in rows)
+
+
+def test_deadlines_and_offers_are_found_through_indexes_whatever_is_parked(db: Database) -> None:
+    """Thousands of parked waits: the sweep's due query and admission's offer read indexes
+    (the plan names them), so parked runs cost nothing per sweep or per event."""
+    flow = Flow(db, _workflow())
+    run_id = flow.start()
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type)"
+            " SELECT :r, 'w[' || i || ']', 'wait_reply', 'wait_for'"
+            " FROM generate_series(1, 3000) AS i",
+            r=run_id,
+        )
+        tx.execute(
+            "INSERT INTO step_parks (step_id, run_id, tenant_id, kind, deadline, on_timeout,"
+            " event_type, record_key, condition)"
+            " SELECT s.id, s.run_id, 'acme', 'event', now() + interval '3 days', 'fail', :e,"
+            " 'c:contact:' || s.step_key, 'true'"
+            " FROM workflow_steps s WHERE s.run_id = :r AND s.step_key LIKE 'w[%'",
+            r=run_id,
+            e=REPLIED,
+        )
+        tx.execute(
+            "UPDATE workflow_steps s SET status = 'waiting_for_event', park_id = p.id,"
+            " park_kind = 'event', wake_at = p.deadline"
+            " FROM step_parks p WHERE p.step_id = s.id AND s.step_key LIKE 'w[%'"
+        )
+        tx.execute("ANALYZE workflow_steps")
+        tx.execute("ANALYZE step_parks")
+    due = _plan(db, queries.load("steps")["steps_wake_due"].text, batch=500)
+    assert "workflow_steps_due" in due, due
+    offer = _plan(
+        db,
+        queries.load("admission")["admission_context"].text,
+        event_id=flow.event({"hs_lead_status": "CONNECTED"}),
+        start_key="x",
+        cached_versions=[],
+        take_locks=False,
+        echo_skew_seconds=5.0,
+        max_waits=1000,
+    )
+    assert "step_parks_open_event_waits" in offer, offer
