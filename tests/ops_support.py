@@ -207,9 +207,9 @@ def seed_run(
     return run_id
 
 
-def mint(db: Database, tenant: str | None, label: str = "test") -> str:
+def mint(db: Database, tenant: str | None, label: str = "test", roles: tuple[str, ...] = ()) -> str:
     with db.transaction() as tx:
-        token, _ = mint_token(tx, tenant_id=tenant, label=label)
+        token, _ = mint_token(tx, tenant_id=tenant, label=label, roles=roles)
     return token
 
 

@@ -367,3 +367,61 @@ def test_schema_catches_a_bad_config_in_the_editor() -> None:
     assert not validator.is_valid(doc)
     doc = yaml.safe_load(HEAD + 'steps:\n  - {id: a, type: delay, config: {seconds: "${{ x }}"}}\n')
     assert validator.is_valid(doc)
+
+
+# ---------------------------------------------------------------- wait_for
+
+WAIT = """\
+steps:
+  - id: wait
+    type: wait_for
+    config:
+      event: hubspot.contact.property_changed
+      when: {when}
+      timeout: {timeout}
+      on_timeout: {on_timeout}
+    next: after
+  - id: after
+    type: end
+  - id: nudge
+    type: end
+"""
+
+
+def test_a_wait_for_with_a_goto_validates_and_the_goto_is_an_edge() -> None:
+    report = validate_text(
+        HEAD
+        + WAIT.format(
+            when="'event.changed_fields.x == \"y\"'",
+            timeout="{days: 3}",
+            on_timeout="{goto: nudge}",
+        )
+    )
+    assert report.ok, [str(p) for p in report.problems]
+    assert report.definition is not None
+    assert report.definition.step("wait").successors() == ["after", "nudge"]
+
+
+def test_a_wait_for_goto_to_no_step_is_an_error_at_the_goto() -> None:
+    problem = _one(
+        HEAD + WAIT.format(when="'true'", timeout="{days: 3}", on_timeout="{goto: nowhere}")
+    )
+    assert problem.where == "steps[0].config.on_timeout.goto"
+    assert "'nowhere', which is not a step id" in problem.message
+
+
+def test_a_wait_for_condition_that_does_not_compile_is_an_error_at_the_condition() -> None:
+    found = _problems(
+        HEAD + WAIT.format(when="'event.x =='", timeout="{days: 3}", on_timeout="{goto: nudge}")
+    )
+    assert [p.where for p in found] == ["steps[0].config.when"], [str(p) for p in found]
+    assert (found[0].line, found[0].column) == (10, 13)
+
+
+@pytest.mark.parametrize("timeout", ["{days: 400}", "{}", "{seconds: 0}"])
+def test_a_wait_for_needs_a_bounded_positive_timeout(timeout: str) -> None:
+    found = _problems(
+        HEAD + WAIT.format(when="'true'", timeout=timeout, on_timeout="{goto: nudge}")
+    )
+    assert found and all(p.where.startswith("steps[0].config") for p in found)
+    assert any("timeout" in p.message for p in found), [str(p) for p in found]

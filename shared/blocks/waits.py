@@ -11,6 +11,14 @@ wait_for: waits for a trigger event of type `event` on the run's record (the def
   or `{goto: <step>}` (journaled as the step's branch choice with its settle). `lookback`
   lets an event recorded that long before the wait parked count (a reply that raced the
   email that asked for it).
+approval: parks the step until one of the people who may decide (`approvers`: a tenant
+  `role`, named `users`, or both) approves or rejects it through the ops API, with a comment; the
+  first decision wins. `summary` (usually a `${{ … }}` template) is what they are shown. At
+  `expires_in`: `reject` (the default) or `proceed` (opt-in; validation warns). Approved goes
+  on to `next`; rejected ends this path, or `on_reject: fail` fails the run, or
+  `on_reject: {goto: <step>}` jumps there. The decision (who, when, comment) is the step's
+  output and is audited.
+
 A rehearsal never waits: the step answers what it would have waited for and goes on.
 """
 
@@ -81,10 +89,6 @@ class WaitForConfig(BaseModel):
             raise ValueError(f"timeout must be positive and at most {MAX_WAIT.days} days")
         if self.lookback is not None and self.lookback.value > MAX_LOOKBACK:
             raise ValueError(f"lookback can be at most {MAX_LOOKBACK.days} days")
-        try:
-            compile_expression(self.when)
-        except ExpressionError as exc:
-            raise ValueError(f"when: {exc}") from None
         return self
 
 
@@ -102,6 +106,12 @@ def _run_record_key(ctx: BlockContext) -> str:
 
 def execute_wait_for(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, WaitForConfig)
+    try:
+        compile_expression(config.when)  # validation said so already; a hand-made row may not
+    except ExpressionError as exc:
+        raise BlockFailure(
+            f"when: {exc}", error_class="permanent", outcome_code=OUTCOME_BAD_CONFIG
+        ) from None
     key = _run_record_key(ctx)
     deadline = datetime.now(UTC) + config.timeout.value
     waiting: dict[str, Any] = {"waiting_for": config.event, "record_key": key}
@@ -126,6 +136,62 @@ def execute_wait_for(ctx: BlockContext, config: BaseModel) -> BlockResult:
     )
 
 
+class Approvers(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    role: str | None = Field(default=None, min_length=1, description="A tenant role.")
+    users: list[str] = Field(default_factory=list, description="Named users (token labels).")
+
+    @model_validator(mode="after")
+    def _someone(self) -> Approvers:
+        if self.role is None and not self.users:
+            raise ValueError("name a `role`, `users`, or both: who may decide")
+        return self
+
+
+class ApprovalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    summary: str = Field(min_length=1, max_length=2000, description="What the approvers are shown.")
+    approvers: Approvers
+    expires_in: Duration = Field(description="How long the approval may wait (≤ 366 days).")
+    on_timeout: Literal["reject", "proceed"] = Field(
+        default="reject", description="`reject` (default) or `proceed` when nobody decided."
+    )
+    on_reject: Literal["end", "fail"] | Goto = Field(
+        default="end",
+        description="On rejection: end this path (default), `fail` the run, or `{goto: <step>}`.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ApprovalConfig:
+        if not timedelta(0) < self.expires_in.value <= MAX_WAIT:
+            raise ValueError(f"expires_in must be positive and at most {MAX_WAIT.days} days")
+        return self
+
+
+def execute_approval(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, ApprovalConfig)
+    deadline = datetime.now(UTC) + config.expires_in.value
+    on_reject = (
+        config.on_reject.goto
+        if isinstance(config.on_reject, Goto)
+        else ("fail" if config.on_reject == "fail" else None)
+    )
+    output: dict[str, Any] = {"summary": config.summary, "on_reject": on_reject}
+    if ctx.dry_run:
+        return BlockResult(output={**output, "rehearsal": "a live run would ask for approval"})
+    return BlockResult(
+        output={**output, "expires_at": deadline.isoformat()},
+        park=ParkRequest(
+            kind="approval",
+            deadline=deadline,
+            on_timeout=config.on_timeout,
+            approver_role=config.approvers.role,
+            approver_users=tuple(config.approvers.users),
+            summary=config.summary,
+        ),
+    )
+
+
 WAIT_FOR = BlockSpec(
     type_name="wait_for",
     config_model=WaitForConfig,
@@ -136,4 +202,14 @@ WAIT_FOR = BlockSpec(
     execute=execute_wait_for,
     description="Wait for a matching event on the run's record, until a timeout.",
 )
-SPECS = (WAIT_FOR,)
+APPROVAL = BlockSpec(
+    type_name="approval",
+    config_model=ApprovalConfig,
+    kind="flow",
+    side_effect="none",
+    price=0,
+    retry=NO_RETRY,
+    execute=execute_approval,
+    description="Wait for a person's approval or rejection, until it expires.",
+)
+SPECS = (WAIT_FOR, APPROVAL)

@@ -31,6 +31,8 @@ from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
     ActivateRequest,
     ActivationResult,
+    ApprovalList,
+    ApprovalView,
     BreakerStatus,
     BudgetStatus,
     CancelRequest,
@@ -40,6 +42,8 @@ from shared.ops.models import (
     CronTick,
     CronTickList,
     DeactivateRequest,
+    DecisionRequest,
+    DecisionResult,
     DefinitionProblem,
     ErrorBody,
     FieldProblem,
@@ -103,6 +107,8 @@ CREDIT_LEDGER = SQL["ops_credit_ledger"]
 WORKFLOWS_LIST = SQL["ops_workflows_list"]
 WORKFLOW_GET = SQL["ops_workflow_get"]
 WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
+APPROVALS_OPEN = SQL["ops_approvals_open"]
+MAX_APPROVALS_LISTED = 500
 INBOX_REQUEUE_DEAD = queries.load("inbox")["inbox_requeue_dead"]
 
 SOURCE_NAME = "source"
@@ -339,6 +345,67 @@ def retry_failed_run(call: Call) -> RetryResult:
     return RetryResult(
         run_id=UUID(outcome.run_id), restarted_steps=[s.step_key for s in outcome.plan.restart]
     )
+
+
+# ---- approvals ----------------------------------------------------------------------------
+
+
+def list_approvals(call: Call) -> ApprovalList:
+    """The approvals waiting for a decision that the caller may decide."""
+    from shared.steps.parks import may_decide
+
+    with call.db.transaction() as tx:
+        rows = tx.all(APPROVALS_OPEN, tenant_id=call.scope, limit=MAX_APPROVALS_LISTED)
+    mine = [r for r in rows if may_decide(r, user=call.principal.label, roles=call.principal.roles)]
+    return ApprovalList(
+        items=[
+            ApprovalView.model_validate({**r, "approver_users": list(r["approver_users"] or ())})
+            for r in mine
+        ]
+    )
+
+
+def _decide(call: Call, decision: str) -> DecisionResult:
+    from shared.steps.parks import NotAllowed, decide_approval, park_row
+
+    body: DecisionRequest = call.body
+    approval_id = _int_param(call, "approval_id", "approval")
+    try:
+        outcome = decide_approval(
+            call.db,
+            approval_id,
+            decision=decision,
+            user=call.principal.label,
+            roles=call.principal.roles,
+            comment=body.comment,
+            tenant_scope=call.scope,
+        )
+    except NotAllowed as exc:
+        raise OpsError(403, "not_an_approver", str(exc)) from None
+    if outcome is None:
+        raise not_found("approval")
+    if not outcome.moved:
+        raise OpsError(409, "already_decided", outcome.why_not or "the approval is not waiting")
+    if outcome.step_id is not None:
+        replay.dispatch_committed(call.dispatch, (outcome.step_id,))
+    with call.db.transaction() as tx:
+        park = park_row(tx, approval_id)
+    assert park is not None
+    return DecisionResult(
+        approval_id=approval_id,
+        decision=decision,
+        decided_by=call.principal.label,
+        run_id=UUID(park["run_id"]),
+        step_key=park["step_key"],
+    )
+
+
+def approve(call: Call) -> DecisionResult:
+    return _decide(call, "approved")
+
+
+def reject(call: Call) -> DecisionResult:
+    return _decide(call, "rejected")
 
 
 # ---- refusals and "why didn't it run?" ----------------------------------------------------
@@ -698,6 +765,37 @@ ROUTES: tuple[Route, ...] = (
         body=CancelRequest,
         errors=(400, 401, 404, 409, 413, 422),
         path_params=("run_id",),
+    ),
+    Route(
+        "approvals.list",
+        "GET",
+        "/v1/approvals",
+        list_approvals,
+        ApprovalList,
+        "Approvals waiting for a decision that the caller may decide",
+        errors=(401,),
+    ),
+    Route(
+        "approvals.approve",
+        "POST",
+        "/v1/approvals/{approval_id}/approve",
+        approve,
+        DecisionResult,
+        "Approve a waiting approval; the first decision wins",
+        body=DecisionRequest,
+        errors=(400, 401, 403, 404, 409, 413, 422),
+        path_params=("approval_id",),
+    ),
+    Route(
+        "approvals.reject",
+        "POST",
+        "/v1/approvals/{approval_id}/reject",
+        reject,
+        DecisionResult,
+        "Reject a waiting approval; the first decision wins",
+        body=DecisionRequest,
+        errors=(400, 401, 403, 404, 409, 413, 422),
+        path_params=("approval_id",),
     ),
     Route(
         "refusals.list",

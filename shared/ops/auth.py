@@ -35,6 +35,8 @@ class Principal:
     token_id: str
     tenant_id: str | None  # None: admin, sees every tenant
     label: str
+    # The tenant roles its holder has (approvals name a role that may decide them).
+    roles: tuple[str, ...] = ()
 
     @property
     def is_admin(self) -> bool:
@@ -45,11 +47,18 @@ def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
-def mint_token(tx: Tx, *, tenant_id: str | None, label: str) -> tuple[str, str]:
-    """A new token (shown once) and its id. tenant_id None mints an admin token."""
+def mint_token(
+    tx: Tx, *, tenant_id: str | None, label: str, roles: tuple[str, ...] = ()
+) -> tuple[str, str]:
+    """A new token (shown once) and its id. tenant_id None mints an admin token. `label` is
+    who holds it; `roles`, the tenant roles they have."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token_id = tx.scalar(
-        TOKEN_INSERT, token_sha256=hash_token(token), tenant_id=tenant_id, label=label
+        TOKEN_INSERT,
+        token_sha256=hash_token(token),
+        tenant_id=tenant_id,
+        label=label,
+        roles=list(roles),
     )
     return token, str(token_id)
 
@@ -73,7 +82,12 @@ def authenticate(db: Database, token: str | None) -> Principal | None:
         row = tx.one(TOKEN_FIND, token_sha256=hash_token(token))
     if row is None:
         return None
-    return Principal(token_id=str(row["id"]), tenant_id=row["tenant_id"], label=row["label"])
+    return Principal(
+        token_id=str(row["id"]),
+        tenant_id=row["tenant_id"],
+        label=row["label"],
+        roles=tuple(row["roles"] or ()),
+    )
 
 
 def record_audit(

@@ -128,6 +128,12 @@ class CancelRequest(_Request):
     )
 
 
+class DecisionRequest(_Request):
+    comment: Text | None = Field(
+        default=None, max_length=2000, description="Why, kept with the decision and audited."
+    )
+
+
 class RetryRequest(_Request):
     reason: Text | None = Field(
         default=None, max_length=500, description="What was fixed, for the audit trail."
@@ -493,6 +499,33 @@ class CancelResult(_Response):
     running_steps: list[str] = Field(
         description="Steps finishing their attempt; their settle creates no next steps."
     )
+
+
+class ApprovalView(_Response):
+    """An approval waiting for a decision."""
+
+    id: int
+    run_id: UUID
+    step_key: str
+    tenant_id: str
+    summary: str
+    approver_role: str | None
+    approver_users: list[str]
+    expires_at: datetime
+    on_timeout: Literal["reject", "proceed"]
+    created_at: datetime
+
+
+class ApprovalList(_Response):
+    items: list[ApprovalView] = Field(description="Those the caller may decide, oldest first.")
+
+
+class DecisionResult(_Response):
+    approval_id: int
+    decision: Literal["approved", "rejected"]
+    decided_by: str
+    run_id: UUID
+    step_key: str
 
 
 class RetryResult(_Response):

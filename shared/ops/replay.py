@@ -213,7 +213,7 @@ def replay_run(
             "another run of this workflow is active for this record; wait for it "
             "to finish, then replay",
         ) from exc
-    _dispatch(dispatch, restarted)
+    dispatch_committed(dispatch, restarted)
     return ReplayOutcome(
         run_id=new_run_id, tenant_id=run["tenant_id"], plan=plan, restarted_step_ids=restarted
     )
@@ -245,13 +245,13 @@ def retry_run(
             "another run of this workflow is active for this record; wait for it "
             "to finish, then retry",
         ) from exc
-    _dispatch(dispatch, restarted)
+    dispatch_committed(dispatch, restarted)
     return ReplayOutcome(
         run_id=run_id, tenant_id=run["tenant_id"], plan=plan, restarted_step_ids=restarted
     )
 
 
-def _dispatch(dispatch: Dispatch, step_ids: tuple[str, ...]) -> None:
+def dispatch_committed(dispatch: Dispatch, step_ids: tuple[str, ...]) -> None:
     # The rows are committed; a lost publish leaves them pending with dispatched_at NULL,
     # which the sweep re-dispatches. So a failed publish is logged, not an error.
     try:

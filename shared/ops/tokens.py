@@ -1,4 +1,6 @@
-"""Mint an ops token: `python -m shared.ops.tokens create --tenant acme [--label support]`.
+"""Mint an ops token: `python -m shared.ops.tokens create --tenant acme [--label support]
+[--role manager …]`. The label names the holder (approvals name users by it); each `--role`
+is a tenant role they have (approvals may name a role that decides them).
 
 The token is printed once, on stdout, and never stored in clear; `--admin` mints a token that
 sees every tenant. The database comes from DATABASE_URL (or the Cloud SQL variables).
@@ -22,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     scope.add_argument("--tenant", help="the tenant the token is scoped to")
     scope.add_argument("--admin", action="store_true", help="a token that sees every tenant")
     create.add_argument("--label", default="cli", help="who or what the token is for")
+    create.add_argument(
+        "--role", action="append", default=[], help="a tenant role of its holder (repeatable)"
+    )
     args = parser.parse_args(argv)
 
     db = get_database()
@@ -31,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"no tenant named {args.tenant!r}", file=sys.stderr)
                 return 2
             token, token_id = mint_token(
-                tx, tenant_id=None if args.admin else args.tenant, label=args.label
+                tx,
+                tenant_id=None if args.admin else args.tenant,
+                label=args.label,
+                roles=tuple(args.role),
             )
     except OnceflowError as exc:
         print(f"could not mint a token: {exc}", file=sys.stderr)

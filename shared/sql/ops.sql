@@ -3,12 +3,12 @@
 -- scoped with it, so a tenant token cannot see another tenant's rows (the API answers 404).
 
 -- name: ops_token_insert
-INSERT INTO ops_tokens (token_sha256, tenant_id, label)
-VALUES (:token_sha256, :tenant_id, :label)
+INSERT INTO ops_tokens (token_sha256, tenant_id, label, roles)
+VALUES (:token_sha256, :tenant_id, :label, CAST(:roles AS text[]))
 RETURNING id
 
 -- name: ops_token_find
-SELECT id, tenant_id, label
+SELECT id, tenant_id, label, roles
 FROM ops_tokens
 WHERE token_sha256 = :token_sha256 AND revoked_at IS NULL
 
@@ -338,3 +338,16 @@ LIMIT 500
 SELECT name, last_started_at, last_finished_at, last_ok, last_error
 FROM sweep_duties
 ORDER BY name
+
+-- name: ops_approvals_open
+-- Approvals waiting for a decision in the caller's scope (the API keeps those the caller may
+-- decide), oldest first, through the open-approvals partial index.
+SELECT p.id, CAST(p.run_id AS text) AS run_id, s.step_key, p.tenant_id, p.summary,
+       p.approver_role, p.approver_users, p.deadline AS expires_at, p.on_timeout,
+       p.created_at
+FROM step_parks p
+JOIN workflow_steps s ON s.id = p.step_id
+WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_approval'
+  AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = CAST(:tenant_id AS text))
+ORDER BY p.created_at, p.id
+LIMIT :limit

@@ -224,3 +224,53 @@ def _split_record_key(key: str) -> tuple[str, str, str]:
     """`connection:object_type:object_id` (shared/workflows/scope.record_key) back apart."""
     connection, object_type, object_id = key.split(":", 2)
     return connection, object_type, object_id
+
+
+class NotAllowed(PermissionError):
+    """The caller is not among the people an approval names."""
+
+
+def may_decide(park: Mapping[str, Any], *, user: str, roles: Sequence[str]) -> bool:
+    """Whether `user` (with `roles`) is among those the approval names."""
+    return user in (park["approver_users"] or ()) or (
+        park["approver_role"] is not None and park["approver_role"] in roles
+    )
+
+
+def decide_approval(
+    db: Database,
+    park_id: int,
+    *,
+    decision: str,
+    user: str,
+    roles: Sequence[str],
+    comment: str | None,
+    tenant_scope: str | None,
+) -> Resumed | None:
+    """Approve or reject a waiting approval: the guarded resume, in one transaction. None: no
+    such approval in the caller's scope. Raises `NotAllowed` when the caller may not decide
+    it. The first decision wins; a later one changes nothing and says "already decided by X
+    at T"."""
+    if decision not in ("approved", "rejected"):
+        raise ValueError(f"a decision is approved or rejected, not {decision!r}")
+    refusal: str | None = None
+    with db.transaction() as tx:
+        park = park_row(tx, park_id, tenant_scope)
+        if park is None or park["kind"] != "approval":
+            return None
+        if may_decide(park, user=user, roles=roles):
+            said = {"kind": "approval", "decision": decision, "decided_by": user}
+            return resume_park(
+                tx,
+                park_id,
+                by="decision",
+                output={"resumed": {**said, "comment": comment}},
+                decision=decision,
+                decided_by=user,
+                comment=comment,
+            )
+        who = [f"role {park['approver_role']}"] if park["approver_role"] else []
+        who += [f"user {u}" for u in park["approver_users"] or ()]
+        refusal = f"only {' or '.join(who)} may decide this approval"
+    # Raised outside the transaction: the database layer translates what escapes it.
+    raise NotAllowed(refusal)

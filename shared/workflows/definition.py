@@ -264,6 +264,9 @@ class Branch(_Strict):
 
 # Config keys whose `{goto: <step>}` is an edge of the graph (wait_for, approval).
 JUMP_KEYS = ("on_timeout", "on_reject")
+# Config keys that hold a CEL condition evaluated by the block itself, not a `${{ … }}`
+# template: validation compiles them and checks the steps they read.
+CONDITION_KEYS: dict[str, tuple[str, ...]] = {"wait_for": ("when",)}
 
 
 class Step(_Strict):

@@ -25,7 +25,13 @@ from pydantic import ValidationError
 from shared import triggers
 from shared.blocks import registry
 from shared.errors import PermanentError
-from shared.workflows.definition import Step, Trigger, WorkflowDefinition
+from shared.workflows.definition import (
+    CONDITION_KEYS,
+    JUMP_KEYS,
+    Step,
+    Trigger,
+    WorkflowDefinition,
+)
 from shared.workflows.expressions import (
     TEMPLATE,
     CompiledExpression,
@@ -496,6 +502,11 @@ class _Validation:
         expressions += [
             (("steps", i, "branches", j, "when"), b.when) for j, b in enumerate(step.branches)
         ]
+        expressions += [
+            (("steps", i, "config", key), step.config[key])
+            for key in CONDITION_KEYS.get(step.type, ())
+            if isinstance(step.config.get(key), str)
+        ]
         compiled_all: list[tuple[PathT, CompiledExpression]] = []
         for path, src in expressions:
             compiled = self.expression(path, src)
@@ -543,6 +554,13 @@ class _Validation:
                     "when no condition holds this path ends silently; "
                     "add `otherwise` to make it explicit",
                 )
+            if step.type == "approval" and step.config.get("on_timeout") == "proceed":
+                self.add(
+                    "warning",
+                    ("steps", i, "config", "on_timeout"),
+                    "on_timeout: proceed goes on as if approved when nobody decides before it "
+                    "expires; the default, reject, is the safe one",
+                )
             properties = step.config.get("properties")
             if step.type == "crm.update" and isinstance(properties, Mapping):
                 looping = sorted(set(properties) & set(d.trigger.watch))
@@ -573,6 +591,10 @@ def _edges(i: int, step: Step) -> list[tuple[PathT, str]]:
         out.append((("steps", i, "branches", j, "next"), b.next))
     if step.otherwise:
         out.append((("steps", i, "otherwise"), step.otherwise))
+    for key in JUMP_KEYS:
+        value = step.config.get(key)
+        if isinstance(value, Mapping) and isinstance(value.get("goto"), str):
+            out.append((("steps", i, "config", key, "goto"), value["goto"]))
     return out
 
 

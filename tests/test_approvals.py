@@ -1,0 +1,204 @@
+"""Approvals (the `approval` block, decided through the ops API) against real Postgres: the gate
+is a row; two decisions at a barrier, one wins and the other says who; who may decide; the
+timeout's reject and proceed; every decision audited; validation warns about `proceed`."""
+
+from __future__ import annotations
+
+import textwrap
+import threading
+from typing import Any
+
+import pytest
+
+from shared.db import Database
+from shared.steps import parks
+from shared.steps.sweep import run_sweep
+from shared.workflows.validate import validate_text
+from tests.ops_support import (
+    Dispatched,
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+)
+from tests.steps_blocks import Recorder, block_lookup
+from tests.steps_support import TENANT, definition, publish_version, run_row, start_run
+from tests.steps_support import steps_of as steps
+from tests.test_steps_engine import Queue, make_past
+
+
+def _gate(**config: Any) -> list[dict[str, Any]]:
+    approval = {
+        "summary": "20% discount on deal 7",
+        "approvers": {"role": "manager", "users": ["erin"]},
+        "expires_in": {"days": 2},
+        **config,
+    }
+    return [
+        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
+        {"id": "apply", "type": "test.noop"},
+        {"id": "tell_rep", "type": "test.noop"},
+    ]
+
+
+def _parked(db: Database, **config: Any) -> tuple[str, int, Queue, Any]:
+    lookup = block_lookup(Recorder())
+    run_id, ids = start_run(db, publish_version(db, definition(_gate(**config))))
+    q = Queue()
+    q(ids)
+    q.drain(db, lookup)
+    gate = steps(db, run_id)["gate"]
+    assert gate["status"] == "waiting_for_approval"
+    with db.transaction() as tx:
+        park = tx.one("SELECT * FROM step_parks WHERE id = :p", p=gate["park_id"])
+    assert park is not None and park["kind"] == "approval"
+    assert park["deadline"] == gate["wake_at"] and park["summary"] == "20% discount on deal 7"
+    return run_id, int(park["id"]), q, lookup
+
+
+def _decide(
+    db: Database, park_id: int, decision: str, user: str, roles: tuple[str, ...] = ()
+) -> Any:
+    return parks.decide_approval(
+        db,
+        park_id,
+        decision=decision,
+        user=user,
+        roles=roles,
+        comment=f"{user} says {decision}",
+        tenant_scope=TENANT,
+    )
+
+
+def test_two_decisions_at_a_barrier_one_wins_the_other_says_who(db: Database) -> None:
+    run_id, park_id, q, lookup = _parked(db, on_reject={"goto": "tell_rep"})
+    barrier = threading.Barrier(2)
+    out: dict[str, Any] = {}
+
+    def decide(user: str, decision: str, roles: tuple[str, ...]) -> None:
+        barrier.wait()
+        out[user] = _decide(db, park_id, decision, user, roles)
+
+    threads = [
+        threading.Thread(target=decide, args=("carol", "approved", ("manager",))),
+        threading.Thread(target=decide, args=("erin", "rejected", ())),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    winners = [u for u, o in out.items() if o.moved]
+    assert len(winners) == 1
+    winner = winners[0]
+    loser = out[next(u for u in out if u != winner)]
+    with db.transaction() as tx:
+        park = parks.park_row(tx, park_id)
+    assert park is not None and park["decided_by"] == winner
+    assert loser.why_not == (
+        f"already decided by {winner} at {park['resumed_at'].isoformat()} ({park['decision']})"
+    )
+    q(steps_ids := [out[winner].step_id])
+    assert steps_ids == [str(steps(db, run_id)["gate"]["id"])]
+    q.drain(db, lookup)
+    journal = steps(db, run_id)
+    took = "apply" if winner == "carol" else "tell_rep"
+    assert set(journal) == {"gate", took}
+    assert journal["gate"]["output"]["resumed"]["decided_by"] == winner
+    assert run_row(db, run_id)["status"] == "succeeded"
+
+
+def test_ops_lists_approvals_to_those_who_may_decide_and_audits_each_decision(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    run_id, park_id, q, lookup = _parked(db)
+    manager = mint(db, TENANT, label="carol", roles=("manager",))
+    outsider = mint(db, TENANT, label="dave")
+    assert [
+        a["id"] for a in client.get("/v1/approvals", headers=bearer(manager)).get_json()["items"]
+    ] == [park_id]
+    assert client.get("/v1/approvals", headers=bearer(outsider)).get_json()["items"] == []
+
+    url = f"/v1/approvals/{park_id}"
+    refused = client.post(f"{url}/approve", json={}, headers=bearer(outsider))
+    assert refused.status_code == 403
+    assert (
+        refused.get_json()["message"] == "only role manager or user erin may decide this approval"
+    )
+    assert (
+        client.post("/v1/approvals/999999/approve", json={}, headers=bearer(manager)).status_code
+        == 404
+    )
+
+    done = client.post(f"{url}/approve", json={"comment": "margin ok"}, headers=bearer(manager))
+    assert done.status_code == 200, done.get_json()
+    assert done.get_json()["decided_by"] == "carol" and done.get_json()["step_key"] == "gate"
+    assert dispatched.ids == [str(steps(db, run_id)["gate"]["id"])]
+    again = client.post(f"{url}/reject", json={}, headers=bearer(manager))
+    assert again.status_code == 409 and again.get_json()["code"] == "already_decided"
+    assert again.get_json()["message"].startswith("already decided by carol at ")
+
+    q(dispatched.ids)
+    q.drain(db, lookup)
+    gate = steps(db, run_id)["gate"]
+    assert gate["status"] == "succeeded" and gate["outcome_code"] == "APPROVED"
+    assert gate["output"]["resumed"]["comment"] == "margin ok"
+    assert set(steps(db, run_id)) == {"gate", "apply"}
+    with db.transaction() as tx:
+        audits = tx.all(
+            "SELECT action, detail FROM ops_audit WHERE target = :p ORDER BY id", p=str(park_id)
+        )
+    assert [(a["action"], a["detail"]["outcome"]) for a in audits] == [
+        ("approvals.approve", "refused"),
+        ("approvals.approve", "done"),
+        ("approvals.reject", "refused"),
+    ]
+    assert audits[1]["detail"]["body"] == {"comment": "margin ok"}
+
+
+@pytest.mark.parametrize(
+    ("config", "step_status", "after", "run_status"),
+    [
+        ({}, "succeeded", set(), "succeeded"),  # reject, the path ends
+        ({"on_reject": {"goto": "tell_rep"}}, "succeeded", {"tell_rep"}, "succeeded"),
+        ({"on_reject": "fail"}, "failed", set(), "failed"),
+        ({"on_timeout": "proceed"}, "succeeded", {"apply"}, "succeeded"),
+    ],
+)
+def test_an_approval_nobody_decided_is_rejected_or_proceeds_at_its_deadline(
+    db: Database, config: dict[str, Any], step_status: str, after: set[str], run_status: str
+) -> None:
+    run_id, park_id, q, lookup = _parked(db, **config)
+    make_past(db, run_id)
+    run_sweep(db, 0, duties=[], dispatch=q)
+    q.drain(db, lookup)
+    journal = steps(db, run_id)
+    assert journal["gate"]["status"] == step_status
+    assert set(journal) - {"gate"} == after
+    assert run_row(db, run_id)["status"] == run_status
+    late = _decide(db, park_id, "approved", "erin")
+    assert not late.moved and late.why_not.startswith("already resumed by its deadline at ")
+
+
+def test_validate_warns_about_proceeding_on_timeout() -> None:
+    report = validate_text(
+        textwrap.dedent(
+            """\
+            name: wf
+            tenant: acme
+            trigger:
+              events: [hubspot.deal.created]
+            steps:
+              - id: gate
+                type: approval
+                config:
+                  summary: "ok?"
+                  approvers: {users: [erin]}
+                  expires_in: {days: 1}
+                  on_timeout: proceed
+            """
+        )
+    )
+    assert report.ok, [str(p) for p in report.problems]
+    (warning,) = report.warnings
+    assert warning.where == "steps[0].config.on_timeout" and "proceed" in warning.message
+    assert (warning.line, warning.column) == (12, 19)
