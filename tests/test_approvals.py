@@ -118,6 +118,14 @@ def test_ops_lists_approvals_to_those_who_may_decide_and_audits_each_decision(
     ] == [park_id]
     assert client.get("/v1/approvals", headers=bearer(outsider)).get_json()["items"] == []
 
+    # The run card says what the parked step waits for, and until when.
+    card = client.get(f"/v1/runs/{run_id}", headers=bearer(manager)).get_json()
+    (gate,) = [s for s in card["steps"] if s["step_key"] == "gate"]
+    assert gate["status"] == "waiting_for_approval"
+    assert gate["waits_for"]["kind"] == "approval" and gate["waits_for"]["id"] == park_id
+    assert gate["waits_for"]["until"] == gate["wake_at"]
+    assert gate["waits_for"]["approver_users"] == ["erin"]
+
     url = f"/v1/approvals/{park_id}"
     refused = client.post(f"{url}/approve", json={}, headers=bearer(outsider))
     assert refused.status_code == 403

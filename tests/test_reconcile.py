@@ -37,7 +37,7 @@ from tests.ops_support import (
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
-# What the three examples need from HubSpot.
+# What the examples need from HubSpot.
 EXAMPLE_KEYS = {
     ("contact", "propertyChange", "lifecyclestage"),
     ("deal", "propertyChange", "dealstage"),
@@ -210,9 +210,14 @@ def test_reconcile_records_the_outcome_per_connection(db: Database) -> None:
     assert last["ok"] is True
     assert len(last["desired"]["subscriptions"]) == 3
     assert len(last["result"]["created"]) == 3
-    # Deactivating a workflow removes what only it needed.
+    # Deactivating the workflows that watch deal stages removes what only they needed; while
+    # one of them is still active its subscription stays.
     with db.transaction() as tx:
         wf = tx.scalar("SELECT id::text FROM workflows WHERE name = 'deal-closed-won'")
+        versions.deactivate(tx, tenant_id="acme", workflow_id=wf)
+    assert subs.reconcile_connection(db, connection_id, port).deleted == ()
+    with db.transaction() as tx:
+        wf = tx.scalar("SELECT id::text FROM workflows WHERE name = 'discount-approval'")
         versions.deactivate(tx, tenant_id="acme", workflow_id=wf)
     result = subs.reconcile_connection(db, connection_id, port)
     assert result.deleted == (("deal", "propertyChange", "dealstage"),)

@@ -30,6 +30,8 @@ StepStatus = Literal[
     "running",
     "waiting_for_delay",
     "waiting_for_retry",
+    "waiting_for_event",
+    "waiting_for_approval",
     "succeeded",
     "skipped",
     "failed",
@@ -217,6 +219,28 @@ class LeaseView(_Response):
     ended_at: datetime | None
 
 
+class WaitView(_Response):
+    """What a parked step waits (or waited) for: its park row (shared/steps/parks.py)."""
+
+    id: int = Field(description="The park row; for an approval, the approval id.")
+    kind: Literal["event", "approval"]
+    until: datetime = Field(description="The deadline.")
+    on_timeout: str
+    timeout_goto: str | None
+    event_type: str | None
+    record_key: str | None
+    condition: str | None
+    summary: str | None
+    approver_role: str | None
+    approver_users: list[str]
+    resumed_at: datetime | None
+    resumed_by: Literal["event", "decision", "deadline", "cancel"] | None
+    resumed_event_id: int | None
+    decision: Literal["approved", "rejected"] | None
+    decided_by: str | None
+    decision_comment: str | None
+
+
 class StepView(_Response):
     id: UUID
     step_key: str
@@ -240,6 +264,9 @@ class StepView(_Response):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    waits_for: WaitView | None = Field(
+        default=None, description="For a wait_for or approval step: what it waits for."
+    )
     leases: list[LeaseView] = Field(
         description="Every attempt's lease, oldest first, as far as kept (the history of runs "
         "finished more than `ONCEFLOW_LEASE_HISTORY_DAYS` ago is trimmed). A step copied by a "

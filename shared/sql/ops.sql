@@ -64,11 +64,22 @@ WHERE r.id = CAST(:run_id AS uuid)
 SELECT id FROM workflow_runs WHERE id = CAST(:lineage_root AS uuid) FOR UPDATE
 
 -- name: ops_run_steps
+-- A step that waits (or waited) for an event or a decision shows its park row: what it waits
+-- for, until when, and what resumed it.
 SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_id,
        s.lease_expires_at, s.wake_at, s.dispatched_at, s.idempotency_key,
        s.side_effect_started_at, s.input, s.output, s.error, s.error_class, s.outcome_code,
-       s.branch_choice, s.copied_from, s.created_at, s.started_at, s.finished_at
+       s.branch_choice, s.copied_from, s.created_at, s.started_at, s.finished_at,
+       CASE WHEN p.id IS NOT NULL THEN jsonb_build_object(
+           'id', p.id, 'kind', p.kind, 'until', p.deadline, 'on_timeout', p.on_timeout,
+           'timeout_goto', p.timeout_goto, 'event_type', p.event_type,
+           'record_key', p.record_key, 'condition', p.condition, 'summary', p.summary,
+           'approver_role', p.approver_role, 'approver_users', to_jsonb(p.approver_users),
+           'resumed_at', p.resumed_at, 'resumed_by', p.resumed_by,
+           'resumed_event_id', p.resumed_event_id, 'decision', p.decision,
+           'decided_by', p.decided_by, 'decision_comment', p.decision_comment) END AS waits_for
 FROM workflow_steps s
+LEFT JOIN step_parks p ON p.id = s.park_id
 WHERE s.run_id = CAST(:run_id AS uuid)
 ORDER BY s.created_at, s.step_key
 
