@@ -19,7 +19,7 @@ from shared.steps.cancel import cancel_run
 from shared.steps.sweep import SweepConfig, SweepReport, run_sweep, wake_due_steps
 from tests.admission_support import bind_workflow, emit_event, make_connection, make_tenant
 from tests.steps_blocks import Recorder, block_lookup
-from tests.test_steps_engine import Queue, make_past
+from tests.test_steps_engine import LEASE, Queue, make_past
 
 STARTS = "hubspot.contact.created"
 REPLIED = "hubspot.contact.property_changed"
@@ -88,6 +88,23 @@ class Flow:
 
     def drain(self) -> None:
         self.q.drain(self.db, self.lookup)
+
+
+def _request(record: Any) -> Any:
+    """The park a wait_for of `_workflow()` asks for on the run's record."""
+    from datetime import UTC, datetime, timedelta
+
+    from shared.blocks.base import ParkRequest
+
+    return ParkRequest(
+        kind="event",
+        deadline=datetime.now(UTC) + timedelta(days=3),
+        on_timeout="fail",
+        event_type=REPLIED,
+        record_key=record["key"],
+        condition=REPLY,
+        scope={},
+    )
 
 
 def _exists(db: Database, query: str) -> bool:
@@ -316,3 +333,67 @@ def test_deadlines_and_offers_are_found_through_indexes_whatever_is_parked(db: D
         max_waits=1000,
     )
     assert "step_parks_open_event_waits" in offer, offer
+
+
+def _expire_leases(db: Database, run_id: str) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET lease_expires_at = now() - interval '1 second'"
+            " WHERE run_id = :r AND status = 'running'",
+            r=run_id,
+        )
+
+
+def test_a_crash_after_the_park_row_and_before_parking_parks_on_the_same_row(
+    db: Database,
+) -> None:
+    """The rows such a crash leaves: the park row committed, the step still running under a
+    lease that expires. The sweep reclaims the step; its next attempt gets the same park row
+    back (the first deadline holds) and parks on it, once."""
+    from shared.steps.claim import claim_step
+
+    flow = Flow(db, _workflow())
+    event = emit_event(db, connection_id=flow.conn, event_type=STARTS, object_id="101", changed={})
+    (step_id,) = admit_event(db, event, publish=lambda _: None).dispatched
+    step = claim_step(db, step_id, LEASE)
+    assert step is not None
+    first = parks.open_park(
+        db,
+        step_id=step.id,
+        run_id=step.run_id,
+        tenant_id=step.tenant_id,
+        park=_request(step.trigger_record),
+    )
+    run_id = step.run_id
+    _expire_leases(db, run_id)
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    wait = _steps(db, run_id)["wait_reply"]
+    assert wait["status"] == "waiting_for_event" and wait["attempt"] == 2
+    assert wait["park_id"] == first.id and wait["wake_at"] == first.deadline
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM step_parks WHERE run_id = :r", r=run_id) == 1
+
+
+def test_a_crash_after_the_deadline_chose_goto_lands_on_the_same_step(db: Database) -> None:
+    """The deadline's resume journals the goto in the step row; an executor that claimed the
+    step and died before settling leaves it running. The reclaimed step settles from the
+    journal and takes the same edge, once."""
+    from shared.steps.claim import claim_step
+
+    flow = Flow(db, _workflow({"goto": "nudge"}))
+    run_id = flow.start()
+    make_past(db, run_id)
+    woken: list[str] = []
+    run_sweep(db, 0, duties=[], dispatch=woken.extend)
+    (step_id,) = woken
+    assert _steps(db, run_id)["wait_reply"]["output"]["resumed"]["goto"] == "nudge"
+    assert claim_step(db, step_id, LEASE) is not None  # …and the process dies here
+    _expire_leases(db, run_id)
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert set(journal) == {"wait_reply", "nudge"}
+    assert journal["wait_reply"]["branch_choice"] == "nudge"
+    # Parked on attempt 1, claimed on 2 by the executor that died, settled on 3.
+    assert journal["wait_reply"]["attempt"] == 3
