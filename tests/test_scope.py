@@ -302,13 +302,14 @@ def test_every_example_reads_only_what_a_hubspot_webhook_carries(path: Path) -> 
                         f"webhook for {prop} does not carry (it carries {sorted(carried)}): "
                         "fetch it with crm.get first"
                     )
-            # Every template that reads no step output renders over the real scope.
+            # Every template that reads no step output (nor a foreach's item, which comes from
+            # one) renders over the real scope.
             run = RunFacts("r", "w", "v", "acme", "r", "live")
             scope = step_scope(occurrence, record, run=run, steps={})
             if trigger.rule:
                 evaluate(trigger.rule, rule_scope(occurrence, record))
             for _, source in expressions:
-                if "steps" not in compile_expression(source).variables:
+                if not {"steps", "iteration"} & compile_expression(source).variables:
                     evaluate(source, scope)
 
 
@@ -330,10 +331,13 @@ def test_the_description_names_every_field_the_scope_builds() -> None:
         record_object_id="1",
     )
     run = scope.RunFacts("r", "w", "v", "acme", "r", "live")
-    built = scope.step_scope(occurrence, None, run=run, steps={})
+    # A foreach body's step: the widest scope there is.
+    loop = {"item": {"n": 1}, "index": 0, "foreach": "each"}
+    built = scope.step_scope(occurrence, None, run=run, steps={}, loop=loop)
     assert set(built) == set(scope.ROOTS) == scope.STEP_ROOTS
+    assert "iteration" not in scope.step_scope(occurrence, None, run=run, steps={})
     assert set(scope.rule_scope(occurrence, {})) == scope.RULE_ROOTS
-    for root in ("event", "record", "run"):
+    for root in ("event", "record", "run", "iteration"):
         for name in built[root]:
             assert f"`{name}`" in scope.ROOTS[root], (root, name)
 

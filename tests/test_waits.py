@@ -397,3 +397,47 @@ def test_a_crash_after_the_deadline_chose_goto_lands_on_the_same_step(db: Databa
     assert journal["wait_reply"]["branch_choice"] == "nudge"
     # Parked on attempt 1, claimed on 2 by the executor that died, settled on 3.
     assert journal["wait_reply"]["attempt"] == 3
+
+
+def test_a_wait_inside_a_foreach_body_waits_per_item(db: Database) -> None:
+    """Each iteration of a foreach whose body is a wait_for parks on its own row; one event
+    resumes every item whose condition it satisfies, and the loop goes on once all did."""
+    body = {
+        "event": REPLIED,
+        "when": "event.changed_fields.hs_lead_status == iteration.item",
+        "timeout": {"days": 1},
+    }
+    flow = Flow(
+        db,
+        [
+            {
+                "id": "each",
+                "type": "foreach",
+                "config": {
+                    "items": ["CONNECTED", "OPEN"],
+                    "do": "wait_item",
+                    "max_items": 5,
+                    "concurrency": 2,
+                },
+                "next": "done",
+            },
+            {"id": "wait_item", "type": "wait_for", "config": body},
+            {"id": "done", "type": "end"},
+        ],
+        name="wait-per-item",
+    )
+    run_id = flow.start()
+    journal = _steps(db, run_id)
+    assert {journal[k]["status"] for k in ("wait_item[0]", "wait_item[1]")} == {"waiting_for_event"}
+    first = flow.admit(flow.event({"hs_lead_status": "CONNECTED"}))
+    assert first == [str(journal["wait_item[0]"]["id"])]
+    flow.drain()
+    assert "done" not in _steps(db, run_id)
+    assert flow.admit(flow.event({"hs_lead_status": "OPEN"})) == [
+        str(journal["wait_item[1]"]["id"])
+    ]
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert journal["done"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
+    outputs = journal["each"]["output"]["outputs"]
+    assert [o["trigger"]["hs_lead_status"] for o in outputs] == ["CONNECTED", "OPEN"]

@@ -99,6 +99,19 @@ class BlockResult:
     # For `wait_for` and `approval`: park the step on a park row until an event, a decision
     # or the deadline resumes it (shared/steps/parks.py).
     park: ParkRequest | None = None
+    # For `foreach`: run the body step once per item, `concurrency` at a time
+    # (shared/steps/loops.py).
+    fan_out: FanOut | None = None
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """A foreach's iterations: its body node runs as `<body>[i]` for i < count, at most
+    `concurrency` in flight at once; when all succeeded, the foreach's `next` follows."""
+
+    body: str
+    count: int
+    concurrency: int
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,29 @@ delay: waits a fixed duration (`seconds`/`minutes`/`hours`/`days`, summed) or un
   (`until`: an RFC 3339 timestamp, usually rendered from `${{ … }}`); the step parks in
   `waiting_for_delay` until `wake_at`. A moment in the past wakes at once.
 end: ends its path; a step after it is unreachable (validation says so).
+foreach: runs its body step (`do`) once per element of `items` (a list, usually rendered from
+  `${{ … }}`: search results, associations, a list in the payload), at most `concurrency` at
+  once, each iteration journaled as `<body>[i]` and reading its element as `iteration.item`. More
+  than `max_items` elements fail the step before any iteration starts. The items are the
+  foreach's output, and when every iteration succeeded their outputs join it as `outputs`
+  and the foreach's `next` follows (shared/steps/loops.py).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from shared.blocks.base import NO_RETRY, BlockContext, BlockFailure, BlockResult, BlockSpec
+from shared.blocks.base import (
+    NO_RETRY,
+    BlockContext,
+    BlockFailure,
+    BlockResult,
+    BlockSpec,
+    FanOut,
+)
 from shared.workflows.expressions import ExpressionError, evaluate_condition
 
 NO_BRANCH_TAKEN = "(none)"
@@ -65,6 +79,45 @@ class DelayConfig(BaseModel):
         if self.duration > MAX_DELAY:
             raise ValueError(f"a delay can be at most {MAX_DELAY.days} days")
         return self
+
+
+MAX_FOREACH_ITEMS = 1000
+MAX_FOREACH_CONCURRENCY = 50
+
+
+class ForeachConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    items: list[Any] = Field(description="The list to iterate over, usually a `${{ … }}`.")
+    do: str = Field(min_length=1, description="The body: the step run once per item.")
+    max_items: int = Field(
+        ge=1,
+        le=MAX_FOREACH_ITEMS,
+        description=f"More items than this fail the step (required; at most {MAX_FOREACH_ITEMS}).",
+    )
+    concurrency: int = Field(
+        default=1, ge=1, le=MAX_FOREACH_CONCURRENCY, description="Iterations in flight at once."
+    )
+
+
+def execute_foreach(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, ForeachConfig)
+    count = len(config.items)
+    if count > config.max_items:
+        raise BlockFailure(
+            f"{count} items, more than max_items ({config.max_items}); nothing was started",
+            error_class="permanent",
+            outcome_code="TOO_MANY_ITEMS",
+        )
+    output = {"items": config.items, "count": count, "concurrency": config.concurrency}
+    node = ctx.node
+    after = (node.next,) if node is not None and node.next else ()
+    if count == 0:
+        return BlockResult(output={**output, "outputs": []}, next_nodes=after)
+    return BlockResult(
+        output=output,
+        next_nodes=(),
+        fan_out=FanOut(body=config.do, count=count, concurrency=config.concurrency),
+    )
 
 
 def execute_branch(ctx: BlockContext, config: BaseModel) -> BlockResult:
@@ -154,4 +207,14 @@ END = BlockSpec(
     execute=execute_end,
     description="End this path of the run.",
 )
-SPECS = (BRANCH, DELAY, END)
+FOREACH = BlockSpec(
+    type_name="foreach",
+    config_model=ForeachConfig,
+    kind="flow",
+    side_effect="none",
+    price=0,
+    retry=NO_RETRY,
+    execute=execute_foreach,
+    description="Run a body step once per item of a list, a few at a time.",
+)
+SPECS = (BRANCH, DELAY, END, FOREACH)

@@ -426,3 +426,30 @@ WITH resumed AS (
 )
 SELECT CAST(resumed.id AS text) AS step_id, closed.resumed_at
 FROM resumed JOIN closed ON true
+
+-- name: loops_progress
+-- How far a foreach's iterations are, read in the settle's transaction (which holds the run
+-- row's lock, so concurrent settles of one run's items are serialized and this sees every
+-- committed sibling): rows created, settled, succeeded, and the next index to create.
+SELECT count(*) AS created,
+       count(*) FILTER (WHERE status IN ('succeeded', 'skipped', 'failed')) AS settled,
+       count(*) FILTER (WHERE status = 'succeeded') AS succeeded
+FROM workflow_steps
+WHERE run_id = CAST(:run_id AS uuid) AND node_id = CAST(:body AS text)
+
+-- name: loops_outputs
+-- The iterations' outputs in item order, for the foreach's own output once all succeeded.
+SELECT coalesce(jsonb_agg(s.output ORDER BY
+           CAST(substring(s.step_key FROM '\[([0-9]+)\]$') AS integer)), '[]'::jsonb) AS outputs
+FROM workflow_steps s
+WHERE s.run_id = CAST(:run_id AS uuid) AND s.node_id = CAST(:body AS text)
+  AND s.status = 'succeeded'
+
+-- name: steps_add_loop_outputs
+-- A foreach step succeeded when it started its iterations; when the last one succeeds its
+-- output gains their collected outputs (`outputs`), in the same transaction that creates the
+-- steps after the loop. Zero rows: the foreach step is not (or no longer) succeeded.
+UPDATE workflow_steps
+SET output = coalesce(output, '{}'::jsonb) || jsonb_build_object('outputs', CAST(:outputs AS jsonb))
+WHERE run_id = CAST(:run_id AS uuid) AND step_key = CAST(:step_key AS text)
+  AND status = 'succeeded'

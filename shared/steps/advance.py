@@ -42,6 +42,7 @@ from shared.steps.claim import (
 )
 from shared.steps.crashpoints import crash_point
 from shared.steps.gates import WorkflowGates, run_gated, settle_gates
+from shared.steps.loops import Loop, enclosing_loop, iteration, loop_scope
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
     OUTCOME_GRAPH_UNREADABLE,
@@ -122,9 +123,10 @@ def default_dispatch(step_ids: Sequence[str]) -> None:
     publish_step_ready(step_ids)
 
 
-def build_scope(step: ClaimedStep) -> dict[str, Any]:
+def build_scope(step: ClaimedStep, loop: Loop | None = None) -> dict[str, Any]:
     """What a step's config and a branch condition read: the scope the trigger rule read, with
-    the record kept with the run, plus `steps` and `run` (shared/workflows/scope.py)."""
+    the record kept with the run, plus `steps` and `run`, and `iteration` for an iteration of
+    a foreach body (shared/workflows/scope.py)."""
     run = RunFacts(
         id=step.run_id,
         workflow_id=step.workflow_id,
@@ -133,7 +135,14 @@ def build_scope(step: ClaimedStep) -> dict[str, Any]:
         lineage_root=step.lineage_root,
         namespace=step.namespace,
     )
-    return step_scope(step.occurrence, step.trigger_record, run=run, steps=step.prior_steps)
+    index = iteration(step.step_key) if loop is not None else None
+    return step_scope(
+        step.occurrence,
+        step.trigger_record,
+        run=run,
+        steps=step.prior_steps,
+        loop=None if loop is None or index is None else loop_scope(loop, index, step.prior_steps),
+    )
 
 
 def render_config(node: Step, scope: Mapping[str, Any]) -> dict[str, Any]:
@@ -236,19 +245,23 @@ def _run_claimed(
         )
 
     workflow = WorkflowGates.of(step.workflow_id, graph)
+    loop = enclosing_loop(graph, node, step.prior_steps)
     settlement, lost = _execute(
-        db, step, node=node, spec=spec, workflow=workflow, config=config, now=now
+        db, step, node=node, spec=spec, workflow=workflow, config=config, now=now, loop=loop
     )
     if lost:
         log.warning("lease lost while the block ran; not settling (its successor owns it)")
         return Advanced(step_id=step.id, claimed=True, note="lease lost")
     try:
         next_nodes = [graph.step(n) for n in settlement.next_nodes]
+        body = graph.step(settlement.fan_out.body) if settlement.fan_out else None
     except KeyError as exc:
         msg = f"step leads to unknown node {exc.args[0]!r}"
         settlement = failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent")
-        next_nodes = []
-    return _finish(db, step, settlement, next_nodes, dispatch, breaker=graph.breaker)
+        next_nodes, body = [], None
+    return _finish(
+        db, step, settlement, next_nodes, dispatch, breaker=graph.breaker, loop=loop, body=body
+    )
 
 
 def _execute(
@@ -260,6 +273,7 @@ def _execute(
     workflow: WorkflowGates,
     config: LeaseConfig,
     now: Callable[[], datetime],
+    loop: Loop | None = None,
 ) -> tuple[Settlement, bool]:
     """Run the block (or decide without running it); (settlement, lease lost)."""
     at_most_once = spec.side_effect == "at_most_once"
@@ -292,7 +306,8 @@ def _execute(
     if resumed is not None:
         return resumed, False
     try:
-        block_config = spec.config_model.model_validate(render_config(node, build_scope(step)))
+        rendered = render_config(node, build_scope(step, loop))
+        block_config = spec.config_model.model_validate(rendered)
     except TransientError:
         raise
     except Exception as exc:
@@ -307,7 +322,7 @@ def _execute(
             step_key=step.step_key,
             attempt=step.attempt,
             idempotency_key=step.idempotency_key,
-            scope=build_scope(step),
+            scope=build_scope(step, loop),
             dry_run=step.namespace != "live",
             connection_id=step.connection_id,
             heartbeat=heartbeat.beat,
@@ -370,8 +385,10 @@ def _finish(
     dispatch: Dispatch,
     *,
     breaker: Breaker | None = None,
+    loop: Loop | None = None,
+    body: Step | None = None,
 ) -> Advanced:
-    settled = settle_step(db, step, settlement, next_nodes)
+    settled = settle_step(db, step, settlement, next_nodes, loop=loop, body=body)
     if settled.fenced_out:
         log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")
         return Advanced(step_id=step.id, claimed=True, note="fenced out")

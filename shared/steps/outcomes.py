@@ -20,6 +20,7 @@ from shared.blocks.base import (
     BlockKind,
     BlockResult,
     ErrorClass,
+    FanOut,
     ParkRequest,
     RetryPolicy,
 )
@@ -117,6 +118,8 @@ class Settlement:
     next_nodes: tuple[str, ...] = ()
     # A wait to park on (status waiting_for_event / waiting_for_approval).
     park: ParkRequest | None = None
+    # A foreach's first iterations to start (shared/steps/loops.py).
+    fan_out: FanOut | None = None
 
     @property
     def fails_run(self) -> bool:
@@ -226,6 +229,7 @@ def _result(
         output=outcome.output,
         branch_choice=outcome.branch_choice,
         next_nodes=nxt,
+        fan_out=outcome.fan_out,
     )
 
 

@@ -11,6 +11,7 @@ from shared.db import Database
 from shared.steps.claim import ClaimedStep
 from shared.steps.crashpoints import crash_point
 from shared.steps.journal import insert_steps
+from shared.steps.loops import Loop, after_item, start_items
 from shared.steps.outcomes import Settlement
 from shared.steps.parks import look_back, open_park
 from shared.steps.states import StepStatus
@@ -36,7 +37,13 @@ class Settled:
 
 
 def settle_step(
-    db: Database, step: ClaimedStep, settlement: Settlement, next_nodes: list[Step]
+    db: Database,
+    step: ClaimedStep,
+    settlement: Settlement,
+    next_nodes: list[Step],
+    *,
+    loop: Loop | None = None,
+    body: Step | None = None,
 ) -> Settled:
     """Write `settlement` for `step` if this attempt still holds its lease.
 
@@ -92,7 +99,21 @@ def settle_step(
                     nodes=next_nodes,
                     stamp_dispatched=True,
                 )
-            elif tx.execute(FINISH_IF_DONE, run_id=step.run_id):
+            # A foreach starts its first iterations; an iteration starts the next ones, or
+            # after the last, what follows the loop (shared/steps/loops.py).
+            if settlement.fan_out is not None and body is not None:
+                dispatch += start_items(
+                    tx,
+                    run_id=step.run_id,
+                    lineage_root=step.lineage_root,
+                    fan_out=settlement.fan_out,
+                    body=body,
+                )
+            elif loop is not None:
+                dispatch += after_item(
+                    tx, run_id=step.run_id, lineage_root=step.lineage_root, loop=loop
+                )
+            if not dispatch and tx.execute(FINISH_IF_DONE, run_id=step.run_id):
                 run_status = "succeeded"
         elif settlement.status.parked and run_status == "cancelled":
             # Cancelled while this attempt ran: the attempt is recorded (lease history), but

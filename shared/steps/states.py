@@ -158,6 +158,8 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "steps_redispatch_lost": _moves({S.PENDING}, set()),
     # shared/sql/steps.sql: a wait resumed by a matching event or a decision
     "steps_resume_parked": _moves(WAITING_ON_PARK, {S.PENDING}),
+    # shared/sql/steps.sql: a foreach's collected outputs, once its last iteration succeeded
+    "steps_add_loop_outputs": _moves({S.SUCCEEDED}, set()),
     # shared/sql/admission.sql: the first step of an admitted run
     "admission_admit": _moves(NEW, {S.PENDING}),
     # shared/sql/ops.sql: replay, retry, rehearsal

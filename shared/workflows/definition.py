@@ -294,8 +294,12 @@ class Step(_Strict):
         return out
 
     def jumps(self) -> list[str]:
-        """The `goto` targets in this step's config (`on_timeout`, `on_reject`)."""
+        """The `goto` targets in this step's config (`on_timeout`, `on_reject`), and a
+        foreach's body (`do`)."""
         found: list[str] = []
+        body = self.config.get("do") if self.type == "foreach" else None
+        if isinstance(body, str):
+            found.append(body)
         for key in JUMP_KEYS:
             value = self.config.get(key)
             if isinstance(value, dict) and isinstance(value.get("goto"), str):

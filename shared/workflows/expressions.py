@@ -46,7 +46,7 @@ MAX_RESULT_BYTES = 256 * 1024
 MAX_COMPREHENSION_DEPTH = 3
 
 # The scope's roots; shared/workflows/scope.py builds them and documents what each holds.
-ROOTS = frozenset({"event", "trigger", "record", "steps", "run"})
+ROOTS = frozenset({"event", "trigger", "record", "steps", "run", "iteration"})
 MACROS = frozenset({"all", "exists", "exists_one", "map", "filter"})
 # map/filter copy their accumulator on every iteration in this library (measured: 4 000
 # elements take ~0.5 s), so they cost L + L²/16 units instead of L.
@@ -247,7 +247,9 @@ def compile_expression(src: str, roots: frozenset[str] = ROOTS) -> CompiledExpre
     unknown = sorted(variables - roots - bound)
     if unknown:
         readable = (
-            ", ".join(sorted(roots)) if roots != ROOTS else "event, trigger, record, steps and run"
+            ", ".join(sorted(roots))
+            if roots != ROOTS
+            else "event, trigger, record, steps, run and iteration"
         )
         raise ExpressionError(
             f"unknown name {unknown[0]!r}; expressions can read {readable}", source=text

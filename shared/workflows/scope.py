@@ -56,6 +56,10 @@ ROOTS: dict[str, str] = {
         "`lineage_root` (the first run of a replay lineage) and `namespace` (live or "
         "rehearsal)."
     ),
+    "iteration": (
+        "The steps of a foreach body only: `item` (this iteration's element of the foreach's "
+        "`items`), `index` (from 0) and `foreach` (the foreach step's id)."
+    ),
 }
 RULE_ROOTS = frozenset({"event", "trigger", "record"})
 STEP_ROOTS = frozenset(ROOTS)
@@ -183,30 +187,42 @@ def step_scope(
     *,
     run: RunFacts,
     steps: Mapping[str, Any],
+    loop: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What a step's config and a branch condition read: the rule's scope, with the record
+    """What a step's config and a branch condition read (`iteration` too, for a foreach
+    body's step): the rule's scope, with the record
     kept with the run (None for a run admitted before it was kept: the event's own record,
     which is what such a run's rule saw unless its trigger took the record from an
     expression), plus `steps` and `run`."""
     kept = occurrence.record() if record is None else dict(record)
-    return {**rule_scope(occurrence, kept), "steps": dict(steps), "run": run.as_scope()}
+    scope = {**rule_scope(occurrence, kept), "steps": dict(steps), "run": run.as_scope()}
+    if loop is not None:
+        scope["iteration"] = dict(loop)
+    return scope
 
 
 def kept_for_wait(scope: Mapping[str, Any]) -> dict[str, Any]:
-    """What a wait keeps with its park row of the step scope it parked with: `steps` and
-    `run`, which its condition reads beside the incoming event (`wait_scope`)."""
-    return {"steps": dict(scope.get("steps") or {}), "run": dict(scope.get("run") or {})}
+    """What a wait keeps with its park row of the step scope it parked with: `steps`, `run`
+    and, inside a foreach body, `iteration`, which its condition reads beside the incoming
+    event (`wait_scope`)."""
+    kept = {"steps": dict(scope.get("steps") or {}), "run": dict(scope.get("run") or {})}
+    if scope.get("iteration") is not None:
+        kept["iteration"] = dict(scope["iteration"])
+    return kept
 
 
 def wait_scope(incoming: Occurrence, waiting: Mapping[str, Any]) -> dict[str, Any]:
     """What a `wait_for` condition reads: the incoming event exactly as a trigger rule reads
-    it (`event`, `trigger`, `record`), plus the waiting run's `steps` and `run` as they were
-    when the wait parked (kept with its park row)."""
-    return {
+    it (`event`, `trigger`, `record`), plus the waiting run's `steps`, `run` and (in a foreach
+    body) `iteration` as they were when the wait parked (kept with its park row)."""
+    scope = {
         **rule_scope(incoming, incoming.record()),
         "steps": dict(waiting.get("steps") or {}),
         "run": dict(waiting.get("run") or {}),
     }
+    if waiting.get("iteration") is not None:
+        scope["iteration"] = dict(waiting["iteration"])
+    return scope
 
 
 def record_from_expression(

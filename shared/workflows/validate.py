@@ -452,7 +452,35 @@ class _Validation:
                     )
             if step.type == "end" and step.next:
                 self.add("error", ("steps", i, "next"), "an end step has no `next`", at_key=True)
+        self.check_loop_bodies(d)
         return ok
+
+    def check_loop_bodies(self, d: WorkflowDefinition) -> None:
+        """A foreach body is one step, reached from its foreach only: its iterations end where
+        it ends, and the foreach's `next` follows once all of them succeeded."""
+        bodies = {
+            s.config["do"]: i
+            for i, s in enumerate(d.steps)
+            if s.type == "foreach" and isinstance(s.config.get("do"), str)
+        }
+        for i, step in enumerate(d.steps):
+            if step.id in bodies and step.successors():
+                self.add(
+                    "error",
+                    ("steps", i),
+                    f"step {step.id!r} is a foreach body: it is one step, with no `next` or "
+                    "branches (the foreach's own `next` follows the loop)",
+                )
+            for target in step.successors():
+                if target in bodies and not (
+                    step.type == "foreach" and step.config.get("do") == target
+                ):
+                    self.add(
+                        "error",
+                        ("steps", i),
+                        f"step {step.id!r} leads to {target!r}, a foreach body: only its "
+                        "foreach may run it",
+                    )
 
     def check_shape(self, d: WorkflowDefinition, graph: _Graph) -> None:
         cycle = graph.find_cycle()
@@ -595,6 +623,8 @@ def _edges(i: int, step: Step) -> list[tuple[PathT, str]]:
         value = step.config.get(key)
         if isinstance(value, Mapping) and isinstance(value.get("goto"), str):
             out.append((("steps", i, "config", key, "goto"), value["goto"]))
+    if step.type == "foreach" and isinstance(step.config.get("do"), str):
+        out.append((("steps", i, "config", "do"), step.config["do"]))
     return out
 
 

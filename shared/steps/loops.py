@@ -1,0 +1,134 @@
+"""foreach: a body step run once per item, `concurrency` at a time, journaled `<body>[i]`.
+
+    foreach settles succeeded ─► its items are journaled in its output; rows body[0..c-1]
+    an item settles succeeded ─► (same transaction, run row locked) the next items up to c in
+                                 flight are created, in index order; after the last one:
+                                 the collected outputs join the foreach's output and the
+                                 foreach's `next` is created
+    an item fails            ─► the run fails (as any step); items in flight finish; none
+                                 is started after it
+
+A replay copies the succeeded items and restarts the failed one (a settled sibling iteration
+is kept: shared/ops/replay_plan.py); when it succeeds, the items never started are started
+from the lowest index, so the loop finishes exactly as if it had not failed, each item's key
+(and so its charge) the same in every run of the lineage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared import queries
+from shared.blocks.base import FanOut
+from shared.db import Tx
+from shared.steps.journal import insert_steps, step_key
+from shared.workflows.definition import Step, WorkflowDefinition
+
+SQL = queries.load("steps")
+PROGRESS = SQL["loops_progress"]
+OUTPUTS = SQL["loops_outputs"]
+ADD_OUTPUTS = SQL["steps_add_loop_outputs"]
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The foreach a body step belongs to, as its settle needs it."""
+
+    foreach: Step
+    body: Step
+    count: int
+    concurrency: int
+    after: tuple[Step, ...]  # the foreach's successors, created when every item succeeded
+
+
+def enclosing_loop(
+    graph: WorkflowDefinition, node: Step, prior_steps: Mapping[str, Any]
+) -> Loop | None:
+    """The loop `node` is the body of, with its count and concurrency as the foreach journaled
+    them; None for a step outside any loop."""
+    for candidate in graph.steps:
+        if candidate.type == "foreach" and candidate.config.get("do") == node.id:
+            settled = prior_steps.get(candidate.id) or {}
+            output = settled.get("output") or {}
+            return Loop(
+                foreach=candidate,
+                body=node,
+                count=int(output.get("count", 0)),
+                concurrency=max(int(output.get("concurrency", 1)), 1),
+                after=tuple(graph.step(n) for n in ([candidate.next] if candidate.next else [])),
+            )
+    return None
+
+
+def iteration(step_key_text: str) -> int | None:
+    """The index of an iteration's journal key (`body[3]` → 3); None for a plain key."""
+    if not step_key_text.endswith("]") or "[" not in step_key_text:
+        return None
+    return int(step_key_text[step_key_text.rindex("[") + 1 : -1])
+
+
+def loop_scope(loop: Loop, index: int, prior_steps: Mapping[str, Any]) -> dict[str, Any]:
+    """The `iteration` root of a body step's scope: its item, its index, the foreach's id."""
+    output = (prior_steps.get(loop.foreach.id) or {}).get("output") or {}
+    items = output.get("items") or []
+    return {
+        "item": items[index] if 0 <= index < len(items) else None,
+        "index": index,
+        "foreach": loop.foreach.id,
+    }
+
+
+def start_items(
+    tx: Tx, *, run_id: str, lineage_root: str, fan_out: FanOut, body: Step
+) -> list[str]:
+    """The first iterations of a foreach that just succeeded (its settle's transaction)."""
+    first = min(fan_out.concurrency, fan_out.count)
+    return _insert(tx, run_id, lineage_root, body, range(first))
+
+
+def after_item(tx: Tx, *, run_id: str, lineage_root: str, loop: Loop) -> list[str]:
+    """An iteration succeeded (its settle's transaction, run row locked): start the next ones
+    up to the concurrency, or, after the last, collect the outputs and create what follows
+    the loop. The ids to dispatch."""
+    progress = tx.one(PROGRESS, run_id=run_id, body=loop.body.id)
+    assert progress is not None
+    created, settled, succeeded = (
+        int(progress["created"]),
+        int(progress["settled"]),
+        int(progress["succeeded"]),
+    )
+    if created < loop.count:
+        room = loop.concurrency - (created - settled)
+        return _insert(
+            tx, run_id, lineage_root, loop.body, range(created, min(created + room, loop.count))
+        )
+    if succeeded < loop.count:
+        return []  # others still in flight (or one failed: the run has failed)
+    outputs = tx.scalar(OUTPUTS, run_id=run_id, body=loop.body.id)
+    tx.execute(
+        ADD_OUTPUTS,
+        run_id=run_id,
+        step_key=loop.foreach.id,
+        outputs=outputs if isinstance(outputs, str) else json.dumps(outputs),
+    )
+    if not loop.after:
+        return []
+    return insert_steps(
+        tx, run_id=run_id, lineage_root=lineage_root, nodes=list(loop.after), stamp_dispatched=True
+    )
+
+
+def _insert(tx: Tx, run_id: str, lineage_root: str, body: Step, indexes: range) -> list[str]:
+    if not indexes:
+        return []
+    return insert_steps(
+        tx,
+        run_id=run_id,
+        lineage_root=lineage_root,
+        nodes=[body] * len(indexes),
+        keys=[step_key(body.id, [i]) for i in indexes],
+        stamp_dispatched=True,
+    )
