@@ -210,3 +210,58 @@ def test_validate_warns_about_proceeding_on_timeout() -> None:
     (warning,) = report.warnings
     assert warning.where == "steps[0].config.on_timeout" and "proceed" in warning.message
     assert (warning.line, warning.column) == (12, 19)
+
+
+def test_a_signed_link_lets_a_named_approver_decide_once_without_a_token(
+    db: Database, client: Any, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_id, park_id, _, _ = _parked(db)
+    operator = mint(db, TENANT, label="ops")
+    url = f"/v1/approvals/{park_id}/links"
+    # Without the secret no link is made; for someone the approval does not name, neither.
+    assert client.post(url, json={"user": "erin"}, headers=bearer(operator)).status_code == 409
+    monkeypatch.setenv("ONCEFLOW_APPROVAL_LINK_SECRET", "s" * 32)
+    assert client.post(url, json={"user": "mallory"}, headers=bearer(operator)).status_code == 422
+    made = client.post(url, json={"user": "erin"}, headers=bearer(operator))
+    assert made.status_code == 201, made.get_json()
+    path = made.get_json()["path"]
+
+    # Opening it decides nothing (mail scanners fetch links); a forged one is refused.
+    shown = client.get(path)
+    assert shown.status_code == 200 and "20% discount on deal 7" in shown.get_data(as_text=True)
+    forged = path[:-4] + ("0000" if not path.endswith("0000") else "1111")
+    assert client.post(forged, data={"decision": "approve"}).status_code == 403
+    assert client.post(path.replace("/erin/", "/mallory/"), data={}).status_code == 403
+    assert steps(db, run_id)["gate"]["status"] == "waiting_for_approval"
+
+    done = client.post(path, data={"decision": "reject", "comment": "too deep"})
+    assert done.status_code == 200 and "rejected" in done.get_data(as_text=True)
+    assert dispatched.ids == [str(steps(db, run_id)["gate"]["id"])]
+    with db.transaction() as tx:
+        park = parks.park_row(tx, park_id)
+    assert park is not None and (park["decided_by"], park["decision"]) == ("erin", "rejected")
+    again = client.post(path, data={"decision": "approve"})
+    assert again.status_code == 409
+    assert "already decided by erin at " in again.get_data(as_text=True)
+    with db.transaction() as tx:
+        uses = tx.all(
+            "SELECT token_id, detail FROM ops_audit WHERE action = 'approvals.link_decide'"
+            " ORDER BY id"
+        )
+    assert [u["detail"]["outcome"] for u in uses] == ["done", "refused"]
+    assert all(u["token_id"] is None and u["detail"]["user"] == "erin" for u in uses)
+
+
+def test_a_link_past_its_approvals_expiry_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from shared.ops.approval_links import make_link, verified
+    from shared.ops.errors import OpsError
+
+    monkeypatch.setenv("ONCEFLOW_APPROVAL_LINK_SECRET", "s" * 32)
+    expires = datetime.now(UTC) + timedelta(hours=1)
+    parts = make_link(7, "erin", expires).path.split("/")[3:]
+    assert verified(parts).user == "erin"
+    with pytest.raises(OpsError) as late:
+        verified(parts, now=expires + timedelta(seconds=1))
+    assert late.value.status == 410

@@ -31,6 +31,7 @@ from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
     ActivateRequest,
     ActivationResult,
+    ApprovalLink,
     ApprovalList,
     ApprovalView,
     BreakerStatus,
@@ -51,6 +52,7 @@ from shared.ops.models import (
     LeaseView,
     LedgerEntry,
     LineageEntry,
+    LinkRequest,
     PageQuery,
     ProviderAppReport,
     PublishResult,
@@ -398,6 +400,29 @@ def _decide(call: Call, decision: str) -> DecisionResult:
         run_id=UUID(park["run_id"]),
         step_key=park["step_key"],
     )
+
+
+def approval_link(call: Call) -> ApprovalLink:
+    """A signed link for one of the users an approval names, to decide it without a token."""
+    from shared.ops.approval_links import make_link
+    from shared.steps.parks import park_row
+
+    body: LinkRequest = call.body
+    approval_id = _int_param(call, "approval_id", "approval")
+    with call.db.transaction() as tx:
+        park = park_row(tx, approval_id, call.scope)
+    if park is None or park["kind"] != "approval":
+        raise not_found("approval")
+    if body.user not in (park["approver_users"] or ()):
+        raise OpsError(
+            422,
+            "not_an_approver",
+            f"{body.user!r} is not among the users this approval names; a link is for one of them",
+        )
+    if park["resumed_at"] is not None:
+        raise OpsError(409, "already_decided", "this approval is no longer waiting")
+    link = make_link(approval_id, body.user, park["deadline"])
+    return ApprovalLink(path=link.path, user=body.user, expires_at=park["deadline"])
 
 
 def approve(call: Call) -> DecisionResult:
@@ -774,6 +799,18 @@ ROUTES: tuple[Route, ...] = (
         ApprovalList,
         "Approvals waiting for a decision that the caller may decide",
         errors=(401,),
+    ),
+    Route(
+        "approvals.link",
+        "POST",
+        "/v1/approvals/{approval_id}/links",
+        approval_link,
+        ApprovalLink,
+        "A signed link for a named approver to decide without an ops token",
+        body=LinkRequest,
+        status=201,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("approval_id",),
     ),
     Route(
         "approvals.approve",

@@ -136,6 +136,12 @@ class DecisionRequest(_Request):
     )
 
 
+class LinkRequest(_Request):
+    user: Text = Field(
+        min_length=1, max_length=200, description="One of the users the approval names."
+    )
+
+
 class RetryRequest(_Request):
     reason: Text | None = Field(
         default=None, max_length=500, description="What was fixed, for the audit trail."
@@ -553,6 +559,12 @@ class DecisionResult(_Response):
     decided_by: str
     run_id: UUID
     step_key: str
+
+
+class ApprovalLink(_Response):
+    path: str = Field(description="Append to the ops function's URL; valid until expires_at.")
+    user: str
+    expires_at: datetime
 
 
 class RetryResult(_Response):

@@ -191,6 +191,8 @@ def _handle(api: OpsApi, request: Request) -> Response:
     path = request.path.rstrip("/") or "/ui"
     if path == "/ui/login":
         return _login(api, request)
+    if path.startswith("/ui/decide/"):
+        return _decide_by_link(api, request, path.split("/")[3:])
     token = request.cookies.get(COOKIE)
     principal = auth.authenticate(api.db, token)
     if principal is None or token is None:
@@ -232,6 +234,69 @@ def _get(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Res
     if parts == ["", "ui", "redrive"]:
         return _redrive(api, request, viewer, confirmed=False)
     raise OpsError(404, "not_found", "there is no such page")
+
+
+def _decide_by_link(api: OpsApi, request: Request, parts: list[str]) -> Response:
+    """A signed approval link (shared/ops/approval_links.py), no token: GET shows the approval
+    and its form (opening a link decides nothing: mail scanners fetch links), POST decides as
+    the link's user, once, through the guarded resume."""
+    from shared.ops.approval_links import record_use, verified
+    from shared.ops.replay import dispatch_committed
+    from shared.steps.parks import NotAllowed, decide_approval, park_row
+
+    link = verified(parts)
+    with api.db.transaction() as tx:
+        park = park_row(tx, link.approval_id)
+    if park is None or park["kind"] != "approval":
+        raise OpsError(404, "not_found", "there is no such approval")
+    tenant = park["tenant_id"]
+
+    def page(
+        message: str | None, *, error: bool = False, status: int = 200, form: bool = False
+    ) -> Response:
+        return render(
+            "decide.html",
+            f"Approval for {link.user}",
+            user=link.user,
+            message=message,
+            error=error,
+            summary=park["summary"] if form else None,
+            expires_at=f"{park['deadline']:%Y-%m-%d %H:%M %Z}",
+            status=status,
+        )
+
+    if request.method == "GET":
+        if park["resumed_at"] is not None:
+            return page(f"This approval is no longer waiting ({park['resumed_by']}).")
+        return page(None, form=True)
+    if request.method != "POST":
+        raise OpsError(405, "method_not_allowed", "use the form")
+    form = _form(request)
+    decision = {"approve": "approved", "reject": "rejected"}.get(form.get("decision", ""))
+    if decision is None:
+        raise OpsError(422, "invalid_body", "the decision is approve or reject")
+    comment = form.get("comment", "").strip()[:2000] or None
+    try:
+        outcome = decide_approval(
+            api.db,
+            link.approval_id,
+            decision=decision,
+            user=link.user,
+            roles=(),
+            comment=comment,
+            tenant_scope=None,
+        )
+    except NotAllowed as exc:
+        record_use(api.db, link, tenant, {"outcome": "refused", "why": str(exc)})
+        raise OpsError(403, "not_an_approver", str(exc)) from None
+    assert outcome is not None  # the park row exists (read above)
+    if not outcome.moved:
+        record_use(api.db, link, tenant, {"outcome": "refused", "why": outcome.why_not})
+        return page(outcome.why_not, error=True, status=409)
+    record_use(api.db, link, tenant, {"outcome": "done", "decision": decision, "comment": comment})
+    if outcome.step_id is not None:
+        dispatch_committed(api.dispatch, (outcome.step_id,))
+    return page(f"Thank you: {decision}.")
 
 
 def _login(api: OpsApi, request: Request) -> Response:
