@@ -303,8 +303,8 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
 
 
 def _seed_app(db: Database, fake_url: str, *, kind: str = "public") -> tuple[str, str]:
-    """One HubSpot app installed on two portals of two tenants: acme runs the two contact
-    workflows, globex the deal one."""
+    """One HubSpot app installed on two portals of two tenants: acme runs the contact
+    workflows, globex the deal ones."""
     with db.transaction() as tx:
         provider_apps.register_app(
             tx,
@@ -334,7 +334,7 @@ def _seed_app(db: Database, fake_url: str, *, kind: str = "public") -> tuple[str
             )
         for path in EXAMPLES:
             source = path.read_text()
-            tenant = "globex" if path.name == "deal-closed-won.yaml" else "acme"
+            tenant = "globex" if path.name.startswith(("deal-", "discount-")) else "acme"
             source = source.replace("tenant: acme", f"tenant: {tenant}")
             published = versions.publish(tx, source, filename=str(path))
             versions.activate(
@@ -413,13 +413,21 @@ def test_activating_or_deactivating_through_ops_reconciles_the_app_at_once(
     client = install_ops_api(db, dispatched, monkeypatch).test_client()
     h = bearer(mint(db, "globex"))
     with db.transaction() as tx:
-        wf = tx.scalar("SELECT id::text FROM workflows WHERE tenant_id = 'globex'")
-        version = tx.scalar(
-            "SELECT id::text FROM workflow_versions WHERE workflow_id = CAST(:w AS uuid)", w=wf
-        )
-    assert client.post(f"/v1/workflows/{wf}/deactivate", headers=h, json={}).status_code == 200
-    # The app's union without globex's deal workflow, right away (acme's needs stay).
+        deal_workflows = [
+            (r["w"], r["v"])
+            for r in tx.all(
+                "SELECT w.id::text AS w, v.id::text AS v FROM workflows w"
+                " JOIN workflow_versions v ON v.workflow_id = w.id"
+                " WHERE w.tenant_id = 'globex' ORDER BY w.name"
+            )
+        ]
+    for wf, _ in deal_workflows:
+        assert client.post(f"/v1/workflows/{wf}/deactivate", headers=h, json={}).status_code == 200
+    # The app's union without globex's deal workflows, right away (acme's needs stay).
     assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS - {("deal", "propertyChange", "dealstage")}
-    answer = client.post(f"/v1/workflows/{wf}/activate", headers=h, json={"version_id": version})
-    assert answer.status_code == 200
+    for wf, version in deal_workflows:
+        answer = client.post(
+            f"/v1/workflows/{wf}/activate", headers=h, json={"version_id": version}
+        )
+        assert answer.status_code == 200
     assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS
