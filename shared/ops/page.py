@@ -38,6 +38,11 @@ from shared.errors import TransientError
 from shared.ops import auth
 from shared.ops.errors import OpsError
 from shared.ops.models import (
+    ApprovalList,
+    CancelRequest,
+    CancelResult,
+    DecisionRequest,
+    DecisionResult,
     RecordExplanation,
     RecordQuery,
     ReplayRequest,
@@ -215,6 +220,10 @@ def _handle(api: OpsApi, request: Request) -> Response:
 def _post(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Response:
     if len(parts) == 5 and parts[2] == "runs" and parts[4] == "replay":
         return _replay(api, request, viewer, parts[3])
+    if len(parts) == 5 and parts[2] == "runs" and parts[4] == "cancel":
+        return _cancel(api, request, viewer, parts[3])
+    if len(parts) == 5 and parts[2] == "approvals" and parts[4] in DECISION_ROUTES:
+        return _decide(api, request, viewer, parts[3], parts[4])
     if parts == ["", "ui", "bulk"]:
         return _bulk_confirmed(api, request, viewer)
     if parts == ["", "ui", "redrive"]:
@@ -231,6 +240,8 @@ def _get(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Res
         return _run_page(api, request, viewer, parts[3])
     if parts == ["", "ui", "bulk"]:
         return _bulk_preview(api, request, viewer)
+    if parts == ["", "ui", "approvals"]:
+        return _approvals_page(api, viewer, [])
     if parts == ["", "ui", "redrive"]:
         return _redrive(api, request, viewer, confirmed=False)
     raise OpsError(404, "not_found", "there is no such page")
@@ -618,7 +629,38 @@ def logs_url(run_id: str) -> str | None:
     return f"https://console.cloud.google.com/logs/query;query={query}?project={quote(project)}"
 
 
-def _run_page(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Response:
+def _cancel(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Response:
+    """Cancel through `runs.cancel`, then the run page with the answer as a notice (rendered,
+    not redirected: a notice's text never comes from a URL someone else could craft). A run
+    that is not the viewer's is a 404 like any other page of it."""
+    form = _check_csrf(request, viewer.token)
+    try:
+        body = CancelRequest(reason=form.get("reason", "").strip())
+    except ValidationError:
+        notice = Notice("Cancel refused: say why (1 to 500 characters).", error=True)
+        return _run_page(api, request, viewer, run_id, [notice], status=422)
+    try:
+        result = _call(api, viewer, "runs.cancel", path={"run_id": run_id}, body=body)
+        assert isinstance(result, CancelResult)
+    except OpsError as err:
+        if err.status == 404:
+            raise
+        notice = Notice(f"Cancel refused: {err.message}", error=True)
+        return _run_page(api, request, viewer, run_id, [notice], status=err.status)
+    text = f"Run cancelled; skipped: {', '.join(result.skipped_steps) or 'nothing'}."
+    if result.running_steps:
+        text += f" Finishing their attempt: {', '.join(result.running_steps)}."
+    return _run_page(api, request, viewer, run_id, [Notice(text)])
+
+
+def _run_page(
+    api: OpsApi,
+    request: Request,
+    viewer: Viewer,
+    run_id: str,
+    notices: list[Notice] | None = None,
+    status: int = 200,
+) -> Response:
     from shared.ops.search import record_url
 
     detail = _call(api, viewer, "runs.get", path={"run_id": run_id})
@@ -635,13 +677,60 @@ def _run_page(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Res
         "run.html",
         f"Run {r.workflow_name}",
         viewer=viewer,
-        notices=_action_notices(request),
+        notices=(notices or []) + _action_notices(request),
+        status=status,
         d=detail,
         hubspot_url=hubspot_url,
         logs_url=logs_url(str(r.id)),
         replayable=replayable,
         picture=_picture(definition, detail),
     )
+
+
+# ---- approvals ----------------------------------------------------------------------------
+
+DECISION_ROUTES = {"approve": "approvals.approve", "reject": "approvals.reject"}
+
+
+def _approvals_page(
+    api: OpsApi, viewer: Viewer, notices: list[Notice], status: int = 200
+) -> Response:
+    listed = _call(api, viewer, "approvals.list")
+    assert isinstance(listed, ApprovalList)
+    return render(
+        "approvals.html",
+        "Pending approvals",
+        viewer=viewer,
+        notices=notices,
+        status=status,
+        approvals=listed.items,
+    )
+
+
+def _decide(
+    api: OpsApi, request: Request, viewer: Viewer, approval_id: str, verb: str
+) -> Response:
+    """Approve or reject through the API's route; the answer, "already decided by X at T"
+    included, is a notice on the list. An approval that is not the viewer's tenant's is a 404."""
+    form = _check_csrf(request, viewer.token)
+    comment = form.get("comment", "").strip()
+    try:
+        body = DecisionRequest(comment=comment or None)
+    except ValidationError:
+        notice = Notice("Decision refused: the comment is too long.", error=True)
+        return _approvals_page(api, viewer, [notice], status=422)
+    try:
+        result = _call(
+            api, viewer, DECISION_ROUTES[verb], path={"approval_id": approval_id}, body=body
+        )
+        assert isinstance(result, DecisionResult)
+    except OpsError as err:
+        if err.status == 404:
+            raise
+        notice = Notice(f"Decision refused: {err.message}", error=True)
+        return _approvals_page(api, viewer, [notice], status=err.status)
+    notice = Notice(f"{result.decision.capitalize()}: run {result.run_id}, step {result.step_key}.")
+    return _approvals_page(api, viewer, [notice])
 
 
 def _picture(definition: Any, detail: RunDetail) -> Markup | None:
