@@ -638,7 +638,7 @@ def _cancel(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Respo
         body = CancelRequest(reason=form.get("reason", "").strip())
     except ValidationError:
         notice = Notice("Cancel refused: say why (1 to 500 characters).", error=True)
-        return _run_page(api, request, viewer, run_id, [notice], status=422)
+        return _run_page(api, request, viewer, run_id, notices=[notice], status=422)
     try:
         result = _call(api, viewer, "runs.cancel", path={"run_id": run_id}, body=body)
         assert isinstance(result, CancelResult)
@@ -646,11 +646,11 @@ def _cancel(api: OpsApi, request: Request, viewer: Viewer, run_id: str) -> Respo
         if err.status == 404:
             raise
         notice = Notice(f"Cancel refused: {err.message}", error=True)
-        return _run_page(api, request, viewer, run_id, [notice], status=err.status)
+        return _run_page(api, request, viewer, run_id, notices=[notice], status=err.status)
     text = f"Run cancelled; skipped: {', '.join(result.skipped_steps) or 'nothing'}."
     if result.running_steps:
         text += f" Finishing their attempt: {', '.join(result.running_steps)}."
-    return _run_page(api, request, viewer, run_id, [Notice(text)])
+    return _run_page(api, request, viewer, run_id, notices=[Notice(text)])
 
 
 def _run_page(
@@ -658,6 +658,7 @@ def _run_page(
     request: Request,
     viewer: Viewer,
     run_id: str,
+    *,
     notices: list[Notice] | None = None,
     status: int = 200,
 ) -> Response:
@@ -707,9 +708,7 @@ def _approvals_page(
     )
 
 
-def _decide(
-    api: OpsApi, request: Request, viewer: Viewer, approval_id: str, verb: str
-) -> Response:
+def _decide(api: OpsApi, request: Request, viewer: Viewer, approval_id: str, verb: str) -> Response:
     """Approve or reject through the API's route; the answer, "already decided by X at T"
     included, is a notice on the list. An approval that is not the viewer's tenant's is a 404."""
     form = _check_csrf(request, viewer.token)
