@@ -223,3 +223,53 @@ def test_the_page_in_chromium_search_timeline_and_a_real_replay_click(
             browser.close()
     assert shot.stat().st_size > 10_000 and run_shot.stat().st_size > 10_000
     shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_the_page_in_chromium_rejects_an_approval_then_cancels_its_run(
+    db: Database, ops_server: str, dispatched: Dispatched, tmp_path: Path
+) -> None:
+    """Real clicks: the nav's Approvals, a comment and the Reject button (a `formaction` on the
+    one form), then the run page's what-it-waits-for and its Cancel form."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from shared.steps import parks
+    from tests.steps_support import TENANT, run_row
+    from tests.test_approvals import _parked
+
+    run_id, park_id, _, _ = _parked(db)
+    token = mint(db, TENANT, label="carol", roles=("manager",))
+    profile = tmp_path / "chromium-profile"
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, args=CHROMIUM_FLAGS
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{ops_server}/ui/login", wait_until="load")
+            page.fill("input[name=token]", token)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{ops_server}/ui")
+            page.click("header nav >> text=Approvals")
+            page.wait_for_url(f"{ops_server}/ui/approvals")
+            approval = f"div[data-approval-id='{park_id}']"
+            assert "20% discount on deal 7" in page.inner_text(approval)
+            page.fill(f"{approval} input[name=comment]", "margin too thin")
+            page.click(f"{approval} button.reject")
+            page.wait_for_selector("p.notice")
+            assert page.inner_text("p.notice") == f"Rejected: run {run_id}, step gate."
+            with db.transaction() as tx:
+                park = parks.park_row(tx, park_id)
+            assert park is not None
+            assert (park["decision"], park["decision_comment"]) == ("rejected", "margin too thin")
+            page.goto(f"{ops_server}/ui/runs/{run_id}", wait_until="load")
+            assert "resumed by decision" in page.inner_text(f"div[data-park-id='{park_id}']")
+            page.fill("form.cancel input[name=reason]", "deal lost")
+            page.click("form.cancel button")
+            page.wait_for_selector("p.notice")
+            assert page.inner_text("p.notice").startswith("Run cancelled; skipped: gate")
+            assert run_row(db, run_id)["status"] == "cancelled"
+        finally:
+            browser.close()
+    shutil.rmtree(profile, ignore_errors=True)
