@@ -8,7 +8,7 @@ WORKFLOW_ID [--resume [--half-open]]`.
 Over the ops API (shared/ops/client.py says which credentials and where they come from):
 `publish FILE [--activate]`, `activate WORKFLOW VERSION`, `deactivate WORKFLOW`, `runs
 [filters]`, `show RUN`, `explain RECORD` (a record key, a HubSpot record URL, an object id or
-an email), `cancel RUN --reason WHY`, `replay RUN…` and `retry RUN…` (or `--failed` with
+an email), `cancel RUN --reason WHY`, `approvals`, `approve|reject APPROVAL --comment WHY`, `replay RUN…` and `retry RUN…` (or `--failed` with
 filters: every failed run that matches, listed first, done only with `--yes`). `--json` prints
 the API's JSON for scripts; otherwise readable tables.
 
@@ -334,6 +334,39 @@ def _cancel(s: Session, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _approvals(s: Session, args: argparse.Namespace) -> int:
+    """The approvals the caller's token may decide, oldest deadline first."""
+    result = s.client.call("GET", "/v1/approvals")
+
+    def table() -> None:
+        for a in result["items"]:
+            print(
+                f"{a['id']:>6}  until {a.get('until') or a.get('expires_at')}  "
+                f"run {a['run_id']}  {a.get('summary') or ''}",
+                file=s.out,
+            )
+        if not result["items"]:
+            print("no approval waits for you", file=s.out)
+
+    s.emit(result, table)
+    return EXIT_OK
+
+
+def _decide(s: Session, args: argparse.Namespace, decision: str) -> int:
+    """Approve or reject one approval; a second decision is refused with who decided first."""
+    body = {"comment": args.comment} if args.comment else {}
+    result = s.client.call("POST", f"/v1/approvals/{args.approval}/{decision}", body=body)
+    s.emit(
+        result,
+        lambda: print(
+            f"approval {args.approval}: {result['decision']} by {result['decided_by']} "
+            f"(run {result['run_id']}, step {result['step_key']})",
+            file=s.out,
+        ),
+    )
+    return EXIT_OK
+
+
 def _targets(s: Session, args: argparse.Namespace) -> list[dict[str, Any]]:
     """The runs a bulk action names: the ids given, or every failed run matching the filters."""
     if args.runs:
@@ -472,6 +505,11 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
+    sub.add_parser("approvals", parents=[remote], help="approvals you may decide")
+    for decision in ("approve", "reject"):
+        p = sub.add_parser(decision, parents=[remote], help=f"{decision} a waiting approval")
+        p.add_argument("approval", metavar="APPROVAL", help="the approval's id")
+        p.add_argument("--comment", help="why, kept with the decision and audited")
     for action, what in (("replay", "as new linked runs"), ("retry", "in place")):
         p = sub.add_parser(action, parents=[remote], help=f"{action} failed runs {what}")
         p.add_argument("runs", nargs="*", metavar="RUN")
@@ -497,6 +535,9 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "show": _show,
     "explain": _explain,
     "cancel": _cancel,
+    "approvals": _approvals,
+    "approve": lambda s, a: _decide(s, a, "approve"),
+    "reject": lambda s, a: _decide(s, a, "reject"),
     "replay": lambda s, a: _bulk(s, a, "replay"),
     "retry": lambda s, a: _bulk(s, a, "retry"),
 }

@@ -4,6 +4,7 @@ timeout's reject and proceed; every decision audited; validation warns about `pr
 
 from __future__ import annotations
 
+import json
 import textwrap
 import threading
 from typing import Any
@@ -20,6 +21,7 @@ from tests.ops_support import (
     client_fixture,  # noqa: F401 - fixture `client`
     dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
+    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
 )
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import TENANT, definition, publish_version, run_row, start_run
@@ -265,3 +267,24 @@ def test_a_link_past_its_approvals_expiry_is_refused(monkeypatch: pytest.MonkeyP
     with pytest.raises(OpsError) as late:
         verified(parts, now=expires + timedelta(seconds=1))
     assert late.value.status == 410
+
+
+def test_the_cli_lists_and_decides_approvals_through_the_ops_api(
+    db: Database, ops_server: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    from shared import cli
+
+    run_id, park_id, _q, _lookup = _parked(db)
+    monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_server)
+    monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", mint(db, TENANT, label="carol", roles=("manager",)))
+    assert cli.main(["approvals", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [a["id"] for a in listed["items"]] == [park_id]
+    assert cli.main(["approve", str(park_id), "--comment", "fine by me"]) == 0
+    assert f"approval {park_id}: approved by carol" in capsys.readouterr().out
+    assert cli.main(["reject", str(park_id)]) == cli.EXIT_REFUSED
+    assert "already decided by carol at " in capsys.readouterr().err
+    with db.transaction() as tx:
+        row = tx.one("SELECT decision, decided_by FROM step_parks WHERE id = :p", p=park_id)
+    assert row == {"decision": "approved", "decided_by": "carol"}
+    assert run_row(db, run_id)["status"] == "running"
