@@ -8,8 +8,9 @@ WORKFLOW_ID [--resume [--half-open]]`.
 Over the ops API (shared/ops/client.py says which credentials and where they come from):
 `publish FILE [--activate]`, `activate WORKFLOW VERSION`, `deactivate WORKFLOW`, `runs
 [filters]`, `show RUN`, `explain RECORD` (a record key, a HubSpot record URL, an object id or
-an email), `cancel RUN --reason WHY`, `approvals`, `approve|reject APPROVAL --comment WHY`, `replay RUN…` and `retry RUN…` (or `--failed` with
-filters: every failed run that matches, listed first, done only with `--yes`). `--json` prints
+an email), `cancel RUN --reason WHY`, `approvals`, `approve|reject APPROVAL --comment WHY`,
+`replay RUN…` and `retry RUN…` (or `--failed` with filters: every failed run that matches,
+listed first, done only with `--yes`). `--json` prints
 the API's JSON for scripts; otherwise readable tables.
 
 Exit codes say what happened, so a CI step can branch on them:
