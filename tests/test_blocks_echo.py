@@ -56,9 +56,9 @@ def _events(db: Database) -> list[int]:
         ]
 
 
-def test_crm_update_echo_is_refused_and_a_person_change_is_admitted(
-    db: Database, fake: FakeCrm, webhook_url: str
-) -> None:
+def _watching_lifecycle_stage(db: Database, fake: FakeCrm) -> tuple[str, str]:
+    """Tenant acme, its connection to the fake CRM, and an active workflow triggered by
+    lifecyclestage changes: (connection id, workflow id)."""
     seed_tenant(db)
     connection_id = seed_connection(db, fake.url)
     source = {
@@ -75,7 +75,13 @@ def test_crm_update_echo_is_refused_and_a_person_change_is_admitted(
             workflow_id=published.workflow_id,
             version_id=published.version_id,
         )
-    workflow_id = str(published.workflow_id)
+    return connection_id, str(published.workflow_id)
+
+
+def test_crm_update_echo_is_refused_and_a_person_change_is_admitted(
+    db: Database, fake: FakeCrm, webhook_url: str
+) -> None:
+    connection_id, workflow_id = _watching_lifecycle_stage(db, fake)
     contact = fake.create_record("contacts", {"email": "lead@x.io"}, ("CRM_UI", "userId:7"))
     fake.config.webhook_url = f"{webhook_url}/hubspot/{connection_id}"
 
@@ -125,22 +131,7 @@ def test_crm_create_records_markers_so_its_own_property_changes_are_refused(
     """HubSpot sends a propertyChange for every property set at creation. Without markers a
     workflow that creates a contact with a watched property triggers every workflow bound to
     that property, itself included (the first release recorded none for crm.create)."""
-    seed_tenant(db)
-    connection_id = seed_connection(db, fake.url)
-    source = {
-        "name": "on-lifecycle",
-        "tenant": "acme",
-        "trigger": {"events": ["hubspot.contact.property_changed"], "watch": ["lifecyclestage"]},
-        "steps": [{"id": "start", "type": "end"}],
-    }
-    with db.transaction() as tx:
-        published = versions.publish(tx, json.dumps(source), tenant_id="acme")
-        versions.activate(
-            tx,
-            tenant_id="acme",
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
-        )
+    connection_id, _ = _watching_lifecycle_stage(db, fake)
     fake.config.webhook_url = f"{webhook_url}/hubspot/{connection_id}"
     step = StepRunner(db, "crm.create", connection_id=connection_id)
     created = step.run(

@@ -130,3 +130,20 @@ def test_a_change_made_before_onceflows_write_was_sent_is_not_its_echo(db: Datab
     assert not check(sent_at - timedelta(seconds=ECHO_CLOCK_SKEW_SECONDS + 1))
     assert check(sent_at - timedelta(seconds=ECHO_CLOCK_SKEW_SECONDS - 1))
     assert check(sent_at + timedelta(seconds=2))
+
+
+def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_take() -> None:
+    """Invariant 17: a marker lives until every event that could echo it has been admitted.
+    The slowest admission the engine still performs is an event the sweep published again
+    `max_event_redeliveries` times, `redeliver_events_after_seconds` apart, before giving it up
+    as undelivered; the grace after expiry must cover that whole path, or a late echo would
+    start the workflow again."""
+    from shared.echo import EXPIRY_GRACE_SECONDS
+    from shared.steps.sweep import SweepConfig
+
+    config = SweepConfig()
+    publisher_cadence = 60  # Cloud Scheduler's once a minute, the slowest publisher there is
+    slowest_admission = (
+        config.max_event_redeliveries + 1
+    ) * config.redeliver_events_after_seconds + publisher_cadence
+    assert slowest_admission < EXPIRY_GRACE_SECONDS

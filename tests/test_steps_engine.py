@@ -343,9 +343,9 @@ def test_version_pinning_runs_the_graph_it_started_with(db: Database) -> None:
     assert set(steps_of(db, run2)) == {"a", "new"}
 
 
-def test_delay_parks_then_succeeds_once_served(db: Database) -> None:
-    rec = Recorder()
-    lookup = block_lookup(rec)
+def _run_parked_on_a_30_minute_delay(db: Database) -> tuple[str, Queue, object]:
+    """A run whose first step, a 30-minute delay, has parked (then `after`, a no-op)."""
+    lookup = block_lookup(Recorder())
     version = publish_version(
         db,
         definition(
@@ -359,6 +359,11 @@ def test_delay_parks_then_succeeds_once_served(db: Database) -> None:
     q = Queue()
     q(first)
     q.drain(db, lookup)
+    return run_id, q, lookup
+
+
+def test_delay_parks_then_succeeds_once_served(db: Database) -> None:
+    run_id, q, lookup = _run_parked_on_a_30_minute_delay(db)
     row = steps_of(db, run_id)["wait"]
     assert row["status"] == "waiting_for_delay"
     assert row["wake_at"] > datetime.now(UTC) + timedelta(minutes=29)
@@ -377,21 +382,7 @@ def test_a_woken_delay_is_served_even_when_the_executors_clock_runs_behind(
 ) -> None:
     """The sweep woke the step by the database's clock; an executor whose wall clock is an
     hour behind must not read the wait as unserved and park it for another 30 minutes."""
-    rec = Recorder()
-    lookup = block_lookup(rec)
-    version = publish_version(
-        db,
-        definition(
-            [
-                {"id": "wait", "type": "delay", "config": {"minutes": 30}, "next": "after"},
-                {"id": "after", "type": "test.noop"},
-            ]
-        ),
-    )
-    run_id, first = start_run(db, version)
-    q = Queue()
-    q(first)
-    q.drain(db, lookup)
+    run_id, q, lookup = _run_parked_on_a_30_minute_delay(db)
     make_past(db, run_id)
     assert run_sweep(db, 0, duties=[], dispatch=q).woken == 1
     behind = datetime.now(UTC) - timedelta(hours=1)

@@ -16,7 +16,6 @@ BENCH_LATENCY_KEEP=1 to leave the stack running afterwards (its logs, to see whe
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -29,9 +28,8 @@ import httpx
 
 from devstack import stack as devstack
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
-from shared import connections
+from devstack.seed import hubspot_tenant
 from shared.db import Database, connector_from_env
-from shared.workflows import versions
 
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
 TENANT = "bench-latency"
@@ -44,31 +42,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def _seed(db: Database) -> str:
-    with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, 10000000)", t=TENANT
-        )
-        connection_id = connections.create_connection(
-            tx,
-            tenant_id=TENANT,
-            provider="hubspot",
-            webhook_secret_env=SECRET_ENV,
-            provider_account_id=str(PORTAL),
-            watched_fields={"contact": ["lifecyclestage"]},
-        )
-        source = {
-            "name": "latency",
-            "tenant": TENANT,
-            "trigger": {"events": ["hubspot.contact.property_changed"], "dedup": "every_time"},
-            "steps": [{"id": "done", "type": "end"}],
-        }
-        published = versions.publish(tx, json.dumps(source), tenant_id=TENANT)
-        versions.activate(
-            tx,
-            tenant_id=TENANT,
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
-        )
+    connection_id, _ = hubspot_tenant(
+        db,
+        tenant=TENANT,
+        portal=PORTAL,
+        secret_env=SECRET_ENV,
+        credits=10_000_000,
+        triggers={"latency": {"dedup": "every_time"}},
+    )
     return connection_id
 
 

@@ -22,6 +22,7 @@ A rehearsal runs no gate. Then, in a writing block:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -267,6 +268,31 @@ def _create_or_adopt(
     return BlockResult(output=_output(record))
 
 
+def _mark_echo(
+    ctx: BlockContext,
+    connection_id: str,
+    object_type: str,
+    object_id: str,
+    properties: Mapping[str, Any],
+    *,
+    ttl_seconds: int,
+    since_side_effect_mark: bool = False,
+) -> None:
+    """Commit echo markers for a write of `properties` (shared/echo.py says when each is sent)."""
+    get_database().run(
+        lambda tx: echo.record_echo_marker(
+            tx,
+            connection_id=connection_id,
+            object_type=singular_object_type(object_type),
+            object_id=object_id,
+            fields=dict(properties),
+            step_id=ctx.step_id,
+            ttl_seconds=ttl_seconds,
+            since_side_effect_mark=since_side_effect_mark,
+        )
+    )
+
+
 def _record_create_echo(
     ctx: BlockContext, config: CreateConfig, connection_id: str, record: Record
 ) -> None:
@@ -275,17 +301,14 @@ def _record_create_echo(
     find the mark and fail OUTCOME_UNKNOWN for a record that exists): it is logged, and the
     worst case is one echo admitted as a trigger."""
     try:
-        get_database().run(
-            lambda tx: echo.record_echo_marker(
-                tx,
-                connection_id=connection_id,
-                object_type=singular_object_type(record.object_type),
-                object_id=record.id,
-                fields=dict(config.properties),
-                step_id=ctx.step_id,
-                ttl_seconds=ECHO_TTL_SECONDS,
-                since_side_effect_mark=True,
-            )
+        _mark_echo(
+            ctx,
+            connection_id,
+            record.object_type,
+            record.id,
+            config.properties,
+            ttl_seconds=ECHO_TTL_SECONDS,
+            since_side_effect_mark=True,
         )
     except Exception:
         log.warning("crm.create: echo markers for record %s not recorded", record.id, exc_info=True)
@@ -305,16 +328,13 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
         )
     connection_id, port = _connect(ctx, config)
     # Committed before the call: the webhook this write causes may arrive before the response.
-    get_database().run(
-        lambda tx: echo.record_echo_marker(
-            tx,
-            connection_id=connection_id,
-            object_type=singular_object_type(object_type),
-            object_id=config.object_id,
-            fields=dict(config.properties),
-            step_id=ctx.step_id,
-            ttl_seconds=config.echo_ttl_seconds,
-        )
+    _mark_echo(
+        ctx,
+        connection_id,
+        object_type,
+        config.object_id,
+        config.properties,
+        ttl_seconds=config.echo_ttl_seconds,
     )
     try:
         record = port.update(object_type, config.object_id, config.properties)

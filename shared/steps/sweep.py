@@ -31,6 +31,7 @@ Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -168,12 +169,14 @@ def _publish(dispatch: Dispatch, ids: Sequence[str], report: SweepReport) -> Non
         log.warning("sweep publish of %d steps failed; retried after threshold: %s", len(ids), exc)
 
 
+@functools.cache
 def lease_attempt_limits() -> dict[str, Any]:
     """Per block type, how many attempts a step gets, whatever ended each one (a retryable
     failure, or a lease that expired because its process died): the block's own
     `max_attempts`, one number, so a step whose process keeps dying stops where the block's
     retry policy says (the first release capped crashes at a separate 5 against a policy of 3).
-    Unknown types get the default policy's number."""
+    Unknown types get the default policy's number. Computed once per process: the catalog is
+    fixed for a deployment, and the sweep runs a reclaim pass every few seconds."""
     from shared.blocks import registry
     from shared.blocks.base import RetryPolicy
 

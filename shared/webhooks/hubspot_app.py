@@ -34,11 +34,12 @@ from shared.errors import TransientError
 from shared.logs import get_logger, labelled
 from shared.webhooks import signatures
 from shared.webhooks.receive import (
-    KEPT_HEADERS,
     Answer,
     WebhookRequest,
+    kept_headers,
     max_body_bytes,
     public_uri,
+    store_and_answer,
 )
 
 APP_PATH = re.compile(r"^/?(?P<provider>hubspot)/app/(?P<app_id>[^/]+)/?$")
@@ -52,11 +53,6 @@ def is_app_path(path: str) -> bool:
 def _refuse(status: int, error: str, check: str, app_id: str) -> Answer:
     log.warning("app webhook refused (%d): %s", status, check, extra={"labels": {"app": app_id}})
     return Answer(status, {"error": error, "check": check})
-
-
-def _kept_headers(request: WebhookRequest) -> dict[str, str]:
-    lowered = {k.lower(): v for k, v in request.headers.items()}
-    return {name: lowered[name] for name in KEPT_HEADERS if name in lowered}
 
 
 def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome table
@@ -104,20 +100,7 @@ def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome ta
         )
         if not verdict.ok:
             return _refuse(401, "invalid_signature", verdict.check, app_id)
-        try:
-            with db.transaction() as tx:
-                stored = inbox.store_for_app(tx, app, body, _kept_headers(request))
-        except TransientError as exc:
-            log.warning("app webhook: could not store: %s", exc)
-            return Answer(503, {"error": "unavailable"})
-        log.info(
-            "app webhook stored (%s, delivery %d)",
-            verdict.check,
-            stored.deliveries,
-            extra={"labels": {"inbox_id": stored.inbox_id}},
-        )
-        return Answer(
-            200,
-            {"status": "accepted", "inbox_id": stored.inbox_id, "deliveries": stored.deliveries},
-            stored,
+        kept = kept_headers(request.headers)
+        return store_and_answer(
+            db, lambda tx: inbox.store_for_app(tx, app, body, kept), verdict.check, "app webhook"
         )

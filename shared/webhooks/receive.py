@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared import connections, drops, inbox, request_body
-from shared.db import Database, get_database
+from shared.db import Database, Tx, get_database
 from shared.errors import TransientError
 from shared.logs import get_logger, labelled
 from shared.triggers import webhook as webhook_trigger
@@ -185,28 +185,40 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
             return _refuse(401, "invalid_signature", verdict.check)
         if workflow_name is not None:
             return _to_workflow(db, connection, workflow_name, request.headers, body)
-        kept = {
-            name: value
-            for name in KEPT_HEADERS
-            if (value := _header(request.headers, name)) is not None
-        }
-        try:
-            with db.transaction() as tx:
-                stored = inbox.store(tx, connection.id, body, kept)
-        except TransientError as exc:
-            log.warning("webhook: could not store: %s", exc)
-            return Answer(503, {"error": "unavailable"})
-        log.info(
-            "webhook stored (%s, delivery %d)",
-            verdict.check,
-            stored.deliveries,
-            extra={"labels": {"inbox_id": stored.inbox_id}},
+        kept = kept_headers(request.headers)
+        return store_and_answer(
+            db, lambda tx: inbox.store(tx, connection.id, body, kept), verdict.check
         )
-        return Answer(
-            200,
-            {"status": "accepted", "inbox_id": stored.inbox_id, "deliveries": stored.deliveries},
-            stored,
-        )
+
+
+def kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The request headers stored with a verified body (`KEPT_HEADERS`, names lowercased)."""
+    return {name: value for name in KEPT_HEADERS if (value := _header(headers, name)) is not None}
+
+
+def store_and_answer(
+    db: Database, store: Callable[[Tx], inbox.Stored], check: str, what: str = "webhook"
+) -> Answer:
+    """Store a verified body in its own transaction and answer 200 at once (503 when the
+    database is unavailable: the provider retries). Every verified path ends here."""
+    try:
+        with db.transaction() as tx:
+            stored = store(tx)
+    except TransientError as exc:
+        log.warning("%s: could not store: %s", what, exc)
+        return Answer(503, {"error": "unavailable"})
+    log.info(
+        "%s stored (%s, delivery %d)",
+        what,
+        check,
+        stored.deliveries,
+        extra={"labels": {"inbox_id": stored.inbox_id}},
+    )
+    return Answer(
+        200,
+        {"status": "accepted", "inbox_id": stored.inbox_id, "deliveries": stored.deliveries},
+        stored,
+    )
 
 
 def _to_workflow(

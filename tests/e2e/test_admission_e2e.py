@@ -4,7 +4,6 @@ own retry with attemptNumber + 1, so not byte-identical in the body either) star
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,10 +12,9 @@ import httpx
 import pytest
 
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
+from devstack.seed import hubspot_tenant
 from devstack.stack import RunningStack
-from shared import connections
 from shared.db import Database
-from shared.workflows import versions
 
 pytestmark = pytest.mark.e2e
 
@@ -44,30 +42,16 @@ def webhook_body(event_id: int, object_id: int, stage: str, attempt: int = 0) ->
 def test_signed_webhook_admits_one_run_and_the_resent_webhook_none(
     stack: RunningStack, stack_db: Database
 ) -> None:
-    with stack_db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, 100)", t=TENANT)
-        connection_id = connections.create_connection(
-            tx,
-            tenant_id=TENANT,
-            provider="hubspot",
-            webhook_secret_env=SECRET_ENV,
-            provider_account_id=str(PORTAL),
-            watched_fields={"contact": ["lifecyclestage"]},
-        )
-        source = {
-            "name": "e2e-lead",
-            "tenant": TENANT,
-            "trigger": {
-                "events": ["hubspot.contact.property_changed"],
-                "rule": 'record.lifecyclestage == "lead"',
-                "dedup": "once_per_record",
-            },
-            "steps": [{"id": "done", "type": "end"}],
-        }
-        published = versions.publish(tx, json.dumps(source), tenant_id=TENANT)
-        versions.activate(
-            tx, tenant_id=TENANT, workflow_id=published.workflow_id, version_id=published.version_id
-        )
+    connection_id, _ = hubspot_tenant(
+        stack_db,
+        tenant=TENANT,
+        portal=PORTAL,
+        secret_env=SECRET_ENV,
+        credits=100,
+        triggers={
+            "e2e-lead": {"rule": 'record.lifecyclestage == "lead"', "dedup": "once_per_record"}
+        },
+    )
     uri = f"{stack.url('webhook')}/hubspot/{connection_id}"
     secret = stack.env[SECRET_ENV]
 

@@ -16,7 +16,6 @@ the once_per_record workflow ran exactly once per contact (each contact's last c
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -28,10 +27,9 @@ import httpx
 import pytest
 
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
+from devstack.seed import hubspot_tenant
 from devstack.stack import RunningStack
-from shared import connections
 from shared.db import Database
-from shared.workflows import versions
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -57,38 +55,18 @@ def body(event_id: int, object_id: int, stage: str, occurred_ms: int, attempt: i
 
 
 def setup(db: Database) -> tuple[str, str, str]:
-    with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, 100000)", t=TENANT
-        )
-        connection_id = connections.create_connection(
-            tx,
-            tenant_id=TENANT,
-            provider="hubspot",
-            webhook_secret_env=SECRET_ENV,
-            provider_account_id=str(PORTAL),
-            watched_fields={"contact": ["lifecyclestage"]},
-        )
-        ids = []
-        for name, trigger in (
-            ("storm-lead", {"rule": 'record.lifecyclestage == "lead"', "dedup": "once_per_record"}),
-            ("storm-every", {"dedup": "every_time"}),
-        ):
-            source = {
-                "name": name,
-                "tenant": TENANT,
-                "trigger": {"events": ["hubspot.contact.property_changed"], **trigger},
-                "steps": [{"id": "done", "type": "end"}],
-            }
-            published = versions.publish(tx, json.dumps(source), tenant_id=TENANT)
-            versions.activate(
-                tx,
-                tenant_id=TENANT,
-                workflow_id=published.workflow_id,
-                version_id=published.version_id,
-            )
-            ids.append(str(published.workflow_id))
-    return connection_id, ids[0], ids[1]
+    connection_id, (lead_wf, every_wf) = hubspot_tenant(
+        db,
+        tenant=TENANT,
+        portal=PORTAL,
+        secret_env=SECRET_ENV,
+        credits=100_000,
+        triggers={
+            "storm-lead": {"rule": 'record.lifecyclestage == "lead"', "dedup": "once_per_record"},
+            "storm-every": {"dedup": "every_time"},
+        },
+    )
+    return connection_id, lead_wf, every_wf
 
 
 def test_every_bound_pairing_gets_exactly_one_decision_through_kills_and_duplicates(
