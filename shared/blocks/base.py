@@ -221,6 +221,23 @@ class BlockSpec:
         return self.retry.max_attempts
 
 
+def flow_block(
+    type_name: str, config_model: type[BaseModel], execute: Execute, description: str
+) -> BlockSpec:
+    """A flow-control block: no side effect, free, never retried (the registry checks all
+    three). Every flow block is declared through here, so none can get one of them wrong."""
+    return BlockSpec(
+        type_name=type_name,
+        config_model=config_model,
+        kind="flow",
+        side_effect="none",
+        price=0,
+        retry=NO_RETRY,
+        execute=execute,
+        description=description,
+    )
+
+
 def dry_run_result(block_type: str, stand_in: Mapping[str, Any], **would_send: Any) -> BlockResult:
     """What a side-effecting block answers in a rehearsal: the request it would have sent, plus
     `stand_in` — an output shaped like the live one (e.g. a `dry-run:<key>` id for a create) so

@@ -26,12 +26,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.blocks.base import (
-    NO_RETRY,
     BlockContext,
     BlockFailure,
     BlockResult,
-    BlockSpec,
     FanOut,
+    flow_block,
 )
 from shared.workflows.expressions import ExpressionError, evaluate_condition
 
@@ -177,44 +176,28 @@ def execute_end(ctx: BlockContext, config: BaseModel) -> BlockResult:
     return BlockResult(next_nodes=())
 
 
-BRANCH = BlockSpec(
-    type_name="branch",
-    config_model=BranchConfig,
-    kind="flow",
-    side_effect="none",
-    price=0,
-    retry=NO_RETRY,
-    execute=execute_branch,
-    description="Take the first branch whose condition holds, else `otherwise`, else end.",
+BRANCH = flow_block(
+    "branch",
+    BranchConfig,
+    execute_branch,
+    "Take the first branch whose condition holds, else `otherwise`, else end.",
 )
-DELAY = BlockSpec(
-    type_name="delay",
-    config_model=DelayConfig,
-    kind="flow",
-    side_effect="none",
-    price=0,
-    retry=NO_RETRY,
-    execute=execute_delay,
-    description="Wait a duration or until a moment.",
+DELAY = flow_block(
+    "delay",
+    DelayConfig,
+    execute_delay,
+    "Wait a duration or until a moment.",
 )
-END = BlockSpec(
-    type_name="end",
-    config_model=EndConfig,
-    kind="flow",
-    side_effect="none",
-    price=0,
-    retry=NO_RETRY,
-    execute=execute_end,
-    description="End this path of the run.",
+END = flow_block(
+    "end",
+    EndConfig,
+    execute_end,
+    "End this path of the run.",
 )
-FOREACH = BlockSpec(
-    type_name="foreach",
-    config_model=ForeachConfig,
-    kind="flow",
-    side_effect="none",
-    price=0,
-    retry=NO_RETRY,
-    execute=execute_foreach,
-    description="Run a body step once per item of a list, a few at a time.",
+FOREACH = flow_block(
+    "foreach",
+    ForeachConfig,
+    execute_foreach,
+    "Run a body step once per item of a list, a few at a time.",
 )
 SPECS = (BRANCH, DELAY, END, FOREACH)

@@ -30,12 +30,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.blocks.base import (
-    NO_RETRY,
     BlockContext,
     BlockFailure,
     BlockResult,
-    BlockSpec,
     ParkRequest,
+    flow_block,
 )
 from shared.workflows.expressions import ExpressionError, compile_expression
 from shared.workflows.scope import kept_for_wait
@@ -192,24 +191,16 @@ def execute_approval(ctx: BlockContext, config: BaseModel) -> BlockResult:
     )
 
 
-WAIT_FOR = BlockSpec(
-    type_name="wait_for",
-    config_model=WaitForConfig,
-    kind="flow",
-    side_effect="none",
-    price=0,
-    retry=NO_RETRY,
-    execute=execute_wait_for,
-    description="Wait for a matching event on the run's record, until a timeout.",
+WAIT_FOR = flow_block(
+    "wait_for",
+    WaitForConfig,
+    execute_wait_for,
+    "Wait for a matching event on the run's record, until a timeout.",
 )
-APPROVAL = BlockSpec(
-    type_name="approval",
-    config_model=ApprovalConfig,
-    kind="flow",
-    side_effect="none",
-    price=0,
-    retry=NO_RETRY,
-    execute=execute_approval,
-    description="Wait for a person's approval or rejection, until it expires.",
+APPROVAL = flow_block(
+    "approval",
+    ApprovalConfig,
+    execute_approval,
+    "Wait for a person's approval or rejection, until it expires.",
 )
 SPECS = (WAIT_FOR, APPROVAL)
