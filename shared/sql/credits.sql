@@ -32,10 +32,6 @@ SELECT credit_balance FROM tenants WHERE id = :tenant_id
 UPDATE tenants SET credit_balance = credit_balance + :amount WHERE id = :tenant_id
 RETURNING credit_balance
 
--- name: credits_ledger_for_run
-SELECT lineage_key, amount, block_type, step_id::text AS step_id
-  FROM credit_ledger WHERE run_id = CAST(:run_id AS uuid) ORDER BY id
-
 -- name: credits_mark_outcome_unknown
 -- An attempt of this charge's step may have applied: the charge is no longer refundable.
 UPDATE credit_ledger SET outcome_unknown_at = now()
