@@ -11,12 +11,13 @@ are unique). While the storm runs, the admit_event and advance_step processes ar
 (FACTS.md), so onceflow's sweep must find every published event still undecided and publish it
 again.
 
-Then, within the stated bound, every change became exactly one trigger event of its portal's
-tenant (no duplicate kept, no repeated eventId merging two changes, nothing unrouted), and
-every trigger event is decided: each bound workflow has exactly one delivery claim per event,
-and a run or a refusal for it, never both; the once_per_record workflow ran exactly once per
-contact (each contact's last change was to 'lead', so none that should have run didn't); the
-every_time workflow ran once per event.
+Then, within the stated bound, every change became at most one trigger event of its portal's
+tenant and every 'lead' change exactly one (no duplicate kept, no repeated eventId merging two
+changes, nothing unrouted; a 'subscriber' change that arrives after its contact's 'lead' is
+dropped as out of order), and every trigger event is decided: each bound workflow has exactly
+one delivery claim per event, and a run or a refusal for it, never both; the once_per_record
+workflow ran exactly once per contact (each contact's last change was to 'lead', so none that
+should have run didn't); the every_time workflow ran once per event.
 """
 
 from __future__ import annotations
@@ -145,9 +146,10 @@ def test_every_bound_pairing_gets_exactly_one_decision_through_kills_and_duplica
             break
         time.sleep(1)
     took = time.monotonic() - answered
-    # Exactly one trigger event per change: duplicates and retries kept once, changes sharing
-    # an eventId kept apart.
-    assert state["events"] == CONTACTS * len(STAGES), state
+    # At least every contact's 'lead' change, at most every change (a 'subscriber' change
+    # delivered after its contact's 'lead' is older than what onceflow knows, and dropped as
+    # out of order before it becomes an event).
+    assert CONTACTS <= state["events"] <= CONTACTS * len(STAGES), state
     assert state["undecided"] == 0 and state["undelivered"] == 0, (state, took)
     assert state["running"] == 0, (state, took)
 
@@ -184,13 +186,23 @@ def test_every_bound_pairing_gets_exactly_one_decision_through_kills_and_duplica
                 " AND status = 'succeeded'",
                 w=every_wf,
             )
-            assert len(pairings) == 2 * CONTACTS_PER_PORTAL * len(STAGES), tenant
+            # Each change at most once: duplicates and retries kept once, changes sharing an
+            # eventId kept apart (the lead changes are all there: one run per contact below).
+            changes = tx.all(
+                "SELECT payload->>'objectId' AS contact, payload->>'propertyValue' AS stage,"
+                "       count(*) AS n"
+                " FROM workflow_trigger_events WHERE tenant_id = :t GROUP BY 1, 2",
+                t=tenant,
+            )
+            assert all(c["n"] == 1 for c in changes), (tenant, changes)
+            assert {c["stage"] for c in changes} <= set(STAGES)
+            assert len(pairings) == 2 * len(changes), tenant
             bad = [p for p in pairings if (p["claims"], p["runs"] + p["refusals"]) != (1, 1)]
             assert bad == [], (tenant, bad[:5])
             # Exactly one run per contact for once_per_record (every contact ended on 'lead').
             assert len(lead_runs) == CONTACTS_PER_PORTAL, tenant
             assert all(r["n"] == 1 and r["ok"] for r in lead_runs), tenant
-            assert every_runs == CONTACTS_PER_PORTAL * len(STAGES), tenant
+            assert every_runs == len(changes), tenant
     print(
         f"storm: {len(sent)} requests from the fake ({mixed} mixing portals), "
         f"{state['events']} events, decided {took:.1f} s after the fake had delivered everything"
