@@ -1,7 +1,8 @@
 """Seeding for the end-to-end tests and benches that drive the local stack with HubSpot
-webhooks: a tenant with credits, one HubSpot connection watching `lifecyclestage`, and workflows
-triggered by its property changes, published and activated. Test and bench setup only: it
-writes through the same `connections` and `versions` functions the ops API uses."""
+webhooks: a tenant with credits, one HubSpot connection watching `lifecyclestage` (on a portal
+of a HubSpot app, when given one), and workflows triggered by its property changes, published
+and activated; and the app the stack's fake CRM plays. Test and bench setup only: it writes
+through the same `connections`, `provider_apps` and `versions` functions the ops API uses."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared import connections
+from shared import connections, provider_apps
 from shared.db import Database
 from shared.workflows import versions
 
@@ -24,10 +25,12 @@ def hubspot_tenant(
     secret_env: str,
     credits: int,
     triggers: Mapping[str, Mapping[str, Any]],
+    app_id: str | None = None,
 ) -> tuple[str, list[str]]:
     """(connection id, workflow ids in the order of `triggers`). `triggers` maps a workflow
     name to its trigger fields besides `events` (rule, dedup, …); each workflow is one `end`
-    step."""
+    step. With `app_id` the connection is the app's for `portal`: the app's one webhook URL
+    routes that portal's events to it."""
     with db.transaction() as tx:
         tx.execute(
             "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, :c)",
@@ -41,12 +44,23 @@ def hubspot_tenant(
             webhook_secret_env=secret_env,
             provider_account_id=str(portal),
             watched_fields={"contact": ["lifecyclestage"]},
+            provider_app_id=app_id,
         )
         workflow_ids = [
             _activate(tx, tenant, name, {"events": [PROPERTY_CHANGED], **trigger})
             for name, trigger in triggers.items()
         ]
     return connection_id, workflow_ids
+
+
+def hubspot_app(db: Database, *, app_id: str, secret_env: str) -> str:
+    """Register (or keep) the public HubSpot app `app_id` whose webhooks are signed with the
+    secret in `secret_env`; its webhook path, `hubspot/app/<app id>`."""
+    with db.transaction() as tx:
+        provider_apps.register_app(
+            tx, provider="hubspot", app_id=app_id, client_secret_env=secret_env
+        )
+    return f"hubspot/app/{app_id}"
 
 
 def _activate(tx: Any, tenant: str, name: str, trigger: Mapping[str, Any]) -> str:

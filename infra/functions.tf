@@ -201,7 +201,7 @@ resource "google_cloudfunctions2_function" "function" {
     }
 
     dynamic "secret_environment_variables" {
-      for_each = { for id, s in var.secrets : id => s if contains(s.functions, each.key) }
+      for_each = { for id, s in local.secrets : id => s if contains(s.functions, each.key) }
       content {
         key        = secret_environment_variables.value.env_var
         project_id = var.project_id

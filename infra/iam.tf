@@ -70,7 +70,7 @@ locals {
   ]...)
 
   secret_grants = merge([
-    for id, s in var.secrets : { for fn in s.functions : "${id}/${fn}" => { secret = id, function = fn } }
+    for id, s in local.secrets : { for fn in s.functions : "${id}/${fn}" => { secret = id, function = fn } }
   ]...)
 
   pubsub_functions   = { for name, f in local.functions : name => f if f.trigger == "pubsub" }

@@ -4,8 +4,18 @@ output "function_urls" {
 }
 
 output "webhook_url" {
-  description = "Register <this>/hubspot/<connection id> with the CRM (the only public function); the signature check rebuilds URIs from it."
+  description = "Base of the URLs the CRM calls (the only public function): <this>/hubspot/app/<app id> for a HubSpot app (hubspot_app_webhook_urls), <this>/hubspot/<connection id> for a connection of its own. The signature check rebuilds URIs from it."
   value       = local.webhook_public_base_url
+}
+
+output "hubspot_app_webhook_urls" {
+  description = "Per HubSpot app id (var.hubspot_apps): the target URL to set in the app's webhook settings. The signature check rebuilds the URI HubSpot signed from the same base (PUBLIC_BASE_URL)."
+  value       = { for app_id, app in var.hubspot_apps : app_id => "${local.webhook_public_base_url}/hubspot/app/${app_id}" }
+}
+
+output "hubspot_oauth_redirect_url" {
+  description = "The redirect URL to set in a public HubSpot app's Auth settings: the ops function's OAuth callback."
+  value       = "${google_cloudfunctions2_function.function["ops"].url}/oauth/hubspot/callback"
 }
 
 output "instance_connection_name" {

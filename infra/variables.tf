@@ -108,6 +108,14 @@ variable "secrets" {
       version   = "1"
       functions = ["ops"]
     }
+    # Seals OAuth refresh and access tokens at rest (shared/oauth_tokens.py, TOKEN_KEK_ENV):
+    # 32 random bytes, base64. Read by the functions that use or refresh a connection's token
+    # (shared/deployables.py, CRM_TOKEN_USERS).
+    "onceflow-token-kek" = {
+      env_var   = "ONCEFLOW_TOKEN_KEK"
+      version   = "1"
+      functions = ["advance_step", "sweep", "ops"]
+    }
   }
 
   validation {
@@ -213,4 +221,47 @@ variable "webhook_public_base_url" {
   description = "The URL the CRM calls, up to and without /hubspot/<connection id> (PUBLIC_BASE_URL). Empty: the webhook function's own https://REGION-PROJECT.cloudfunctions.net/webhook. Set it when a load balancer or custom domain fronts the function."
   type        = string
   default     = ""
+}
+
+variable "hubspot_apps" {
+  description = <<-EOT
+    HubSpot apps whose webhooks arrive at <webhook_url>/hubspot/app/<app id> (output
+    hubspot_app_webhook_urls), keyed by HubSpot app id. For each, secrets.tf creates one Secret
+    Manager secret per secret the app has, onceflow-hubspot-app-<app id>-<name>, handed to the
+    functions that read it as HUBSPOT_APP_<app id>_<NAME> (shared/provider_apps.py,
+    secret_env). A public app has client_secret, client_id and developer_key; a private app
+    only client_secret. As with var.secrets, operators add the values with
+    `gcloud secrets versions add` and pin each version number here.
+  EOT
+  type = map(object({
+    kind     = optional(string, "public")
+    versions = map(string)
+  }))
+  default = {}
+
+  validation {
+    condition     = alltrue([for id in keys(var.hubspot_apps) : can(regex("^[1-9][0-9]{0,19}$", id))])
+    error_message = "hubspot_apps is keyed by the numeric HubSpot app id."
+  }
+
+  validation {
+    condition     = alltrue([for a in values(var.hubspot_apps) : contains(["public", "private"], a.kind)])
+    error_message = "hubspot_apps[*].kind is public or private."
+  }
+
+  validation {
+    condition = alltrue([
+      for a in values(var.hubspot_apps) : sort(keys(a.versions)) == (
+        a.kind == "public" ? ["client_id", "client_secret", "developer_key"] : ["client_secret"]
+      )
+    ])
+    error_message = "hubspot_apps[*].versions names client_id, client_secret and developer_key for a public app, only client_secret for a private one."
+  }
+
+  validation {
+    condition = alltrue(flatten([
+      for a in values(var.hubspot_apps) : [for v in values(a.versions) : can(regex("^[1-9][0-9]*$", v))]
+    ]))
+    error_message = "Pin every app secret to a version number; \"latest\" would let a rotation change a running function without a plan."
+  }
 }

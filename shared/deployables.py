@@ -33,6 +33,13 @@ DEPLOYABLES: tuple[Deployable, ...] = (
 
 TOPICS: tuple[str, ...] = ("trigger-events", "step-ready")
 
+# The functions that act on a portal with its connection's CRM token: CRM blocks
+# (advance_step), polls and the hourly subscription reconcile (sweep), reconciles on
+# activation and search (ops). With an OAuth connection they are also the ones that refresh
+# the token, so they, and only they, get the token-encryption key and the app's OAuth client
+# (infra/ wires the secrets from these; tests/test_infra.py checks it).
+CRM_TOKEN_USERS: tuple[str, ...] = ("advance_step", "sweep", "ops")
+
 
 def by_name(name: str) -> Deployable:
     for d in DEPLOYABLES:

@@ -42,6 +42,9 @@ LOCK = SQL["oauth_tokens_lock"]
 PUT = SQL["oauth_tokens_put"]
 NEEDS_REAUTHORIZATION = SQL["oauth_tokens_needs_reauthorization"]
 
+# The key-encryption key's variable in a deployment (infra/ fills it from Secret Manager for
+# deployables.CRM_TOKEN_USERS only); a stored grant keeps the name it was sealed under.
+TOKEN_KEK_ENV = "ONCEFLOW_TOKEN_KEK"  # noqa: S105 - a variable name
 REFRESH_MARGIN_SECONDS = 300  # refresh when less than this is left (calls take time too)
 _NONCE_BYTES = 12
 
@@ -97,7 +100,7 @@ def unseal(key: bytes, sealed: bytes, aad: bytes) -> bytes:
         raise TokenKeyUnavailable("a sealed token did not open (wrong key or row)") from None
 
 
-def store_grant(tx: Tx, connection_id: str, grant: Grant, kek_env: str) -> None:
+def store_grant(tx: Tx, connection_id: str, grant: Grant, kek_env: str = TOKEN_KEK_ENV) -> None:
     """Seal and keep `grant` (a fresh data key per grant), in the caller's transaction."""
     kek = key_from_env(kek_env)
     aad = connection_id.encode()

@@ -11,7 +11,10 @@ portal, for ops) and acknowledged: answering 5xx would only make HubSpot retry t
 including the events that were routed, for a day; dropping it silently would hide a portal that
 installed the app but has no connection.
 
-Like connections, an app row names the environment variables that hold its secrets.
+Like connections, an app row names the environment variables that hold its secrets. Deployed,
+those are the names `secret_env` gives (`HUBSPOT_APP_<app id>_CLIENT_SECRET`, ...): infra/
+declares one Secret Manager secret per app and secret and hands it to the functions
+`APP_SECRET_READERS` lists, and only to those.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Literal
 
 from shared import queries
 from shared.db import Tx
+from shared.deployables import CRM_TOKEN_USERS
 from shared.normalize import NormalizedEvent
 
 SQL = queries.load("provider_apps")
@@ -40,6 +44,28 @@ UNROUTED_REASONS: dict[UnroutedReason, str] = {
     "other_app": "the event names another app than the URL it was sent to",
     "no_account": "the event names no (numeric) portal",
 }
+
+
+AppSecretName = Literal["client_secret", "client_id", "developer_key"]
+
+# Which function reads which secret of an app, by kind. The client secret keys the webhook
+# signatures, and (public apps) the OAuth code exchange and refresh, with the client id; the
+# developer key is what the subscriptions API takes (reconciled hourly by sweep and on
+# activation by ops). A private app has one portal, a static token and no subscriptions API:
+# only its signatures need a secret. infra/secrets.tf mirrors this table.
+APP_SECRET_READERS: dict[AppKind, dict[AppSecretName, tuple[str, ...]]] = {
+    "public": {
+        "client_secret": ("webhook", *CRM_TOKEN_USERS),
+        "client_id": CRM_TOKEN_USERS,
+        "developer_key": ("sweep", "ops"),
+    },
+    "private": {"client_secret": ("webhook",)},
+}
+
+
+def secret_env(app_id: str, name: AppSecretName) -> str:
+    """The environment variable a deployed function finds the app's secret `name` in."""
+    return f"HUBSPOT_APP_{app_id}_{name.upper()}"
 
 
 class SecretUnavailable(RuntimeError):

@@ -256,7 +256,8 @@ def test_no_secret_in_a_plain_environment_variable(tf: Terraform) -> None:
 
     service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
     dynamic = one(service["dynamic"])["secret_environment_variables"]
-    assert "var.secrets" in dynamic["for_each"]
+    assert "local.secrets" in dynamic["for_each"]
+    assert "var.secrets" in tf.locals["secrets"]
     content = one(dynamic["content"])
     assert "var" not in str(content.get("value", "")), "secrets arrive by reference only"
     assert content["version"] == "${secret_environment_variables.value.version}"
@@ -764,3 +765,195 @@ def test_readme_smoke_recipe_is_accepted_by_the_real_webhook(
             tx.scalar("SELECT count(*) FROM webhook_inbox WHERE connection_id = :c", c=connection)
             == 1
         )
+
+
+# --- issue 13: HubSpot apps' secrets and URLs -------------------------------------------------
+
+SAMPLE_APPS: dict[str, dict[str, Any]] = {
+    "1234567": {
+        "kind": "public",
+        "versions": {"client_secret": "3", "client_id": "1", "developer_key": "2"},
+    },
+    "7654321": {"kind": "private", "versions": {"client_secret": "1"}},
+}
+
+
+def _fill(template: str, app_id: str, name: str) -> str:
+    """A string template of secrets.tf's app loop, for one app and secret name."""
+    filled = (
+        template.replace("${app_id}", app_id)
+        .replace('${replace(name, "_", "-")}', name.replace("_", "-"))
+        .replace("${upper(name)}", name.upper())
+    )
+    assert "${" not in filled, f"an interpolation this test does not know: {template}"
+    return filled
+
+
+def deployed_secrets(tf: Terraform, apps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """local.secrets as Terraform would compute it for `var.hubspot_apps = apps`: the fixed
+    var.secrets and, per app, one secret per name its kind has, read by the functions
+    local.hubspot_app_secret_readers lists. The loop's shape is asserted, its templates
+    filled from the HCL itself."""
+    assert tf.locals["secrets"] == "${merge(var.secrets, local.hubspot_app_secrets)}"
+    loop = tf.locals["hubspot_app_secrets"]
+    assert "for app_id, app in var.hubspot_apps" in loop
+    assert "for name, readers in local.hubspot_app_secret_readers[app.kind]" in loop
+    assert "version = app.versions[name]" in loop and "functions = readers" in loop
+    key = re.search(r'"([^"]*\$\{app_id\}[^"]*(?:"_", "-"\)\}[^"]*)?)" =>', loop)
+    env = re.search(r'env_var = "([^"]*)"', loop)
+    assert key and env, loop
+    readers = tf.locals["hubspot_app_secret_readers"]
+    found = dict(tf.variables["secrets"]["default"])
+    for app_id, app in apps.items():
+        for name, functions in readers[app["kind"]].items():
+            secret_id = _fill(key[1], app_id, name)
+            assert secret_id not in found, f"{secret_id} declared twice"
+            found[secret_id] = {
+                "env_var": _fill(env[1], app_id, name),
+                "version": app["versions"][name],
+                "functions": functions,
+            }
+    return found
+
+
+def env_of_each_function(tf: Terraform, secrets: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
+    """Per function, the secret variables the dynamic block hands it; checks that the
+    accessor grants follow the same list (a variable without its grant fails at start-up, a
+    grant without its variable is privilege nobody uses)."""
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    dynamic = one(service["dynamic"])["secret_environment_variables"]
+    assert dynamic["for_each"] == (
+        "${{for id, s in local.secrets : id => s if contains(s.functions, each.key)}}"
+    )
+    assert one(dynamic["content"])["key"] == "${secret_environment_variables.value.env_var}"
+    grants = tf.locals["secret_grants"]
+    assert "for id, s in local.secrets" in grants and "for fn in s.functions" in grants
+    accessor = tf.resources[("google_secret_manager_secret_iam_member", "accessor")]
+    assert accessor["for_each"] == "${local.secret_grants}"
+    assert accessor["role"] == "roles/secretmanager.secretAccessor"
+    assert accessor["member"] == "${google_service_account.function[each.value.function].member}"
+    assert tf.resources[("google_secret_manager_secret", "secret")]["for_each"] == (
+        "${local.secrets}"
+    )
+    env: dict[str, set[str]] = {d.name: set() for d in DEPLOYABLES}
+    for spec in secrets.values():
+        for fn in spec["functions"]:
+            env[fn].add(spec["env_var"])
+    return env
+
+
+def test_every_app_secret_the_code_reads_reaches_its_readers_and_no_other(tf: Terraform) -> None:
+    """For a public and a private app, each function gets exactly the app secrets the code
+    says it reads (shared/provider_apps.py), under the names the code looks up, and the
+    token-encryption key reaches exactly the functions that use a connection's token."""
+    from shared.deployables import CRM_TOKEN_USERS
+    from shared.oauth_tokens import TOKEN_KEK_ENV
+    from shared.provider_apps import APP_SECRET_READERS, secret_env
+
+    readers = tf.locals["hubspot_app_secret_readers"]
+    assert {k: {n: tuple(f) for n, f in v.items()} for k, v in readers.items()} == {
+        k: dict(v) for k, v in APP_SECRET_READERS.items()
+    }
+    env = env_of_each_function(tf, deployed_secrets(tf, SAMPLE_APPS))
+    wired = 0
+    for app_id, app in SAMPLE_APPS.items():
+        for name in ("client_secret", "client_id", "developer_key"):
+            expected = APP_SECRET_READERS[app["kind"]].get(name, ())  # type: ignore[call-overload]
+            for d in DEPLOYABLES:
+                has = secret_env(app_id, name) in env[d.name]  # type: ignore[arg-type]
+                assert has is (d.name in expected), (app_id, name, d.name)
+                wired += has
+    assert wired == 4 + 3 + 2 + 1
+    for d in DEPLOYABLES:
+        assert (TOKEN_KEK_ENV in env[d.name]) is (d.name in CRM_TOKEN_USERS), d.name
+        # The connections' static CRM tokens go to the same functions as the OAuth secrets.
+        assert ("CRM_CREDENTIALS" in env[d.name]) is (d.name in CRM_TOKEN_USERS), d.name
+    # Versions are the operator's pins, never "latest".
+    for spec in deployed_secrets(tf, SAMPLE_APPS).values():
+        assert re.fullmatch(r"[1-9]\d*", spec["version"]), spec
+    # Nothing of an app travels as a plain value.
+    plain = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert not [k for k in plain["environment_variables"] if k.startswith("HUBSPOT_APP_")]
+    assert "hubspot_apps" not in str(plain["environment_variables"])
+
+
+def test_hubspot_apps_variable_pins_versions_and_names_each_kinds_secrets(tf: Terraform) -> None:
+    variable = tf.variables["hubspot_apps"]
+    assert variable["default"] == {}
+    assert "versions" in variable["type"] and "kind" in variable["type"]
+    conditions = [str(v["condition"]) for v in variable["validation"]]
+    assert any("regex" in c and "a.versions" in c for c in conditions), "pin app versions"
+    assert any("^[1-9][0-9]{0,19}$" in c for c in conditions), "keys are numeric app ids"
+    # The names a kind must pin are the names the code reads for that kind.
+    from shared.provider_apps import APP_SECRET_READERS
+
+    kinds = next(c for c in conditions if "sort(keys(a.versions))" in c)
+    for names in APP_SECRET_READERS.values():
+        assert "[" + ", ".join(f'"{n}"' for n in sorted(names)) + "]" in kinds, kinds
+
+
+def test_app_webhook_url_output_is_the_uri_the_app_path_verifies(tf: Terraform) -> None:
+    """The target URL infra tells the operator to register for an app is routed to the app
+    path, and is exactly the URI the webhook rebuilds (PUBLIC_BASE_URL + the path it sees
+    behind cloudfunctions.net) to check HubSpot's v3 signature."""
+    from shared.webhooks.hubspot_app import APP_PATH
+    from shared.webhooks.receive import WebhookRequest, public_uri
+
+    output = tf.outputs["hubspot_app_webhook_urls"]["value"]
+    template = re.fullmatch(
+        r"\$\{\{for app_id, app in var\.hubspot_apps : app_id => \"(.*)\"\}\}", output
+    )
+    assert template, output
+    assert template[1].startswith("${local.webhook_public_base_url}/")
+    base = "https://europe-west1-p.cloudfunctions.net/webhook"  # local.webhook_public_base_url
+    app_id = "1234567"
+    url = template[1].replace("${local.webhook_public_base_url}", base).replace("${app_id}", app_id)
+    path = url.removeprefix(base)  # what the function sees: no /webhook prefix
+    match = APP_PATH.match(path)
+    assert match and match["app_id"] == app_id and match["provider"] == "hubspot"
+    request = WebhookRequest(
+        method="POST",
+        path=path,
+        query_string="",
+        headers={"Host": "10.0.0.7:8080"},
+        scheme="http",
+        host="10.0.0.7:8080",
+        read=lambda n: b"",
+        content_length=0,
+        environ={},
+    )
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert "local.webhook_public_base_url" in service["environment_variables"]["PUBLIC_BASE_URL"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PUBLIC_BASE_URL", base)
+        assert public_uri(request) == url
+
+
+def test_oauth_redirect_url_is_the_ops_functions_callback(tf: Terraform) -> None:
+    value = tf.outputs["hubspot_oauth_redirect_url"]["value"]
+    assert value.endswith("/oauth/hubspot/callback")
+    assert function_ref(value.removesuffix("/oauth/hubspot/callback")) == "ops"
+
+
+def test_readme_registers_the_app_under_the_names_infra_hands_out(tf: Terraform, db: Any) -> None:
+    """The README's registration SQL runs on the real schema and names exactly the variables
+    Terraform gives the functions for that app; its `gcloud` lines add versions to the secrets
+    Terraform declares for it."""
+    from shared import provider_apps
+
+    section = _readme_section("Register the HubSpot app")
+    sql = re.search(r"```sql\n(.*?)```", section, re.S)
+    assert sql
+    with db.transaction() as tx:
+        tx.execute(sql[1].strip().rstrip(";"))
+        app = provider_apps.get_app(tx, "hubspot", "123")
+    assert app is not None and app.kind == "public"
+    assert app.client_secret_env == provider_apps.secret_env("123", "client_secret")
+    assert app.developer_credential_env == provider_apps.secret_env("123", "developer_key")
+    tfvars = re.search(r'"123" = \{ kind = "public", versions = \{ (.*?) \} \}', section)
+    assert tfvars
+    versions = dict(re.findall(r'(\w+) = "(\d+)"', tfvars[1]))
+    secrets = deployed_secrets(tf, {"123": {"kind": "public", "versions": versions}})
+    added = set(re.findall(r"gcloud secrets versions add (\S+)", section))
+    assert added == {s for s in secrets if "-app-123-" in s} | {"onceflow-token-kek"}
+    assert set(secrets) >= added

@@ -13,6 +13,10 @@ subscriptions infra/ declares, the fake CRM, the local scheduler) against a fres
 database on the session's PostgreSQL, and stops every process at the end of the session.
 The database is shared by every end-to-end test: use your own tenant ids.
 
+A test of what HubSpot's deliveries do lets the stack's fake CRM send them:
+`tests/e2e/fake_hubspot.py` (`app_delivery`) registers the app the fake plays and switches it
+to the realistic delivery mode towards the app's one URL; use your own portal ids.
+
 `E2E_ENV` is what the functions run with on top of the stack's defaults: short loop budgets so
 a scheduled call returns in seconds, and a scheduler running 20 times faster (every `* * * * *`
 job fires every 3 s). Add your function's knobs here rather than restarting it per test.
