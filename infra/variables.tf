@@ -108,6 +108,13 @@ variable "secrets" {
       version   = "1"
       functions = ["ops"]
     }
+    # Signs approval links (shared/ops/approval_links.py, SECRET_ENV): without it no link can be
+    # made or used. At least 16 random characters.
+    "onceflow-approval-link-secret" = {
+      env_var   = "ONCEFLOW_APPROVAL_LINK_SECRET"
+      version   = "1"
+      functions = ["ops"]
+    }
     # Seals OAuth refresh and access tokens at rest (shared/oauth_tokens.py, TOKEN_KEK_ENV):
     # 32 random bytes, base64. Read by the functions that use or refresh a connection's token
     # (shared/deployables.py, CRM_TOKEN_USERS).

@@ -957,3 +957,15 @@ def test_readme_registers_the_app_under_the_names_infra_hands_out(tf: Terraform,
     added = set(re.findall(r"gcloud secrets versions add (\S+)", section))
     assert added == {s for s in secrets if "-app-123-" in s} | {"onceflow-token-kek"}
     assert set(secrets) >= added
+
+
+def test_approval_links_can_be_signed_in_the_cloud(tf: Terraform) -> None:
+    # The ops function makes and checks approval links with this key; without a secret for it
+    # every link request in a deployment is refused ("no link can be made or used").
+    from shared.ops import approval_links
+
+    handed = {
+        spec["env_var"]: set(spec["functions"])
+        for spec in tf.variables["secrets"]["default"].values()
+    }
+    assert handed.get(approval_links.SECRET_ENV) == {"ops"}
