@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
@@ -37,6 +37,7 @@ ASSOCIATION_TYPES = {
     192: ("tasks", "companies"),
     216: ("tasks", "deals"),
 }
+ACCESS_TOKENS_PREFIX = "/oauth/v1/access-tokens/"
 ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
 
 
@@ -122,6 +123,7 @@ class FakeCrm:
             client_id=self.config.oauth_client_id,
             client_secret=self.config.oauth_client_secret,
             access_seconds=self.config.access_token_seconds,
+            app_id=self.config.app_id,
         )
         self.webhooks = WebhookSender(
             self.store,
@@ -605,6 +607,23 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _Reply(refused.status, refused.body) from None
                 entry["status"] = 200
                 self._send(200, granted)
+                return
+            if path == "/oauth/authorize" and method == "GET":
+                try:
+                    location = self.fake.oauth.consent(
+                        parse_qs(url.query), self.fake.config.portal_id
+                    )
+                except OAuthRefused as refused:
+                    raise _Reply(refused.status, refused.body) from None
+                entry["status"] = 302
+                self._send(302, None, {"Location": location})
+                return
+            if path.startswith(ACCESS_TOKENS_PREFIX) and method == "GET":
+                info = self.fake.oauth.token_info(unquote(path[len(ACCESS_TOKENS_PREFIX) :]))
+                if info is None:
+                    raise _error(404, "access token not found or expired", "OBJECT_NOT_FOUND")
+                entry["status"] = 200
+                self._send(200, info)
                 return
             portal = self._authorize(path, parse_qs(url.query))
             allowed, rate_headers, wait = self.fake.take_rate()
