@@ -193,17 +193,14 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
         raise refused(status, "exchange_failed", f"the code exchange failed: {exc.code}") from None
     if info.app_id is not None and info.app_id != app.app_id:
         raise refused(400, "other_app", "the token HubSpot gave is for another app")
+    taken = False
     with db.transaction() as tx:
         existing = tx.one(
             CONNECTION_LOCK, provider=app.provider, app_id=app.app_id, account_id=info.hub_id
         )
         if existing is not None and existing["tenant_id"] != tenant_id:
-            raise refused(
-                409,
-                "portal_taken",
-                f"portal {info.hub_id} is already connected to another tenant for this app",
-            )
-        if existing is None:
+            taken = True  # raised after the transaction (the pool translates what escapes it)
+        elif existing is None:
             connection_id = connections.create_connection(
                 tx,
                 tenant_id=tenant_id,
@@ -219,6 +216,15 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
             connection_id = str(existing["id"])
             tx.execute(REAUTHORIZED, connection_id=connection_id)
             outcome = "reauthorized"
-        oauth_tokens.store_grant(tx, connection_id, grant, oauth_tokens.TOKEN_KEK_ENV)
-        tx.execute(STATE_DONE, state_sha256=state_hash(state or ""), connection_id=connection_id)
+        if not taken:
+            oauth_tokens.store_grant(tx, connection_id, grant, oauth_tokens.TOKEN_KEK_ENV)
+            tx.execute(
+                STATE_DONE, state_sha256=state_hash(state or ""), connection_id=connection_id
+            )
+    if taken:
+        raise refused(
+            409,
+            "portal_taken",
+            f"portal {info.hub_id} is already connected to another tenant for this app",
+        )
     return Installed(tenant_id, app.app_id, info.hub_id, connection_id, outcome, started_by)
