@@ -31,7 +31,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
     monkeypatch.setenv("APP_CLIENT_ID", "fake-client-id")
     monkeypatch.setenv("APP_CLIENT_SECRET", "fake-client-secret")
     monkeypatch.setenv("PRIVATE_APP_TOKEN", "private-token")
-    crm = FakeCrm(FakeCrmConfig(app_id=APP_ID, token="private-token")).start()  # noqa: S106
+    crm = FakeCrm(FakeCrmConfig(app_id=APP_ID, token="private-token")).start()
     connect.forget_ports()
     try:
         yield crm
