@@ -421,7 +421,9 @@ class FakeCrm:
                     "delivery": self.config.delivery,
                     "unique_event_ids": self.config.unique_event_ids,
                     "rate_limit_retry_after": self.config.rate_limit_retry_after,
+                    "unique_properties": self.config.unique_properties,
                 },
+                "oauth": {"refreshes": self.oauth.refreshes},
             }
 
 
@@ -824,6 +826,17 @@ class _Handler(BaseHTTPRequestHandler):
             for flag in ("unique_event_ids", "rate_limit_retry_after"):
                 if flag in body:
                     setattr(fake.config, flag, bool(body[flag]))
+            if "developer_api_key" in body:  # the demo turns HubSpot's rule on for its app
+                fake.config.developer_api_key = body["developer_api_key"] or None
+            if "unique_properties" in body:
+                unique = body["unique_properties"]
+                if not isinstance(unique, dict) or not all(
+                    isinstance(v, list) for v in unique.values()
+                ):
+                    raise _error(
+                        400, "unique_properties maps object types to lists", "VALIDATION_ERROR"
+                    )
+                fake.config.unique_properties = {str(k): list(v) for k, v in unique.items()}
             return 200, fake.state()["config"]
         if path == "/_admin/oauth/authorize" and method == "POST":
             portal_id = int(body.get("portal_id", fake.config.portal_id))
