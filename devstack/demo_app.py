@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -236,20 +236,19 @@ class AppChapters:
             + " — lifecyclestage for one tenant, jobtitle for the other, one app-level set.",
         )
 
-    def _settled_run(self, tenant_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-        def probe() -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    def _run_steps(
+        self, tenant_id: str, done: Callable[[list[dict[str, Any]]], bool], seconds: float
+    ) -> list[dict[str, Any]] | None:
+        """The steps of the tenant's first run once `done` holds for them (None on time-out)."""
+        from devstack.demo import wait_for
+
+        def probe() -> list[dict[str, Any]] | None:
             with self.s.db.transaction() as tx:
                 runs = tx.all(self.sql["demo_runs"], tenant_id=tenant_id)
-                if not runs:
-                    return None
-                steps = tx.all(self.sql["demo_steps"], run_id=runs[0]["id"])
-            done = {"succeeded", "skipped", "failed"}
-            return (runs[0], steps) if steps and all(s["status"] in done for s in steps) else None
+                steps = tx.all(self.sql["demo_steps"], run_id=runs[0]["id"]) if runs else []
+            return steps if steps and done(steps) else None
 
-        from devstack.demo import WAIT_SECONDS, wait_for
-
-        # A lost response is retried after the step's backoff: give it longer than a hop.
-        return wait_for(probe, max(30.0, WAIT_SECONDS))
+        return wait_for(probe, seconds)
 
     def _change(self, portal: Portal, properties: Mapping[str, str]) -> str:
         made = self._admin(
@@ -259,6 +258,8 @@ class AppChapters:
         return str(made.json().get("id", "?"))
 
     def deliveries(self) -> None:
+        from devstack.demo import WAIT_SECONDS
+
         story = self.s.story
         story.title("Both portals change records; HubSpot sends them to the app's one URL")
         url = f"{self.s.stack.url('webhook')}/hubspot/app/{APP_ID}"
@@ -270,30 +271,23 @@ class AppChapters:
             "faults",
             {"action": "drop_after_commit", "method": "POST", "path": "^/crm/v3/objects/tasks$"},
         )
-        contact = self._change(
+        lead_contact = self._change(
             lead, {"email": f"lin+{self.stamp}@example.com", "lifecyclestage": "lead"}
         )
-        got = self._settled_run(lead.tenant_id)
-        tasks = [
-            t
-            for t in httpx.get(f"{self.fake}/_admin/records/tasks", timeout=5).json()["results"]
-            if t["properties"].get("hs_task_subject") == f"Call lead {contact} ({lead.tenant_id})"
-        ]
-        step = got[1][0] if got else None
-        story.verdict(
-            step is not None
-            and step["status"] == "succeeded"
-            and step["outcome_code"] == "ADOPTED_EXISTING"
-            and len(tasks) == 1,
-            f"portal {lead.portal_id}'s contact {contact} became a lead; the run's create_task "
+        first = self._run_steps(
+            lead.tenant_id,
+            lambda steps: steps[0]["status"] in ("waiting_for_retry", "succeeded", "failed"),
+            max(WAIT_SECONDS, 20.0),
+        )
+        story.say(
+            f"Portal {lead.portal_id}'s contact {lead_contact} became a lead; the run's "
+            "create_task sent its create, the CRM made the task and the response was lost: "
             + (
-                f"{step['status']} after {step['attempt']} attempts with outcome "
-                f"{step['outcome_code']}: the first response was lost, the second create "
-                "carried the same key and HubSpot's 409 named the task the first one made"
-                if step
-                else "did not settle"
+                f"the step is {first[0]['status']} ({first[0]['outcome_code'] or '-'})"
+                if first
+                else "the step did not start"
             )
-            + f"; the portal has {len(tasks)} such task.",
+            + ". A lost response is retried after the step's backoff (60 s); meanwhile:"
         )
         before = int(self._state()["oauth"]["refreshes"])
         with self.s.db.transaction() as tx:
@@ -303,14 +297,16 @@ class AppChapters:
         contact = self._change(
             titled, {"email": f"kim+{self.stamp}@example.com", "jobtitle": "CTO"}
         )
-        got = self._settled_run(titled.tenant_id)
+        settled = {"succeeded", "skipped", "failed"}
+        steps = self._run_steps(
+            titled.tenant_id,
+            lambda steps: all(s["status"] in settled for s in steps),
+            max(WAIT_SECONDS, 20.0),
+        )
         after = int(self._state()["oauth"]["refreshes"])
         with self.s.db.transaction() as tx:
             now = tx.scalar(self.sql["demo_grant_refreshed"], connection_id=titled.connection_id)
-            rows = int(
-                tx.scalar(self.sql["demo_app_inbox_rows"], app_id=APP_ID, since=self.since) or 0
-            )
-        step = got[1][0] if got else None
+        step = steps[0] if steps else None
         story.verdict(
             step is not None and step["status"] == "succeeded" and after > before and now > was,
             f"portal {titled.portal_id}'s contact {contact} got a job title; the run's "
@@ -318,9 +314,38 @@ class AppChapters:
             f"{step['status'] if step else 'did not settle'}: HubSpot answered 401 to the "
             f"expired token, the port refreshed it ({after - before} refresh) and retried once.",
         )
+        steps = self._run_steps(
+            lead.tenant_id, lambda steps: all(s["status"] in settled for s in steps), 120.0
+        )
+        subject = f"Call lead {lead_contact} ({lead.tenant_id})"
+        tasks = [
+            t
+            for t in httpx.get(f"{self.fake}/_admin/records/tasks", timeout=5).json()["results"]
+            if t["properties"].get("hs_task_subject") == subject
+        ]
+        step = steps[0] if steps else None
+        story.verdict(
+            step is not None
+            and step["status"] == "succeeded"
+            and step["outcome_code"] == "ADOPTED_EXISTING"
+            and len(tasks) == 1,
+            f"portal {lead.portal_id}: create_task "
+            + (
+                f"{step['status']} after {step['attempt']} attempts with outcome "
+                f"{step['outcome_code']} (not OUTCOME_UNKNOWN): the retry carried the same "
+                f"{KEY_PROPERTY}, and HubSpot's 409 named the task the lost create had made"
+                if step
+                else "did not settle"
+            )
+            + f"; the portal has {len(tasks)} task '{subject}'.",
+        )
+        with self.s.db.transaction() as tx:
+            rows = int(
+                tx.scalar(self.sql["demo_app_inbox_rows"], app_id=APP_ID, since=self.since) or 0
+            )
         story.verdict(
             rows > 0 and bool(lead.connection_id) and bool(titled.connection_id),
             f"both portals' webhooks came through the one URL: {rows} app-level inbox rows, "
-            f"each event routed by (appId, portalId) to its tenant's connection.",
+            "each event routed by (appId, portalId) to its tenant's connection.",
         )
         self._admin("config", {"developer_api_key": None, "delivery": "serial"})
