@@ -90,9 +90,7 @@ def crm_calls(fake: FakeCrm) -> list[tuple[str, object]]:
         ]
 
 
-def test_an_oauth_connection_acts_with_its_grant_in_its_portal(
-    db: Database, fake: FakeCrm
-) -> None:
+def test_an_oauth_connection_acts_with_its_grant_in_its_portal(db: Database, fake: FakeCrm) -> None:
     connection_id, _ = installed(db, fake)
     made = connect.port_for(connection_id).create("deals", {"dealname": "oauth"})
     [record] = [r for r in fake.records("deals") if r["id"] == made.id]
@@ -116,9 +114,7 @@ def test_a_token_that_expires_mid_run_is_refreshed_once_and_the_call_retried_onc
     assert fake.oauth.refreshes == 1
 
 
-def test_a_token_about_to_expire_is_refreshed_before_the_call(
-    db: Database, fake: FakeCrm
-) -> None:
+def test_a_token_about_to_expire_is_refreshed_before_the_call(db: Database, fake: FakeCrm) -> None:
     connection_id, _ = installed(db, fake)
     with db.transaction() as tx:
         tx.execute(
