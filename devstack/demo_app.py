@@ -28,7 +28,6 @@ if TYPE_CHECKING:
 APP_ID = "424242"  # the fake's app (its subscriptions API answers for this id only)
 APP_SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
 CLIENT_ID_ENV = "ONCEFLOW_DEMO_HUBSPOT_CLIENT_ID"
-CLIENT_SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_CLIENT_SECRET"  # noqa: S105 - a variable name
 DEVELOPER_KEY_ENV = "ONCEFLOW_DEMO_HUBSPOT_DEVELOPER_KEY"
 KEY_PROPERTY = "onceflow_key"
 SCOPES = ("crm.objects.contacts.read", "crm.objects.contacts.write")
@@ -129,7 +128,6 @@ class AppChapters:
                 developer_credential_env=DEVELOPER_KEY_ENV,
                 api_base_url=self.fake,
                 oauth_client_id_env=CLIENT_ID_ENV,
-                oauth_client_secret_env=CLIENT_SECRET_ENV,
                 oauth_scopes=SCOPES,
                 oauth_authorize_url=f"{self.fake}/oauth/authorize",
             )
@@ -139,7 +137,8 @@ class AppChapters:
                 )
             operator, _ = mint_token(tx, tenant_id=None, label="make demo (installs)")
         story.say(
-            f"App {APP_ID} names its OAuth client ({CLIENT_ID_ENV}, {CLIENT_SECRET_ENV}), its "
+            f"App {APP_ID} names its OAuth client id ({CLIENT_ID_ENV}; the client secret is the "
+            f"app's, {APP_SECRET_ENV}, as at HubSpot), its "
             f"developer key ({DEVELOPER_KEY_ENV}) and scopes {' '.join(SCOPES)}; grants are "
             "sealed with ONCEFLOW_TOKEN_KEK."
         )

@@ -59,10 +59,10 @@ DATABASE_NAME = "onceflow"
 DEMO_SECRETS = {
     "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET": "local-demo-hubspot-app-secret",
     "ONCEFLOW_DEMO_HUBSPOT_TOKEN": "local-demo-hubspot-token",
-    # The demo's public app (issue 13): its OAuth client (the fake's defaults), its developer
-    # key, and the key-encryption key OAuth grants are sealed with (32 bytes, base64).
+    # The demo's public app (issue 13): its OAuth client id (the fake's default; its client
+    # secret is the app secret above, as at HubSpot), its developer key, and the key OAuth
+    # grants are sealed with (32 bytes, base64).
     "ONCEFLOW_DEMO_HUBSPOT_CLIENT_ID": "fake-client-id",
-    "ONCEFLOW_DEMO_HUBSPOT_CLIENT_SECRET": "fake-client-secret",
     "ONCEFLOW_DEMO_HUBSPOT_DEVELOPER_KEY": "local-demo-developer-key",
     "ONCEFLOW_TOKEN_KEK": "bG9jYWwtZGVtby1rZXktZW5jcnlwdGlvbi1rZXktMzI=",
 }

@@ -2,15 +2,14 @@
 -- operator to the app's authorize URL and takes HubSpot's browser redirect back, exchanging
 -- its one-time code for the portal's first grant (sealed in connection_oauth_tokens).
 
--- Where the app's OAuth client lives: env var NAMES (filled from Secret Manager), never values,
--- like client_secret_env. The scopes the install asks for, and the authorize URL (null:
+-- The app's OAuth client id: an env var NAME (filled from Secret Manager), never the value,
+-- like client_secret_env; HubSpot's OAuth client secret is that same client secret (it also
+-- keys the v3 signatures). The scopes the install asks for, and the authorize URL (null:
 -- HubSpot's https://app.hubspot.com/oauth/authorize; the fake's locally).
 ALTER TABLE provider_apps
-    ADD COLUMN oauth_client_id_env     text CHECK (oauth_client_id_env ~ '^[A-Z][A-Z0-9_]*$'),
-    ADD COLUMN oauth_client_secret_env text
-        CHECK (oauth_client_secret_env ~ '^[A-Z][A-Z0-9_]*$'),
-    ADD COLUMN oauth_scopes            text[] NOT NULL DEFAULT '{}',
-    ADD COLUMN oauth_authorize_url     text;
+    ADD COLUMN oauth_client_id_env text CHECK (oauth_client_id_env ~ '^[A-Z][A-Z0-9_]*$'),
+    ADD COLUMN oauth_scopes        text[] NOT NULL DEFAULT '{}',
+    ADD COLUMN oauth_authorize_url text;
 
 -- An install in progress. The `state` sent to HubSpot is the only authenticator of the
 -- browser redirect that comes back (it arrives without our login), so: unguessable (32 random

@@ -90,12 +90,12 @@ def _oauth_app(tx: Tx, app_id: str) -> ProviderApp:
     app = provider_apps.get_app(tx, "hubspot", app_id)
     if app is None:
         raise InstallRefused(404, "no_such_app", f"no HubSpot app {app_id!r} is registered")
-    if app.kind != "public" or not app.oauth_client_id_env or not app.oauth_client_secret_env:
+    if app.kind != "public" or not app.oauth_client_id_env:
         raise InstallRefused(
             409,
             "not_installable",
             f"HubSpot app {app_id} is not a public app with an OAuth client "
-            "(provider_apps.oauth_client_id_env / oauth_client_secret_env)",
+            "(provider_apps.oauth_client_id_env)",
         )
     return app
 

@@ -83,7 +83,6 @@ class ProviderApp:
     api_base_url: str | None = None
     # The OAuth client a public app installs with (env var names; shared/oauth_install.py).
     oauth_client_id_env: str | None = None
-    oauth_client_secret_env: str | None = None
     oauth_scopes: tuple[str, ...] = ()
     oauth_authorize_url: str | None = None
 
@@ -92,13 +91,12 @@ class ProviderApp:
         return _secret(self.client_secret_env)
 
     def oauth_client(self) -> tuple[str, str]:
-        """(client id, client secret) of the app's OAuth client, read from the environment now;
-        SecretUnavailable when the app names none or the variables are unset."""
-        if not self.oauth_client_id_env or not self.oauth_client_secret_env:
-            raise SecretUnavailable(
-                f"app {self.app_id} names no OAuth client (oauth_client_id_env/_secret_env)"
-            )
-        return _secret(self.oauth_client_id_env), _secret(self.oauth_client_secret_env)
+        """(client id, client secret) of the app's OAuth client, read from the environment now
+        (HubSpot's OAuth client secret is the app's client secret); SecretUnavailable when the
+        app names no client id or a variable is unset."""
+        if not self.oauth_client_id_env:
+            raise SecretUnavailable(f"app {self.app_id} names no OAuth client id variable")
+        return _secret(self.oauth_client_id_env), self.client_secret()
 
 
 def _secret(env: str) -> str:
@@ -127,7 +125,6 @@ def get_app(tx: Tx, provider: str, app_id: str) -> ProviderApp | None:
         signature_versions=tuple(row["signature_versions"] or ()),
         api_base_url=row["api_base_url"],
         oauth_client_id_env=row["oauth_client_id_env"],
-        oauth_client_secret_env=row["oauth_client_secret_env"],
         oauth_scopes=tuple(row["oauth_scopes"] or ()),
         oauth_authorize_url=row["oauth_authorize_url"],
     )
@@ -144,7 +141,6 @@ def register_app(
     signature_versions: tuple[str, ...] = ("v3",),
     api_base_url: str | None = None,
     oauth_client_id_env: str | None = None,
-    oauth_client_secret_env: str | None = None,
     oauth_scopes: tuple[str, ...] = (),
     oauth_authorize_url: str | None = None,
 ) -> None:
@@ -158,7 +154,6 @@ def register_app(
         signature_versions="{" + ",".join(signature_versions) + "}",
         api_base_url=api_base_url,
         oauth_client_id_env=oauth_client_id_env,
-        oauth_client_secret_env=oauth_client_secret_env,
         oauth_scopes="{" + ",".join(oauth_scopes) + "}",
         oauth_authorize_url=oauth_authorize_url,
     )

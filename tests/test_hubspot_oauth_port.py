@@ -29,7 +29,7 @@ REDIRECT = "https://ops.example.com/oauth/hubspot/callback"
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
     monkeypatch.setenv(oauth_tokens.TOKEN_KEK_ENV, base64.b64encode(b"k" * 32).decode())
     monkeypatch.setenv("APP_CLIENT_ID", "fake-client-id")
-    monkeypatch.setenv("APP_CLIENT_SECRET", "fake-client-secret")
+    monkeypatch.setenv("APP_SECRET", "fake-client-secret")  # signatures and OAuth: one secret
     monkeypatch.setenv("PRIVATE_APP_TOKEN", "private-token")
     crm = FakeCrm(FakeCrmConfig(app_id=APP_ID, token="private-token")).start()
     connect.forget_ports()
@@ -66,7 +66,6 @@ def installed(db: Database, fake: FakeCrm) -> tuple[str, Grant]:
             client_secret_env="APP_SECRET",
             api_base_url=fake.url,
             oauth_client_id_env="APP_CLIENT_ID",
-            oauth_client_secret_env="APP_CLIENT_SECRET",
         )
         connection_id = connections.create_connection(
             tx,

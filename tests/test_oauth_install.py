@@ -38,7 +38,6 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
     monkeypatch.setenv(oauth_tokens.TOKEN_KEK_ENV, base64.b64encode(b"k" * 32).decode())
     monkeypatch.setenv(CLIENT_ID_ENV, "fake-client-id")
     monkeypatch.setenv(CLIENT_SECRET_ENV, "fake-client-secret")
-    monkeypatch.setenv("HUBSPOT_APP_SECRET", "app-secret")
     monkeypatch.delenv("ONCEFLOW_OPS_PUBLIC_URL", raising=False)
     crm = FakeCrm(FakeCrmConfig(app_id=APP_ID)).start()
     try:
@@ -58,10 +57,9 @@ def setup(db: Database, fake: FakeCrm) -> str:
             tx,
             provider="hubspot",
             app_id=APP_ID,
-            client_secret_env="HUBSPOT_APP_SECRET",
+            client_secret_env=CLIENT_SECRET_ENV,  # HubSpot: signatures and OAuth, one secret
             api_base_url=fake.url,
             oauth_client_id_env=CLIENT_ID_ENV,
-            oauth_client_secret_env=CLIENT_SECRET_ENV,
             oauth_scopes=("crm.objects.contacts.read", "crm.objects.contacts.write"),
             oauth_authorize_url=f"{fake.url}/oauth/authorize",
         )
@@ -70,7 +68,7 @@ def setup(db: Database, fake: FakeCrm) -> str:
             provider="hubspot",
             app_id=PRIVATE_APP,
             kind="private",
-            client_secret_env="HUBSPOT_APP_SECRET",
+            client_secret_env=CLIENT_SECRET_ENV,
         )
     return mint(db, "acme")
 
@@ -144,7 +142,7 @@ def test_an_install_redirects_to_the_authorize_url_and_the_callback_creates_the_
     assert conn["status"] == "active"
     assert (conn["provider_app_id"], conn["provider_account_id"]) == (APP_ID, "2002")
     assert conn["api_credentials_env"] is None  # its token is the OAuth grant
-    assert conn["webhook_secret_env"] == "HUBSPOT_APP_SECRET"  # the app's one URL verifies it
+    assert conn["webhook_secret_env"] == CLIENT_SECRET_ENV  # the app's one URL verifies it
     token = oauth_tokens.access_token(
         db,
         str(conn["id"]),

@@ -40,7 +40,7 @@ class PortSettings:
     idempotency_property: str | None = None
     oauth: bool = False
     oauth_client_id_env: str | None = None
-    oauth_client_secret_env: str | None = None
+    oauth_client_secret_env: str | None = None  # the app's client secret (HubSpot: one)
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
