@@ -133,17 +133,20 @@ def callback(db: Database, request: Request) -> Response:
             status=503,
             message="the database is busy; start the install again",
         )
-    _audit(
-        db,
-        done.tenant_id,
-        done.started_by,
-        {
-            "outcome": done.outcome,
-            "app_id": done.app_id,
-            "portal_id": done.portal_id,
-            "connection_id": done.connection_id,
-        },
-    )
+    try:
+        _audit(
+            db,
+            done.tenant_id,
+            done.started_by,
+            {
+                "outcome": done.outcome,
+                "app_id": done.app_id,
+                "portal_id": done.portal_id,
+                "connection_id": done.connection_id,
+            },
+        )
+    except TransientError:  # the install is committed; say so rather than answer 503
+        log.warning("install of portal %s done; its audit row was not written", done.portal_id)
     verb = "connected" if done.outcome == "created" else "re-authorized"
     return render(
         "install.html",
