@@ -710,6 +710,9 @@ def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
         scenario.admission(first)
         scenario.duplicates(body, event_id, object_id, first)
         scenario.lead_in_the_crm()
+        from devstack.demo_app import AppChapters
+
+        AppChapters(scenario).run()
     finally:
         receiver.close()
         db.close()

@@ -39,3 +39,17 @@ WHERE received_at >= :since ORDER BY id
 
 -- name: demo_bindings
 SELECT count(*) FROM trigger_bindings WHERE tenant_id = :tenant_id
+
+-- name: demo_app_connection
+SELECT id::text AS id, status, provider_account_id, provider_app_id
+FROM connections WHERE tenant_id = :tenant_id ORDER BY created_at
+
+-- name: demo_set_idempotency_property
+-- The portal has a unique-value property reserved for onceflow's key (item 6 of issue 13).
+UPDATE connections SET idempotency_property = :property WHERE id = CAST(:connection_id AS uuid)
+
+-- name: demo_grant_refreshed
+SELECT refreshed_at FROM connection_oauth_tokens WHERE connection_id = CAST(:connection_id AS uuid)
+
+-- name: demo_app_inbox_rows
+SELECT count(*) FROM webhook_inbox WHERE app_id = :app_id AND received_at >= :since

@@ -59,6 +59,12 @@ DATABASE_NAME = "onceflow"
 DEMO_SECRETS = {
     "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET": "local-demo-hubspot-app-secret",
     "ONCEFLOW_DEMO_HUBSPOT_TOKEN": "local-demo-hubspot-token",
+    # The demo's public app (issue 13): its OAuth client id (the fake's default; its client
+    # secret is the app secret above, as at HubSpot), its developer key, and the key OAuth
+    # grants are sealed with (32 bytes, base64).
+    "ONCEFLOW_DEMO_HUBSPOT_CLIENT_ID": "fake-client-id",
+    "ONCEFLOW_DEMO_HUBSPOT_DEVELOPER_KEY": "local-demo-developer-key",
+    "ONCEFLOW_TOKEN_KEK": "bG9jYWwtZGVtby1rZXktZW5jcnlwdGlvbi1rZXktMzI=",
 }
 # What every function process gets besides the connection settings: loopback HTTP is allowed
 # because the fake CRM and the demo's receivers live on 127.0.0.1.

@@ -17,8 +17,8 @@ A HubSpot public app acts on a portal with an OAuth access token that lives 30 m
   connection to `needs_reauthorization` (admission then refuses its events as
   `provider_suppressed`) and raises `ReauthorizationNeeded`.
 
-Not built yet: the install flow that creates the first grant, and the port reading its token
-here (connections still name a static token variable).
+The first grant comes from the install flow (shared/oauth_install.py); CRM ports of OAuth
+connections read their token here (shared/port/connect.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ PUT = SQL["oauth_tokens_put"]
 NEEDS_REAUTHORIZATION = SQL["oauth_tokens_needs_reauthorization"]
 
 # The key-encryption key's variable in a deployment (infra/ fills it from Secret Manager for
-# deployables.CRM_TOKEN_USERS only); a stored grant keeps the name it was sealed under.
+# deployables.CRM_TOKEN_USERS only: ops stores grants at install, all three refresh them); a
+# stored grant keeps the name it was sealed under.
 TOKEN_KEK_ENV = "ONCEFLOW_TOKEN_KEK"  # noqa: S105 - a variable name
 REFRESH_MARGIN_SECONDS = 300  # refresh when less than this is left (calls take time too)
 _NONCE_BYTES = 12

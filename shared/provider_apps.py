@@ -81,13 +81,29 @@ class ProviderApp:
     developer_credential_env: str | None = None
     signature_versions: tuple[str, ...] = ("v3",)
     api_base_url: str | None = None
+    # The OAuth client a public app installs with (env var names; shared/oauth_install.py).
+    oauth_client_id_env: str | None = None
+    oauth_scopes: tuple[str, ...] = ()
+    oauth_authorize_url: str | None = None
 
     def client_secret(self) -> str:
         """The webhook signing secret, read from the environment now (never stored)."""
-        value = os.environ.get(self.client_secret_env)
-        if not value:
-            raise SecretUnavailable(f"environment variable {self.client_secret_env} is not set")
-        return value
+        return _secret(self.client_secret_env)
+
+    def oauth_client(self) -> tuple[str, str]:
+        """(client id, client secret) of the app's OAuth client, read from the environment now
+        (HubSpot's OAuth client secret is the app's client secret); SecretUnavailable when the
+        app names no client id or a variable is unset."""
+        if not self.oauth_client_id_env:
+            raise SecretUnavailable(f"app {self.app_id} names no OAuth client id variable")
+        return _secret(self.oauth_client_id_env), self.client_secret()
+
+
+def _secret(env: str) -> str:
+    value = os.environ.get(env)
+    if not value:
+        raise SecretUnavailable(f"environment variable {env} is not set")
+    return value
 
 
 def is_app_id(text: str) -> bool:
@@ -108,6 +124,9 @@ def get_app(tx: Tx, provider: str, app_id: str) -> ProviderApp | None:
         developer_credential_env=row["developer_credential_env"],
         signature_versions=tuple(row["signature_versions"] or ()),
         api_base_url=row["api_base_url"],
+        oauth_client_id_env=row["oauth_client_id_env"],
+        oauth_scopes=tuple(row["oauth_scopes"] or ()),
+        oauth_authorize_url=row["oauth_authorize_url"],
     )
 
 
@@ -121,6 +140,9 @@ def register_app(
     developer_credential_env: str | None = None,
     signature_versions: tuple[str, ...] = ("v3",),
     api_base_url: str | None = None,
+    oauth_client_id_env: str | None = None,
+    oauth_scopes: tuple[str, ...] = (),
+    oauth_authorize_url: str | None = None,
 ) -> None:
     tx.execute(
         UPSERT,
@@ -131,6 +153,9 @@ def register_app(
         developer_credential_env=developer_credential_env,
         signature_versions="{" + ",".join(signature_versions) + "}",
         api_base_url=api_base_url,
+        oauth_client_id_env=oauth_client_id_env,
+        oauth_scopes="{" + ",".join(oauth_scopes) + "}",
+        oauth_authorize_url=oauth_authorize_url,
     )
 
 

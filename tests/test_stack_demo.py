@@ -65,6 +65,12 @@ def test_demo_starts_tells_and_stops_leaving_nothing_behind() -> None:
         assert "started." in out and "task 'Call new lead" in out
         assert "echo_suppressed" in out
         assert "rule_not_matched, then duplicate" in out
+        # Issue 13: one app on two portals through OAuth, the union of subscriptions, a
+        # refreshed token and an adopted create.
+        assert out.count("which exchanged the code and answered 200") == 2
+        assert "contact.propertyChange:jobtitle, contact.propertyChange:lifecyclestage" in out
+        assert "the port refreshed it" in out
+        assert "with outcome ADOPTED_EXISTING" in out
         assert "did not happen" not in out, out
         assert "stopped what the demo started" in out
         assert stack.read_pids(root / "local") == []

@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"environment variable {args.app_secret_env} is not set", file=sys.stderr)
             return 2
         config.app_secret = secret
+        config.oauth_client_secret = secret  # HubSpot: one client secret, signatures and OAuth
     if args.token_env:
         config.token = os.environ.get(args.token_env) or None
     fake = FakeCrm(config)

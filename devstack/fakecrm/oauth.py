@@ -10,8 +10,13 @@ new access token. A code used twice, or a refresh token revoked (the portal unin
 app) answers 400: `BAD_AUTH_CODE`, `BAD_REFRESH_TOKEN` ("missing or unknown refresh token").
 An expired access token is a 401 on the CRM API.
 
-Tests and the demo drive the user's side through `/_admin/oauth/*`: `authorize` (the user
-installs the app on a portal: a code for the redirect), `revoke` (uninstall) and `expire`
+`GET /oauth/v1/access-tokens/{token}` says which portal (`hub_id`) and app a live token is for.
+
+The user's side: `GET /oauth/authorize` is HubSpot's consent screen, answered at once with the
+redirect HubSpot's browser flow ends in (`redirect_uri?code=...&state=...`, or
+`?error=access_denied&state=...` with `deny=1`); the account picker is the `portal_id` query
+parameter (default: the fake's own portal). Tests and the demo also use `/_admin/oauth/*`:
+`authorize` (a code for a portal without the browser), `revoke` (uninstall) and `expire`
 (every access token expires now, to see a refresh happen without waiting 30 minutes).
 """
 
@@ -22,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 ACCESS_TOKEN_SECONDS = 1800
 
@@ -38,6 +44,8 @@ class OAuthServer:
     client_id: str = "fake-client-id"
     client_secret: str = "fake-client-secret"  # noqa: S105 - a local fake's default
     access_seconds: float = ACCESS_TOKEN_SECONDS
+    app_id: str = "424242"
+    scopes: tuple[str, ...] = ("crm.objects.contacts.read", "crm.objects.contacts.write")
     lock: threading.Lock = field(default_factory=threading.Lock)
     # code -> (portal, redirect_uri); refresh token -> portal; access token -> (portal, expiry)
     codes: dict[str, tuple[int, str]] = field(default_factory=dict)
@@ -51,6 +59,44 @@ class OAuthServer:
         with self.lock:
             self.codes[code] = (portal_id, redirect_uri)
         return code
+
+    def consent(self, query: dict[str, list[str]], default_portal: int) -> str:
+        """`GET /oauth/authorize`: the user approves (or, with `deny=1`, refuses) at once; the
+        Location the browser is sent to. Raises OAuthRefused for a request HubSpot would not
+        even redirect (unknown client, no redirect_uri)."""
+
+        def one(name: str) -> str:
+            values = query.get(name) or [""]
+            return values[-1]
+
+        if one("client_id") != self.client_id:
+            raise OAuthRefused(400, "BAD_CLIENT_ID", "unknown client_id")
+        redirect_uri = one("redirect_uri")
+        if not redirect_uri.startswith(("http://", "https://")):
+            raise OAuthRefused(400, "BAD_REDIRECT_URI", "redirect_uri is required")
+        back: dict[str, str] = {"state": one("state")} if one("state") else {}
+        if one("deny") == "1":
+            back = {"error": "access_denied", "error_description": "the user refused", **back}
+        else:
+            portal = int(one("portal_id") or default_portal)
+            back = {"code": self.authorize(portal, redirect_uri), **back}
+        separator = "&" if "?" in redirect_uri else "?"
+        return redirect_uri + separator + urlencode(back)
+
+    def token_info(self, access_token: str) -> dict[str, Any] | None:
+        """`GET /oauth/v1/access-tokens/{token}` for a live token, else None (HubSpot: 404)."""
+        with self.lock:
+            portal, expires = self.access_tokens.get(access_token, (0, 0.0))
+        if time.monotonic() >= expires:
+            return None
+        return {
+            "token": access_token,
+            "hub_id": portal,
+            "app_id": int(self.app_id),
+            "scopes": list(self.scopes),
+            "token_type": "access",
+            "expires_in": max(int(expires - time.monotonic()), 0),
+        }
 
     def revoke(self, refresh_token: str) -> bool:
         with self.lock:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
@@ -37,6 +37,7 @@ ASSOCIATION_TYPES = {
     192: ("tasks", "companies"),
     216: ("tasks", "deals"),
 }
+ACCESS_TOKENS_PREFIX = "/oauth/v1/access-tokens/"
 ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
 
 
@@ -122,6 +123,7 @@ class FakeCrm:
             client_id=self.config.oauth_client_id,
             client_secret=self.config.oauth_client_secret,
             access_seconds=self.config.access_token_seconds,
+            app_id=self.config.app_id,
         )
         self.webhooks = WebhookSender(
             self.store,
@@ -419,7 +421,9 @@ class FakeCrm:
                     "delivery": self.config.delivery,
                     "unique_event_ids": self.config.unique_event_ids,
                     "rate_limit_retry_after": self.config.rate_limit_retry_after,
+                    "unique_properties": self.config.unique_properties,
                 },
+                "oauth": {"refreshes": self.oauth.refreshes},
             }
 
 
@@ -605,6 +609,23 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _Reply(refused.status, refused.body) from None
                 entry["status"] = 200
                 self._send(200, granted)
+                return
+            if path == "/oauth/authorize" and method == "GET":
+                try:
+                    location = self.fake.oauth.consent(
+                        parse_qs(url.query), self.fake.config.portal_id
+                    )
+                except OAuthRefused as refused:
+                    raise _Reply(refused.status, refused.body) from None
+                entry["status"] = 302
+                self._send(302, None, {"Location": location})
+                return
+            if path.startswith(ACCESS_TOKENS_PREFIX) and method == "GET":
+                info = self.fake.oauth.token_info(unquote(path[len(ACCESS_TOKENS_PREFIX) :]))
+                if info is None:
+                    raise _error(404, "access token not found or expired", "OBJECT_NOT_FOUND")
+                entry["status"] = 200
+                self._send(200, info)
                 return
             portal = self._authorize(path, parse_qs(url.query))
             allowed, rate_headers, wait = self.fake.take_rate()
@@ -805,6 +826,17 @@ class _Handler(BaseHTTPRequestHandler):
             for flag in ("unique_event_ids", "rate_limit_retry_after"):
                 if flag in body:
                     setattr(fake.config, flag, bool(body[flag]))
+            if "developer_api_key" in body:  # the demo turns HubSpot's rule on for its app
+                fake.config.developer_api_key = body["developer_api_key"] or None
+            if "unique_properties" in body:
+                unique = body["unique_properties"]
+                if not isinstance(unique, dict) or not all(
+                    isinstance(v, list) for v in unique.values()
+                ):
+                    raise _error(
+                        400, "unique_properties maps object types to lists", "VALIDATION_ERROR"
+                    )
+                fake.config.unique_properties = {str(k): list(v) for k, v in unique.items()}
             return 200, fake.state()["config"]
         if path == "/_admin/oauth/authorize" and method == "POST":
             portal_id = int(body.get("portal_id", fake.config.portal_id))

@@ -200,6 +200,12 @@ class BlockSpec:
     execute: Execute
     # True for blocks that create records at a provider: they must be at_most_once.
     creates: bool = False
+    # An at_most_once block that reads its own mark (`mark_side_effect_started` answering
+    # False) and either makes the retry safe (crm.create with a unique-value key property:
+    # the provider refuses a second record and names the first) or refuses it as
+    # OUTCOME_UNKNOWN itself. The engine then lets a marked step's retry reach the block
+    # instead of refusing it outright.
+    decides_ambiguous_retry: bool = False
     description: str = ""
     # What `validate` should warn about in a config that parses but will fail every time it
     # runs: (path inside the config, message) pairs. Templated values are the block's to skip.

@@ -378,7 +378,11 @@ CREATE = BlockSpec(
     target=connection_target,
     execute=execute_create,
     creates=True,
-    description="Create a CRM record. At most once: a lost response fails OUTCOME_UNKNOWN.",
+    # With the connection's unique-value key property a lost response is retried and adopted;
+    # without it the block refuses the retry as OUTCOME_UNKNOWN (execute_create).
+    decides_ambiguous_retry=True,
+    description="Create a CRM record. At most once: a lost response fails OUTCOME_UNKNOWN,"
+    " unless the connection has a unique-value key property (then it is adopted).",
 )
 UPDATE = BlockSpec(
     type_name="crm.update",

@@ -25,6 +25,7 @@ from shared import pubsub, queries, request_body, triggers
 from shared.db import Database, get_database
 from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
+from shared.oauth_install import CALLBACK_PATH
 from shared.ops import auth, explain, health, replay
 from shared.ops.cursor import decode_cursor, encode_cursor
 from shared.ops.errors import OpsError, not_found
@@ -49,6 +50,8 @@ from shared.ops.models import (
     ErrorBody,
     FieldProblem,
     HealthReport,
+    InstallRequest,
+    InstallStarted,
     LeaseView,
     LedgerEntry,
     LineageEntry,
@@ -130,6 +133,7 @@ class Call:
     query: Any
     body: Any
     dispatch: replay.Dispatch
+    origin: str = ""  # scheme://host the request came to (a fallback for public URLs)
 
     @property
     def scope(self) -> str | None:
@@ -160,6 +164,8 @@ class Route:
     status: int = 200
     errors: tuple[int, ...] = ()
     path_params: tuple[str, ...] = field(default=())
+    # For a 303: where the answer sends the client, taken from the result.
+    location: Callable[[Any], str] | None = None
 
     @property
     def mutating(self) -> bool:
@@ -239,6 +245,13 @@ def provider_app_report(call: Call) -> ProviderAppReport:
         unrouted=[UnroutedPortal.model_validate(row) for row in unrouted],
         subscriptions=dict(last) if last else None,
     )
+
+
+def install_app(call: Call) -> InstallStarted:
+    """Start installing the HubSpot app on a portal for a tenant (shared/ops/installs.py)."""
+    from shared.ops import installs
+
+    return installs.start(call.db, call.principal, call.path["app_id"], call.body, call.origin)
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -906,6 +919,20 @@ ROUTES: tuple[Route, ...] = (
         path_params=("app_id",),
     ),
     Route(
+        "apps.hubspot.install",
+        "POST",
+        "/v1/apps/hubspot/{app_id}/installs",
+        install_app,
+        InstallStarted,
+        "Start installing the HubSpot app on a portal for a tenant: a 303 to HubSpot's authorize"
+        " URL with a single-use state; HubSpot sends the browser back to /oauth/hubspot/callback",
+        body=InstallRequest,
+        status=303,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("app_id",),
+        location=lambda started: str(started.authorize_url),
+    ),
+    Route(
         "credits.get",
         "GET",
         "/v1/credits",
@@ -1176,6 +1203,7 @@ class OpsApi:
             query=query,
             body=body,
             dispatch=self.dispatch,
+            origin=request.host_url.rstrip("/"),
         )
         return self.invoke(route, call)
 
@@ -1195,7 +1223,9 @@ class OpsApi:
         return principal
 
     def invoke(self, route: Route, call: Call) -> Response:
-        return json_response(self.run_route(route, call), route.status)
+        result = self.run_route(route, call)
+        headers = {"Location": route.location(result)} if route.location else None
+        return json_response(result, route.status, headers)
 
     def run_route(self, route: Route, call: Call) -> BaseModel:
         """The handler's result; errors as OpsError; mutating calls audited either way."""
@@ -1268,4 +1298,8 @@ def handle_request(request: Request) -> Response:
         from shared.ops import page
 
         return page.handle(default_api(), request)
+    if request.path == CALLBACK_PATH:  # public: HubSpot's redirect, authenticated by its state
+        from shared.ops import installs
+
+        return installs.callback(default_api().db, request)
     return default_api().handle(request)

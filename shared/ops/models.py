@@ -769,3 +769,26 @@ class HealthReport(_Response):
         description="Scheduler, queues and dead letters: admin tokens only (null otherwise)."
     )
     connections: list[ConnectionHealth]
+
+
+# ---- app installs (OAuth) -----------------------------------------------------------------
+
+
+class InstallRequest(_Request):
+    tenant_id: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The tenant the portal's connection will belong to; a tenant token's own "
+        "tenant when omitted (an admin token must name one).",
+    )
+
+
+class InstallStarted(_Response):
+    """An install in progress: send the browser to `authorize_url` (also the Location of the
+    303); HubSpot sends it back to `redirect_uri`, the ops function's public callback."""
+
+    tenant_id: str
+    app_id: str
+    authorize_url: str
+    redirect_uri: str
+    expires_at: datetime

@@ -16,6 +16,7 @@ REF = "#/components/schemas/{model}"
 STATUS_WORDS = {
     200: "OK",
     201: "Created",
+    303: "See Other: send the browser to the Location",
     400: "Bad request (malformed JSON or body framing, JSON nested too deep, bad query or cursor)",
     408: "The body did not arrive within the body deadline",
     401: "No valid bearer token",

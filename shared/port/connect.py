@@ -1,9 +1,12 @@
 """Building the CRM port for a connection row.
 
 This is the one place that maps a provider name to an adapter; everything above it sees only
-`CrmPort`. The API credentials come from the environment variable the row names
+`CrmPort`. A private app's token comes from the environment variable the row names
 (`connections.api_credentials_env`, filled from Secret Manager in the cloud), read when the port
-is built and never stored. Ports are cached per process so a warm instance keeps each
+is built and never stored. An OAuth connection (a public app installed on the portal) has a
+sealed grant instead: its port asks shared/oauth_tokens for a live access token on every call
+(refreshed before it expires, with the app's OAuth client) and, when HubSpot answers 401,
+refreshes once and retries once. Ports are cached per process so a warm instance keeps each
 connection's HTTP pool and rate-limit state; a change of base URL or credentials builds a new one.
 """
 
@@ -13,7 +16,7 @@ import os
 import threading
 from dataclasses import dataclass
 
-from shared import queries
+from shared import oauth_tokens, queries
 from shared.connections import is_connection_id
 from shared.db import Tx
 from shared.port.hubspot import HubSpotPort
@@ -35,6 +38,9 @@ class PortSettings:
     api_credentials_env: str | None
     provider_app_id: str | None
     idempotency_property: str | None = None
+    oauth: bool = False
+    oauth_client_id_env: str | None = None
+    oauth_client_secret_env: str | None = None  # the app's client secret (HubSpot: one)
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
@@ -52,6 +58,9 @@ def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
         api_credentials_env=row["api_credentials_env"],
         provider_app_id=row["provider_app_id"],
         idempotency_property=row["idempotency_property"],
+        oauth=bool(row["oauth"]),
+        oauth_client_id_env=row["oauth_client_id_env"],
+        oauth_client_secret_env=row["oauth_client_secret_env"],
     )
 
 
@@ -67,12 +76,21 @@ def build_port(settings: PortSettings) -> CrmPort:
             code="invalid_request",
             transient=False,
         )
+    if settings.status == "needs_reauthorization":
+        raise PortError(
+            f"connection {settings.connection_id} needs reauthorization: HubSpot revoked its "
+            "grant; install the app on the portal again",
+            code="unauthorized",
+            transient=False,
+        )
     if settings.status != "active":
         raise PortError(
             f"connection {settings.connection_id} is {settings.status}",
             code="unauthorized",
             transient=False,
         )
+    if settings.oauth:
+        return _oauth_port(settings)
     if not settings.api_credentials_env:
         raise PortError(
             f"connection {settings.connection_id} names no API credentials variable",
@@ -102,11 +120,7 @@ def build_port(settings: PortSettings) -> CrmPort:
                     code="invalid_request",
                     transient=False,
                 )
-            stale = [k for k in _cache if k[0] == settings.connection_id]
-            for k in stale:
-                old = _cache.pop(k)
-                if isinstance(old, HubSpotPort):
-                    old.close()
+            _drop_cached(settings.connection_id)
             port = HubSpotPort(
                 token,
                 base_url=settings.api_base_url,
@@ -115,6 +129,83 @@ def build_port(settings: PortSettings) -> CrmPort:
             )
             _cache[key] = port
         return port
+
+
+def _env(name: str | None, what: str) -> str:
+    value = os.environ.get(name) if name else None
+    if not value:
+        raise PortError(
+            f"{what}: environment variable {name} is not set"
+            if name
+            else f"{what}: the app names no variable",
+            code="unauthorized",
+            transient=False,
+        )
+    return value
+
+
+def _oauth_port(settings: PortSettings) -> CrmPort:
+    """The port of an OAuth connection: no token of its own, a token source instead."""
+    from shared.db import get_database
+    from shared.port.hubspot_oauth import hubspot_refresher
+
+    if settings.provider != "hubspot":
+        raise PortError(
+            f"no CRM adapter for provider {settings.provider!r}",
+            code="invalid_request",
+            transient=False,
+        )
+    client_id = _env(settings.oauth_client_id_env, "the app's OAuth client id")
+    client_secret = _env(settings.oauth_client_secret_env, "the app's OAuth client secret")
+    key = (
+        settings.connection_id,
+        settings.provider,
+        settings.api_base_url,
+        f"oauth:{client_id}:{client_secret}",
+        f"{settings.provider_app_id}|{settings.idempotency_property}",
+    )
+    refresher = hubspot_refresher(
+        client_id=client_id, client_secret=client_secret, base_url=settings.api_base_url
+    )
+    connection_id = settings.connection_id
+
+    def token_source(rejected: str | None) -> str:
+        try:
+            return oauth_tokens.access_token(
+                get_database(), connection_id, refresher, rejected=rejected
+            )
+        except oauth_tokens.ReauthorizationNeeded as exc:
+            raise PortError(str(exc), code="unauthorized", transient=False) from None
+        except oauth_tokens.NoGrant:
+            raise PortError(
+                f"connection {connection_id} has no OAuth grant",
+                code="unauthorized",
+                transient=False,
+            ) from None
+        except oauth_tokens.TokenKeyUnavailable as exc:
+            raise PortError(str(exc), code="unauthorized", transient=False) from None
+
+    with _cache_lock:
+        port = _cache.get(key)
+        if port is None:
+            _drop_cached(settings.connection_id)
+            port = HubSpotPort(
+                None,
+                base_url=settings.api_base_url,
+                app_id=settings.provider_app_id,
+                idempotency_property=settings.idempotency_property,
+                token_source=token_source,
+            )
+            _cache[key] = port
+        return port
+
+
+def _drop_cached(connection_id: str) -> None:
+    """Close and forget the connection's older port (caller holds `_cache_lock`)."""
+    for k in [k for k in _cache if k[0] == connection_id]:
+        old = _cache.pop(k)
+        if isinstance(old, HubSpotPort):
+            old.close()
 
 
 def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -46,6 +46,8 @@ DEFAULT_BASE_URL = "https://api.hubapi.com"
 DEFAULT_TIMEOUT_SECONDS = 10.0
 PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task": "tasks"}
 SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
+# Rejected token (or None) in, live token out; raises PortError (shared/port/connect.py).
+TokenSource = Callable[[str | None], str]
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 # Codes whose request provably never changed anything at the provider.
 # `busy` (423/477) is HubSpot saying it would not act on the request now.
@@ -226,8 +228,12 @@ class HubSpotPort:
         idempotency_property: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         transport: httpx.BaseTransport | None = None,
+        token_source: TokenSource | None = None,
     ) -> None:
         """`token`: a portal's CRM token (private-app token or OAuth access token), for records.
+        `token_source`: instead of a fixed token, where each call gets a live one (an OAuth
+        connection: shared/port/connect.py); called with the token HubSpot just answered 401
+        to, it hands back a refreshed one.
         `developer_api_key`: the app's developer credential, which is what the webhooks v3
         subscriptions API takes (as `hapikey`), not a portal token
         (https://developers.hubspot.com/docs/api/webhooks). A port for an app's subscriptions
@@ -242,6 +248,7 @@ class HubSpotPort:
             self.capabilities = Capabilities(
                 write_idempotency=True, event_author_identity=True, subscription_management=True
             )
+        self._token_source = token_source
         self.rate_limit = RateLimitState()
         self._spent_until = 0.0
         self._lock = threading.Lock()
@@ -278,10 +285,14 @@ class HubSpotPort:
                 transient=True,
                 retry_after=wait,
             )
-        try:
-            response = self._client.request(method, path, json=json, params=params)
-        except httpx.HTTPError as exc:
-            raise classify_transport_error(exc) from exc
+        response = self._send(method, path, json, params)
+        if response.status_code == 401 and self._token_source is not None:
+            # The access token was refused (expired early, or revoked and reissued): refresh
+            # once and try once more. A 401 means the request was not applied, so resending a
+            # create is safe; a second 401 is final (classified below), never a loop.
+            rejected = self._bearer(response.request)
+            token = self._token_source(rejected)
+            response = self._send(method, path, json, params, token)
         self._read_rate_limit(response.headers)
         if response.status_code >= 300:
             raise classify_response(response, self.rate_limit.interval_ms)
@@ -293,6 +304,28 @@ class HubSpotPort:
             raise PortError(
                 "HubSpot answered with a body that is not JSON", code="unknown", transient=False
             ) from exc
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        json: Any,
+        params: Mapping[str, str] | None,
+        token: str | None = None,
+    ) -> httpx.Response:
+        headers = None
+        if self._token_source is not None:
+            token = token or self._token_source(None)
+            headers = {"Authorization": f"Bearer {token}"}
+        try:
+            return self._client.request(method, path, json=json, params=params, headers=headers)
+        except httpx.HTTPError as exc:
+            raise classify_transport_error(exc) from exc
+
+    @staticmethod
+    def _bearer(request: httpx.Request) -> str | None:
+        value = request.headers.get("Authorization", "")
+        return value.removeprefix("Bearer ") if value.startswith("Bearer ") else None
 
     def _read_rate_limit(self, headers: httpx.Headers) -> None:
         def number(name: str) -> int | None:

@@ -2,10 +2,16 @@
 -- API credentials (never the credentials), and the provider app id for subscriptions.
 
 -- name: port_connection_get
-SELECT id::text AS id, tenant_id, provider, status, api_base_url, api_credentials_env,
-       provider_app_id, idempotency_property
-  FROM connections
- WHERE id = CAST(:connection_id AS uuid)
+-- An OAuth connection (a public app's install) has a sealed grant instead of a token variable;
+-- its refreshes take the app's OAuth client, named on the app (HubSpot's OAuth client secret
+-- is the app's client secret).
+SELECT c.id::text AS id, c.tenant_id, c.provider, c.status, c.api_base_url,
+       c.api_credentials_env, c.provider_app_id, c.idempotency_property,
+       EXISTS (SELECT 1 FROM connection_oauth_tokens t WHERE t.connection_id = c.id) AS oauth,
+       a.oauth_client_id_env, a.client_secret_env AS oauth_client_secret_env
+  FROM connections c
+  LEFT JOIN provider_apps a ON a.provider = c.provider AND a.app_id = c.provider_app_id
+ WHERE c.id = CAST(:connection_id AS uuid)
 
 -- name: port_connection_set_app_id
 UPDATE connections SET provider_app_id = :provider_app_id

@@ -3,20 +3,24 @@
 
 -- name: provider_app_get
 SELECT provider, app_id, kind, client_secret_env, developer_credential_env, signature_versions,
-       api_base_url
+       api_base_url, oauth_client_id_env, oauth_scopes, oauth_authorize_url
   FROM provider_apps
  WHERE provider = :provider AND app_id = :app_id
 
 -- name: provider_app_upsert
 -- Registering an app again updates where its secrets live (rotation is a new env var name).
 INSERT INTO provider_apps (provider, app_id, kind, client_secret_env, developer_credential_env,
-                           signature_versions, api_base_url)
+                           signature_versions, api_base_url, oauth_client_id_env,
+                           oauth_scopes, oauth_authorize_url)
 VALUES (:provider, :app_id, :kind, :client_secret_env, :developer_credential_env,
-        CAST(:signature_versions AS text[]), :api_base_url)
+        CAST(:signature_versions AS text[]), :api_base_url, :oauth_client_id_env,
+        CAST(:oauth_scopes AS text[]), :oauth_authorize_url)
 ON CONFLICT (provider, app_id) DO UPDATE
    SET kind = EXCLUDED.kind, client_secret_env = EXCLUDED.client_secret_env,
        developer_credential_env = EXCLUDED.developer_credential_env,
-       signature_versions = EXCLUDED.signature_versions, api_base_url = EXCLUDED.api_base_url
+       signature_versions = EXCLUDED.signature_versions, api_base_url = EXCLUDED.api_base_url,
+       oauth_client_id_env = EXCLUDED.oauth_client_id_env,
+       oauth_scopes = EXCLUDED.oauth_scopes, oauth_authorize_url = EXCLUDED.oauth_authorize_url
 
 -- name: provider_app_live_connections
 -- The live (not disconnected) connection of each account of the app, for routing one batch.

@@ -278,9 +278,14 @@ def _execute(
     """Run the block (or decide without running it); (settlement, lease lost)."""
     at_most_once = spec.side_effect == "at_most_once"
     retry = NO_RETRY if spec.kind == "flow" else spec.retry
-    if at_most_once and step.side_effect_started_at is not None:
+    if (
+        at_most_once
+        and step.side_effect_started_at is not None
+        and not spec.decides_ambiguous_retry
+    ):
         # An earlier attempt marked the side effect and never settled: the call may have
-        # happened. Calling again could duplicate it, so the engine refuses (invariant 10).
+        # happened. Calling again could duplicate it, so the engine refuses (invariant 10)
+        # — unless the block decides that itself (BlockSpec.decides_ambiguous_retry).
         msg = (
             f"an earlier attempt started this {spec.type_name} call at "
             f"{step.side_effect_started_at.isoformat()} and never recorded its result; "

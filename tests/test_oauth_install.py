@@ -1,0 +1,317 @@
+"""Installing a HubSpot public app through OAuth, over real HTTP: the ops API's start route
+(a 303 to the fake's authorize URL), the fake's consent redirect, and the ops function's
+public callback exchanging the code at the fake's token endpoint. Bad input — a bad, unknown,
+expired or reused state, a replayed code, HubSpot's `error`, a failed exchange — gets a 4xx
+page and creates nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import httpx
+import pytest
+
+from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared import oauth_tokens, provider_apps
+from shared.db import Database
+from shared.oauth_install import state_hash
+from shared.port.hubspot_oauth import hubspot_refresher
+from tests.ops_support import (  # noqa: F401 - fixtures
+    bearer,
+    dispatched_fixture,
+    mint,
+    ops_server_fixture,
+    seed_tenant,
+)
+
+APP_ID = "424242"
+PRIVATE_APP = "4343"
+CLIENT_ID_ENV = "HUBSPOT_APP_424242_CLIENT_ID"
+CLIENT_SECRET_ENV = "HUBSPOT_APP_424242_CLIENT_SECRET"
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    monkeypatch.setenv(oauth_tokens.TOKEN_KEK_ENV, base64.b64encode(b"k" * 32).decode())
+    monkeypatch.setenv(CLIENT_ID_ENV, "fake-client-id")
+    monkeypatch.setenv(CLIENT_SECRET_ENV, "fake-client-secret")
+    monkeypatch.delenv("ONCEFLOW_OPS_PUBLIC_URL", raising=False)
+    crm = FakeCrm(FakeCrmConfig(app_id=APP_ID)).start()
+    try:
+        yield crm
+    finally:
+        crm.stop()
+
+
+@pytest.fixture
+def setup(db: Database, fake: FakeCrm) -> str:
+    """Tenants acme and globex, the public app (OAuth client on the fake) and a private app;
+    an acme ops token."""
+    seed_tenant(db, "acme")
+    seed_tenant(db, "globex")
+    with db.transaction() as tx:
+        provider_apps.register_app(
+            tx,
+            provider="hubspot",
+            app_id=APP_ID,
+            client_secret_env=CLIENT_SECRET_ENV,  # HubSpot: signatures and OAuth, one secret
+            api_base_url=fake.url,
+            oauth_client_id_env=CLIENT_ID_ENV,
+            oauth_scopes=("crm.objects.contacts.read", "crm.objects.contacts.write"),
+            oauth_authorize_url=f"{fake.url}/oauth/authorize",
+        )
+        provider_apps.register_app(
+            tx,
+            provider="hubspot",
+            app_id=PRIVATE_APP,
+            kind="private",
+            client_secret_env=CLIENT_SECRET_ENV,
+        )
+    return mint(db, "acme")
+
+
+def start(ops: str, token: str, app_id: str = APP_ID, **body: str) -> httpx.Response:
+    return httpx.post(
+        f"{ops}/v1/apps/hubspot/{app_id}/installs", json=body, headers=bearer(token), timeout=10
+    )
+
+
+def consent(location: str, portal: int, **extra: str) -> str:
+    """The user picks `portal` on the fake's consent screen: where HubSpot sends the browser."""
+    r = httpx.get(location + "&" + urlencode({"portal_id": str(portal), **extra}), timeout=10)
+    assert r.status_code == 302, r.text
+    return r.headers["Location"]
+
+
+def install(ops: str, token: str, portal: int) -> tuple[httpx.Response, str]:
+    started = start(ops, token)
+    assert started.status_code == 303, started.text
+    back = consent(started.headers["Location"], portal)
+    return httpx.get(back, timeout=10), back
+
+
+def connections_of(db: Database) -> list[dict[str, object]]:
+    with db.transaction() as tx:
+        return tx.all(
+            "SELECT id::text AS id, tenant_id, status, provider_app_id, provider_account_id,"
+            " api_credentials_env, webhook_secret_env FROM connections ORDER BY created_at"
+        )
+
+
+def callback_audits(db: Database) -> list[dict[str, object]]:
+    with db.transaction() as tx:
+        rows = tx.all(
+            "SELECT token_id::text AS token_id, tenant_id, detail::text AS detail FROM ops_audit"
+            " WHERE action = 'apps.hubspot.callback' ORDER BY id"
+        )
+    return [{**r, "detail": json.loads(str(r["detail"]))} for r in rows]
+
+
+def test_an_install_redirects_to_the_authorize_url_and_the_callback_creates_the_connection(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str
+) -> None:
+    started = start(ops_server, setup)
+    assert started.status_code == 303
+    location = urlsplit(started.headers["Location"])
+    query = {k: v[0] for k, v in parse_qs(location.query).items()}
+    assert f"{location.scheme}://{location.netloc}{location.path}" == f"{fake.url}/oauth/authorize"
+    assert query["client_id"] == "fake-client-id"
+    assert query["redirect_uri"] == f"{ops_server}/oauth/hubspot/callback"
+    assert query["scope"] == "crm.objects.contacts.read crm.objects.contacts.write"
+    state = query["state"]
+    assert len(state) >= 40
+    assert started.json()["authorize_url"] == started.headers["Location"]
+    with db.transaction() as tx:
+        stored = tx.all("SELECT state_sha256, tenant_id, app_id FROM oauth_install_states")
+        dump = json.dumps(tx.all("SELECT * FROM oauth_install_states"), default=str)
+    assert [(bytes(r["state_sha256"]), r["tenant_id"], r["app_id"]) for r in stored] == [
+        (state_hash(state), "acme", APP_ID)
+    ]
+    assert state not in dump  # only its hash is kept
+
+    back = consent(started.headers["Location"], 2002)
+    code = parse_qs(urlsplit(back).query)["code"][0]
+    page = httpx.get(back, timeout=10)
+    assert page.status_code == 200, page.text
+    assert "portal 2002 is connected for tenant acme" in page.text
+    [conn] = connections_of(db)
+    assert conn["tenant_id"] == "acme"
+    assert conn["status"] == "active"
+    assert (conn["provider_app_id"], conn["provider_account_id"]) == (APP_ID, "2002")
+    assert conn["api_credentials_env"] is None  # its token is the OAuth grant
+    assert conn["webhook_secret_env"] == CLIENT_SECRET_ENV  # the app's one URL verifies it
+    token = oauth_tokens.access_token(
+        db,
+        str(conn["id"]),
+        hubspot_refresher(
+            client_id="fake-client-id", client_secret="fake-client-secret", base_url=fake.url
+        ),
+    )
+    assert fake.oauth.portal_of(token) == ("live", 2002)
+    [audit] = callback_audits(db)
+    assert audit["tenant_id"] == "acme"
+    assert audit["token_id"] is not None  # who started the install
+    assert audit["detail"]["outcome"] == "created"
+    assert audit["detail"]["portal_id"] == "2002"
+    with db.transaction() as tx:
+        everything = json.dumps(tx.all("SELECT * FROM ops_audit"), default=str)
+    assert code not in everything and state not in everything and token not in everything
+
+
+def test_a_second_portal_gets_its_own_connection_and_a_reinstall_reauthorizes(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str
+) -> None:
+    assert install(ops_server, setup, 2002)[0].status_code == 200
+    assert install(ops_server, setup, 3003)[0].status_code == 200
+    first, second = connections_of(db)
+    assert {first["provider_account_id"], second["provider_account_id"]} == {"2002", "3003"}
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET status = 'needs_reauthorization' WHERE id = CAST(:c AS uuid)",
+            c=first["id"],
+        )
+        sealed_before = tx.scalar(
+            "SELECT access_token_sealed FROM connection_oauth_tokens"
+            " WHERE connection_id = CAST(:c AS uuid)",
+            c=first["id"],
+        )
+    page, _ = install(ops_server, setup, int(str(first["provider_account_id"])))
+    assert page.status_code == 200
+    assert "re-authorized" in page.text
+    again = connections_of(db)
+    assert [c["id"] for c in again] == [first["id"], second["id"]]  # nothing new
+    assert again[0]["status"] == "active"
+    with db.transaction() as tx:
+        sealed_after = tx.scalar(
+            "SELECT access_token_sealed FROM connection_oauth_tokens"
+            " WHERE connection_id = CAST(:c AS uuid)",
+            c=first["id"],
+        )
+    assert bytes(sealed_after) != bytes(sealed_before)
+    assert [a["detail"]["outcome"] for a in callback_audits(db)] == [
+        "created",
+        "created",
+        "reauthorized",
+    ]
+
+
+def test_a_reused_state_is_refused_and_creates_nothing_more(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str
+) -> None:
+    page, back = install(ops_server, setup, 2002)
+    assert page.status_code == 200
+    again = httpx.get(back, timeout=10)
+    assert again.status_code == 400
+    assert "text/html" in again.headers["Content-Type"]
+    assert "already used" in again.text
+    assert len(connections_of(db)) == 1
+    assert callback_audits(db)[-1]["detail"] == {
+        "outcome": "refused",
+        "code": "state_used",
+        "status": 400,
+    }
+
+
+def test_a_replayed_code_is_refused_by_the_token_endpoint_and_creates_nothing(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str
+) -> None:
+    one = start(ops_server, setup).headers["Location"]
+    two = start(ops_server, setup).headers["Location"]
+    back = consent(one, 2002)
+    code = parse_qs(urlsplit(back).query)["code"][0]
+    assert httpx.get(back, timeout=10).status_code == 200
+    state_two = parse_qs(urlsplit(two).query)["state"][0]
+    replay = httpx.get(
+        f"{ops_server}/oauth/hubspot/callback",
+        params={"code": code, "state": state_two},
+        timeout=10,
+    )
+    assert replay.status_code == 400
+    assert "refused the authorization code (BAD_AUTH_CODE)" in replay.text
+    assert code not in replay.text
+    assert len(connections_of(db)) == 1
+    assert callback_audits(db)[-1]["detail"]["code"] == "code_refused"
+
+
+@pytest.mark.parametrize(
+    ("state", "why"),
+    [
+        (None, "no or bad state"),
+        ("not a state!", "no or bad state"),
+        ("A" * 43, "unknown state"),
+        ("expired", "has expired"),
+    ],
+)
+def test_a_bad_unknown_or_expired_state_is_refused(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, *, state: str | None, why: str
+) -> None:
+    if state == "expired":
+        state = parse_qs(urlsplit(start(ops_server, setup).headers["Location"]).query)["state"][0]
+        with db.transaction() as tx:
+            tx.execute("UPDATE oauth_install_states SET expires_at = now() - interval '1 second'")
+    code = fake.oauth.authorize(2002, f"{ops_server}/oauth/hubspot/callback")
+    params = {"code": code, **({"state": state} if state is not None else {})}
+    page = httpx.get(f"{ops_server}/oauth/hubspot/callback", params=params, timeout=10)
+    assert page.status_code == 400
+    assert why in page.text
+    assert connections_of(db) == []
+    assert code in fake.oauth.codes  # the code was never even tried
+
+
+def test_hubspots_error_parameter_is_refused_and_spends_the_state(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str
+) -> None:
+    location = start(ops_server, setup).headers["Location"]
+    back = consent(location, 2002, deny="1")
+    assert "error=access_denied" in back
+    page = httpx.get(back, timeout=10)
+    assert page.status_code == 400
+    assert "HubSpot did not authorize: access_denied" in page.text
+    assert connections_of(db) == []
+    assert httpx.get(back, timeout=10).status_code == 400  # the state is spent either way
+
+
+def test_a_failed_exchange_is_refused_and_creates_nothing(
+    db: Database,
+    fake: FakeCrm,
+    setup: str,
+    ops_server: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    location = start(ops_server, setup).headers["Location"]
+    monkeypatch.setenv(CLIENT_SECRET_ENV, "rotated-but-wrong")
+    page = httpx.get(consent(location, 2002), timeout=10)
+    assert page.status_code == 400
+    assert "BAD_CLIENT_ID" in page.text
+    assert connections_of(db) == []
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM connection_oauth_tokens") == 0
+
+
+def test_a_portal_connected_to_another_tenant_is_not_taken_over(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str
+) -> None:
+    assert install(ops_server, setup, 2002)[0].status_code == 200
+    page, _ = install(ops_server, mint(db, "globex"), 2002)
+    assert page.status_code == 409
+    assert "already connected to another tenant" in page.text
+    assert [c["tenant_id"] for c in connections_of(db)] == ["acme"]
+
+
+def test_starting_an_install_needs_an_ops_token_the_tenant_and_an_oauth_app(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str
+) -> None:
+    url = f"{ops_server}/v1/apps/hubspot/{APP_ID}/installs"
+    assert httpx.post(url, json={}, timeout=10).status_code == 401
+    assert start(ops_server, setup, tenant_id="globex").status_code == 404
+    assert start(ops_server, mint(db, None)).status_code == 422  # admin: which tenant?
+    assert start(ops_server, mint(db, None), tenant_id="globex").status_code == 303
+    assert start(ops_server, setup, app_id="999").status_code == 404
+    refused = start(ops_server, setup, app_id=PRIVATE_APP)
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "not_installable"
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM oauth_install_states") == 1
