@@ -155,7 +155,8 @@ class AppChapters:
                 )
                 return False
             # The operator's browser: HubSpot's consent screen (the fake picks the portal the
-            # user chose), then HubSpot's redirect back to the ops function's callback.
+            # user chose), then HubSpot's redirect back to the callback on the webhook function
+            # (the public one; ops is IAM-gated in the cloud).
             consent = httpx.get(
                 started.headers["Location"] + "&" + urlencode({"portal_id": p.portal_id}),
                 timeout=10,
@@ -174,7 +175,8 @@ class AppChapters:
             story.verdict(
                 ok,
                 f"portal {p.portal_id}: ops answered 303 to HubSpot's authorize URL, HubSpot "
-                f"redirected to {self.ops}/oauth/hubspot/callback, which exchanged the code "
+                f"redirected to {back.split('?')[0] or '(nowhere)'} (the webhook function), "
+                "which exchanged the code "
                 f"and answered {page.status_code}: tenant {p.tenant_id} has connection "
                 f"{p.connection_id or '(none)'} for the portal, its tokens sealed.",
             )
