@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 import httpx
 
 from shared import provider_apps
+from shared.oauth_install import CALLBACK_PATH
 from shared.ops.auth import mint_token
 
 if TYPE_CHECKING:
@@ -155,7 +156,8 @@ class AppChapters:
                 )
                 return False
             # The operator's browser: HubSpot's consent screen (the fake picks the portal the
-            # user chose), then HubSpot's redirect back to the ops function's callback.
+            # user chose), then HubSpot's redirect back to the callback on the webhook function
+            # (the public one; ops is IAM-gated in the cloud).
             consent = httpx.get(
                 started.headers["Location"] + "&" + urlencode({"portal_id": p.portal_id}),
                 timeout=10,
@@ -166,6 +168,7 @@ class AppChapters:
                 rows = tx.all(self.sql["demo_app_connection"], tenant_id=p.tenant_id)
             ok = (
                 page.status_code == 200
+                and back.startswith(self.s.stack.url("webhook") + CALLBACK_PATH + "?")
                 and len(rows) == 1
                 and rows[0]["provider_account_id"] == str(p.portal_id)
                 and rows[0]["status"] == "active"
@@ -174,7 +177,8 @@ class AppChapters:
             story.verdict(
                 ok,
                 f"portal {p.portal_id}: ops answered 303 to HubSpot's authorize URL, HubSpot "
-                f"redirected to {self.ops}/oauth/hubspot/callback, which exchanged the code "
+                f"redirected to the webhook function's callback {back.split('?')[0]}, "
+                "which exchanged the code "
                 f"and answered {page.status_code}: tenant {p.tenant_id} has connection "
                 f"{p.connection_id or '(none)'} for the portal, its tokens sealed.",
             )

@@ -1,5 +1,7 @@
 """`webhook` entry point: `POST /{provider}/{connection_id}` and, for a HubSpot app's one URL
-for all its portals, `POST /hubspot/app/{appId}` (public, no IAM).
+for all its portals, `POST /hubspot/app/{appId}` (public, no IAM). Also HubSpot's browser
+redirect back from an app install, `GET /oauth/hubspot/callback`: this is the one public
+function, and that page is authenticated by its single-use state (shared/oauth_install_http.py).
 
 Thin: turn the Flask request into a `WebhookRequest`, let `shared.webhooks.receive` decide,
 answer with its JSON, then nudge the drain (after the response is decided; never fails it).
@@ -14,7 +16,10 @@ from typing import Any
 import flask
 import functions_framework
 
+from shared import oauth_install_http
+from shared.db import get_database
 from shared.logs import labelled, traced
+from shared.oauth_install import CALLBACK_PATH
 from shared.request_body import detached
 from shared.webhooks import hubspot_app, nudge
 from shared.webhooks.receive import WebhookRequest, receive_webhook
@@ -22,6 +27,9 @@ from shared.webhooks.receive import WebhookRequest, receive_webhook
 
 @functions_framework.http
 def webhook(request: Any) -> flask.Response:
+    if request.path == CALLBACK_PATH:
+        with traced(request.headers), labelled(function="webhook"):
+            return oauth_install_http.callback(get_database(), request)
     with traced(request.headers), labelled(function="webhook"):
         receive = (
             hubspot_app.receive_app_webhook

@@ -108,6 +108,8 @@ locals {
   # Known before the function exists (its own url attribute would be a cycle): gen2 functions
   # answer at https://REGION-PROJECT.cloudfunctions.net/NAME.
   webhook_public_base_url = coalesce(var.webhook_public_base_url, "https://${var.region}-${var.project_id}.cloudfunctions.net/webhook")
+  # HubSpot's browser redirect back from an app install, on webhook (outputs.tf gives it).
+  hubspot_oauth_redirect_url = "${local.webhook_public_base_url}/oauth/hubspot/callback"
 }
 
 # Fails `terraform plan` when a scale-out could exhaust Postgres: past max_connections new
@@ -193,6 +195,10 @@ resource "google_cloudfunctions2_function" "function" {
       # request path has no function-name prefix, so without this the signature base differs
       # and every delivery is refused 401 (shared/webhooks/receive.py, public_uri).
       PUBLIC_BASE_URL = each.key == "webhook" ? local.webhook_public_base_url : ""
+      # The redirect URI an app install sends HubSpot (shared/oauth_install.py): the callback is
+      # served by webhook, the one public function, because ops is IAM-gated and HubSpot's
+      # redirect is a browser without a Google identity token.
+      ONCEFLOW_OAUTH_REDIRECT_URL = each.key == "ops" ? local.hubspot_oauth_redirect_url : ""
       # Where ops' health view reads the scheduler jobs (shared/ops/health.py).
       SCHEDULER_LOCATION = var.region
       # The Cloud Functions API adds this to every gen2 function; declared so that a plan of

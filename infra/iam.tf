@@ -143,7 +143,9 @@ resource "google_secret_manager_secret_iam_member" "accessor" {
 
 # --- invokers (roles/run.invoker on each gen2 function's Cloud Run service) -----------------
 
-# The only public function: webhook authenticates callers by the CRM's request signature.
+# The only public function: webhook authenticates callers by the CRM's request signature, and
+# HubSpot's browser redirect back from an app install by its single-use state (that callback
+# lives here, not on ops: IAM is per service, and a browser has no Google identity token).
 resource "google_cloud_run_service_iam_member" "webhook_public" {
   location = var.region
   service  = google_cloudfunctions2_function.function["webhook"].name

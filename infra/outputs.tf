@@ -14,8 +14,8 @@ output "hubspot_app_webhook_urls" {
 }
 
 output "hubspot_oauth_redirect_url" {
-  description = "The redirect URL to set in a public HubSpot app's Auth settings: the ops function's OAuth callback."
-  value       = "${google_cloudfunctions2_function.function["ops"].url}/oauth/hubspot/callback"
+  description = "The redirect URL to set in a public HubSpot app's Auth settings: the OAuth callback on the webhook function (the one public function; ops is IAM-gated), also the redirect_uri ops sends (ONCEFLOW_OAUTH_REDIRECT_URL)."
+  value       = local.hubspot_oauth_redirect_url
 }
 
 output "instance_connection_name" {

@@ -5,13 +5,15 @@
 locals {
   # Who reads each secret of a HubSpot app, by the app's kind. shared/provider_apps.py
   # (APP_SECRET_READERS) says the same; tests/test_infra.py fails when they differ. The client
-  # secret keys the webhook signatures and, for a public app, the OAuth code exchange and
-  # token refresh (with the client id) done by the functions that use a connection's token;
-  # the developer key is what the subscriptions API takes (sweep hourly, ops on activation).
+  # secret keys the webhook signatures and, for a public app, the OAuth code exchange (with the
+  # client id) done by webhook, which serves HubSpot's redirect back from an install (ops is
+  # IAM-gated, a browser can't reach it), and the token refresh done by the functions that use
+  # a connection's token; the developer key is what the subscriptions API takes (sweep hourly,
+  # ops on activation).
   hubspot_app_secret_readers = {
     public = {
       client_secret = ["webhook", "advance_step", "sweep", "ops"]
-      client_id     = ["advance_step", "sweep", "ops"]
+      client_id     = ["webhook", "advance_step", "sweep", "ops"]
       developer_key = ["sweep", "ops"]
     }
     private = {

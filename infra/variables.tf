@@ -116,12 +116,13 @@ variable "secrets" {
       functions = ["ops"]
     }
     # Seals OAuth refresh and access tokens at rest (shared/oauth_tokens.py, TOKEN_KEK_ENV):
-    # 32 random bytes, base64. Read by the functions that use or refresh a connection's token
-    # (shared/deployables.py, CRM_TOKEN_USERS).
+    # 32 random bytes, base64. Read by webhook, which seals the grant at an install's callback,
+    # and the functions that use or refresh a connection's token (shared/deployables.py,
+    # OAUTH_CLIENT_USERS).
     "onceflow-token-kek" = {
       env_var   = "ONCEFLOW_TOKEN_KEK"
       version   = "1"
-      functions = ["advance_step", "sweep", "ops"]
+      functions = ["webhook", "advance_step", "sweep", "ops"]
     }
   }
 

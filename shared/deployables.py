@@ -36,9 +36,12 @@ TOPICS: tuple[str, ...] = ("trigger-events", "step-ready")
 # The functions that act on a portal with its connection's CRM token: CRM blocks
 # (advance_step), polls and the hourly subscription reconcile (sweep), reconciles on
 # activation and search (ops). With an OAuth connection they are also the ones that refresh
-# the token, so they, and only they, get the token-encryption key and the app's OAuth client
-# (infra/ wires the secrets from these; tests/test_infra.py checks it).
+# the token (infra/ wires the secrets from these; tests/test_infra.py checks it).
 CRM_TOKEN_USERS: tuple[str, ...] = ("advance_step", "sweep", "ops")
+# Who uses a public app's OAuth client and the token-encryption key: the token users, which
+# refresh grants, and `webhook`, the one public function, which serves HubSpot's redirect back
+# from an install (shared/oauth_install_http.py): it exchanges the code and seals the grant.
+OAUTH_CLIENT_USERS: tuple[str, ...] = ("webhook", *CRM_TOKEN_USERS)
 
 
 def by_name(name: str) -> Deployable:

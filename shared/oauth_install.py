@@ -20,11 +20,13 @@ exchange → the portal's connection, with its grant sealed in shared/oauth_toke
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
+from urllib.parse import urlsplit
 
 from shared import connections, oauth_tokens, provider_apps, queries
 from shared.db import Database, Tx
@@ -40,7 +42,13 @@ STATE_DONE = SQL["oauth_install_state_done"]
 CONNECTION_LOCK = SQL["oauth_install_connection_lock"]
 REAUTHORIZED = SQL["oauth_install_reauthorized"]
 
+# Served by the public `webhook` function (functions/webhook.py): HubSpot's redirect is a
+# person's browser, which carries no Google identity token, and ops is IAM-gated.
 CALLBACK_PATH = "/oauth/hubspot/callback"
+# The redirect URI an install sends: the webhook function's public URL + CALLBACK_PATH, given
+# to ops as a plain setting (infra/functions.tf; the local stack sets it to its webhook
+# process). Behind Cloud Functions' front end no request of ops could tell it.
+REDIRECT_URL_ENV = "ONCEFLOW_OAUTH_REDIRECT_URL"
 STATE_TTL_SECONDS = 600  # long enough to log in to HubSpot and pick a portal
 _STATE = re.compile(r"^[A-Za-z0-9_-]{20,100}$")  # what token_urlsafe makes, bounded
 
@@ -84,6 +92,29 @@ class Installed:
 
 def state_hash(state: str) -> bytes:
     return hashlib.sha256(state.encode()).digest()
+
+
+def configured_redirect_url() -> str:
+    """`$ONCEFLOW_OAUTH_REDIRECT_URL`, checked: an install started without it (or with a URL the
+    webhook function does not serve the callback at) would send HubSpot's redirect nowhere."""
+    url = os.environ.get(REDIRECT_URL_ENV, "").strip()
+    if not url:
+        raise InstallRefused(
+            409,
+            "not_configured",
+            f"installs are not configured: {REDIRECT_URL_ENV} (the webhook function's URL + "
+            f"{CALLBACK_PATH}) is not set",
+        )
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+        raise InstallRefused(
+            409, "not_configured", f"{REDIRECT_URL_ENV} is not an absolute http(s) URL"
+        )
+    if not parts.path.endswith(CALLBACK_PATH):
+        raise InstallRefused(
+            409, "not_configured", f"{REDIRECT_URL_ENV} must end with {CALLBACK_PATH}"
+        )
+    return url
 
 
 def _oauth_app(tx: Tx, app_id: str) -> ProviderApp:

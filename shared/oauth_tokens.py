@@ -43,8 +43,8 @@ PUT = SQL["oauth_tokens_put"]
 NEEDS_REAUTHORIZATION = SQL["oauth_tokens_needs_reauthorization"]
 
 # The key-encryption key's variable in a deployment (infra/ fills it from Secret Manager for
-# deployables.CRM_TOKEN_USERS only: ops stores grants at install, all three refresh them); a
-# stored grant keeps the name it was sealed under.
+# deployables.OAUTH_CLIENT_USERS only: webhook seals grants at an install's callback, the CRM
+# token users refresh them); a stored grant keeps the name it was sealed under.
 TOKEN_KEK_ENV = "ONCEFLOW_TOKEN_KEK"  # noqa: S105 - a variable name
 REFRESH_MARGIN_SECONDS = 300  # refresh when less than this is left (calls take time too)
 _NONCE_BYTES = 12

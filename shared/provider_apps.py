@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from shared import queries
 from shared.db import Tx
-from shared.deployables import CRM_TOKEN_USERS
+from shared.deployables import OAUTH_CLIENT_USERS
 from shared.normalize import NormalizedEvent
 
 SQL = queries.load("provider_apps")
@@ -49,14 +49,15 @@ UNROUTED_REASONS: dict[UnroutedReason, str] = {
 AppSecretName = Literal["client_secret", "client_id", "developer_key"]
 
 # Which function reads which secret of an app, by kind. The client secret keys the webhook
-# signatures, and (public apps) the OAuth code exchange and refresh, with the client id; the
+# signatures, and (public apps) the OAuth code exchange (webhook, at an install's callback) and
+# refresh (the CRM token users), with the client id; the
 # developer key is what the subscriptions API takes (reconciled hourly by sweep and on
 # activation by ops). A private app has one portal, a static token and no subscriptions API:
 # only its signatures need a secret. infra/secrets.tf mirrors this table.
 APP_SECRET_READERS: dict[AppKind, dict[AppSecretName, tuple[str, ...]]] = {
     "public": {
-        "client_secret": ("webhook", *CRM_TOKEN_USERS),
-        "client_id": CRM_TOKEN_USERS,
+        "client_secret": OAUTH_CLIENT_USERS,  # webhook: signatures and install callbacks
+        "client_id": OAUTH_CLIENT_USERS,
         "developer_key": ("sweep", "ops"),
     },
     "private": {"client_secret": ("webhook",)},

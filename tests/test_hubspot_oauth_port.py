@@ -22,7 +22,7 @@ from tests.ingest_support import make_tenant
 
 APP_ID = "424242"
 PORTAL = 2002
-REDIRECT = "https://ops.example.com/oauth/hubspot/callback"
+REDIRECT = "https://hooks.example.com/webhook/oauth/hubspot/callback"
 
 
 @pytest.fixture

@@ -845,8 +845,9 @@ def env_of_each_function(tf: Terraform, secrets: dict[str, dict[str, Any]]) -> d
 def test_every_app_secret_the_code_reads_reaches_its_readers_and_no_other(tf: Terraform) -> None:
     """For a public and a private app, each function gets exactly the app secrets the code
     says it reads (shared/provider_apps.py), under the names the code looks up, and the
-    token-encryption key reaches exactly the functions that use a connection's token."""
-    from shared.deployables import CRM_TOKEN_USERS
+    token-encryption key reaches exactly the functions that seal or refresh a grant (webhook at
+    an install's callback, and the functions that use a connection's token)."""
+    from shared.deployables import CRM_TOKEN_USERS, OAUTH_CLIENT_USERS
     from shared.oauth_tokens import TOKEN_KEK_ENV
     from shared.provider_apps import APP_SECRET_READERS, secret_env
 
@@ -863,9 +864,13 @@ def test_every_app_secret_the_code_reads_reaches_its_readers_and_no_other(tf: Te
                 has = secret_env(app_id, name) in env[d.name]  # type: ignore[arg-type]
                 assert has is (d.name in expected), (app_id, name, d.name)
                 wired += has
-    assert wired == 4 + 3 + 2 + 1
+    assert wired == 4 + 4 + 2 + 1
+    # The install callback is served by webhook: it exchanges the code with the app's client
+    # and seals the grant, so it reads both halves of the client and the key.
+    assert "webhook" in APP_SECRET_READERS["public"]["client_id"]
+    assert "webhook" in APP_SECRET_READERS["public"]["client_secret"]
     for d in DEPLOYABLES:
-        assert (TOKEN_KEK_ENV in env[d.name]) is (d.name in CRM_TOKEN_USERS), d.name
+        assert (TOKEN_KEK_ENV in env[d.name]) is (d.name in OAUTH_CLIENT_USERS), d.name
         # The connections' static CRM tokens go to the same functions as the OAuth secrets.
         assert ("CRM_CREDENTIALS" in env[d.name]) is (d.name in CRM_TOKEN_USERS), d.name
     # Versions are the operator's pins, never "latest".
@@ -929,10 +934,44 @@ def test_app_webhook_url_output_is_the_uri_the_app_path_verifies(tf: Terraform) 
         assert public_uri(request) == url
 
 
-def test_oauth_redirect_url_is_the_ops_functions_callback(tf: Terraform) -> None:
-    value = tf.outputs["hubspot_oauth_redirect_url"]["value"]
-    assert value.endswith("/oauth/hubspot/callback")
-    assert function_ref(value.removesuffix("/oauth/hubspot/callback")) == "ops"
+def test_oauth_redirect_url_ops_sends_is_where_the_webhook_function_serves_the_callback(
+    tf: Terraform, db: Any
+) -> None:
+    """The redirect URL infra tells the operator to register, and the redirect_uri ops sends
+    (ONCEFLOW_OAUTH_REDIRECT_URL, ops only), are one value on the webhook function's public base
+    (the same base it verifies signatures against); the path that URL reaches the function at
+    is the one functions/webhook.py hands to the install callback (which answers its page)."""
+    from flask import Flask
+
+    from functions.webhook import webhook
+    from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV, configured_redirect_url
+
+    local = tf.locals["hubspot_oauth_redirect_url"]
+    assert local == "${local.webhook_public_base_url}" + CALLBACK_PATH
+    assert (
+        tf.outputs["hubspot_oauth_redirect_url"]["value"] == "${local.hubspot_oauth_redirect_url}"
+    )
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert service["environment_variables"][REDIRECT_URL_ENV] == (
+        '${each.key == "ops" ? local.hubspot_oauth_redirect_url : ""}'
+    )
+    assert "local.webhook_public_base_url" in service["environment_variables"]["PUBLIC_BASE_URL"]
+    base = "https://europe-west1-p.cloudfunctions.net/webhook"  # local.webhook_public_base_url
+    url = local.replace("${local.webhook_public_base_url}", base)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(REDIRECT_URL_ENV, url)
+        assert configured_redirect_url() == url  # ops starts installs with it
+    path = url.removeprefix(base)  # what the function sees: no /webhook prefix
+    assert path == CALLBACK_PATH
+    # A redirect without a state reaches the callback's page (a 400 saying so), not the
+    # webhook receiver's JSON 404/405.
+    with Flask(__name__).test_request_context(path, method="GET"):
+        from flask import request
+
+        page = webhook(request)
+    assert page.status_code == 400
+    assert page.mimetype == "text/html"
+    assert "no or bad state" in page.get_data(as_text=True)
 
 
 def test_readme_registers_the_app_under_the_names_infra_hands_out(tf: Terraform, db: Any) -> None:

@@ -1,8 +1,10 @@
 """Installing a HubSpot public app through OAuth, over real HTTP: the ops API's start route
-(a 303 to the fake's authorize URL), the fake's consent redirect, and the ops function's
-public callback exchanging the code at the fake's token endpoint. Bad input — a bad, unknown,
-expired or reused state, a replayed code, HubSpot's `error`, a failed exchange — gets a 4xx
-page and creates nothing."""
+(a 303 to the fake's authorize URL), the fake's consent redirect, and the public callback on
+the real `webhook` function process (ops is IAM-gated in the cloud, so HubSpot's browser
+redirect can't reach it there; it answers 404 for the callback now) exchanging the code at the
+fake's token endpoint. Bad input — a bad, unknown, expired or reused state, a replayed code,
+HubSpot's `error`, a failed exchange — gets a 4xx page and creates nothing; an install started
+without the redirect URL configured is refused before any state is stored."""
 
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ import httpx
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from devstack.function_process import serve
 from shared import oauth_tokens, provider_apps
 from shared.db import Database
-from shared.oauth_install import state_hash
+from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV, state_hash
 from shared.port.hubspot_oauth import hubspot_refresher
 from tests.ops_support import (  # noqa: F401 - fixtures
     bearer,
@@ -26,6 +29,8 @@ from tests.ops_support import (  # noqa: F401 - fixtures
     ops_server_fixture,
     seed_tenant,
 )
+
+pytestmark = pytest.mark.e2e
 
 APP_ID = "424242"
 PRIVATE_APP = "4343"
@@ -38,12 +43,23 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
     monkeypatch.setenv(oauth_tokens.TOKEN_KEK_ENV, base64.b64encode(b"k" * 32).decode())
     monkeypatch.setenv(CLIENT_ID_ENV, "fake-client-id")
     monkeypatch.setenv(CLIENT_SECRET_ENV, "fake-client-secret")
-    monkeypatch.delenv("ONCEFLOW_OPS_PUBLIC_URL", raising=False)
     crm = FakeCrm(FakeCrmConfig(app_id=APP_ID)).start()
     try:
         yield crm
     finally:
         crm.stop()
+
+
+@pytest.fixture
+def callback(
+    db: Database, database_url: str, fake: FakeCrm, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[str]:
+    """The `webhook` function as a real process (with the app's client and the token key from
+    `fake`'s environment); yields the callback URL, which ops sends as the redirect URI."""
+    with serve("webhook", {"DATABASE_URL": database_url, "NO_GCE_CHECK": "true"}) as base:
+        url = base + CALLBACK_PATH
+        monkeypatch.setenv(REDIRECT_URL_ENV, url)
+        yield url
 
 
 @pytest.fixture
@@ -111,7 +127,7 @@ def callback_audits(db: Database) -> list[dict[str, object]]:
 
 
 def test_an_install_redirects_to_the_authorize_url_and_the_callback_creates_the_connection(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
 ) -> None:
     started = start(ops_server, setup)
     assert started.status_code == 303
@@ -119,7 +135,8 @@ def test_an_install_redirects_to_the_authorize_url_and_the_callback_creates_the_
     query = {k: v[0] for k, v in parse_qs(location.query).items()}
     assert f"{location.scheme}://{location.netloc}{location.path}" == f"{fake.url}/oauth/authorize"
     assert query["client_id"] == "fake-client-id"
-    assert query["redirect_uri"] == f"{ops_server}/oauth/hubspot/callback"
+    assert query["redirect_uri"] == callback  # the webhook function's, not ops'
+    assert urlsplit(callback).path == "/oauth/hubspot/callback"
     assert query["scope"] == "crm.objects.contacts.read crm.objects.contacts.write"
     state = query["state"]
     assert len(state) >= 40
@@ -162,7 +179,7 @@ def test_an_install_redirects_to_the_authorize_url_and_the_callback_creates_the_
 
 
 def test_a_second_portal_gets_its_own_connection_and_a_reinstall_reauthorizes(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
 ) -> None:
     assert install(ops_server, setup, 2002)[0].status_code == 200
     assert install(ops_server, setup, 3003)[0].status_code == 200
@@ -199,7 +216,7 @@ def test_a_second_portal_gets_its_own_connection_and_a_reinstall_reauthorizes(
 
 
 def test_a_reused_state_is_refused_and_creates_nothing_more(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
 ) -> None:
     page, back = install(ops_server, setup, 2002)
     assert page.status_code == 200
@@ -216,7 +233,7 @@ def test_a_reused_state_is_refused_and_creates_nothing_more(
 
 
 def test_a_replayed_code_is_refused_by_the_token_endpoint_and_creates_nothing(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
 ) -> None:
     one = start(ops_server, setup).headers["Location"]
     two = start(ops_server, setup).headers["Location"]
@@ -224,11 +241,7 @@ def test_a_replayed_code_is_refused_by_the_token_endpoint_and_creates_nothing(
     code = parse_qs(urlsplit(back).query)["code"][0]
     assert httpx.get(back, timeout=10).status_code == 200
     state_two = parse_qs(urlsplit(two).query)["state"][0]
-    replay = httpx.get(
-        f"{ops_server}/oauth/hubspot/callback",
-        params={"code": code, "state": state_two},
-        timeout=10,
-    )
+    replay = httpx.get(callback, params={"code": code, "state": state_two}, timeout=10)
     assert replay.status_code == 400
     assert "refused the authorization code (BAD_AUTH_CODE)" in replay.text
     assert code not in replay.text
@@ -246,15 +259,22 @@ def test_a_replayed_code_is_refused_by_the_token_endpoint_and_creates_nothing(
     ],
 )
 def test_a_bad_unknown_or_expired_state_is_refused(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str, *, state: str | None, why: str
+    db: Database,
+    fake: FakeCrm,
+    setup: str,
+    ops_server: str,
+    callback: str,
+    *,
+    state: str | None,
+    why: str,
 ) -> None:
     if state == "expired":
         state = parse_qs(urlsplit(start(ops_server, setup).headers["Location"]).query)["state"][0]
         with db.transaction() as tx:
             tx.execute("UPDATE oauth_install_states SET expires_at = now() - interval '1 second'")
-    code = fake.oauth.authorize(2002, f"{ops_server}/oauth/hubspot/callback")
+    code = fake.oauth.authorize(2002, callback)
     params = {"code": code, **({"state": state} if state is not None else {})}
-    page = httpx.get(f"{ops_server}/oauth/hubspot/callback", params=params, timeout=10)
+    page = httpx.get(callback, params=params, timeout=10)
     assert page.status_code == 400
     assert why in page.text
     assert connections_of(db) == []
@@ -262,7 +282,7 @@ def test_a_bad_unknown_or_expired_state_is_refused(
 
 
 def test_hubspots_error_parameter_is_refused_and_spends_the_state(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
 ) -> None:
     location = start(ops_server, setup).headers["Location"]
     back = consent(location, 2002, deny="1")
@@ -279,10 +299,11 @@ def test_a_failed_exchange_is_refused_and_creates_nothing(
     fake: FakeCrm,
     setup: str,
     ops_server: str,
-    monkeypatch: pytest.MonkeyPatch,
+    callback: str,
 ) -> None:
     location = start(ops_server, setup).headers["Location"]
-    monkeypatch.setenv(CLIENT_SECRET_ENV, "rotated-but-wrong")
+    # HubSpot's side of the client no longer matches the secret the webhook function holds.
+    fake.oauth.client_secret = "rotated-at-hubspot"
     page = httpx.get(consent(location, 2002), timeout=10)
     assert page.status_code == 400
     assert "BAD_CLIENT_ID" in page.text
@@ -292,7 +313,7 @@ def test_a_failed_exchange_is_refused_and_creates_nothing(
 
 
 def test_a_portal_connected_to_another_tenant_is_not_taken_over(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
 ) -> None:
     assert install(ops_server, setup, 2002)[0].status_code == 200
     page, _ = install(ops_server, mint(db, "globex"), 2002)
@@ -302,7 +323,7 @@ def test_a_portal_connected_to_another_tenant_is_not_taken_over(
 
 
 def test_starting_an_install_needs_an_ops_token_the_tenant_and_an_oauth_app(
-    db: Database, fake: FakeCrm, setup: str, ops_server: str
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
 ) -> None:
     url = f"{ops_server}/v1/apps/hubspot/{APP_ID}/installs"
     assert httpx.post(url, json={}, timeout=10).status_code == 401
@@ -315,3 +336,47 @@ def test_starting_an_install_needs_an_ops_token_the_tenant_and_an_oauth_app(
     assert refused.json()["code"] == "not_installable"
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM oauth_install_states") == 1
+
+
+def test_the_ops_function_no_longer_serves_the_callback(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
+) -> None:
+    """One home: HubSpot's redirect to ops' own host finds nothing (in the cloud it could not
+    even get past ops' IAM), and the state is left for the real callback to consume."""
+    location = start(ops_server, setup).headers["Location"]
+    back = urlsplit(consent(location, 2002))
+    on_ops = httpx.get(f"{ops_server}{back.path}?{back.query}", timeout=10)
+    assert on_ops.status_code == 404
+    assert connections_of(db) == []
+    page = httpx.get(f"{callback}?{back.query}", timeout=10)
+    assert page.status_code == 200, page.text  # the state was not spent by ops
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (None, f"{REDIRECT_URL_ENV} (the webhook function's URL + {CALLBACK_PATH}) is not set"),
+        ("https://ops.example.com/", f"must end with {CALLBACK_PATH}"),
+        ("/oauth/hubspot/callback", "not an absolute http(s) URL"),
+    ],
+)
+def test_an_install_without_the_redirect_url_configured_is_refused_before_any_state(
+    db: Database,
+    fake: FakeCrm,
+    setup: str,
+    ops_server: str,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    value: str | None,
+    why: str,
+) -> None:
+    if value is None:
+        monkeypatch.delenv(REDIRECT_URL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(REDIRECT_URL_ENV, value)
+    refused = start(ops_server, setup)
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "not_configured"
+    assert why in refused.json()["message"]
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM oauth_install_states") == 0

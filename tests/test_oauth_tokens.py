@@ -20,7 +20,7 @@ from shared.port.hubspot_oauth import hubspot_refresher
 from tests.ingest_support import make_connection
 
 KEK_ENV = "ONCEFLOW_TOKEN_KEK"
-REDIRECT = "https://ops.example.com/oauth/hubspot/callback"
+REDIRECT = "https://hooks.example.com/webhook/oauth/hubspot/callback"
 
 
 @pytest.fixture

@@ -25,7 +25,6 @@ from shared import pubsub, queries, request_body, triggers
 from shared.db import Database, get_database
 from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
-from shared.oauth_install import CALLBACK_PATH
 from shared.ops import auth, explain, health, replay
 from shared.ops.cursor import decode_cursor, encode_cursor
 from shared.ops.errors import OpsError, not_found
@@ -133,7 +132,6 @@ class Call:
     query: Any
     body: Any
     dispatch: replay.Dispatch
-    origin: str = ""  # scheme://host the request came to (a fallback for public URLs)
 
     @property
     def scope(self) -> str | None:
@@ -251,7 +249,7 @@ def install_app(call: Call) -> InstallStarted:
     """Start installing the HubSpot app on a portal for a tenant (shared/ops/installs.py)."""
     from shared.ops import installs
 
-    return installs.start(call.db, call.principal, call.path["app_id"], call.body, call.origin)
+    return installs.start(call.db, call.principal, call.path["app_id"], call.body)
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -925,7 +923,8 @@ ROUTES: tuple[Route, ...] = (
         install_app,
         InstallStarted,
         "Start installing the HubSpot app on a portal for a tenant: a 303 to HubSpot's authorize"
-        " URL with a single-use state; HubSpot sends the browser back to /oauth/hubspot/callback",
+        " URL with a single-use state; HubSpot sends the browser back to the webhook function's"
+        " /oauth/hubspot/callback",
         body=InstallRequest,
         status=303,
         errors=(400, 401, 404, 409, 413, 422),
@@ -1203,7 +1202,6 @@ class OpsApi:
             query=query,
             body=body,
             dispatch=self.dispatch,
-            origin=request.host_url.rstrip("/"),
         )
         return self.invoke(route, call)
 
@@ -1298,8 +1296,4 @@ def handle_request(request: Request) -> Response:
         from shared.ops import page
 
         return page.handle(default_api(), request)
-    if request.path == CALLBACK_PATH:  # public: HubSpot's redirect, authenticated by its state
-        from shared.ops import installs
-
-        return installs.callback(default_api().db, request)
     return default_api().handle(request)
