@@ -39,6 +39,7 @@ STATE_INSERT = SQL["oauth_install_state_insert"]
 STATE_CONSUME = SQL["oauth_install_state_consume"]
 STATE_WHY = SQL["oauth_install_state_why"]
 STATE_DONE = SQL["oauth_install_state_done"]
+STATES_TRIM = SQL["oauth_install_states_trim"]
 CONNECTION_LOCK = SQL["oauth_install_connection_lock"]
 REAUTHORIZED = SQL["oauth_install_reauthorized"]
 
@@ -259,3 +260,9 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
             f"portal {info.hub_id} is already connected to another tenant for this app",
         )
     return Installed(tenant_id, app.app_id, info.hub_id, connection_id, outcome, started_by)
+
+
+def trim_install_states(db: Database, keep_hours: int = 24) -> dict[str, int]:
+    """The sweep's duty: delete install states expired more than `keep_hours` ago."""
+    with db.transaction() as tx:
+        return {"deleted": tx.execute(STATES_TRIM, keep_hours=keep_hours)}

@@ -380,3 +380,29 @@ def test_an_install_without_the_redirect_url_configured_is_refused_before_any_st
     assert why in refused.json()["message"]
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM oauth_install_states") == 0
+
+
+def test_the_sweep_forgets_install_states_a_day_after_they_expire(
+    db: Database, setup: str
+) -> None:
+    from shared.oauth_install import trim_install_states
+    from shared.steps.sweep import default_duties
+
+    with db.transaction() as tx:
+        # Expired 30 hours ago, 2 hours ago, and still live for a minute.
+        for n, expired_secs_ago in enumerate((30 * 3600, 2 * 3600, -60)):
+            tx.execute(
+                "INSERT INTO oauth_install_states (state_sha256, tenant_id, provider, app_id,"
+                " redirect_uri, expires_at) VALUES (:h, 'acme', 'hubspot', :app,"
+                " 'http://127.0.0.1/oauth/hubspot/callback',"
+                " now() - make_interval(secs => :ago))",
+                h=bytes([n]) * 32,
+                app=APP_ID,
+                ago=expired_secs_ago,
+            )
+    assert trim_install_states(db) == {"deleted": 1}
+    with db.transaction() as tx:
+        left = tx.all("SELECT state_sha256 FROM oauth_install_states ORDER BY state_sha256")
+    # The recent one still answers a late callback with "expired", not "unknown".
+    assert [bytes(r["state_sha256"]) for r in left] == [bytes([1]) * 32, bytes([2]) * 32]
+    assert "trim_oauth_install_states" in {d.name for d in default_duties()}

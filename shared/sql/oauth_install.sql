@@ -39,3 +39,9 @@ SELECT id::text AS id, tenant_id, status
 UPDATE connections SET status = 'active'
  WHERE id = CAST(:connection_id AS uuid) AND status = 'needs_reauthorization'
 RETURNING id
+
+-- name: oauth_install_states_trim
+-- Retention: an install state is worth keeping only to say "already used" or "expired" to a
+-- late or replayed callback; a day past its expiry nobody is coming back with it.
+DELETE FROM oauth_install_states
+ WHERE expires_at < now() - make_interval(hours => :keep_hours)

@@ -46,6 +46,7 @@ from shared.db import Database
 from shared.drops import trim_drops
 from shared.errors import TransientError
 from shared.logs import LogEvent, get_logger, log_event
+from shared.oauth_install import trim_install_states
 
 STEPS_SQL = queries.load("steps")
 SWEEP_SQL = queries.load("sweep")
@@ -383,6 +384,7 @@ def default_duties(config: SweepConfig | None = None) -> list[Duty]:
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
         Duty("trim_lease_history", 3600.0, lambda db: trim_lease_history(db, days)),
         Duty("trim_pre_admission_drops", 3600.0, lambda db: trim_drops(db, drop_days)),
+        Duty("trim_oauth_install_states", 3600.0, trim_install_states),
         *triggers.duties(),
     ]
 
