@@ -382,9 +382,7 @@ def test_an_install_without_the_redirect_url_configured_is_refused_before_any_st
         assert tx.scalar("SELECT count(*) FROM oauth_install_states") == 0
 
 
-def test_the_sweep_forgets_install_states_a_day_after_they_expire(
-    db: Database, setup: str
-) -> None:
+def test_the_sweep_forgets_install_states_a_day_after_they_expire(db: Database, setup: str) -> None:
     from shared.oauth_install import trim_install_states
     from shared.steps.sweep import default_duties
 
