@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from devstack import stack as devstack
+from devstack.bench.baseline import percentile
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
 from devstack.seed import hubspot_tenant
 from shared.db import Database, connector_from_env
@@ -34,11 +35,6 @@ from shared.db import Database, connector_from_env
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
 TENANT = "bench-latency"
 PORTAL = 7373
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _seed(db: Database) -> str:
@@ -137,8 +133,8 @@ def main() -> int:
         ):
             if values:
                 print(
-                    f"{name:22s} p50 {_percentile(values, 0.5):7.0f} ms   "
-                    f"p99 {_percentile(values, 0.99):7.0f} ms   max {max(values):7.0f} ms"
+                    f"{name:22s} p50 {percentile(values, 0.5):7.0f} ms   "
+                    f"p99 {percentile(values, 0.99):7.0f} ms   max {max(values):7.0f} ms"
                 )
         db.close()
         return 0 if len(decided) >= events and failures == 0 else 1
