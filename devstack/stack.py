@@ -133,6 +133,17 @@ class PidFile:
     def alive(self) -> bool:
         return _start_ticks(self.pid) == self.ticks
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by this component's live processes."""
+        total = 0
+        for pid in self.leftovers():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14, 15)
+        return total / os.sysconf("SC_CLK_TCK")
+
     def leftovers(self) -> list[int]:
         """Processes of this component still running (the group's, when it owns one)."""
         if self.group:

@@ -148,6 +148,11 @@ def wait_finished(db: Database, events: int, timeout: float) -> list[dict[str, A
     return rows
 
 
+def cpu_seconds(root: Path) -> dict[str, float]:
+    """CPU seconds used so far by each component of the stack (process groups)."""
+    return {p.name: p.cpu_seconds() for p in devstack.read_pids(root)}
+
+
 def report(
     rows: list[dict[str, Any]],
     *,
@@ -155,6 +160,8 @@ def report(
     failures: int,
     opts: dict[str, float],
     pgbench: float | None,
+    cpu: dict[str, float],
+    wall: float,
 ) -> bool:
     finished = [r for r in rows if r["finished"] is not None]
 
@@ -189,6 +196,11 @@ def report(
                 f"{name:30s} p50 {percentile(values, 0.5):7.0f} ms   "
                 f"p99 {percentile(values, 0.99):7.0f} ms   max {max(values):7.0f} ms"
             )
+    busy = sorted(cpu.items(), key=lambda kv: -kv[1])
+    print(
+        f"CPU seconds while sending and waiting ({wall:.1f} s wall, {os.cpu_count()} cores): "
+        + ", ".join(f"{name} {seconds:.1f}" for name, seconds in busy if seconds >= 0.05)
+    )
     first, run = ms("first_step"), ms("run")
     emit(
         "e2e_throughput",
@@ -244,6 +256,7 @@ def main() -> int:
             steps=STEPS,
         )
         uri = f"{running.url('webhook')}/hubspot/{connection_id}"
+        cpu_before, clock = cpu_seconds(root / "local"), time.monotonic()
         events, failures = send(
             uri,
             running.env[SECRET_ENV],
@@ -252,7 +265,14 @@ def main() -> int:
             batch=int(opts["batch"]),
         )
         rows = wait_finished(db, events, opts["wait"])
-        ok = report(rows, events=events, failures=failures, opts=opts, pgbench=pgbench)
+        wall = time.monotonic() - clock
+        cpu = {
+            name: seconds - cpu_before.get(name, 0.0)
+            for name, seconds in cpu_seconds(root / "local").items()
+        }
+        ok = report(
+            rows, events=events, failures=failures, opts=opts, pgbench=pgbench, cpu=cpu, wall=wall
+        )
         db.close()
         return 0 if ok else 1
     finally:
