@@ -247,3 +247,14 @@ def test_publish_outbox_entry_point_publishes_within_its_budget(
     assert response.status_code == 200
     assert response.json["published"] == 3
     assert sorted(pubsub.pull_ids(TRIGGER_EVENTS, count=3)) == ids
+
+
+def test_publish_many_splits_at_the_request_limit_and_loses_nothing(pubsub: PubsubProject) -> None:
+    # One more message than a Publish request may carry: two requests, every id back in order.
+    from shared import pubsub as pubsub_mod
+
+    count = pubsub_mod.MAX_MESSAGES_PER_REQUEST + 1
+    ids = get_publisher().publish_many(TRIGGER_EVENTS, [{"event_id": i} for i in range(count)])
+    assert len(ids) == count and len(set(ids)) == count
+    received = pubsub.drain(TRIGGER_EVENTS)
+    assert sorted(m["event_id"] for m in received) == list(range(count))
