@@ -30,19 +30,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from devstack import postgres
 from devstack import stack as devstack
 from devstack.bench.baseline import emit, percentile, pgbench_tps
+from devstack.bench.local import cluster, throwaway_stack
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
 from devstack.seed import hubspot_tenant
 from shared.db import Database, connector_from_env
@@ -51,6 +50,10 @@ SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
 TENANT = "bench-e2e"
 PORTAL = 7474
 CLIENT_THREADS = 4
+# Single-event requests sent and finished before the measured ones, from batch numbers no
+# measured request reaches.
+WARMUP_BATCHES = 8
+WARMUP_FIRST = 1_000_000
 # Three steps that exercise the engine only (claim, execute, settle, dispatch the next).
 STEPS = (
     {"id": "first", "type": "branch", "branches": [{"when": "true", "next": "second"}]},
@@ -74,7 +77,7 @@ SELECT EXTRACT(EPOCH FROM i.received_at) AS received,
   LEFT JOIN workflow_runs r ON r.id = c.run_id
   LEFT JOIN LATERAL (SELECT min(started_at) AS first_started
                        FROM workflow_steps WHERE run_id = r.id) s ON true
- WHERE e.tenant_id = :t
+ WHERE e.tenant_id = :t AND i.received_at >= :since
 """
 
 
@@ -110,8 +113,11 @@ def batch_body(first: int, size: int) -> bytes:
     return json.dumps(events, separators=(",", ":")).encode()
 
 
-def send(uri: str, secret: str, *, rate: float, seconds: float, batch: int) -> tuple[int, int]:
-    """(events sent, requests not answered 2xx), batches paced to `rate` events/s."""
+def send(
+    uri: str, secret: str, *, rate: float, seconds: float, batch: int, first: int = 0
+) -> tuple[int, int]:
+    """(events sent, requests not answered 2xx), batches paced to `rate` events/s; batch
+    numbers from `first` (so no two sends share an event)."""
     requests = max(1, round(rate * seconds / batch))
     started = time.monotonic()
     failures = 0
@@ -122,7 +128,7 @@ def send(uri: str, secret: str, *, rate: float, seconds: float, batch: int) -> t
         with httpx.Client(timeout=30) as client:
             for n in range(k, requests, CLIENT_THREADS):
                 time.sleep(max(0.0, started + n * batch / rate - time.monotonic()))
-                body = batch_body(n * batch, batch)
+                body = batch_body((first + n) * batch, batch)
                 got = client.post(uri, content=body, headers=signed_headers(secret, uri, body))
                 if got.status_code >= 300:
                     with lock:
@@ -136,12 +142,16 @@ def send(uri: str, secret: str, *, rate: float, seconds: float, batch: int) -> t
     return requests * batch, failures
 
 
-def wait_finished(db: Database, events: int, timeout: float) -> list[dict[str, Any]]:
+def wait_finished(
+    db: Database, events: int, timeout: float, since: datetime
+) -> list[dict[str, Any]]:
+    """The MEASURE rows of the events received since `since`, once `events` runs finished
+    (or `timeout` passed)."""
     deadline = time.monotonic() + timeout
     rows: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         with db.transaction() as tx:
-            rows = tx.all(MEASURE, t=TENANT)
+            rows = tx.all(MEASURE, t=TENANT, since=since)
         if len(rows) >= events and all(r["finished"] is not None for r in rows):
             break
         time.sleep(0.5)
@@ -228,23 +238,10 @@ def report(
 def main() -> int:
     opts = _options()
     keep = os.environ.get("BENCH_E2E_KEEP") == "1"
-    root = Path(tempfile.mkdtemp(prefix="onceflow-bench-e2e-"))
-    root.chmod(0o755)
-    os.environ.pop("DATABASE_URL", None)
-    try:
-        devstack.up(root / "local", free_ports=True)
-        running = devstack.RunningStack.open(root / "local")
-        if keep:
-            print(
-                f"stack kept running in {root / 'local'} (logs there; stop with "
-                f"`python -m devstack.stack down --root {root / 'local'}`)"
-            )
+    with throwaway_stack("onceflow-bench-e2e-", keep=keep) as running:
         pgbench = None
         if opts["pgbench_seconds"] > 0:
-            cluster = postgres.Cluster(
-                root / "local" / "pg", running.info["components"]["postgres"]["port"]
-            )
-            pgbench = pgbench_tps(cluster, seconds=int(opts["pgbench_seconds"]))
+            pgbench = pgbench_tps(cluster(running), seconds=int(opts["pgbench_seconds"]))
         db = Database(connector_from_env({"DATABASE_URL": running.database_url}), pool_size=1)
         connection_id, _ = hubspot_tenant(
             db,
@@ -256,29 +253,32 @@ def main() -> int:
             steps=STEPS,
         )
         uri = f"{running.url('webhook')}/hubspot/{connection_id}"
-        cpu_before, clock = cpu_seconds(root / "local"), time.monotonic()
+        secret = running.env[SECRET_ENV]
+        # Warm-up, not measured: every process's first requests import modules, open pooled
+        # connections and prepare statements. The figures are the steady state after it.
+        warm, _ = send(uri, secret, rate=WARMUP_BATCHES, seconds=1, batch=1, first=WARMUP_FIRST)
+        wait_finished(db, warm, opts["wait"], since=datetime.min.replace(tzinfo=UTC))
+        with db.transaction() as tx:
+            since = tx.one("SELECT clock_timestamp() AS now")["now"]
+        cpu_before, clock = cpu_seconds(running.root), time.monotonic()
         events, failures = send(
             uri,
-            running.env[SECRET_ENV],
+            secret,
             rate=opts["rate"],
             seconds=opts["seconds"],
             batch=int(opts["batch"]),
         )
-        rows = wait_finished(db, events, opts["wait"])
+        rows = wait_finished(db, events, opts["wait"], since)
         wall = time.monotonic() - clock
         cpu = {
             name: seconds - cpu_before.get(name, 0.0)
-            for name, seconds in cpu_seconds(root / "local").items()
+            for name, seconds in cpu_seconds(running.root).items()
         }
         ok = report(
             rows, events=events, failures=failures, opts=opts, pgbench=pgbench, cpu=cpu, wall=wall
         )
         db.close()
         return 0 if ok else 1
-    finally:
-        if not keep:
-            devstack.down(root / "local", quiet=True)
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
