@@ -7,6 +7,8 @@ first (nothing else is running yet), binds one every_time workflow of three step
 branch → end: engine work only, no vendor calls), then sends signed HubSpot batches of
 `BENCH_E2E_BATCH` events to the connection's webhook URL at `BENCH_E2E_RATE` events per second
 for `BENCH_E2E_SECONDS`, from a few client threads, and waits until every run has finished.
+A few unmeasured requests go first, so the figures are the steady state, not the first
+requests of fresh processes.
 The path is the real one: webhook → inbox → (nudge) drain → outbox → publish → Pub/Sub emulator
 push → admit_event → step-ready push → advance_step, three times.
 
