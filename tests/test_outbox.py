@@ -145,12 +145,19 @@ def test_two_publishers_at_a_barrier_never_share_a_row(db: Database, pubsub: Pub
     def publisher_loop(n: int) -> None:
         try:
             barrier.wait(timeout=10)
+            first = True
             while True:
                 hold = str(uuid.uuid4())
                 claimed = claim_batch(db, hold, limit=policy.batch_size, hold_seconds=60)
                 if not claimed:
                     return
                 holds[n].extend(claimed)
+                if first:
+                    # Both hold a live batch before either publishes: otherwise a publisher
+                    # scheduled first can drain all 200 rows (a publish takes a millisecond or
+                    # two) before the other claims once, and the test proves nothing.
+                    barrier.wait(timeout=10)
+                    first = False
                 publisher.publish_many(TRIGGER_EVENTS, [{"event_id": i} for i in claimed])
                 assert mark_published(db, hold, claimed) == len(claimed)
         except BaseException as exc:
