@@ -14,7 +14,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
 
 .PHONY: help venv browser test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
-        bench-ingest bench-admit bench-steps bench-latency bench-poll
+        bench-ingest bench-admit bench-steps bench-latency bench-e2e bench-poll
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -72,6 +72,9 @@ bench-steps: .venv/.installed ## Benchmark step execution against pgbench
 
 bench-latency: .venv/.installed ## Webhook → admission decision → first step latency (p50/p99) through the local stack
 	$(PY) -m devstack.bench.latency
+
+bench-e2e: .venv/.installed ## Signed HubSpot batches → 3-step runs finished: events/s and p50/p99 latency vs pgbench
+	$(PY) -m devstack.bench.e2e
 
 bench-poll: .venv/.installed ## Time a poll pass over 10k and 1M rows (1,000 pending): flat?
 	$(PY) -m devstack.bench.poll

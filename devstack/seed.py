@@ -26,11 +26,12 @@ def hubspot_tenant(
     credits: int,
     triggers: Mapping[str, Mapping[str, Any]],
     app_id: str | None = None,
+    steps: Sequence[Mapping[str, Any]] = ({"id": "done", "type": "end"},),
 ) -> tuple[str, list[str]]:
     """(connection id, workflow ids in the order of `triggers`). `triggers` maps a workflow
-    name to its trigger fields besides `events` (rule, dedup, …); each workflow is one `end`
-    step. With `app_id` the connection is the app's for `portal`: the app's one webhook URL
-    routes that portal's events to it."""
+    name to its trigger fields besides `events` (rule, dedup, …); every workflow runs `steps`
+    (one `end` step unless the caller gives its own graph). With `app_id` the connection is
+    the app's for `portal`: the app's one webhook URL routes that portal's events to it."""
     with db.transaction() as tx:
         tx.execute(
             "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, :c)",
@@ -47,7 +48,7 @@ def hubspot_tenant(
             provider_app_id=app_id,
         )
         workflow_ids = [
-            _activate(tx, tenant, name, {"events": [PROPERTY_CHANGED], **trigger})
+            _activate(tx, tenant, name, {"events": [PROPERTY_CHANGED], **trigger}, steps)
             for name, trigger in triggers.items()
         ]
     return connection_id, workflow_ids
@@ -63,12 +64,18 @@ def hubspot_app(db: Database, *, app_id: str, secret_env: str) -> str:
     return f"hubspot/app/{app_id}"
 
 
-def _activate(tx: Any, tenant: str, name: str, trigger: Mapping[str, Any]) -> str:
+def _activate(
+    tx: Any,
+    tenant: str,
+    name: str,
+    trigger: Mapping[str, Any],
+    steps: Sequence[Mapping[str, Any]],
+) -> str:
     source: dict[str, Sequence[Any] | Mapping[str, Any] | str] = {
         "name": name,
         "tenant": tenant,
         "trigger": dict(trigger),
-        "steps": [{"id": "done", "type": "end"}],
+        "steps": [dict(step) for step in steps],
     }
     published = versions.publish(tx, json.dumps(source), tenant_id=tenant)
     versions.activate(

@@ -133,6 +133,20 @@ class PidFile:
     def alive(self) -> bool:
         return _start_ticks(self.pid) == self.ticks
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by this component's live processes and their
+        children (PostgreSQL's backends leave the postmaster's group: each calls setsid)."""
+        members = set(self.leftovers())
+        stats: dict[int, list[str]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    stats[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        members |= {pid for pid, fields in stats.items() if int(fields[1]) in members}
+        # utime and stime are stat fields 14 and 15 (11 and 12 after the command name).
+        ticks = sum(int(stats[pid][11]) + int(stats[pid][12]) for pid in members if pid in stats)
+        return ticks / os.sysconf("SC_CLK_TCK")
+
     def leftovers(self) -> list[int]:
         """Processes of this component still running (the group's, when it owns one)."""
         if self.group:

@@ -145,12 +145,19 @@ def test_two_publishers_at_a_barrier_never_share_a_row(db: Database, pubsub: Pub
     def publisher_loop(n: int) -> None:
         try:
             barrier.wait(timeout=10)
+            first = True
             while True:
                 hold = str(uuid.uuid4())
                 claimed = claim_batch(db, hold, limit=policy.batch_size, hold_seconds=60)
                 if not claimed:
                     return
                 holds[n].extend(claimed)
+                if first:
+                    # Both hold a live batch before either publishes: otherwise a publisher
+                    # scheduled first can drain all 200 rows (a publish takes a millisecond or
+                    # two) before the other claims once, and the test proves nothing.
+                    barrier.wait(timeout=10)
+                    first = False
                 publisher.publish_many(TRIGGER_EVENTS, [{"event_id": i} for i in claimed])
                 assert mark_published(db, hold, claimed) == len(claimed)
         except BaseException as exc:
@@ -247,3 +254,14 @@ def test_publish_outbox_entry_point_publishes_within_its_budget(
     assert response.status_code == 200
     assert response.json["published"] == 3
     assert sorted(pubsub.pull_ids(TRIGGER_EVENTS, count=3)) == ids
+
+
+def test_publish_many_splits_at_the_request_limit_and_loses_nothing(pubsub: PubsubProject) -> None:
+    # One more message than a Publish request may carry: two requests, every id back in order.
+    from shared import pubsub as pubsub_mod
+
+    count = pubsub_mod.MAX_MESSAGES_PER_REQUEST + 1
+    ids = get_publisher().publish_many(TRIGGER_EVENTS, [{"event_id": i} for i in range(count)])
+    assert len(ids) == count and len(set(ids)) == count
+    received = pubsub.drain(TRIGGER_EVENTS)
+    assert sorted(m["event_id"] for m in received) == list(range(count))

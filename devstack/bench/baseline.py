@@ -39,6 +39,12 @@ def pgbench_tps(
     return float(match.group(1))
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The `q` quantile (0..1) of `values` by rank: the latency figures every bench prints."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def emit(bench: str, value: float, unit: str, pgbench: float | None, **extra: Any) -> None:
     """One JSON line; `ratio` is value / pgbench TPS when the unit is a rate."""
     line: dict[str, Any] = {

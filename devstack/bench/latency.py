@@ -17,16 +17,14 @@ BENCH_LATENCY_KEEP=1 to leave the stack running afterwards (its logs, to see whe
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
-from devstack import stack as devstack
+from devstack.bench.baseline import percentile
+from devstack.bench.local import throwaway_stack
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
 from devstack.seed import hubspot_tenant
 from shared.db import Database, connector_from_env
@@ -34,11 +32,6 @@ from shared.db import Database, connector_from_env
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
 TENANT = "bench-latency"
 PORTAL = 7373
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _seed(db: Database) -> str:
@@ -63,17 +56,7 @@ def main() -> int:
     events = int(os.environ.get("BENCH_LATENCY_EVENTS", "300"))
     rate = float(os.environ.get("BENCH_LATENCY_RATE", "20"))
     keep = os.environ.get("BENCH_LATENCY_KEEP") == "1"
-    root = Path(tempfile.mkdtemp(prefix="onceflow-bench-latency-"))
-    root.chmod(0o755)
-    os.environ.pop("DATABASE_URL", None)
-    try:
-        devstack.up(root / "local", free_ports=True)
-        running = devstack.RunningStack.open(root / "local")
-        if keep:
-            print(
-                f"stack kept running in {root / 'local'} (logs there; stop with "
-                f"`python -m devstack.stack down --root {root / 'local'}`)"
-            )
+    with throwaway_stack("onceflow-bench-latency-", keep=keep) as running:
         db = Database(connector_from_env({"DATABASE_URL": running.database_url}), pool_size=2)
         connection_id = _seed(db)
         uri = f"{running.url('webhook')}/hubspot/{connection_id}"
@@ -137,15 +120,11 @@ def main() -> int:
         ):
             if values:
                 print(
-                    f"{name:22s} p50 {_percentile(values, 0.5):7.0f} ms   "
-                    f"p99 {_percentile(values, 0.99):7.0f} ms   max {max(values):7.0f} ms"
+                    f"{name:22s} p50 {percentile(values, 0.5):7.0f} ms   "
+                    f"p99 {percentile(values, 0.99):7.0f} ms   max {max(values):7.0f} ms"
                 )
         db.close()
         return 0 if len(decided) >= events and failures == 0 else 1
-    finally:
-        if not keep:
-            devstack.down(root / "local", quiet=True)
-            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
