@@ -192,7 +192,14 @@ class _Session:
             raise
 
 
-class _StalePlan(TransientError):
+class TransactionLost(TransientError):
+    """A savepoint could not contain a failure: the connection broke, a prepared statement
+    went stale, or ROLLBACK TO SAVEPOINT itself failed. The whole transaction is gone; the
+    caller must let this propagate to `Database.transaction` (which discards the connection
+    or the stale plans) rather than carry on in it."""
+
+
+class _StalePlan(TransactionLost):
     """Postgres refused a prepared statement whose result columns changed since it was
     prepared (0A000 "cached plan must not change result type": a migration altered a table
     it reads). The transaction is aborted by then, so it cannot be re-prepared in place:
@@ -206,6 +213,38 @@ class Tx:
     def __init__(self, session: _Session, counter: RoundTrips) -> None:
         self._session = session
         self._counter = counter
+        self._savepoints = 0
+
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A unit inside the transaction that can fail alone: on an error its writes are
+        rolled back (ROLLBACK TO SAVEPOINT), the error is raised translated (shared.errors),
+        and the transaction goes on. A failure the savepoint can't contain raises
+        `TransactionLost`. Simple-protocol statements: one round trip each."""
+        conn = self._session.conn
+        self._savepoints += 1
+        name = f"sp{self._savepoints}"
+        conn.execute_simple(f"SAVEPOINT {name}")
+        self._counter.add()
+        try:
+            yield
+        except BaseException as exc:
+            if isinstance(exc, _StalePlan):
+                raise  # `transaction` discards the stale plans
+            if _is_connection_broken(exc):
+                raise TransactionLost(f"transaction lost: {translate(exc)}") from exc
+            try:
+                conn.execute_simple(f"ROLLBACK TO SAVEPOINT {name}")
+                self._counter.add()
+            except Exception as rollback_exc:
+                raise TransactionLost(
+                    f"transaction lost: {translate(rollback_exc)} (after {exc!r})"
+                ) from exc
+            if isinstance(exc, Exception):
+                raise translate(exc) from exc
+            raise
+        conn.execute_simple(f"RELEASE SAVEPOINT {name}")
+        self._counter.add()
 
     def _run(self, query: Query | str, params: Mapping[str, Any]) -> Any:
         text = query.text if isinstance(query, Query) else query
@@ -372,7 +411,7 @@ class Database:
         except BaseException as exc:
             if isinstance(exc, _StalePlan):
                 self._generation += 1
-            if _is_connection_broken(exc) or isinstance(exc, _StalePlan):
+            if _is_connection_broken(exc) or isinstance(exc, TransactionLost):
                 keep = None
                 _close_quietly(conn)
             else:
