@@ -145,6 +145,17 @@ WITH input AS (
                 CAST(:records AS text[]))
          AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal,
                refusal_detail, entry_node, entry_type, record)
+), active AS (
+    -- not_while_running: the oldest live running run for the record, per binding, in one
+    -- sort for all of them (as a per-binding LATERAL … ORDER BY … LIMIT 1, each of K
+    -- bindings paid for setting up a sort even when its mode skipped the scan: at K=50 that
+    -- was most of the statement).
+    SELECT DISTINCT ON (i.workflow_id) i.workflow_id, ar.id, ar.created_at
+    FROM input i
+    JOIN workflow_runs ar ON ar.workflow_id = i.workflow_id AND ar.record_key = i.record_key
+    WHERE i.dedup_mode = 'not_while_running' AND ar.status = 'running'
+      AND ar.namespace = 'live'
+    ORDER BY i.workflow_id, ar.created_at
 ), seen AS (
     SELECT i.*,
            (c.event_id IS NOT NULL) AS claimed,
@@ -158,12 +169,7 @@ WITH input AS (
     LEFT JOIN workflow_enrollments en
            ON i.dedup_mode = 'once_per_record' AND en.workflow_id = i.workflow_id
           AND en.record_key = i.record_key
-    LEFT JOIN LATERAL (
-        SELECT ar.id, ar.created_at FROM workflow_runs ar
-         WHERE i.dedup_mode = 'not_while_running' AND ar.workflow_id = i.workflow_id
-           AND ar.record_key = i.record_key AND ar.status = 'running' AND ar.namespace = 'live'
-         ORDER BY ar.created_at LIMIT 1
-    ) act ON true
+    LEFT JOIN active act ON act.workflow_id = i.workflow_id
 ), outcomes AS (
     SELECT s.*,
            CASE WHEN s.claimed OR s.has_start_run THEN 'handled'
