@@ -29,14 +29,14 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    record; otherwise the run row (start key `workflow_event:<eventId>` under the unique
    (workflow, start_key) index, pinned version, payload and truncation flag copied from the
    event row, lineage root = its own id), its enrollment and its first step row.
-4. The refusals decided in 2 and 3 are written in the same transaction, on the same
-   connection, and the event is stamped `decided_at`: a refusal commits with its delivery
-   claim or not at all. (The first release wrote refusals on a second pooled connection so
-   they would survive a rollback; that was hold-and-wait — concurrent admissions in one
-   process each held one connection and waited for another — and it could leave a stale
+4. The refusals decided in 2 and 3 are written by the same statement (its detail for `duplicate`
+   and `already_running` worded there), and the event is stamped `decided_at`: a refusal commits
+   with its delivery claim or not at all. (The first release wrote refusals on a second pooled
+   connection so they would survive a rollback; that was hold-and-wait — concurrent admissions
+   in one process each held one connection and waited for another — and it could leave a stale
    reason behind a decision that changed on redelivery. Nothing is lost by writing them
-   together: an attempt that rolls back has decided nothing, and the event is decided again
-   by the redelivery or, whatever the transport does, by the sweep, which re-publishes every
+   together: an attempt that rolls back has decided nothing, and the event is decided again by
+   the redelivery or, whatever the transport does, by the sweep, which re-publishes every
    published event still undecided after its threshold and gives it up as `undelivered`,
    visibly, after its cap.)
 5. Commit, then publish `step-ready` for the first steps. A publish that fails raises (nack,
@@ -44,10 +44,14 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    a publish lost in a crash after commit is repaired by the sweep, which re-dispatches
    pending steps whose `dispatched_at` is older than its threshold.
 
-One pooled connection per admission, never two. Round trips per event: BEGIN, context,
-admit, COMMIT — plus one INSERT of the refusals when there are any, one lock statement when a
-trigger takes its record from an expression, and one read of pending steps on a redelivery.
-None of these grows with K.
+One pooled connection per admission, never two. Round trips per event: two — BEGIN travels
+with the context statement (shared/db.py), and COMMIT with the admit statement
+(`Tx.commit_with`) — plus one lock statement when a trigger takes its record from an
+expression, one read of pending steps on a redelivery, and, when open waits are offered the
+event, their statements and a COMMIT of its own. None of these grows with K. Context and
+decision can't be one statement: the rule is CEL evaluated in Python on the record the
+context statement returns, and the decision must be taken under the locks that statement
+took, in a later statement whose READ COMMITTED snapshot sees the previous holder's commit.
 
 What a rule reads (`event`, `trigger`, `record`) is built by shared/workflows/scope.py, the
 one home of the expression scope; the record the rule saw is written with the run
@@ -101,7 +105,6 @@ CONTEXT = SQL["admission_context"]
 LOCK_RECORDS = SQL["admission_lock_records"]
 ADMIT = SQL["admission_admit"]
 PENDING_FIRST_STEPS = SQL["admission_pending_first_steps"]
-INSERT_REFUSALS = SQL["admission_refusals_insert"]
 MARK_DECIDED = SQL["admission_mark_decided"]
 INSERT_POISONED = SQL["admission_poisoned_insert"]
 REFUSALS_FOR_RECORD = SQL["admission_refusals_for_record"]
@@ -440,6 +443,9 @@ class _Attempt:
     refusals: list[_Refusal]
     dispatch: list[str]
     tenant_id: str
+    # Runs found already started by a concurrent delivery: their pending steps are read
+    # after commit (a read needs no place in the decision's transaction).
+    late_resume: list[str] = field(default_factory=list)
 
 
 def _plan_bindings(
@@ -520,8 +526,17 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
 
     refusals: list[_Refusal] = []
     dispatch: list[str] = []
+    if resume:
+        # Claimed by an earlier delivery (claims are final): their pending steps go out again.
+        dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
+    open_waits = row["open_waits"]
+    open_waits = json.loads(open_waits) if isinstance(open_waits, str) else open_waits
+    # The decision is the transaction's last statement, and commits in its own round trip,
+    # unless open waits are offered the event after it (or a test seam runs before commit).
+    last = tx.commit_with if not open_waits and seams.before_commit is None else tx.all
+    late_resume: list[str] = []
     if plans:
-        rows = tx.all(
+        rows = last(
             ADMIT,
             event_id=event_id,
             start_key=start_key(event_id),
@@ -531,6 +546,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
             run_ids=[p.run_id for p in plans],
             record_keys=[p.record_key for p in plans],
             refusals=[None if p.refusal is None else p.refusal.reason for p in plans],
+            refusal_details=[None if p.refusal is None else p.refusal.detail for p in plans],
             entry_nodes=[p.entry_node for p in plans],
             entry_types=[p.entry_type for p in plans],
             records=[p.record for p in plans],
@@ -546,70 +562,37 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
             if outcome.outcome == "admitted" and r["step_id"]:
                 dispatch.append(r["step_id"])
             elif outcome.outcome == "handled" and outcome.run_id:
-                resume.append(outcome.run_id)
+                # Decided by a concurrent delivery since statement 1: read after commit.
+                late_resume.append(outcome.run_id)
     elif row["decided_at"] is None:
         # Nothing bound to decide (or only pairings decided before decided_at existed).
-        tx.execute(MARK_DECIDED, event_id=event_id)
-    write_refusals(tx, tenant_id=event.tenant_id, event_id=event_id, refusals=refusals)
-    open_waits = row["open_waits"]
-    open_waits = json.loads(open_waits) if isinstance(open_waits, str) else open_waits
+        last(MARK_DECIDED, event_id=event_id)
     if open_waits:
         # The first decision of an event also offers it to the open waits it can match
         # (wait_for; statement 1 read them by index), in this transaction; each resume is
         # guarded, so a concurrent or redelivered admission resumes a wait at most once.
         dispatch += offer_event(tx, event.occurrence, open_waits)
-    if resume:
-        dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
-    return _Attempt(outcomes, refusals, dispatch, event.tenant_id)
+    return _Attempt(outcomes, refusals, dispatch, event.tenant_id, late_resume)
 
 
 def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:
+    """One binding's row of the admit statement, which also wrote its refusal (the details
+    that depend on other runs, duplicate and already_running, are worded there)."""
     decided = row["outcome"]
     if decided == "admitted":
         return BindingOutcome(plan.workflow_id, "admitted", run_id=row["run_id"]), None
     if decided == "handled":
         return BindingOutcome(plan.workflow_id, "handled", run_id=row["run_id"]), None
-    if decided == "duplicate":
-        detail = (
-            f"record {plan.record_key} already enrolled by run {row['enrolled_run_id']} "
-            f"at {_when(row['enrolled_at'])} (dedup once_per_record)"
-        )
-        refusal = _Refusal(plan.workflow_id, plan.version_id, plan.record_key, "duplicate", detail)
-    elif decided == "already_running":
-        detail = (
-            f"run {row['active_run_id']} for record {plan.record_key} is still running "
-            f"(started {_when(row['active_since'])}; dedup not_while_running)"
-        )
-        refusal = _Refusal(
-            plan.workflow_id, plan.version_id, plan.record_key, "already_running", detail
-        )
-    else:
-        assert plan.refusal is not None and plan.refusal.reason == decided, decided
-        refusal = plan.refusal
+    assert decided in REASONS, decided
+    assert decided in ("duplicate", "already_running") or (
+        plan.refusal is not None and plan.refusal.reason == decided
+    ), decided
+    reason: Reason = decided
+    refusal = _Refusal(plan.workflow_id, plan.version_id, plan.record_key, reason, row["detail"])
     outcome = BindingOutcome(
         plan.workflow_id, "refused", reason=refusal.reason, detail=refusal.detail
     )
     return outcome, refusal
-
-
-def _when(value: Any) -> str:
-    return value.isoformat() if isinstance(value, datetime) else str(value)
-
-
-def write_refusals(tx: Tx, *, tenant_id: str, event_id: int, refusals: Sequence[_Refusal]) -> int:
-    """Record refusals in the admission's transaction (with their claims); how many rows."""
-    if not refusals:
-        return 0
-    return tx.execute(
-        INSERT_REFUSALS,
-        tenant_id=tenant_id,
-        event_id=event_id,
-        workflow_ids=[r.workflow_id for r in refusals],
-        version_ids=[r.version_id for r in refusals],
-        record_keys=[r.record_key for r in refusals],
-        reasons=[r.reason for r in refusals],
-        details=[r.detail for r in refusals],
-    )
 
 
 def admit_event(
@@ -630,6 +613,12 @@ def admit_event(
                     done = _admit_in_transaction(tx, event_id, seams)
                     if seams.before_commit is not None:
                         seams.before_commit()
+                if done.late_resume:
+                    with db.transaction() as tx:
+                        done.dispatch += [
+                            r["id"]
+                            for r in tx.commit_with(PENDING_FIRST_STEPS, run_ids=done.late_resume)
+                        ]
                 break
             except (ConflictError, TransientError) as exc:
                 # A concurrent admission won a race on a unique index, or the database

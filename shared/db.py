@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, unquote, urlparse
 
+import pg8000.core
 import pg8000.dbapi
 import pg8000.exceptions
 from pg8000.converters import make_params
@@ -171,19 +172,45 @@ class _Session:
         self.generation = generation
         self._prepared: dict[str, tuple[bytes, Any, Any]] = {}
 
-    def run(self, statement: str, values: tuple[Any, ...], *, prepare: bool) -> Any:
+    def run(
+        self,
+        statement: str,
+        values: tuple[Any, ...],
+        *,
+        prepare: bool,
+        begin: bool = False,
+        commit: bool = False,
+    ) -> Any:
+        """Execute one statement; `begin`: open the transaction first, `commit`: commit it
+        right after. For a prepared statement both travel in the statement's own round trip
+        (pipelined: BEGIN, Bind+Execute+Sync, COMMIT written together, answers read in
+        order). A COMMIT that follows a failed statement is answered ROLLBACK by the server,
+        so pipelining it never commits a failure: the statement's error is what is raised."""
+        conn = self.conn
         if not prepare:
-            return self.conn.execute_unnamed(statement, vals=values)
+            if begin:
+                conn.execute_simple("BEGIN")
+            ctx = conn.execute_unnamed(statement, vals=values)
+            if commit:
+                conn.execute_simple("COMMIT")
+            return ctx
         prepared = self._prepared.get(statement)
         if prepared is None:
+            if begin:  # the Parse runs inside the transaction, like every later execution
+                conn.execute_simple("BEGIN")
+                begin = False
             # A statement that fails to prepare raises here, exactly as the unnamed Parse
             # did, and is not cached.
-            prepared = self.conn.prepare_statement(statement, ())
+            prepared = conn.prepare_statement(statement, ())
             self._prepared[statement] = prepared
         name, columns, input_funcs = prepared
-        params = make_params(self.conn.py_types, values)
+        params = make_params(conn.py_types, values)
         try:
-            return self.conn.execute_named(name, params, columns, input_funcs, statement)
+            if not (begin or commit):
+                return conn.execute_named(name, params, columns, input_funcs, statement)
+            return self._pipelined(
+                prepared, params, statement=statement, begin=begin, commit=commit
+            )
         except pg8000.exceptions.DatabaseError as exc:
             # 0A000 alone also covers unrelated "feature not supported" errors, which must
             # stay permanent; the routine names the plan cache's revalidation.
@@ -191,8 +218,55 @@ class _Session:
                 raise _StalePlan(f"{translate(exc)}; retrying on fresh connections") from exc
             raise
 
+    def _pipelined(
+        self,
+        prepared: tuple[bytes, Any, Any],
+        params: Any,
+        *,
+        statement: str,
+        begin: bool,
+        commit: bool,
+    ) -> Any:
+        # pg8000's own execute_named, with the BEGIN / COMMIT queries written into the same
+        # flush (the core methods it is built from; pg8000 is pinned in requirements.txt).
+        conn = self.conn
+        sock = conn._sock
+        name, columns, input_funcs = prepared
+        ctx = pg8000.core.Context(columns=columns, input_funcs=input_funcs, statement=statement)
+        if begin:
+            conn.send_QUERY("BEGIN")
+        conn.send_BIND(name, params)
+        conn.send_EXECUTE()
+        pg8000.core._write(sock, pg8000.core.SYNC_MSG)
+        if commit:
+            conn.send_QUERY("COMMIT")
+        pg8000.core._flush(sock)
+        # Every answer is read, even after an error, so the connection stays in step.
+        failure: pg8000.exceptions.Error | None = None
+        for context in (
+            ([pg8000.core.Context("BEGIN")] if begin else [])
+            + [ctx]
+            + ([pg8000.core.Context("COMMIT")] if commit else [])
+        ):
+            try:
+                conn.handle_messages(context)
+            except pg8000.exceptions.Error as exc:
+                # After a failed statement the COMMIT is a ROLLBACK (pg8000 flags it as "in
+                # failed transaction block"): the first error is the one that happened.
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return ctx
 
-class _StalePlan(TransientError):
+
+class TransactionLost(TransientError):
+    """A savepoint could not contain a failure: the connection broke, a prepared statement
+    went stale, or ROLLBACK TO SAVEPOINT itself failed. The whole transaction is gone; the
+    caller must let this propagate to `Database.transaction` (which discards the connection
+    or the stale plans) rather than carry on in it."""
+
+
+class _StalePlan(TransactionLost):
     """Postgres refused a prepared statement whose result columns changed since it was
     prepared (0A000 "cached plan must not change result type": a migration altered a table
     it reads). The transaction is aborted by then, so it cannot be re-prepared in place:
@@ -206,22 +280,84 @@ class Tx:
     def __init__(self, session: _Session, counter: RoundTrips) -> None:
         self._session = session
         self._counter = counter
+        self._savepoints = 0
+        # BEGIN is sent with the first statement (never alone: it can't fail, and a round
+        # trip of its own was a quarter of a short transaction's); `finished` once a
+        # statement committed or rolled back the transaction itself (`commit_with`).
+        self.begun = False
+        self.finished = False
 
-    def _run(self, query: Query | str, params: Mapping[str, Any]) -> Any:
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """A unit inside the transaction that can fail alone: on an error its writes are
+        rolled back (ROLLBACK TO SAVEPOINT), the error is raised translated (shared.errors),
+        and the transaction goes on. A failure the savepoint can't contain raises
+        `TransactionLost`. Simple-protocol statements: one round trip each."""
+        conn = self._session.conn
+        self._check_open()
+        self._savepoints += 1
+        name = f"sp{self._savepoints}"
+        conn.execute_simple(("" if self.begun else "BEGIN; ") + f"SAVEPOINT {name}")
+        self.begun = True
+        self._counter.add()
+        try:
+            yield
+        except BaseException as exc:
+            if isinstance(exc, _StalePlan):
+                raise  # `transaction` discards the stale plans
+            if _is_connection_broken(exc):
+                raise TransactionLost(f"transaction lost: {translate(exc)}") from exc
+            try:
+                conn.execute_simple(f"ROLLBACK TO SAVEPOINT {name}")
+                self._counter.add()
+            except Exception as rollback_exc:
+                raise TransactionLost(
+                    f"transaction lost: {translate(rollback_exc)} (after {exc!r})"
+                ) from exc
+            if isinstance(exc, Exception):
+                raise translate(exc) from exc
+            raise
+        conn.execute_simple(f"RELEASE SAVEPOINT {name}")
+        self._counter.add()
+
+    def _check_open(self) -> None:
+        if self.finished:
+            raise PermanentError("this transaction was already committed by commit_with")
+
+    def _run(self, query: Query | str, params: Mapping[str, Any], *, commit: bool = False) -> Any:
+        self._check_open()
         text = query.text if isinstance(query, Query) else query
         statement, names = _converted(text)
         values = tuple(
             _text_array(v) if type(v) is list else v for v in map(params.__getitem__, names)
         )
         self._counter.add()
-        return self._session.run(statement, values, prepare=isinstance(query, Query))
+        begin = not self.begun
+        self.begun = True
+        if commit:
+            # Whatever happens next, the server ends the transaction (COMMIT, or ROLLBACK
+            # after a failed statement): nothing may run in it any more.
+            self.finished = True
+        return self._session.run(
+            statement, values, prepare=isinstance(query, Query), begin=begin, commit=commit
+        )
 
-    def all(self, query: Query | str, **params: Any) -> list[Row]:
-        ctx = self._run(query, params)
+    def commit_with(self, query: Query | str, **params: Any) -> list[Row]:
+        """Run the transaction's last statement and COMMIT in the same round trip; its rows.
+        If the statement fails, the transaction is rolled back and its error raised; any
+        statement after this one raises. For a transaction whose last statement is known
+        (a single-statement transaction needs no BEGIN/COMMIT round trips at all)."""
+        return self._rows(self._run(query, params, commit=True))
+
+    @staticmethod
+    def _rows(ctx: Any) -> list[Row]:
         if ctx.rows is None:
             return []
         names = [c["name"] for c in ctx.columns]
         return [dict(zip(names, r, strict=True)) for r in ctx.rows]
+
+    def all(self, query: Query | str, **params: Any) -> list[Row]:
+        return self._rows(self._run(query, params))
 
     def one(self, query: Query | str, **params: Any) -> Row | None:
         rows = self.all(query, **params)
@@ -359,23 +495,28 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
-        """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated."""
+        """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated.
+        BEGIN travels with the first statement; a transaction that sent none sends
+        nothing, and one ended by `Tx.commit_with` has nothing left to commit."""
         session = self._checkout()
         conn = session.conn
         keep: _Session | None = session
+        tx = Tx(session, self.round_trips)
         try:
-            conn.execute_simple("BEGIN")
-            self.round_trips.add()
-            yield Tx(session, self.round_trips)
-            conn.execute_simple("COMMIT")
-            self.round_trips.add()
+            yield tx
+            if tx.begun and not tx.finished:
+                tx.finished = True
+                conn.execute_simple("COMMIT")
+                self.round_trips.add()
         except BaseException as exc:
             if isinstance(exc, _StalePlan):
                 self._generation += 1
-            if _is_connection_broken(exc) or isinstance(exc, _StalePlan):
+            if _is_connection_broken(exc) or isinstance(exc, TransactionLost):
                 keep = None
                 _close_quietly(conn)
-            else:
+            elif tx.begun:
+                # Also after `commit_with`: its statement may have failed before the COMMIT
+                # was sent (a failed Parse). With no transaction open this is only a warning.
                 try:
                     conn.execute_simple("ROLLBACK")
                 except Exception:

@@ -18,10 +18,14 @@ event no live connection takes is recorded in `unrouted_provider_events` (see
 shared/provider_apps.py), counted as dropped `unrouted` in the row's outcome.
 
 The claim commits on its own (the attempt counter must survive a crash that kills the
-process mid-row, or a poison row would be retried forever). Each row is then processed in
-ONE transaction: fence on the lease → parse → shadow records → outbox → stamp processed. If
-anything fails the whole transaction rolls back, so events and shadow state never get ahead
-of the inbox row.
+process mid-row, or a poison row would be retried forever). The claimed batch is then
+processed in ONE transaction (one commit for up to `batch_size` rows: a commit is the
+drain's main cost): fence on the leases, then per row, inside its own SAVEPOINT, parse →
+shadow records → outbox → stamp processed. A row that fails is rolled back to its savepoint
+and settled (retry or dead, with its error) in the same transaction, so its events and
+shadow state never get ahead of its inbox row and it can't take the other rows with it. If
+the batch's transaction itself is lost, nothing of it committed and each row is processed
+again in a transaction of its own (`process_row`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from shared import connections, drops, provider_apps, queries, shadow
-from shared.db import Database, Tx
+from shared.db import Database, TransactionLost, Tx
 from shared.errors import PermanentError, TransientError
 from shared.logs import LogEvent, get_logger, labelled, log_event
 from shared.normalize import NormalizedEvent, UnparseableBody, normalize
@@ -48,6 +52,7 @@ STORE = SQL["inbox_store"]
 STORE_FOR_APP = SQL["inbox_store_for_app"]
 CLAIM = SQL["inbox_claim"]
 LOCK_LEASED = SQL["inbox_lock_leased"]
+LOCK_LEASED_BATCH = SQL["inbox_lock_leased_batch"]
 MARK_PROCESSED = SQL["inbox_mark_processed"]
 MARK_REJECTED = SQL["inbox_mark_rejected"]
 MARK_DEAD = SQL["inbox_mark_dead"]
@@ -310,6 +315,75 @@ class ConnectionContext:
         return self._seen[connection_id]
 
 
+def _process_fenced(
+    tx: Tx, row: ClaimedRow, lease_id: str, context: ConnectionContext
+) -> tuple[RowResult, int]:
+    """One row, already fenced on its lease: parse → shadow records → outbox → stamp, in the
+    caller's transaction (or savepoint)."""
+    if row.app is not None:
+        provider = row.app[0]
+    else:
+        provider = context.get(tx, str(row.connection_id))[0].provider
+    try:
+        events = normalize(provider, row.body, row.headers)
+    except UnparseableBody as exc:
+        # Settled in this same transaction, under the lease we fenced on.
+        log.warning("inbox row rejected: %s", exc)
+        tx.execute(
+            MARK_REJECTED,
+            id=row.id,
+            lease_id=lease_id,
+            error=str(exc)[:2000],
+            outcome=json.dumps({"produced": 0, "dropped": {}}),
+        )
+        return "rejected", 0
+    if row.app is None:
+        connection, watched = context.get(tx, str(row.connection_id))
+        outcome = write_events(tx, connection, row.id, events, watched)
+    else:
+        app = context.app(tx, *row.app)
+        outcome = write_routed_events(tx, app, row.id, events, context)
+    tx.execute(MARK_PROCESSED, id=row.id, lease_id=lease_id, outcome=outcome.as_json())
+    return "processed", outcome.produced
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """How a failed row is settled: the statement, its parameters, and the dead-letter log
+    line (written only once the settlement committed)."""
+
+    result: RowResult
+    query: Any
+    params: dict[str, Any]
+    dead_reason: str | None = None
+
+
+def _failure(row: ClaimedRow, lease_id: str, policy: DrainPolicy, exc: Exception) -> _Failure:
+    if isinstance(exc, TransientError):
+        if row.attempts >= policy.max_attempts:
+            return _Failure(
+                "dead",
+                MARK_DEAD,
+                {"id": row.id, "lease_id": lease_id, "error": str(exc)[:2000]},
+                f"inbox row dead after {row.attempts} attempts: {exc}",
+            )
+        delay = backoff_seconds(row.attempts, policy)
+        log.warning("inbox row attempt %d failed, retry in %.0f s: %s", row.attempts, delay, exc)
+        return _Failure(
+            "retried",
+            SCHEDULE_RETRY,
+            {"id": row.id, "lease_id": lease_id, "delay_seconds": delay, "error": str(exc)[:2000]},
+        )
+    # Permanent: a retry of the same row would fail the same way. Visible, not looping.
+    log.error("inbox row failed permanently: %r", exc, exc_info=exc)
+    return _Failure(
+        "dead",
+        MARK_DEAD,
+        {"id": row.id, "lease_id": lease_id, "error": f"{exc!r}"[:2000]},
+        f"inbox row failed permanently: {exc!r}",
+    )
+
+
 def process_row(
     db: Database,
     row: ClaimedRow,
@@ -318,59 +392,71 @@ def process_row(
     context: ConnectionContext | None = None,
 ) -> tuple[RowResult, int]:
     """Turn one claimed inbox row into events, in one transaction; how it ended, and how
-    many events it produced."""
+    many events it produced. (`process_batch` does several rows per transaction; this is its
+    fallback and the one-row form.)"""
     context = context or ConnectionContext()
     try:
         with db.transaction() as tx:
             if tx.one(LOCK_LEASED, id=row.id, lease_id=lease_id) is None:
                 return "lease_lost", 0
-            if row.app is not None:
-                provider = row.app[0]
-            else:
-                provider = context.get(tx, str(row.connection_id))[0].provider
-            try:
-                events = normalize(provider, row.body, row.headers)
-            except UnparseableBody as exc:
-                # Settled in this same transaction, under the lease we just fenced on.
-                log.warning("inbox row rejected: %s", exc)
-                tx.execute(
-                    MARK_REJECTED,
-                    id=row.id,
-                    lease_id=lease_id,
-                    error=str(exc)[:2000],
-                    outcome=json.dumps({"produced": 0, "dropped": {}}),
-                )
-                return "rejected", 0
-            if row.app is None:
-                connection, watched = context.get(tx, str(row.connection_id))
-                outcome = write_events(tx, connection, row.id, events, watched)
-            else:
-                app = context.app(tx, *row.app)
-                outcome = write_routed_events(tx, app, row.id, events, context)
-            tx.execute(MARK_PROCESSED, id=row.id, lease_id=lease_id, outcome=outcome.as_json())
-        return "processed", outcome.produced
-    except TransientError as exc:
-        if row.attempts >= policy.max_attempts:
-            _settle(db, MARK_DEAD, id=row.id, lease_id=lease_id, error=str(exc)[:2000])
-            _log_dead(f"inbox row dead after {row.attempts} attempts: {exc}")
-            return "dead", 0
-        delay = backoff_seconds(row.attempts, policy)
-        log.warning("inbox row attempt %d failed, retry in %.0f s: %s", row.attempts, delay, exc)
-        _settle(
-            db,
-            SCHEDULE_RETRY,
-            id=row.id,
-            lease_id=lease_id,
-            delay_seconds=delay,
-            error=str(exc)[:2000],
-        )
-        return "retried", 0
+            return _process_fenced(tx, row, lease_id, context)
     except Exception as exc:
-        # Permanent: a retry of the same row would fail the same way. Visible, not looping.
-        log.exception("inbox row failed permanently")
-        _settle(db, MARK_DEAD, id=row.id, lease_id=lease_id, error=f"{exc!r}"[:2000])
-        _log_dead(f"inbox row failed permanently: {exc!r}")
-        return "dead", 0
+        failure = _failure(row, lease_id, policy, exc)
+        _settle(db, failure.query, **failure.params)
+        if failure.dead_reason:
+            _log_dead(failure.dead_reason)
+        return failure.result, 0
+
+
+def process_batch(
+    db: Database,
+    rows: list[ClaimedRow],
+    lease_id: str,
+    policy: DrainPolicy,
+    context: ConnectionContext | None = None,
+) -> list[tuple[RowResult, int]]:
+    """Several claimed rows in ONE transaction (one commit, one fence statement), each in its
+    own savepoint: a row that fails has its writes rolled back to its savepoint and is
+    settled (retry or dead, with its error) in the same transaction, so a bad row can't take
+    the batch with it. If the transaction itself is lost (connection, stale plan, commit),
+    nothing of it was written: every row, still leased by us, is processed again one by one
+    (`process_row`), so no row is lost or done twice."""
+    context = context or ConnectionContext()
+    results: list[tuple[RowResult, int]] = []
+    dead: list[str] = []
+    try:
+        with db.transaction() as tx:
+            held = {
+                int(r["id"])
+                for r in tx.all(LOCK_LEASED_BATCH, ids=[r.id for r in rows], lease_id=lease_id)
+            }
+            for row in rows:
+                if row.id not in held:
+                    results.append(("lease_lost", 0))
+                    continue
+                with labelled(inbox_id=row.id, connection_id=row.connection_id or ""):
+                    try:
+                        with tx.savepoint():
+                            results.append(_process_fenced(tx, row, lease_id, context))
+                    except TransactionLost:
+                        raise
+                    except Exception as exc:
+                        failure = _failure(row, lease_id, policy, exc)
+                        tx.execute(failure.query, **failure.params)
+                        results.append((failure.result, 0))
+                        if failure.dead_reason:
+                            dead.append(failure.dead_reason)
+    except Exception as exc:
+        log.warning("inbox batch of %d rows lost (%s); processing them one by one", len(rows), exc)
+        fallback = ConnectionContext()
+        results = []
+        for row in rows:
+            with labelled(inbox_id=row.id, connection_id=row.connection_id or ""):
+                results.append(process_row(db, row, lease_id, policy, fallback))
+        return results
+    for reason in dead:
+        _log_dead(reason)
+    return results
 
 
 def _log_dead(reason: str) -> None:
@@ -416,9 +502,7 @@ def drain_inbox(
             continue
         report.claimed += len(rows)
         context = ConnectionContext()
-        for row in rows:
-            with labelled(inbox_id=row.id, connection_id=row.connection_id or ""):
-                result, produced = process_row(db, row, lease_id, policy, context)
+        for result, produced in process_batch(db, rows, lease_id, policy, context):
             report.count(result)
             report.events += produced
     return report

@@ -503,11 +503,14 @@ def test_round_trips_per_event_do_not_grow_with_bindings(db: Database, conn: str
     db.round_trips.reset()
     result = admit_event(db, event_id, publish=Published())
     assert len(result.admitted) == k
-    # BEGIN, context (+ locks), admit (runs, claims, steps for all K), COMMIT.
-    assert db.round_trips.count == 4
-    # With a refusal: + one INSERT of the refusals, in the same transaction.
+    # BEGIN + context (+ locks) in one round trip, admit (runs, claims, steps for all K) +
+    # COMMIT in the other.
+    assert db.round_trips.count == 2
+    # With a refusal: still two (the admit statement writes the refusals too).
     bind_workflow(db, "refuses", rule="false")
     second = emit_event(db, connection_id=conn)
     db.round_trips.reset()
-    admit_event(db, second, publish=Published())
-    assert db.round_trips.count == 5
+    result = admit_event(db, second, publish=Published())
+    assert db.round_trips.count == 2
+    assert [o.reason for o in result.refused] == ["rule_not_matched"]
+    assert [r["reason"] for r in refusals(db) if r["event_id"] == second] == ["rule_not_matched"]

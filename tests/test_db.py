@@ -87,6 +87,90 @@ def test_a_dropped_connection_is_replaced_and_prepares_again(
         assert _prepared(tx, "db_test_twice") == [1]
 
 
+INSERT_A = Query(
+    "db_test_insert_a", "INSERT INTO db_test_pipe (a) VALUES (:a) RETURNING a -- db_test_insert_a"
+)
+
+
+def _pipe_table(pool: Database) -> None:
+    with pool.transaction() as tx:
+        tx.execute("CREATE TABLE db_test_pipe (a int UNIQUE)")
+
+
+def _pipe_rows(pool: Database) -> list[int]:
+    with pool.transaction() as tx:
+        return [r["a"] for r in tx.all("SELECT a FROM db_test_pipe ORDER BY a")]
+
+
+def test_begin_travels_with_the_first_statement_and_still_opens_a_transaction(
+    pool: Database,
+) -> None:
+    """BEGIN is written together with the first prepared statement (no round trip of its
+    own), yet the statements are one transaction: an error in the third undoes the first
+    two, and the first one of the next transaction (pipelined this time: prepared already)
+    is inside a transaction too."""
+    _pipe_table(pool)
+    with pytest.raises(ConflictError), pool.transaction() as tx:
+        tx.execute(INSERT_A, a=1)  # prepared on this connection: BEGIN sent on its own
+        tx.execute(INSERT_A, a=2)
+        tx.execute(INSERT_A, a=2)
+    assert _pipe_rows(pool) == []
+    with pytest.raises(ConflictError), pool.transaction() as tx:
+        tx.execute(INSERT_A, a=3)  # BEGIN pipelined with it
+        assert tx.scalar("SELECT now() = statement_timestamp()") is False  # in a transaction
+        tx.execute(INSERT_A, a=3)
+    assert _pipe_rows(pool) == []
+    pool.round_trips.reset()
+    with pool.transaction() as tx:
+        tx.execute(INSERT_A, a=4)
+        tx.execute(INSERT_A, a=5)
+    assert pool.round_trips.count == 3  # two statements and the COMMIT: no BEGIN of its own
+    assert _pipe_rows(pool) == [4, 5]
+    pool.round_trips.reset()
+    with pool.transaction():
+        pass  # nothing sent, nothing to commit
+    assert pool.round_trips.count == 0
+
+
+def test_commit_with_commits_in_the_statements_round_trip_or_rolls_back_on_its_error(
+    pool: Database,
+) -> None:
+    _pipe_table(pool)
+    pool.round_trips.reset()
+    with pool.transaction() as tx:
+        tx.execute(INSERT_A, a=1)
+        assert tx.commit_with(INSERT_A, a=2) == [{"a": 2}]
+        with pytest.raises(PermanentError, match="already committed"):
+            tx.execute(INSERT_A, a=3)  # nothing may run after the commit
+    assert pool.round_trips.count == 2  # two statements, no COMMIT (the third never left)
+    assert _pipe_rows(pool) == [1, 2]
+    # The last statement fails: the COMMIT behind it is a ROLLBACK, the first is undone too,
+    # the error is the statement's own, and the connection is clean for the next transaction.
+    with pytest.raises(ConflictError) as caught, pool.transaction() as tx:
+        tx.execute(INSERT_A, a=7)
+        tx.commit_with(INSERT_A, a=1)
+    assert caught.value.constraint == "db_test_pipe_a_key"
+    assert _pipe_rows(pool) == [1, 2]  # (pool_size 1: the same connection, usable again)
+    # A single-statement transaction: BEGIN, the statement and COMMIT in one round trip.
+    pool.round_trips.reset()
+    with pool.transaction() as tx:
+        tx.commit_with(INSERT_A, a=8)
+    assert pool.round_trips.count == 1
+    assert _pipe_rows(pool) == [1, 2, 8]
+
+
+def test_a_savepoint_undoes_only_its_own_writes(pool: Database) -> None:
+    _pipe_table(pool)
+    with pool.transaction() as tx:
+        with tx.savepoint():  # the transaction's first statement: BEGIN goes with it
+            tx.execute(INSERT_A, a=1)
+        with pytest.raises(ConflictError), tx.savepoint():
+            tx.execute(INSERT_A, a=2)
+            tx.execute(INSERT_A, a=1)
+        tx.execute(INSERT_A, a=3)
+    assert _pipe_rows(pool) == [1, 3]
+
+
 def test_a_statement_that_fails_to_prepare_is_translated_as_before_and_not_cached(
     pool: Database,
 ) -> None:

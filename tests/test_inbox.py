@@ -1,5 +1,5 @@
-"""Draining the inbox: leases, one transaction per row, retries with backoff, dead, rejected,
-and two drainers racing."""
+"""Draining the inbox: leases, one transaction per batch with a savepoint per row, retries
+with backoff, dead, rejected, and two drainers racing."""
 
 from __future__ import annotations
 
@@ -93,6 +93,38 @@ def test_crashed_drainers_lease_expires_and_the_stale_drainer_writes_nothing(
     assert trigger_events(db) == []
     assert process_row(db, reclaimed, new_lease, policy) == ("processed", 1)
     assert inbox_rows(db)[0]["status"] == "processed"
+
+
+def test_a_poisoned_row_in_a_batch_goes_dead_alone_and_the_others_drain(db: Database) -> None:
+    """Three rows, one batch, one transaction: the middle row's second event can't be stored
+    (a NUL in its object id, which Postgres text refuses: a permanent error after the row's
+    first event was already written). Its savepoint rolls the row back whole and it is marked
+    dead with the reason; the rows before and after it are processed in the same commit."""
+    conn = make_connection(db)
+    first = store(db, conn, created(1, 1))
+    poisoned = store(
+        db,
+        conn,
+        hubspot_body(
+            hubspot_event(2, 10, subscription_type="contact.creation"),
+            {**hubspot_event(3, 11, subscription_type="contact.creation"), "objectId": "11\x00"},
+        ),
+    )
+    last = store(db, conn, created(4, 4))
+    report = inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert (report.claimed, report.processed, report.dead, report.events) == (3, 2, 1, 2)
+    rows = {r["id"]: r for r in inbox_rows(db)}
+    assert (rows[first]["status"], rows[last]["status"]) == ("processed", "processed")
+    assert rows[poisoned]["status"] == "dead"
+    assert "0x00" in rows[poisoned]["last_error"]
+    # Nothing of the poisoned row survives, not even its good first event.
+    assert [(e["inbox_id"], e["record_object_id"]) for e in trigger_events(db)] == [
+        (first, "1"),
+        (last, "4"),
+    ]
+    # One transaction for the batch: now() is the transaction's start, the same for all.
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(DISTINCT finished_at) FROM webhook_inbox") == 1
 
 
 @pytest.fixture

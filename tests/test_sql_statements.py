@@ -39,6 +39,7 @@ def test_every_named_statement_prepares_on_the_migrated_schema(db: Database) -> 
     failures: list[str] = []
     # One transaction, each Parse in a savepoint: a failure aborts only its own check.
     with db.transaction() as tx:
+        tx.scalar("SELECT 1")  # opens the transaction (BEGIN travels with the first statement)
         conn = tx._session.conn  # the pool's own connection and prepare path
         for file, name in ALL_QUERIES:
             statement, _ = _converted(queries.load(file)[name].text)
@@ -57,6 +58,7 @@ def test_a_statement_that_does_not_match_the_schema_fails_to_prepare(db: Databas
     """The check above can fail: a statement naming a column the schema lacks is refused."""
     statement, _ = _converted("UPDATE workflow_steps SET no_such_column = 1 WHERE id = :id")
     with db.transaction() as tx:
+        tx.scalar("SELECT 1")  # opens the transaction (BEGIN travels with the first statement)
         conn = tx._session.conn
         with pytest.raises(pg8000.exceptions.DatabaseError, match="no_such_column"):
             conn.prepare_statement(statement, ())

@@ -107,9 +107,10 @@ def consumer(url: str, event_ids: list[int], barrier: Any, results: Any) -> None
     admitted = 0
     error = None
     try:
-        with db.transaction() as a, db.transaction() as b:  # warm both connections
-            a.scalar("SELECT 1")
-            b.scalar("SELECT 1")
+        # Warm the connection (one: a consumer admits one event at a time, and the pool
+        # refuses a second checkout by the same thread, shared.db.NestedCheckout).
+        with db.transaction() as tx:
+            tx.scalar("SELECT 1")
         admit_event(db, event_ids[0], publish=no_publish)  # warm caches (not counted)
         barrier.wait()
         deadline = time.monotonic() + SECONDS

@@ -3,7 +3,8 @@
 Prints JSON lines (see `devstack.bench.baseline.emit`):
 - `webhook_accepted`: signed HubSpot webhooks answered 200 per second by a real
   functions-framework `webhook` process over loopback (nudge off: the bare receive path);
-- `inbox_drained`: inbox rows (one property change each) drained per second by one drainer;
+- `inbox_drained`: inbox rows (one property change each) drained per second by one drainer,
+  with `round_trips_per_row` (statements sent, counted by `Database.round_trips`);
 - `outbox_published`: outbox ids published per second to the Pub/Sub emulator;
 - `outbox_claim_1k_published` / `outbox_claim_1m_published`: the publisher's claim statement
   (median ms) with 1,000 and then 1,000,000 already-published rows in the table — the partial
@@ -174,6 +175,7 @@ def main() -> None:
         emit("webhook_accepted", rate, "webhooks/s", baseline, count=stored)
 
         started = time.monotonic()
+        db.round_trips.reset()
         report = inbox.drain_inbox(db, budget_seconds=600, until_empty=True)
         elapsed = time.monotonic() - started
         emit(
@@ -183,6 +185,7 @@ def main() -> None:
             baseline,
             count=report.processed,
             events=report.events,
+            round_trips_per_row=round(db.round_trips.count / max(report.processed, 1), 2),
         )
 
         with emulator.running() as host:

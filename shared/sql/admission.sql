@@ -113,7 +113,9 @@ SELECT count(pg_advisory_xact_lock(hashtextextended(k.key, 0))) AS locked
 FROM (SELECT key FROM unnest(CAST(:lock_keys AS text[])) AS key ORDER BY key) AS k
 
 -- name: admission_admit
--- Statement 2: the decision for every binding at once, under the locks statement 1 took.
+-- Statement 2: the decision for every binding at once, under the locks statement 1 took, and
+-- every refusal written with its reason and detail (the transaction's last statement: it
+-- commits in the same round trip, shared/admission.py).
 -- Per binding, in this order of precedence:
 --   handled          the pairing already has a delivery claim or a run with this start key
 --                    (a redelivery): nothing is written; the caller resumes dispatch of the run
@@ -138,10 +140,22 @@ WITH input AS (
     FROM unnest(CAST(:workflow_ids AS uuid[]), CAST(:version_ids AS uuid[]),
                 CAST(:dedup_modes AS text[]), CAST(:run_ids AS uuid[]),
                 CAST(:record_keys AS text[]), CAST(:refusals AS text[]),
+                CAST(:refusal_details AS text[]),
                 CAST(:entry_nodes AS text[]), CAST(:entry_types AS text[]),
                 CAST(:records AS text[]))
-         AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal, entry_node,
-               entry_type, record)
+         AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal,
+               refusal_detail, entry_node, entry_type, record)
+), active AS (
+    -- not_while_running: the oldest live running run for the record, per binding, in one
+    -- sort for all of them (as a per-binding LATERAL … ORDER BY … LIMIT 1, each of K
+    -- bindings paid for setting up a sort even when its mode skipped the scan: at K=50 that
+    -- was most of the statement).
+    SELECT DISTINCT ON (i.workflow_id) i.workflow_id, ar.id, ar.created_at
+    FROM input i
+    JOIN workflow_runs ar ON ar.workflow_id = i.workflow_id AND ar.record_key = i.record_key
+    WHERE i.dedup_mode = 'not_while_running' AND ar.status = 'running'
+      AND ar.namespace = 'live'
+    ORDER BY i.workflow_id, ar.created_at
 ), seen AS (
     SELECT i.*,
            (c.event_id IS NOT NULL) AS claimed,
@@ -155,13 +169,8 @@ WITH input AS (
     LEFT JOIN workflow_enrollments en
            ON i.dedup_mode = 'once_per_record' AND en.workflow_id = i.workflow_id
           AND en.record_key = i.record_key
-    LEFT JOIN LATERAL (
-        SELECT ar.id, ar.created_at FROM workflow_runs ar
-         WHERE i.dedup_mode = 'not_while_running' AND ar.workflow_id = i.workflow_id
-           AND ar.record_key = i.record_key AND ar.status = 'running' AND ar.namespace = 'live'
-         ORDER BY ar.created_at LIMIT 1
-    ) act ON true
-), decided AS (
+    LEFT JOIN active act ON act.workflow_id = i.workflow_id
+), outcomes AS (
     SELECT s.*,
            CASE WHEN s.claimed OR s.has_start_run THEN 'handled'
                 WHEN s.refusal IS NOT NULL THEN s.refusal
@@ -169,6 +178,21 @@ WITH input AS (
                 WHEN s.active_run_id IS NOT NULL THEN 'already_running'
                 ELSE 'admitted' END AS outcome
     FROM seen s
+), decided AS (
+    -- The one home of the refusal details that depend on other runs (the others come
+    -- decided, with their detail, in :refusal_details). Times in ISO 8601.
+    SELECT o.*,
+           CASE o.outcome
+               WHEN 'duplicate' THEN
+                   'record ' || o.record_key || ' already enrolled by run ' || o.enrolled_run_id
+                   || ' at ' || (to_json(o.enrolled_at) #>> '{}') || ' (dedup once_per_record)'
+               WHEN 'already_running' THEN
+                   'run ' || o.active_run_id || ' for record ' || o.record_key
+                   || ' is still running (started ' || (to_json(o.active_since) #>> '{}')
+                   || '; dedup not_while_running)'
+               ELSE o.refusal_detail
+           END AS detail
+    FROM outcomes o
 ), ev AS (
     SELECT id, tenant_id, payload, payload_truncated FROM workflow_trigger_events
     WHERE id = :event_id
@@ -211,8 +235,24 @@ WITH input AS (
     DELETE FROM admission_refusals ar USING decided d
     WHERE ar.event_id = :event_id AND ar.workflow_id = d.workflow_id AND d.outcome = 'admitted'
     RETURNING ar.id
+), refusals AS (
+    -- Every refusal, in this statement, with its delivery claim: a claimed pairing always
+    -- has its explanation and a rolled-back attempt leaves neither (the redelivery, or the
+    -- sweep's re-publish, decides again). A row already there can only be a stale one from
+    -- an attempt of an older release that wrote refusals on a second connection and then
+    -- rolled back: the decision made now replaces it.
+    INSERT INTO admission_refusals (tenant_id, event_id, workflow_id, version_id, record_key,
+                                    reason, detail)
+    SELECT ev.tenant_id, :event_id, d.workflow_id, d.version_id, d.record_key, d.outcome,
+           d.detail
+    FROM decided d CROSS JOIN ev
+    WHERE d.outcome NOT IN ('handled', 'admitted')
+    ON CONFLICT (event_id, workflow_id) DO UPDATE
+       SET version_id = EXCLUDED.version_id, record_key = EXCLUDED.record_key,
+           reason = EXCLUDED.reason, detail = EXCLUDED.detail, created_at = now()
+    RETURNING id
 )
-SELECT CAST(d.workflow_id AS text) AS workflow_id, d.outcome,
+SELECT CAST(d.workflow_id AS text) AS workflow_id, d.outcome, d.detail,
        CASE WHEN d.outcome = 'admitted' THEN CAST(d.run_id AS text) ELSE d.existing_run_id END
            AS run_id,
        d.enrolled_run_id, d.enrolled_at, d.active_run_id, d.active_since,
@@ -225,22 +265,6 @@ FROM decided d LEFT JOIN steps st ON st.run_id = d.run_id
 SELECT CAST(id AS text) AS id FROM workflow_steps
 WHERE run_id = ANY(CAST(:run_ids AS uuid[])) AND status = 'pending'
 ORDER BY created_at, step_key
-
--- name: admission_refusals_insert
--- In the admission transaction, on its one connection: a refusal commits together with its
--- delivery claim, so a claimed pairing always has its explanation and a rolled-back attempt
--- leaves neither (the redelivery, or the sweep's re-publish, decides again). A row already
--- there can only be a stale one from an attempt of an older release that wrote refusals on a
--- second connection and then rolled back: the decision made now replaces it.
-INSERT INTO admission_refusals (tenant_id, event_id, workflow_id, version_id, record_key,
-                                reason, detail)
-SELECT :tenant_id, :event_id, r.workflow_id, r.version_id, r.record_key, r.reason, r.detail
-FROM unnest(CAST(:workflow_ids AS uuid[]), CAST(:version_ids AS uuid[]),
-            CAST(:record_keys AS text[]), CAST(:reasons AS text[]), CAST(:details AS text[]))
-     AS r (workflow_id, version_id, record_key, reason, detail)
-ON CONFLICT (event_id, workflow_id) DO UPDATE
-   SET version_id = EXCLUDED.version_id, record_key = EXCLUDED.record_key,
-       reason = EXCLUDED.reason, detail = EXCLUDED.detail, created_at = now()
 
 -- name: admission_mark_decided
 -- An event with nothing left to decide (no workflow bound to it): admission ran, so it is

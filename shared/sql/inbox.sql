@@ -40,6 +40,15 @@ SELECT id FROM webhook_inbox
  WHERE id = :id AND lease_id = :lease_id AND status = 'pending'
    FOR UPDATE
 
+-- name: inbox_lock_leased_batch
+-- The batch's fence: the claimed rows still ours, locked in id order (two drainers never hold
+-- the same row, but a fixed order costs nothing). A row missing here was re-claimed by
+-- another drainer after our lease ran out: we write nothing for it.
+SELECT id FROM webhook_inbox
+ WHERE id = ANY(CAST(:ids AS bigint[])) AND lease_id = :lease_id AND status = 'pending'
+ ORDER BY id
+   FOR UPDATE
+
 -- name: inbox_mark_processed
 UPDATE webhook_inbox
    SET status = 'processed', finished_at = now(), lease_id = NULL, lease_expires_at = NULL,
