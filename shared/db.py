@@ -165,21 +165,25 @@ class _Session:
     `native.PreparedStatement` uses (pg8000 is pinned in requirements.txt).
     """
 
-    def __init__(self, conn: Connection, generation: int) -> None:
+    def __init__(self, conn: Connection, generation: int, counter: RoundTrips) -> None:
         self.conn = conn
+        self._counter = counter
         # The pool's plan generation when this connection was opened (see `_StalePlan`).
         self.generation = generation
         self._prepared: dict[str, tuple[bytes, Any, Any]] = {}
 
     def run(self, statement: str, values: tuple[Any, ...], *, prepare: bool) -> Any:
         if not prepare:
+            self._counter.add(3)  # Parse, Describe, Bind+Execute: each waits for its answer
             return self.conn.execute_unnamed(statement, vals=values)
         prepared = self._prepared.get(statement)
         if prepared is None:
             # A statement that fails to prepare raises here, exactly as the unnamed Parse
             # did, and is not cached.
+            self._counter.add_setup()  # Parse+Describe, once per connection
             prepared = self.conn.prepare_statement(statement, ())
             self._prepared[statement] = prepared
+        self._counter.add()
         name, columns, input_funcs = prepared
         params = make_params(self.conn.py_types, values)
         try:
@@ -201,11 +205,12 @@ class _StalePlan(TransientError):
 
 
 class Tx:
-    """One open transaction. Statements are named `Query` blocks with `:name` parameters."""
+    """One open transaction, or (from `Database.autocommit`) a connection on which each
+    statement is its own transaction. Statements are named `Query` blocks with `:name`
+    parameters."""
 
-    def __init__(self, session: _Session, counter: RoundTrips) -> None:
+    def __init__(self, session: _Session) -> None:
         self._session = session
-        self._counter = counter
 
     def _run(self, query: Query | str, params: Mapping[str, Any]) -> Any:
         text = query.text if isinstance(query, Query) else query
@@ -213,7 +218,6 @@ class Tx:
         values = tuple(
             _text_array(v) if type(v) is list else v for v in map(params.__getitem__, names)
         )
-        self._counter.add()
         return self._session.run(statement, values, prepare=isinstance(query, Query))
 
     def all(self, query: Query | str, **params: Any) -> list[Row]:
@@ -273,10 +277,12 @@ def _text_array(values: list[Any]) -> Any:
 
 
 class RoundTrips:
-    """Counts statements sent per thread, so benchmarks can report round trips per unit.
-
-    A named block's first run on a connection costs one more round trip (its Parse), not
-    counted: it is paid once per pooled connection, not per unit of work."""
+    """Counts network exchanges with the server per thread (each message batch that waits
+    for its answer), so benchmarks can report round trips per unit honestly. `count`: what a
+    unit of work pays every time — each statement, BEGIN, COMMIT and ROLLBACK one, an ad hoc
+    (unnamed) statement three (Parse, Describe, Bind+Execute each wait for an answer).
+    `setup`: what a pooled connection pays once — its session SET and each named block's
+    Parse on it. Only the connection's startup and authentication are not counted."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -284,12 +290,20 @@ class RoundTrips:
     def add(self, n: int = 1) -> None:
         self._local.count = getattr(self._local, "count", 0) + n
 
+    def add_setup(self, n: int = 1) -> None:
+        self._local.setup = getattr(self._local, "setup", 0) + n
+
     @property
     def count(self) -> int:
         return int(getattr(self._local, "count", 0))
 
+    @property
+    def setup(self) -> int:
+        return int(getattr(self._local, "setup", 0))
+
     def reset(self) -> None:
         self._local.count = 0
+        self._local.setup = 0
 
 
 class Database:
@@ -345,7 +359,8 @@ class Database:
             conn = self._connect()
             conn.autocommit = True  # transactions are opened explicitly by `transaction()`
             conn.execute_simple(self.limits.statement())
-            return _Session(conn, self._generation)
+            self.round_trips.add_setup()
+            return _Session(conn, self._generation, self.round_trips)
         except BaseException as exc:
             if conn is not None:
                 _close_quietly(conn)
@@ -360,23 +375,40 @@ class Database:
     @contextmanager
     def transaction(self) -> Iterator[Tx]:
         """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated."""
+        with self._session(begin=True) as tx:
+            yield tx
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Tx]:
+        """A pooled connection on which every statement is its own transaction: no BEGIN and
+        COMMIT round trips. Only for work that is one statement (or statements that need not
+        commit together): a statement that fails rolls back alone, and one that succeeded
+        before it stays committed. Errors are translated as in `transaction`."""
+        with self._session(begin=False) as tx:
+            yield tx
+
+    @contextmanager
+    def _session(self, *, begin: bool) -> Iterator[Tx]:
         session = self._checkout()
         conn = session.conn
         keep: _Session | None = session
         try:
-            conn.execute_simple("BEGIN")
-            self.round_trips.add()
-            yield Tx(session, self.round_trips)
-            conn.execute_simple("COMMIT")
-            self.round_trips.add()
+            if begin:
+                conn.execute_simple("BEGIN")
+                self.round_trips.add()
+            yield Tx(session)
+            if begin:
+                conn.execute_simple("COMMIT")
+                self.round_trips.add()
         except BaseException as exc:
             if isinstance(exc, _StalePlan):
                 self._generation += 1
             if _is_connection_broken(exc) or isinstance(exc, _StalePlan):
                 keep = None
                 _close_quietly(conn)
-            else:
+            elif begin:
                 try:
+                    self.round_trips.add()
                     conn.execute_simple("ROLLBACK")
                 except Exception:
                     keep = None

@@ -207,9 +207,9 @@ def test_an_ops_retry_starts_the_attempt_count_again_and_keeps_the_earlier_lease
     assert rows[0]["lease_id"] != rows[1]["lease_id"]
 
 
-def test_the_history_adds_no_round_trip_to_a_step(db: Database) -> None:
-    """Claim is BEGIN, claim, COMMIT; settle is BEGIN, settle, next rows, COMMIT — as before
-    the history existed (`make bench-steps` reports the same 7 per step)."""
+def test_a_step_is_two_round_trips_with_its_history(db: Database) -> None:
+    """The claim (with its history row) is one autocommitted statement; the settle (with the
+    next step's row and the history row closed) another: no BEGIN, no COMMIT (issue 19)."""
     lookup = block_lookup(Recorder())
     version = publish_version(db, definition(chain(3, "test.noop")))
     _, (first,) = start_run(db, version)
@@ -218,7 +218,8 @@ def test_the_history_adds_no_round_trip_to_a_step(db: Database) -> None:
     (step_id,) = sent
     db.round_trips.reset()
     advance_step(db, step_id, lookup=lookup, dispatch=sent.extend, config=LEASE)
-    assert db.round_trips.count == 7
+    assert db.round_trips.count == 2
+    assert len(sent) == 2  # the next step was created and dispatched
     assert len(leases_of(db, step_id)) == 1 and leases_of(db, step_id)[0]["ended_at"]
 
 

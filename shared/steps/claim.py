@@ -89,7 +89,9 @@ def claim_step(
     someone's lease, parked, finished, unknown, or its run is no longer running or lives in
     another namespace. All of those mean "ack the message and do nothing"."""
     lease_id = str(uuid.uuid4())
-    with db.transaction() as tx:
+    # One statement is the whole claim (the step, its lease history row): it runs as its own
+    # transaction, without BEGIN/COMMIT round trips.
+    with db.autocommit() as tx:
         row = tx.one(
             CLAIM,
             step_id=step_id,
