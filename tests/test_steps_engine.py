@@ -531,7 +531,7 @@ def test_a_long_block_keeps_its_lease_without_calling_heartbeat(db: Database) ->
 
     lookup = block_lookup(Recorder(), **{"test.long": spec("test.long", waits_for_a_renewal)})
     version = publish_version(db, definition(chain(1, "test.long")))
-    run_id, (step_id,) = start_run(db, version)
+    _, (step_id,) = start_run(db, version)
     quick = LeaseConfig(lease_seconds=60, heartbeat_seconds=0.2)
     result = advance_step(db, step_id, lookup=lookup, dispatch=lambda _: None, config=quick)
     assert result.status == "succeeded" and result.run_status == "succeeded"
