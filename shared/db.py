@@ -166,8 +166,9 @@ class _Session:
     `native.PreparedStatement` uses (pg8000 is pinned in requirements.txt).
     """
 
-    def __init__(self, conn: Connection, generation: int) -> None:
+    def __init__(self, conn: Connection, generation: int, counter: RoundTrips) -> None:
         self.conn = conn
+        self.counter = counter
         # The pool's plan generation when this connection was opened (see `_StalePlan`).
         self.generation = generation
         self._prepared: dict[str, tuple[bytes, Any, Any]] = {}
@@ -190,19 +191,25 @@ class _Session:
         if not prepare:
             if begin:
                 conn.execute_simple("BEGIN")
+                self.counter.add()
+            self.counter.add(3)  # Parse, Describe, Bind+Execute: each waits for its answer
             ctx = conn.execute_unnamed(statement, vals=values)
             if commit:
                 conn.execute_simple("COMMIT")
+                self.counter.add()
             return ctx
         prepared = self._prepared.get(statement)
         if prepared is None:
             if begin:  # the Parse runs inside the transaction, like every later execution
                 conn.execute_simple("BEGIN")
+                self.counter.add_setup()  # paid with the Parse, once per connection
                 begin = False
             # A statement that fails to prepare raises here, exactly as the unnamed Parse
             # did, and is not cached.
+            self.counter.add_setup()  # Parse+Describe, once per connection
             prepared = conn.prepare_statement(statement, ())
             self._prepared[statement] = prepared
+        self.counter.add()  # BEGIN and COMMIT, when asked for, travel in this round trip
         name, columns, input_funcs = prepared
         params = make_params(conn.py_types, values)
         try:
@@ -275,11 +282,15 @@ class _StalePlan(TransactionLost):
 
 
 class Tx:
-    """One open transaction. Statements are named `Query` blocks with `:name` parameters."""
+    """One open transaction, or (from `Database.autocommit`) a connection on which each
+    statement is its own transaction. Statements are named `Query` blocks with `:name`
+    parameters."""
 
-    def __init__(self, session: _Session, counter: RoundTrips) -> None:
+    def __init__(self, session: _Session, *, autocommit: bool = False) -> None:
         self._session = session
-        self._counter = counter
+        self._counter = session.counter
+        # Autocommit: no BEGIN is ever sent, each statement commits on its own.
+        self.autocommit = autocommit
         self._savepoints = 0
         # BEGIN is sent with the first statement (never alone: it can't fail, and a round
         # trip of its own was a quarter of a short transaction's); `finished` once a
@@ -295,6 +306,8 @@ class Tx:
         `TransactionLost`. Simple-protocol statements: one round trip each."""
         conn = self._session.conn
         self._check_open()
+        if self.autocommit:
+            raise PermanentError("a savepoint needs a transaction, not an autocommit connection")
         self._savepoints += 1
         name = f"sp{self._savepoints}"
         conn.execute_simple(("" if self.begun else "BEGIN; ") + f"SAVEPOINT {name}")
@@ -331,7 +344,8 @@ class Tx:
         values = tuple(
             _text_array(v) if type(v) is list else v for v in map(params.__getitem__, names)
         )
-        self._counter.add()
+        if self.autocommit:  # each statement is its own transaction: nothing to open or end
+            return self._session.run(statement, values, prepare=isinstance(query, Query))
         begin = not self.begun
         self.begun = True
         if commit:
@@ -409,10 +423,12 @@ def _text_array(values: list[Any]) -> Any:
 
 
 class RoundTrips:
-    """Counts statements sent per thread, so benchmarks can report round trips per unit.
-
-    A named block's first run on a connection costs one more round trip (its Parse), not
-    counted: it is paid once per pooled connection, not per unit of work."""
+    """Counts network exchanges with the server per thread (each message batch that waits
+    for its answer), so benchmarks can report round trips per unit honestly. `count`: what a
+    unit of work pays every time — each statement, BEGIN, COMMIT and ROLLBACK one, an ad hoc
+    (unnamed) statement three (Parse, Describe, Bind+Execute each wait for an answer).
+    `setup`: what a pooled connection pays once — its session SET and each named block's
+    Parse on it. Only the connection's startup and authentication are not counted."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -420,12 +436,20 @@ class RoundTrips:
     def add(self, n: int = 1) -> None:
         self._local.count = getattr(self._local, "count", 0) + n
 
+    def add_setup(self, n: int = 1) -> None:
+        self._local.setup = getattr(self._local, "setup", 0) + n
+
     @property
     def count(self) -> int:
         return int(getattr(self._local, "count", 0))
 
+    @property
+    def setup(self) -> int:
+        return int(getattr(self._local, "setup", 0))
+
     def reset(self) -> None:
         self._local.count = 0
+        self._local.setup = 0
 
 
 class Database:
@@ -481,7 +505,8 @@ class Database:
             conn = self._connect()
             conn.autocommit = True  # transactions are opened explicitly by `transaction()`
             conn.execute_simple(self.limits.statement())
-            return _Session(conn, self._generation)
+            self.round_trips.add_setup()
+            return _Session(conn, self._generation, self.round_trips)
         except BaseException as exc:
             if conn is not None:
                 _close_quietly(conn)
@@ -498,10 +523,24 @@ class Database:
         """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated.
         BEGIN travels with the first statement; a transaction that sent none sends
         nothing, and one ended by `Tx.commit_with` has nothing left to commit."""
+        with self._session(autocommit=False) as tx:
+            yield tx
+
+    @contextmanager
+    def autocommit(self) -> Iterator[Tx]:
+        """A pooled connection on which every statement is its own transaction: no BEGIN and
+        COMMIT round trips. Only for work that is one statement (or statements that need not
+        commit together): a statement that fails rolls back alone, and one that succeeded
+        before it stays committed. Errors are translated as in `transaction`."""
+        with self._session(autocommit=True) as tx:
+            yield tx
+
+    @contextmanager
+    def _session(self, *, autocommit: bool) -> Iterator[Tx]:
         session = self._checkout()
         conn = session.conn
         keep: _Session | None = session
-        tx = Tx(session, self.round_trips)
+        tx = Tx(session, autocommit=autocommit)
         try:
             yield tx
             if tx.begun and not tx.finished:
@@ -518,6 +557,7 @@ class Database:
                 # Also after `commit_with`: its statement may have failed before the COMMIT
                 # was sent (a failed Parse). With no transaction open this is only a warning.
                 try:
+                    self.round_trips.add()
                     conn.execute_simple("ROLLBACK")
                 except Exception:
                     keep = None

@@ -207,9 +207,9 @@ def test_an_ops_retry_starts_the_attempt_count_again_and_keeps_the_earlier_lease
     assert rows[0]["lease_id"] != rows[1]["lease_id"]
 
 
-def test_the_history_adds_no_round_trip_to_a_step(db: Database) -> None:
-    """Claim is BEGIN, claim, COMMIT; settle is BEGIN, settle, next rows, COMMIT — as before
-    the history existed (`make bench-steps` reports the same 7 per step)."""
+def test_a_step_is_two_round_trips_with_its_history(db: Database) -> None:
+    """The claim (with its history row) is one autocommitted statement; the settle (with the
+    next step's row and the history row closed) another: no BEGIN, no COMMIT (issue 19)."""
     lookup = block_lookup(Recorder())
     version = publish_version(db, definition(chain(3, "test.noop")))
     _, (first,) = start_run(db, version)
@@ -218,8 +218,40 @@ def test_the_history_adds_no_round_trip_to_a_step(db: Database) -> None:
     (step_id,) = sent
     db.round_trips.reset()
     advance_step(db, step_id, lookup=lookup, dispatch=sent.extend, config=LEASE)
-    assert db.round_trips.count == 7
+    assert db.round_trips.count == 2
+    assert len(sent) == 2  # the next step was created and dispatched
     assert len(leases_of(db, step_id)) == 1 and leases_of(db, step_id)[0]["ended_at"]
+
+
+def test_a_settle_beside_another_open_step_writes_nothing_in_one_statement(
+    db: Database,
+) -> None:
+    """The one-statement settle decides the run's end from its snapshot, which is exact only
+    when no other step of the run is open. Beside one, it writes nothing and the settle runs
+    in a transaction (more round trips): the step settles once (not fenced out by a first,
+    half-written settle), the already pending next step is dispatched, the run goes on; the
+    last step, alone, then settles and finishes the run in one statement."""
+    lookup = block_lookup(Recorder())
+    version = publish_version(db, definition(chain(2, "test.noop")))
+    run_id, (first,) = start_run(db, version)
+    with db.transaction() as tx:  # s1 already exists and is pending: an open sibling of s0
+        tx.execute(
+            "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key)"
+            " SELECT id, 's1', 's1', 'test.noop', 'onceflow:' || lineage_root || ':s1'"
+            " FROM workflow_runs WHERE id = :r",
+            r=run_id,
+        )
+    sent: list[str] = []
+    db.round_trips.reset()
+    first_result = advance_step(db, first, lookup=lookup, dispatch=sent.extend, config=LEASE)
+    assert first_result.status == "succeeded" and first_result.run_status == "running"
+    assert db.round_trips.count > 2  # claim, the refused statement, then the transaction
+    assert steps_of(db, run_id)["s0"]["status"] == "succeeded"
+    assert len(leases_of(db, first)) == 1 and leases_of(db, first)[0]["end_status"] == "succeeded"
+    (second,) = sent
+    db.round_trips.reset()
+    last = advance_step(db, second, lookup=lookup, dispatch=sent.extend, config=LEASE)
+    assert last.run_status == "succeeded" and db.round_trips.count == 2
 
 
 def test_the_schema_ties_the_end_kind_to_ended_at_and_status(db: Database) -> None:

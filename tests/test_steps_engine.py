@@ -503,3 +503,36 @@ def test_rehearsal_and_ended_runs_are_not_claimed(db: Database) -> None:
             db, sid, lookup=lookup, dispatch=lambda _: None, config=LEASE
         ).claimed
     assert rec.calls == []
+
+
+def test_a_long_block_keeps_its_lease_without_calling_heartbeat(db: Database) -> None:
+    """The process's lease keeper renews a running block's lease on its interval (issue 19
+    moved renewals off the step's own thread): the block sees its lease's expiry move
+    forward without ever calling `ctx.heartbeat()`, and the step still settles."""
+    from shared.blocks.base import BlockResult
+    from tests.steps_blocks import spec
+
+    expiries: list[object] = []
+
+    def waits_for_a_renewal(ctx, config):  # type: ignore[no-untyped-def]
+        def expiry() -> object:
+            with db.transaction() as tx:
+                return tx.scalar(
+                    "SELECT lease_expires_at FROM workflow_steps WHERE id = :i", i=ctx.step_id
+                )
+
+        expiries.append(expiry())
+        renewed = threading.Event()
+        while not renewed.wait(0.05):  # bounded by the test's timeout, not asserted on time
+            if expiry() != expiries[0]:
+                expiries.append(expiry())
+                renewed.set()
+        return BlockResult(output={"renewed": True})
+
+    lookup = block_lookup(Recorder(), **{"test.long": spec("test.long", waits_for_a_renewal)})
+    version = publish_version(db, definition(chain(1, "test.long")))
+    _, (step_id,) = start_run(db, version)
+    quick = LeaseConfig(lease_seconds=60, heartbeat_seconds=0.2)
+    result = advance_step(db, step_id, lookup=lookup, dispatch=lambda _: None, config=quick)
+    assert result.status == "succeeded" and result.run_status == "succeeded"
+    assert len(expiries) == 2 and expiries[1] > expiries[0]  # type: ignore[operator]

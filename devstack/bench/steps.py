@@ -9,9 +9,12 @@ time, and a run that ends admits the next seeded run, keeping IN_FLIGHT runs in 
 the executors, so nobody idles and queueing stays small).
 
 Prints JSON lines (see `devstack.bench.baseline.emit`):
-- `steps_settled`: steps settled per second, with `round_trips_per_step` (every statement,
-  BEGIN and COMMIT included, counted by `Database.round_trips`) and p50/p99 from dispatch to
-  settle in milliseconds;
+- `steps_settled`: steps settled per second, with `round_trips_per_step`: every exchange with
+  Postgres (statements, BEGIN/COMMIT, and the per-connection SET and Parse, counted by
+  `Database.round_trips`) plus one per publish (a dispatch with ids is one Pub/Sub publish
+  request in the function; here an in-process queue), split into `db_round_trips_per_step`,
+  `setup_round_trips_per_step` and `publishes_per_step`; and p50/p99 from dispatch to settle
+  in milliseconds;
 - `steps_round_trips`, `steps_dispatch_to_settle_p50_ms`, `steps_dispatch_to_settle_p99_ms`.
 `pgbench -N -c 8` runs on the same durable (fsync on) cluster first; `ratio` compares. A step
 is two commits (the claim, the settle), a pgbench -N transaction one.
@@ -19,6 +22,7 @@ is two commits (the claim, the settle), a pgbench -N transaction one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -116,8 +120,11 @@ def seed(db: Database, runs: int) -> list[str]:
     return [r["id"] for r in rows]
 
 
-def run_executors(url: str, first_steps: list[str]) -> tuple[int, int, float, list[float]]:
-    """(steps settled, round trips, seconds, dispatch→settle latencies in ms)."""
+def run_executors(
+    url: str, first_steps: list[str]
+) -> tuple[int, tuple[int, int, int], float, list[float]]:
+    """(steps settled, (database round trips, setup round trips, publishes), seconds,
+    dispatch→settle latencies in ms)."""
     work: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
     fresh = iter(first_steps)
     fresh_lock = threading.Lock()
@@ -128,8 +135,13 @@ def run_executors(url: str, first_steps: list[str]) -> tuple[int, int, float, li
         if step_id is not None:
             work.put((step_id, time.monotonic()))
 
+    publishes = [0] * EXECUTORS
+    executor_of = threading.local()
+
     def dispatch(ids: Sequence[str]) -> None:
         now = time.monotonic()
+        if ids:  # one publish request in the function, whatever the number of ids
+            publishes[executor_of.i] += 1
         for step_id in ids:
             work.put((step_id, now))
 
@@ -137,16 +149,19 @@ def run_executors(url: str, first_steps: list[str]) -> tuple[int, int, float, li
     stop = threading.Event()
     settled = [0] * EXECUTORS
     trips = [0] * EXECUTORS
+    setup = [0] * EXECUTORS
     latencies: list[list[float]] = [[] for _ in range(EXECUTORS)]
     errors: list[BaseException] = []
     lease = LeaseConfig()
 
     def executor(i: int) -> None:
+        executor_of.i = i
         db = Database(connector_from_env({"DATABASE_URL": url}), pool_size=2)
         try:
-            with db.transaction() as a, db.transaction() as b:  # warm both connections
-                a.scalar("SELECT 1")
-                b.scalar("SELECT 1")
+            # Warm the connection (an executor holds one at a time: the pool refuses a
+            # second checkout by the same thread, see NestedCheckout).
+            with db.transaction() as tx:
+                tx.scalar("SELECT 1")
             barrier.wait()
             db.round_trips.reset()
             while not stop.is_set():
@@ -164,8 +179,10 @@ def run_executors(url: str, first_steps: list[str]) -> tuple[int, int, float, li
         except BaseException as exc:
             errors.append(exc)
             stop.set()
+            barrier.abort()  # a failure before the start must not leave the others waiting
         finally:
             trips[i] = db.round_trips.count
+            setup[i] = db.round_trips.setup
             db.close()
 
     # Warm the graph cache on the first step (not counted), then fill the pipeline.
@@ -180,7 +197,9 @@ def run_executors(url: str, first_steps: list[str]) -> tuple[int, int, float, li
     threads = [threading.Thread(target=executor, args=(i,)) for i in range(EXECUTORS)]
     for t in threads:
         t.start()
-    barrier.wait()
+    # An executor that failed before the start breaks the barrier; its error is raised below.
+    with contextlib.suppress(threading.BrokenBarrierError):
+        barrier.wait()
     started = time.monotonic()
     stop.wait(SECONDS)
     stop.set()
@@ -189,7 +208,12 @@ def run_executors(url: str, first_steps: list[str]) -> tuple[int, int, float, li
     elapsed = time.monotonic() - started
     if errors:
         raise errors[0]
-    return sum(settled), sum(trips), elapsed, [x for lat in latencies for x in lat]
+    return (
+        sum(settled),
+        (sum(trips), sum(setup), sum(publishes)),
+        elapsed,
+        [x for lat in latencies for x in lat],
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -208,9 +232,9 @@ def main() -> None:
             first_steps = seed(setup, RUNS)
         finally:
             setup.close()
-        steps, trips, elapsed, latencies = run_executors(url, first_steps)
+        steps, (trips, setup_trips, publishes), elapsed, latencies = run_executors(url, first_steps)
         rate = steps / elapsed
-        per_step = trips / steps if steps else 0.0
+        per_step = (trips + setup_trips + publishes) / steps if steps else 0.0
         p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
         emit(
             "steps_settled",
@@ -221,6 +245,9 @@ def main() -> None:
             in_flight_runs=IN_FLIGHT,
             steps_per_run=STEPS_PER_RUN,
             round_trips_per_step=round(per_step, 2),
+            db_round_trips_per_step=round(trips / steps, 2) if steps else 0.0,
+            setup_round_trips_per_step=round(setup_trips / steps, 3) if steps else 0.0,
+            publishes_per_step=round(publishes / steps, 2) if steps else 0.0,
             dispatch_to_settle_p50_ms=round(p50, 2),
             dispatch_to_settle_p99_ms=round(p99, 2),
             steps=steps,

@@ -97,13 +97,46 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
   AND side_effect_started_at IS NOT NULL
 
 -- name: steps_settle
--- The outcome, fenced on the lease: zero rows means this attempt lost its lease and someone
--- else owns the step now. Locks the run row first so settles of one run are serialized and the
--- "is anything left?" check that follows in the same transaction sees committed siblings.
--- Closes this lease's history row in the same statement, only when the settle itself matched:
--- a fenced-out settle touches neither its own (already reclaimed) row nor its successor's.
+-- The outcome, fenced on the lease: no `run_status` means this attempt lost its lease and
+-- someone else owns the step now. Locks the run row first so settles of one run are serialized
+-- (and a transaction that goes on after this statement sees committed siblings). Closes this
+-- lease's history row in the same statement, only when the settle itself matched: a fenced-out
+-- settle touches neither its own (already reclaimed) row nor its successor's.
+--
+-- With `fold` the statement is the whole settle transaction (the step hot path, run on its
+-- own in autocommit: one round trip): the next steps' rows (`step_keys`…, stamped dispatched:
+-- the caller publishes them after this returns), the run failed when the step failed, the run
+-- succeeded when the step succeeded and nothing new is left to do, and a succeeded run's
+-- circuit breaker streak reset (breaker.sql `breaker_record_success`, the same rule). Those
+-- decisions read the run's other steps through the statement's snapshot, taken before the run
+-- lock was granted, so they are exact only when no other step of the run is open (pending,
+-- running or parked): no other writer could have moved or created one since. Otherwise — and
+-- for a wait of a cancelled run, which the caller skips in the same transaction — nothing is
+-- written and `folded` is false: the caller settles in a transaction, statement by statement
+-- (without `fold`), each later statement with a fresh snapshot under the run lock.
 WITH run AS (
-    SELECT id, status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) FOR UPDATE
+    SELECT id, status, namespace, workflow_id
+    FROM workflow_runs WHERE id = CAST(:run_id AS uuid) FOR UPDATE
+), wanted AS (
+    SELECT w.step_key, w.node_id, w.block_type
+    FROM unnest(CAST(:step_keys AS text[]), CAST(:node_ids AS text[]),
+                CAST(:block_types AS text[])) AS w (step_key, node_id, block_type)
+), facts AS (
+    SELECT run.status AS run_status, run.namespace, run.workflow_id,
+           NOT CAST(:fold AS boolean)
+           OR (NOT EXISTS (SELECT 1 FROM workflow_steps o
+                            WHERE o.run_id = run.id AND o.id <> CAST(:step_id AS uuid)
+                              AND o.status NOT IN ('succeeded', 'skipped', 'failed'))
+               AND NOT (run.status = 'cancelled'
+                        AND CAST(:status AS text) IN ('waiting_for_delay', 'waiting_for_retry',
+                                                      'waiting_for_event',
+                                                      'waiting_for_approval'))) AS folded,
+           -- Every wanted row exists already (finished: nothing else is open): nothing new.
+           NOT EXISTS (SELECT 1 FROM wanted w
+                        WHERE NOT EXISTS (SELECT 1 FROM workflow_steps e
+                                           WHERE e.run_id = run.id
+                                             AND e.step_key = w.step_key)) AS nothing_new
+    FROM run
 ), settled AS (
     UPDATE workflow_steps s
     SET status = CAST(:status AS text),
@@ -120,10 +153,10 @@ WITH run AS (
         lease_expires_at = NULL,
         finished_at = CASE WHEN CAST(:status AS text) IN ('succeeded', 'skipped', 'failed')
                            THEN now() END
-    FROM run
-    WHERE s.id = CAST(:step_id AS uuid) AND s.run_id = run.id
+    FROM facts
+    WHERE s.id = CAST(:step_id AS uuid) AND s.run_id = CAST(:run_id AS uuid) AND facts.folded
       AND s.status = 'running' AND s.lease_id = CAST(:lease_id AS uuid)
-    RETURNING run.status AS run_status
+    RETURNING facts.run_status
 ), lease_closed AS (
     UPDATE workflow_step_leases l
     SET end_kind = 'settled',
@@ -134,8 +167,49 @@ WITH run AS (
         ended_at = now()
     FROM settled
     WHERE l.lease_id = CAST(:lease_id AS uuid) AND l.ended_at IS NULL
+), ends AS (
+    SELECT settled.run_status = 'running' AND CAST(:status AS text) = 'succeeded' AS goes_on,
+           settled.run_status = 'running' AND CAST(:status AS text) = 'failed' AS fails,
+           settled.run_status = 'running' AND CAST(:status AS text) = 'succeeded'
+           AND facts.nothing_new AS finishes
+    FROM settled, facts
+    WHERE CAST(:fold AS boolean)
+), inserted AS (
+    INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
+                                dispatched_at)
+    SELECT CAST(:run_id AS uuid), w.step_key, w.node_id, w.block_type,
+           'onceflow:' || CAST(:lineage_root AS text) || ':' || w.step_key, now()
+    FROM wanted w, ends
+    WHERE ends.goes_on
+    ON CONFLICT (run_id, step_key) DO NOTHING
+    RETURNING id
+), failed_run AS (
+    UPDATE workflow_runs r SET status = 'failed', finished_at = now(),
+                               error = CAST(:run_error AS text)
+    FROM ends
+    WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running' AND ends.fails
+    RETURNING r.id
+), finished_run AS (
+    UPDATE workflow_runs r SET status = 'succeeded', finished_at = now()
+    FROM ends
+    WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running' AND ends.finishes
+    RETURNING r.id
+), breaker_reset AS (
+    UPDATE workflow_breakers b
+       SET consecutive_failures = 0,
+           state = CASE WHEN b.state = 'half_open' THEN 'closed' ELSE b.state END,
+           opened_at = CASE WHEN b.state = 'half_open' THEN NULL ELSE b.opened_at END,
+           updated_at = now()
+      FROM finished_run, facts
+     WHERE facts.namespace = 'live' AND b.workflow_id = facts.workflow_id
+       AND b.state <> 'open' AND (b.consecutive_failures > 0 OR b.state = 'half_open')
 )
-SELECT run_status FROM settled
+SELECT facts.folded, settled.run_status,
+       coalesce((SELECT array_agg(CAST(id AS text)) FROM inserted),
+                CAST(ARRAY[] AS text[])) AS dispatch,
+       EXISTS (SELECT 1 FROM failed_run) AS run_failed,
+       EXISTS (SELECT 1 FROM finished_run) AS run_finished
+FROM facts LEFT JOIN settled ON true
 
 -- name: runs_finish_if_done
 -- The run succeeded when none of its steps is left to do. Zero rows: something is still

@@ -412,7 +412,11 @@ def _finish(
             run_id=step.run_id,
             outcome_code=str(settlement.outcome_code),
         )
-    if step.namespace == "live" and (settled.run_failed or settled.run_status == "succeeded"):
+    if (
+        step.namespace == "live"
+        and (settled.run_failed or settled.run_status == "succeeded")
+        and not settled.breaker_counted
+    ):
         _count_run_for_breaker(db, step, settled.run_failed, settlement, breaker)
     crash_point("after_commit_before_publish")
     if settled.to_dispatch:

@@ -1,16 +1,23 @@
 """Settling a claimed step: its outcome, the run's status and the next step rows, in ONE
-transaction fenced on the lease (invariant 8)."""
+transaction fenced on the lease (invariant 8).
+
+The hot path (no wait to open, no foreach) is one statement run on its own (`steps_settle`
+with `fold`): one round trip, no BEGIN/COMMIT. When its snapshot can't decide the run's end
+exactly (another step of the run is open: parallel branches) or the step parks in a cancelled
+run, that statement writes nothing and the settle runs as a transaction of several statements,
+each after the run row's lock (see the statement's comment in shared/sql/steps.sql)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 
 from shared import queries
 from shared.db import Database
 from shared.steps.claim import ClaimedStep
 from shared.steps.crashpoints import crash_point
-from shared.steps.journal import insert_steps
+from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
 from shared.steps.outcomes import Settlement
 from shared.steps.parks import look_back, open_park
@@ -34,6 +41,8 @@ class Settled:
     run_status: str | None = None
     # This settle moved the run to failed (not: the run had already ended).
     run_failed: bool = False
+    # The run succeeded and its circuit breaker's streak was reset in the settle itself.
+    breaker_counted: bool = False
 
 
 def settle_step(
@@ -52,6 +61,24 @@ def settle_step(
     the run's end — failed when the step failed, succeeded when nothing is left to do. A run
     cancelled while the attempt ran gets no next steps, and a wait the step parked in is
     skipped."""
+    if settlement.park is None and settlement.fan_out is None and loop is None:
+        folded = _settle_in_one_statement(db, step, settlement, next_nodes)
+        if folded is not None:
+            return folded
+    return _settle_in_transaction(db, step, settlement, next_nodes, loop=loop, body=body)
+
+
+def _settle_in_transaction(
+    db: Database,
+    step: ClaimedStep,
+    settlement: Settlement,
+    next_nodes: list[Step],
+    *,
+    loop: Loop | None,
+    body: Step | None,
+) -> Settled:
+    """The settle statement by statement, in one transaction under the run row's lock: for a
+    wait (its park row first), a foreach, and whatever the one statement could not decide."""
     park = settlement.park
     opened = None
     wake_at = settlement.wake_at
@@ -67,21 +94,11 @@ def settle_step(
     with db.transaction() as tx:
         row = tx.one(
             SETTLE,
-            step_id=step.id,
-            run_id=step.run_id,
-            lease_id=step.lease_id,
-            status=str(settlement.status),
-            attempt=settlement.attempt,
-            output=None if settlement.output is None else json.dumps(settlement.output),
-            error=settlement.error,
-            error_class=settlement.error_class,
-            outcome_code=settlement.outcome_code,
-            branch_choice=settlement.branch_choice,
-            wake_at=wake_at,
+            **_settle_params(step, settlement, [], fold=False, wake_at=wake_at),
             park_id=None if opened is None else opened.id,
             park_kind=None if opened is None else opened.kind,
         )
-        if row is None:
+        if row is None or row["run_status"] is None:
             return Settled(fenced_out=True)
         run_status = str(row["run_status"])
         dispatch: list[str] = []
@@ -127,6 +144,69 @@ def settle_step(
     return Settled(
         fenced_out=False, to_dispatch=tuple(dispatch), run_status=run_status, run_failed=run_failed
     )
+
+
+def _settle_in_one_statement(
+    db: Database, step: ClaimedStep, settlement: Settlement, next_nodes: list[Step]
+) -> Settled | None:
+    """The settle, next rows and run end as one autocommitted statement; None when the
+    statement could not decide exactly and wrote nothing (the caller settles in a
+    transaction)."""
+    crash_point("before_settle_commit")  # nothing is written before the statement commits
+    with db.autocommit() as tx:
+        row = tx.one(
+            SETTLE,
+            **_settle_params(step, settlement, next_nodes, fold=True, wake_at=settlement.wake_at),
+            park_id=None,
+            park_kind=None,
+        )
+    if row is None:
+        return Settled(fenced_out=True)
+    if not row["folded"]:
+        return None
+    if row["run_status"] is None:
+        return Settled(fenced_out=True)
+    run_status = str(row["run_status"])
+    if row["run_failed"]:
+        run_status = "failed"
+    elif row["run_finished"]:
+        run_status = "succeeded"
+    return Settled(
+        fenced_out=False,
+        to_dispatch=tuple(row["dispatch"] or ()),
+        run_status=run_status,
+        run_failed=bool(row["run_failed"]),
+        breaker_counted=bool(row["run_finished"]),
+    )
+
+
+def _settle_params(
+    step: ClaimedStep,
+    settlement: Settlement,
+    next_nodes: list[Step],
+    *,
+    fold: bool,
+    wake_at: datetime | None,
+) -> dict[str, object]:
+    return {
+        "step_id": step.id,
+        "run_id": step.run_id,
+        "lease_id": step.lease_id,
+        "status": str(settlement.status),
+        "attempt": settlement.attempt,
+        "output": None if settlement.output is None else json.dumps(settlement.output),
+        "error": settlement.error,
+        "error_class": settlement.error_class,
+        "outcome_code": settlement.outcome_code,
+        "branch_choice": settlement.branch_choice,
+        "wake_at": wake_at,
+        "fold": fold,
+        "step_keys": [step_key(n.id) for n in next_nodes],
+        "node_ids": [n.id for n in next_nodes],
+        "block_types": [n.type for n in next_nodes],
+        "lineage_root": step.lineage_root,
+        "run_error": _run_error(step, settlement) if fold else None,
+    }
 
 
 def _run_error(step: ClaimedStep, settlement: Settlement) -> str:

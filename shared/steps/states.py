@@ -131,14 +131,21 @@ STEP_INITIAL = frozenset({S.PENDING, S.SUCCEEDED, S.SKIPPED, S.FAILED})
 class Moves(NamedTuple):
     """What one statement does to a table's status column: it moves rows whose status is in
     `sources` (what its WHERE guard names; empty for an INSERT, whose rows are new) to one of
-    `targets` (empty when it writes other columns only: a heartbeat, a dispatch stamp)."""
+    `targets` (empty when it writes other columns only: a heartbeat, a dispatch stamp).
+    `inserts`: the statuses of the rows a statement that also moves rows inserts (the settle
+    creates the next steps in the statement that settles the step)."""
 
     sources: frozenset[Any]
     targets: frozenset[Any]
+    inserts: frozenset[Any] = frozenset()
 
 
-def _moves(sources: set[Any] | frozenset[Any], targets: set[Any] | frozenset[Any]) -> Moves:
-    return Moves(frozenset(sources), frozenset(targets))
+def _moves(
+    sources: set[Any] | frozenset[Any],
+    targets: set[Any] | frozenset[Any],
+    inserts: set[Any] | frozenset[Any] = frozenset(),
+) -> Moves:
+    return Moves(frozenset(sources), frozenset(targets), frozenset(inserts))
 
 
 NEW: frozenset[Any] = frozenset()  # the sources of an INSERT
@@ -152,7 +159,8 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "steps_heartbeat": _moves({S.RUNNING}, set()),
     "steps_mark_side_effect_started": _moves({S.RUNNING}, set()),
     "steps_withdraw_side_effect_mark": _moves({S.RUNNING}, set()),
-    "steps_settle": _moves({S.RUNNING}, {S.SUCCEEDED, S.FAILED, *PARKED}),
+    # and, on the hot path (`fold`), the next steps' rows in the same statement
+    "steps_settle": _moves({S.RUNNING}, {S.SUCCEEDED, S.FAILED, *PARKED}, {S.PENDING}),
     "steps_reclaim_expired": _moves({S.RUNNING}, {S.PENDING, S.FAILED}),
     "steps_wake_due": _moves(PARKED, {S.PENDING}),
     "steps_redispatch_lost": _moves({S.PENDING}, set()),
@@ -219,6 +227,8 @@ RUN_STATEMENTS: dict[str, Moves] = {
     "admission_admit": _moves(NEW, {R.RUNNING}),
     "runs_finish_if_done": _moves({R.RUNNING}, {R.SUCCEEDED}),
     "runs_fail": _moves({R.RUNNING}, {R.FAILED}),
+    # The settle's hot path ends the run in the statement that settles its step.
+    "steps_settle": _moves({R.RUNNING}, {R.SUCCEEDED, R.FAILED}),
     "steps_reclaim_expired": _moves({R.RUNNING}, {R.FAILED}),
     "ops_replay_run_insert": _moves(NEW, {R.RUNNING}),
     "ops_retry_run_reopen": _moves({R.FAILED}, {R.RUNNING}),
