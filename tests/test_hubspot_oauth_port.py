@@ -43,21 +43,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
 def installed(db: Database, fake: FakeCrm) -> tuple[str, Grant]:
     """Portal 2002 installed the app: its connection with the grant the fake issued."""
     make_tenant(db, "acme")
-    with httpx.Client(base_url=fake.url) as c:
-        code = c.post(
-            "/_admin/oauth/authorize", json={"portal_id": PORTAL, "redirect_uri": REDIRECT}
-        ).json()["code"]
-        body = c.post(
-            "/oauth/v1/token",
-            data={
-                "grant_type": "authorization_code",
-                "client_id": "fake-client-id",
-                "client_secret": "fake-client-secret",
-                "redirect_uri": REDIRECT,
-                "code": code,
-            },
-        ).json()
-    grant = Grant(body["access_token"], body["refresh_token"], body["expires_in"])
+    grant = fake.issue_grant(PORTAL, REDIRECT)
     with db.transaction() as tx:
         provider_apps.register_app(
             tx,

@@ -35,21 +35,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
 
 def install(db: Database, fake: FakeCrm) -> tuple[str, Grant]:
     """The portal installs the app: code -> grant, stored sealed on a new connection."""
-    with httpx.Client(base_url=fake.url) as c:
-        code = c.post(
-            "/_admin/oauth/authorize", json={"portal_id": 2002, "redirect_uri": REDIRECT}
-        ).json()["code"]
-        body = c.post(
-            "/oauth/v1/token",
-            data={
-                "grant_type": "authorization_code",
-                "client_id": "fake-client-id",
-                "client_secret": "fake-client-secret",
-                "redirect_uri": REDIRECT,
-                "code": code,
-            },
-        ).json()
-    grant = Grant(body["access_token"], body["refresh_token"], body["expires_in"])
+    grant = fake.issue_grant(2002, REDIRECT)
     connection_id = make_connection(db, portal_id="2002")
     with db.transaction() as tx:
         oauth_tokens.store_grant(tx, connection_id, grant, KEK_ENV)

@@ -15,6 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+import httpx
+
 from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
     OBJECT_TYPES,
@@ -25,6 +27,7 @@ from devstack.fakecrm.store import (
     now_ms,
 )
 from devstack.fakecrm.webhooks import DELIVERY_MODES, DeliveryMode, WebhookSender
+from shared.oauth_tokens import Grant
 
 MAX_BODY = 1 << 20
 OBJECT_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
@@ -178,6 +181,26 @@ class FakeCrm:
     def sink_requests(self) -> list[dict[str, Any]]:
         with self.store.lock:
             return list(self.store.sink)
+
+    def issue_grant(self, portal_id: int, redirect_uri: str) -> Grant:
+        """A portal installs the app, over HTTP as a client would: the consent's code, then
+        the code exchanged at the token endpoint with this fake's OAuth client."""
+        with httpx.Client(base_url=self.url) as c:
+            code = c.post(
+                "/_admin/oauth/authorize",
+                json={"portal_id": portal_id, "redirect_uri": redirect_uri},
+            ).json()["code"]
+            body = c.post(
+                "/oauth/v1/token",
+                data={
+                    "grant_type": "authorization_code",
+                    "client_id": self.config.oauth_client_id,
+                    "client_secret": self.config.oauth_client_secret,
+                    "redirect_uri": redirect_uri,
+                    "code": code,
+                },
+            ).json()
+        return Grant(body["access_token"], body["refresh_token"], body["expires_in"])
 
     # --- rate limiting, HubSpot style -------------------------------------------------------
     def take_rate(self) -> tuple[bool, dict[str, str], float]:
