@@ -282,15 +282,11 @@ class _StalePlan(TransactionLost):
 
 
 class Tx:
-    """One open transaction, or (from `Database.autocommit`) a connection on which each
-    statement is its own transaction. Statements are named `Query` blocks with `:name`
-    parameters."""
+    """One open transaction. Statements are named `Query` blocks with `:name` parameters."""
 
-    def __init__(self, session: _Session, *, autocommit: bool = False) -> None:
+    def __init__(self, session: _Session) -> None:
         self._session = session
         self._counter = session.counter
-        # Autocommit: no BEGIN is ever sent, each statement commits on its own.
-        self.autocommit = autocommit
         self._savepoints = 0
         # BEGIN is sent with the first statement (never alone: it can't fail, and a round
         # trip of its own was a quarter of a short transaction's); `finished` once a
@@ -306,8 +302,6 @@ class Tx:
         `TransactionLost`. Simple-protocol statements: one round trip each."""
         conn = self._session.conn
         self._check_open()
-        if self.autocommit:
-            raise PermanentError("a savepoint needs a transaction, not an autocommit connection")
         self._savepoints += 1
         name = f"sp{self._savepoints}"
         conn.execute_simple(("" if self.begun else "BEGIN; ") + f"SAVEPOINT {name}")
@@ -344,14 +338,17 @@ class Tx:
         values = tuple(
             _text_array(v) if type(v) is list else v for v in map(params.__getitem__, names)
         )
-        if self.autocommit:  # each statement is its own transaction: nothing to open or end
-            return self._session.run(statement, values, prepare=isinstance(query, Query))
         begin = not self.begun
-        self.begun = True
         if commit:
             # Whatever happens next, the server ends the transaction (COMMIT, or ROLLBACK
             # after a failed statement): nothing may run in it any more.
             self.finished = True
+            if begin:
+                # The first statement is also the last: on the autocommit connection it is a
+                # transaction by itself, so neither BEGIN nor COMMIT is sent (the server then
+                # has one command to run, not three: measured faster on the step path).
+                return self._session.run(statement, values, prepare=isinstance(query, Query))
+        self.begun = True
         return self._session.run(
             statement, values, prepare=isinstance(query, Query), begin=begin, commit=commit
         )
@@ -359,8 +356,8 @@ class Tx:
     def commit_with(self, query: Query | str, **params: Any) -> list[Row]:
         """Run the transaction's last statement and COMMIT in the same round trip; its rows.
         If the statement fails, the transaction is rolled back and its error raised; any
-        statement after this one raises. For a transaction whose last statement is known
-        (a single-statement transaction needs no BEGIN/COMMIT round trips at all)."""
+        statement after this one raises. For a transaction whose last statement is known; a
+        transaction of that one statement alone sends no BEGIN or COMMIT at all."""
         return self._rows(self._run(query, params, commit=True))
 
     @staticmethod
@@ -523,24 +520,10 @@ class Database:
         """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated.
         BEGIN travels with the first statement; a transaction that sent none sends
         nothing, and one ended by `Tx.commit_with` has nothing left to commit."""
-        with self._session(autocommit=False) as tx:
-            yield tx
-
-    @contextmanager
-    def autocommit(self) -> Iterator[Tx]:
-        """A pooled connection on which every statement is its own transaction: no BEGIN and
-        COMMIT round trips. Only for work that is one statement (or statements that need not
-        commit together): a statement that fails rolls back alone, and one that succeeded
-        before it stays committed. Errors are translated as in `transaction`."""
-        with self._session(autocommit=True) as tx:
-            yield tx
-
-    @contextmanager
-    def _session(self, *, autocommit: bool) -> Iterator[Tx]:
         session = self._checkout()
         conn = session.conn
         keep: _Session | None = session
-        tx = Tx(session, autocommit=autocommit)
+        tx = Tx(session)
         try:
             yield tx
             if tx.begun and not tx.finished:

@@ -208,8 +208,9 @@ def test_an_ops_retry_starts_the_attempt_count_again_and_keeps_the_earlier_lease
 
 
 def test_a_step_is_two_round_trips_with_its_history(db: Database) -> None:
-    """The claim (with its history row) is one autocommitted statement; the settle (with the
-    next step's row and the history row closed) another: no BEGIN, no COMMIT (issue 19)."""
+    """The claim (with its history row) is one statement committed in its own round trip; the
+    settle (with the next step's row and the history row closed) another: no BEGIN, no COMMIT
+    of their own (issue 19)."""
     lookup = block_lookup(Recorder())
     version = publish_version(db, definition(chain(3, "test.noop")))
     _, (first,) = start_run(db, version)

@@ -91,18 +91,19 @@ def claim_step(
     someone's lease, parked, finished, unknown, or its run is no longer running or lives in
     another namespace. All of those mean "ack the message and do nothing"."""
     lease_id = str(uuid.uuid4())
-    # One statement is the whole claim (the step, its lease history row): it runs as its own
-    # transaction, without BEGIN/COMMIT round trips.
-    with db.autocommit() as tx:
-        row = tx.one(
+    # One statement is the whole claim (the step, its lease history row): BEGIN, it and
+    # COMMIT travel in one round trip.
+    with db.transaction() as tx:
+        rows = tx.commit_with(
             CLAIM,
             step_id=step_id,
             lease_id=lease_id,
             lease_seconds=config.lease_seconds,
             namespace=namespace,
         )
-    if row is None:
+    if not rows:
         return None
+    row = rows[0]
     crash_point("after_claim")
     return ClaimedStep(
         id=row["id"],

@@ -149,19 +149,20 @@ def _settle_in_transaction(
 def _settle_in_one_statement(
     db: Database, step: ClaimedStep, settlement: Settlement, next_nodes: list[Step]
 ) -> Settled | None:
-    """The settle, next rows and run end as one autocommitted statement; None when the
-    statement could not decide exactly and wrote nothing (the caller settles in a
-    transaction)."""
+    """The settle, next rows and run end as one statement committed in its own round trip;
+    None when the statement could not decide exactly and wrote nothing (the caller settles
+    in a transaction)."""
     crash_point("before_settle_commit")  # nothing is written before the statement commits
-    with db.autocommit() as tx:
-        row = tx.one(
+    with db.transaction() as tx:
+        rows = tx.commit_with(
             SETTLE,
             **_settle_params(step, settlement, next_nodes, fold=True, wake_at=settlement.wake_at),
             park_id=None,
             park_kind=None,
         )
-    if row is None:
+    if not rows:
         return Settled(fenced_out=True)
+    row = rows[0]
     if not row["folded"]:
         return None
     if row["run_status"] is None:
