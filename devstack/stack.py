@@ -46,6 +46,7 @@ from devstack import emulator, function_process, postgres, scheduler
 from devstack.tools import MissingTool, free_port, pg_bindir, port_holder, pubsub_emulator
 from shared.deployables import DEPLOYABLES
 from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV
+from shared.ops import approval_links
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".local"
@@ -352,10 +353,12 @@ def up(
         if own_postgres:
             database_url = postgres.Cluster(root / "pg", ports["postgres"]).url(DATABASE_NAME)
         assert database_url is not None
-        # Installs send HubSpot's redirect to the local webhook process, where the callback
-        # lives (as in the cloud: ops is not public there). The caller's --env may override it.
+        # Installs send HubSpot's redirect, and approval links send approvers, to the local
+        # webhook process, where those pages live (as in the cloud: ops is not public there).
+        # The caller's --env may override them.
         extra_env = {
             REDIRECT_URL_ENV: f"http://127.0.0.1:{ports['webhook']}{CALLBACK_PATH}",
+            approval_links.PUBLIC_URL_ENV: f"http://127.0.0.1:{ports['webhook']}",
             **(extra_env or {}),
         }
         fn_env = {**_base_env(), **function_env(database_url, emulator_host, extra_env)}

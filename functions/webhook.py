@@ -1,7 +1,9 @@
 """`webhook` entry point: `POST /{provider}/{connection_id}` and, for a HubSpot app's one URL
 for all its portals, `POST /hubspot/app/{appId}` (public, no IAM). Also HubSpot's browser
-redirect back from an app install, `GET /oauth/hubspot/callback`: this is the one public
-function, and that page is authenticated by its single-use state (shared/oauth_install_http.py).
+redirect back from an app install, `GET /oauth/hubspot/callback`, and signed approval links,
+`/ui/decide/...`: this is the one public function, and those pages are authenticated by what
+the browser brings (the install's single-use state, shared/oauth_install_http.py; the link's
+signature, shared/ops/approval_links.py). Nothing else of the ops page is served here.
 
 Thin: turn the Flask request into a `WebhookRequest`, let `shared.webhooks.receive` decide,
 answer with its JSON, then nudge the drain (after the response is decided; never fails it).
@@ -20,6 +22,7 @@ from shared import oauth_install_http
 from shared.db import get_database
 from shared.logs import labelled, traced
 from shared.oauth_install import CALLBACK_PATH
+from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
 from shared.request_body import detached
 from shared.webhooks import hubspot_app, nudge
 from shared.webhooks.receive import WebhookRequest, receive_webhook
@@ -30,6 +33,13 @@ def webhook(request: Any) -> flask.Response:
     if request.path == CALLBACK_PATH:
         with traced(request.headers), labelled(function="webhook"):
             return oauth_install_http.callback(get_database(), request)
+    if request.path.startswith(f"{APPROVAL_LINK_PREFIX}/"):
+        # Imported here: the page's templates are not what a CRM delivery should wait for.
+        from shared.ops.api import default_api
+        from shared.ops.page import handle_approval_link
+
+        with traced(request.headers), labelled(function="webhook"):
+            return detached(handle_approval_link(default_api(), request), request)
     with traced(request.headers), labelled(function="webhook"):
         receive = (
             hubspot_app.receive_app_webhook

@@ -199,6 +199,9 @@ resource "google_cloudfunctions2_function" "function" {
       # served by webhook, the one public function, because ops is IAM-gated and HubSpot's
       # redirect is a browser without a Google identity token.
       ONCEFLOW_OAUTH_REDIRECT_URL = each.key == "ops" ? local.hubspot_oauth_redirect_url : ""
+      # Where approvers open the signed links ops makes (shared/ops/approval_links.py,
+      # PUBLIC_URL_ENV): webhook serves them, for the same reason as the install callback.
+      ONCEFLOW_PUBLIC_URL = each.key == "ops" ? local.webhook_public_base_url : ""
       # Where ops' health view reads the scheduler jobs (shared/ops/health.py).
       SCHEDULER_LOCATION = var.region
       # The Cloud Functions API adds this to every gen2 function; declared so that a plan of

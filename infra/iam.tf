@@ -49,16 +49,18 @@ locals {
   #   publish_outbox: trigger events, after their outbox row committed;
   #   webhook: the same, from its in-process fast-path nudge (shared/webhooks/nudge.py runs
   #            one bounded drain + publish pass after a delivery is stored);
+  #   webhook: also the step an approval link's decision resumed (the link is served there);
   #   admit_event, advance_step: the first / next steps they created;
   #   sweep: step messages that were lost after their row committed;
-  #   ops: steps of a replayed or retried run.
+  #   ops: steps of a replayed or retried run, and dead letters it redrives to either topic
+  #        (shared/ops/redrive.py, DEAD_LETTER_HOLDS).
   publishers = {
-    webhook        = ["trigger_events"]
+    webhook        = ["trigger_events", "step_ready"]
     publish_outbox = ["trigger_events"]
     admit_event    = ["step_ready"]
     advance_step   = ["step_ready"]
     sweep          = ["step_ready"]
-    ops            = ["step_ready"]
+    ops            = ["step_ready", "trigger_events"]
   }
   publisher_grants = merge([
     for fn, topics in local.publishers : { for t in topics : "${fn}/${t}" => { function = fn, topic = t } }
@@ -102,6 +104,18 @@ resource "google_pubsub_topic_iam_member" "publisher" {
   member   = google_service_account.function[each.value.function].member
 }
 
+# Redrive (shared/ops/redrive.py) pulls and acknowledges the dead-letter holds from ops, then
+# publishes each message back to its topic (the publisher grants above).
+resource "google_pubsub_subscription_iam_member" "ops_redrive" {
+  for_each = {
+    trigger_events = google_pubsub_subscription.trigger_events_dead_letter.name
+    step_ready     = google_pubsub_subscription.step_ready_dead_letter.name
+  }
+  subscription = each.value
+  role         = "roles/pubsub.subscriber"
+  member       = google_service_account.function["ops"].member
+}
+
 # The Pub/Sub service agent forwards undeliverable messages: it must publish to the
 # dead-letter topics and subscribe (acknowledge) on the source subscriptions.
 resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
@@ -143,9 +157,11 @@ resource "google_secret_manager_secret_iam_member" "accessor" {
 
 # --- invokers (roles/run.invoker on each gen2 function's Cloud Run service) -----------------
 
-# The only public function: webhook authenticates callers by the CRM's request signature, and
-# HubSpot's browser redirect back from an app install by its single-use state (that callback
-# lives here, not on ops: IAM is per service, and a browser has no Google identity token).
+# The only public function: webhook authenticates callers by the CRM's request signature,
+# HubSpot's browser redirect back from an app install by its single-use state, and an approver
+# opening a signed approval link by its signature (both pages live here, not on ops: IAM is per
+# service, and a browser has no Google identity token). People reach the rest of the ops page
+# through Identity-Aware Proxy (iap.tf).
 resource "google_cloud_run_service_iam_member" "webhook_public" {
   location = var.region
   service  = google_cloudfunctions2_function.function["webhook"].name

@@ -62,3 +62,13 @@ output "db_connection_budget" {
   description = "Connections the functions may open at full scale-out, and the limit they must stay under."
   value       = terraform_data.db_connection_budget.output
 }
+
+output "ops_page_url" {
+  description = "The ops page for people's browsers, behind Identity-Aware Proxy (iap.tf); empty without var.ops_domain."
+  value       = local.ops_behind_iap ? "https://${var.ops_domain}/ui" : ""
+}
+
+output "ops_page_ip" {
+  description = "The address to point var.ops_domain's A record at (the managed certificate is issued once it resolves); empty without var.ops_domain."
+  value       = local.ops_behind_iap ? google_compute_global_address.ops[0].address : ""
+}

@@ -12,6 +12,8 @@ locals {
     "compute.googleapis.com",
     "eventarc.googleapis.com",
     "iam.googleapis.com",
+    # Identity-Aware Proxy in front of the ops page (iap.tf, when var.ops_domain is set).
+    "iap.googleapis.com",
     "logging.googleapis.com",
     "monitoring.googleapis.com",
     "pubsub.googleapis.com",

@@ -109,11 +109,12 @@ variable "secrets" {
       functions = ["ops"]
     }
     # Signs approval links (shared/ops/approval_links.py, SECRET_ENV): without it no link can be
-    # made or used. At least 16 random characters.
+    # made or used. At least 16 random characters. ops makes links; webhook, the public
+    # function, serves them to approvers' browsers.
     "onceflow-approval-link-secret" = {
       env_var   = "ONCEFLOW_APPROVAL_LINK_SECRET"
       version   = "1"
-      functions = ["ops"]
+      functions = ["ops", "webhook"]
     }
     # Seals OAuth refresh and access tokens at rest (shared/oauth_tokens.py, TOKEN_KEK_ENV):
     # 32 random bytes, base64. Read by webhook, which seals the grant at an install's callback,
@@ -149,6 +150,23 @@ variable "ops_invokers" {
   validation {
     condition     = alltrue([for m in var.ops_invokers : !contains(["allUsers", "allAuthenticatedUsers"], m)])
     error_message = "ops is IAM-only: allUsers and allAuthenticatedUsers are refused."
+  }
+}
+
+variable "ops_domain" {
+  description = "A domain name for the ops page behind Identity-Aware Proxy (iap.tf): an HTTPS load balancer with a Google-managed certificate for it, whose address is output ops_page_ip (point the domain's A record there). Empty: no load balancer; the ops function's own URL stays IAM-only, for the CLI."
+  type        = string
+  default     = ""
+}
+
+variable "ops_iap_members" {
+  description = "Who may pass Identity-Aware Proxy to the ops page (user:, group:, domain:). They still sign in to onceflow with an ops token behind it."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for m in var.ops_iap_members : !contains(["allUsers", "allAuthenticatedUsers"], m)])
+    error_message = "ops is for named people: allUsers and allAuthenticatedUsers are refused."
   }
 }
 

@@ -222,6 +222,24 @@ def parse_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         ) from None
 
 
+def _close_after_answer(environ: MutableMapping[str, Any]) -> None:
+    """Make the server answer `Connection: close` and end the connection after this response.
+
+    A WSGI application can't say so itself: `Connection` is hop-by-hop, and gunicorn (which
+    functions-framework runs, locally and in the cloud) drops it from the application's headers
+    and writes its own from its response's `should_close()`. The one handle on that response
+    gunicorn gives a request is the `wsgi.early_hints` callback, which closes over it; its
+    `force_close()` is gunicorn's own way to end a keep-alive connection. A server without it
+    (an in-process test client) has no connection to keep alive."""
+    hints = environ.get("wsgi.early_hints")
+    for cell in getattr(hints, "__closure__", None) or ():
+        with suppress(ValueError):  # an empty cell
+            force_close = getattr(cell.cell_contents, "force_close", None)
+            if callable(force_close):
+                force_close()
+                return
+
+
 def detached(response: Response, request: Request) -> Response:
     """`response` streamed, so functions-framework doesn't read what the client is still
     sending (see the module docstring). The length stays declared.
@@ -237,9 +255,14 @@ def detached(response: Response, request: Request) -> Response:
         or "chunked" in request.headers.get("Transfer-Encoding", "").lower()
     )
     sock = environ.get(SOCKET_KEY)
-    if has_body and not environ.get(CONSUMED_KEY) and isinstance(sock, socket.socket):
-        with suppress(OSError):
-            sock.shutdown(socket.SHUT_RD)
+    if has_body and not environ.get(CONSUMED_KEY):
+        # The client is still sending (or believes it may): it must be told the connection
+        # ends with this answer, or it sends its next request on a connection whose read side
+        # is already shut, and that request fails.
+        _close_after_answer(environ)
+        if isinstance(sock, socket.socket):
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)
     if response.is_streamed:
         return response
     payload = response.get_data()

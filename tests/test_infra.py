@@ -419,6 +419,29 @@ def test_cloudbuild_tests_migrates_packages_and_applies_infra() -> None:
     assert {"_PROJECT", "_REGION"} <= set(subs)
 
 
+def test_the_pipeline_plans_what_the_committed_deployment_declares(tf: Terraform) -> None:
+    """A build can't delete what a deploy declared: the plan passes only the values its
+    substitutions bind, every other choice comes from the committed *.auto.tfvars (which
+    Terraform reads by itself), and that file sets only declared variables and none of the
+    substitution-bound ones (a -var would silently override it)."""
+    build = yaml.safe_load((ROOT / "cloudbuild.yaml").read_text("utf-8"))
+    (plan,) = [s for s in build["steps"] if s.get("args", [None])[0] == "plan"]
+    passed = {
+        a.removeprefix("-var=").split("=", 1)[0]: a.split("=", 2)[2]
+        for a in plan["args"]
+        if a.startswith("-var=")
+    }
+    assert all(re.fullmatch(r"\$\{_[A-Z_]+\}", v) for v in passed.values()), passed
+    assert not [a for a in plan["args"] if a.startswith("-var-file")], "tfvars are auto-loaded"
+    committed = sorted(INFRA.glob("*.auto.tfvars"))
+    assert [p.name for p in committed] == ["deployment.auto.tfvars"]
+    examples = re.findall(r"^#\s*([a-z_]+)\s*=", committed[0].read_text("utf-8"), re.M)
+    assert examples and set(examples) <= set(tf.variables), examples
+    declared = {k for k in parse_terraform(committed[0]) if not k.startswith("__")}
+    assert declared <= set(tf.variables)
+    assert not set(declared) & set(passed)
+
+
 # --- infra/grants.sql -----------------------------------------------------------------------
 
 
@@ -1007,4 +1030,105 @@ def test_approval_links_can_be_signed_in_the_cloud(tf: Terraform) -> None:
         spec["env_var"]: set(spec["functions"])
         for spec in tf.variables["secrets"]["default"].values()
     }
-    assert handed.get(approval_links.SECRET_ENV) == {"ops"}
+    assert handed.get(approval_links.SECRET_ENV) == {"ops", "webhook"}
+
+
+# --- people's browsers ----------------------------------------------------------------------
+
+
+def test_a_browser_without_a_google_token_opens_an_approval_link_and_nothing_else(
+    tf: Terraform, db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployed wiring: webhook is the only function anyone may call; ops tells approvers
+    the link on webhook's public URL; webhook has the link key and may dispatch the step a
+    decision resumes; and through webhook's own entry point a signed link opens, while every
+    other page or API path of ops is not there."""
+    from flask import Flask
+
+    from functions.webhook import webhook
+    from shared.ops import approval_links
+    from tests.test_approvals import _parked
+
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert service["environment_variables"][approval_links.PUBLIC_URL_ENV] == (
+        '${each.key == "ops" ? local.webhook_public_base_url : ""}'
+    )
+    publishers = tf.locals["publishers"]
+    assert "step_ready" in publishers["webhook"]
+    handed = {
+        spec["env_var"]: set(spec["functions"])
+        for spec in tf.variables["secrets"]["default"].values()
+    }
+    assert "webhook" in handed[approval_links.SECRET_ENV]
+
+    monkeypatch.setenv(approval_links.SECRET_ENV, "s" * 32)
+    base = "https://europe-west1-p.cloudfunctions.net/webhook"
+    monkeypatch.setenv(approval_links.PUBLIC_URL_ENV, base)
+    _run_id, park_id, _q, _lookup = _parked(db)
+    with db.transaction() as tx:
+        deadline = tx.one("SELECT deadline FROM step_parks WHERE id = :p", p=park_id)["deadline"]
+    link = approval_links.make_link(park_id, "erin", deadline)
+    url = approval_links.public_url(link)
+    assert url == base + link.path
+
+    def open_page(path: str, method: str = "GET") -> Any:
+        with Flask(__name__).test_request_context(path, method=method):
+            from flask import request
+
+            return webhook(request)
+
+    page = open_page(url.removeprefix(base))  # the function sees no /webhook prefix
+    assert page.status_code == 200 and page.mimetype == "text/html"
+    assert "20% discount on deal 7" in page.get_data(as_text=True)
+    forged = open_page(link.path[:-4] + ("0000" if not link.path.endswith("0000") else "1111"))
+    assert forged.status_code == 403
+    for elsewhere in ("/ui", "/ui/runs", "/ui/login", "/ui/approvals", "/v1/runs", "/openapi.json"):
+        answer = open_page(elsewhere)
+        assert answer.status_code in (404, 405), elsewhere
+        assert answer.mimetype == "application/json", elsewhere  # the receiver's, not a page
+
+
+def test_the_ops_page_is_behind_identity_aware_proxy_for_named_people(tf: Terraform) -> None:
+    backend = tf.resources[("google_compute_backend_service", "ops")]
+    assert one(backend["iap"])["enabled"] is True
+    neg = tf.resources[("google_compute_region_network_endpoint_group", "ops")]
+    assert neg["network_endpoint_type"] == "SERVERLESS"
+    assert function_ref(one(neg["cloud_run"])["service"]) == "ops"
+    members = tf.resources[("google_iap_web_backend_service_iam_member", "ops")]
+    assert members["role"] == "roles/iap.httpsResourceAccessor"
+    assert "var.ops_iap_members" in members["for_each"]
+    assert "allUsers" in str(tf.variables["ops_iap_members"]["validation"])
+    # The proxy reaches the IAM-gated function as IAP's service agent, and nobody else new.
+    invoker = tf.resources[("google_cloud_run_service_iam_member", "ops_iap_invoker")]
+    assert function_ref(invoker["service"]) == "ops"
+    assert "@gcp-sa-iap.iam.gserviceaccount.com" in invoker["member"]
+    assert "iap.googleapis.com" in tf.locals["apis"]
+    # Off unless a domain is given: every piece counts on it.
+    for (rtype, name), body in tf.resources.items():
+        if name == "ops" and rtype.startswith(("google_compute_", "google_iap_")):
+            gate = body.get("count", body.get("for_each"))
+            assert gate is not None and "local.ops_behind_iap" in str(gate), rtype
+
+
+def test_ops_may_redrive_what_the_dead_letter_holds_keep(tf: Terraform) -> None:
+    """shared/ops/redrive.py pulls and acks each hold and publishes to the topic it maps to:
+    ops needs subscriber on every hold and publisher on every such topic."""
+    from shared.ops.redrive import DEAD_LETTER_HOLDS
+
+    grant = tf.resources[("google_pubsub_subscription_iam_member", "ops_redrive")]
+    assert grant["role"] == "roles/pubsub.subscriber"
+    assert grant["member"] == '${google_service_account.function["ops"].member}'
+    assert grant["subscription"] == "${each.value}"
+    held = {
+        tf.resources[("google_pubsub_subscription", ref_to("google_pubsub_subscription", v))][
+            "name"
+        ]
+        for v in grant["for_each"].values()
+    }
+    assert held == set(DEAD_LETTER_HOLDS)
+    topics = {
+        key: tf.resources[("google_pubsub_topic", ref_to("google_pubsub_topic", ref))]["name"]
+        for key, ref in tf.locals["topic_names"].items()
+    }
+    published = {topics[key] for key in tf.locals["publishers"]["ops"]}
+    assert set(DEAD_LETTER_HOLDS.values()) <= published

@@ -102,6 +102,9 @@ def test_oversize_is_refused_on_the_wire_without_reading_the_rest(
     answer = raw_request(webhook_process, head, b"[{}, {}, {")
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
     assert time.monotonic() - started < 4
+    # The rest of the body was never read, so the connection can't carry another request:
+    # the answer must say so, or the client's next request on it fails.
+    assert b"\r\nconnection: close\r\n" in answer.lower(), answer[:300]
     # Chunked, no Content-Length: the capped read stops after the cap.
     chunk = b"x" * 3000
     chunked_head = (
@@ -110,4 +113,5 @@ def test_oversize_is_refused_on_the_wire_without_reading_the_rest(
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(3))  # no end chunk
     answer = raw_request(webhook_process, chunked_head, chunks)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"\r\nconnection: close\r\n" in answer.lower(), answer[:300]
     assert inbox_rows(db) == []

@@ -415,7 +415,7 @@ def _decide(call: Call, decision: str) -> DecisionResult:
 
 def approval_link(call: Call) -> ApprovalLink:
     """A signed link for one of the users an approval names, to decide it without a token."""
-    from shared.ops.approval_links import make_link
+    from shared.ops.approval_links import make_link, public_url
     from shared.steps.parks import park_row
 
     body: LinkRequest = call.body
@@ -433,7 +433,9 @@ def approval_link(call: Call) -> ApprovalLink:
     if park["resumed_at"] is not None:
         raise OpsError(409, "already_decided", "this approval is no longer waiting")
     link = make_link(approval_id, body.user, park["deadline"])
-    return ApprovalLink(path=link.path, user=body.user, expires_at=park["deadline"])
+    return ApprovalLink(
+        path=link.path, url=public_url(link), user=body.user, expires_at=park["deadline"]
+    )
 
 
 def approve(call: Call) -> DecisionResult:

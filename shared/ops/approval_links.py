@@ -24,6 +24,10 @@ from shared.ops.errors import OpsError
 
 SECRET_ENV = "ONCEFLOW_APPROVAL_LINK_SECRET"  # noqa: S105 - a variable name
 PATH_PREFIX = "/ui/decide"
+# Where an approver's browser opens a link: the public `webhook` function's URL (it serves
+# PATH_PREFIX/... and nothing else of the page; functions/webhook.py). Unset (the local stack
+# without it, tests): the API answers the path only, to append to the ops URL.
+PUBLIC_URL_ENV = "ONCEFLOW_PUBLIC_URL"
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ def _secret(env: Mapping[str, str] | None = None) -> bytes:
         raise OpsError(
             409,
             "links_not_configured",
-            f"approval links need {SECRET_ENV} (at least 16 characters) on the ops function",
+            f"approval links need {SECRET_ENV} (at least 16 characters) on the ops and webhook"
+            " functions",
         )
     return value.encode("utf-8")
 
@@ -55,6 +60,12 @@ def _sign(link: Link) -> str:
 
 def make_link(approval_id: int, user: str, expires_at: datetime) -> Link:
     return Link(approval_id, user, int(expires_at.timestamp()))
+
+
+def public_url(link: Link, env: Mapping[str, str] | None = None) -> str | None:
+    """The link as an approver opens it, on the public function; None when not configured."""
+    base = (env if env is not None else os.environ).get(PUBLIC_URL_ENV, "").rstrip("/")
+    return f"{base}{link.path}" if base else None
 
 
 def verified(parts: list[str], now: datetime | None = None) -> Link:

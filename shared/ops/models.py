@@ -562,7 +562,15 @@ class DecisionResult(_Response):
 
 
 class ApprovalLink(_Response):
-    path: str = Field(description="Append to the ops function's URL; valid until expires_at.")
+    path: str = Field(description="The link's path; valid until expires_at.")
+    url: str | None = Field(
+        default=None,
+        description=(
+            "The whole link, on the public webhook function (ONCEFLOW_PUBLIC_URL), which a"
+            " browser without a Google identity reaches; null when that is not configured"
+            " (then append path to the ops URL)."
+        ),
+    )
     user: str
     expires_at: datetime
 

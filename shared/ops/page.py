@@ -36,6 +36,7 @@ from werkzeug.datastructures import MultiDict
 from shared import queries, request_body
 from shared.errors import TransientError
 from shared.ops import auth
+from shared.ops.approval_links import PATH_PREFIX
 from shared.ops.errors import OpsError
 from shared.ops.models import (
     ApprovalList,
@@ -192,11 +193,28 @@ def handle(api: OpsApi, request: Request) -> Response:
         return render("error.html", "Busy", message="The database is busy; try again.", status=503)
 
 
+def handle_approval_link(api: OpsApi, request: Request) -> Response:
+    """A signed approval link served on its own, by the public `webhook` function
+    (functions/webhook.py): the approver's browser carries no Google identity token and no
+    ops login, and the `ops` function is IAM-gated in the cloud. The link's signature is the
+    whole authentication, exactly as on the ops page; nothing else of the page is reachable
+    this way."""
+    try:
+        path = request.path.rstrip("/")
+        if not path.startswith(f"{PATH_PREFIX}/"):
+            raise OpsError(404, "not_found", "there is no such page")
+        return _decide_by_link(api, request, path.split("/")[3:])
+    except OpsError as err:
+        return render("error.html", "Error", message=err.message, status=err.status)
+    except TransientError:
+        return render("error.html", "Busy", message="The database is busy; try again.", status=503)
+
+
 def _handle(api: OpsApi, request: Request) -> Response:
     path = request.path.rstrip("/") or "/ui"
     if path == "/ui/login":
         return _login(api, request)
-    if path.startswith("/ui/decide/"):
+    if path.startswith(f"{PATH_PREFIX}/"):
         return _decide_by_link(api, request, path.split("/")[3:])
     token = request.cookies.get(COOKIE)
     principal = auth.authenticate(api.db, token)
