@@ -134,3 +134,25 @@ def test_a_wait_shows_when_it_wakes_and_a_run_without_attempts_has_no_waterfall(
     assert "waits until 2026-12-03 10:00:00" in (pause.findtext(f"{SVG}title") or "")
     assert pause.get("data-status") == "waiting_for_delay"
     assert not [g for g in root.iter(f"{SVG}g") if g.get("class") == "attempt"]
+
+
+def test_a_step_parked_for_an_approval_or_an_event_is_drawn_waiting_not_unreached() -> None:
+    """Every step status has its own colour, and a parked one is drawn like a wait: a step
+    waiting for a person looked grey like a step never reached."""
+    from shared.steps.states import PARKED, StepStatus
+
+    assert set(StepStatus) <= set(FILL)
+    assert all(FILL[s] != FILL[None] for s in StepStatus)
+    for status, words in (
+        ("waiting_for_approval", "waits for approval until 2026-12-04 09:00:00"),
+        ("waiting_for_event", "waits for an event until 2026-12-04 09:00:00"),
+    ):
+        assert status in PARKED
+        steps = [
+            _step("triage", "succeeded", 0, branch_choice="pause"),
+            _step("pause", status, 1, wake_at=T0 + timedelta(days=1)),
+        ]
+        root = ET.fromstring(str(render_picture(DEFINITION, steps, T0)))
+        pause = next(g for g in root.iter(f"{SVG}g") if g.get("data-node") == "pause")
+        assert pause.find(f"{SVG}rect").get("fill") == FILL["waiting_for_delay"]  # type: ignore[union-attr]
+        assert words in (pause.findtext(f"{SVG}title") or "")

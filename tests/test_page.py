@@ -273,3 +273,80 @@ def test_the_page_in_chromium_rejects_an_approval_then_cancels_its_run(
         finally:
             browser.close()
     shutil.rmtree(profile, ignore_errors=True)
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+def test_the_run_and_approvals_pages_fit_a_phone(
+    db: Database, ops_server: str, dispatched: Dispatched, tmp_path: Path
+) -> None:
+    """At a phone's width nothing pushes the page sideways: a long unbroken error wraps, and
+    the approval's Reject button is on screen without scrolling sideways."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian chromium is not installed (apt-get install -y chromium)")
+    from playwright.sync_api import sync_playwright
+
+    from tests.steps_support import TENANT
+    from tests.test_approvals import _parked
+
+    _run_id, park_id, _, _ = _parked(db)
+    token = mint(db, TENANT, label="carol", roles=("manager",))
+    conn = seed_connection(db, TENANT)
+    wf, ver = seed_workflow(db, TENANT, CHAIN, name="long-errors")
+    event = seed_event(db, TENANT, conn, "77")
+    failing = seed_run(
+        db,
+        TENANT,
+        wf,
+        ver,
+        [
+            JournalRow("a", "succeeded"),
+            JournalRow(
+                "create",
+                "failed",
+                block_type="crm.create",
+                outcome_code="VALIDATION_ERROR",
+                error="PROPERTY_DOESNT_EXIST:" + "hs_x_" * 120,
+                error_class="permanent",
+                output={"detail": "https://api.hubapi.com/crm/v3/objects/" + "a" * 300},
+            ),
+        ],
+        event_id=event,
+        record_key=f"{conn}:contacts:77",
+    )
+    out_dir = Path(os.environ.get("ONCEFLOW_TEST_OUTPUT", tmp_path))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    profile = tmp_path / "chromium-profile"
+    with sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, args=CHROMIUM_FLAGS, viewport=PHONE
+        )
+        try:
+            page = browser.new_page()
+            page.goto(f"{ops_server}/ui/login", wait_until="load")
+            page.fill("input[name=token]", token)
+            page.click("button[type=submit]")
+            page.wait_for_url(f"{ops_server}/ui")
+
+            def sideways() -> int:
+                return int(
+                    page.evaluate(
+                        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+                    )
+                )
+
+            page.goto(f"{ops_server}/ui/approvals", wait_until="load")
+            page.screenshot(path=str(out_dir / "ops-approvals-phone.png"), full_page=True)
+            reject = page.locator(f"div[data-approval-id='{park_id}'] button.reject")
+            box = reject.bounding_box()
+            assert box is not None
+            assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], box
+            assert sideways() <= 0
+            page.goto(f"{ops_server}/ui/runs/{failing}", wait_until="load")
+            page.screenshot(path=str(out_dir / "ops-run-phone.png"), full_page=True)
+            assert "PROPERTY_DOESNT_EXIST" in page.inner_text("body")
+            assert sideways() <= 0
+        finally:
+            browser.close()
+    shutil.rmtree(profile, ignore_errors=True)

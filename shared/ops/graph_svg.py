@@ -17,25 +17,28 @@ from datetime import datetime
 from markupsafe import Markup
 
 from shared.ops.models import StepView
+from shared.steps.states import PARKED, StepStatus
 from shared.workflows.definition import Step, WorkflowDefinition
 
 NODE_W, NODE_H = 190, 46
 GAP_X, GAP_Y = 30, 56
 PAD = 16
 LANE_H, LANE_LABEL_W, WATERFALL_W = 20, 170, 560
-# One colour per step status (the page's badge colours); a node no step reached is grey.
-FILL = {
-    "succeeded": "#1f7a4d",
-    "failed": "#b42318",
-    "running": "#8a6100",
-    "pending": "#8a6100",
-    "waiting_for_delay": "#2b4acb",
-    "waiting_for_retry": "#2b4acb",
-    "skipped": "#5b6475",
+# One colour per step status (the page's badge colours: ops.css), keyed by the statuses' one
+# home so a status added there can't be drawn as a node no step reached (grey); a step parked
+# for an event or an approval is waiting like a delay, not "not reached".
+_WAIT_FILL = "#2b4acb"
+FILL: dict[str | None, str] = {
+    StepStatus.SUCCEEDED: "#1f7a4d",
+    StepStatus.FAILED: "#b42318",
+    StepStatus.RUNNING: "#8a6100",
+    StepStatus.PENDING: "#8a6100",
+    **{status: _WAIT_FILL for status in PARKED},
+    StepStatus.SKIPPED: "#5b6475",
     None: "#c4c9d4",
 }
 RECLAIMED = "#d97706"  # an attempt whose lease expired and the sweep took back
-WAITING = frozenset({"waiting_for_delay", "waiting_for_retry"})
+WAITING = PARKED
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,14 @@ def _latest(steps: Sequence[StepView]) -> dict[str, StepView]:
 def _note(step: StepView | None) -> str:
     if step is None:
         return "not reached"
-    if step.status in WAITING and step.wake_at is not None:
-        return f"waits until {step.wake_at:%Y-%m-%d %H:%M:%S}"
+    if step.status in WAITING:
+        waits_for = {
+            StepStatus.WAITING_FOR_EVENT: "waits for an event",
+            StepStatus.WAITING_FOR_APPROVAL: "waits for approval",
+        }.get(StepStatus(step.status), "waits")
+        if step.wake_at is not None:
+            return f"{waits_for} until {step.wake_at:%Y-%m-%d %H:%M:%S}"
+        return waits_for
     word = "attempt" if step.attempt == 1 else "attempts"
     return f"{step.status} · {step.attempt} {word}"
 
