@@ -45,6 +45,37 @@ CHAIN = [
 ]
 
 
+def _failed_create_run(
+    db: Database,
+    tenant: str,
+    workflow: tuple[str, str],
+    *,
+    event_id: int,
+    record_key: str,
+    outcome_code: str,
+    error: str,
+    detail: str,
+) -> str:
+    """A run of CHAIN whose `a` succeeded and whose `create` failed for good."""
+    failed = JournalRow(
+        "create",
+        "failed",
+        block_type="crm.create",
+        outcome_code=outcome_code,
+        error=error,
+        error_class="permanent",
+        output={"detail": detail},
+    )
+    return seed_run(
+        db,
+        tenant,
+        *workflow,
+        [JournalRow("a", "succeeded"), failed],
+        event_id=event_id,
+        record_key=record_key,
+    )
+
+
 def _story(db: Database) -> dict[str, Any]:
     """A lead with one failed run (OUTCOME_UNKNOWN) and one refused re-announcement."""
     seed_tenant(db, "acme")
@@ -53,25 +84,15 @@ def _story(db: Database) -> dict[str, Any]:
     first = seed_event(db, "acme", conn, "4242")
     second = seed_event(db, "acme", conn, "4242", event_type="hubspot.contact.created")
     record_key = f"{conn}:contacts:4242"
-    run = seed_run(
+    run = _failed_create_run(
         db,
         "acme",
-        wf,
-        ver,
-        [
-            JournalRow("a", "succeeded"),
-            JournalRow(
-                "create",
-                "failed",
-                block_type="crm.create",
-                outcome_code="OUTCOME_UNKNOWN",
-                error="the create's response was lost",
-                error_class="permanent",
-                output={"detail": "the response was lost after the request was sent"},
-            ),
-        ],
+        (wf, ver),
         event_id=first,
         record_key=record_key,
+        outcome_code="OUTCOME_UNKNOWN",
+        error="the create's response was lost",
+        detail="the response was lost after the request was sent",
     )
     with db.transaction() as tx:
         tx.execute(
@@ -295,25 +316,15 @@ def test_the_run_and_approvals_pages_fit_a_phone(
     conn = seed_connection(db, TENANT)
     wf, ver = seed_workflow(db, TENANT, CHAIN, name="long-errors")
     event = seed_event(db, TENANT, conn, "77")
-    failing = seed_run(
+    failing = _failed_create_run(
         db,
         TENANT,
-        wf,
-        ver,
-        [
-            JournalRow("a", "succeeded"),
-            JournalRow(
-                "create",
-                "failed",
-                block_type="crm.create",
-                outcome_code="VALIDATION_ERROR",
-                error="PROPERTY_DOESNT_EXIST:" + "hs_x_" * 120,
-                error_class="permanent",
-                output={"detail": "https://api.hubapi.com/crm/v3/objects/" + "a" * 300},
-            ),
-        ],
+        (wf, ver),
         event_id=event,
         record_key=f"{conn}:contacts:77",
+        outcome_code="VALIDATION_ERROR",
+        error="PROPERTY_DOESNT_EXIST:" + "hs_x_" * 120,
+        detail="https://api.hubapi.com/crm/v3/objects/" + "a" * 300,
     )
     out_dir = Path(os.environ.get("ONCEFLOW_TEST_OUTPUT", tmp_path))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -332,7 +343,8 @@ def test_the_run_and_approvals_pages_fit_a_phone(
             def sideways() -> int:
                 return int(
                     page.evaluate(
-                        "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+                        "document.documentElement.scrollWidth"
+                        " - document.documentElement.clientWidth"
                     )
                 )
 
