@@ -469,11 +469,36 @@ def test_rendered_config_sees_earlier_outputs(db: Database) -> None:
             ]
         ),
     )
-    _run_id, first = start_run(db, version, payload={"name": "Ada"})
+    run_id, first = start_run(db, version, payload={"name": "Ada"})
     q = Queue()
     q(first)
     q.drain(db, lookup)
     assert got[1] == {"prev": 7, "who": "Ada"}
+    # What each step was asked to do is kept on its row, templates rendered, for people
+    # reading the run (the page and GET /v1/runs/{id} showed null).
+    steps = steps_of(db, run_id)
+    assert steps["b"]["input"] == {"prev": 7, "who": "Ada"}
+    assert steps["a"]["input"] == {}
+
+
+def test_a_large_input_is_kept_as_its_size(db: Database) -> None:
+    from shared.blocks.base import BlockResult
+    from shared.steps.settle import MAX_STORED_INPUT_BYTES
+    from tests.steps_blocks import spec
+
+    lookup = block_lookup(
+        Recorder(), **{"test.echo": spec("test.echo", lambda ctx, c: BlockResult(output={}))}
+    )
+    big = "x" * (MAX_STORED_INPUT_BYTES + 1)
+    version = publish_version(
+        db, definition([{"id": "a", "type": "test.echo", "config": {"body": big}}])
+    )
+    run_id, first = start_run(db, version)
+    q = Queue()
+    q(first)
+    q.drain(db, lookup)
+    stored = steps_of(db, run_id)["a"]["input"]
+    assert stored["_truncated"] is True and stored["bytes"] > MAX_STORED_INPUT_BYTES
 
 
 def test_unknown_block_type_fails_the_step_with_its_reason(db: Database) -> None:

@@ -142,6 +142,7 @@ WITH run AS (
     SET status = CAST(:status AS text),
         attempt = CAST(:attempt AS integer),
         output = CAST(:output AS jsonb),
+        input = coalesce(CAST(:input AS jsonb), s.input),
         error = CAST(:error AS text),
         error_class = CAST(:error_class AS text),
         outcome_code = CAST(:outcome_code AS text),

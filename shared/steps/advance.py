@@ -23,7 +23,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -345,13 +345,16 @@ def _execute(
         outcome, passed = run_gated(spec, ctx, block_config, workflow)
         crash_point("after_side_effect")
         lost = heartbeat.lost.is_set()
-    settlement = classify_outcome(
-        outcome,
-        kind=spec.kind,
-        retry=retry,
-        attempt=step.attempt,
-        successors=node.successors(),
-        now=now(),
+    settlement = replace(
+        classify_outcome(
+            outcome,
+            kind=spec.kind,
+            retry=retry,
+            attempt=step.attempt,
+            successors=node.successors(),
+            now=now(),
+        ),
+        input=rendered,
     )
     # A lost lease settles nothing here: the attempt that owns the step now decides refunds.
     settle_gates(ctx, passed, outcome, StepStatus.RUNNING if lost else settlement.status)

@@ -120,6 +120,9 @@ class Settlement:
     park: ParkRequest | None = None
     # A foreach's first iterations to start (shared/steps/loops.py).
     fan_out: FanOut | None = None
+    # The config the block ran with, templates rendered: kept on the step so people see what
+    # it was asked to do (None: the block did not run, and the row keeps what it had).
+    input: Mapping[str, Any] | None = None
 
     @property
     def fails_run(self) -> bool:

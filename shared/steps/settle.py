@@ -10,8 +10,10 @@ each after the run row's lock (see the statement's comment in shared/sql/steps.s
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from shared import queries
 from shared.db import Database
@@ -181,6 +183,20 @@ def _settle_in_one_statement(
     )
 
 
+# A step's input is for people reading the run; past this size the page shows that it was
+# large instead of the bytes (the output and the journal are what replays read, not this).
+MAX_STORED_INPUT_BYTES = 16 * 1024
+
+
+def _stored_input(rendered: Mapping[str, Any] | None) -> str | None:
+    if rendered is None:
+        return None
+    text = json.dumps(rendered, default=str)
+    if len(text.encode("utf-8")) > MAX_STORED_INPUT_BYTES:
+        return json.dumps({"_truncated": True, "bytes": len(text.encode("utf-8"))})
+    return text
+
+
 def _settle_params(
     step: ClaimedStep,
     settlement: Settlement,
@@ -196,6 +212,7 @@ def _settle_params(
         "status": str(settlement.status),
         "attempt": settlement.attempt,
         "output": None if settlement.output is None else json.dumps(settlement.output),
+        "input": _stored_input(settlement.input),
         "error": settlement.error,
         "error_class": settlement.error_class,
         "outcome_code": settlement.outcome_code,
