@@ -474,9 +474,13 @@ def list_refusals(call: Call) -> RefusalPage:
 
 
 def explain_record(call: Call) -> RecordExplanation:
+    from shared.record_labels import shown_for
+
     q: RecordQuery = call.query
     with call.db.transaction() as tx:
-        return explain.explain_record(tx, record_key=q.record_key, tenant_scope=call.scope)
+        found = explain.explain_record(tx, record_key=q.record_key, tenant_scope=call.scope)
+        shown = shown_for(tx, [found.record_key])
+    return found.model_copy(update={"record_label": shown.get(found.record_key)})
 
 
 def search_records(call: Call) -> RecordSearch:

@@ -125,13 +125,19 @@ def _connection(row: Mapping[str, Any], env: Mapping[str, str]) -> ConnectionHea
     errors = row["last_reconcile_errors"]
     if isinstance(errors, str):  # jsonb arrives as text from some drivers
         errors = json.loads(errors)
-    variable = row["api_credentials_env"]
+    oauth = row["oauth_kek_env"] is not None
+    variable = row["oauth_kek_env"] if oauth else row["api_credentials_env"]
     return ConnectionHealth(
         connection_id=row["connection_id"],
         tenant_id=row["tenant_id"],
         provider=row["provider"],
         status=row["status"],
+        credentials="oauth" if oauth else "token",
         credentials_configured=bool(variable and env.get(variable)),
+        oauth_refreshed_at=row["oauth_refreshed_at"],
+        last_call_at=row["last_call_at"],
+        last_call_ok=row["last_call_ok"],
+        last_call_error=row["last_call_error"],
         last_reconcile_ok=row["last_reconcile_ok"],
         last_reconciled_at=row["last_reconciled_at"],
         last_reconcile_errors=[str(e) for e in errors or []],
@@ -183,8 +189,17 @@ def _problems(machinery: MachineryHealth | None, connections: list[ConnectionHea
         if c.status != "active":
             continue
         if not c.credentials_configured:
-            found.append(f"connection {c.connection_id} has no credentials configured")
-        if c.last_reconcile_ok is False:
+            found.append(
+                f"connection {c.connection_id}: the key that seals its OAuth grant is not set"
+                if c.credentials == "oauth"
+                else f"connection {c.connection_id} has no credentials configured"
+            )
+        if c.last_call_ok is False:
+            found.append(
+                f"connection {c.connection_id}: its last call to the provider failed"
+                f" ({c.last_call_error})"
+            )
+        elif c.last_reconcile_ok is False:
             found.append(f"connection {c.connection_id}: the last call to its provider failed")
     return found
 

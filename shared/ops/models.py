@@ -190,6 +190,11 @@ class RunSummary(_Response):
     start_key: str
     event_id: int | None
     record_key: str | None
+    record_label: str | None = Field(
+        default=None,
+        description="What people call the record (name and email, from onceflow's own CRM"
+        " reads and writes); null while unknown.",
+    )
     status: RunStatus
     error: str | None
     replay_of: UUID | None
@@ -454,6 +459,9 @@ class WebhookRefusalCount(_Response):
 
 class RecordExplanation(_Response):
     record_key: str
+    record_label: str | None = Field(
+        default=None, description="What people call the record; null while unknown."
+    )
     events: list[EventDecisions] = Field(
         description="Every event seen for the record, oldest first."
     )
@@ -490,6 +498,9 @@ class RecordMatch(_Response):
     connection_id: UUID
     object_type: str
     object_id: str
+    label: str | None = Field(
+        default=None, description="What people call the record; null while unknown."
+    )
     matched_on: str = Field(description="What matched, in plain words.")
     last_seen_at: datetime | None = Field(
         description="The newest event or run for it; null when nothing was received yet."
@@ -762,9 +773,28 @@ class ConnectionHealth(_Response):
     tenant_id: str
     provider: str
     status: str
-    credentials_configured: bool = Field(
-        description="The environment variable the connection names is set in this function."
+    credentials: Literal["token", "oauth"] = Field(
+        default="token",
+        description="A token in an environment variable, or an OAuth grant (an app install).",
     )
+    credentials_configured: bool = Field(
+        description="A token connection: the variable it names is set in this function. An"
+        " OAuth connection: its grant exists and the key that seals it is set here."
+    )
+    oauth_refreshed_at: datetime | None = Field(
+        default=None, description="When the OAuth access token was last issued or refreshed."
+    )
+    last_call_at: datetime | None = Field(
+        default=None,
+        description="The connection's last real call to its provider (noted at most once a"
+        " minute per instance); null when none was made yet.",
+    )
+    last_call_ok: bool | None = Field(
+        default=None,
+        description="Whether the provider served it (an answer about the request itself, such"
+        " as a missing record, counts as served).",
+    )
+    last_call_error: str | None = None
     last_reconcile_ok: bool | None
     last_reconciled_at: datetime | None
     last_reconcile_errors: list[str]

@@ -24,6 +24,7 @@ from shared.normalize.hubspot import object_type_for, type_id_for
 from shared.ops.errors import OpsError
 from shared.ops.explain import parse_record_key
 from shared.ops.models import RecordMatch, RecordSearch
+from shared.record_labels import shown_for
 from shared.workflows.scope import record_key as make_record_key
 
 SQL = queries.load("search")
@@ -113,6 +114,8 @@ def search(tx: Tx, q: str, *, tenant_scope: str | None, limit: int = MAX_MATCHES
     else:
         conns = tx.all(CONNECTIONS, tenant_id=tenant_scope, account_id=None)
         items = _by_object_id(tx, conns, q, object_type=None, limit=limit, matched_on="object id")
+    shown = shown_for(tx, [m.record_key for m in items])
+    items = [m.model_copy(update={"label": shown.get(m.record_key)}) for m in items]
     return RecordSearch(query=q, interpreted_as=kind, items=items)
 
 

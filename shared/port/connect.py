@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from shared import oauth_tokens, queries
 from shared.connections import is_connection_id
 from shared.db import Tx
-from shared.port.hubspot import HubSpotPort
+from shared.port.hubspot import HubSpotPort, singular_object_type
 from shared.port.interface import CrmPort, PortError
+from shared.port.observed import ObservedPort
 from shared.provider_apps import ProviderApp
 
 SQL = queries.load("port")
@@ -121,11 +122,15 @@ def build_port(settings: PortSettings) -> CrmPort:
                     transient=False,
                 )
             _drop_cached(settings.connection_id)
-            port = HubSpotPort(
-                token,
-                base_url=settings.api_base_url,
-                app_id=settings.provider_app_id,
-                idempotency_property=settings.idempotency_property,
+            port = ObservedPort(
+                HubSpotPort(
+                    token,
+                    base_url=settings.api_base_url,
+                    app_id=settings.provider_app_id,
+                    idempotency_property=settings.idempotency_property,
+                ),
+                settings.connection_id,
+                singular_object_type,
             )
             _cache[key] = port
         return port
@@ -189,12 +194,16 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
         port = _cache.get(key)
         if port is None:
             _drop_cached(settings.connection_id)
-            port = HubSpotPort(
-                None,
-                base_url=settings.api_base_url,
-                app_id=settings.provider_app_id,
-                idempotency_property=settings.idempotency_property,
-                token_source=token_source,
+            port = ObservedPort(
+                HubSpotPort(
+                    None,
+                    base_url=settings.api_base_url,
+                    app_id=settings.provider_app_id,
+                    idempotency_property=settings.idempotency_property,
+                    token_source=token_source,
+                ),
+                settings.connection_id,
+                singular_object_type,
             )
             _cache[key] = port
         return port
@@ -204,8 +213,9 @@ def _drop_cached(connection_id: str) -> None:
     """Close and forget the connection's older port (caller holds `_cache_lock`)."""
     for k in [k for k in _cache if k[0] == connection_id]:
         old = _cache.pop(k)
-        if isinstance(old, HubSpotPort):
-            old.close()
+        close = getattr(old, "close", None)
+        if callable(close):
+            close()
 
 
 def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
@@ -248,8 +258,9 @@ def forget_ports() -> None:
     """Drop cached ports (tests that restart the fake CRM)."""
     with _cache_lock:
         for port in _cache.values():
-            if isinstance(port, HubSpotPort):
-                port.close()
+            close = getattr(port, "close", None)
+            if callable(close):
+                close()
         _cache.clear()
 
 

@@ -25,10 +25,12 @@ SELECT 1 FROM tenants WHERE id = :tenant_id
 -- name: ops_runs_list
 -- Newest first; the cursor is the (created_at, id) of the last row of the previous page.
 SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id, r.start_key,
-       r.event_id, r.record_key, r.status, r.error, r.replay_of, r.lineage_root,
-       r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason
+       r.event_id, r.record_key, record_label(l.label, l.email) AS record_label, r.status,
+       r.error, r.replay_of, r.lineage_root, r.created_at, r.finished_at, r.cancelled_by,
+       r.cancel_reason
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
+LEFT JOIN record_labels l ON l.record_key = r.record_key
 WHERE r.namespace = 'live'
   AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = CAST(:tenant_id AS text))
   AND (CAST(:workflow_id AS uuid) IS NULL OR r.workflow_id = CAST(:workflow_id AS uuid))
@@ -48,12 +50,14 @@ LIMIT :limit
 
 -- name: ops_run_get
 SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
-       v.number AS version_number, r.start_key, r.event_id, r.record_key, r.dedup_mode,
+       v.number AS version_number, r.start_key, r.event_id, r.record_key,
+       record_label(l.label, l.email) AS record_label, r.dedup_mode,
        r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
        r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 JOIN workflow_versions v ON v.id = r.version_id
+LEFT JOIN record_labels l ON l.record_key = r.record_key
 WHERE r.id = CAST(:run_id AS uuid)
   AND r.namespace = CAST(:namespace AS text)
   AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = CAST(:tenant_id AS text))
@@ -333,13 +337,17 @@ ORDER BY created_at, step_key
 SELECT status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) AND namespace = 'rehearsal'
 
 -- name: ops_connection_health
--- Each connection with the outcome of its last provider subscription reconcile (the sweep's
--- hourly call to the provider with the connection's credentials): a failing reconcile is the
--- first sign of a revoked or expired token. tenant_id NULL (admin) sees every tenant.
+-- Each connection with its credentials (a token variable, or an OAuth grant: whose sealing key
+-- variable and when its access token was last refreshed), its last real call to the provider
+-- (shared/port/observed.py), and the outcome of its last subscription reconcile (the sweep's
+-- hourly call with the connection's credentials). tenant_id NULL (admin) sees every tenant.
 SELECT CAST(c.id AS text) AS connection_id, c.tenant_id, c.provider, c.status,
-       c.api_credentials_env, r.ok AS last_reconcile_ok, r.reconciled_at AS last_reconciled_at,
+       c.api_credentials_env, t.kek_env AS oauth_kek_env, t.refreshed_at AS oauth_refreshed_at,
+       c.last_call_at, c.last_call_ok, c.last_call_error,
+       r.ok AS last_reconcile_ok, r.reconciled_at AS last_reconciled_at,
        r.result -> 'errors' AS last_reconcile_errors
 FROM connections c
+LEFT JOIN connection_oauth_tokens t ON t.connection_id = c.id
 LEFT JOIN subscription_reconciles r ON r.connection_id = c.id
 WHERE CAST(:tenant_id AS text) IS NULL OR c.tenant_id = CAST(:tenant_id AS text)
 ORDER BY c.tenant_id, c.created_at, c.id

@@ -43,12 +43,20 @@ ORDER BY max(seen_at) DESC
 LIMIT :limit
 
 -- name: search_records_by_email
--- Records whose email was seen: changed as a property (`changed_fields.email`) or held by
--- the record a run's trigger rule saw (any string value equal
--- to the email, case aside). Unindexed on
--- purpose: it is bounded by the tenant's rows and is a person's occasional lookup.
+-- Records whose email was seen: read or written by onceflow itself (`record_labels`, by
+-- index: HubSpot's webhooks carry only the changed property, so this is where most emails
+-- are), changed as a property (`changed_fields.email`), or held by the record a run's trigger
+-- rule saw (any string value equal to the email, case aside). The last two are unindexed on
+-- purpose: bounded by the tenant's rows, and a person's occasional lookup.
 SELECT connection_id, object_type, object_id, max(seen_at) AS last_seen_at
 FROM (
+    SELECT l.connection_id, split_part(l.record_key, ':', 2) AS object_type,
+           substr(l.record_key, length(split_part(l.record_key, ':', 1))
+                                + length(split_part(l.record_key, ':', 2)) + 3) AS object_id,
+           l.updated_at AS seen_at
+    FROM record_labels l
+    WHERE l.connection_id = ANY(CAST(:connection_ids AS uuid[])) AND l.email = :email
+    UNION ALL
     SELECT e.connection_id, e.record_object_type AS object_type,
            e.record_object_id AS object_id, e.created_at AS seen_at
     FROM workflow_trigger_events e
