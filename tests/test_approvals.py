@@ -288,3 +288,44 @@ def test_the_cli_lists_and_decides_approvals_through_the_ops_api(
         row = tx.one("SELECT decision, decided_by FROM step_parks WHERE id = :p", p=park_id)
     assert row == {"decision": "approved", "decided_by": "carol"}
     assert run_row(db, run_id)["status"] == "running"
+
+
+def test_a_retried_approval_asks_again_on_a_new_pending_approval(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    """Rejected with `on_reject: fail`, the run fails; the ops retry starts the gate again,
+    and it asks the approvers again: a new pending approval (listed, decidable, with a fresh
+    expiry), while the rejected one stays decided."""
+    run_id, first, q, lookup = _parked(db, on_reject="fail")
+    assert _decide(db, first, "rejected", "erin").moved
+    gate_id = str(steps(db, run_id)["gate"]["id"])
+    q([gate_id])
+    q.drain(db, lookup)
+    assert run_row(db, run_id)["status"] == "failed"
+    manager = mint(db, TENANT, label="carol", roles=("manager",))
+
+    retried = client.post(f"/v1/runs/{run_id}/retry", json={}, headers=bearer(manager))
+    assert retried.status_code == 200, retried.get_json()
+    q(dispatched.ids)
+    q.drain(db, lookup)
+    gate = steps(db, run_id)["gate"]
+    assert gate["status"] == "waiting_for_approval" and str(gate["id"]) == gate_id
+    listed = client.get("/v1/approvals", headers=bearer(manager)).get_json()["items"]
+    assert [a["id"] for a in listed] == [gate["park_id"]] and gate["park_id"] != first
+    with db.transaction() as tx:
+        old = parks.park_row(tx, first)
+        new = parks.park_row(tx, gate["park_id"])
+    assert old is not None and (old["decision"], old["decided_by"]) == ("rejected", "erin")
+    assert new is not None and new["resumed_at"] is None and new["deadline"] > old["resumed_at"]
+
+    done = client.post(
+        f"/v1/approvals/{gate['park_id']}/approve",
+        json={"comment": "ok now"},
+        headers=bearer(manager),
+    )
+    assert done.status_code == 200, done.get_json()
+    q(dispatched.ids[-1:])
+    q.drain(db, lookup)
+    journal = steps(db, run_id)
+    assert journal["gate"]["outcome_code"] == "APPROVED" and set(journal) == {"gate", "apply"}
+    assert run_row(db, run_id)["status"] == "succeeded"

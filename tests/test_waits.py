@@ -7,6 +7,7 @@ for admission and the sweep (EXPLAIN)."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,6 +19,13 @@ from shared.steps import parks
 from shared.steps.cancel import cancel_run
 from shared.steps.sweep import SweepConfig, SweepReport, run_sweep, wake_due_steps
 from tests.admission_support import bind_workflow, emit_event, make_connection, make_tenant
+from tests.ops_support import (
+    Dispatched,
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+)
 from tests.steps_blocks import Recorder, block_lookup
 from tests.test_steps_engine import LEASE, Queue, make_past
 
@@ -441,3 +449,48 @@ def test_a_wait_inside_a_foreach_body_waits_per_item(db: Database) -> None:
     assert journal["done"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
     outputs = journal["each"]["output"]["outputs"]
     assert [o["trigger"]["hs_lead_status"] for o in outputs] == ["CONNECTED", "OPEN"]
+
+
+def _parks(db: Database, run_id: str) -> list[dict[str, Any]]:
+    with db.transaction() as tx:
+        return tx.all("SELECT * FROM step_parks WHERE run_id = :r ORDER BY id", r=run_id)
+
+
+def test_a_retried_wait_waits_again_on_a_new_park_and_an_event_resumes_it(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    """A wait that timed out fails its run; the ops retry starts the step again, and the
+    retried wait parks on a new park row (a fresh deadline, open to events) rather than on
+    the closed one: a reply admitted after the retry resumes it and the run goes on."""
+    flow = Flow(db, _workflow())
+    run_id = flow.start()
+    make_past(db, run_id)
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    assert _run_status(db, run_id) == "failed"
+    assert _steps(db, run_id)["wait_reply"]["outcome_code"] == "WAIT_TIMED_OUT"
+    (first,) = _parks(db, run_id)
+
+    retried = client.post(
+        f"/v1/runs/{run_id}/retry",
+        json={"reason": "the lead may still answer"},
+        headers=bearer(mint(db, "acme", label="carol")),
+    )
+    assert retried.status_code == 200, retried.get_json()
+    flow.q(dispatched.ids)
+    flow.drain()
+    wait = _steps(db, run_id)["wait_reply"]
+    old, new = _parks(db, run_id)
+    assert old["id"] == first["id"] and old["resumed_by"] == "deadline"
+    assert wait["status"] == "waiting_for_event" and wait["park_id"] == new["id"]
+    assert new["resumed_at"] is None and wait["wake_at"] == new["deadline"]
+    assert new["deadline"] > old["created_at"] + timedelta(days=2)  # a fresh deadline
+
+    reply = flow.event({"hs_lead_status": "CONNECTED"})
+    assert flow.admit(reply) == [str(wait["id"])]
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert journal["wait_reply"]["status"] == "succeeded"
+    assert journal["wait_reply"]["output"]["event"]["id"] == reply
+    assert journal["thank"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
+    assert _parks(db, run_id)[1]["resumed_event_id"] == reply

@@ -429,7 +429,9 @@ WHERE p.id = k.park_id AND p.resumed_at IS NULL
 -- The park row of a step that asks to wait, committed before the step parks (its own
 -- transaction): the conditions and the deadline exist before anyone could need them. A step
 -- whose earlier attempt wrote it (and crashed before parking) gets that row back unchanged:
--- the first park's deadline is the one that holds.
+-- the first park's deadline is the one that holds. Only an OPEN park is given back (one per
+-- step, migration 0210): a step that waited before and was started again by an ops retry
+-- (its wait timed out, its approval was rejected) gets a new park, with a fresh deadline.
 INSERT INTO step_parks (step_id, run_id, tenant_id, kind, deadline, on_timeout, timeout_goto,
                         event_type, record_key, condition, scope, lookback_seconds,
                         approver_role, approver_users, summary)
@@ -439,7 +441,7 @@ VALUES (CAST(:step_id AS uuid), CAST(:run_id AS uuid), CAST(:tenant_id AS text),
         CAST(:condition AS text), CAST(:scope AS jsonb),
         CAST(:lookback_seconds AS double precision), CAST(:approver_role AS text),
         CAST(:approver_users AS text[]), CAST(:summary AS text))
-ON CONFLICT (step_id) DO UPDATE SET step_id = EXCLUDED.step_id
+ON CONFLICT (step_id) WHERE resumed_at IS NULL DO UPDATE SET step_id = EXCLUDED.step_id
 RETURNING id, kind, deadline, created_at, resumed_at
 
 -- name: parks_get

@@ -58,7 +58,8 @@ def open_park(
     db: Database, *, step_id: str, run_id: str, tenant_id: str, park: ParkRequest
 ) -> OpenedPark:
     """Write the park row and commit it, before the step parks. A step whose earlier attempt
-    wrote one gets that row back: its deadline holds."""
+    wrote one that is still open gets that row back: its deadline holds. A step whose earlier
+    wait was resumed (and that an ops retry started again) gets a new one: it waits again."""
     with db.transaction() as tx:
         row = tx.one(
             OPEN,
