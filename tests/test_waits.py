@@ -494,3 +494,127 @@ def test_a_retried_wait_waits_again_on_a_new_park_and_an_event_resumes_it(
     assert journal["wait_reply"]["output"]["event"]["id"] == reply
     assert journal["thank"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
     assert _parks(db, run_id)[1]["resumed_event_id"] == reply
+
+
+class _ParkWindow:
+    """Holds an executor between its park row's commit and its step's parking (wrapping the
+    real `open_park` the settle calls), while another thread records an event whose
+    transaction began before the park's (so its `created_at` is earlier than the park's) and
+    commits it after the park row was committed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, then: threading.Barrier | None) -> None:
+        from shared.steps import settle
+
+        self.event_begun = threading.Event()
+        self.park_committed = threading.Event()
+        self.admitted = threading.Event()
+        real = settle.open_park
+
+        def open_park(*args: Any, **kwargs: Any) -> Any:
+            assert self.event_begun.wait(30)
+            opened = real(*args, **kwargs)
+            self.park_committed.set()
+            if then is None:
+                assert self.admitted.wait(30)  # the event is admitted before the step parks
+            else:
+                then.wait(30)  # the admission and the parking race
+            return opened
+
+        monkeypatch.setattr(settle, "open_park", open_park)
+
+    def record_event(self, flow: Flow) -> int:
+        from shared.outbox import TriggerEvent, emit
+
+        changed = {"hs_lead_status": "CONNECTED"}
+        with flow.db.transaction() as tx:
+            event_id = emit(
+                tx,
+                TriggerEvent(
+                    tenant_id="acme",
+                    event_type=REPLIED,
+                    payload={"objectId": "101", **changed},
+                    connection_id=flow.conn,
+                    record_object_type="contact",
+                    record_object_id="101",
+                    changed_fields=changed,
+                ),
+            )
+            self.event_begun.set()
+            assert self.park_committed.wait(30)
+        assert event_id is not None
+        return event_id
+
+
+def _race_event_with_parking(
+    db: Database, flow: Flow, monkeypatch: pytest.MonkeyPatch, then: threading.Barrier | None
+) -> tuple[str, int, list[str]]:
+    """Start a run, then park its wait while an event that matches it is admitted in the
+    window between the park row's commit and the parking. (run id, event id, step ids the
+    admission resumed)."""
+    from shared.steps.advance import advance_step
+
+    start = emit_event(db, connection_id=flow.conn, event_type=STARTS, object_id="101", changed={})
+    admitted = admit_event(db, start, publish=lambda _: None)
+    (step_id,) = admitted.dispatched
+    run_id = admitted.outcomes[0].run_id
+    assert run_id is not None
+    resumed: list[str] = []
+    event: list[int] = []
+    with monkeypatch.context() as patch:
+        window = _ParkWindow(patch, then)
+
+        def executor() -> None:
+            advance_step(db, step_id, lookup=flow.lookup, dispatch=flow.q, config=LEASE)
+
+        def admission() -> None:
+            event.append(window.record_event(flow))
+            if then is not None:
+                then.wait(30)
+            resumed.extend(admit_event(db, event[0], publish=lambda _: None).dispatched)
+            window.admitted.set()
+
+        threads = [threading.Thread(target=executor), threading.Thread(target=admission)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    return run_id, event[0], resumed
+
+
+def test_an_event_admitted_between_the_park_and_the_parking_resumes_the_wait_once(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event's admission finds the park row but the step still running; the step parks
+    a moment later and is resumed by that event, exactly once."""
+    flow = Flow(db, _workflow())
+    run_id, reply, resumed = _race_event_with_parking(db, flow, monkeypatch, None)
+    assert resumed == []  # the step was not waiting yet: the parking resumes it
+    flow.q.ids.extend(resumed)
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert journal["wait_reply"]["status"] == "succeeded"
+    assert journal["wait_reply"]["output"]["event"]["id"] == reply
+    assert journal["thank"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
+    (park,) = _parks(db, run_id)
+    assert (park["resumed_by"], park["resumed_event_id"]) == ("event", reply)
+
+
+def test_an_event_admitted_as_the_step_parks_resumes_the_wait_once_at_a_barrier(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission of a matching event and the parking of the step, released together at
+    a barrier (either may commit first), several times: each wait is resumed by the event
+    exactly once, and its run goes on once."""
+    flow = Flow(db, _workflow())
+    for _ in range(6):
+        run_id, reply, resumed = _race_event_with_parking(
+            db, flow, monkeypatch, threading.Barrier(2)
+        )
+        flow.q.ids.extend(resumed)
+        flow.drain()
+        journal = _steps(db, run_id)
+        assert journal["wait_reply"]["status"] == "succeeded", journal["wait_reply"]
+        assert journal["wait_reply"]["output"]["event"]["id"] == reply
+        assert set(journal) == {"wait_reply", "thank"} and _run_status(db, run_id) == "succeeded"
+        (park,) = _parks(db, run_id)
+        assert (park["resumed_by"], park["resumed_event_id"]) == ("event", reply)

@@ -450,8 +450,8 @@ SELECT p.id, CAST(p.step_id AS text) AS step_id, CAST(p.run_id AS text) AS run_i
        p.tenant_id, p.kind, p.deadline, p.on_timeout, p.timeout_goto, p.event_type,
        p.record_key, p.condition, p.scope, p.lookback_seconds, p.approver_role,
        p.approver_users, p.summary, p.decision, p.decided_by, p.decision_comment,
-       p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at,
-       s.status AS step_status, s.step_key, r.status AS run_status
+       p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at, p.parked_at,
+       p.early_event_id, s.status AS step_status, s.step_key, r.status AS run_status
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
 JOIN workflow_runs r ON r.id = p.run_id
@@ -460,9 +460,11 @@ WHERE p.id = CAST(:park_id AS bigint)
 
 -- name: parks_lookback_events
 -- Events a wait that just parked may have missed: of its type, on its record, that arrived
--- since the park row was written (or `lookback_seconds` before it). Any event committed after
--- this read is admitted after the park row was committed, so admission offers it: between
--- the two, none is missed. Read through the events' record index; bounded.
+-- since the park row was written (or `lookback_seconds` before it), and the event admission
+-- noted on the park while the step was not waiting yet (`early_event_id`, parks_note_early_event)
+-- first of all. Any event committed after the park row is offered to it by admission, which
+-- resumes the parked step or notes the event for this read (the park row's lock orders the
+-- two): between them, none is missed. Read through the events' record index; bounded.
 SELECT e.id, e.tenant_id, e.event_type, e.connection_id, e.source_event_id, e.occurred_at,
        e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id
 FROM workflow_trigger_events e
@@ -470,9 +472,37 @@ WHERE e.tenant_id = CAST(:tenant_id AS text)
   AND e.record_object_type = CAST(:object_type AS text)
   AND e.record_object_id = CAST(:object_id AS text)
   AND e.event_type = CAST(:event_type AS text)
-  AND e.created_at >= CAST(:since AS timestamptz)
-ORDER BY e.id
+  AND (e.created_at >= CAST(:since AS timestamptz)
+       OR e.id = CAST(:early_event_id AS bigint))
+ORDER BY e.id IS NOT DISTINCT FROM CAST(:early_event_id AS bigint) DESC, e.id
 LIMIT CAST(:limit AS integer)
+
+-- name: parks_note_early_event
+-- An event that matches an open wait whose step is not waiting yet (the park row is
+-- committed; the settle that parks the step has not committed) is noted on the park row, for
+-- that settle to resume the step with (parks_mark_parked). Guarded on the park row alone, so
+-- its lock orders this with the parking: a note waiting for the parking settle's lock
+-- re-checks `parked_at` on the committed row and matches nothing (the step is waiting now:
+-- the caller resumes it directly); a parking settle waiting for a note's lock reads the note.
+-- The first matching event is kept. An expired wait takes no event (its deadline resumes it).
+-- Zero rows: the step parked meanwhile, the wait was resumed or expired, or an earlier event
+-- was noted first.
+UPDATE step_parks
+SET early_event_id = CAST(:event_id AS bigint)
+WHERE id = CAST(:park_id AS bigint) AND kind = 'event'
+  AND resumed_at IS NULL AND parked_at IS NULL AND early_event_id IS NULL
+RETURNING id
+
+-- name: parks_mark_parked
+-- In the settle's transaction that parks the step on this park row: the park is marked parked
+-- (from here on admission resumes the step itself rather than noting events on the park), and
+-- the event noted while the step was not waiting yet is returned, read under the row's lock:
+-- a note that committed first is seen; a note that comes later waits for this commit and then
+-- matches nothing. Zero rows: the park was closed (a cancel).
+UPDATE step_parks
+SET parked_at = now()
+WHERE id = CAST(:park_id AS bigint) AND resumed_at IS NULL
+RETURNING early_event_id
 
 -- name: steps_resume_parked
 -- The one resume by an event or a decision: the waiting step back to pending (stamped as

@@ -2,9 +2,10 @@
 
     block asks to park ─► park row written and COMMITTED (conditions, deadline, who decides)
                       ─► settle: step → waiting_for_event / waiting_for_approval, wake_at =
-                         the deadline; an event wait looks back for events it may have missed
+                         the deadline, the park marked parked; an event wait takes the event
+                         noted on the park, or looks back for events it may have missed
     resumers, each ONE guarded UPDATE of the step row that also closes the park row:
-      a matching event (admission's offer, or the lookback)   steps_resume_parked
+      a matching event (admission's offer, or the parking)    steps_resume_parked
       a decision (ops approve / reject)                        steps_resume_parked
       the deadline (the sweep, through the wake-time index)    steps_wake_due
       a cancel (ops)                                           runs_cancel
@@ -12,9 +13,13 @@
     from that (outcomes.resumed_settlement) without running its block again.
 
 Whoever commits first wins; the others match zero rows and read the park row to say who won
-("already resumed by event 42 at …"). The park row is committed before the step parks, so an
-event recorded after the lookback's read is admitted after the park row exists and is offered
-to it: no event falls between the two.
+("already resumed by event 42 at …"). The park row is committed before the step parks, so
+every event committed after it is offered to it by admission. An event offered while the step
+is not waiting yet (between the park row's commit and the parking settle's) can't resume it:
+it is noted on the park row instead (`early_event_id`, the first one), and the parking settle
+marks the park parked (`parked_at`) and resumes the step with it. Note and mark are guarded
+writes of the park row, so its lock orders them: a note that meets the parking's lock finds
+the park parked and resumes the now waiting step itself. No event falls between the two.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ SQL = queries.load("steps")
 OPEN = SQL["parks_open"]
 GET = SQL["parks_get"]
 LOOKBACK_EVENTS = SQL["parks_lookback_events"]
+NOTE_EARLY_EVENT = SQL["parks_note_early_event"]
+MARK_PARKED = SQL["parks_mark_parked"]
 RESUME = SQL["steps_resume_parked"]
 
 # The most waits one event is offered to, and the most events one lookback reads: bounded
@@ -184,18 +191,42 @@ def offer_event(tx: Tx, incoming: Occurrence, open_waits: Sequence[Mapping[str, 
     for wait in open_waits:
         if not _matches(str(wait["condition"]), incoming, wait.get("scope"), int(wait["id"])):
             continue
-        done = resume_park(
-            tx, int(wait["id"]), by="event", output=event_output(incoming), event_id=incoming.id
-        )
-        if done.moved and done.step_id is not None:
-            resumed.append(done.step_id)
+        step_id = _resume_or_note(tx, int(wait["id"]), incoming)
+        if step_id is not None:
+            resumed.append(step_id)
     return resumed
 
 
-def look_back(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) -> str | None:
-    """An event wait that just parked: the first already-recorded event that matches it (of
-    its type, on its record, recorded since the park row was written or within its lookback
-    before), which resumes it at once. The step id when it did."""
+def _resume_or_note(tx: Tx, park_id: int, incoming: Occurrence) -> str | None:
+    """Resume the wait with the event; when its step is not waiting yet (the park row is
+    committed, the settle that parks the step is not), note the event on the park row for
+    that settle (`parked`) to resume it with. The id of the step resumed here, if any."""
+    output = event_output(incoming)
+    done = resume_park(tx, park_id, by="event", output=output, event_id=incoming.id)
+    if done.moved:
+        return done.step_id
+    park = done.park
+    if park is None or park["resumed_at"] is not None or park["run_status"] != "running":
+        return None  # resumed by someone else, or the run ended: nothing to wait for
+    if park["parked_at"] is None and tx.one(
+        NOTE_EARLY_EVENT, park_id=park_id, event_id=incoming.id
+    ):
+        return None  # noted: the parking settle resumes the step with this event
+    # The step parked after this transaction's resume read it (the note met the parking
+    # settle's lock and then found the park parked): this statement sees the committed park.
+    again = resume_park(tx, park_id, by="event", output=output, event_id=incoming.id)
+    return again.step_id if again.moved else None
+
+
+def parked(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) -> str | None:
+    """The step has just been parked on `park`, in the settle's transaction: the park is marked
+    parked, and an event wait looks for the event that resumes it at once — the one admission
+    noted on the park while the step was not waiting yet, else the first already-recorded
+    event that matches it (of its type, on its record, recorded since the park row was written
+    or within its lookback before). The step id when one resumed it."""
+    marked = tx.one(MARK_PARKED, park_id=park.id)
+    if marked is None or park.kind != "event":
+        return None
     if request.record_key is None or request.event_type is None or request.condition is None:
         return None
     _, object_type, object_id = _split_record_key(request.record_key)
@@ -207,6 +238,7 @@ def look_back(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str)
         object_id=object_id,
         event_type=request.event_type,
         since=since,
+        early_event_id=marked["early_event_id"],
         limit=MAX_LOOKBACK_EVENTS,
     ):
         incoming = Occurrence.from_row(row)
