@@ -215,12 +215,31 @@ def test_without_lookback_an_earlier_event_does_not_count(db: Database) -> None:
     assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
 
 
-def test_an_event_and_the_deadline_at_a_barrier_resume_the_wait_once(db: Database) -> None:
+def test_an_event_after_the_deadline_does_not_resume_the_wait_before_the_sweep_runs(
+    db: Database,
+) -> None:
+    """The deadline binds the resume, not only the sweep: a reply admitted after it (the
+    sweep has not run yet) resumes nothing, and the sweep then takes `on_timeout`'s path."""
     flow = Flow(db, _workflow({"goto": "nudge"}))
     run_id = flow.start()
-    step_id = _steps(db, run_id)["wait_reply"]["id"]
-    reply = flow.event({"hs_lead_status": "CONNECTED"})
     make_past(db, run_id)
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"})) == []
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert set(journal) == {"wait_reply", "nudge"}
+    assert journal["wait_reply"]["outcome_code"] == "WAIT_TIMED_OUT"
+    assert _park(db, run_id)["resumed_by"] == "deadline"
+
+
+def _event_against_the_sweep(
+    db: Database, reply: int, head_start: float
+) -> tuple[list[str], list[str]]:
+    """Admit `reply` and run the sweep's wake-up at once from a barrier, the sweep held back
+    `head_start` seconds; (steps the event resumed, steps the deadline resumed)."""
+    import time
+
     barrier = threading.Barrier(2)
     by_event: list[str] = []
     by_deadline: list[str] = []
@@ -231,6 +250,7 @@ def test_an_event_and_the_deadline_at_a_barrier_resume_the_wait_once(db: Databas
 
     def deadline() -> None:
         barrier.wait()
+        time.sleep(head_start)
         wake_due_steps(db, SweepConfig(), by_deadline.extend, SweepReport())
 
     threads = [threading.Thread(target=event), threading.Thread(target=deadline)]
@@ -238,18 +258,38 @@ def test_an_event_and_the_deadline_at_a_barrier_resume_the_wait_once(db: Databas
         t.start()
     for t in threads:
         t.join(30)
-    assert sorted(by_event + by_deadline) == [str(step_id)]
-    park = _park(db, run_id)
-    assert park["resumed_by"] == ("event" if by_event else "deadline")
-    # The loser can say who won.
-    with db.transaction() as tx:
-        again = parks.resume_park(tx, park["id"], by="event", output={}, event_id=reply)
-    assert not again.moved
-    assert again.why_not is not None and again.why_not.startswith("already resumed by ")
-    flow.q(by_event + by_deadline)
-    flow.drain()
-    journal = _steps(db, run_id)
-    assert set(journal) == {"wait_reply", "thank" if by_event else "nudge"}
+    return by_event, by_deadline
+
+
+def test_after_the_deadline_an_event_and_the_sweep_at_a_barrier_the_deadline_wins(
+    db: Database,
+) -> None:
+    """A reply admitted and the sweep run at once, after the wait's deadline: the wait is
+    resumed exactly once, always by its deadline, and the run takes the timeout's path; the
+    event's resume, losing, says who won. The sweep is one statement and the admission
+    several, so the sweep is held back a little longer each time (0 to 80 ms after the
+    barrier), letting the event come first too."""
+    flow = Flow(db, _workflow({"goto": "nudge"}))
+    for head_start in (0.0, 0.01, 0.02, 0.04, 0.08):
+        run_id = flow.start()
+        step_id = _steps(db, run_id)["wait_reply"]["id"]
+        reply = flow.event({"hs_lead_status": "CONNECTED"})
+        make_past(db, run_id)
+        by_event, by_deadline = _event_against_the_sweep(db, reply, head_start)
+        assert (by_event, by_deadline) == ([], [str(step_id)])
+        park = _park(db, run_id)
+        assert park["resumed_by"] == "deadline" and park["resumed_event_id"] is None
+        with db.transaction() as tx:
+            again = parks.resume_park(tx, park["id"], by="event", output={}, event_id=reply)
+        assert not again.moved
+        assert again.why_not is not None and again.why_not.startswith(
+            "already resumed by its deadline at "
+        )
+        flow.q(by_deadline)
+        flow.drain()
+        journal = _steps(db, run_id)
+        assert set(journal) == {"wait_reply", "nudge"}
+        assert journal["wait_reply"]["outcome_code"] == "WAIT_TIMED_OUT"
 
 
 def test_32_deliveries_of_one_event_to_10_waiting_runs_resume_each_once(db: Database) -> None:

@@ -352,13 +352,16 @@ ORDER BY name
 
 -- name: ops_approvals_open
 -- Approvals waiting for a decision in the caller's scope (the API keeps those the caller may
--- decide), oldest first, through the open-approvals partial index.
+-- decide), oldest first, through the open-approvals partial index. One past its expiry takes
+-- no decision any more (steps_resume_parked): not listed, though the sweep may not have
+-- rejected (or let proceed) it yet.
 SELECT p.id, CAST(p.run_id AS text) AS run_id, s.step_key, p.tenant_id, p.summary,
        p.approver_role, p.approver_users, p.deadline AS expires_at, p.on_timeout,
        p.created_at
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
 WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_approval'
+  AND p.deadline > statement_timestamp()
   AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = CAST(:tenant_id AS text))
 ORDER BY p.created_at, p.id
 LIMIT :limit

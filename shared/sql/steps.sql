@@ -451,7 +451,8 @@ SELECT p.id, CAST(p.step_id AS text) AS step_id, CAST(p.run_id AS text) AS run_i
        p.record_key, p.condition, p.scope, p.lookback_seconds, p.approver_role,
        p.approver_users, p.summary, p.decision, p.decided_by, p.decision_comment,
        p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at, p.parked_at,
-       p.early_event_id, s.status AS step_status, s.step_key, r.status AS run_status
+       p.early_event_id, p.deadline <= statement_timestamp() AS expired,
+       s.status AS step_status, s.step_key, r.status AS run_status
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
 JOIN workflow_runs r ON r.id = p.run_id
@@ -484,13 +485,14 @@ LIMIT CAST(:limit AS integer)
 -- its lock orders this with the parking: a note waiting for the parking settle's lock
 -- re-checks `parked_at` on the committed row and matches nothing (the step is waiting now:
 -- the caller resumes it directly); a parking settle waiting for a note's lock reads the note.
--- The first matching event is kept. An expired wait takes no event (its deadline resumes it).
--- Zero rows: the step parked meanwhile, the wait was resumed or expired, or an earlier event
--- was noted first.
+-- The first matching event is kept. An expired wait takes no event (its deadline resumes it,
+-- as in steps_resume_parked). Zero rows: the step parked meanwhile, the wait was resumed or
+-- expired, or an earlier event was noted first.
 UPDATE step_parks
 SET early_event_id = CAST(:event_id AS bigint)
 WHERE id = CAST(:park_id AS bigint) AND kind = 'event'
   AND resumed_at IS NULL AND parked_at IS NULL AND early_event_id IS NULL
+  AND deadline > statement_timestamp()
 RETURNING id
 
 -- name: parks_mark_parked
@@ -509,16 +511,20 @@ RETURNING early_event_id
 -- dispatched: the caller publishes after commit) with what resumed it in its output, and its
 -- park row closed, in one statement guarded on the step's status. The step row is locked
 -- before the park row, as every other writer of both does (the cancel, the sweep), so no
--- two of them deadlock. Zero rows: someone else resumed it first (read the park row to say
--- who), or the run ended.
+-- two of them deadlock. The park's deadline binds it, judged by the database's clock when
+-- this statement is issued: once it has passed, only the deadline resumes the wait (the
+-- sweep's steps_wake_due, whenever it runs), so an event or a decision that comes later
+-- never takes the run down the event's or the decision's path. Zero rows: someone else
+-- resumed it first (read the park row to say who), the deadline has passed, or the run ended.
 WITH resumed AS (
     UPDATE workflow_steps s
     SET status = 'pending', wake_at = NULL, dispatched_at = now(),
         output = coalesce(s.output, '{}'::jsonb) || CAST(:output AS jsonb)
-    FROM workflow_runs r
+    FROM workflow_runs r, step_parks d
     WHERE s.park_id = CAST(:park_id AS bigint)
       AND s.status IN ('waiting_for_event', 'waiting_for_approval')
       AND r.id = s.run_id AND r.status = 'running'
+      AND d.id = s.park_id AND d.deadline > statement_timestamp()
     RETURNING s.id, s.park_id
 ), closed AS (
     UPDATE step_parks p

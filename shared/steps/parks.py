@@ -104,6 +104,19 @@ class Resumed:
     park: Mapping[str, Any] | None = None
 
     @property
+    def expired(self) -> str | None:
+        """Why this came too late, in words: the wait's deadline had passed, whether or not the
+        sweep has resumed it by its deadline yet (None when it moved, or was not too late)."""
+        p = self.park
+        if self.moved or p is None:
+            return None
+        if p["resumed_by"] != "deadline" and not (p["resumed_at"] is None and p["expired"]):
+            return None
+        what = "this approval expired" if p["kind"] == "approval" else "this wait ended"
+        then = p["on_timeout"] if p["timeout_goto"] is None else f"go to {p['timeout_goto']}"
+        return f"{what} at {p['deadline'].isoformat()} (then: {then})"
+
+    @property
     def why_not(self) -> str | None:
         """Who resumed it first, in words (None when this one did)."""
         if self.moved:
@@ -111,6 +124,8 @@ class Resumed:
         p = self.park
         if p is None:
             return "no such wait"
+        if p["resumed_at"] is None and p["expired"] and p["run_status"] == "running":
+            return f"{self.expired}; its deadline resumes it"
         at = p["resumed_at"].isoformat() if p["resumed_at"] else None
         said = {
             "event": f"already resumed by event {p['resumed_event_id']} at {at}",
