@@ -658,3 +658,40 @@ def test_an_event_admitted_as_the_step_parks_resumes_the_wait_once_at_a_barrier(
         assert set(journal) == {"wait_reply", "thank"} and _run_status(db, run_id) == "succeeded"
         (park,) = _parks(db, run_id)
         assert (park["resumed_by"], park["resumed_event_id"]) == ("event", reply)
+
+
+def _mark_echo(flow: Flow, fields: dict[str, Any]) -> None:
+    """What a `crm.update` of the record commits before its request leaves."""
+    from shared.echo import record_echo_marker
+
+    with flow.db.transaction() as tx:
+        record_echo_marker(
+            tx,
+            connection_id=flow.conn,
+            object_type="contact",
+            object_id="101",
+            fields=fields,
+            step_id=None,
+        )
+
+
+def test_onceflows_own_echo_does_not_resume_a_wait(db: Database) -> None:
+    """The webhook onceflow's own write causes is refused as an echo by admission, and is no
+    answer to a wait either; a change that is not all ours still is."""
+    flow = Flow(db, _workflow())
+    run_id = flow.start()
+    _mark_echo(flow, {"hs_lead_status": "CONNECTED"})
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"})) == []
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
+    theirs = flow.event({"hs_lead_status": "CONNECTED", "notes": "called back"})
+    assert flow.admit(theirs) == [str(_steps(db, run_id)["wait_reply"]["id"])]
+    flow.drain()
+    assert _steps(db, run_id)["wait_reply"]["output"]["event"]["id"] == theirs
+
+
+def test_onceflows_own_echo_is_not_found_by_a_waits_lookback(db: Database) -> None:
+    flow = Flow(db, _workflow(lookback={"hours": 1}), name="with-lookback")
+    _mark_echo(flow, {"hs_lead_status": "CONNECTED"})
+    flow.admit(flow.event({"hs_lead_status": "CONNECTED"}))  # before the wait parks
+    run_id = flow.start()
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"

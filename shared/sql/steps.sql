@@ -465,9 +465,18 @@ WHERE p.id = CAST(:park_id AS bigint)
 -- noted on the park while the step was not waiting yet (`early_event_id`, parks_note_early_event)
 -- first of all. Any event committed after the park row is offered to it by admission, which
 -- resumes the parked step or notes the event for this read (the park row's lock orders the
--- two): between them, none is missed. Read through the events' record index; bounded.
+-- two): between them, none is missed. Read through the events' record index; bounded. With
+-- each event, the echo markers that could explain its change (the same function admission
+-- reads them with): onceflow's own echo is no answer to a wait.
 SELECT e.id, e.tenant_id, e.event_type, e.connection_id, e.source_event_id, e.occurred_at,
-       e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id
+       e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id,
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
+                        '[]'::jsonb)
+          FROM echo_markers_alive(
+                   e.connection_id, e.record_object_type, e.record_object_id,
+                   ARRAY(SELECT jsonb_object_keys(e.changed_fields)), e.occurred_at,
+                   CAST(:echo_skew_seconds AS double precision)) m
+         WHERE e.connection_id IS NOT NULL) AS echo_markers
 FROM workflow_trigger_events e
 WHERE e.tenant_id = CAST(:tenant_id AS text)
   AND e.record_object_type = CAST(:object_type AS text)

@@ -33,6 +33,7 @@ from typing import Any
 from shared import queries
 from shared.blocks.base import ParkRequest
 from shared.db import Database, Tx
+from shared.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.logs import get_logger
 from shared.workflows.expressions import ExpressionError, evaluate_condition
 from shared.workflows.scope import Occurrence, wait_scope
@@ -238,7 +239,8 @@ def parked(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) ->
     parked, and an event wait looks for the event that resumes it at once — the one admission
     noted on the park while the step was not waiting yet, else the first already-recorded
     event that matches it (of its type, on its record, recorded since the park row was written
-    or within its lookback before). The step id when one resumed it."""
+    or within its lookback before, not an echo of onceflow's own write). The step id when one
+    resumed it."""
     marked = tx.one(MARK_PARKED, park_id=park.id)
     if marked is None or park.kind != "event":
         return None
@@ -254,11 +256,14 @@ def parked(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) ->
         event_type=request.event_type,
         since=since,
         early_event_id=marked["early_event_id"],
+        echo_skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
         limit=MAX_LOOKBACK_EVENTS,
     ):
         incoming = Occurrence.from_row(row)
         if incoming.record_key != request.record_key:
             continue  # same object on another connection
+        if is_echo(incoming.changed_fields, markers_from_json(row["echo_markers"])):
+            continue  # onceflow's own write coming back: no answer (admission skips it too)
         if not _matches(request.condition, incoming, request.scope, park.id):
             continue
         done = resume_park(
