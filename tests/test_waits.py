@@ -517,6 +517,7 @@ def test_a_retried_wait_waits_again_on_a_new_park_and_an_event_resumes_it(
         headers=bearer(mint(db, "acme", label="carol")),
     )
     assert retried.status_code == 200, retried.get_json()
+    assert _steps(db, run_id)["wait_reply"]["park_id"] is None  # it waits on nothing yet
     flow.q(dispatched.ids)
     flow.drain()
     wait = _steps(db, run_id)["wait_reply"]

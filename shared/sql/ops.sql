@@ -180,10 +180,12 @@ WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
 -- name: ops_retry_step_reset
 -- A failed step goes back to pending with a fresh attempt budget; its idempotency key stays,
 -- so the provider and the ledger see the same operation. The last error is kept for people.
+-- A wait that failed (timed out, rejected) no longer names its closed park: it waits again on
+-- a new one when it runs (parks_open); the closed park row stays as the earlier wait's record.
 UPDATE workflow_steps
 SET status = 'pending', attempt = 0, finished_at = NULL, lease_id = NULL,
     lease_expires_at = NULL, wake_at = NULL, side_effect_started_at = NULL,
-    dispatched_at = NULL
+    dispatched_at = NULL, park_id = NULL, park_kind = NULL
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
   AND status IN ('failed', 'pending', 'waiting_for_retry', 'waiting_for_delay')
 RETURNING id
