@@ -11,7 +11,8 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    bindings whose dedup mode needs one (`every_time` doesn't: its only rule, one run per
    event, is the start key's unique index). On the event's first decision it also reads the
    open waits (`wait_for`) on its (tenant, type, record), by index; each one whose condition
-   holds is resumed by one guarded statement (shared/steps/parks.py), and only then.
+   holds is resumed by one guarded statement (shared/steps/parks.py), and only then (never
+   by an echo of onceflow's own write: see `echo_suppressed` below).
 2. In Python, per binding, the refusals that don't depend on other runs, in this order of
    precedence (exactly one reason is recorded):
    `provider_suppressed` (connection paused or disconnected; the event's author is in the
@@ -85,7 +86,7 @@ from pydantic import ValidationError
 
 from shared import queries
 from shared.db import Database, Tx
-from shared.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo
+from shared.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.errors import ConflictError, PermanentError, TransientError
 from shared.logs import LogEvent, get_logger, labelled, log_event
 from shared.pubsub import decode_push_message, publish_step_ready
@@ -335,6 +336,11 @@ class EventFacts:
     def refusal(self) -> tuple[Reason, str] | None:
         return event_refusal(self)
 
+    @cached_property
+    def echo(self) -> bool:
+        """Every changed field is explained by a write of onceflow's own (shared/echo.py)."""
+        return is_echo(self.changed_fields, self.echo_markers)
+
 
 def provider_suppression(event: EventFacts) -> str | None:
     """Why the provider side says not to run, or None."""
@@ -355,7 +361,7 @@ def event_refusal(event: EventFacts) -> tuple[Reason, str] | None:
     suppressed = provider_suppression(event)
     if suppressed:
         return "provider_suppressed", suppressed
-    if is_echo(event.changed_fields, event.echo_markers):
+    if event.echo:
         fields = ", ".join(sorted(event.changed_fields))
         return (
             "echo_suppressed",
@@ -413,8 +419,6 @@ def static_refusal(
 
 
 def _facts(row: Mapping[str, Any]) -> EventFacts:
-    markers = row["echo_markers"]
-    markers = json.loads(markers) if isinstance(markers, str) else markers
     changed = row["changed_fields"]
     payload = row["payload"]
     return EventFacts(
@@ -433,7 +437,7 @@ def _facts(row: Mapping[str, Any]) -> EventFacts:
         credit_balance=int(row["credit_balance"]),
         excluded_authors=tuple(row["excluded_authors"] or ()),
         connection_status=row["connection_status"],
-        echo_markers=tuple((f, bytes.fromhex(h)) for f, h in markers),
+        echo_markers=markers_from_json(row["echo_markers"]),
     )
 
 
@@ -567,10 +571,11 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     elif row["decided_at"] is None:
         # Nothing bound to decide (or only pairings decided before decided_at existed).
         last(MARK_DECIDED, event_id=event_id)
-    if open_waits:
+    if open_waits and not event.echo:
         # The first decision of an event also offers it to the open waits it can match
         # (wait_for; statement 1 read them by index), in this transaction; each resume is
         # guarded, so a concurrent or redelivered admission resumes a wait at most once.
+        # onceflow's own echo is no answer to a wait, as it is no trigger.
         dispatch += offer_event(tx, event.occurrence, open_waits)
     return _Attempt(outcomes, refusals, dispatch, event.tenant_id, late_resume)
 

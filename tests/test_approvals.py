@@ -288,3 +288,81 @@ def test_the_cli_lists_and_decides_approvals_through_the_ops_api(
         row = tx.one("SELECT decision, decided_by FROM step_parks WHERE id = :p", p=park_id)
     assert row == {"decision": "approved", "decided_by": "carol"}
     assert run_row(db, run_id)["status"] == "running"
+
+
+def test_a_retried_approval_asks_again_on_a_new_pending_approval(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    """Rejected with `on_reject: fail`, the run fails; the ops retry starts the gate again,
+    and it asks the approvers again: a new pending approval (listed, decidable, with a fresh
+    expiry), while the rejected one stays decided."""
+    run_id, first, q, lookup = _parked(db, on_reject="fail")
+    assert _decide(db, first, "rejected", "erin").moved
+    gate_id = str(steps(db, run_id)["gate"]["id"])
+    q([gate_id])
+    q.drain(db, lookup)
+    assert run_row(db, run_id)["status"] == "failed"
+    manager = mint(db, TENANT, label="carol", roles=("manager",))
+
+    retried = client.post(f"/v1/runs/{run_id}/retry", json={}, headers=bearer(manager))
+    assert retried.status_code == 200, retried.get_json()
+    q(dispatched.ids)
+    q.drain(db, lookup)
+    gate = steps(db, run_id)["gate"]
+    assert gate["status"] == "waiting_for_approval" and str(gate["id"]) == gate_id
+    listed = client.get("/v1/approvals", headers=bearer(manager)).get_json()["items"]
+    assert [a["id"] for a in listed] == [gate["park_id"]] and gate["park_id"] != first
+    with db.transaction() as tx:
+        old = parks.park_row(tx, first)
+        new = parks.park_row(tx, gate["park_id"])
+    assert old is not None and (old["decision"], old["decided_by"]) == ("rejected", "erin")
+    assert new is not None and new["resumed_at"] is None and new["deadline"] > old["resumed_at"]
+
+    done = client.post(
+        f"/v1/approvals/{gate['park_id']}/approve",
+        json={"comment": "ok now"},
+        headers=bearer(manager),
+    )
+    assert done.status_code == 200, done.get_json()
+    q(dispatched.ids[-1:])
+    q.drain(db, lookup)
+    journal = steps(db, run_id)
+    assert journal["gate"]["outcome_code"] == "APPROVED" and set(journal) == {"gate", "apply"}
+    assert run_row(db, run_id)["status"] == "succeeded"
+
+
+def test_an_expired_approval_is_refused_through_the_api_before_and_after_the_sweep(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    """Past its expiry an approval takes no decision, whether or not the sweep has run yet:
+    the API answers 410 saying when it expired and what its expiry does, like the signed
+    link; the sweep then rejects it as `on_timeout` says, and a decision after that is
+    refused the same way."""
+    run_id, park_id, q, lookup = _parked(db, on_reject={"goto": "tell_rep"})
+    manager = mint(db, TENANT, label="carol", roles=("manager",))
+    make_past(db, run_id)
+    url = f"/v1/approvals/{park_id}/approve"
+    with db.transaction() as tx:
+        park = parks.park_row(tx, park_id)
+    assert park is not None
+    expired = f"this approval expired at {park['deadline'].isoformat()} (then: reject)"
+
+    late = client.post(url, json={"comment": "sorry, late"}, headers=bearer(manager))
+    assert late.status_code == 410, late.get_json()
+    assert late.get_json()["code"] == "approval_expired"
+    assert late.get_json()["message"].startswith(expired)
+    assert dispatched.ids == [] and steps(db, run_id)["gate"]["status"] == "waiting_for_approval"
+    # Not listed as waiting for a decision either.
+    assert client.get("/v1/approvals", headers=bearer(manager)).get_json()["items"] == []
+
+    run_sweep(db, 0, duties=[], dispatch=q)
+    q.drain(db, lookup)
+    journal = steps(db, run_id)
+    assert journal["gate"]["outcome_code"] == "REJECTED" and set(journal) == {"gate", "tell_rep"}
+    after = client.post(url, json={}, headers=bearer(manager))
+    assert after.status_code == 410 and after.get_json()["message"].startswith(expired)
+    with db.transaction() as tx:
+        audits = tx.all(
+            "SELECT detail FROM ops_audit WHERE action = 'approvals.approve' ORDER BY id"
+        )
+    assert [a["detail"]["outcome"] for a in audits] == ["refused", "refused"]

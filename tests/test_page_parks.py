@@ -22,6 +22,7 @@ from tests.steps_support import TENANT, definition, publish_version, run_row, st
 from tests.steps_support import steps_of as steps
 from tests.test_approvals import _parked
 from tests.test_cancel import DELAYED
+from tests.test_steps_engine import make_past
 
 APPROVAL = re.compile(r'data-approval-id="(\d+)"')
 
@@ -132,3 +133,24 @@ def test_pending_approvals_are_listed_to_deciders_and_decided_once_from_the_page
     assert "Decision refused: already decided by carol at " in again.get_data(as_text=True)
     card = client.get(f"/ui/runs/{run_id}").get_data(as_text=True)
     assert "resumed by decision at " in card and ": approved by carol (ok)" in card
+
+
+def test_an_expired_approval_is_refused_from_the_page_saying_when_it_expired(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    run_id, park_id, _, _ = _parked(db)
+    manager = mint(db, TENANT, label="carol", roles=("manager",))
+    client.post("/ui/login", data={"token": manager})
+    make_past(db, run_id)
+    with db.transaction() as tx:
+        park = parks.park_row(tx, park_id)
+    assert park is not None
+    done = client.post(
+        f"/ui/approvals/{park_id}/approve", data={"csrf": csrf_value(manager), "comment": "ok"}
+    )
+    html = done.get_data(as_text=True)
+    assert done.status_code == 410
+    assert f"Decision refused: this approval expired at {park['deadline'].isoformat()}" in html
+    assert dispatched.ids == [] and steps(db, run_id)["gate"]["status"] == "waiting_for_approval"
+    with db.transaction() as tx:
+        assert parks.park_row(tx, park_id)["resumed_at"] is None  # type: ignore[index]

@@ -42,13 +42,19 @@ class Queue:
 
 
 def make_past(db: Database, run_id: str) -> None:
-    """Time travel: every parked step of the run is due now."""
+    """Time travel: every parked step of the run is due now (a wait's park row too: its
+    deadline is the step's wake time)."""
     with db.transaction() as tx:
         tx.execute(
             "UPDATE workflow_steps SET wake_at = now() - interval '1 second',"
             " output = CASE WHEN output ? 'delay_until' THEN jsonb_set(output, '{delay_until}',"
             " to_jsonb(CAST(now() - interval '1 second' AS text))) ELSE output END"
             " WHERE run_id = :r AND wake_at IS NOT NULL",
+            r=run_id,
+        )
+        tx.execute(
+            "UPDATE step_parks SET deadline = now() - interval '1 second'"
+            " WHERE run_id = :r AND resumed_at IS NULL",
             r=run_id,
         )
 

@@ -7,6 +7,7 @@ for admission and the sweep (EXPLAIN)."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,6 +19,13 @@ from shared.steps import parks
 from shared.steps.cancel import cancel_run
 from shared.steps.sweep import SweepConfig, SweepReport, run_sweep, wake_due_steps
 from tests.admission_support import bind_workflow, emit_event, make_connection, make_tenant
+from tests.ops_support import (
+    Dispatched,
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+)
 from tests.steps_blocks import Recorder, block_lookup
 from tests.test_steps_engine import LEASE, Queue, make_past
 
@@ -207,12 +215,31 @@ def test_without_lookback_an_earlier_event_does_not_count(db: Database) -> None:
     assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
 
 
-def test_an_event_and_the_deadline_at_a_barrier_resume_the_wait_once(db: Database) -> None:
+def test_an_event_after_the_deadline_does_not_resume_the_wait_before_the_sweep_runs(
+    db: Database,
+) -> None:
+    """The deadline binds the resume, not only the sweep: a reply admitted after it (the
+    sweep has not run yet) resumes nothing, and the sweep then takes `on_timeout`'s path."""
     flow = Flow(db, _workflow({"goto": "nudge"}))
     run_id = flow.start()
-    step_id = _steps(db, run_id)["wait_reply"]["id"]
-    reply = flow.event({"hs_lead_status": "CONNECTED"})
     make_past(db, run_id)
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"})) == []
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert set(journal) == {"wait_reply", "nudge"}
+    assert journal["wait_reply"]["outcome_code"] == "WAIT_TIMED_OUT"
+    assert _park(db, run_id)["resumed_by"] == "deadline"
+
+
+def _event_against_the_sweep(
+    db: Database, reply: int, head_start: float
+) -> tuple[list[str], list[str]]:
+    """Admit `reply` and run the sweep's wake-up at once from a barrier, the sweep held back
+    `head_start` seconds; (steps the event resumed, steps the deadline resumed)."""
+    import time
+
     barrier = threading.Barrier(2)
     by_event: list[str] = []
     by_deadline: list[str] = []
@@ -223,6 +250,7 @@ def test_an_event_and_the_deadline_at_a_barrier_resume_the_wait_once(db: Databas
 
     def deadline() -> None:
         barrier.wait()
+        time.sleep(head_start)
         wake_due_steps(db, SweepConfig(), by_deadline.extend, SweepReport())
 
     threads = [threading.Thread(target=event), threading.Thread(target=deadline)]
@@ -230,18 +258,38 @@ def test_an_event_and_the_deadline_at_a_barrier_resume_the_wait_once(db: Databas
         t.start()
     for t in threads:
         t.join(30)
-    assert sorted(by_event + by_deadline) == [str(step_id)]
-    park = _park(db, run_id)
-    assert park["resumed_by"] == ("event" if by_event else "deadline")
-    # The loser can say who won.
-    with db.transaction() as tx:
-        again = parks.resume_park(tx, park["id"], by="event", output={}, event_id=reply)
-    assert not again.moved
-    assert again.why_not is not None and again.why_not.startswith("already resumed by ")
-    flow.q(by_event + by_deadline)
-    flow.drain()
-    journal = _steps(db, run_id)
-    assert set(journal) == {"wait_reply", "thank" if by_event else "nudge"}
+    return by_event, by_deadline
+
+
+def test_after_the_deadline_an_event_and_the_sweep_at_a_barrier_the_deadline_wins(
+    db: Database,
+) -> None:
+    """A reply admitted and the sweep run at once, after the wait's deadline: the wait is
+    resumed exactly once, always by its deadline, and the run takes the timeout's path; the
+    event's resume, losing, says who won. The sweep is one statement and the admission
+    several, so the sweep is held back a little longer each time (0 to 80 ms after the
+    barrier), letting the event come first too."""
+    flow = Flow(db, _workflow({"goto": "nudge"}))
+    for head_start in (0.0, 0.01, 0.02, 0.04, 0.08):
+        run_id = flow.start()
+        step_id = _steps(db, run_id)["wait_reply"]["id"]
+        reply = flow.event({"hs_lead_status": "CONNECTED"})
+        make_past(db, run_id)
+        by_event, by_deadline = _event_against_the_sweep(db, reply, head_start)
+        assert (by_event, by_deadline) == ([], [str(step_id)])
+        park = _park(db, run_id)
+        assert park["resumed_by"] == "deadline" and park["resumed_event_id"] is None
+        with db.transaction() as tx:
+            again = parks.resume_park(tx, park["id"], by="event", output={}, event_id=reply)
+        assert not again.moved
+        assert again.why_not is not None and again.why_not.startswith(
+            "already resumed by its deadline at "
+        )
+        flow.q(by_deadline)
+        flow.drain()
+        journal = _steps(db, run_id)
+        assert set(journal) == {"wait_reply", "nudge"}
+        assert journal["wait_reply"]["outcome_code"] == "WAIT_TIMED_OUT"
 
 
 def test_32_deliveries_of_one_event_to_10_waiting_runs_resume_each_once(db: Database) -> None:
@@ -441,3 +489,210 @@ def test_a_wait_inside_a_foreach_body_waits_per_item(db: Database) -> None:
     assert journal["done"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
     outputs = journal["each"]["output"]["outputs"]
     assert [o["trigger"]["hs_lead_status"] for o in outputs] == ["CONNECTED", "OPEN"]
+
+
+def _parks(db: Database, run_id: str) -> list[dict[str, Any]]:
+    with db.transaction() as tx:
+        return tx.all("SELECT * FROM step_parks WHERE run_id = :r ORDER BY id", r=run_id)
+
+
+def test_a_retried_wait_waits_again_on_a_new_park_and_an_event_resumes_it(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    """A wait that timed out fails its run; the ops retry starts the step again, and the
+    retried wait parks on a new park row (a fresh deadline, open to events) rather than on
+    the closed one: a reply admitted after the retry resumes it and the run goes on."""
+    flow = Flow(db, _workflow())
+    run_id = flow.start()
+    make_past(db, run_id)
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    assert _run_status(db, run_id) == "failed"
+    assert _steps(db, run_id)["wait_reply"]["outcome_code"] == "WAIT_TIMED_OUT"
+    (first,) = _parks(db, run_id)
+
+    retried = client.post(
+        f"/v1/runs/{run_id}/retry",
+        json={"reason": "the lead may still answer"},
+        headers=bearer(mint(db, "acme", label="carol")),
+    )
+    assert retried.status_code == 200, retried.get_json()
+    assert _steps(db, run_id)["wait_reply"]["park_id"] is None  # it waits on nothing yet
+    flow.q(dispatched.ids)
+    flow.drain()
+    wait = _steps(db, run_id)["wait_reply"]
+    old, new = _parks(db, run_id)
+    assert old["id"] == first["id"] and old["resumed_by"] == "deadline"
+    assert wait["status"] == "waiting_for_event" and wait["park_id"] == new["id"]
+    assert new["resumed_at"] is None and wait["wake_at"] == new["deadline"]
+    assert new["deadline"] > old["created_at"] + timedelta(days=2)  # a fresh deadline
+
+    reply = flow.event({"hs_lead_status": "CONNECTED"})
+    assert flow.admit(reply) == [str(wait["id"])]
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert journal["wait_reply"]["status"] == "succeeded"
+    assert journal["wait_reply"]["output"]["event"]["id"] == reply
+    assert journal["thank"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
+    assert _parks(db, run_id)[1]["resumed_event_id"] == reply
+
+
+class _ParkWindow:
+    """Holds an executor between its park row's commit and its step's parking (wrapping the
+    real `open_park` the settle calls), while another thread records an event whose
+    transaction began before the park's (so its `created_at` is earlier than the park's) and
+    commits it after the park row was committed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, then: threading.Barrier | None) -> None:
+        from shared.steps import settle
+
+        self.event_begun = threading.Event()
+        self.park_committed = threading.Event()
+        self.admitted = threading.Event()
+        real = settle.open_park
+
+        def open_park(*args: Any, **kwargs: Any) -> Any:
+            assert self.event_begun.wait(30)
+            opened = real(*args, **kwargs)
+            self.park_committed.set()
+            if then is None:
+                assert self.admitted.wait(30)  # the event is admitted before the step parks
+            else:
+                then.wait(30)  # the admission and the parking race
+            return opened
+
+        monkeypatch.setattr(settle, "open_park", open_park)
+
+    def record_event(self, flow: Flow) -> int:
+        from shared.outbox import TriggerEvent, emit
+
+        changed = {"hs_lead_status": "CONNECTED"}
+        with flow.db.transaction() as tx:
+            event_id = emit(
+                tx,
+                TriggerEvent(
+                    tenant_id="acme",
+                    event_type=REPLIED,
+                    payload={"objectId": "101", **changed},
+                    connection_id=flow.conn,
+                    record_object_type="contact",
+                    record_object_id="101",
+                    changed_fields=changed,
+                ),
+            )
+            self.event_begun.set()
+            assert self.park_committed.wait(30)
+        assert event_id is not None
+        return event_id
+
+
+def _race_event_with_parking(
+    db: Database, flow: Flow, monkeypatch: pytest.MonkeyPatch, then: threading.Barrier | None
+) -> tuple[str, int, list[str]]:
+    """Start a run, then park its wait while an event that matches it is admitted in the
+    window between the park row's commit and the parking. (run id, event id, step ids the
+    admission resumed)."""
+    from shared.steps.advance import advance_step
+
+    start = emit_event(db, connection_id=flow.conn, event_type=STARTS, object_id="101", changed={})
+    admitted = admit_event(db, start, publish=lambda _: None)
+    (step_id,) = admitted.dispatched
+    run_id = admitted.outcomes[0].run_id
+    assert run_id is not None
+    resumed: list[str] = []
+    event: list[int] = []
+    with monkeypatch.context() as patch:
+        window = _ParkWindow(patch, then)
+
+        def executor() -> None:
+            advance_step(db, step_id, lookup=flow.lookup, dispatch=flow.q, config=LEASE)
+
+        def admission() -> None:
+            event.append(window.record_event(flow))
+            if then is not None:
+                then.wait(30)
+            resumed.extend(admit_event(db, event[0], publish=lambda _: None).dispatched)
+            window.admitted.set()
+
+        threads = [threading.Thread(target=executor), threading.Thread(target=admission)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    return run_id, event[0], resumed
+
+
+def test_an_event_admitted_between_the_park_and_the_parking_resumes_the_wait_once(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event's admission finds the park row but the step still running; the step parks
+    a moment later and is resumed by that event, exactly once."""
+    flow = Flow(db, _workflow())
+    run_id, reply, resumed = _race_event_with_parking(db, flow, monkeypatch, None)
+    assert resumed == []  # the step was not waiting yet: the parking resumes it
+    flow.q.ids.extend(resumed)
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert journal["wait_reply"]["status"] == "succeeded"
+    assert journal["wait_reply"]["output"]["event"]["id"] == reply
+    assert journal["thank"]["status"] == "succeeded" and _run_status(db, run_id) == "succeeded"
+    (park,) = _parks(db, run_id)
+    assert (park["resumed_by"], park["resumed_event_id"]) == ("event", reply)
+
+
+def test_an_event_admitted_as_the_step_parks_resumes_the_wait_once_at_a_barrier(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admission of a matching event and the parking of the step, released together at
+    a barrier (either may commit first), several times: each wait is resumed by the event
+    exactly once, and its run goes on once."""
+    flow = Flow(db, _workflow())
+    for _ in range(6):
+        run_id, reply, resumed = _race_event_with_parking(
+            db, flow, monkeypatch, threading.Barrier(2)
+        )
+        flow.q.ids.extend(resumed)
+        flow.drain()
+        journal = _steps(db, run_id)
+        assert journal["wait_reply"]["status"] == "succeeded", journal["wait_reply"]
+        assert journal["wait_reply"]["output"]["event"]["id"] == reply
+        assert set(journal) == {"wait_reply", "thank"} and _run_status(db, run_id) == "succeeded"
+        (park,) = _parks(db, run_id)
+        assert (park["resumed_by"], park["resumed_event_id"]) == ("event", reply)
+
+
+def _mark_echo(flow: Flow, fields: dict[str, Any]) -> None:
+    """What a `crm.update` of the record commits before its request leaves."""
+    from shared.echo import record_echo_marker
+
+    with flow.db.transaction() as tx:
+        record_echo_marker(
+            tx,
+            connection_id=flow.conn,
+            object_type="contact",
+            object_id="101",
+            fields=fields,
+            step_id=None,
+        )
+
+
+def test_onceflows_own_echo_does_not_resume_a_wait(db: Database) -> None:
+    """The webhook onceflow's own write causes is refused as an echo by admission, and is no
+    answer to a wait either; a change that is not all ours still is."""
+    flow = Flow(db, _workflow())
+    run_id = flow.start()
+    _mark_echo(flow, {"hs_lead_status": "CONNECTED"})
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"})) == []
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
+    theirs = flow.event({"hs_lead_status": "CONNECTED", "notes": "called back"})
+    assert flow.admit(theirs) == [str(_steps(db, run_id)["wait_reply"]["id"])]
+    flow.drain()
+    assert _steps(db, run_id)["wait_reply"]["output"]["event"]["id"] == theirs
+
+
+def test_onceflows_own_echo_is_not_found_by_a_waits_lookback(db: Database) -> None:
+    flow = Flow(db, _workflow(lookback={"hours": 1}), name="with-lookback")
+    _mark_echo(flow, {"hs_lead_status": "CONNECTED"})
+    flow.admit(flow.event({"hs_lead_status": "CONNECTED"}))  # before the wait parks
+    run_id = flow.start()
+    assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"

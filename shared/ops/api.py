@@ -397,6 +397,9 @@ def _decide(call: Call, decision: str) -> DecisionResult:
         raise OpsError(403, "not_an_approver", str(exc)) from None
     if outcome is None:
         raise not_found("approval")
+    if outcome.expired is not None:
+        # Past its expiry only the deadline decides (on_timeout), as the signed link says.
+        raise OpsError(410, "approval_expired", f"{outcome.expired}; no decision is taken")
     if not outcome.moved:
         raise OpsError(409, "already_decided", outcome.why_not or "the approval is not waiting")
     if outcome.step_id is not None:
@@ -837,7 +840,7 @@ ROUTES: tuple[Route, ...] = (
         DecisionResult,
         "Approve a waiting approval; the first decision wins",
         body=DecisionRequest,
-        errors=(400, 401, 403, 404, 409, 413, 422),
+        errors=(400, 401, 403, 404, 409, 410, 413, 422),
         path_params=("approval_id",),
     ),
     Route(
@@ -848,7 +851,7 @@ ROUTES: tuple[Route, ...] = (
         DecisionResult,
         "Reject a waiting approval; the first decision wins",
         body=DecisionRequest,
-        errors=(400, 401, 403, 404, 409, 413, 422),
+        errors=(400, 401, 403, 404, 409, 410, 413, 422),
         path_params=("approval_id",),
     ),
     Route(

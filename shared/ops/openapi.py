@@ -22,6 +22,7 @@ STATUS_WORDS = {
     401: "No valid bearer token",
     404: "Not found (or another tenant's)",
     409: "Conflicts with the current state",
+    410: "Gone: too late (an approval past its expiry)",
     413: "Body too large",
     422: "Body or parameters not valid",
     501: "Not available in this build",

@@ -319,6 +319,9 @@ def _decide_by_link(api: OpsApi, request: Request, parts: list[str]) -> Response
         record_use(api.db, link, tenant, {"outcome": "refused", "why": str(exc)})
         raise OpsError(403, "not_an_approver", str(exc)) from None
     assert outcome is not None  # the park row exists (read above)
+    if outcome.expired is not None:  # by the database's clock, though the link's still held
+        record_use(api.db, link, tenant, {"outcome": "refused", "why": outcome.expired})
+        return page(f"{outcome.expired}; no decision is taken.", error=True, status=410)
     if not outcome.moved:
         record_use(api.db, link, tenant, {"outcome": "refused", "why": outcome.why_not})
         return page(outcome.why_not, error=True, status=409)

@@ -90,8 +90,9 @@ SELECT ev.*,
        -- an index lookup by (tenant, type, record) on step_parks_open_event_waits, so
        -- waiting runs never make admission scan, and no extra round trip when none waits.
        -- A wait's park row is committed before its step parks (shared/steps/parks.py), and
-       -- this snapshot is taken after the event was recorded: an event recorded after a
-       -- wait's lookback read finds the wait here.
+       -- this snapshot is taken after the event was recorded: an event recorded after the
+       -- park row finds the wait here. A wait past its deadline is not offered the event
+       -- (its deadline resumes it; the resume's own guard is what binds).
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'id', w.id, 'condition', w.condition, 'scope', w.scope) ORDER BY w.id),
                    '[]'::jsonb)
@@ -101,6 +102,7 @@ SELECT ev.*,
                    AND p.tenant_id = ev.tenant_id AND p.event_type = ev.event_type
                    AND p.record_key = ev.record_key
                    AND p.kind = 'event' AND p.resumed_at IS NULL
+                   AND p.deadline > statement_timestamp()
                    AND r.status = 'running' AND r.namespace = 'live'
                  ORDER BY p.id
                  LIMIT CAST(:max_waits AS integer)) w) AS open_waits

@@ -184,10 +184,12 @@ WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
 -- name: ops_retry_step_reset
 -- A failed step goes back to pending with a fresh attempt budget; its idempotency key stays,
 -- so the provider and the ledger see the same operation. The last error is kept for people.
+-- A wait that failed (timed out, rejected) no longer names its closed park: it waits again on
+-- a new one when it runs (parks_open); the closed park row stays as the earlier wait's record.
 UPDATE workflow_steps
 SET status = 'pending', attempt = 0, finished_at = NULL, lease_id = NULL,
     lease_expires_at = NULL, wake_at = NULL, side_effect_started_at = NULL,
-    dispatched_at = NULL
+    dispatched_at = NULL, park_id = NULL, park_kind = NULL
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
   AND status IN ('failed', 'pending', 'waiting_for_retry', 'waiting_for_delay')
 RETURNING id
@@ -360,13 +362,16 @@ ORDER BY name
 
 -- name: ops_approvals_open
 -- Approvals waiting for a decision in the caller's scope (the API keeps those the caller may
--- decide), oldest first, through the open-approvals partial index.
+-- decide), oldest first, through the open-approvals partial index. One past its expiry takes
+-- no decision any more (steps_resume_parked): not listed, though the sweep may not have
+-- rejected (or let proceed) it yet.
 SELECT p.id, CAST(p.run_id AS text) AS run_id, s.step_key, p.tenant_id, p.summary,
        p.approver_role, p.approver_users, p.deadline AS expires_at, p.on_timeout,
        p.created_at
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
 WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_approval'
+  AND p.deadline > statement_timestamp()
   AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = CAST(:tenant_id AS text))
 ORDER BY p.created_at, p.id
 LIMIT :limit

@@ -430,7 +430,9 @@ WHERE p.id = k.park_id AND p.resumed_at IS NULL
 -- The park row of a step that asks to wait, committed before the step parks (its own
 -- transaction): the conditions and the deadline exist before anyone could need them. A step
 -- whose earlier attempt wrote it (and crashed before parking) gets that row back unchanged:
--- the first park's deadline is the one that holds.
+-- the first park's deadline is the one that holds. Only an OPEN park is given back (one per
+-- step, migration 0210): a step that waited before and was started again by an ops retry
+-- (its wait timed out, its approval was rejected) gets a new park, with a fresh deadline.
 INSERT INTO step_parks (step_id, run_id, tenant_id, kind, deadline, on_timeout, timeout_goto,
                         event_type, record_key, condition, scope, lookback_seconds,
                         approver_role, approver_users, summary)
@@ -440,7 +442,7 @@ VALUES (CAST(:step_id AS uuid), CAST(:run_id AS uuid), CAST(:tenant_id AS text),
         CAST(:condition AS text), CAST(:scope AS jsonb),
         CAST(:lookback_seconds AS double precision), CAST(:approver_role AS text),
         CAST(:approver_users AS text[]), CAST(:summary AS text))
-ON CONFLICT (step_id) DO UPDATE SET step_id = EXCLUDED.step_id
+ON CONFLICT (step_id) WHERE resumed_at IS NULL DO UPDATE SET step_id = EXCLUDED.step_id
 RETURNING id, kind, deadline, created_at, resumed_at
 
 -- name: parks_get
@@ -449,7 +451,8 @@ SELECT p.id, CAST(p.step_id AS text) AS step_id, CAST(p.run_id AS text) AS run_i
        p.tenant_id, p.kind, p.deadline, p.on_timeout, p.timeout_goto, p.event_type,
        p.record_key, p.condition, p.scope, p.lookback_seconds, p.approver_role,
        p.approver_users, p.summary, p.decision, p.decided_by, p.decision_comment,
-       p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at,
+       p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at, p.parked_at,
+       p.early_event_id, p.deadline <= statement_timestamp() AS expired,
        s.status AS step_status, s.step_key, r.status AS run_status
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
@@ -459,35 +462,79 @@ WHERE p.id = CAST(:park_id AS bigint)
 
 -- name: parks_lookback_events
 -- Events a wait that just parked may have missed: of its type, on its record, that arrived
--- since the park row was written (or `lookback_seconds` before it). Any event committed after
--- this read is admitted after the park row was committed, so admission offers it: between
--- the two, none is missed. Read through the events' record index; bounded.
+-- since the park row was written (or `lookback_seconds` before it), and the event admission
+-- noted on the park while the step was not waiting yet (`early_event_id`, parks_note_early_event)
+-- first of all. Any event committed after the park row is offered to it by admission, which
+-- resumes the parked step or notes the event for this read (the park row's lock orders the
+-- two): between them, none is missed. Read through the events' record index; bounded. With
+-- each event, the echo markers that could explain its change (the same function admission
+-- reads them with): onceflow's own echo is no answer to a wait.
 SELECT e.id, e.tenant_id, e.event_type, e.connection_id, e.source_event_id, e.occurred_at,
-       e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id
+       e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id,
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
+                        '[]'::jsonb)
+          FROM echo_markers_alive(
+                   e.connection_id, e.record_object_type, e.record_object_id,
+                   ARRAY(SELECT jsonb_object_keys(e.changed_fields)), e.occurred_at,
+                   CAST(:echo_skew_seconds AS double precision)) m
+         WHERE e.connection_id IS NOT NULL) AS echo_markers
 FROM workflow_trigger_events e
 WHERE e.tenant_id = CAST(:tenant_id AS text)
   AND e.record_object_type = CAST(:object_type AS text)
   AND e.record_object_id = CAST(:object_id AS text)
   AND e.event_type = CAST(:event_type AS text)
-  AND e.created_at >= CAST(:since AS timestamptz)
-ORDER BY e.id
+  AND (e.created_at >= CAST(:since AS timestamptz)
+       OR e.id = CAST(:early_event_id AS bigint))
+ORDER BY e.id IS NOT DISTINCT FROM CAST(:early_event_id AS bigint) DESC, e.id
 LIMIT CAST(:limit AS integer)
+
+-- name: parks_note_early_event
+-- An event that matches an open wait whose step is not waiting yet (the park row is
+-- committed; the settle that parks the step has not committed) is noted on the park row, for
+-- that settle to resume the step with (parks_mark_parked). Guarded on the park row alone, so
+-- its lock orders this with the parking: a note waiting for the parking settle's lock
+-- re-checks `parked_at` on the committed row and matches nothing (the step is waiting now:
+-- the caller resumes it directly); a parking settle waiting for a note's lock reads the note.
+-- The first matching event is kept. An expired wait takes no event (its deadline resumes it,
+-- as in steps_resume_parked). Zero rows: the step parked meanwhile, the wait was resumed or
+-- expired, or an earlier event was noted first.
+UPDATE step_parks
+SET early_event_id = CAST(:event_id AS bigint)
+WHERE id = CAST(:park_id AS bigint) AND kind = 'event'
+  AND resumed_at IS NULL AND parked_at IS NULL AND early_event_id IS NULL
+  AND deadline > statement_timestamp()
+RETURNING id
+
+-- name: parks_mark_parked
+-- In the settle's transaction that parks the step on this park row: the park is marked parked
+-- (from here on admission resumes the step itself rather than noting events on the park), and
+-- the event noted while the step was not waiting yet is returned, read under the row's lock:
+-- a note that committed first is seen; a note that comes later waits for this commit and then
+-- matches nothing. Zero rows: the park was closed (a cancel).
+UPDATE step_parks
+SET parked_at = now()
+WHERE id = CAST(:park_id AS bigint) AND resumed_at IS NULL
+RETURNING early_event_id
 
 -- name: steps_resume_parked
 -- The one resume by an event or a decision: the waiting step back to pending (stamped as
 -- dispatched: the caller publishes after commit) with what resumed it in its output, and its
 -- park row closed, in one statement guarded on the step's status. The step row is locked
 -- before the park row, as every other writer of both does (the cancel, the sweep), so no
--- two of them deadlock. Zero rows: someone else resumed it first (read the park row to say
--- who), or the run ended.
+-- two of them deadlock. The park's deadline binds it, judged by the database's clock when
+-- this statement is issued: once it has passed, only the deadline resumes the wait (the
+-- sweep's steps_wake_due, whenever it runs), so an event or a decision that comes later
+-- never takes the run down the event's or the decision's path. Zero rows: someone else
+-- resumed it first (read the park row to say who), the deadline has passed, or the run ended.
 WITH resumed AS (
     UPDATE workflow_steps s
     SET status = 'pending', wake_at = NULL, dispatched_at = now(),
         output = coalesce(s.output, '{}'::jsonb) || CAST(:output AS jsonb)
-    FROM workflow_runs r
+    FROM workflow_runs r, step_parks d
     WHERE s.park_id = CAST(:park_id AS bigint)
       AND s.status IN ('waiting_for_event', 'waiting_for_approval')
       AND r.id = s.run_id AND r.status = 'running'
+      AND d.id = s.park_id AND d.deadline > statement_timestamp()
     RETURNING s.id, s.park_id
 ), closed AS (
     UPDATE step_parks p

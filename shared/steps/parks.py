@@ -2,9 +2,10 @@
 
     block asks to park ─► park row written and COMMITTED (conditions, deadline, who decides)
                       ─► settle: step → waiting_for_event / waiting_for_approval, wake_at =
-                         the deadline; an event wait looks back for events it may have missed
+                         the deadline, the park marked parked; an event wait takes the event
+                         noted on the park, or looks back for events it may have missed
     resumers, each ONE guarded UPDATE of the step row that also closes the park row:
-      a matching event (admission's offer, or the lookback)   steps_resume_parked
+      a matching event (admission's offer, or the parking)    steps_resume_parked
       a decision (ops approve / reject)                        steps_resume_parked
       the deadline (the sweep, through the wake-time index)    steps_wake_due
       a cancel (ops)                                           runs_cancel
@@ -12,9 +13,13 @@
     from that (outcomes.resumed_settlement) without running its block again.
 
 Whoever commits first wins; the others match zero rows and read the park row to say who won
-("already resumed by event 42 at …"). The park row is committed before the step parks, so an
-event recorded after the lookback's read is admitted after the park row exists and is offered
-to it: no event falls between the two.
+("already resumed by event 42 at …"). The park row is committed before the step parks, so
+every event committed after it is offered to it by admission. An event offered while the step
+is not waiting yet (between the park row's commit and the parking settle's) can't resume it:
+it is noted on the park row instead (`early_event_id`, the first one), and the parking settle
+marks the park parked (`parked_at`) and resumes the step with it. Note and mark are guarded
+writes of the park row, so its lock orders them: a note that meets the parking's lock finds
+the park parked and resumes the now waiting step itself. No event falls between the two.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 from shared import queries
 from shared.blocks.base import ParkRequest
 from shared.db import Database, Tx
+from shared.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.logs import get_logger
 from shared.workflows.expressions import ExpressionError, evaluate_condition
 from shared.workflows.scope import Occurrence, wait_scope
@@ -36,6 +42,8 @@ SQL = queries.load("steps")
 OPEN = SQL["parks_open"]
 GET = SQL["parks_get"]
 LOOKBACK_EVENTS = SQL["parks_lookback_events"]
+NOTE_EARLY_EVENT = SQL["parks_note_early_event"]
+MARK_PARKED = SQL["parks_mark_parked"]
 RESUME = SQL["steps_resume_parked"]
 
 # The most waits one event is offered to, and the most events one lookback reads: bounded
@@ -58,7 +66,8 @@ def open_park(
     db: Database, *, step_id: str, run_id: str, tenant_id: str, park: ParkRequest
 ) -> OpenedPark:
     """Write the park row and commit it, before the step parks. A step whose earlier attempt
-    wrote one gets that row back: its deadline holds."""
+    wrote one that is still open gets that row back: its deadline holds. A step whose earlier
+    wait was resumed (and that an ops retry started again) gets a new one: it waits again."""
     with db.transaction() as tx:
         row = tx.one(
             OPEN,
@@ -96,6 +105,19 @@ class Resumed:
     park: Mapping[str, Any] | None = None
 
     @property
+    def expired(self) -> str | None:
+        """Why this came too late, in words: the wait's deadline had passed, whether or not the
+        sweep has resumed it by its deadline yet (None when it moved, or was not too late)."""
+        p = self.park
+        if self.moved or p is None:
+            return None
+        if p["resumed_by"] != "deadline" and not (p["resumed_at"] is None and p["expired"]):
+            return None
+        what = "this approval expired" if p["kind"] == "approval" else "this wait ended"
+        then = p["on_timeout"] if p["timeout_goto"] is None else f"go to {p['timeout_goto']}"
+        return f"{what} at {p['deadline'].isoformat()} (then: {then})"
+
+    @property
     def why_not(self) -> str | None:
         """Who resumed it first, in words (None when this one did)."""
         if self.moved:
@@ -103,6 +125,8 @@ class Resumed:
         p = self.park
         if p is None:
             return "no such wait"
+        if p["resumed_at"] is None and p["expired"] and p["run_status"] == "running":
+            return f"{self.expired}; its deadline resumes it"
         at = p["resumed_at"].isoformat() if p["resumed_at"] else None
         said = {
             "event": f"already resumed by event {p['resumed_event_id']} at {at}",
@@ -183,18 +207,43 @@ def offer_event(tx: Tx, incoming: Occurrence, open_waits: Sequence[Mapping[str, 
     for wait in open_waits:
         if not _matches(str(wait["condition"]), incoming, wait.get("scope"), int(wait["id"])):
             continue
-        done = resume_park(
-            tx, int(wait["id"]), by="event", output=event_output(incoming), event_id=incoming.id
-        )
-        if done.moved and done.step_id is not None:
-            resumed.append(done.step_id)
+        step_id = _resume_or_note(tx, int(wait["id"]), incoming)
+        if step_id is not None:
+            resumed.append(step_id)
     return resumed
 
 
-def look_back(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) -> str | None:
-    """An event wait that just parked: the first already-recorded event that matches it (of
-    its type, on its record, recorded since the park row was written or within its lookback
-    before), which resumes it at once. The step id when it did."""
+def _resume_or_note(tx: Tx, park_id: int, incoming: Occurrence) -> str | None:
+    """Resume the wait with the event; when its step is not waiting yet (the park row is
+    committed, the settle that parks the step is not), note the event on the park row for
+    that settle (`parked`) to resume it with. The id of the step resumed here, if any."""
+    output = event_output(incoming)
+    done = resume_park(tx, park_id, by="event", output=output, event_id=incoming.id)
+    if done.moved:
+        return done.step_id
+    park = done.park
+    if park is None or park["resumed_at"] is not None or park["run_status"] != "running":
+        return None  # resumed by someone else, or the run ended: nothing to wait for
+    if park["parked_at"] is None and tx.one(
+        NOTE_EARLY_EVENT, park_id=park_id, event_id=incoming.id
+    ):
+        return None  # noted: the parking settle resumes the step with this event
+    # The step parked after this transaction's resume read it (the note met the parking
+    # settle's lock and then found the park parked): this statement sees the committed park.
+    again = resume_park(tx, park_id, by="event", output=output, event_id=incoming.id)
+    return again.step_id if again.moved else None
+
+
+def parked(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) -> str | None:
+    """The step has just been parked on `park`, in the settle's transaction: the park is marked
+    parked, and an event wait looks for the event that resumes it at once — the one admission
+    noted on the park while the step was not waiting yet, else the first already-recorded
+    event that matches it (of its type, on its record, recorded since the park row was written
+    or within its lookback before, not an echo of onceflow's own write). The step id when one
+    resumed it."""
+    marked = tx.one(MARK_PARKED, park_id=park.id)
+    if marked is None or park.kind != "event":
+        return None
     if request.record_key is None or request.event_type is None or request.condition is None:
         return None
     _, object_type, object_id = _split_record_key(request.record_key)
@@ -206,11 +255,15 @@ def look_back(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str)
         object_id=object_id,
         event_type=request.event_type,
         since=since,
+        early_event_id=marked["early_event_id"],
+        echo_skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
         limit=MAX_LOOKBACK_EVENTS,
     ):
         incoming = Occurrence.from_row(row)
         if incoming.record_key != request.record_key:
             continue  # same object on another connection
+        if is_echo(incoming.changed_fields, markers_from_json(row["echo_markers"])):
+            continue  # onceflow's own write coming back: no answer (admission skips it too)
         if not _matches(request.condition, incoming, request.scope, park.id):
             continue
         done = resume_park(

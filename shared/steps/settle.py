@@ -22,7 +22,7 @@ from shared.steps.crashpoints import crash_point
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
 from shared.steps.outcomes import Settlement
-from shared.steps.parks import look_back, open_park
+from shared.steps.parks import open_park, parked
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Step
 
@@ -138,8 +138,10 @@ def _settle_in_transaction(
             # Cancelled while this attempt ran: the attempt is recorded (lease history), but
             # nothing would ever wake the wait it asked for.
             tx.execute(SKIP_PARKED_OF_ENDED_RUN, step_id=step.id)
-        elif park is not None and opened is not None and opened.kind == "event":
-            resumed = look_back(tx, opened, park, tenant_id=step.tenant_id)
+        elif park is not None and opened is not None:
+            # Parked: an event noted on the park before now, or found by the lookback,
+            # resumes the wait at once (shared/steps/parks.py).
+            resumed = parked(tx, opened, park, tenant_id=step.tenant_id)
             if resumed is not None:
                 dispatch.append(resumed)
         crash_point("before_settle_commit")

@@ -49,16 +49,19 @@ class StepStatus(StrEnum):
     `event`: event type, record, condition, deadline) was committed before it parked, and
     `wake_at` is the deadline. In: settle of a block that asked to park
     (shared/steps/parks.py). Out, each in one guarded UPDATE that also closes the park row:
-    a matching event offered at admission or found by the park's lookback
+    a matching event (not an echo of onceflow's own write) offered at admission before the
+    deadline, or noted on the park before the step parked, or found by the park's lookback
     (`steps_resume_parked`, → pending), the sweep at the deadline (`steps_wake_due`, →
     pending), ops cancel (`runs_cancel`, → skipped). The resumed step settles without
-    running its block again, from what the resume wrote in its output."""
+    running its block again, from what the resume wrote in its output. Failed, it is started
+    again by an ops retry on a new park row (one open park per step)."""
 
     WAITING_FOR_APPROVAL = "waiting_for_approval"
     """An `approval` step waits for a person's decision; its park row (`park_id`, kind
     `approval`: who may decide, the summary, `expires_at` as the deadline) was committed
     before it parked, and `wake_at` is the deadline. In: settle, as above. Out: the first
-    decision through the ops API (`steps_resume_parked`, → pending), the sweep at the
+    decision through the ops API before the deadline (`steps_resume_parked`, → pending;
+    after it the API answers 410), the sweep at the
     deadline (`steps_wake_due`, → pending: rejected, or approved when `on_timeout: proceed`),
     ops cancel (→ skipped)."""
 
