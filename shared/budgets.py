@@ -2,9 +2,11 @@
 
 A workflow's `budget: {credits: N, per: 1d}` caps what its steps may spend over a rolling
 window. The step executor's budget gate (shared/steps/gates.py) reserves a priced step's price
-right before its request leaves, keyed by the step's idempotency key — stable across retries
-and replays of the step, so a re-run of the same attempt finds its own row and never counts
-twice — in one transaction under the budget's advisory lock:
+right before its request leaves, keyed by the step's idempotency key and its step row — the
+attempts of one step (retries, a re-run of an attempt) find their own row and never count
+twice, while a replay, a new step row that really sends again, reserves against the cap afresh
+and is refused when it is full (issue 23 item 7) — in one transaction under the budget's
+advisory lock:
 
     live reservations + settled spend in the window + amount <= cap   →  reserved
     otherwise                                                         →  BUDGET_EXCEEDED
@@ -81,7 +83,7 @@ def reserve(
     docstring). Under the budget's lock: the sum and the write can't interleave with another
     reservation of the same budget."""
     tx.one(LOCK, budget_key=budget_key)
-    existing = tx.one(GET, idempotency_key=idempotency_key)
+    existing = tx.one(GET, idempotency_key=idempotency_key, step_id=step_id)
     used = int(tx.scalar(USED, budget_key=budget_key, window_seconds=budget.window_seconds))
     if existing is not None and existing["status"] != "released":
         return Reservation("already_reserved", used, budget.credits)
@@ -128,16 +130,16 @@ def budget_gate(ctx: BlockContext, workflow_id: str, budget: Budget, amount: int
         )
 
 
-def settle_spent(tx: Tx, idempotency_key: str) -> None:
-    tx.execute(SETTLE_SPENT, idempotency_key=idempotency_key)
+def settle_spent(tx: Tx, idempotency_key: str, step_id: str | None) -> None:
+    tx.execute(SETTLE_SPENT, idempotency_key=idempotency_key, step_id=step_id)
 
 
-def settle_released(tx: Tx, idempotency_key: str) -> None:
-    tx.execute(SETTLE_RELEASED, idempotency_key=idempotency_key)
+def settle_released(tx: Tx, idempotency_key: str, step_id: str | None) -> None:
+    tx.execute(SETTLE_RELEASED, idempotency_key=idempotency_key, step_id=step_id)
 
 
-def mark_outcome_unknown(tx: Tx, idempotency_key: str) -> None:
-    tx.execute(MARK_OUTCOME_UNKNOWN, idempotency_key=idempotency_key)
+def mark_outcome_unknown(tx: Tx, idempotency_key: str, step_id: str | None) -> None:
+    tx.execute(MARK_OUTCOME_UNKNOWN, idempotency_key=idempotency_key, step_id=step_id)
 
 
 def reconcile(

@@ -14,9 +14,11 @@ from shared import budgets
 from shared.blocks import http as http_block
 from shared.db import Database, connector_from_env
 from shared.netguard import NetPolicy
+from shared.ops import replay
 from shared.steps.advance import advance_step
 from shared.steps.gates import WorkflowGates, open_gates, settle_gates
 from shared.steps.states import StepStatus
+from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
 from shared.workflows.definition import Budget, WorkflowDefinition
 from tests.blocks_support import StepRunner, seed_tenant
 from tests.ops_support import (
@@ -247,3 +249,73 @@ def test_a_rehearsal_reserves_nothing(db: Database, fake: FakeCrm) -> None:
         http_block.REQUEST, {"url": f"{fake.url}/_sink/x"}, dry_run=True, workflow=workflow
     )
     assert _reservations(db) == []
+
+
+def _wake_retries_and_advance(db: Database) -> None:
+    """What time does: the retry wait ends and the sweep wakes the step."""
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET wake_at = now() - interval '1 second' "
+            "WHERE status = 'waiting_for_retry'"
+        )
+    woken: list[str] = []
+    wake_due_steps(db, SweepConfig(), woken.extend, SweepReport())
+    for step_id in woken:
+        advance_step(db, step_id, dispatch=lambda ids: None)
+
+
+def test_a_replay_that_sends_again_reserves_against_the_cap(db: Database, fake: FakeCrm) -> None:
+    """Issue 23 item 7: a replay used to find its lineage's old reservation (`spent`, or left
+    `reserved` by an unknown outcome) and send as `already_reserved` with the cap full."""
+    seed_tenant(db, credits=100)
+    fake.add_fault(action="error_500", path="/_sink", times=3)  # fate unknown, three times
+    wf = _budget_workflow(f"{fake.url}/_sink/pay").model_copy(
+        update={"budget": Budget(credits=1, per="1d")}
+    )
+    version = publish_version(db, wf)
+    run_id, [step_id] = start_run(db, version)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    for _ in range(2):
+        _wake_retries_and_advance(db)
+    assert steps_of(db, run_id)["call"]["outcome_code"] == "HTTP_500"
+    assert steps_of(db, run_id)["call"]["status"] == "failed"
+    # The three attempts of one step hold one reservation, still open (fate unknown).
+    assert [r["status"] for r in _reservations(db)] == ["reserved"]
+
+    sent: list[str] = []
+    outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    step = steps_of(db, outcome.run_id)["call"]
+    assert (step["status"], step["outcome_code"]) == ("failed", "BUDGET_EXCEEDED")
+    assert fake.sink_requests() == []  # the replay sent nothing
+    # Settled by the reconcile duty, the first step's reservation counts as spent; a second
+    # replay is refused as well.
+    budgets.reconcile(db, older_than_seconds=0)
+    sent.clear()
+    again = replay.replay_run(db, run_id=outcome.run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    assert steps_of(db, again.run_id)["call"]["outcome_code"] == "BUDGET_EXCEEDED"
+    assert fake.sink_requests() == []
+    assert [r["status"] for r in _reservations(db)] == ["spent"]
+
+
+def test_a_replay_under_the_cap_reserves_its_own_row(db: Database, fake: FakeCrm) -> None:
+    seed_tenant(db, credits=100)
+    fake.add_fault(action="error_500", path="/_sink", times=3)
+    version = publish_version(db, _budget_workflow(f"{fake.url}/_sink/pay"))
+    run_id, [step_id] = start_run(db, version)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    for _ in range(2):
+        _wake_retries_and_advance(db)
+    sent: list[str] = []
+    outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    assert steps_of(db, outcome.run_id)["call"]["status"] == "succeeded"
+    budgets.reconcile(db, older_than_seconds=0)
+    # Two applications of the lineage (the first may have landed), two reservations.
+    assert [r["status"] for r in _reservations(db)] == ["spent", "spent"]
+    with db.transaction() as tx:
+        workflow_id = str(
+            tx.scalar("SELECT workflow_id FROM workflow_versions WHERE id = :v", v=version)
+        )
+        assert budgets.summary(tx, workflow_id, CAP)["spent"] == 2

@@ -7,7 +7,10 @@
 SELECT pg_advisory_xact_lock(hashtextextended('budget:' || :budget_key, 0)) IS NOT NULL AS locked
 
 -- name: budget_reservation_get
-SELECT status, amount FROM budget_reservations WHERE idempotency_key = :idempotency_key
+-- One reservation per application: the lineage's key and the step row (a replay's new step row
+-- finds none and reserves against the cap; the attempts of one step find theirs).
+SELECT status, amount FROM budget_reservations
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
 
 -- name: budget_used
 -- Live reservations + settled spend of the rolling window.
@@ -26,22 +29,26 @@ VALUES (:budget_key, :idempotency_key, :tenant_id, CAST(:run_id AS uuid),
 -- A released reservation (its attempt provably never applied) reserved again by the retry.
 UPDATE budget_reservations
    SET status = 'reserved', amount = :amount, reserved_at = now(), settled_at = NULL,
-       settled_by = NULL, step_id = CAST(:step_id AS uuid)
- WHERE idempotency_key = :idempotency_key AND status = 'released'
+       settled_by = NULL
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'released'
 
 -- name: budget_settle_spent
 UPDATE budget_reservations SET status = 'spent', settled_at = now(), settled_by = 'outcome'
- WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'reserved'
 
 -- name: budget_settle_released
 -- Only a reservation none of whose attempts had an unknown outcome is released.
 UPDATE budget_reservations SET status = 'released', settled_at = now(), settled_by = 'outcome'
- WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'reserved'
    AND outcome_unknown_at IS NULL
 
 -- name: budget_mark_outcome_unknown
 UPDATE budget_reservations SET outcome_unknown_at = coalesce(outcome_unknown_at, now())
- WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'reserved'
 
 -- name: budget_reconcile
 -- Reservations still open whose step has ended (or whose run ended without it): the outcome
