@@ -3,9 +3,10 @@
 States (`workflow_breakers.state`), and who moves a row:
 
 - `closed` — runs are admitted. Each run that ends `failed` adds one to
-  `consecutive_failures` (the step executor, after the settle that failed the run); a run
-  that succeeds resets it. At `after_failures` (the definition's `breaker`, default 10; 0 turns
-  it off) the breaker **trips** to `open`.
+  `consecutive_failures` (the step executor, after the settle that failed the run; the sweep,
+  after the reclaim that failed it `LEASE_EXPIRED` or `OUTCOME_UNKNOWN`, through
+  `record_run_failed_by_id`); a run that succeeds resets it. At `after_failures` (the
+  definition's `breaker`, default 10; 0 turns it off) the breaker **trips** to `open`.
 - `open` — admission refuses the workflow's events with `workflow_paused` (recorded and
   explained like every refusal). Runs admitted before the trip go on. Only a person moves it
   out: `resume` (ops API `POST /v1/workflows/{id}/resume`) to `closed`, or to `half_open`.
@@ -42,6 +43,7 @@ RECORD_SUCCESS = SQL["breaker_record_success"]
 RESUME = SQL["breaker_resume"]
 GET = SQL["breaker_get"]
 AUDIT = SQL["breaker_audit_insert"]
+RUN_SETTINGS = SQL["breaker_run_settings"]
 
 BreakerState = Literal["closed", "open", "half_open"]
 NOTIFY_TIMEOUT_SECONDS = 5.0
@@ -146,6 +148,18 @@ def record_run_outcome(
         return trip
     db.run(lambda tx: record_run_succeeded(tx, workflow_id))
     return None
+
+
+def record_run_failed_by_id(db: Database, run_id: str, *, why: str) -> Trip | None:
+    """`record_run_outcome` for a run that its step executor did not end (the sweep failed
+    it): the workflow and its pinned version's settings are read from the run. Call once, after
+    the statement that failed the run committed (only that statement reports the run failed, so
+    the run is counted once). A rehearsal never counts."""
+    row = db.run(lambda tx: tx.one(RUN_SETTINGS, run_id=run_id))
+    if row is None or row["namespace"] != "live":
+        return None
+    settings = None if row["breaker"] is None else Breaker.model_validate(row["breaker"])
+    return record_run_outcome(db, row["workflow_id"], failed=True, settings=settings, why=why)
 
 
 def resume(tx: Tx, workflow_id: str, *, half_open: bool = False) -> BreakerState | None:

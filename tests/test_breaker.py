@@ -23,6 +23,7 @@ from shared.logs import CloudLoggingFormatter, LogEvent
 from shared.netguard import NetPolicy
 from shared.ops.explain import explain_reason
 from shared.steps.advance import advance_step
+from shared.steps.sweep import SweepConfig, run_sweep
 from shared.workflows import versions
 from tests.admission_support import Published, emit_event, make_connection, make_tenant, refusals
 from tests.ops_support import (
@@ -246,3 +247,31 @@ def test_the_cli_shows_and_resumes_the_breaker_audited(
     budget = _cli(database_url, "budget", workflow_id)
     assert budget.returncode == 0
     assert json.loads(budget.stdout)["credits"] is None  # no budget declared
+
+
+def test_runs_the_sweep_fails_count_toward_the_breaker(db: Database, conn: str) -> None:
+    """Issue 23 item 16: a run failed by the sweep (LEASE_EXPIRED: its process kept dying; or
+    OUTCOME_UNKNOWN) is a failed run like any other, and used not to be counted."""
+    workflow_id = _bind(db, after_failures=2)
+    steps = _admit(db, conn, 2)
+    with db.transaction() as tx:
+        # Both processes died on the last attempt the block allows, leases expired.
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'running', attempt = 3,"
+            " lease_id = gen_random_uuid(), lease_expires_at = now() - interval '5 seconds',"
+            " started_at = now() - interval '11 min' WHERE id = ANY(CAST(:ids AS uuid[]))",
+            ids=steps,
+        )
+    report = run_sweep(db, 0, config=SweepConfig(), dispatch=lambda ids: None, duties=[])
+    assert report.reclaimed_failed == 2
+    with db.transaction() as tx:
+        codes = tx.all(
+            "SELECT outcome_code FROM workflow_steps WHERE id = ANY(CAST(:i AS uuid[]))", i=steps
+        )
+    assert [c["outcome_code"] for c in codes] == ["LEASE_EXPIRED"] * 2
+    row = _breaker_row(db, workflow_id)
+    assert (row["state"], row["consecutive_failures"], row["trips"]) == ("open", 2, 1)
+    assert "LEASE_EXPIRED" in row["reason"]
+    # A second sweep counts nothing more.
+    run_sweep(db, 0, config=SweepConfig(), dispatch=lambda ids: None, duties=[])
+    assert _breaker_row(db, workflow_id)["consecutive_failures"] == 2

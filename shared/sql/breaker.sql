@@ -53,3 +53,10 @@ SELECT CAST(workflow_id AS text) AS workflow_id, state, consecutive_failures, tr
 INSERT INTO ops_audit (token_id, tenant_id, action, target, detail)
 SELECT NULL, w.tenant_id, :action, CAST(w.id AS text), CAST(:detail AS jsonb)
   FROM workflows w WHERE w.id = CAST(:workflow_id AS uuid)
+
+-- name: breaker_run_settings
+-- For a run something other than its step executor ended (the sweep's reclaim): its workflow
+-- and the breaker settings of its pinned version (NULL: the defaults).
+SELECT CAST(r.workflow_id AS text) AS workflow_id, r.namespace, v.definition -> 'breaker' AS breaker
+  FROM workflow_runs r JOIN workflow_versions v ON v.id = r.version_id
+ WHERE r.id = CAST(:run_id AS uuid)
