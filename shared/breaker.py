@@ -10,8 +10,10 @@ States (`workflow_breakers.state`), and who moves a row:
 - `open` — admission refuses the workflow's events with `workflow_paused` (recorded and
   explained like every refusal). Runs admitted before the trip go on. Only a person moves it
   out: `resume` (ops API `POST /v1/workflows/{id}/resume`) to `closed`, or to `half_open`.
-- `half_open` — runs are admitted again on trial: the next run that succeeds closes the
-  breaker, the next that fails trips it open again at once.
+- `half_open` — a few runs are admitted again on trial (`HALF_OPEN_PROBES`, claimed one per
+  run by admission with a guarded UPDATE, `claim_trials`; the events after them are refused
+  `workflow_paused` until a trial decides): the next run that succeeds closes the breaker, the
+  next that fails trips it open again at once (a new half-open resume grants new trials).
 
 A trip is one guarded UPDATE (`breaker_trip`) after the failure count in the same transaction,
 so when many runs fail at once exactly one of them trips it: that one writes the audit row,
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -44,8 +46,12 @@ RESUME = SQL["breaker_resume"]
 GET = SQL["breaker_get"]
 AUDIT = SQL["breaker_audit_insert"]
 RUN_SETTINGS = SQL["breaker_run_settings"]
+PROBE_CLAIM = SQL["breaker_probe_claim"]
 
 BreakerState = Literal["closed", "open", "half_open"]
+# How many trial runs a half-open breaker admits before one of them decides (issue 23 item 16:
+# half-open used to admit every event, so a still-broken workflow failed at full rate again).
+HALF_OPEN_PROBES = 3
 NOTIFY_TIMEOUT_SECONDS = 5.0
 log = get_logger(__name__)
 
@@ -95,6 +101,24 @@ def record_run_failed(
         detail=json.dumps({"reason": reason, "consecutive_failures": trip.consecutive_failures}),
     )
     return trip
+
+
+@dataclass(frozen=True)
+class TrialClaim:
+    state: BreakerState
+    admitted: int  # trials admitted before this claim
+    granted: bool
+
+
+def claim_trials(tx: Tx, workflow_ids: Sequence[str]) -> dict[str, TrialClaim]:
+    """For admission: claim one trial run of each half-open workflow in `workflow_ids`, in
+    the admission's transaction (its row locks are held until the decision commits). A
+    workflow missing from the answer has no breaker row (closed)."""
+    rows = tx.all(PROBE_CLAIM, workflow_ids=list(workflow_ids), probe_limit=HALF_OPEN_PROBES)
+    return {
+        r["workflow_id"]: TrialClaim(r["state"], int(r["probes_admitted"]), bool(r["granted"]))
+        for r in rows
+    }
 
 
 def record_run_succeeded(tx: Tx, workflow_id: str) -> None:

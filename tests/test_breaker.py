@@ -40,12 +40,16 @@ FAILING_STEP = {"id": "call", "type": "http.request", "config": {"url": "http://
 
 
 def _bind(
-    db: Database, after_failures: int, step: dict[str, Any] = FAILING_STEP, **breaker_settings: Any
+    db: Database,
+    after_failures: int,
+    step: dict[str, Any] = FAILING_STEP,
+    dedup: str = "every_time",
+    **breaker_settings: Any,
 ) -> str:
     source = {
         "name": "flaky",
         "tenant": "acme",
-        "trigger": {"events": ["hubspot.contact.property_changed"], "dedup": "every_time"},
+        "trigger": {"events": ["hubspot.contact.property_changed"], "dedup": dedup},
         "steps": [step],
         "breaker": {"after_failures": after_failures, **breaker_settings},
     }
@@ -275,3 +279,61 @@ def test_runs_the_sweep_fails_count_toward_the_breaker(db: Database, conn: str) 
     # A second sweep counts nothing more.
     run_sweep(db, 0, config=SweepConfig(), dispatch=lambda ids: None, duties=[])
     assert _breaker_row(db, workflow_id)["consecutive_failures"] == 2
+
+
+def test_half_open_admits_a_bounded_number_of_trial_runs_under_a_race(
+    db: Database, conn: str
+) -> None:
+    """Issue 23 item 16: half-open used to admit every event. Eight events of different records
+    admitted at once at a barrier: exactly `HALF_OPEN_PROBES` runs start, the rest are refused
+    `workflow_paused`, explained; the next decision (a trial run failing) re-opens it and a
+    second resume grants fresh trials."""
+    workflow_id = _bind(db, after_failures=1)
+    _advance_together(db, _admit(db, conn, 1))
+    assert _breaker_row(db, workflow_id)["state"] == "open"
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+
+    events = [emit_event(db, connection_id=conn, object_id=str(2000 + i)) for i in range(8)]
+    barrier = threading.Barrier(len(events))
+    started: list[str] = []
+    errors: list[BaseException] = []
+
+    def one(event_id: int) -> None:
+        published = Published()
+        try:
+            barrier.wait()
+            admit_event(db, event_id, publish=published)
+        except BaseException as exc:
+            errors.append(exc)
+        started.extend(published.ids)
+
+    threads = [threading.Thread(target=one, args=(e,)) for e in events]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(started) == breaker.HALF_OPEN_PROBES
+    paused = [r for r in refusals(db, workflow_id) if r["reason"] == "workflow_paused"]
+    assert len(paused) == 8 - breaker.HALF_OPEN_PROBES
+    assert all("half-open" in r["detail"] for r in paused)
+
+    advance_step(db, started[0], dispatch=lambda ids: None)  # a trial fails: open again
+    assert _breaker_row(db, workflow_id)["state"] == "open"
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+    assert len(_admit(db, conn, 5, start=3000)) == breaker.HALF_OPEN_PROBES
+
+
+def test_an_event_half_open_does_not_admit_uses_no_trial(db: Database, conn: str) -> None:
+    """A trial slot claimed for an event the admit statement then refuses (`duplicate`) is
+    given back: the trials go to runs that start."""
+    workflow_id = _bind(db, after_failures=1, dedup="once_per_record")
+    _advance_together(db, _admit(db, conn, 1))  # record 1000 enrolled; the run fails
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+    assert _admit(db, conn, 1) == []  # record 1000 again: duplicate
+    assert [r["reason"] for r in refusals(db, workflow_id)] == ["duplicate"]
+    assert _breaker_row(db, workflow_id)["state"] == "half_open"
+    assert len(_admit(db, conn, 5, start=1)) == breaker.HALF_OPEN_PROBES
