@@ -4,8 +4,12 @@ the registry refusing a spec that would skip a gate."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +26,7 @@ from shared.netguard import NetPolicy
 from shared.ops import replay
 from shared.ops.api import run_detail
 from shared.steps.advance import advance_step
-from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
+from shared.steps.sweep import SweepConfig, SweepReport, reclaim_expired_leases, wake_due_steps
 from shared.workflows.definition import WorkflowDefinition
 from tests.blocks_support import StepRunner, seed_tenant
 from tests.steps_support import TENANT, publish_version, start_run, steps_of
@@ -373,3 +377,58 @@ def test_racing_for_the_last_of_a_budget_a_refused_retry_keeps_no_charge(
         assert len(fake.sink_requests()) == round_ + 1
         assert _balance(db) == 100 - (round_ + 1)
         assert _unrefunded_charges(db) == round_ + 1
+
+
+CRASH_CHILD = (
+    "import sys\n"
+    "from shared.db import get_database\n"
+    "from shared.steps.advance import advance_step\n"
+    "advance_step(get_database(), sys.argv[1], dispatch=lambda ids: None)\n"
+)
+
+
+def test_a_charge_whose_attempt_died_after_sending_is_not_refunded_by_a_later_refusal(
+    db: Database, database_url: str, fake: FakeCrm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refund now pays back a charge whatever attempt of the step made it (item 15), so it
+    must know which attempts may have applied: attempt 1 is killed (a real process, exit 137)
+    after its request reached the receiver; the sweep reclaims it; attempt 2 is refused before
+    its request leaves (the tenant's signing secret is gone) and the step fails for good. The
+    request of attempt 1 was delivered, so its charge stands."""
+    lease = {"ONCEFLOW_STEP_LEASE_SECONDS": "1.5", "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "0.5"}
+    for name, value in lease.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TENANT_SIGNING_SECRET", raising=False)
+    seed_tenant(db, credits=10, signing_secret_env="TENANT_SIGNING_SECRET")
+    version = publish_version(db, _http_workflow(f"{fake.url}/_sink/hook"))
+    run_id, [step_id] = start_run(db, version)
+    child = subprocess.run(
+        [sys.executable, "-c", CRASH_CHILD, step_id],
+        env=dict(
+            os.environ,
+            DATABASE_URL=database_url,
+            NO_GCE_CHECK="true",
+            ONCEFLOW_HTTP_ALLOW_LOOPBACK="1",
+            ONCEFLOW_ENABLE_CRASH_POINTS="1",
+            ONCEFLOW_CRASH_POINTS="after_side_effect",
+            TENANT_SIGNING_SECRET="s3cret",
+            **lease,
+        ),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 137, child.stderr
+    assert len(fake.sink_requests()) == 1 and _balance(db) == 9  # sent and charged
+    woken: list[str] = []
+    deadline = time.monotonic() + 30
+    while not woken and time.monotonic() < deadline:
+        time.sleep(0.3)
+        reclaim_expired_leases(db, SweepConfig(), woken.extend, SweepReport())
+    assert woken == [step_id]
+    advance_step(db, step_id, dispatch=lambda ids: None)  # refused: no signing secret
+    step = steps_of(db, run_id)["call"]
+    assert step["status"] == "failed" and len(fake.sink_requests()) == 1
+    assert _balance(db) == 9  # the delivered request's charge is kept
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_refunds") == 0
