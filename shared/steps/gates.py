@@ -142,7 +142,8 @@ def open_gates(
         throttle.claim_or_park(limit)
     reserved = False
     if Gate.BUDGET in spec.gates and workflow.budget is not None and spec.price > 0:
-        budgets.budget_gate(ctx, workflow.workflow_id, workflow.budget, spec.price)
+        landed = spec.landed_query(ctx, config, target) if spec.landed_query else None
+        budgets.budget_gate(ctx, workflow.workflow_id, workflow.budget, spec.price, landed)
         reserved = True
     charged = False
     if Gate.CHARGE in spec.gates and spec.price > 0:
