@@ -77,7 +77,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
 from typing import Any, Literal
@@ -507,6 +507,39 @@ def _plan_bindings(
     return outcomes, resume, plans, extra_locks
 
 
+def _claim_trial_runs(
+    tx: Tx, plans: list[_Plan], half_open: set[str]
+) -> tuple[list[_Plan], list[str]]:
+    """A half-open breaker admits a few trial runs (shared/breaker.py): claim one for each
+    plan that would start a run of a half-open workflow; a plan that gets none is refused
+    `workflow_paused`. (the plans, the workflows whose slot was claimed — the admit statement
+    gives a slot back when it then does not admit the run)."""
+    from shared import breaker
+
+    wanted = [p.workflow_id for p in plans if p.refusal is None and p.workflow_id in half_open]
+    if not wanted:
+        return plans, []
+    claims = breaker.claim_trials(tx, wanted)
+    decided: list[_Plan] = []
+    for p in plans:
+        claim = claims.get(p.workflow_id)
+        if p.workflow_id not in wanted or claim is None or claim.granted:
+            decided.append(p)
+            continue
+        if claim.state == "closed":  # a trial succeeded since the context read: admit
+            decided.append(p)
+            continue
+        detail = f"workflow {p.workflow_id} is paused by its circuit breaker: " + (
+            f"it is half-open and its {claim.admitted} trial runs are in flight; the first "
+            "to end decides (success closes the breaker, failure pauses it again)"
+            if claim.state == "half_open"
+            else f"it was paused again. Resume it with POST /v1/workflows/{p.workflow_id}/resume"
+        )
+        refusal = _Refusal(p.workflow_id, p.version_id, p.record_key, "workflow_paused", detail)
+        decided.append(replace(p, refusal=refusal))
+    return decided, [w for w in wanted if claims.get(w) is not None and claims[w].granted]
+
+
 def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Attempt:
     with _triggers_lock:
         cached = list(_triggers)
@@ -527,6 +560,10 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
     if extra_locks:
         tx.one(LOCK_RECORDS, lock_keys=extra_locks)
+    half_open = {str(b["workflow_id"]) for b in bindings if b.get("breaker_state") == "half_open"}
+    probe_ids: list[str] = []
+    if half_open:
+        plans, probe_ids = _claim_trial_runs(tx, plans, half_open)
 
     refusals: list[_Refusal] = []
     dispatch: list[str] = []
@@ -555,6 +592,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
             entry_types=[p.entry_type for p in plans],
             records=[p.record for p in plans],
             event_record=json.dumps(event.scope.values["record"], default=str),
+            probe_ids=probe_ids,
         )
         by_workflow = {p.workflow_id: p for p in plans}
         for r in rows:

@@ -3,14 +3,17 @@
 States (`workflow_breakers.state`), and who moves a row:
 
 - `closed` — runs are admitted. Each run that ends `failed` adds one to
-  `consecutive_failures` (the step executor, after the settle that failed the run); a run
-  that succeeds resets it. At `after_failures` (the definition's `breaker`, default 10; 0 turns
-  it off) the breaker **trips** to `open`.
+  `consecutive_failures` (the step executor, after the settle that failed the run; the sweep,
+  after the reclaim that failed it `LEASE_EXPIRED` or `OUTCOME_UNKNOWN`, through
+  `record_run_failed_by_id`); a run that succeeds resets it. At `after_failures` (the
+  definition's `breaker`, default 10; 0 turns it off) the breaker **trips** to `open`.
 - `open` — admission refuses the workflow's events with `workflow_paused` (recorded and
   explained like every refusal). Runs admitted before the trip go on. Only a person moves it
   out: `resume` (ops API `POST /v1/workflows/{id}/resume`) to `closed`, or to `half_open`.
-- `half_open` — runs are admitted again on trial: the next run that succeeds closes the
-  breaker, the next that fails trips it open again at once.
+- `half_open` — a few runs are admitted again on trial (`HALF_OPEN_PROBES`, claimed one per
+  run by admission with a guarded UPDATE, `claim_trials`; the events after them are refused
+  `workflow_paused` until a trial decides): the next run that succeeds closes the breaker, the
+  next that fails trips it open again at once (a new half-open resume grants new trials).
 
 A trip is one guarded UPDATE (`breaker_trip`) after the failure count in the same transaction,
 so when many runs fail at once exactly one of them trips it: that one writes the audit row,
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -42,8 +45,13 @@ RECORD_SUCCESS = SQL["breaker_record_success"]
 RESUME = SQL["breaker_resume"]
 GET = SQL["breaker_get"]
 AUDIT = SQL["breaker_audit_insert"]
+RUN_SETTINGS = SQL["breaker_run_settings"]
+PROBE_CLAIM = SQL["breaker_probe_claim"]
 
 BreakerState = Literal["closed", "open", "half_open"]
+# How many trial runs a half-open breaker admits before one of them decides (issue 23 item 16:
+# half-open used to admit every event, so a still-broken workflow failed at full rate again).
+HALF_OPEN_PROBES = 3
 NOTIFY_TIMEOUT_SECONDS = 5.0
 log = get_logger(__name__)
 
@@ -93,6 +101,24 @@ def record_run_failed(
         detail=json.dumps({"reason": reason, "consecutive_failures": trip.consecutive_failures}),
     )
     return trip
+
+
+@dataclass(frozen=True)
+class TrialClaim:
+    state: BreakerState
+    admitted: int  # trials admitted before this claim
+    granted: bool
+
+
+def claim_trials(tx: Tx, workflow_ids: Sequence[str]) -> dict[str, TrialClaim]:
+    """For admission: claim one trial run of each half-open workflow in `workflow_ids`, in
+    the admission's transaction (its row locks are held until the decision commits). A
+    workflow missing from the answer has no breaker row (closed)."""
+    rows = tx.all(PROBE_CLAIM, workflow_ids=list(workflow_ids), probe_limit=HALF_OPEN_PROBES)
+    return {
+        r["workflow_id"]: TrialClaim(r["state"], int(r["probes_admitted"]), bool(r["granted"]))
+        for r in rows
+    }
 
 
 def record_run_succeeded(tx: Tx, workflow_id: str) -> None:
@@ -146,6 +172,18 @@ def record_run_outcome(
         return trip
     db.run(lambda tx: record_run_succeeded(tx, workflow_id))
     return None
+
+
+def record_run_failed_by_id(db: Database, run_id: str, *, why: str) -> Trip | None:
+    """`record_run_outcome` for a run that its step executor did not end (the sweep failed
+    it): the workflow and its pinned version's settings are read from the run. Call once, after
+    the statement that failed the run committed (only that statement reports the run failed, so
+    the run is counted once). A rehearsal never counts."""
+    row = db.run(lambda tx: tx.one(RUN_SETTINGS, run_id=run_id))
+    if row is None or row["namespace"] != "live":
+        return None
+    settings = None if row["breaker"] is None else Breaker.model_validate(row["breaker"])
+    return record_run_outcome(db, row["workflow_id"], failed=True, settings=settings, why=why)
 
 
 def resume(tx: Tx, workflow_id: str, *, half_open: bool = False) -> BreakerState | None:

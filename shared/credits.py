@@ -4,21 +4,25 @@ Where charging happens: in the step executor's gates (shared/steps/gates.py), af
 limits and the budget and before the block's request leaves (`charge_step`), in its own
 committed transaction; the price is the block spec's `price`, stated once. Charging before the
 side effect is the only place a step that can't be paid for can still be stopped; charging at
-settle would bill for a call already made. The ledger is unique on the lineage key, which is
-the step's idempotency key (stable across retries and replays of the step), so an attempt that
-crashed after charging, a retry, and a replay all find the ledger row and are not charged
-again (invariant 11). The balance moves only through one conditional UPDATE (`credit_balance >=
-amount`), so concurrent charges can never take it below zero. Rehearsals are never charged.
+settle would bill for a call already made. The ledger holds at most one live (unrefunded)
+charge per lineage key, which is the step's idempotency key (stable across retries and replays
+of the step), so an attempt that crashed after charging, a retry, and a replay all find the
+ledger row and are not charged again (invariant 11). A refunded charge no longer holds the
+lineage: the replay that then applies is charged again, once (issue 23 item 4). The balance
+moves only through one conditional UPDATE (`credit_balance >= amount`), so concurrent charges
+can never take it below zero. Rehearsals are never charged.
 
 A step that can't be paid for fails permanently with `INSUFFICIENT_CREDITS`; admission
 refuses `insufficient_credits` up front with `has_credits`.
 
 Refunds: when a step fails for good and its last attempt provably never applied (refused
-before it left, refused connection, 429, a 4xx the port classifies as not applied), its charge
-is refunded (`refund`): a `credit_refunds` row keyed to the charge, written with the balance
-credit in one transaction, `ON CONFLICT (charge_id) DO NOTHING`, so no settle, redelivery or
-replay pays it twice. A charge any of whose attempts ended with the outcome unknown
-(`mark_outcome_unknown`) is never refunded.
+before it left — by any gate, even one before the charge gate —, refused connection, 429, a 4xx
+the port classifies as not applied), the charge its attempts made is refunded (`refund`): the
+charge is marked refunded and a `credit_refunds` row keyed to it is written in one guarded
+statement, with the balance credit in the same transaction, so no settle, redelivery or replay
+pays it twice. Never refunded: a charge any of whose attempts ended with the outcome unknown
+(`mark_outcome_unknown`) or lost its lease to the sweep after charging, and a charge another
+step row made (a replay's step that found an earlier application's charge).
 """
 
 from __future__ import annotations
@@ -127,8 +131,9 @@ def mark_outcome_unknown(tx: Tx, lineage_key: str) -> None:
 
 
 def refund(tx: Tx, *, lineage_key: str, reason: str, step_id: str | None) -> int:
-    """Refund the charge of `lineage_key` once; the amount paid back now (0 when there is no
-    charge, it was refunded already, or its outcome was ever unknown)."""
+    """Refund the live charge of `lineage_key` that step `step_id` made, once; the amount paid
+    back now (0 when there is none, it was refunded already, or its outcome may have applied:
+    see `credits_refund_insert`)."""
     row = tx.one(REFUND_INSERT, lineage_key=lineage_key, reason=reason[:500], step_id=step_id)
     if row is None:
         return 0

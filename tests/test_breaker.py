@@ -23,6 +23,7 @@ from shared.logs import CloudLoggingFormatter, LogEvent
 from shared.netguard import NetPolicy
 from shared.ops.explain import explain_reason
 from shared.steps.advance import advance_step
+from shared.steps.sweep import SweepConfig, run_sweep
 from shared.workflows import versions
 from tests.admission_support import Published, emit_event, make_connection, make_tenant, refusals
 from tests.ops_support import (
@@ -39,12 +40,16 @@ FAILING_STEP = {"id": "call", "type": "http.request", "config": {"url": "http://
 
 
 def _bind(
-    db: Database, after_failures: int, step: dict[str, Any] = FAILING_STEP, **breaker_settings: Any
+    db: Database,
+    after_failures: int,
+    step: dict[str, Any] = FAILING_STEP,
+    dedup: str = "every_time",
+    **breaker_settings: Any,
 ) -> str:
     source = {
         "name": "flaky",
         "tenant": "acme",
-        "trigger": {"events": ["hubspot.contact.property_changed"], "dedup": "every_time"},
+        "trigger": {"events": ["hubspot.contact.property_changed"], "dedup": dedup},
         "steps": [step],
         "breaker": {"after_failures": after_failures, **breaker_settings},
     }
@@ -246,3 +251,89 @@ def test_the_cli_shows_and_resumes_the_breaker_audited(
     budget = _cli(database_url, "budget", workflow_id)
     assert budget.returncode == 0
     assert json.loads(budget.stdout)["credits"] is None  # no budget declared
+
+
+def test_runs_the_sweep_fails_count_toward_the_breaker(db: Database, conn: str) -> None:
+    """Issue 23 item 16: a run failed by the sweep (LEASE_EXPIRED: its process kept dying; or
+    OUTCOME_UNKNOWN) is a failed run like any other, and used not to be counted."""
+    workflow_id = _bind(db, after_failures=2)
+    steps = _admit(db, conn, 2)
+    with db.transaction() as tx:
+        # Both processes died on the last attempt the block allows, leases expired.
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'running', attempt = 3,"
+            " lease_id = gen_random_uuid(), lease_expires_at = now() - interval '5 seconds',"
+            " started_at = now() - interval '11 min' WHERE id = ANY(CAST(:ids AS uuid[]))",
+            ids=steps,
+        )
+    report = run_sweep(db, 0, config=SweepConfig(), dispatch=lambda ids: None, duties=[])
+    assert report.reclaimed_failed == 2
+    with db.transaction() as tx:
+        codes = tx.all(
+            "SELECT outcome_code FROM workflow_steps WHERE id = ANY(CAST(:i AS uuid[]))", i=steps
+        )
+    assert [c["outcome_code"] for c in codes] == ["LEASE_EXPIRED"] * 2
+    row = _breaker_row(db, workflow_id)
+    assert (row["state"], row["consecutive_failures"], row["trips"]) == ("open", 2, 1)
+    assert "LEASE_EXPIRED" in row["reason"]
+    # A second sweep counts nothing more.
+    run_sweep(db, 0, config=SweepConfig(), dispatch=lambda ids: None, duties=[])
+    assert _breaker_row(db, workflow_id)["consecutive_failures"] == 2
+
+
+def test_half_open_admits_a_bounded_number_of_trial_runs_under_a_race(
+    db: Database, conn: str
+) -> None:
+    """Issue 23 item 16: half-open used to admit every event. Eight events of different records
+    admitted at once at a barrier: exactly `HALF_OPEN_PROBES` runs start, the rest are refused
+    `workflow_paused`, explained; the next decision (a trial run failing) re-opens it and a
+    second resume grants fresh trials."""
+    workflow_id = _bind(db, after_failures=1)
+    _advance_together(db, _admit(db, conn, 1))
+    assert _breaker_row(db, workflow_id)["state"] == "open"
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+
+    events = [emit_event(db, connection_id=conn, object_id=str(2000 + i)) for i in range(8)]
+    barrier = threading.Barrier(len(events))
+    started: list[str] = []
+    errors: list[BaseException] = []
+
+    def one(event_id: int) -> None:
+        published = Published()
+        try:
+            barrier.wait()
+            admit_event(db, event_id, publish=published)
+        except BaseException as exc:
+            errors.append(exc)
+        started.extend(published.ids)
+
+    threads = [threading.Thread(target=one, args=(e,)) for e in events]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(started) == breaker.HALF_OPEN_PROBES
+    paused = [r for r in refusals(db, workflow_id) if r["reason"] == "workflow_paused"]
+    assert len(paused) == 8 - breaker.HALF_OPEN_PROBES
+    assert all("half-open" in r["detail"] for r in paused)
+
+    advance_step(db, started[0], dispatch=lambda ids: None)  # a trial fails: open again
+    assert _breaker_row(db, workflow_id)["state"] == "open"
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+    assert len(_admit(db, conn, 5, start=3000)) == breaker.HALF_OPEN_PROBES
+
+
+def test_an_event_half_open_does_not_admit_uses_no_trial(db: Database, conn: str) -> None:
+    """A trial slot claimed for an event the admit statement then refuses (`duplicate`) is
+    given back: the trials go to runs that start."""
+    workflow_id = _bind(db, after_failures=1, dedup="once_per_record")
+    _advance_together(db, _admit(db, conn, 1))  # record 1000 enrolled; the run fails
+    with db.transaction() as tx:
+        assert breaker.resume(tx, workflow_id, half_open=True) == "half_open"
+    assert _admit(db, conn, 1) == []  # record 1000 again: duplicate
+    assert [r["reason"] for r in refusals(db, workflow_id)] == ["duplicate"]
+    assert _breaker_row(db, workflow_id)["state"] == "half_open"
+    assert len(_admit(db, conn, 5, start=1)) == breaker.HALF_OPEN_PROBES

@@ -14,18 +14,20 @@ from shared import budgets
 from shared.blocks import http as http_block
 from shared.db import Database, connector_from_env
 from shared.netguard import NetPolicy
+from shared.ops import replay
 from shared.steps.advance import advance_step
 from shared.steps.gates import WorkflowGates, open_gates, settle_gates
 from shared.steps.states import StepStatus
+from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
 from shared.workflows.definition import Budget, WorkflowDefinition
-from tests.blocks_support import StepRunner, seed_tenant
+from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 from tests.ops_support import (
     bearer,
     client_fixture,  # noqa: F401 - fixture `client`
     dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
 )
-from tests.steps_support import TENANT, publish_version, start_run, steps_of
+from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of
 
 CAP = Budget(credits=20, per="1d")
 
@@ -247,3 +249,141 @@ def test_a_rehearsal_reserves_nothing(db: Database, fake: FakeCrm) -> None:
         http_block.REQUEST, {"url": f"{fake.url}/_sink/x"}, dry_run=True, workflow=workflow
     )
     assert _reservations(db) == []
+
+
+def _wake_retries_and_advance(db: Database) -> None:
+    """What time does: the retry wait ends and the sweep wakes the step."""
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET wake_at = now() - interval '1 second' "
+            "WHERE status = 'waiting_for_retry'"
+        )
+    woken: list[str] = []
+    wake_due_steps(db, SweepConfig(), woken.extend, SweepReport())
+    for step_id in woken:
+        advance_step(db, step_id, dispatch=lambda ids: None)
+
+
+def test_a_replay_that_sends_again_reserves_against_the_cap(db: Database, fake: FakeCrm) -> None:
+    """Issue 23 item 7: a replay used to find its lineage's old reservation (`spent`, or left
+    `reserved` by an unknown outcome) and send as `already_reserved` with the cap full."""
+    seed_tenant(db, credits=100)
+    fake.add_fault(action="error_500", path="/_sink", times=3)  # fate unknown, three times
+    wf = _budget_workflow(f"{fake.url}/_sink/pay").model_copy(
+        update={"budget": Budget(credits=1, per="1d")}
+    )
+    version = publish_version(db, wf)
+    run_id, [step_id] = start_run(db, version)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    for _ in range(2):
+        _wake_retries_and_advance(db)
+    assert steps_of(db, run_id)["call"]["outcome_code"] == "HTTP_500"
+    assert steps_of(db, run_id)["call"]["status"] == "failed"
+    # The three attempts of one step hold one reservation, still open (fate unknown).
+    assert [r["status"] for r in _reservations(db)] == ["reserved"]
+
+    sent: list[str] = []
+    outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    step = steps_of(db, outcome.run_id)["call"]
+    assert (step["status"], step["outcome_code"]) == ("failed", "BUDGET_EXCEEDED")
+    assert fake.sink_requests() == []  # the replay sent nothing
+    # Settled by the reconcile duty, the first step's reservation counts as spent; a second
+    # replay is refused as well.
+    budgets.reconcile(db, older_than_seconds=0)
+    sent.clear()
+    again = replay.replay_run(db, run_id=outcome.run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    assert steps_of(db, again.run_id)["call"]["outcome_code"] == "BUDGET_EXCEEDED"
+    assert fake.sink_requests() == []
+    assert [r["status"] for r in _reservations(db)] == ["spent"]
+
+
+def test_a_replay_under_the_cap_reserves_its_own_row(db: Database, fake: FakeCrm) -> None:
+    seed_tenant(db, credits=100)
+    fake.add_fault(action="error_500", path="/_sink", times=3)
+    version = publish_version(db, _budget_workflow(f"{fake.url}/_sink/pay"))
+    run_id, [step_id] = start_run(db, version)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    for _ in range(2):
+        _wake_retries_and_advance(db)
+    sent: list[str] = []
+    outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    assert steps_of(db, outcome.run_id)["call"]["status"] == "succeeded"
+    budgets.reconcile(db, older_than_seconds=0)
+    # Two applications of the lineage (the first may have landed), two reservations.
+    assert [r["status"] for r in _reservations(db)] == ["spent", "spent"]
+    with db.transaction() as tx:
+        workflow_id = str(
+            tx.scalar("SELECT workflow_id FROM workflow_versions WHERE id = :v", v=version)
+        )
+        assert budgets.summary(tx, workflow_id, CAP)["spent"] == 2
+
+
+@pytest.fixture
+def crm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    with fake_crm(monkeypatch) as server:
+        server.config.unique_properties = {"tasks": ["onceflow_key"]}
+        yield server
+
+
+def _ambiguous_create(db: Database, crm: FakeCrm, *, lands: bool) -> str:
+    """A capped crm.create, on a connection with a unique-value key property, whose three
+    attempts all end with their fate unknown (the first one's record committed at the provider
+    when `lands`); the step fails for good with its reservation left open. The run id."""
+    seed_tenant(db)
+    connection_id = seed_connection(db, crm.url)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET idempotency_property = 'onceflow_key'"
+            " WHERE id = CAST(:c AS uuid)",
+            c=connection_id,
+        )
+    wf = definition(
+        [
+            {
+                "id": "create_task",
+                "type": "crm.create",
+                "config": {
+                    "object_type": "tasks",
+                    "connection_id": connection_id,
+                    "properties": {"hs_task_subject": "Call Ada"},
+                },
+            }
+        ]
+    ).model_copy(update={"budget": Budget(credits=10, per="1d")})
+    version = publish_version(db, wf)
+    run_id, [step_id] = start_run(db, version)
+    path = "/crm/v3/objects/tasks$"
+    crm.add_fault(action="drop_after_commit" if lands else "reset", method="POST", path=path)
+    crm.add_fault(action="reset", method="POST", path=path, times=2)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    for _ in range(2):
+        _wake_retries_and_advance(db)
+    assert steps_of(db, run_id)["create_task"]["status"] == "failed"
+    assert len(crm.records("tasks")) == (1 if lands else 0)
+    assert [r["status"] for r in _reservations(db)] == ["reserved"]
+    return run_id
+
+
+def test_an_ambiguous_create_that_never_landed_is_released_by_asking_the_provider(
+    db: Database, crm: FakeCrm
+) -> None:
+    """Issue 23 item 16: a reservation left ambiguous used to be counted spent always. Where the
+    provider can be asked (a create stamped with a unique key property), the reconcile asks:
+    never landed ⇒ released."""
+    _ambiguous_create(db, crm, lands=False)
+    assert budgets.reconcile(db, older_than_seconds=0)["settled"] == 1
+    [row] = _reservations(db)
+    assert (row["status"], row["settled_by"]) == ("released", "reconcile")
+
+
+def test_an_ambiguous_create_that_landed_is_counted_spent_by_asking_the_provider(
+    db: Database, crm: FakeCrm
+) -> None:
+    _ambiguous_create(db, crm, lands=True)
+    assert budgets.reconcile(db, older_than_seconds=0)["settled"] == 1
+    [row] = _reservations(db)
+    assert (row["status"], row["settled_by"]) == ("spent", "reconcile")
+    assert budgets.reconcile(db, older_than_seconds=0)["settled"] == 0  # once

@@ -107,3 +107,22 @@ def test_concurrent_charges_of_one_lineage_key_charge_once(db: Database) -> None
     assert sorted(results) == ["already_charged"] * 7 + ["charged"]
     with db.transaction() as tx:
         assert credits.balance(tx, "acme") == 96
+
+
+def _refund(db: Database, key: str, step_id: str | None = None) -> int:
+    return db.run(lambda tx: credits.refund(tx, lineage_key=key, reason="test", step_id=step_id))
+
+
+def test_a_refunded_charge_frees_the_lineage_for_one_new_charge(db: Database) -> None:
+    """Issue 23 item 4 at the ledger: after a refund the lineage's next application is charged
+    (once), and each charge is refunded at most once."""
+    _tenant(db, 10)
+    assert _charge(db, "lineage", 3).status == "charged"
+    assert _refund(db, "lineage") == 3 and _refund(db, "lineage") == 0
+    assert _charge(db, "lineage", 3).status == "charged"  # the replay that applies
+    assert _charge(db, "lineage", 3).status == "already_charged"  # its retry
+    assert _refund(db, "lineage") == 3 and _refund(db, "lineage") == 0
+    with db.transaction() as tx:
+        assert credits.balance(tx, "acme") == 10
+        assert tx.scalar("SELECT count(*) FROM credit_ledger") == 2
+        assert tx.scalar("SELECT count(*) FROM credit_refunds") == 2

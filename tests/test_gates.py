@@ -4,8 +4,12 @@ the registry refusing a spec that would skip a gate."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +23,10 @@ from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, Retry
 from shared.blocks.registry import RegistryError, check_spec
 from shared.db import Database
 from shared.netguard import NetPolicy
+from shared.ops import replay
 from shared.ops.api import run_detail
 from shared.steps.advance import advance_step
-from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
+from shared.steps.sweep import SweepConfig, SweepReport, reclaim_expired_leases, wake_due_steps
 from shared.workflows.definition import WorkflowDefinition
 from tests.blocks_support import StepRunner, seed_tenant
 from tests.steps_support import TENANT, publish_version, start_run, steps_of
@@ -267,3 +272,163 @@ def test_the_registry_refuses_a_priced_block_without_the_charge_gate() -> None:
             BlockSpec(**{**base.__dict__, "gates": frozenset({Gate.CHARGE, Gate.CONNECTION_LIMIT})})
         )
     check_spec(BlockSpec(**{**base.__dict__, "gates": frozenset({Gate.CHARGE})}))
+
+
+def _drive_until_settled_for_good(db: Database, step_id: str) -> None:
+    """Advance a step, waking its retries as time would, until it no longer waits to retry."""
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    while True:
+        woken = _window_ends_and_parked_steps_wake(db)
+        if not woken:
+            return
+        for s in woken:
+            advance_step(db, s, dispatch=lambda ids: None)
+
+
+def _unrefunded_charges(db: Database) -> int:
+    with db.transaction() as tx:
+        return int(
+            tx.scalar(
+                "SELECT count(*) FROM credit_ledger l"
+                " WHERE NOT EXISTS (SELECT 1 FROM credit_refunds r WHERE r.charge_id = l.id)"
+            )
+        )
+
+
+def test_a_replay_that_sends_after_a_refund_is_charged_again_once(
+    db: Database, fake: FakeCrm
+) -> None:
+    """Issue 23 item 4: the refund used to leave the lineage's ledger row in place, so the
+    replay that then sent was `already_charged` and every later replay was free."""
+    seed_tenant(db, credits=10)
+    fake.add_fault(action="rate_limit", path="/_sink", times=3)  # 429 x3: never applied
+    version = publish_version(db, _http_workflow(f"{fake.url}/_sink/hook"))
+    run_id, [step_id] = start_run(db, version)
+    _drive_until_settled_for_good(db, step_id)
+    assert steps_of(db, run_id)["call"]["status"] == "failed"
+    assert _balance(db) == 10  # charged once, refunded once
+
+    sent: list[str] = []
+    outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    _drive_until_settled_for_good(db, sent[0])
+    assert steps_of(db, outcome.run_id)["call"]["status"] == "succeeded"
+    assert len(fake.sink_requests()) == 1
+    # The replay applied: it pays, once, and the refund of the first charge stands.
+    assert _balance(db) == 9
+    assert _unrefunded_charges(db) == 1
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_refunds") == 1
+    charges = run_detail(db, outcome.run_id, None).charges
+    assert sorted((c.amount, c.refunded or 0) for c in charges) == [(1, 0), (1, 1)]
+
+
+def _capped_workflow(url: str, credits: int) -> WorkflowDefinition:
+    return _http_workflow(url, budget={"credits": credits, "per": "1d"})
+
+
+def test_a_charge_is_refunded_when_a_later_gate_refuses_the_attempt_that_ends_the_step(
+    db: Database, fake: FakeCrm
+) -> None:
+    """Issue 23 item 15: attempt 1 is charged and answered 429; another run takes the last of
+    the budget; attempt 2 is refused by the budget gate (before the charge gate), so the step
+    fails for good with nothing applied. Attempt 1's charge used to be kept."""
+    seed_tenant(db, credits=10)
+    fake.add_fault(action="rate_limit", path="/_sink", times=1)
+    version = publish_version(db, _capped_workflow(f"{fake.url}/_sink/hook", 1))
+    run_a, [step_a] = start_run(db, version)
+    run_b, [step_b] = start_run(db, version)
+    advance_step(db, step_a, dispatch=lambda ids: None)
+    assert steps_of(db, run_a)["call"]["status"] == "waiting_for_retry"
+    assert _balance(db) == 9
+    advance_step(db, step_b, dispatch=lambda ids: None)  # B sends and spends the budget
+    assert steps_of(db, run_b)["call"]["status"] == "succeeded"
+    for woken in _window_ends_and_parked_steps_wake(db):
+        advance_step(db, woken, dispatch=lambda ids: None)
+    a = steps_of(db, run_a)["call"]
+    assert (a["status"], a["outcome_code"]) == ("failed", "BUDGET_EXCEEDED")
+    assert len(fake.sink_requests()) == 1  # only B's request applied
+    assert _balance(db) == 9  # B's charge; A's was refunded
+    assert _unrefunded_charges(db) == 1
+
+
+def test_racing_for_the_last_of_a_budget_a_refused_retry_keeps_no_charge(
+    db: Database, fake: FakeCrm
+) -> None:
+    """Item 15 as a race: a retry of a charged attempt and a fresh run go for the last credit
+    of the budget at a barrier. Whichever loses, the tenant pays for exactly the one request
+    that applied, and each charge that stands belongs to a step that succeeded."""
+    seed_tenant(db, credits=100)
+    for round_ in range(4):
+        fake.add_fault(action="rate_limit", path=f"/_sink/r{round_}", times=1)
+        version = publish_version(
+            db,
+            _capped_workflow(f"{fake.url}/_sink/r{round_}", 1).model_copy(
+                update={"name": f"capped-{round_}"}
+            ),
+        )
+        run_a, [step_a] = start_run(db, version)
+        advance_step(db, step_a, dispatch=lambda ids: None)  # charged, 429, retry
+        run_b, [step_b] = start_run(db, version)
+        woken = _window_ends_and_parked_steps_wake(db)
+        assert woken == [step_a]
+        _advance_together(db, [step_a, step_b])
+        statuses = sorted(steps_of(db, r)["call"]["status"] for r in (run_a, run_b))
+        assert statuses == ["failed", "succeeded"]
+        assert len(fake.sink_requests()) == round_ + 1
+        assert _balance(db) == 100 - (round_ + 1)
+        assert _unrefunded_charges(db) == round_ + 1
+
+
+CRASH_CHILD = (
+    "import sys\n"
+    "from shared.db import get_database\n"
+    "from shared.steps.advance import advance_step\n"
+    "advance_step(get_database(), sys.argv[1], dispatch=lambda ids: None)\n"
+)
+
+
+def test_a_charge_whose_attempt_died_after_sending_is_not_refunded_by_a_later_refusal(
+    db: Database, database_url: str, fake: FakeCrm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refund now pays back a charge whatever attempt of the step made it (item 15), so it
+    must know which attempts may have applied: attempt 1 is killed (a real process, exit 137)
+    after its request reached the receiver; the sweep reclaims it; attempt 2 is refused before
+    its request leaves (the tenant's signing secret is gone) and the step fails for good. The
+    request of attempt 1 was delivered, so its charge stands."""
+    lease = {"ONCEFLOW_STEP_LEASE_SECONDS": "1.5", "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "0.5"}
+    for name, value in lease.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TENANT_SIGNING_SECRET", raising=False)
+    seed_tenant(db, credits=10, signing_secret_env="TENANT_SIGNING_SECRET")
+    version = publish_version(db, _http_workflow(f"{fake.url}/_sink/hook"))
+    run_id, [step_id] = start_run(db, version)
+    child = subprocess.run(
+        [sys.executable, "-c", CRASH_CHILD, step_id],
+        env=dict(
+            os.environ,
+            DATABASE_URL=database_url,
+            NO_GCE_CHECK="true",
+            ONCEFLOW_HTTP_ALLOW_LOOPBACK="1",
+            ONCEFLOW_ENABLE_CRASH_POINTS="1",
+            ONCEFLOW_CRASH_POINTS="after_side_effect",
+            TENANT_SIGNING_SECRET="s3cret",
+            **lease,
+        ),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 137, child.stderr
+    assert len(fake.sink_requests()) == 1 and _balance(db) == 9  # sent and charged
+    woken: list[str] = []
+    deadline = time.monotonic() + 30
+    while not woken and time.monotonic() < deadline:
+        time.sleep(0.3)
+        reclaim_expired_leases(db, SweepConfig(), woken.extend, SweepReport())
+    assert woken == [step_id]
+    advance_step(db, step_id, dispatch=lambda ids: None)  # refused: no signing secret
+    step = steps_of(db, run_id)["call"]
+    assert step["status"] == "failed" and len(fake.sink_requests()) == 1
+    assert _balance(db) == 9  # the delivered request's charge is kept
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM credit_refunds") == 0

@@ -190,6 +190,22 @@ ResolveTarget = Callable[[BlockContext, BaseModel], Target]
 
 
 @dataclass(frozen=True)
+class LandedQuery:
+    """How to ask the provider, later, whether an attempt's write landed: is there a record of
+    `object_type` whose unique-value `property` holds `value` (through `connection_id`'s
+    port)? Answerable only where the provider refuses a second record with the same value, so
+    one search says landed or never landed."""
+
+    connection_id: str
+    object_type: str
+    property: str
+    value: str
+
+
+ResolveLanded = Callable[[BlockContext, BaseModel, Target], LandedQuery | None]
+
+
+@dataclass(frozen=True)
 class BlockSpec:
     type_name: str
     config_model: type[BaseModel]
@@ -214,6 +230,10 @@ class BlockSpec:
     gates: frozenset[Gate] = frozenset()
     # Resolves what the gates key on; required when a limit gate is declared.
     target: ResolveTarget | None = None
+    # How the budget's reconcile duty may ask the provider whether an attempt whose fate stayed
+    # unknown landed (shared/budgets.py); None: it can't be asked, and such a reservation is
+    # counted spent.
+    landed_query: ResolveLanded | None = None
 
     @property
     def max_attempts(self) -> int:

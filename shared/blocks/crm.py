@@ -34,6 +34,7 @@ from shared.blocks.base import (
     BlockFailure,
     BlockResult,
     BlockSpec,
+    LandedQuery,
     RetryPolicy,
     Target,
     dry_run_result,
@@ -238,6 +239,22 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
     return BlockResult(output=_output(record))
 
 
+def create_landed_query(ctx: BlockContext, config: BaseModel, target: Target) -> LandedQuery | None:
+    """For the budget's reconcile: a create on a connection with a unique-value key property
+    can be looked up by the key it stamped (the step's idempotency key), so an attempt whose
+    fate stayed unknown is judged by whether its record exists. None without the property."""
+    assert isinstance(config, CreateConfig)
+    if not target.connection_id:
+        return None
+    port = _port(target.connection_id)
+    key_property = port.idempotency_property if port.capabilities.write_idempotency else None
+    if not key_property:
+        return None
+    return LandedQuery(
+        target.connection_id, _object_type(config.object_type), key_property, ctx.idempotency_key
+    )
+
+
 def _create_or_adopt(
     ctx: BlockContext,
     *,
@@ -377,6 +394,7 @@ CREATE = BlockSpec(
     gates=PROVIDER_GATES,
     target=connection_target,
     execute=execute_create,
+    landed_query=create_landed_query,
     creates=True,
     # With the connection's unique-value key property a lost response is retried and adopted;
     # without it the block refuses the retry as OUTCOME_UNKNOWN (execute_create).

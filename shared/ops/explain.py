@@ -67,7 +67,8 @@ def explain_breaker(state: str, reason: str | None) -> str:
         )
     if state == "half_open":
         return (
-            "Resumed on trial: runs are admitted; the next run that succeeds closes the "
+            "Resumed on trial: a few runs are admitted (the events after them are refused "
+            "workflow_paused until one ends); the next run that succeeds closes the "
             "breaker, the next that fails pauses the workflow again."
         )
     return "Running normally: the circuit breaker is closed."

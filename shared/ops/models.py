@@ -665,7 +665,8 @@ class PublishResult(_Response):
 class ResumeRequest(_Request):
     half_open: bool = Field(
         default=False,
-        description="Resume on trial: runs are admitted, the next run that succeeds closes the "
+        description="Resume on trial: a few runs are admitted (3; later events are refused "
+        "`workflow_paused` until one ends), the next run that succeeds closes the "
         "breaker and the next that fails pauses the workflow again at once.",
     )
     reason: Text | None = Field(

@@ -231,6 +231,15 @@ WITH input AS (
     UPDATE workflow_trigger_events SET decided_at = now()
     WHERE id = :event_id AND decided_at IS NULL
     RETURNING id
+), trials_unused AS (
+    -- A half-open breaker's trial slot claimed before this statement (breaker_probe_claim, same
+    -- transaction, so the row is already locked by it) for a binding this statement did not
+    -- admit (duplicate, already_running, handled) is given back.
+    UPDATE workflow_breakers b SET probes_admitted = b.probes_admitted - 1
+      FROM decided d
+     WHERE b.workflow_id = d.workflow_id AND d.outcome <> 'admitted'
+       AND b.workflow_id = ANY(CAST(:probe_ids AS uuid[])) AND b.probes_admitted > 0
+    RETURNING b.workflow_id
 ), stale_refusals AS (
     -- A refusal written by an earlier attempt whose transaction then failed (already_running
     -- then; the run has finished since): the pairing now has a run, not a refusal.

@@ -7,7 +7,10 @@
 SELECT pg_advisory_xact_lock(hashtextextended('budget:' || :budget_key, 0)) IS NOT NULL AS locked
 
 -- name: budget_reservation_get
-SELECT status, amount FROM budget_reservations WHERE idempotency_key = :idempotency_key
+-- One reservation per application: the lineage's key and the step row (a replay's new step row
+-- finds none and reserves against the cap; the attempts of one step find theirs).
+SELECT status, amount FROM budget_reservations
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
 
 -- name: budget_used
 -- Live reservations + settled spend of the rolling window.
@@ -18,37 +21,43 @@ SELECT coalesce(sum(amount), 0) AS used
 
 -- name: budget_reserve_insert
 INSERT INTO budget_reservations
-       (budget_key, idempotency_key, tenant_id, run_id, step_id, amount, status)
+       (budget_key, idempotency_key, tenant_id, run_id, step_id, amount, status, landed_query)
 VALUES (:budget_key, :idempotency_key, :tenant_id, CAST(:run_id AS uuid),
-        CAST(:step_id AS uuid), :amount, 'reserved')
+        CAST(:step_id AS uuid), :amount, 'reserved', CAST(:landed_query AS jsonb))
 
 -- name: budget_reserve_again
 -- A released reservation (its attempt provably never applied) reserved again by the retry.
 UPDATE budget_reservations
    SET status = 'reserved', amount = :amount, reserved_at = now(), settled_at = NULL,
-       settled_by = NULL, step_id = CAST(:step_id AS uuid)
- WHERE idempotency_key = :idempotency_key AND status = 'released'
+       settled_by = NULL, landed_query = CAST(:landed_query AS jsonb)
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'released'
 
 -- name: budget_settle_spent
 UPDATE budget_reservations SET status = 'spent', settled_at = now(), settled_by = 'outcome'
- WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'reserved'
 
 -- name: budget_settle_released
 -- Only a reservation none of whose attempts had an unknown outcome is released.
 UPDATE budget_reservations SET status = 'released', settled_at = now(), settled_by = 'outcome'
- WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'reserved'
    AND outcome_unknown_at IS NULL
 
 -- name: budget_mark_outcome_unknown
 UPDATE budget_reservations SET outcome_unknown_at = coalesce(outcome_unknown_at, now())
- WHERE idempotency_key = :idempotency_key AND status = 'reserved'
+ WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+   AND status = 'reserved'
 
 -- name: budget_reconcile
 -- Reservations still open whose step has ended (or whose run ended without it): the outcome
 -- will never be reported. A succeeded step spent it; a failed, skipped or abandoned one may
 -- have sent its request (a crash between reserve and settle, a timeout), so it counts as spent
--- too: the cap holds for whatever may have left. Guarded on status, so two sweeps settle each
--- row once. Steps still pending, running or parked keep theirs (their next attempt reuses it).
+-- too: the cap holds for whatever may have left — unless the provider can be asked
+-- (`landed_query`): those are left to budget_reconcile_askable. Guarded on status, so two
+-- sweeps settle each row once. Steps still pending, running or parked keep theirs (their next
+-- attempt reuses it).
 UPDATE budget_reservations b
    SET status = 'spent', settled_at = now(), settled_by = 'reconcile'
   FROM workflow_steps s
@@ -60,7 +69,29 @@ UPDATE budget_reservations b
    AND s.id = b.step_id
    AND b.status = 'reserved'
    AND (s.status IN ('succeeded', 'failed', 'skipped') OR r.status <> 'running')
+   AND (b.landed_query IS NULL OR s.status = 'succeeded')
 RETURNING b.idempotency_key, s.status AS step_status
+
+-- name: budget_reconcile_askable
+-- Open reservations of ended steps (as budget_reconcile) whose fate the provider can tell:
+-- the reconcile duty asks it, then settles each with budget_reconcile_settle.
+SELECT b.id, b.landed_query
+  FROM budget_reservations b
+  JOIN workflow_steps s ON s.id = b.step_id
+  JOIN workflow_runs r ON r.id = s.run_id
+ WHERE b.status = 'reserved' AND b.landed_query IS NOT NULL
+   AND b.reserved_at < now() - make_interval(secs => CAST(:older_than_seconds AS integer))
+   AND (s.status IN ('failed', 'skipped') OR r.status <> 'running')
+ ORDER BY b.reserved_at
+ LIMIT :batch
+
+-- name: budget_reconcile_settle
+-- What the provider answered: landed ⇒ spent, never landed ⇒ released. Guarded on status, so
+-- of two sweeps asking at once exactly one settles the row; zero rows: settled already.
+UPDATE budget_reservations
+   SET status = CAST(:status AS text), settled_at = now(), settled_by = 'reconcile'
+ WHERE id = :id AND status = 'reserved'
+RETURNING id
 
 -- name: budget_summary
 SELECT coalesce(sum(amount) FILTER (WHERE status = 'reserved'), 0) AS reserved,

@@ -1,5 +1,6 @@
--- Credits: a ledger row per charge, unique on the lineage key (invariant 11), and a balance
--- that one conditional UPDATE keeps from going negative under concurrency.
+-- Credits: a ledger row per charge, at most one live (unrefunded) charge per lineage key
+-- (invariant 11), and a balance that one conditional UPDATE keeps from going negative under
+-- concurrency.
 
 -- name: credits_savepoint
 SAVEPOINT onceflow_charge
@@ -12,11 +13,13 @@ RELEASE SAVEPOINT onceflow_charge
 
 -- name: credits_ledger_insert
 -- A concurrent insert of the same lineage key waits for the first to commit, then does nothing:
--- the second caller learns "already charged" and never reaches the debit.
+-- the second caller learns "already charged" and never reaches the debit. Unique only among
+-- live charges (credit_ledger_live_charge): a refunded charge no longer holds the lineage, so
+-- the replay that applies after a refund pays again, once.
 INSERT INTO credit_ledger (tenant_id, lineage_key, amount, block_type, run_id, step_id)
 VALUES (:tenant_id, :lineage_key, :amount, :block_type,
         CAST(:run_id AS uuid), CAST(:step_id AS uuid))
-ON CONFLICT (lineage_key) DO NOTHING
+ON CONFLICT (lineage_key) WHERE refunded_at IS NULL DO NOTHING
 RETURNING id
 
 -- name: credits_debit
@@ -35,15 +38,29 @@ RETURNING credit_balance
 -- name: credits_mark_outcome_unknown
 -- An attempt of this charge's step may have applied: the charge is no longer refundable.
 UPDATE credit_ledger SET outcome_unknown_at = now()
- WHERE lineage_key = :lineage_key AND outcome_unknown_at IS NULL
+ WHERE lineage_key = :lineage_key AND refunded_at IS NULL AND outcome_unknown_at IS NULL
 
 -- name: credits_refund_insert
--- At most one refund per charge (UNIQUE charge_id): a second settle, a redelivery or a replay
--- inserts nothing and so credits nothing. A charge whose outcome was ever unknown is not
--- refunded.
+-- Refund the lineage's live charge, once: the guarded UPDATE takes the row lock, so of racing
+-- settles, redeliveries or replays exactly one finds `refunded_at IS NULL` and moves it; the
+-- others (after the wait, re-checking) update nothing and insert nothing — zero rows means
+-- nothing to pay back. The refund row (UNIQUE charge_id) is written in the same statement.
+-- Only a charge this very step row made (`step_id`): a replay's step that found an earlier
+-- application's charge never pays that one back. Never a charge whose outcome was ever unknown,
+-- nor one whose charging attempt lost its lease to the sweep (its process died or stalled after
+-- the charge: its request may have left).
+WITH refunded AS (
+    UPDATE credit_ledger c SET refunded_at = now()
+     WHERE c.lineage_key = :lineage_key AND c.refunded_at IS NULL AND c.amount > 0
+       AND c.outcome_unknown_at IS NULL
+       AND c.step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+       AND NOT EXISTS (SELECT 1 FROM workflow_step_leases l
+                        WHERE l.step_id = c.step_id AND l.end_kind = 'reclaimed'
+                          AND l.claimed_at <= c.created_at AND l.ended_at >= c.created_at)
+    RETURNING c.id, c.tenant_id, c.amount
+)
 INSERT INTO credit_refunds (charge_id, tenant_id, amount, reason, step_id)
 SELECT id, tenant_id, amount, :reason, CAST(:step_id AS uuid)
-  FROM credit_ledger
- WHERE lineage_key = :lineage_key AND amount > 0 AND outcome_unknown_at IS NULL
+  FROM refunded
 ON CONFLICT (charge_id) DO NOTHING
 RETURNING tenant_id, amount

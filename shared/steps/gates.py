@@ -12,7 +12,8 @@ block calls a limiter or the ledger itself, so no block can forget one. Before `
     3. workflow limit           │ step parks `THROTTLED` until the window ends, without using
     4. host limit               ┘ an attempt ("throttled until T by workflow limit …").
     5. budget                   → a reservation of the price against the workflow's `budget`,
-                                  keyed by the idempotency key, checked under the budget's lock
+                                  one per step row (its attempts share it; a replay's step
+                                  reserves afresh), checked under the budget's lock
                                   (shared/budgets.py); over the cap the step fails
                                   `BUDGET_EXCEEDED`, nothing sent.
     6. charge                   → the spec's price, once per lineage key (shared/credits.py);
@@ -24,8 +25,9 @@ After the attempt is classified (`settle_gates`), by what the outcome proves:
 
     succeeded / applied         → the reservation is spent; the charge stands.
     provably not applied        → the reservation is released (a retry reserves again); when
-                                  the step failed for good, the charge is refunded, once (a
-                                  refund row keyed to it).
+                                  the step failed for good, the charge its attempts made is
+                                  refunded, once (a refund row keyed to it) — also when this
+                                  last attempt was refused before the charge gate.
     fate unknown (timeout,      → the reservation stays reserved, the charge is marked
       reset, 5xx)                 never-refundable; the reconcile duty settles what is left.
 
@@ -76,6 +78,9 @@ class Passed:
 
     reserved: bool = False
     charged: bool = False
+    # The block is priced and charge-gated, whether or not this attempt reached the charge
+    # gate: an earlier attempt of the step may hold a charge to refund (issue 23 item 15).
+    chargeable: bool = False
     # What the target resolved (the block reads it from its context: the checked addresses).
     target: Target | None = None
 
@@ -116,19 +121,29 @@ def _limits(
     return limits
 
 
+def _before_gates(spec: BlockSpec, ctx: BlockContext) -> Passed:
+    """What an attempt holds before any gate: nothing taken yet, and whether the step is
+    charged at all (a rehearsal never is)."""
+    if ctx.dry_run:
+        return NOTHING
+    return Passed(chargeable=Gate.CHARGE in spec.gates and spec.price > 0)
+
+
 def open_gates(
     spec: BlockSpec, ctx: BlockContext, config: BaseModel, workflow: WorkflowGates
 ) -> Passed:
     """Run the spec's declared gates in `ORDER`; raise the `BlockFailure` of the first that
     refuses (nothing has left the process then)."""
+    before = _before_gates(spec, ctx)
     if ctx.dry_run or not spec.gates:
-        return NOTHING
+        return before
     target = spec.target(ctx, config) if spec.target is not None else Target()
     for limit in _limits(spec, ctx, target, workflow):
         throttle.claim_or_park(limit)
     reserved = False
     if Gate.BUDGET in spec.gates and workflow.budget is not None and spec.price > 0:
-        budgets.budget_gate(ctx, workflow.workflow_id, workflow.budget, spec.price)
+        landed = spec.landed_query(ctx, config, target) if spec.landed_query else None
+        budgets.budget_gate(ctx, workflow.workflow_id, workflow.budget, spec.price, landed)
         reserved = True
     charged = False
     if Gate.CHARGE in spec.gates and spec.price > 0:
@@ -136,10 +151,12 @@ def open_gates(
             credits.charge_gate(ctx, spec.type_name, spec.price)
         except Exception:
             if reserved:  # nothing will be sent: give the reservation back
-                get_database().run(lambda tx: budgets.settle_released(tx, ctx.idempotency_key))
+                get_database().run(
+                    lambda tx: budgets.settle_released(tx, ctx.idempotency_key, ctx.step_id)
+                )
             raise
         charged = True
-    return Passed(reserved=reserved, charged=charged, target=target)
+    return replace(before, reserved=reserved, charged=charged, target=target)
 
 
 def run_gated(
@@ -147,7 +164,7 @@ def run_gated(
 ) -> tuple[BlockResult | BaseException, Passed]:
     """Open the gates, then execute the block: (what the attempt produced, what the gates
     took). Never raises for a block's or a gate's failure: it is the outcome."""
-    passed = NOTHING
+    passed = _before_gates(spec, ctx)
     try:
         passed = open_gates(spec, ctx, config, workflow)
         if passed.target is not None:
@@ -170,29 +187,33 @@ def settle_gates(
     """Settle what the gates took by what the attempt proves (see the module docstring).
     Runs after the block, before the step's own settle; every write here is idempotent, so a
     crash between the two and a second run of this attempt's settle change nothing more."""
-    if ctx.dry_run or not (passed.charged or passed.reserved):
+    if ctx.dry_run or not (passed.charged or passed.reserved or passed.chargeable):
         return
-    key = ctx.idempotency_key
+    key, step_id = ctx.idempotency_key, ctx.step_id
     if isinstance(outcome, BlockResult):
         if passed.reserved:
-            get_database().run(lambda tx: budgets.settle_spent(tx, key))
+            get_database().run(lambda tx: budgets.settle_spent(tx, key, step_id))
         return
     if not provably_not_applied(outcome):
+        if not (passed.reserved or passed.charged):
+            return
 
         def unknown(tx: Tx) -> None:
             if passed.reserved:
-                budgets.mark_outcome_unknown(tx, key)
+                budgets.mark_outcome_unknown(tx, key, step_id)
             if passed.charged:
                 credits.mark_outcome_unknown(tx, key)
 
         get_database().run(unknown)
         return
     if passed.reserved:
-        get_database().run(lambda tx: budgets.settle_released(tx, key))
-    if passed.charged and status is StepStatus.FAILED:
+        get_database().run(lambda tx: budgets.settle_released(tx, key, step_id))
+    # The step ends with this attempt provably not applied: pay back the charge any attempt of
+    # this step made — not only this attempt's. An earlier attempt may have been charged and
+    # answered 429 while this one was stopped by a gate before the charge gate (the budget);
+    # `credits.refund` keeps every charge whose request may have left.
+    if passed.chargeable and status is StepStatus.FAILED:
         reason = f"not applied: {getattr(outcome, 'outcome_code', type(outcome).__name__)}"
         get_database().run(
-            lambda tx: credits.refund(
-                tx, lineage_key=ctx.idempotency_key, reason=reason, step_id=ctx.step_id
-            )
+            lambda tx: credits.refund(tx, lineage_key=key, reason=reason, step_id=step_id)
         )

@@ -218,10 +218,25 @@ def reclaim_expired_leases(
                 run_id=r["run_id"],
                 outcome_code=str(r["outcome_code"]),
             )
+            _count_failed_run_for_breaker(db, r["run_id"], str(r["outcome_code"]))
     report.reclaimed += len(pending)
     report.reclaimed_failed += len(rows) - len(pending)
     _publish(dispatch, pending, report)
     return len(rows)
+
+
+def _count_failed_run_for_breaker(db: Database, run_id: str, outcome_code: str) -> None:
+    """A run the reclaim failed counts toward its workflow's circuit breaker like one its
+    step executor failed (shared/breaker.py). After the commit; a failure here is logged and
+    the streak misses one run, as in the executor."""
+    from shared import breaker
+
+    try:
+        breaker.record_run_failed_by_id(
+            db, run_id, why=f"a step's lease expired and the sweep failed it ({outcome_code})"
+        )
+    except Exception:
+        log.warning("circuit breaker not updated for run %s", run_id, exc_info=True)
 
 
 def wake_due_steps(
