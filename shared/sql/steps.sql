@@ -504,12 +504,28 @@ FROM resumed JOIN closed ON true
 -- name: loops_progress
 -- How far a foreach's iterations are, read in the settle's transaction (which holds the run
 -- row's lock, so concurrent settles of one run's items are serialized and this sees every
--- committed sibling): rows created, settled, succeeded, and the next index to create.
-SELECT count(*) AS created,
-       count(*) FILTER (WHERE status IN ('succeeded', 'skipped', 'failed')) AS settled,
-       count(*) FILTER (WHERE status = 'succeeded') AS succeeded
-FROM workflow_steps
-WHERE run_id = CAST(:run_id AS uuid) AND node_id = CAST(:body AS text)
+-- committed sibling): rows created, settled, succeeded, and the indexes to create next — the
+-- lowest ones that have no row yet, as many as `concurrency` leaves room for. Not "from the
+-- created count on": deliveries come in any order, so a replay can hold item 2 without items
+-- 0 and 1 (issue 23, item 6), and counting would skip them.
+WITH body AS (
+    SELECT status, CAST(substring(step_key FROM '\[([0-9]+)\]$') AS integer) AS i
+    FROM workflow_steps
+    WHERE run_id = CAST(:run_id AS uuid) AND node_id = CAST(:body AS text)
+), progress AS (
+    SELECT count(*) AS created,
+           count(*) FILTER (WHERE status IN ('succeeded', 'skipped', 'failed')) AS settled,
+           count(*) FILTER (WHERE status = 'succeeded') AS succeeded
+    FROM body
+)
+SELECT p.created, p.settled, p.succeeded,
+       ARRAY(SELECT g.i
+             FROM generate_series(0, CAST(:count AS integer) - 1) AS g (i)
+             WHERE NOT EXISTS (SELECT 1 FROM body b WHERE b.i = g.i)
+             ORDER BY g.i
+             LIMIT greatest(CAST(:concurrency AS integer) - (p.created - p.settled), 0))
+           AS next_indexes
+FROM progress p
 
 -- name: loops_outputs
 -- The iterations' outputs in item order, for the foreach's own output once all succeeded.

@@ -8,16 +8,17 @@
     an item fails            ─► the run fails (as any step); items in flight finish; none
                                  is started after it
 
-A replay copies the succeeded items and restarts the failed one (a settled sibling iteration
-is kept: shared/ops/replay_plan.py); when it succeeds, the items never started are started
-from the lowest index, so the loop finishes exactly as if it had not failed, each item's key
-(and so its charge) the same in every run of the lineage.
+Items are delivered, so run, in any order. A replay copies the succeeded items and restarts
+every other item the original created (the failed one, and any left pending or parked beside
+it: shared/ops/replay_plan.py); as they succeed, the items that have no row yet are created,
+always the lowest index first, so the loop finishes exactly as if it had not failed, each
+item's key (and so its charge) the same in every run of the lineage.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,18 +94,19 @@ def after_item(tx: Tx, *, run_id: str, lineage_root: str, loop: Loop) -> list[st
     """An iteration succeeded (its settle's transaction, run row locked): start the next ones
     up to the concurrency, or, after the last, collect the outputs and create what follows
     the loop. The ids to dispatch."""
-    progress = tx.one(PROGRESS, run_id=run_id, body=loop.body.id)
-    assert progress is not None
-    created, settled, succeeded = (
-        int(progress["created"]),
-        int(progress["settled"]),
-        int(progress["succeeded"]),
+    progress = tx.one(
+        PROGRESS,
+        run_id=run_id,
+        body=loop.body.id,
+        count=loop.count,
+        concurrency=loop.concurrency,
     )
+    assert progress is not None
+    created, succeeded = int(progress["created"]), int(progress["succeeded"])
     if created < loop.count:
-        room = loop.concurrency - (created - settled)
-        return _insert(
-            tx, run_id, lineage_root, loop.body, range(created, min(created + room, loop.count))
-        )
+        # The lowest indexes without a row, up to the concurrency: after a replay the rows
+        # need not be a prefix (items are delivered in any order), so never "from `created`".
+        return _insert(tx, run_id, lineage_root, loop.body, list(progress["next_indexes"] or ()))
     if succeeded < loop.count:
         return []  # others still in flight (or one failed: the run has failed)
     outputs = tx.scalar(OUTPUTS, run_id=run_id, body=loop.body.id)
@@ -121,7 +123,9 @@ def after_item(tx: Tx, *, run_id: str, lineage_root: str, loop: Loop) -> list[st
     )
 
 
-def _insert(tx: Tx, run_id: str, lineage_root: str, body: Step, indexes: range) -> list[str]:
+def _insert(
+    tx: Tx, run_id: str, lineage_root: str, body: Step, indexes: Sequence[int]
+) -> list[str]:
     if not indexes:
         return []
     return insert_steps(
@@ -129,6 +133,6 @@ def _insert(tx: Tx, run_id: str, lineage_root: str, body: Step, indexes: range) 
         run_id=run_id,
         lineage_root=lineage_root,
         nodes=[body] * len(indexes),
-        keys=[step_key(body.id, [i]) for i in indexes],
+        keys=[step_key(body.id, [int(i)]) for i in indexes],
         stamp_dispatched=True,
     )
