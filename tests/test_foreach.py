@@ -7,9 +7,11 @@ from __future__ import annotations
 import random
 import textwrap
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+from devstack.bench.foreach_scope import Counter, counting_proxy
 from shared.blocks.base import BlockContext, BlockFailure, BlockResult
-from shared.db import Database
+from shared.db import Database, connector_from_env
 from shared.ops.replay import replay_run, retry_run
 from shared.steps.advance import advance_step
 from shared.workflows.validate import validate_text
@@ -243,6 +245,52 @@ def test_random_delivery_order_a_failure_and_its_replay_finish_the_loop(db: Data
         replayed = replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=q)
         q.drain(db, _lookup(visits))
         _replayed_exactly_what_was_left(db, run_id, replayed.run_id, visits, 12)
+
+
+def test_a_claim_moves_what_its_step_reads_not_every_earlier_output(
+    db: Database, database_url: str
+) -> None:
+    """Issue 23, item 16: each claim carried every earlier output (the search's results, the
+    foreach's item list and all finished iterations), so a loop of n items moved O(n²) JSON.
+    Counted on the wire: the bytes per step of a 120-item loop are those of a 30-item one."""
+    size = {"n": 0}
+
+    def find(ctx: BlockContext, config: Any) -> BlockResult:
+        return BlockResult(
+            output={"results": [{"n": i, "pad": "x" * 40} for i in range(size["n"])]}
+        )
+
+    loop = _loop(concurrency=5, max_items=200)
+    loop[0]["config"]["items"] = "${{ steps.find.output.results }}"
+    loop[1]["config"] = {"item": "${{ iteration.item }}"}
+    version = publish_version(
+        db, definition([{"id": "find", "type": "test.find", "next": "each"}, *loop])
+    )
+    visits = Visits(db)
+    lookup = block_lookup(
+        Recorder(),
+        **{"test.visit": spec("test.visit", visits), "test.find": spec("test.find", find)},
+    )
+    per_step: dict[int, float] = {}
+    for n in (30, 120):
+        size["n"] = n
+        counter = Counter()
+        url = urlsplit(database_url)
+        with counting_proxy(int(url.port or 5432), counter) as port:
+            proxied = url._replace(netloc=f"{url.username}@127.0.0.1:{port}")
+            wire = Database(connector_from_env({"DATABASE_URL": urlunsplit(proxied)}), pool_size=1)
+            try:
+                run_id, ids = start_run(db, version)
+                q = Queue()
+                q(ids)
+                ran = q.drain(wire, lookup, limit=1000)
+            finally:
+                wire.close()
+        journal = steps(db, run_id)
+        assert run_row(db, run_id)["status"] == "succeeded" and ran == n + 3
+        assert [o["visited"] for o in journal["each"]["output"]["outputs"]] == list(range(n))
+        per_step[n] = counter.down / ran
+    assert per_step[120] < 1.25 * per_step[30], per_step
 
 
 def test_more_items_than_max_items_fail_before_any_iteration(db: Database) -> None:

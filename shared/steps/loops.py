@@ -36,32 +36,42 @@ ADD_OUTPUTS = SQL["steps_add_loop_outputs"]
 
 @dataclass(frozen=True)
 class Loop:
-    """The foreach a body step belongs to, as its settle needs it."""
+    """The foreach a body step belongs to, as its scope and its settle need it."""
 
     foreach: Step
     body: Step
     count: int
     concurrency: int
     after: tuple[Step, ...]  # the foreach's successors, created when every item succeeded
+    item: Any = None  # this iteration's element of the foreach's items
+
+
+def foreach_of(graph: WorkflowDefinition, node: Step) -> Step | None:
+    """The foreach whose body `node` is; None for a step outside any loop."""
+    for candidate in graph.steps:
+        if candidate.type == "foreach" and candidate.config.get("do") == node.id:
+            return candidate
+    return None
 
 
 def enclosing_loop(
-    graph: WorkflowDefinition, node: Step, prior_steps: Mapping[str, Any]
+    graph: WorkflowDefinition, node: Step, facts: Mapping[str, Any] | None
 ) -> Loop | None:
     """The loop `node` is the body of, with its count and concurrency as the foreach journaled
-    them; None for a step outside any loop."""
-    for candidate in graph.steps:
-        if candidate.type == "foreach" and candidate.config.get("do") == node.id:
-            settled = prior_steps.get(candidate.id) or {}
-            output = settled.get("output") or {}
-            return Loop(
-                foreach=candidate,
-                body=node,
-                count=int(output.get("count", 0)),
-                concurrency=max(int(output.get("concurrency", 1)), 1),
-                after=tuple(graph.step(n) for n in ([candidate.next] if candidate.next else [])),
-            )
-    return None
+    them and this iteration's item (`facts`: shared.steps.claim.RunOutputs.loop); None for a
+    step outside any loop."""
+    foreach = foreach_of(graph, node)
+    if foreach is None:
+        return None
+    facts = facts or {}
+    return Loop(
+        foreach=foreach,
+        body=node,
+        count=int(facts.get("count") or 0),
+        concurrency=max(int(facts.get("concurrency") or 1), 1),
+        after=tuple(graph.step(n) for n in ([foreach.next] if foreach.next else [])),
+        item=facts.get("item"),
+    )
 
 
 def iteration(step_key_text: str) -> int | None:
@@ -71,15 +81,9 @@ def iteration(step_key_text: str) -> int | None:
     return int(step_key_text[step_key_text.rindex("[") + 1 : -1])
 
 
-def loop_scope(loop: Loop, index: int, prior_steps: Mapping[str, Any]) -> dict[str, Any]:
+def loop_scope(loop: Loop, index: int) -> dict[str, Any]:
     """The `iteration` root of a body step's scope: its item, its index, the foreach's id."""
-    output = (prior_steps.get(loop.foreach.id) or {}).get("output") or {}
-    items = output.get("items") or []
-    return {
-        "item": items[index] if 0 <= index < len(items) else None,
-        "index": index,
-        "foreach": loop.foreach.id,
-    }
+    return {"item": loop.item, "index": index, "foreach": loop.foreach.id}
 
 
 def start_items(
