@@ -124,6 +124,26 @@ def test_settled_iterations_beside_a_failed_one_are_kept() -> None:
     assert [s.step_key for s in plan.restart] == ["each[1]"]
 
 
+def test_unsettled_iterations_on_either_side_of_a_failed_one_restart_with_it() -> None:
+    # Items are delivered in any order: each[2] failed while each[0] and each[3] waited.
+    wf = _wf(
+        [
+            {"id": "each", "type": "http.request", "next": "after"},
+            {"id": "after", "type": "http.request"},
+        ]
+    )
+    steps = [
+        _s("each[0]", "pending"),
+        _s("each[1]", "succeeded"),
+        _s("each[2]", "failed"),
+        _s("each[3]", "waiting_for_retry"),
+        _s("each[4]", "failed"),
+    ]
+    plan = plan_replay(wf, steps)
+    assert [s.step_key for s in plan.copy] == ["each[1]"]
+    assert [s.step_key for s in plan.restart] == ["each[0]", "each[2]", "each[3]", "each[4]"]
+
+
 def test_an_unsettled_step_outside_the_region_is_restarted_too() -> None:
     steps = [
         _s("a", "succeeded"),

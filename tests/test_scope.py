@@ -378,3 +378,54 @@ def test_the_scope_module_is_pure() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "[]"
+
+
+def test_a_step_is_given_the_outputs_its_expressions_name_and_reads_them_as_before(
+    db: Database,
+) -> None:
+    """Issue 23, item 16: a claim no longer carries every earlier output; a step reads the
+    ones its expressions name (`steps.<id>`, `steps["<id>"]`), and one that reads `steps` by
+    no literal name (`size(steps)`) still sees every succeeded step."""
+    from shared.workflows.definition import Step
+    from shared.workflows.scope import steps_read
+    from tests.steps_support import definition, publish_version, start_run
+
+    def step(config: dict[str, Any], **more: Any) -> Step:
+        return Step.model_validate({"id": "x", "type": "http.request", "config": config, **more})
+
+    assert steps_read(step({"a": "${{ steps.a.output.n }}", "b": '${{ steps["b-1"] }}'})) == {
+        "a",
+        "b-1",
+    }
+    assert steps_read(step({"a": "no template"})) == frozenset()
+    assert steps_read(step({}, branches=[{"when": "steps.c.branch_choice == 'y'", "next": "x"}]))
+    assert steps_read(step({"n": "${{ size(steps) }}"})) is None
+    assert steps_read(step({"n": "${{ steps[trigger.k] }}"})) is None
+    wait = Step.model_validate(
+        {"id": "w", "type": "wait_for", "config": {"when": "steps.d.output.ok", "event": "e"}}
+    )
+    assert steps_read(wait) == {"d"}
+
+    seen: list[dict[str, Any]] = []
+    version = publish_version(
+        db,
+        definition(
+            [
+                {"id": "a", "type": "http.request", "config": {"n": 1}, "next": "b-1"},
+                {"id": "b-1", "type": "http.request", "config": {"n": 2}, "next": "c"},
+                {
+                    "id": "c",
+                    "type": "http.request",
+                    "config": {
+                        "a": "${{ steps.a.output.rendered.n }}",
+                        "b": '${{ steps["b-1"].output.rendered.n }}',
+                    },
+                    "next": "d",
+                },
+                {"id": "d", "type": "http.request", "config": {"all": "${{ size(steps) }}"}},
+            ]
+        ),
+    )
+    _, first = start_run(db, version)
+    _run_all(db, first, _echo_lookup(seen))
+    assert seen[2] == {"a": 1, "b": 2} and seen[3] == {"all": 3}

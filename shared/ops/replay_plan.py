@@ -114,17 +114,24 @@ def plan_replay(definition: WorkflowDefinition, steps: Sequence[JournalStep]) ->
 
     Roots: the first failed step; then any failed, skipped (a cancelled run's) or unsettled
     step the first region does not cover (nothing else would ever drive it again in the new
-    run)."""
+    run), and every iteration of a root's node that did not succeed (a foreach runs its
+    items in any order, so the one that failed may have unsettled siblings on either side)."""
     first = first_error(steps)
     roots: list[JournalStep] = [first] if first is not None else []
     region = reachable_nodes(definition, [r.node_id for r in roots], steps)
     while True:
+        root_nodes = {r.node_id for r in roots}
         stray = [
             s
             for s in steps
             if s not in roots
-            and s.node_id not in region
-            and (s.status in NOT_DONE or s.status not in SETTLED)
+            and (
+                (s.node_id not in region and (s.status in NOT_DONE or s.status not in SETTLED))
+                # An iteration beside a restarted one (`node[0]` pending while `node[2]`
+                # failed: items run in any order) that did not succeed: it restarts too,
+                # rather than being dropped for its loop to create again.
+                or (s.node_id in root_nodes and s.status != "succeeded")
+            )
         ]
         if not stray:
             break
@@ -145,7 +152,7 @@ def plan_replay(definition: WorkflowDefinition, steps: Sequence[JournalStep]) ->
             reset.append(s)
         else:
             copy.append(s)
-    # Unsettled roots beside their failed sibling restart too; roots are in journal order.
+    # Unsettled iterations beside their failed sibling restart too; in journal order.
     restart = tuple(s for s in steps if s.id in root_ids)
     return ReplayPlan(
         first_error=first, reset_nodes=region, copy=tuple(copy), reset=tuple(reset), restart=restart

@@ -38,10 +38,11 @@ WHERE id = ANY(CAST(:step_ids AS uuid[])) AND status = 'pending'
 -- name: steps_claim
 -- The claim (invariant 7): only a pending step of a running run in the wanted namespace. A
 -- concurrent claim blocks on the row lock, re-checks `status = 'pending'` and gets zero rows.
--- Returns everything the executor needs in this one round trip: the facts of the trigger
--- event and the record the rule saw (the expression scope, shared/workflows/scope.py) and the
--- outputs of the run's settled steps. The lease's history row is inserted by the same
--- statement, so it exists exactly when the claim does.
+-- Returns the step and the facts of the trigger event and the record the rule saw (the
+-- expression scope, shared/workflows/scope.py) in this one round trip; never the outputs of
+-- other steps: those the step reads are loaded by name (steps_scope_outputs) once its node is
+-- known. The lease's history row is inserted by the same statement, so it exists exactly when
+-- the claim does.
 WITH claimed AS (
     UPDATE workflow_steps s
     SET status = 'running',
@@ -64,16 +65,33 @@ WITH claimed AS (
               r.trigger_payload, r.trigger_record, r.record_key, r.event_id, r.namespace,
               CAST(e.connection_id AS text) AS connection_id, e.event_type,
               e.record_object_type, e.record_object_id, e.source_event_id, e.occurred_at,
-              e.author_id, e.changed_fields,
-              (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
-                          'output', p.output, 'branch_choice', p.branch_choice)), '{}'::jsonb)
-                 FROM workflow_steps p
-                WHERE p.run_id = s.run_id AND p.status = 'succeeded') AS prior_steps
+              e.author_id, e.changed_fields
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
 )
 SELECT * FROM claimed
+
+-- name: steps_scope_outputs
+-- What a claimed step's scope reads of its run, and nothing else (issue 23, item 16: every
+-- claim carried every earlier output, so a 1,000-item foreach moved O(n²) JSON): `steps`, the
+-- output and branch choice of each succeeded step it names (`step_keys`; NULL when it reads
+-- the `steps` root by no literal name: every succeeded step), and `loop`, for an iteration of
+-- a foreach body (`foreach`, `iteration`), the loop's count and concurrency and this
+-- iteration's own item, never the whole list. Read-only; `loop` is NULL when the foreach has
+-- not succeeded (the iteration then has no loop to go on with).
+SELECT (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
+                   'output', p.output, 'branch_choice', p.branch_choice)), '{}'::jsonb)
+          FROM workflow_steps p
+         WHERE p.run_id = CAST(:run_id AS uuid) AND p.status = 'succeeded'
+           AND (CAST(:step_keys AS text[]) IS NULL
+                OR p.step_key = ANY(CAST(:step_keys AS text[])))) AS steps,
+       (SELECT jsonb_build_object('count', f.output -> 'count',
+                                  'concurrency', f.output -> 'concurrency',
+                                  'item', f.output -> 'items' -> CAST(:iteration AS integer))
+          FROM workflow_steps f
+         WHERE f.run_id = CAST(:run_id AS uuid) AND f.step_key = CAST(:foreach AS text)
+           AND f.status = 'succeeded') AS loop
 
 -- name: steps_heartbeat
 -- Renew a lease. Zero rows: the lease is gone (reclaimed by the sweep, the step settled or
@@ -552,12 +570,28 @@ FROM resumed JOIN closed ON true
 -- name: loops_progress
 -- How far a foreach's iterations are, read in the settle's transaction (which holds the run
 -- row's lock, so concurrent settles of one run's items are serialized and this sees every
--- committed sibling): rows created, settled, succeeded, and the next index to create.
-SELECT count(*) AS created,
-       count(*) FILTER (WHERE status IN ('succeeded', 'skipped', 'failed')) AS settled,
-       count(*) FILTER (WHERE status = 'succeeded') AS succeeded
-FROM workflow_steps
-WHERE run_id = CAST(:run_id AS uuid) AND node_id = CAST(:body AS text)
+-- committed sibling): rows created, settled, succeeded, and the indexes to create next — the
+-- lowest ones that have no row yet, as many as `concurrency` leaves room for. Not "from the
+-- created count on": deliveries come in any order, so a replay can hold item 2 without items
+-- 0 and 1 (issue 23, item 6), and counting would skip them.
+WITH body AS (
+    SELECT status, CAST(substring(step_key FROM '\[([0-9]+)\]$') AS integer) AS i
+    FROM workflow_steps
+    WHERE run_id = CAST(:run_id AS uuid) AND node_id = CAST(:body AS text)
+), progress AS (
+    SELECT count(*) AS created,
+           count(*) FILTER (WHERE status IN ('succeeded', 'skipped', 'failed')) AS settled,
+           count(*) FILTER (WHERE status = 'succeeded') AS succeeded
+    FROM body
+)
+SELECT p.created, p.settled, p.succeeded,
+       ARRAY(SELECT g.i
+             FROM generate_series(0, CAST(:count AS integer) - 1) AS g (i)
+             WHERE NOT EXISTS (SELECT 1 FROM body b WHERE b.i = g.i)
+             ORDER BY g.i
+             LIMIT greatest(CAST(:concurrency AS integer) - (p.created - p.settled), 0))
+           AS next_indexes
+FROM progress p
 
 -- name: loops_outputs
 -- The iterations' outputs in item order, for the foreach's own output once all succeeded.

@@ -38,11 +38,12 @@ from shared.steps.claim import (
     LeaseConfig,
     claim_step,
     mark_side_effect_started,
+    read_run_outputs,
     withdraw_side_effect_mark,
 )
 from shared.steps.crashpoints import crash_point
 from shared.steps.gates import WorkflowGates, run_gated, settle_gates
-from shared.steps.loops import Loop, enclosing_loop, iteration, loop_scope
+from shared.steps.loops import Loop, enclosing_loop, foreach_of, iteration, loop_scope
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
     OUTCOME_GRAPH_UNREADABLE,
@@ -58,7 +59,7 @@ from shared.steps.outcomes import (
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Breaker, Step, WorkflowDefinition
-from shared.workflows.scope import RunFacts, step_scope
+from shared.workflows.scope import RunFacts, step_scope, steps_read
 
 SQL = queries.load("steps")
 VERSION_DEFINITION = SQL["versions_definition"]
@@ -123,10 +124,13 @@ def default_dispatch(step_ids: Sequence[str]) -> None:
     publish_step_ready(step_ids)
 
 
-def build_scope(step: ClaimedStep, loop: Loop | None = None) -> dict[str, Any]:
+def build_scope(
+    step: ClaimedStep, steps: Mapping[str, Any], loop: Loop | None = None
+) -> dict[str, Any]:
     """What a step's config and a branch condition read: the scope the trigger rule read, with
-    the record kept with the run, plus `steps` and `run`, and `iteration` for an iteration of
-    a foreach body (shared/workflows/scope.py)."""
+    the record kept with the run, plus `steps` (the outputs its expressions read by name:
+    `read_run_outputs`) and `run`, and `iteration` for an iteration of a foreach body
+    (shared/workflows/scope.py)."""
     run = RunFacts(
         id=step.run_id,
         workflow_id=step.workflow_id,
@@ -140,8 +144,8 @@ def build_scope(step: ClaimedStep, loop: Loop | None = None) -> dict[str, Any]:
         step.occurrence,
         step.trigger_record,
         run=run,
-        steps=step.prior_steps,
-        loop=None if loop is None or index is None else loop_scope(loop, index, step.prior_steps),
+        steps=steps,
+        loop=None if loop is None or index is None else loop_scope(loop, index),
     )
 
 
@@ -245,9 +249,26 @@ def _run_claimed(
         )
 
     workflow = WorkflowGates.of(step.workflow_id, graph)
-    loop = enclosing_loop(graph, node, step.prior_steps)
+    foreach = foreach_of(graph, node)
+    index = iteration(step.step_key)
+    outputs = read_run_outputs(
+        db,
+        step,
+        steps=steps_read(node),
+        foreach=foreach.id if foreach is not None and index is not None else None,
+        iteration=index,
+    )
+    loop = enclosing_loop(graph, node, outputs.loop)
     settlement, lost = _execute(
-        db, step, node=node, spec=spec, workflow=workflow, config=config, now=now, loop=loop
+        db,
+        step,
+        node=node,
+        spec=spec,
+        workflow=workflow,
+        config=config,
+        now=now,
+        loop=loop,
+        steps=outputs.steps,
     )
     if lost:
         log.warning("lease lost while the block ran; not settling (its successor owns it)")
@@ -274,6 +295,7 @@ def _execute(
     config: LeaseConfig,
     now: Callable[[], datetime],
     loop: Loop | None = None,
+    steps: Mapping[str, Any],
 ) -> tuple[Settlement, bool]:
     """Run the block (or decide without running it); (settlement, lease lost)."""
     at_most_once = spec.side_effect == "at_most_once"
@@ -311,7 +333,8 @@ def _execute(
     if resumed is not None:
         return resumed, False
     try:
-        rendered = render_config(node, build_scope(step, loop))
+        scope = build_scope(step, steps, loop)
+        rendered = render_config(node, scope)
         block_config = spec.config_model.model_validate(rendered)
     except TransientError:
         raise
@@ -327,7 +350,7 @@ def _execute(
             step_key=step.step_key,
             attempt=step.attempt,
             idempotency_key=step.idempotency_key,
-            scope=build_scope(step, loop),
+            scope=scope,
             dry_run=step.namespace != "live",
             connection_id=step.connection_id,
             heartbeat=heartbeat.beat,

@@ -30,6 +30,7 @@ from shared.workflows.scope import Occurrence
 
 SQL = queries.load("steps")
 CLAIM = SQL["steps_claim"]
+SCOPE_OUTPUTS = SQL["steps_scope_outputs"]
 HEARTBEAT = SQL["steps_heartbeat"]
 MARK_SIDE_EFFECT = SQL["steps_mark_side_effect_started"]
 WITHDRAW_SIDE_EFFECT = SQL["steps_withdraw_side_effect_mark"]
@@ -79,9 +80,20 @@ class ClaimedStep:
     connection_id: str | None
     # The trigger occurrence and the record its rule saw: the step's expression scope
     # (shared/workflows/scope.py). `trigger_record` is None for runs admitted before it was kept.
+    # The outputs of other steps are not here: `read_run_outputs` loads those the step reads.
     occurrence: Occurrence
     trigger_record: Mapping[str, Any] | None
-    prior_steps: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What a claimed step reads of its run's other steps (`read_run_outputs`)."""
+
+    # `steps` root: {step key: {"output", "branch_choice"}} of the succeeded steps it reads.
+    steps: Mapping[str, Any]
+    # An iteration's loop: the foreach's `count`, `concurrency` and this iteration's `item`;
+    # None outside a loop (or when the foreach has not succeeded).
+    loop: Mapping[str, Any] | None = None
 
 
 def claim_step(
@@ -128,8 +140,34 @@ def claim_step(
         connection_id=row["connection_id"],
         occurrence=_occurrence(row),
         trigger_record=row["trigger_record"],
-        prior_steps=row["prior_steps"] or {},
     )
+
+
+def read_run_outputs(
+    db: Database,
+    step: ClaimedStep,
+    *,
+    steps: frozenset[str] | None,
+    foreach: str | None = None,
+    iteration: int | None = None,
+) -> RunOutputs:
+    """The outputs `step`'s scope reads, by name (`steps`, from
+    shared.workflows.scope.steps_read; None: every succeeded step), and for an iteration
+    (`foreach` and its `iteration` index) the loop's facts with only this item — not every
+    earlier output, which made a 1,000-item foreach move O(n²) JSON (issue 23, item 16). A
+    step that reads nothing costs no round trip."""
+    if steps is not None and not steps and foreach is None:
+        return RunOutputs(steps={})
+    with db.transaction() as tx:
+        row = tx.one(
+            SCOPE_OUTPUTS,
+            run_id=step.run_id,
+            step_keys=None if steps is None else sorted(steps),
+            foreach=foreach,
+            iteration=iteration,
+        )
+    assert row is not None  # one row, always
+    return RunOutputs(steps=row["steps"] or {}, loop=row["loop"])
 
 
 def _occurrence(row: Mapping[str, Any]) -> Occurrence:

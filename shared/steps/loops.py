@@ -8,16 +8,17 @@
     an item fails            ─► the run fails (as any step); items in flight finish; none
                                  is started after it
 
-A replay copies the succeeded items and restarts the failed one (a settled sibling iteration
-is kept: shared/ops/replay_plan.py); when it succeeds, the items never started are started
-from the lowest index, so the loop finishes exactly as if it had not failed, each item's key
-(and so its charge) the same in every run of the lineage.
+Items are delivered, so run, in any order. A replay copies the succeeded items and restarts
+every other item the original created (the failed one, and any left pending or parked beside
+it: shared/ops/replay_plan.py); as they succeed, the items that have no row yet are created,
+always the lowest index first, so the loop finishes exactly as if it had not failed, each
+item's key (and so its charge) the same in every run of the lineage.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,32 +36,42 @@ ADD_OUTPUTS = SQL["steps_add_loop_outputs"]
 
 @dataclass(frozen=True)
 class Loop:
-    """The foreach a body step belongs to, as its settle needs it."""
+    """The foreach a body step belongs to, as its scope and its settle need it."""
 
     foreach: Step
     body: Step
     count: int
     concurrency: int
     after: tuple[Step, ...]  # the foreach's successors, created when every item succeeded
+    item: Any = None  # this iteration's element of the foreach's items
+
+
+def foreach_of(graph: WorkflowDefinition, node: Step) -> Step | None:
+    """The foreach whose body `node` is; None for a step outside any loop."""
+    for candidate in graph.steps:
+        if candidate.type == "foreach" and candidate.config.get("do") == node.id:
+            return candidate
+    return None
 
 
 def enclosing_loop(
-    graph: WorkflowDefinition, node: Step, prior_steps: Mapping[str, Any]
+    graph: WorkflowDefinition, node: Step, facts: Mapping[str, Any] | None
 ) -> Loop | None:
     """The loop `node` is the body of, with its count and concurrency as the foreach journaled
-    them; None for a step outside any loop."""
-    for candidate in graph.steps:
-        if candidate.type == "foreach" and candidate.config.get("do") == node.id:
-            settled = prior_steps.get(candidate.id) or {}
-            output = settled.get("output") or {}
-            return Loop(
-                foreach=candidate,
-                body=node,
-                count=int(output.get("count", 0)),
-                concurrency=max(int(output.get("concurrency", 1)), 1),
-                after=tuple(graph.step(n) for n in ([candidate.next] if candidate.next else [])),
-            )
-    return None
+    them and this iteration's item (`facts`: shared.steps.claim.RunOutputs.loop); None for a
+    step outside any loop."""
+    foreach = foreach_of(graph, node)
+    if foreach is None:
+        return None
+    facts = facts or {}
+    return Loop(
+        foreach=foreach,
+        body=node,
+        count=int(facts.get("count") or 0),
+        concurrency=max(int(facts.get("concurrency") or 1), 1),
+        after=tuple(graph.step(n) for n in ([foreach.next] if foreach.next else [])),
+        item=facts.get("item"),
+    )
 
 
 def iteration(step_key_text: str) -> int | None:
@@ -70,15 +81,9 @@ def iteration(step_key_text: str) -> int | None:
     return int(step_key_text[step_key_text.rindex("[") + 1 : -1])
 
 
-def loop_scope(loop: Loop, index: int, prior_steps: Mapping[str, Any]) -> dict[str, Any]:
+def loop_scope(loop: Loop, index: int) -> dict[str, Any]:
     """The `iteration` root of a body step's scope: its item, its index, the foreach's id."""
-    output = (prior_steps.get(loop.foreach.id) or {}).get("output") or {}
-    items = output.get("items") or []
-    return {
-        "item": items[index] if 0 <= index < len(items) else None,
-        "index": index,
-        "foreach": loop.foreach.id,
-    }
+    return {"item": loop.item, "index": index, "foreach": loop.foreach.id}
 
 
 def start_items(
@@ -93,18 +98,19 @@ def after_item(tx: Tx, *, run_id: str, lineage_root: str, loop: Loop) -> list[st
     """An iteration succeeded (its settle's transaction, run row locked): start the next ones
     up to the concurrency, or, after the last, collect the outputs and create what follows
     the loop. The ids to dispatch."""
-    progress = tx.one(PROGRESS, run_id=run_id, body=loop.body.id)
-    assert progress is not None
-    created, settled, succeeded = (
-        int(progress["created"]),
-        int(progress["settled"]),
-        int(progress["succeeded"]),
+    progress = tx.one(
+        PROGRESS,
+        run_id=run_id,
+        body=loop.body.id,
+        count=loop.count,
+        concurrency=loop.concurrency,
     )
+    assert progress is not None
+    created, succeeded = int(progress["created"]), int(progress["succeeded"])
     if created < loop.count:
-        room = loop.concurrency - (created - settled)
-        return _insert(
-            tx, run_id, lineage_root, loop.body, range(created, min(created + room, loop.count))
-        )
+        # The lowest indexes without a row, up to the concurrency: after a replay the rows
+        # need not be a prefix (items are delivered in any order), so never "from `created`".
+        return _insert(tx, run_id, lineage_root, loop.body, list(progress["next_indexes"] or ()))
     if succeeded < loop.count:
         return []  # others still in flight (or one failed: the run has failed)
     outputs = tx.scalar(OUTPUTS, run_id=run_id, body=loop.body.id)
@@ -121,7 +127,9 @@ def after_item(tx: Tx, *, run_id: str, lineage_root: str, loop: Loop) -> list[st
     )
 
 
-def _insert(tx: Tx, run_id: str, lineage_root: str, body: Step, indexes: range) -> list[str]:
+def _insert(
+    tx: Tx, run_id: str, lineage_root: str, body: Step, indexes: Sequence[int]
+) -> list[str]:
     if not indexes:
         return []
     return insert_steps(
@@ -129,6 +137,6 @@ def _insert(tx: Tx, run_id: str, lineage_root: str, body: Step, indexes: range) 
         run_id=run_id,
         lineage_root=lineage_root,
         nodes=[body] * len(indexes),
-        keys=[step_key(body.id, [i]) for i in indexes],
+        keys=[step_key(body.id, [int(i)]) for i in indexes],
         stamp_dispatched=True,
     )

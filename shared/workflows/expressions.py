@@ -120,6 +120,9 @@ class CompiledExpression:
     program: Any = field(repr=False, compare=False)  # cel.Program (no type information)
     variables: frozenset[str] = frozenset()
     step_refs: frozenset[str] = frozenset()
+    # `steps` is read other than as `steps.<id>` / `steps["<id>"]` (`size(steps)`,
+    # `steps[trigger.x]`…): which outputs it reads is unknown before it runs.
+    reads_any_step: bool = False
     comprehensions: tuple[Comprehension, ...] = ()
     # Upper bound on string concatenations, for the allocation estimate.
     concatenations: int = 0
@@ -177,6 +180,27 @@ def _step_refs(toks: list[_Token]) -> frozenset[str]:
             if value is not None:
                 found.add(value)
     return frozenset(found)
+
+
+def _reads_any_step(toks: list[_Token]) -> bool:
+    """Whether the root `steps` appears anywhere but as `steps.<id>` or `steps["<id>"]`
+    (a plain string literal, then `]`): then no list of names covers what it reads."""
+    for i, tok in enumerate(toks):
+        if tok.kind != "ident" or tok.text != "steps" or (i > 0 and toks[i - 1].text == "."):
+            continue
+        following = [t.text for t in toks[i + 1 : i + 4]] + ["", "", ""]
+        if following[0] == "." and i + 2 < len(toks) and toks[i + 2].kind == "ident":
+            continue
+        if (
+            following[0] == "["
+            and i + 2 < len(toks)
+            and toks[i + 2].kind == "string"
+            and _string_value(toks[i + 2].text) is not None
+            and following[2] == "]"
+        ):
+            continue
+        return True
+    return False
 
 
 def _comprehensions(toks: list[_Token]) -> tuple[tuple[Comprehension, ...], frozenset[str]]:
@@ -244,6 +268,7 @@ def compile_expression(src: str, roots: frozenset[str] = ROOTS) -> CompiledExpre
     refs = program.references()
     step_refs, tree, bound, plus = _analyse(text)
     variables = frozenset(refs.get("variables", ()))
+    reads_any_step = "steps" in variables and _reads_any_step(_tokens(text))
     unknown = sorted(variables - roots - bound)
     if unknown:
         readable = (
@@ -274,6 +299,7 @@ def compile_expression(src: str, roots: frozenset[str] = ROOTS) -> CompiledExpre
         program=program,
         variables=variables & roots,
         step_refs=step_refs,
+        reads_any_step=reads_any_step,
         comprehensions=tree,
         concatenations=plus,
     )

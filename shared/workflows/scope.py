@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from shared.workflows.definition import CONDITION_KEYS, Step
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
     PreparedScope,
+    compile_expression,
     evaluate,
+    template_expressions,
 )
 
 ROOTS: dict[str, str] = {
@@ -199,6 +202,41 @@ def step_scope(
     if loop is not None:
         scope["iteration"] = dict(loop)
     return scope
+
+
+def step_expressions(step: Step) -> list[tuple[tuple[str | int, ...], str]]:
+    """Every expression a step evaluates, with where it is written (the path under the
+    step): its config's `${{ … }}` templates, its branch conditions, and the conditions its
+    block evaluates itself (a wait's `when`, kept with its park). What validation checks and
+    what the engine loads for the step's `steps` root (`steps_read`) come from this one list."""
+    found: list[tuple[tuple[str | int, ...], str]] = [
+        (("config", *p), src) for p, src in template_expressions(step.config)
+    ]
+    found += [(("branches", j, "when"), b.when) for j, b in enumerate(step.branches)]
+    found += [
+        (("config", key), step.config[key])
+        for key in CONDITION_KEYS.get(step.type, ())
+        if isinstance(step.config.get(key), str)
+    ]
+    return found
+
+
+def steps_read(step: Step) -> frozenset[str] | None:
+    """The ids of the steps whose outputs this step's expressions read: all its `steps` root
+    needs to hold (an expression can read nothing else of it, so the scope it sees is the
+    same). None when one of them reads `steps` other than by a literal name (`size(steps)`,
+    `steps[trigger.x]`) or does not compile: it gets every succeeded step, as it always did.
+    Issue 23, item 16: the claim carried every earlier output, O(n²) JSON over a foreach."""
+    names: set[str] = set()
+    for _, source in step_expressions(step):
+        try:
+            compiled = compile_expression(source)
+        except ExpressionError:
+            return None
+        if compiled.reads_any_step:
+            return None
+        names |= compiled.step_refs
+    return frozenset(names)
 
 
 def kept_for_wait(scope: Mapping[str, Any]) -> dict[str, Any]:

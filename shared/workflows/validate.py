@@ -26,7 +26,6 @@ from shared import triggers
 from shared.blocks import registry
 from shared.errors import PermanentError
 from shared.workflows.definition import (
-    CONDITION_KEYS,
     JUMP_KEYS,
     Step,
     Trigger,
@@ -37,9 +36,8 @@ from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
     compile_expression,
-    template_expressions,
 )
-from shared.workflows.scope import RULE_ROOTS
+from shared.workflows.scope import RULE_ROOTS, step_expressions
 
 PathT = tuple[str | int, ...]
 Severity = Literal["error", "warning"]
@@ -525,15 +523,7 @@ class _Validation:
                 for where, message in spec.config_warnings(step.config):
                     self.add("warning", ("steps", i, "config", *where), message)
         expressions: list[tuple[PathT, str]] = [
-            (("steps", i, "config", *p), src) for p, src in template_expressions(step.config)
-        ]
-        expressions += [
-            (("steps", i, "branches", j, "when"), b.when) for j, b in enumerate(step.branches)
-        ]
-        expressions += [
-            (("steps", i, "config", key), step.config[key])
-            for key in CONDITION_KEYS.get(step.type, ())
-            if isinstance(step.config.get(key), str)
+            (("steps", i, *where), src) for where, src in step_expressions(step)
         ]
         compiled_all: list[tuple[PathT, CompiledExpression]] = []
         for path, src in expressions:
