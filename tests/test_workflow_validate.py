@@ -4,6 +4,7 @@ the examples."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -425,3 +426,26 @@ def test_a_wait_for_needs_a_bounded_positive_timeout(timeout: str) -> None:
     )
     assert found and all(p.where.startswith("steps[0].config") for p in found)
     assert any("timeout" in p.message for p in found), [str(p) for p in found]
+
+
+def test_cli_summary_is_the_last_line_and_ends_with_a_newline(tmp_path: Path) -> None:
+    """Piped (stdout block-buffered, stderr not), the summary used to come out before the
+    problems it sums up; it is the last line of the combined output, newline-terminated."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(HEAD + "steps:\n  - id: a\n    type: nope\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for files, summary in (
+        ([str(EXAMPLES[0]), str(bad)], "1 of 2 file(s) have errors"),
+        ([str(EXAMPLES[0])], "1 file(s) ok"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "validate", *files],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            check=False,
+        )
+        assert result.stdout.endswith("\n"), repr(result.stdout)
+        assert result.stdout.splitlines()[-1].startswith(summary), result.stdout
