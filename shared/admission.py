@@ -200,6 +200,8 @@ class _Trigger:
     entry_node: str
     entry_type: str
     entry_price: int
+    # The trigger's `watch` list (empty: every field).
+    watch: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         entry_node=entry.id,
         entry_type=entry.type,
         entry_price=_block_price(entry.type),
+        watch=frozenset(parsed.trigger.watch),
     )
     with _triggers_lock:
         if len(_triggers) >= _TRIGGER_CACHE_SIZE:
@@ -382,6 +385,41 @@ def resolve_record(
     return record_from_expression(trigger.record_expression, event.scope, event.occurrence)
 
 
+def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
+    """Why a property change is not this trigger's, or None. Watched fields are the union of
+    what every active workflow of the tenant listens to (shared/workflows/listening.py: other
+    triggers, and waits), so a change can be delivered for another listener: a trigger starts
+    only on a change of a field it watches itself."""
+    if not trigger.watch or not event.changed_fields:
+        return None
+    if not event.event_type.endswith(".property_changed"):
+        return None
+    if trigger.watch & set(event.changed_fields):
+        return None
+    return (
+        f"none of the fields the trigger watches ({', '.join(sorted(trigger.watch))}) changed; "
+        f"the change ({', '.join(sorted(event.changed_fields))}) was for another listener"
+    )
+
+
+def rule_refusal(event: EventFacts, trigger: _Trigger, record: dict[str, Any]) -> str | None:
+    """Why the trigger doesn't take this event (`rule_not_matched`'s detail), or None: a
+    change of no field it watches, or a rule that is false or can't be evaluated."""
+    unwatched = unwatched_change(event, trigger)
+    if unwatched is not None:
+        return unwatched
+    if trigger.rule is None:
+        return None
+    scope: PreparedScope | dict[str, Any] = event.scope
+    if record is not event.scope.values["record"]:  # from the trigger's record expression
+        scope = {**event.scope.values, "record": record}
+    try:
+        matched = evaluate_condition(trigger.rule, scope)
+    except ExpressionError as exc:
+        return f"the rule could not be evaluated: {exc}"
+    return None if matched else f"rule `{trigger.rule.source}` was false"
+
+
 def static_refusal(
     event: EventFacts, trigger: _Trigger, dedup_mode: str
 ) -> tuple[str | None, dict[str, Any], tuple[Reason, str] | None]:
@@ -392,16 +430,9 @@ def static_refusal(
     key, record, missing = resolve_record(event, trigger)
     if key is None and (trigger.record_expression is not None or dedup_mode != "every_time"):
         return None, record, ("missing_record_identity", missing or "no record identity")
-    if trigger.rule is not None:
-        scope: PreparedScope | dict[str, Any] = event.scope
-        if record is not event.scope.values["record"]:  # from the trigger's record expression
-            scope = {**event.scope.values, "record": record}
-        try:
-            matched = evaluate_condition(trigger.rule, scope)
-        except ExpressionError as exc:
-            return key, record, ("rule_not_matched", f"the rule could not be evaluated: {exc}")
-        if not matched:
-            return key, record, ("rule_not_matched", f"rule `{trigger.rule.source}` was false")
+    not_matched = rule_refusal(event, trigger, record)
+    if not_matched is not None:
+        return key, record, ("rule_not_matched", not_matched)
     if trigger.entry_price > event.credit_balance:
         return (
             key,

@@ -97,18 +97,24 @@ class Progress:
 # ---- offline ------------------------------------------------------------------------------
 
 
-def _validate(files: Sequence[str]) -> int:
-    failed = 0
+def _validate(files: Sequence[str], out: TextIO, err: TextIO) -> int:
+    failed = warnings = 0
     for name in files:
         report = validate_file(name)
         for problem in report.problems:
-            print(problem)
+            print(problem, file=out)
+        warnings += len(report.warnings)
         if report.ok:
-            print(f"{name}: ok ({len(report.warnings)} warning(s))")
+            print(f"{name}: ok ({len(report.warnings)} warning(s))", file=out)
         else:
             failed += 1
+    # The summary is the last line: the problems (stdout, block-buffered when piped) are
+    # flushed before it, so `2>&1 | less` doesn't show it first.
+    out.flush()
     if failed:
-        print(f"{failed} of {len(files)} file(s) have errors", file=sys.stderr)
+        print(f"{failed} of {len(files)} file(s) have errors", file=err)
+    else:
+        print(f"{len(files)} file(s) ok, {warnings} warning(s)", file=out)
     return EXIT_PROBLEMS if failed else EXIT_OK
 
 
@@ -523,7 +529,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {
-    "validate": lambda a: _validate(a.files),
+    "validate": lambda a: _validate(a.files, sys.stdout, sys.stderr),
     "schema": lambda a: _schema(a.out),
     "budget": lambda a: _budget(a.workflow_id),
     "breaker": lambda a: _breaker(a.workflow_id, a.resume, a.half_open),

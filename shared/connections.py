@@ -5,9 +5,10 @@ Manager fills in the cloud — never the secret itself. The secret is read from 
 the moment it is needed, so rotating it is a redeploy with a new secret version, not a data
 migration, and a database dump never holds a usable credential.
 
-Watched fields (what shadow records track, and so which property changes can fire) are the
-union of `trigger.watch` over the active versions of the tenant's workflows whose trigger
-events include `<provider>.<object>.property_changed`, plus the connection's own
+Watched fields (what shadow records track, and so which property changes can fire or resume a
+wait) are what the active versions of the tenant's workflows listen to — their property-change
+triggers' `watch` lists and their waits' fields (shared/workflows/listening.py, the one home of
+that rule, which the provider subscriptions use too) — plus the connection's own
 `watched_fields` setting (`{"contact": ["email", ...]}`), which is what counts until
 workflows exist. A property-change trigger with an empty `watch` list watches every field of
 its object type (`"*"`).
@@ -24,15 +25,16 @@ from typing import Any
 
 from shared import queries
 from shared.db import Tx
+from shared.workflows import listening
+from shared.workflows.listening import ALL_FIELDS
 
 SQL = queries.load("connections")
 GET = SQL["connection_get"]
 GET_FOR_TENANT = SQL["connection_get_for_tenant"]
 INSERT = SQL["connection_insert"]
-ACTIVE_TRIGGERS = SQL["connection_active_triggers"]
+ACTIVE_LISTENERS = SQL["connection_active_listeners"]
 
 PROVIDERS = ("hubspot", "standard", "pipedrive", "hmac")
-ALL_FIELDS = "*"
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
 
 
@@ -147,28 +149,11 @@ class WatchedFields:
         return ALL_FIELDS in fields or field_name in fields
 
 
-def property_change_event(provider: str, object_type: str) -> str:
-    return f"{provider}.{object_type}.property_changed"
-
-
-def _trigger_watches(provider: str, trigger: Any, into: dict[str, set[str]]) -> None:
-    if isinstance(trigger, str):
-        trigger = json.loads(trigger)
-    if not isinstance(trigger, Mapping):
-        return
-    events = trigger.get("events") or []
-    watch = [str(w) for w in (trigger.get("watch") or []) if isinstance(w, str)]
-    prefix, suffix = f"{provider}.", ".property_changed"
-    for event in events:
-        if isinstance(event, str) and event.startswith(prefix) and event.endswith(suffix):
-            object_type = event[len(prefix) : -len(suffix)]
-            if object_type and "." not in object_type:
-                into.setdefault(object_type, set()).update(watch or [ALL_FIELDS])
-
-
 def watched_fields(tx: Tx, connection: Connection) -> WatchedFields:
-    """The union of active triggers' watch lists and the connection's own setting."""
+    """The union of what active workflows listen to and the connection's own setting."""
     union: dict[str, set[str]] = {k: set(v) for k, v in connection.watched_fields.items()}
-    for row in tx.all(ACTIVE_TRIGGERS, tenant_id=connection.tenant_id):
-        _trigger_watches(connection.provider, row["trigger"], union)
+    rows = tx.all(ACTIVE_LISTENERS, tenant_id=connection.tenant_id)
+    listening.watched_by_object(
+        connection.provider, ({"trigger": r["trigger"], "steps": r["waits"]} for r in rows), union
+    )
     return WatchedFields({k: frozenset(v) for k, v in union.items()})

@@ -55,11 +55,14 @@ def bind_workflow(
     rule: str | None = None,
     record: str = "event",
     steps: Sequence[Mapping[str, Any]] | None = None,
+    watch: Sequence[str] = (),
 ) -> str:
     """Publish and activate a workflow; its id."""
     trigger: dict[str, Any] = {"events": list(events), "dedup": dedup, "record": record}
     if rule is not None:
         trigger["rule"] = rule
+    if watch:
+        trigger["watch"] = list(watch)
     source = {
         "name": name,
         "tenant": tenant_id,

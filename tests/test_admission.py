@@ -128,6 +128,35 @@ def test_refusal_rule_not_matched(db: Database, conn: str) -> None:
     assert "could not be evaluated" in only_refusal(db, broken)["detail"]
 
 
+def test_a_trigger_does_not_start_on_a_change_of_a_field_it_does_not_watch(
+    db: Database, conn: str
+) -> None:
+    """Watched fields are a tenant-wide union, and include what waits listen to (issue 23
+    item 2), so a change can be delivered for another listener: a trigger with a watch list
+    starts only on a change of a field it watches itself (before, any watched change did)."""
+    changes = "hubspot.contact.property_changed"
+    stage = bind_workflow(db, "on-stage", events=(changes,), watch=("lifecyclestage",))
+    anything = bind_workflow(db, "on-anything", events=(changes,))
+    event = emit_event(
+        db, connection_id=conn, event_type=changes, changed={"hs_lead_status": "CONNECTED"}
+    )
+    result = admit_event(db, event, publish=Published())
+    assert result.outcome_for(stage).reason == "rule_not_matched"
+    assert (
+        "none of the fields the trigger watches (lifecyclestage)"
+        in (only_refusal(db, stage)["detail"])
+    )
+    assert result.outcome_for(anything).outcome == "admitted"
+    both = emit_event(
+        db,
+        connection_id=conn,
+        event_type=changes,
+        object_id="102",
+        changed={"hs_lead_status": "NEW", "lifecyclestage": "lead"},
+    )
+    assert admit_event(db, both, publish=Published()).outcome_for(stage).outcome == "admitted"
+
+
 def test_refusal_insufficient_credits(db: Database) -> None:
     make_tenant(db, balance=0)
     conn = make_connection(db)

@@ -58,7 +58,7 @@ def _workflow(name: str, connection_id: str, contact_id: str, sink: str) -> list
             "config": {
                 "object_type": "tasks",
                 "connection_id": connection_id,
-                "properties": {"hs_task_subject": name},
+                "properties": {"hs_task_subject": name, "hs_timestamp": "2026-12-03T10:00:00Z"},
             },
             "next": "update_contact",
         },

@@ -26,7 +26,11 @@ def connection_id(db: Database, fake: FakeCrm) -> str:
     return seed_connection(db, fake.url)
 
 
-TASK = {"object_type": "tasks", "properties": {"hs_task_subject": "Call Ada"}}
+# HubSpot refuses a task without hs_timestamp (https://developers.hubspot.com/docs/api/crm/tasks).
+TASK = {
+    "object_type": "tasks",
+    "properties": {"hs_task_subject": "Call Ada", "hs_timestamp": "2026-12-03T10:00:00Z"},
+}
 
 
 def test_dropped_create_response_gives_one_record_and_outcome_unknown(

@@ -30,7 +30,10 @@ def _run_create(db: Database, connection_id: str) -> tuple[str, str]:
                     "config": {
                         "object_type": "tasks",
                         "connection_id": connection_id,
-                        "properties": {"hs_task_subject": "Call Ada"},
+                        "properties": {
+                            "hs_task_subject": "Call Ada",
+                            "hs_timestamp": "2026-12-03T10:00:00Z",
+                        },
                     },
                 }
             ]

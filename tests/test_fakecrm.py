@@ -499,3 +499,48 @@ def test_oauth_codes_expiring_access_tokens_refresh_and_revocation() -> None:
             assert create(fresh["access_token"]).status_code == 401  # uninstalled: tokens gone
     finally:
         fake.stop()
+
+
+def test_the_strict_task_check_is_on_by_default() -> None:
+    """Issue 24 item 5: with the check off by default, examples creating tasks HubSpot refuses
+    passed against the fake. HubSpot: hs_timestamp "Required"
+    (https://developers.hubspot.com/docs/api/crm/tasks)."""
+    fake = FakeCrm().start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            bare = c.post("/crm/v3/objects/tasks", json={"properties": {"hs_task_subject": "x"}})
+            assert bare.status_code == 400
+            assert "hs_timestamp is required" in bare.json()["message"]
+            dated = {"hs_task_subject": "x", "hs_timestamp": "2026-12-03T10:00:00Z"}
+            assert c.post("/crm/v3/objects/tasks", json={"properties": dated}).status_code == 201
+    finally:
+        fake.stop()
+
+
+def test_search_finds_records_by_association_from_either_side() -> None:
+    """HubSpot's search pseudo-property `associations.<object>` (used by the deal examples):
+    a contact associated with a deal is found by `associations.deal`, and a task associated
+    with the contact by `associations.contact`."""
+    fake = FakeCrm().start()
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            deal = c.post("/crm/v3/objects/deals", json={"properties": {"dealname": "d"}})
+            did = deal.json()["id"]
+            link = {"to": {"id": did}, "types": [{"associationTypeId": 4}]}
+            contact = c.post(
+                "/crm/v3/objects/contacts",
+                json={"properties": {"email": "a@x.io"}, "associations": [link]},
+            )
+            c.post("/crm/v3/objects/contacts", json={"properties": {"email": "b@x.io"}})
+
+            def search(object_type: str, name: str, value: str) -> list[str]:
+                flt = {"propertyName": name, "operator": "EQ", "value": value}
+                body = {"filterGroups": [{"filters": [flt]}]}
+                found = c.post(f"/crm/v3/objects/{object_type}/search", json=body).json()
+                return [r["id"] for r in found["results"]]
+
+            assert search("contacts", "associations.deal", did) == [contact.json()["id"]]
+            # From the other side: the deal is found by the contact associated with it.
+            assert search("deals", "associations.contact", contact.json()["id"]) == [did]
+    finally:
+        fake.stop()

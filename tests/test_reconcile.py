@@ -42,6 +42,8 @@ EXAMPLE_KEYS = {
     ("contact", "propertyChange", "lifecyclestage"),
     ("deal", "propertyChange", "dealstage"),
     ("contact", "propertyChange", "hs_sales_email_last_replied"),
+    # lead-replied-reengage's wait_for reads hs_lead_status: no trigger watches it.
+    ("contact", "propertyChange", "hs_lead_status"),
 }
 
 
@@ -102,10 +104,11 @@ TRIGGERS = [
     {"events": ["hubspot.contact.property_changed", "hubspot.contact.created"], "watch": []},
     {"events": ["hubspot.company.teleported", "standard.invoice.paid"]},
 ]
+DEFINITIONS = [{"trigger": t} for t in TRIGGERS]
 
 
 def test_desired_is_the_union_of_active_triggers_for_the_provider() -> None:
-    desired = subs.desired_subscriptions("hubspot", TRIGGERS)
+    desired = subs.desired_subscriptions("hubspot", DEFINITIONS)
     assert desired.keys == {
         ("contact", "creation", None),
         ("deal", "propertyChange", "dealstage"),
@@ -113,9 +116,9 @@ def test_desired_is_the_union_of_active_triggers_for_the_provider() -> None:
     }
     assert desired.unsupported == (
         "hubspot.company.teleported: hubspot has no subscription for 'teleported'",
-        "hubspot.contact.property_changed: no `watch` fields to subscribe to",
+        "hubspot.contact.property_changed (trigger): no fields to subscribe to (`watch`)",
     )
-    assert subs.desired_subscriptions("pipedrive", TRIGGERS).keys == frozenset()
+    assert subs.desired_subscriptions("pipedrive", DEFINITIONS).keys == frozenset()
 
 
 def test_plan_creates_missing_and_deletes_unneeded_and_duplicates() -> None:
@@ -131,10 +134,43 @@ def test_plan_creates_missing_and_deletes_unneeded_and_duplicates() -> None:
     assert plan.kept == 1
 
 
+def test_a_wait_subscribes_to_what_it_waits_for_even_when_no_trigger_watches_it() -> None:
+    """Issue 23 item 2: subscriptions came from triggers only, so a wait_for on another
+    property was never subscribed. Its `watch`, else the fields its `when` reads, are."""
+    steps = [
+        {
+            "id": "reply",
+            "type": "wait_for",
+            "config": {
+                "event": "hubspot.contact.property_changed",
+                "when": 'event.changed_fields.hs_lead_status == "CONNECTED" && record.id != ""',
+            },
+        },
+        {
+            "id": "paid",
+            "type": "wait_for",
+            "config": {"event": "hubspot.deal.property_changed", "watch": ["amount"]},
+        },
+        {"id": "made", "type": "wait_for", "config": {"event": "hubspot.company.created"}},
+        {"id": "any", "type": "wait_for", "config": {"event": "hubspot.ticket.property_changed"}},
+    ]
+    definition = {"trigger": {"cron": "0 9 * * *"}, "steps": steps}
+    desired = subs.desired_subscriptions("hubspot", [definition])
+    assert desired.keys == {
+        ("contact", "propertyChange", "hs_lead_status"),
+        ("deal", "propertyChange", "amount"),
+        ("company", "creation", None),
+    }
+    assert desired.unsupported == (
+        "hubspot.ticket.property_changed (steps.any): no fields to subscribe to "
+        "(`watch` or `when`)",
+    )
+
+
 def test_apply_is_idempotent_and_converges_after_drift() -> None:
     port = PortDouble()
     port.add(("company", "creation", None))  # left over from an old workflow
-    desired = subs.desired_subscriptions("hubspot", TRIGGERS)
+    desired = subs.desired_subscriptions("hubspot", DEFINITIONS)
     first = subs.apply_plan("c1", port, desired)
     assert first.ok
     assert set(port.keys()) == desired.keys
@@ -158,7 +194,7 @@ def test_a_failed_change_is_reported_and_the_rest_still_applies() -> None:
     port = PortDouble()
     port.add(("ticket", "creation", None))
     port.fail_create.add(("deal", "propertyChange", "amount"))
-    result = subs.apply_plan("c1", port, subs.desired_subscriptions("hubspot", TRIGGERS))
+    result = subs.apply_plan("c1", port, subs.desired_subscriptions("hubspot", DEFINITIONS))
     assert not result.ok
     assert result.errors == ("create deal.propertyChange[amount]: refused",)
     assert result.deleted == (("ticket", "creation", None),)
@@ -168,7 +204,7 @@ def test_a_failed_change_is_reported_and_the_rest_still_applies() -> None:
 def test_a_provider_without_subscription_api_is_skipped() -> None:
     port = PortDouble()
     port.capabilities = Capabilities(subscription_management=False)
-    result = subs.apply_plan("c1", port, subs.desired_subscriptions("hubspot", TRIGGERS))
+    result = subs.apply_plan("c1", port, subs.desired_subscriptions("hubspot", DEFINITIONS))
     assert result.ok
     assert result.skipped == "provider has no subscription API"
     assert port.calls == []
@@ -208,8 +244,8 @@ def test_reconcile_records_the_outcome_per_connection(db: Database) -> None:
     last = subs.last_reconcile(db, connection_id)
     assert last is not None
     assert last["ok"] is True
-    assert len(last["desired"]["subscriptions"]) == 3
-    assert len(last["result"]["created"]) == 3
+    assert len(last["desired"]["subscriptions"]) == len(EXAMPLE_KEYS)
+    assert len(last["result"]["created"]) == len(EXAMPLE_KEYS)
     # Deactivating the workflows that watch deal stages removes what only they needed; while
     # one of them is still active its subscription stays.
     watching = ("deal-closed-won", "discount-approval", "deal-contacts-foreach")
@@ -271,10 +307,10 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
     first = subs.reconcile_all(db, connect.port_for)
     assert [r.ok for r in first] == [True]
     assert set(_provider_keys(fake)) == EXAMPLE_KEYS
-    assert len(_provider_keys(fake)) == 3
+    assert len(_provider_keys(fake)) == len(EXAMPLE_KEYS)
 
     again = subs.reconcile_all(db, connect.port_for)
-    assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), 3)
+    assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), len(EXAMPLE_KEYS))
 
     # Drift at the provider, behind onceflow's back.
     base = f"{fake.url}/webhooks/v3/424242/subscriptions"
@@ -364,7 +400,7 @@ def test_an_apps_subscriptions_are_the_union_over_its_connections(
     assert [(r.connection_id, r.ok) for r in results] == [("hubspot-app:424242", True)]
     assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS
     again = subs.reconcile_all(db, connect.port_for, connect.port_for_app)
-    assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), 3)
+    assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), len(EXAMPLE_KEYS))
     # A per-connection reconcile of one portal refuses to touch the app's subscriptions.
     skipped = subs.reconcile_connection(db, acme, connect.port_for(acme))
     assert skipped.skipped == "reconciled per provider app"

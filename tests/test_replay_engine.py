@@ -47,7 +47,10 @@ def test_replay_after_outcome_unknown_runs_again_under_the_lineage_key_and_charg
                     "config": {
                         "object_type": "tasks",
                         "connection_id": conn,
-                        "properties": {"hs_task_subject": "Call ${{ trigger.name }}"},
+                        "properties": {
+                            "hs_task_subject": "Call ${{ trigger.name }}",
+                            "hs_timestamp": "2026-12-03T10:00:00Z",
+                        },
                     },
                 },
             ]

@@ -4,6 +4,7 @@ the examples."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -425,3 +426,108 @@ def test_a_wait_for_needs_a_bounded_positive_timeout(timeout: str) -> None:
     )
     assert found and all(p.where.startswith("steps[0].config") for p in found)
     assert any("timeout" in p.message for p in found), [str(p) for p in found]
+
+
+def test_cli_summary_is_the_last_line_and_ends_with_a_newline(tmp_path: Path) -> None:
+    """Piped (stdout block-buffered, stderr not), the summary used to come out before the
+    problems it sums up; it is the last line of the combined output, newline-terminated."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(HEAD + "steps:\n  - id: a\n    type: nope\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    for files, summary in (
+        ([str(EXAMPLES[0]), str(bad)], "1 of 2 file(s) have errors"),
+        ([str(EXAMPLES[0])], "1 file(s) ok"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "validate", *files],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            check=False,
+        )
+        assert result.stdout.endswith("\n"), repr(result.stdout)
+        assert result.stdout.splitlines()[-1].startswith(summary), result.stdout
+
+
+# ---------------------------------------------------------------- what a wait can hear
+
+
+def _wait(config: str) -> str:
+    return (
+        HEAD
+        + textwrap.dedent(
+            """\
+        steps:
+          - id: reply
+            type: wait_for
+            config:
+        """
+        )
+        + textwrap.indent(textwrap.dedent(config), "      ")
+        + "    next: done\n  - id: done\n    type: end\n"
+    )
+
+
+def test_a_wait_on_a_property_change_that_names_no_field_is_warned_about() -> None:
+    """Issue 23 item 2: a wait hears a property change only for the fields it listens to
+    (subscribed and watched); `when: true` names none."""
+    unheard = _wait("event: hubspot.contact.property_changed\ntimeout: {days: 1}\n")
+    problem = _one(unheard, "warning")
+    assert problem.where == "steps[0].config.when"
+    assert "can't tell which field" in problem.message and "`watch`" in problem.message
+    for heard in (
+        "event: hubspot.contact.property_changed\nwatch: [hs_lead_status]\ntimeout: {days: 1}\n",
+        "event: hubspot.contact.property_changed\ntimeout: {days: 1}\n"
+        "when: 'record.hs_lead_status == \"CONNECTED\"'\n",
+        "event: hubspot.contact.created\ntimeout: {days: 1}\n",
+    ):
+        assert _problems(_wait(heard), "warning") == [], heard
+        assert _problems(_wait(heard)) == [], heard
+
+
+def test_an_unknown_event_type_is_refused_with_a_suggestion() -> None:
+    """Issue 24 item 5: a misspelt event type bound the workflow to events that never come."""
+    end = "steps:\n  - id: a\n    type: end\n"
+    problem = _one(HEAD.replace("hubspot.contact.created", "hubspot.contacts.created") + end)
+    assert problem.where == "trigger.events[0]"
+    assert "did you mean 'hubspot.contact.created'?" in problem.message
+    problem = _one(HEAD.replace("hubspot.contact.created", "hubspt.deal.created") + end)
+    assert "there is no provider 'hubspt'" in problem.message
+    assert "did you mean 'hubspot.deal.created'?" in problem.message
+    # In a wait too.
+    problem = _one(_wait("event: hubspot.contact.property_change\ntimeout: {days: 1}\n"))
+    assert problem.where == "steps[0].config.event"
+    assert "did you mean 'hubspot.contact.property_changed'?" in problem.message
+    # The sender's own names (standard webhooks, app events) are not judged.
+    for own in ("standard.invoice.paid", "acme.signup.done"):
+        assert _problems(HEAD.replace("hubspot.contact.created", own) + end) == []
+
+
+def test_a_task_hubspot_refuses_or_hides_is_warned_about() -> None:
+    """Issue 24 item 5: HubSpot requires hs_timestamp on a task and shows it on a record only
+    through an association (https://developers.hubspot.com/docs/api/crm/tasks)."""
+    bare = HEAD + textwrap.dedent(
+        """\
+        steps:
+          - id: t
+            type: crm.create
+            config:
+              object_type: tasks
+              properties: {hs_task_subject: Call}
+        """
+    )
+    messages = sorted(p.message for p in _problems(bare, "warning"))
+    assert len(messages) == 2, messages
+    assert "refuses a task without `hs_timestamp`" in messages[0]
+    assert "with no `associations` shows on no record" in messages[1]
+    good = bare.replace(
+        "properties: {hs_task_subject: Call}",
+        'properties: {hs_task_subject: Call, hs_timestamp: "${{ event.occurred_at }}"}\n'
+        '      associations: [{object_type: contacts, id: "${{ record.id }}"}]',
+    )
+    assert _problems(good, "warning") == [] and _problems(good) == []
+    # Other objects need neither.
+    contact = bare.replace("object_type: tasks", "object_type: contacts")
+    assert _problems(contact, "warning") == []

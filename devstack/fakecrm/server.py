@@ -39,6 +39,11 @@ ASSOCIATION_TYPES = {
     204: ("tasks", "contacts"),
     192: ("tasks", "companies"),
     216: ("tasks", "deals"),
+    # Records with each other (associations v4 "HUBSPOT_DEFINED" ids): contact to deal,
+    # company to deal, contact to company.
+    4: ("contacts", "deals"),
+    342: ("companies", "deals"),
+    279: ("contacts", "companies"),
 }
 ACCESS_TOKENS_PREFIX = "/oauth/v1/access-tokens/"
 ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
@@ -74,8 +79,10 @@ class FakeCrmConfig:
     # Properties created with `hasUniqueValue`, per object type (e.g. {"tasks":
     # ["onceflow_key"]}): a second create with the same value answers 409 "Existing ID: N".
     unique_properties: dict[str, list[str]] = field(default_factory=dict)
-    # HubSpot requires `hs_timestamp` on a task (the tasks guide); off for older tests.
-    strict_tasks: bool = False
+    # HubSpot refuses a task without `hs_timestamp` ("Required", the tasks guide:
+    # https://developers.hubspot.com/docs/api/crm/tasks). On by default, as HubSpot is: an
+    # example or test that creates such a task is wrong against the real vendor.
+    strict_tasks: bool = True
     # When set, /webhooks/v3 takes only this developer API key (`?hapikey=`), like HubSpot,
     # and refuses a portal's CRM token; unset, it takes what the CRM API takes (older tests).
     developer_api_key: str | None = None
@@ -466,7 +473,23 @@ def _object_type(name: str) -> str:
     return name
 
 
-def _matches(rec: StoredRecord, flt: dict[str, Any]) -> bool:  # noqa: PLR0911 - one per operator
+def _associated(store: Any, rec: StoredRecord, flt: dict[str, Any]) -> bool:
+    """HubSpot's search pseudo-property `associations.<object>` EQ <id>: records associated
+    with that record, whichever side the association was made from."""
+    singular = str(flt.get("propertyName")).split(".", 1)[1]
+    other = next((p for p, s in SINGULAR.items() if s == singular), singular)
+    wanted = str(flt.get("value"))
+    if any(t == other and i == wanted for t, i, _ in rec.associations):
+        return True
+    target = store.records[other].get(wanted) if other in store.records else None
+    return target is not None and any(
+        t == rec.object_type and i == rec.id for t, i, _ in target.associations
+    )
+
+
+def _matches(rec: StoredRecord, flt: dict[str, Any], store: Any = None) -> bool:  # noqa: PLR0911 - one per operator
+    if str(flt.get("propertyName")).startswith("associations.") and store is not None:
+        return _associated(store, rec, flt)
     value = rec.properties.get(str(flt.get("propertyName")))
     op = str(flt.get("operator", "EQ")).upper()
     wanted = flt.get("value")
@@ -762,7 +785,10 @@ class _Handler(BaseHTTPRequestHandler):
                 and r.portal_id == portal
                 and (
                     not groups
-                    or any(all(_matches(r, f) for f in g.get("filters", [])) for g in groups)
+                    or any(
+                        all(_matches(r, f, self.fake.store) for f in g.get("filters", []))
+                        for g in groups
+                    )
                 )
             ]
             page = found[after : after + limit]

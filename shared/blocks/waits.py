@@ -72,6 +72,12 @@ class WaitForConfig(BaseModel):
         description="CEL condition over the incoming event (`event`, `trigger`, `record`) and "
         "the waiting run's `steps` and `run`.",
     )
+    watch: list[str] = Field(
+        default_factory=list,
+        description="For a *.property_changed event: the fields to listen to (subscribed at the "
+        "provider and watched for changes). Default: the fields `when` reads off the event "
+        "(`record.<f>`, `event.changed_fields.<f>`).",
+    )
     timeout: Duration = Field(description="How long to wait (at most 366 days).")
     on_timeout: Literal["fail", "continue"] | Goto = Field(
         default="fail", description="`fail`, `continue`, or `{goto: <step>}` at the timeout."

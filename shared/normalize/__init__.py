@@ -7,7 +7,14 @@ from collections.abc import Mapping
 from shared.normalize import hubspot, pipedrive, standard
 from shared.normalize.event import NormalizedEvent, UnparseableBody, snake
 
-__all__ = ["NormalizedEvent", "UnparseableBody", "normalize", "snake"]
+__all__ = ["NormalizedEvent", "UnparseableBody", "known_event_types", "normalize", "snake"]
+
+
+def known_event_types() -> dict[str, frozenset[str]]:
+    """Per provider whose events form a closed set, every event type its webhooks can become.
+    `standard.*` types are the sender's own names, and events onceflow makes for cron,
+    webhook and poll triggers are per workflow: neither is listed."""
+    return {"hubspot": hubspot.event_types(), "pipedrive": pipedrive.event_types()}
 
 
 def normalize(provider: str, body: bytes, headers: Mapping[str, str]) -> list[NormalizedEvent]:

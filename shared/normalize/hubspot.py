@@ -43,6 +43,10 @@ _ACTIONS: dict[str, tuple[str, Kind]] = {
     "restore": ("restored", "other"),
     "associationChange": ("association_changed", "other"),
 }
+# The CRM objects whose webhook events HubSpot sends (https://developers.hubspot.com/docs/
+# api/webhooks: contacts, companies, deals, tickets, products and line items), as onceflow
+# names them; with `_ACTIONS`, the event types this normalizer produces.
+OBJECTS = ("contact", "company", "deal", "ticket", "product", "line_item")
 # HubSpot's ids for its standard objects, used by the generic `object.*` subscriptions.
 _OBJECT_TYPE_IDS = {"0-1": "contact", "0-2": "company", "0-3": "deal", "0-5": "ticket"}
 _SUBSCRIPTION_TYPE = re.compile(r"^[A-Za-z_]+\.[A-Za-z_]+$")
@@ -92,6 +96,11 @@ def object_type_for(type_id: str) -> str:
     """The object type onceflow names a HubSpot objectTypeId (`0-1` → `contact`); record
     URLs carry the same ids (shared/ops/search.py)."""
     return _OBJECT_TYPE_IDS.get(type_id, f"object_{snake(type_id)}")
+
+
+def event_types() -> frozenset[str]:
+    """Every `hubspot.<object>.<action>` a HubSpot webhook can become."""
+    return frozenset(f"hubspot.{o}.{a}" for o in OBJECTS for a, _ in _ACTIONS.values())
 
 
 def type_id_for(object_type: str) -> str | None:

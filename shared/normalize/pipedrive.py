@@ -17,6 +17,12 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 from shared.normalize.event import Kind, NormalizedEvent, UnparseableBody, snake
 
 _ENTITIES = {"person": "contact", "organization": "company"}
+# The entities Pipedrive sends webhooks for (its webhooks guide: activity, deal, lead, note,
+# organization, person, pipeline, product, stage, user), as onceflow names them.
+OBJECTS: tuple[str, ...] = (
+    *("activity", "deal", "lead", "note", "company", "contact"),
+    *("pipeline", "product", "stage", "user"),
+)
 _ACTIONS: dict[str, tuple[str, Kind]] = {
     "create": ("created", "created"),
     "added": ("created", "created"),
@@ -45,6 +51,11 @@ class PipedriveEvent(BaseModel):
     meta: PipedriveMeta
     data: dict[str, Any] | None = None
     previous: dict[str, Any] | None = None
+
+
+def event_types() -> frozenset[str]:
+    """Every `pipedrive.<object>.<action>` a Pipedrive webhook can become."""
+    return frozenset(f"pipedrive.{o}.{a}" for o in OBJECTS for a, _ in _ACTIONS.values())
 
 
 def normalize(body: bytes) -> list[NormalizedEvent]:

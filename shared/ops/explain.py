@@ -82,9 +82,10 @@ def explain_drop(
     if reason == "not_watched":
         return (
             f"The change of {names} was received, but no active workflow watches "
-            f"{'that field' if len(fields) == 1 else 'those fields'} on {object_type} records, so "
-            "it did not become an event. To react to it, add the field to a workflow trigger's "
-            "`watch` list (or its events) and publish the workflow."
+            f"{'that field' if len(fields) == 1 else 'those fields'} on {object_type} records "
+            "(neither a trigger's `watch` list nor a wait_for that reads it), so it did not "
+            "become an event. To react to it, add the field to a workflow trigger's `watch` "
+            "list (or a wait's) and publish the workflow."
         )
     if reason == "unchanged":
         return (

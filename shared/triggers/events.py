@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 
+from shared.normalize import known_event_types
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import EVENT_TYPE_PATTERN, Trigger
 
 PROPERTY_CHANGED = ".property_changed"
 _EVENT_TYPE = re.compile(EVENT_TYPE_PATTERN)
+
+
+def unknown_event_type(event: str) -> str | None:
+    """Why `event` is an event type no webhook can become (with the nearest one that exists,
+    by difflib), or None. Only providers whose events form a closed set are judged, plus a
+    provider name that is a near miss of one of them (`hubspt.…`)."""
+    known = known_event_types()
+    provider = event.split(".", 1)[0]
+    if provider not in known:
+        near = difflib.get_close_matches(provider, list(known), n=1, cutoff=0.75)
+        if not near:
+            return None
+        candidates = sorted(known[near[0]])
+        what = f"there is no provider {provider!r}"
+    elif event in known[provider]:
+        return None
+    else:
+        candidates = sorted(known[provider])
+        what = f"{provider} sends no event {event!r}"
+    guess = difflib.get_close_matches(event, candidates, n=1, cutoff=0.6)
+    hint = f"; did you mean {guess[0]!r}?" if guess else ""
+    return f"unknown event type {event!r}: {what}{hint}"
 
 
 def check(t: Trigger, add: AddProblem) -> None:
@@ -21,6 +45,10 @@ def check(t: Trigger, add: AddProblem) -> None:
                 "an event type is dotted lower snake case like hubspot.contact.created; "
                 f"found {event!r}",
             )
+        else:
+            unknown = unknown_event_type(event)
+            if unknown is not None:
+                add("error", ("trigger", "events", i), unknown)
         if event in seen:
             add("warning", ("trigger", "events", i), f"event {event!r} is listed twice")
         seen.add(event)

@@ -203,6 +203,38 @@ def _reads_any_step(toks: list[_Token]) -> bool:
     return False
 
 
+def record_fields(src: str) -> frozenset[str]:
+    """The record properties a condition reads off the event it is given: `record.<name>`,
+    `record["<name>"]`, `event.changed_fields.<name>` and `event.changed_fields["<name>"]`
+    where `record` and `event` are the root variables. What a wait's `when` names here is what
+    it listens to (shared/workflows/listening.py). Identity fields of `record` are included;
+    the caller drops them."""
+    toks = _tokens(src)
+    found: set[str] = set()
+
+    def member(i: int) -> str | None:  # `.name` or `["name"]` starting at toks[i]
+        if i + 1 >= len(toks):
+            return None
+        if toks[i].text == "." and toks[i + 1].kind == "ident":
+            return toks[i + 1].text
+        if toks[i].text == "[" and toks[i + 1].kind == "string":
+            return _string_value(toks[i + 1].text)
+        return None
+
+    for i, tok in enumerate(toks):
+        if tok.kind != "ident" or (i > 0 and toks[i - 1].text == "."):
+            continue
+        if tok.text == "record":
+            name = member(i + 1)
+        elif tok.text == "event" and member(i + 1) == "changed_fields":
+            name = member(i + 3)
+        else:
+            continue
+        if name is not None:
+            found.add(name)
+    return frozenset(found)
+
+
 def _comprehensions(toks: list[_Token]) -> tuple[tuple[Comprehension, ...], frozenset[str]]:
     """The tree of macro calls (`.map(`, `.exists(`…) and the names they bind."""
     bound: set[str] = set()

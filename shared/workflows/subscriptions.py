@@ -1,11 +1,12 @@
 """Provider webhook subscriptions, kept equal to what the active workflows need.
 
-Per connection, the desired set is the union over the tenant's active versions of their
-trigger events for that connection's provider: `<provider>.<object>.<action>` becomes
-(object, provider event kind, property) — one per watched field for property changes, since
-HubSpot subscribes to property changes one property at a time. The same active triggers feed
-the shadow records' watched fields (`shared.connections.watched_fields` reads them from the
-same tables), so what is subscribed and what is watched cannot drift apart.
+Per connection, the desired set is the union over the tenant's active versions of what they
+listen to from that connection's provider — trigger events and the events their waits wait
+for (shared/workflows/listening.py): `<provider>.<object>.<action>` becomes (object, provider
+event kind, property) — one per needed field for property changes, since HubSpot subscribes
+to property changes one property at a time. The same listeners feed the shadow records'
+watched fields (`shared.connections.watched_fields` reads them from the same tables), so what
+is subscribed and what is watched cannot drift apart.
 
 Reconcile lists what the provider has, creates what is missing and deletes what is no longer
 needed (and duplicates). Every subscription of the connection's app is onceflow's: the app
@@ -41,6 +42,7 @@ from shared.db import Database
 from shared.logs import get_logger
 from shared.port.interface import CrmPort, PortError, Subscription
 from shared.provider_apps import ProviderApp, get_app
+from shared.workflows import listening
 
 SQL = queries.load("workflows")
 ACTIVE_DEFINITIONS = SQL["workflows_active_definitions"]
@@ -125,33 +127,35 @@ def _sort_key(key: SubscriptionKey) -> tuple[str, str, str]:
 
 
 def desired_subscriptions(
-    provider: str, triggers: Iterable[Mapping[str, Any]]
+    provider: str, definitions: Iterable[Mapping[str, Any] | str]
 ) -> DesiredSubscriptions:
-    """The union of what these triggers (stored definitions' `trigger` objects) need from
-    `provider`. Events of other providers are not this connection's business."""
+    """The union of what these stored definitions listen to from `provider` — their triggers
+    and their waits (shared/workflows/listening.py). Events of other providers are not this
+    connection's business."""
     kinds = EVENT_KINDS.get(provider, {})
     keys: set[SubscriptionKey] = set()
     unsupported: list[str] = []
     prefix = f"{provider}."
-    for trigger in triggers:
-        watch = [w for w in trigger.get("watch") or [] if isinstance(w, str)]
-        for event in trigger.get("events") or []:
-            if not isinstance(event, str) or not event.startswith(prefix):
-                continue
-            parts = event[len(prefix) :].split(".")
-            if len(parts) != 2:
-                unsupported.append(f"{event}: not <provider>.<object>.<action>")
-                continue
-            object_type, action = parts
-            kind = kinds.get(action)
-            if kind is None:
-                unsupported.append(f"{event}: {provider} has no subscription for {action!r}")
-            elif kind == "propertyChange":
-                if not watch:
-                    unsupported.append(f"{event}: no `watch` fields to subscribe to")
-                keys.update((object_type, kind, w) for w in watch)
-            else:
-                keys.add((object_type, kind, None))
+    for listener in (x for d in definitions for x in listening.listeners(d)):
+        if not listener.event.startswith(prefix):
+            continue
+        parsed = listener.object_and_action(provider)
+        if parsed is None:
+            unsupported.append(f"{listener.event}: not <provider>.<object>.<action>")
+            continue
+        object_type, action = parsed
+        kind = kinds.get(action)
+        if kind is None:
+            unsupported.append(f"{listener.event}: {provider} has no subscription for {action!r}")
+        elif kind == "propertyChange":
+            if not listener.fields:
+                unsupported.append(
+                    f"{listener.event} ({listener.where}): no fields to subscribe to"
+                    + (" (`watch`)" if listener.where == "trigger" else " (`watch` or `when`)")
+                )
+            keys.update((object_type, kind, f) for f in listener.fields)
+        else:
+            keys.add((object_type, kind, None))
     return DesiredSubscriptions(frozenset(keys), tuple(sorted(set(unsupported))))
 
 
@@ -233,8 +237,7 @@ def desired_for_connection(
         if conn is None:
             return None, DesiredSubscriptions(frozenset())
         rows = tx.all(ACTIVE_DEFINITIONS, tenant_id=conn["tenant_id"])
-    triggers = [_json(r["definition"]).get("trigger") or {} for r in rows]
-    return conn, desired_subscriptions(conn["provider"], triggers)
+    return conn, desired_subscriptions(conn["provider"], [r["definition"] for r in rows])
 
 
 def reconcile_connection(db: Database, connection_id: str, port: CrmPort) -> ReconcileResult:
@@ -284,8 +287,7 @@ def desired_for_app(db: Database, app: ProviderApp) -> DesiredSubscriptions:
             r["tenant_id"] for r in tx.all(APP_TENANTS, provider=app.provider, app_id=app.app_id)
         ]
         rows = [row for t in tenants for row in tx.all(ACTIVE_DEFINITIONS, tenant_id=t)]
-    triggers = [_json(r["definition"]).get("trigger") or {} for r in rows]
-    return desired_subscriptions(app.provider, triggers)
+    return desired_subscriptions(app.provider, [r["definition"] for r in rows])
 
 
 def app_key(app: ProviderApp) -> str:
@@ -432,7 +434,3 @@ def reconcile_tenant(
         if r["app_id"] is None
     )
     return results
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value

@@ -25,6 +25,8 @@ from pydantic import ValidationError
 from shared import triggers
 from shared.blocks import registry
 from shared.errors import PermanentError
+from shared.triggers.events import unknown_event_type
+from shared.workflows import listening
 from shared.workflows.definition import (
     JUMP_KEYS,
     Step,
@@ -579,6 +581,10 @@ class _Validation:
                     "on_timeout: proceed goes on as if approved when nobody decides before it "
                     "expires; the default, reject, is the safe one",
                 )
+            if step.type == "crm.create":
+                self.check_task_create(i, step)
+            if step.type == "wait_for":
+                self.check_wait_listens(i, step)
             properties = step.config.get("properties")
             if step.type == "crm.update" and isinstance(properties, Mapping):
                 looping = sorted(set(properties) & set(d.trigger.watch))
@@ -589,6 +595,48 @@ class _Validation:
                         f"updates watched field {looping[0]!r}: onceflow suppresses the echo of "
                         "its own write, but another workflow writing it back can loop",
                     )
+
+    def check_task_create(self, i: int, step: Step) -> None:
+        """HubSpot refuses a task without `hs_timestamp` ("Required. This field marks the
+        task's due date") and shows a task on a record only through an association
+        (https://developers.hubspot.com/docs/api/crm/tasks): legal here, refused or invisible
+        there."""
+        if str(step.config.get("object_type", "")).lower() not in ("task", "tasks"):
+            return
+        properties = step.config.get("properties")
+        if isinstance(properties, Mapping) and "hs_timestamp" not in properties:
+            self.add(
+                "warning",
+                ("steps", i, "config", "properties"),
+                "HubSpot refuses a task without `hs_timestamp` (its due date, ISO 8601 UTC "
+                'or epoch milliseconds): add e.g. hs_timestamp: "${{ event.occurred_at }}"',
+            )
+        if not step.config.get("associations"):
+            self.add(
+                "warning",
+                ("steps", i, "config"),
+                "a task with no `associations` shows on no record in HubSpot: associate it "
+                "with the record it is about (associations: [{object_type: contacts, id: …}])",
+            )
+
+    def check_wait_listens(self, i: int, step: Step) -> None:
+        """A wait hears a property change only for the fields it listens to: they are
+        subscribed at the provider and watched (shared/workflows/listening.py)."""
+        event = step.config.get("event")
+        if not isinstance(event, str):
+            return
+        unknown = unknown_event_type(event)
+        if unknown is not None:
+            self.add("error", ("steps", i, "config", "event"), unknown)
+        elif event.endswith(".property_changed") and not listening.wait_fields(step.config):
+            self.add(
+                "warning",
+                ("steps", i, "config", "when"),
+                f"this wait can't tell which field of {event} it waits for: `when` reads no "
+                "record field (record.<f>, event.changed_fields.<f>) and there is no `watch` "
+                "list, so no provider subscription is made for it and it hears only the fields "
+                "other workflows listen to; list them in `watch`",
+            )
 
     def expression(self, path: PathT, src: str) -> CompiledExpression | None:
         try:

@@ -1,0 +1,102 @@
+"""What a workflow listens to: the events its trigger starts on and the events its waits
+(`wait_for`) wait for, with the record fields each needs to hear about.
+
+This is the one home of that rule. The shadow records' watched fields
+(`shared.connections.watched_fields`: a property change of a field nobody listens to is
+dropped as `not_watched`) and the provider subscriptions (`shared.workflows.subscriptions`:
+HubSpot sends a property change only when someone subscribed to that one property,
+https://developers.hubspot.com/docs/api/webhooks) are both computed from `listeners`, so a
+wait hears what it waits for even when no trigger watches it (issue 23 item 2: a wait on
+`hs_lead_status` was never subscribed, and a delivered change was dropped).
+
+The fields of a property-change listener:
+- a trigger: its `watch` list (empty: every field of the object type);
+- a wait: its own `watch` list when it has one, else the fields its `when` condition reads
+  off the incoming event (`record.<f>`, `event.changed_fields.<f>`). A wait that names
+  neither listens to every field, which a provider that subscribes per property cannot
+  deliver: validation warns about it (`unheard_wait`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared.workflows.expressions import ExpressionError, record_fields
+
+# Fields of `record` that name the record rather than a property of it.
+RECORD_IDENTITY = frozenset({"id", "object_type", "key", "connection_id"})
+PROPERTY_CHANGED = "property_changed"
+ALL_FIELDS = "*"
+
+
+@dataclass(frozen=True)
+class Listener:
+    event: str  # <provider>.<object>.<action>
+    fields: tuple[str, ...]  # for property changes: the fields it needs; () = every field
+    where: str  # "trigger" or "steps.<id>", for messages
+
+    def object_and_action(self, provider: str) -> tuple[str, str] | None:
+        """(object type, action) when this listener's event is `provider`'s, else None."""
+        prefix = f"{provider}."
+        if not self.event.startswith(prefix):
+            return None
+        parts = self.event[len(prefix) :].split(".")
+        if len(parts) != 2 or not all(parts):
+            return None
+        return parts[0], parts[1]
+
+
+def wait_fields(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The fields a `wait_for` config listens to: its `watch`, else what `when` reads."""
+    watch = [w for w in config.get("watch") or [] if isinstance(w, str)]
+    if watch:
+        return tuple(dict.fromkeys(watch))
+    when = config.get("when")
+    if not isinstance(when, str):
+        return ()
+    try:
+        read = record_fields(when)
+    except ExpressionError:  # pragma: no cover - the lexer does not refuse input
+        return ()
+    return tuple(sorted(read - RECORD_IDENTITY))
+
+
+def listeners(definition: Mapping[str, Any] | str) -> list[Listener]:
+    """Every listener of one stored definition (or of its `trigger` and `steps` alone)."""
+    if isinstance(definition, str):
+        definition = json.loads(definition)
+    if not isinstance(definition, Mapping):
+        return []
+    out: list[Listener] = []
+    trigger = definition.get("trigger")
+    if isinstance(trigger, str):
+        trigger = json.loads(trigger)
+    if isinstance(trigger, Mapping):
+        watch = tuple(w for w in trigger.get("watch") or [] if isinstance(w, str))
+        out.extend(
+            Listener(e, watch, "trigger") for e in trigger.get("events") or [] if isinstance(e, str)
+        )
+    steps = definition.get("steps")
+    if isinstance(steps, str):
+        steps = json.loads(steps)
+    for step in steps if isinstance(steps, list) else []:
+        if not isinstance(step, Mapping) or step.get("type") != "wait_for":
+            continue
+        config = step.get("config")
+        if isinstance(config, Mapping) and isinstance(config.get("event"), str):
+            out.append(Listener(config["event"], wait_fields(config), f"steps.{step.get('id')}"))
+    return out
+
+
+def watched_by_object(
+    provider: str, definitions: Iterable[Mapping[str, Any] | str], into: dict[str, set[str]]
+) -> None:
+    """Add to `into` (object type -> fields, `ALL_FIELDS` for every field) what the property-change
+    listeners of these definitions need from `provider`."""
+    for listener in (x for d in definitions for x in listeners(d)):
+        parsed = listener.object_and_action(provider)
+        if parsed is not None and parsed[1] == PROPERTY_CHANGED:
+            into.setdefault(parsed[0], set()).update(listener.fields or [ALL_FIELDS])

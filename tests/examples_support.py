@@ -1,0 +1,135 @@
+"""The shipped examples run the way production runs them: published and activated, the
+provider subscriptions reconciled at the fake CRM, a change made in the fake CRM delivered as
+a signed webhook to the real webhook function, the inbox drained, the trigger event admitted,
+and the run's steps driven by the real step engine against the fake CRM. Only what leaves
+onceflow for a third party is a test double: `http.request` records what it would send.
+Delays and deadlines are brought forward (`due_now`), then the sweep wakes them."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import functions_framework
+import pytest
+from pydantic import BaseModel
+from werkzeug.serving import make_server
+
+from devstack.fakecrm import FakeCrm
+from shared import admission
+from shared.blocks.base import BlockContext, BlockResult
+from shared.db import Database
+from shared.inbox import drain_inbox
+from shared.port import connect
+from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
+from shared.workflows import subscriptions, versions
+from tests.blocks_support import seed_connection, seed_tenant
+from tests.steps_blocks import Recorder, block_lookup, spec
+from tests.test_steps_engine import Queue
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
+
+
+@pytest.fixture
+def webhook_url(db: Database) -> Iterator[str]:
+    """The real webhook function, served over HTTP."""
+    app = functions_framework.create_app(target="webhook", source=str(ROOT / "main.py"))
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+
+
+class ExampleStack:
+    """Tenant acme, its connection to the fake CRM (webhooks to the real webhook function),
+    and the examples it publishes; `person` changes a record as a person in the CRM would,
+    `pump` takes what that caused all the way through to the steps."""
+
+    def __init__(self, db: Database, fake: FakeCrm, webhook_url: str) -> None:
+        self.db = db
+        self.fake = fake
+        seed_tenant(db, credits=100_000)
+        self.connection_id = seed_connection(db, fake.url)
+        fake.config.webhook_url = f"{webhook_url}/hubspot/{self.connection_id}"
+        self.sent: list[dict[str, Any]] = []  # what http.request steps would have sent
+        self.queue = Queue()
+        self.lookup = block_lookup(Recorder(), **{"http.request": spec("http.request", self._http)})
+        self.admitted: set[int] = set()
+        self.outcomes: list[admission.BindingOutcome] = []
+
+    def _http(self, ctx: BlockContext, config: BaseModel) -> BlockResult:
+        sent = config.model_dump()
+        self.sent.append({"step": ctx.step_key, **sent})
+        return BlockResult(output={"status": 200, "body": None})
+
+    def activate(self, path: Path) -> str:
+        """Publish and activate one example, then reconcile the provider subscriptions (as
+        activation does in the ops API); the workflow id."""
+        with self.db.transaction() as tx:
+            published = versions.publish(tx, path.read_text(), filename=str(path))
+            versions.activate(
+                tx,
+                tenant_id="acme",
+                workflow_id=published.workflow_id,
+                version_id=published.version_id,
+            )
+        result = subscriptions.reconcile_connection(
+            self.db, self.connection_id, connect.port_for(self.connection_id)
+        )
+        assert result.ok, result.errors
+        return str(published.workflow_id)
+
+    def person(self, object_type: str, object_id: str, properties: dict[str, Any]) -> None:
+        self.fake.update_record(object_type, object_id, properties, ("CRM_UI", "userId:7"))
+        self.pump()
+
+    def pump(self) -> None:
+        """Deliver the webhooks, drain the inbox, admit new events, run the steps."""
+        assert self.fake.webhooks.wait_idle()
+        drain_inbox(self.db, budget_seconds=10, until_empty=True)
+        with self.db.transaction() as tx:
+            ids = [int(r["id"]) for r in tx.all("SELECT id FROM workflow_trigger_events")]
+        for event_id in sorted(set(ids) - self.admitted):
+            self.admitted.add(event_id)
+            result = admission.admit_event(self.db, event_id, publish=self.queue)
+            self.outcomes.extend(result.outcomes)
+        self.queue.drain(self.db, self.lookup, limit=1000)
+
+    def due_now(self, run_id: str) -> None:
+        """Time travel: the run's delays and wait deadlines are due; the sweep wakes them."""
+        with self.db.transaction() as tx:
+            tx.execute(
+                "UPDATE workflow_steps SET wake_at = now() - interval '1 second',"
+                " output = CASE WHEN output ? 'delay_until' THEN jsonb_set(output,"
+                " '{delay_until}', to_jsonb(CAST(now() - interval '1 second' AS text)))"
+                " ELSE output END WHERE run_id = :r AND wake_at IS NOT NULL",
+                r=run_id,
+            )
+        wake_due_steps(self.db, SweepConfig(), self.queue, SweepReport())
+        self.queue.drain(self.db, self.lookup, limit=1000)
+
+    def runs(self, workflow_id: str) -> list[dict[str, Any]]:
+        with self.db.transaction() as tx:
+            return tx.all(
+                "SELECT id::text AS id, status FROM workflow_runs"
+                " WHERE workflow_id = CAST(:w AS uuid) ORDER BY created_at",
+                w=workflow_id,
+            )
+
+    def steps(self, run_id: str) -> dict[str, dict[str, Any]]:
+        with self.db.transaction() as tx:
+            rows = tx.all(
+                "SELECT step_key, status, output, error FROM workflow_steps"
+                " WHERE run_id = CAST(:r AS uuid)",
+                r=run_id,
+            )
+        return {r["step_key"]: r for r in rows}
+
+    def drops(self) -> list[dict[str, Any]]:
+        with self.db.transaction() as tx:
+            return tx.all("SELECT * FROM pre_admission_drops")
