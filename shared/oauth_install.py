@@ -64,6 +64,7 @@ CONFIRM = SQL["oauth_install_confirm"]
 STATE_DONE = SQL["oauth_install_state_done"]
 PORTAL_OWNER = SQL["oauth_install_portal_owner"]
 STATES_TRIM = SQL["oauth_install_states_trim"]
+LAPSED_GRANTS_CLEAR = SQL["oauth_install_lapsed_grants_clear"]
 CONNECTION_LOCK = SQL["oauth_install_connection_lock"]
 REAUTHORIZED = SQL["oauth_install_reauthorized"]
 
@@ -377,6 +378,10 @@ def _connect_confirmed(tx: Tx, app: ProviderApp, row: dict[str, Any]) -> Install
 
 
 def trim_install_states(db: Database, keep_hours: int = 24) -> dict[str, int]:
-    """The sweep's duty: delete install states expired more than `keep_hours` ago."""
+    """The sweep's duty: drop the grants of installs not confirmed in time, and delete install
+    states expired more than `keep_hours` ago."""
     with db.transaction() as tx:
-        return {"deleted": tx.execute(STATES_TRIM, keep_hours=keep_hours)}
+        return {
+            "grants_dropped": tx.execute(LAPSED_GRANTS_CLEAR),
+            "deleted": tx.execute(STATES_TRIM, keep_hours=keep_hours),
+        }

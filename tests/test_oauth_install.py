@@ -450,6 +450,15 @@ def test_an_install_not_confirmed_in_time_connects_nothing(
         tx.execute("UPDATE oauth_install_states SET confirm_by = now() - interval '1 second'")
     assert confirm(ops_server, setup, code.group(1)).status_code == 404
     assert connections_of(db) == []
+    # The sweep drops the lapsed grant (the row stays until the day-old trim).
+    from shared.oauth_install import trim_install_states
+
+    assert trim_install_states(db) == {"grants_dropped": 1, "deleted": 0}
+    with db.transaction() as tx:
+        assert (
+            tx.scalar("SELECT count(*) FROM oauth_install_states WHERE grant_sealed IS NOT NULL")
+            == 0
+        )
 
 
 def test_a_portal_connected_to_another_tenant_is_not_taken_over(
@@ -538,7 +547,7 @@ def test_the_sweep_forgets_install_states_a_day_after_they_expire(db: Database, 
                 app=APP_ID,
                 ago=expired_secs_ago,
             )
-    assert trim_install_states(db) == {"deleted": 1}
+    assert trim_install_states(db) == {"grants_dropped": 0, "deleted": 1}
     with db.transaction() as tx:
         left = tx.all("SELECT state_sha256 FROM oauth_install_states ORDER BY state_sha256")
     # The recent one still answers a late callback with "expired", not "unknown".

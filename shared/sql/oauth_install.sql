@@ -88,3 +88,11 @@ RETURNING id
 -- late or replayed callback; a day past its expiry nobody is coming back with it.
 DELETE FROM oauth_install_states
  WHERE expires_at < now() - make_interval(hours => :keep_hours)
+
+-- name: oauth_install_lapsed_grants_clear
+-- A grant whose install was not confirmed in time is of no use to anyone: the sweep drops it
+-- (the row stays, to answer a late confirmation as unknown, until the trim above). Guarded on
+-- an unconfirmed, lapsed install still holding a grant: a confirmation in time has already
+-- cleared it itself, and a second pass finds zero rows.
+UPDATE oauth_install_states SET grant_sealed = NULL, grant_kek_env = NULL
+ WHERE grant_sealed IS NOT NULL AND confirmed_at IS NULL AND confirm_by < now()
