@@ -112,6 +112,7 @@ def callback(db: Database, request: Request) -> Response:
         confirm_path=f"/v1/apps/hubspot/{done.app_id}/installs/confirm",
         confirm_by=done.confirm_by,
         tenant_id=done.tenant_id,
+        app_id=done.app_id,
         error=False,
         status=200,
     )

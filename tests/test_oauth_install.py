@@ -9,6 +9,7 @@ without the redirect URL configured is refused before any state is stored."""
 from __future__ import annotations
 
 import base64
+import io
 import json
 import re
 import threading
@@ -20,7 +21,7 @@ import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.function_process import serve
-from shared import oauth_tokens, provider_apps
+from shared import cli, oauth_tokens, provider_apps
 from shared.db import Database
 from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV, state_hash
 from shared.port.hubspot_oauth import hubspot_refresher
@@ -382,9 +383,11 @@ def test_the_operator_who_started_an_install_confirms_it_with_the_pages_code_onc
     page = httpx.get(consent(location, 2002), timeout=10)
     code = CONFIRM_CODE.search(page.text)
     assert code is not None, page.text
-    done = confirm(ops_server, setup, code.group(1))
-    assert done.status_code == 200, done.text
-    body = done.json()
+    assert f"onceflow confirm-install {APP_ID} CODE" in page.text
+    out, err = io.StringIO(), io.StringIO()  # the CLI the page names, against the real ops
+    argv = ["confirm-install", APP_ID, code.group(1), "--url", ops_server, "--token", setup]
+    assert cli.main([*argv, "--json"], out=out, err=err) == 0, err.getvalue()
+    body = json.loads(out.getvalue())
     assert (body["tenant_id"], body["portal_id"], body["outcome"]) == ("acme", "2002", "created")
     [conn] = connections_of(db)
     assert (conn["tenant_id"], conn["provider_account_id"]) == ("acme", "2002")
