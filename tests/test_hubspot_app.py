@@ -196,6 +196,37 @@ def test_events_that_arrived_before_the_portals_connection_are_rerouted_once_it_
     assert "reroute_unrouted_app_events" in {d.name for d in default_duties()}
 
 
+def test_two_sweeps_rerouting_at_once_route_each_event_once(
+    client: Any, db: Database, app: provider_apps.ProviderApp
+) -> None:
+    import threading
+
+    from shared.inbox import reroute_unrouted
+
+    assert (
+        post(client, hubspot_body(*[event(i, 3003, 30 + i) for i in range(6)])).status_code == 200
+    )
+    inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    make_connection(db, tenant_id="globex", app_id=APP_ID, portal_id="3003")
+    barrier = threading.Barrier(2)
+    results: list[dict[str, int]] = []
+
+    def sweep() -> None:
+        barrier.wait()
+        results.append(reroute_unrouted(db, batch=4))
+
+    threads = [threading.Thread(target=sweep) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    results.append(reroute_unrouted(db))  # whatever a batch left
+    assert sum(r["rerouted"] for r in results) == 6
+    assert sorted(e["record_object_id"] for e in trigger_events(db)) == [
+        str(30 + i) for i in range(6)
+    ]
+
+
 def test_a_signature_of_another_app_is_refused_and_nothing_is_stored(
     client: Any, db: Database, app: provider_apps.ProviderApp
 ) -> None:
