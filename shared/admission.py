@@ -23,7 +23,9 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    entry step's block price; an unregistered block type has no price and is not refused here:
    the step engine fails that step with its own error), then `workflow_paused` (the
    workflow's circuit breaker is open: shared/breaker.py; a paused workflow still says
-   `rule_not_matched` for events its rule would not have taken).
+   `rule_not_matched` for events its rule would not have taken). A binding whose stored
+   definition no longer parses is refused `definition_unreadable` before all of these (none
+   can be judged without its trigger), alone: the event's other bindings are decided as usual.
 3. `admission_admit`, one statement for all bindings, under the locks: the delivery claim
    (unique on event and workflow) for every pairing; `duplicate` when once_per_record finds
    an enrollment, `already_running` when not_while_running finds a live running run for the
@@ -119,6 +121,7 @@ Reason = Literal[
     "provider_suppressed",
     "missing_record_identity",
     "workflow_paused",
+    "definition_unreadable",
 ]
 REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
 Outcome = Literal["admitted", "refused", "handled"]
@@ -190,6 +193,11 @@ class EventNotFound(PermanentError, LookupError):
     """The message names an event id that doesn't exist: a poisoned message."""
 
 
+class DefinitionUnreadable(PermanentError):
+    """A bound version's stored definition no longer parses: that binding is refused
+    `definition_unreadable`, the event's other bindings are decided as usual."""
+
+
 @dataclass(frozen=True)
 class _Trigger:
     """What admission needs from a version, parsed once (versions are immutable)."""
@@ -251,8 +259,11 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
             None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
         )
     except (ValidationError, ExpressionError) as exc:
-        # Publishing validates definitions, so this is a corrupted row, not a customer error.
-        raise PermanentError(f"version {version_id} has an unreadable definition: {exc}") from exc
+        # Publishing validates definitions, so this is a row another release wrote or a
+        # damaged one, not a customer error; it concerns this binding only.
+        raise DefinitionUnreadable(
+            f"version {version_id} has an unreadable definition: {exc}"[:2000]
+        ) from exc
     entry = parsed.entry
     trigger = _Trigger(
         version_id=version_id,
@@ -501,7 +512,13 @@ def _plan_bindings(
             outcomes.append(BindingOutcome(workflow_id, "handled", run_id=b["start_run_id"]))
             continue
         version_id = str(b["version_id"])
-        trigger = _trigger_for(version_id, b["definition"])
+        try:
+            trigger = _trigger_for(version_id, b["definition"])
+        except DefinitionUnreadable as exc:
+            # Refused alone, decided and recorded like any refusal (a redelivery finds the
+            # claim); the event's other workflows don't wait for this one to be repaired.
+            plans.append(_unreadable_plan(event, workflow_id, version_id, b["dedup_mode"], exc))
+            continue
         key, record, refused = static_refusal(event, trigger, b["dedup_mode"])
         if refused is None and b.get("breaker_state") == "open":
             refused = (
@@ -569,6 +586,26 @@ def _claim_trial_runs(
         refusal = _Refusal(p.workflow_id, p.version_id, p.record_key, "workflow_paused", detail)
         decided.append(replace(p, refusal=refusal))
     return decided, [w for w in wanted if claims.get(w) is not None and claims[w].granted]
+
+
+def _unreadable_plan(
+    event: EventFacts, workflow_id: str, version_id: str, dedup_mode: str, exc: Exception
+) -> _Plan:
+    """The admit statement's row for a binding whose definition does not parse: refused
+    `definition_unreadable` (it names no entry step; only admitted rows use one)."""
+    return _Plan(
+        workflow_id=workflow_id,
+        version_id=version_id,
+        dedup_mode=dedup_mode,
+        run_id=str(uuid.uuid4()),
+        record_key=event.record_key,
+        refusal=_Refusal(
+            workflow_id, version_id, event.record_key, "definition_unreadable", str(exc)
+        ),
+        entry_node="",
+        entry_type="",
+        record=None,
+    )
 
 
 def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Attempt:

@@ -341,6 +341,25 @@ def _cancel(s: Session, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _confirm_install(s: Session, args: argparse.Namespace) -> int:
+    """Confirm a HubSpot app install with the code its callback page showed; only the token
+    that started the install may (shared/oauth_install.py says why)."""
+    result = s.client.call(
+        "POST",
+        f"/v1/apps/hubspot/{args.app}/installs/confirm",
+        body={"confirm_code": args.code},
+    )
+    s.emit(
+        result,
+        lambda: print(
+            f"portal {result['portal_id']}: {result['outcome']} for tenant "
+            f"{result['tenant_id']} (connection {result['connection_id']})",
+            file=s.out,
+        ),
+    )
+    return EXIT_OK
+
+
 def _approvals(s: Session, args: argparse.Namespace) -> int:
     """The approvals the caller's token may decide, oldest deadline first."""
     result = s.client.call("GET", "/v1/approvals")
@@ -512,6 +531,13 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
+    p = sub.add_parser(
+        "confirm-install",
+        parents=[remote],
+        help="confirm a HubSpot app install with the code its callback page showed",
+    )
+    p.add_argument("app", metavar="APP_ID")
+    p.add_argument("code", metavar="CODE")
     sub.add_parser("approvals", parents=[remote], help="approvals you may decide")
     for decision in ("approve", "reject"):
         p = sub.add_parser(decision, parents=[remote], help=f"{decision} a waiting approval")
@@ -542,6 +568,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "show": _show,
     "explain": _explain,
     "cancel": _cancel,
+    "confirm-install": _confirm_install,
     "approvals": _approvals,
     "approve": lambda s, a: _decide(s, a, "approve"),
     "reject": lambda s, a: _decide(s, a, "reject"),

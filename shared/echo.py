@@ -28,12 +28,17 @@ Decisions:
   workflow wrote the same value keeps their trigger, and a backlog at admission doesn't let an
   echo through. One SQL definition (`echo_markers_alive`, migration 0101) serves admission's
   context statement and `check_echo`.
-- Expired markers are deleted only after `EXPIRY_GRACE_SECONDS`, by the sweep calling
-  `expire_echo_markers` here (the one expiry statement): an event that occurred while its
-  marker was alive but is admitted late (Pub/Sub backoff, a publisher backlog, the sweep's
-  re-publish) is still recognised. Invariant 17: the grace must outlast the longest time an
-  event can take from occurrence to admission; the sweep gives an undecided event up as
-  undelivered well within it (see shared/steps/sweep.py).
+- Expired markers are deleted only after a grace, by the sweep calling `expire_echo_markers`
+  here (the one expiry statement): an event that occurred while its marker was alive but is
+  admitted late is still recognised. Invariant 17: the grace must outlast the longest time an
+  event can take from occurrence to admission, which is two legs: the provider's own retries
+  of a failed delivery (`REDELIVERY_HORIZON_SECONDS` in shared/connections.py, per provider:
+  HubSpot retries for about 34 hours), then onceflow's path from inbox to admission (Pub/Sub
+  backoff, a publisher backlog, the sweep's re-publish until it gives an undecided event up as
+  undelivered; `ENGINE_ADMISSION_SECONDS`, checked against shared/steps/sweep.py by a test).
+  `expiry_grace_seconds` adds them; the marker's `keep_until` is fixed from its connection's
+  provider when it is written. A longer grace costs only rows: whether a marker matches is
+  judged by `expires_at` at the change's time, never by whether it still exists.
 - `crm.create` records markers for the properties it set once the response names the record
   (HubSpot sends a propertyChange per property set at creation). Their `sent_at` is the step's
   at-most-once mark, set just before the request left. The webhook can in principle be
@@ -53,6 +58,7 @@ from datetime import datetime
 from typing import Any
 
 from shared import queries
+from shared.connections import REDELIVERY_HORIZON_SECONDS
 from shared.db import Tx
 
 SQL = queries.load("echo")
@@ -61,13 +67,24 @@ FOR_CHANGE = SQL["echo_markers_for_change"]
 EXPIRE = SQL["echo_markers_expire"]
 
 DEFAULT_TTL_SECONDS = 600
-# Expired markers stay this long, so an event that occurred while its marker was alive but is
-# admitted late (a publish backlog, a redelivery) is still recognised.
-EXPIRY_GRACE_SECONDS = 3600
+# The longest time onceflow itself takes from a delivery's arrival to its admission (see the
+# module docstring); the provider's redelivery horizon comes on top.
+ENGINE_ADMISSION_SECONDS = 3600
 # How far the provider's clock (occurredAt) may run behind the database's (sent_at) and still
 # match: a change stamped up to this long before our write was sent is taken for its echo.
 ECHO_CLOCK_SKEW_SECONDS = 5
 EXPIRE_BATCH = 5000
+
+
+def expiry_grace_seconds(provider: str) -> int:
+    """How long after expiry a marker of a `provider` connection is kept: the provider's
+    longest redelivery plus onceflow's own slowest admission (module docstring)."""
+    return REDELIVERY_HORIZON_SECONDS[provider] + ENGINE_ADMISSION_SECONDS
+
+
+_GRACE_PROVIDERS = list(REDELIVERY_HORIZON_SECONDS)
+_GRACE_SECONDS = [float(expiry_grace_seconds(p)) for p in _GRACE_PROVIDERS]
+_MAX_GRACE_SECONDS = max(_GRACE_SECONDS)
 
 
 def canonical_value(value: Any) -> str:
@@ -121,6 +138,9 @@ def record_echo_marker(
         step_id=step_id,
         ttl_seconds=ttl_seconds,
         since_side_effect_mark=since_side_effect_mark,
+        providers=_GRACE_PROVIDERS,
+        grace_seconds=_GRACE_SECONDS,
+        max_grace_seconds=_MAX_GRACE_SECONDS,
     )
 
 
@@ -168,8 +188,6 @@ def check_echo(
     return is_echo(changed_fields, [(r["field"], r["value_hash"]) for r in rows])
 
 
-def expire_echo_markers(
-    tx: Tx, *, grace_seconds: int = EXPIRY_GRACE_SECONDS, batch: int = EXPIRE_BATCH
-) -> int:
-    """Delete markers expired for longer than the grace period (at most `batch`); how many."""
-    return tx.execute(EXPIRE, grace_seconds=grace_seconds, batch=batch)
+def expire_echo_markers(tx: Tx, *, batch: int = EXPIRE_BATCH) -> int:
+    """Delete markers past their provider's grace (`keep_until`; at most `batch`); how many."""
+    return tx.execute(EXPIRE, batch=batch)

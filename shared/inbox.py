@@ -256,6 +256,39 @@ def write_routed_events(
     return outcome
 
 
+REROUTE_BATCH = 500
+
+
+def reroute_unrouted(db: Database, *, batch: int = REROUTE_BATCH) -> dict[str, int]:
+    """The sweep's duty: events of an app recorded as unrouted because their portal had no live
+    connection, drained into that connection's trigger events now that it has one (at most
+    `batch` per call). The claim stamps each event `rerouted_at` in the same transaction that
+    writes its trigger events (shadow check and outbox, as the drain does): both commit or
+    neither, and a stamped event is never claimed again, so each one is routed at most once.
+    An event of that portal seen long before its connection existed is left for ops
+    (provider_apps.REROUTE_LOOKBACK_SECONDS)."""
+    context = ConnectionContext()
+    produced = 0
+    with db.transaction() as tx:
+        rows = tx.all(
+            provider_apps.REROUTE_CLAIM,
+            lookback_seconds=float(provider_apps.REROUTE_LOOKBACK_SECONDS),
+            batch=batch,
+        )
+        for row in rows:
+            payload = row["payload"]
+            payload = json.loads(payload) if isinstance(payload, str) else payload
+            # The unrouted row keeps the normalized event's payload, which is the provider's
+            # own event: normalized again exactly as the drain did it the first time.
+            body = json.dumps([payload]).encode()
+            events = normalize(str(row["provider"]), body, {})
+            connection, watched = context.get(tx, str(row["connection_id"]))
+            produced += write_events(tx, connection, int(row["inbox_id"]), events, watched).produced
+    if rows:
+        log.info("re-routed %d unrouted app events (%d trigger events)", len(rows), produced)
+    return {"rerouted": len(rows), "events": produced}
+
+
 def _record_drop(
     tx: Tx,
     connection: connections.Connection,

@@ -5,7 +5,9 @@ Public on purpose: the redirect is a person's browser, carrying no ops login and
 identity token, and the ops function is IAM-gated in the cloud (Cloud Run IAM is per service,
 not per path). What authenticates it is the install's single-use `state` (shared/oauth_install
 .py consumes it before anything else). The answer is a small HTML page rendered with the ops
-templates; every outcome, refused or done, leaves an audit row naming who started the install.
+templates; every outcome, refused or pending, leaves an audit row naming who started the
+install. Nothing is connected here: the page shows the code with which the operator who started
+the install confirms it on ops (shared/oauth_install.py says why).
 """
 
 from __future__ import annotations
@@ -97,21 +99,22 @@ def callback(db: Database, request: Request) -> Response:
             db,
             done.tenant_id,
             done.started_by,
-            {
-                "outcome": done.outcome,
-                "app_id": done.app_id,
-                "portal_id": done.portal_id,
-                "connection_id": done.connection_id,
-            },
+            {"outcome": "pending_confirmation", "app_id": done.app_id, "portal_id": done.portal_id},
         )
-    except TransientError:  # the install is committed; say so rather than answer 503
-        log.warning("install of portal %s done; its audit row was not written", done.portal_id)
-    verb = "connected" if done.outcome == "created" else "re-authorized"
-    return render(
+    except TransientError:  # the pending install is committed; say so rather than answer 503
+        log.warning("install of portal %s pending; its audit row was not written", done.portal_id)
+    page = render(
         "install.html",
-        "Installed",
-        message=f"HubSpot portal {done.portal_id} is {verb} for tenant {done.tenant_id} "
-        f"(connection {done.connection_id}). You can close this page.",
+        "Confirm the install",
+        message=f"HubSpot portal {done.portal_id} asks to be connected to onceflow tenant "
+        f"{done.tenant_id}. Nothing is connected yet.",
+        confirm_code=done.confirm_code,
+        confirm_path=f"/v1/apps/hubspot/{done.app_id}/installs/confirm",
+        confirm_by=done.confirm_by,
+        tenant_id=done.tenant_id,
+        app_id=done.app_id,
         error=False,
         status=200,
     )
+    page.headers["Cache-Control"] = "no-store"  # the code is for this browser, this once
+    return page

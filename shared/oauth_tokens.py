@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -114,6 +115,29 @@ def store_grant(tx: Tx, connection_id: str, grant: Grant, kek_env: str = TOKEN_K
         refresh_token_sealed=seal(data_key, grant.refresh_token.encode(), aad),
         access_token_sealed=seal(data_key, grant.access_token.encode(), aad),
         expires_in=grant.expires_in,
+    )
+
+
+def seal_grant_for_later(grant: Grant, aad: bytes, kek_env: str = TOKEN_KEK_ENV) -> bytes:
+    """`grant` sealed with the key in `kek_env`, bound to `aad`, for a grant that has no
+    connection yet (an install waiting for its confirmation, shared/oauth_install.py)."""
+    plain = json.dumps(
+        {
+            "access_token": grant.access_token,
+            "refresh_token": grant.refresh_token,
+            "expires_in": grant.expires_in,
+        }
+    ).encode()
+    return seal(key_from_env(kek_env), plain, aad)
+
+
+def open_grant_kept_for_later(sealed: bytes, aad: bytes, kek_env: str) -> Grant:
+    """The grant `seal_grant_for_later` sealed (TokenKeyUnavailable: wrong key or row)."""
+    fields = json.loads(unseal(key_from_env(kek_env), sealed, aad))
+    return Grant(
+        access_token=str(fields["access_token"]),
+        refresh_token=str(fields["refresh_token"]),
+        expires_in=int(fields["expires_in"]),
     )
 
 

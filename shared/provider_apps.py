@@ -7,9 +7,10 @@ same with one portal. So a delivery is verified against the app (its client secr
 once, and each event is routed to its connection by (app id, account id) when drained.
 
 An event no live connection takes is recorded in `unrouted_provider_events` (per app and
-portal, for ops) and acknowledged: answering 5xx would only make HubSpot retry the whole batch,
-including the events that were routed, for a day; dropping it silently would hide a portal that
-installed the app but has no connection.
+portal, for ops; re-routed by the sweep once its portal's connection appears, see
+`REROUTE_LOOKBACK_SECONDS`) and acknowledged: answering 5xx would only make HubSpot retry the
+whole batch, including the events that were routed, for a day; dropping it silently would hide
+a portal that installed the app but has no connection.
 
 Like connections, an app row names the environment variables that hold its secrets. Deployed,
 those are the names `secret_env` gives (`HUBSPOT_APP_<app id>_CLIENT_SECRET`, ...): infra/
@@ -36,6 +37,16 @@ UPSERT = SQL["provider_app_upsert"]
 LIVE_CONNECTIONS = SQL["provider_app_live_connections"]
 RECORD_UNROUTED = SQL["provider_app_record_unrouted"]
 UNROUTED_SUMMARY = SQL["provider_app_unrouted_summary"]
+REROUTE_CLAIM = SQL["provider_app_reroute_claim"]
+
+# How long before a portal's connection was created an unrouted event of that portal may have
+# arrived and still be routed to it by the sweep (shared/inbox.py reroute_unrouted): HubSpot
+# installs the app at consent and sends the portal's events from then on, while the
+# connection appears when the install is confirmed, at most shared/oauth_install.py
+# CONFIRM_TTL_SECONDS (30 min) after the callback. An hour covers that with room; an event
+# older than that predates the install (say, the portal kept the app after its previous
+# connection was disconnected) and is left for ops, never run late on a tenant's behalf.
+REROUTE_LOOKBACK_SECONDS = 3600
 
 AppKind = Literal["public", "private"]
 UnroutedReason = Literal["no_live_connection", "other_app", "no_account"]

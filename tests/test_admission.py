@@ -228,6 +228,52 @@ def test_refusal_provider_suppressed(db: Database) -> None:
     assert len(refusals(db, wf)) == 4
 
 
+def test_a_binding_whose_definition_no_longer_parses_is_refused_alone(
+    db: Database, conn: str
+) -> None:
+    """Issue 23 item 16: one bound version whose stored definition no longer parses (a row
+    written by another release, or damaged) used to fail the whole admission — the event
+    was poisoned for every workflow bound to its type. Now that binding alone is refused
+    `definition_unreadable`, with the parse error in the detail, and the others are decided
+    as usual; a redelivery changes nothing."""
+    healthy = bind_workflow(db, "healthy")
+    broken = bind_workflow(db, "broken")
+    with db.transaction() as tx:
+        tx.execute("ALTER TABLE workflow_versions DISABLE TRIGGER workflow_versions_no_update")
+        tx.execute(
+            "UPDATE workflow_versions SET definition = jsonb_set(definition, '{steps}', "
+            '\'[{"id": "start", "type": 42}]\') WHERE workflow_id = CAST(:w AS uuid)',
+            w=broken,
+        )
+        tx.execute("ALTER TABLE workflow_versions ENABLE TRIGGER workflow_versions_no_update")
+    event = emit_event(db, connection_id=conn)
+    result = admit_event(db, event, publish=Published())
+    assert result.outcome_for(healthy).outcome == "admitted"
+    refused = result.outcome_for(broken)
+    assert (refused.outcome, refused.reason) == ("refused", "definition_unreadable")
+    row = only_refusal(db, broken)
+    assert row["reason"] == "definition_unreadable"
+    assert "unreadable definition" in row["detail"] and row["version_id"] is not None
+    again = admit_event(db, event, publish=Published())
+    assert {o.outcome for o in again.outcomes} == {"handled"}
+    assert count(db, "SELECT count(*) FROM poisoned_messages") == 0
+
+
+def test_the_refusal_reasons_check_mirrors_the_one_list(db: Database) -> None:
+    import re
+
+    from shared.admission import REASONS
+    from shared.ops.explain import REASON_WORDS
+
+    with db.transaction() as tx:
+        check = tx.scalar(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conname = 'admission_refusals_reason_check'"
+        )
+    assert set(re.findall(r"'([a-z_]+)'", str(check))) == REASONS
+    assert set(REASON_WORDS) == REASONS
+
+
 def test_refusal_missing_record_identity(db: Database, conn: str) -> None:
     wf = bind_workflow(db, "needs-record", dedup="once_per_record")
     by_expr = bind_workflow(db, "expr-record", dedup="every_time", record="trigger.dealId")

@@ -4,9 +4,14 @@ and the sweep's cleanup (real Postgres)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import functions_framework
+import pytest
 
 from shared.db import Database
 from shared.echo import (
+    ENGINE_ADMISSION_SECONDS,
     canonical_value,
     check_echo,
     expire_echo_markers,
@@ -15,6 +20,9 @@ from shared.echo import (
     value_hash,
 )
 from tests.admission_support import make_connection, make_tenant
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = "https://hooks.example.com"
 
 
 def test_canonical_value_is_what_a_provider_sends_back() -> None:
@@ -76,9 +84,12 @@ def test_markers_match_while_alive_at_the_change_and_the_sweep_expires_them(
     assert not check({"lifecyclestage": "customer"}, now + timedelta(minutes=5))
 
     with db.transaction() as tx:
-        tx.execute("UPDATE echo_markers SET expires_at = now() - interval '2 hours'")
+        tx.execute(
+            "UPDATE echo_markers SET expires_at = now() - interval '2 days', "
+            "keep_until = now() - interval '1 second'"
+        )
     with db.transaction() as tx:
-        assert expire_echo_markers(tx, grace_seconds=3600) == 2
+        assert expire_echo_markers(tx) == 2
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM echo_markers") == 0
         # Within the grace period a recently expired marker is kept for late admissions.
@@ -132,13 +143,18 @@ def test_a_change_made_before_onceflows_write_was_sent_is_not_its_echo(db: Datab
     assert check(sent_at + timedelta(seconds=2))
 
 
-def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_take() -> None:
+def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_take(
+    db: Database,
+) -> None:
     """Invariant 17: a marker lives until every event that could echo it has been admitted.
-    The slowest admission the engine still performs is an event the sweep published again
+    That path has two legs: the provider's own retries of a failed delivery (its declared
+    redelivery horizon; HubSpot's 10 retries from 2 minutes, doubling, are 2,046 minutes),
+    then onceflow's slowest admission, an event the sweep published again
     `max_event_redeliveries` times, `redeliver_events_after_seconds` apart, before giving it up
-    as undelivered; the grace after expiry must cover that whole path, or a late echo would
-    start the workflow again."""
-    from shared.echo import EXPIRY_GRACE_SECONDS
+    as undelivered. Each provider's grace must cover both, and a marker written for a
+    connection of that provider must carry it."""
+    from shared.connections import PROVIDERS, REDELIVERY_HORIZON_SECONDS
+    from shared.echo import expiry_grace_seconds
     from shared.steps.sweep import SweepConfig
 
     config = SweepConfig()
@@ -146,4 +162,114 @@ def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_ta
     slowest_admission = (
         config.max_event_redeliveries + 1
     ) * config.redeliver_events_after_seconds + publisher_cadence
-    assert slowest_admission < EXPIRY_GRACE_SECONDS
+    assert slowest_admission < ENGINE_ADMISSION_SECONDS
+    assert set(REDELIVERY_HORIZON_SECONDS) == set(PROVIDERS)
+    hubspot_retries = sum(2**k for k in range(1, 11)) * 60  # 2 + 4 + ... + 1024 minutes
+    assert REDELIVERY_HORIZON_SECONDS["hubspot"] >= hubspot_retries
+    for provider in PROVIDERS:
+        assert expiry_grace_seconds(provider) >= (
+            REDELIVERY_HORIZON_SECONDS[provider] + slowest_admission
+        )
+
+    make_tenant(db)
+    for provider in PROVIDERS:
+        with db.transaction() as tx:
+            conn = str(
+                tx.scalar(
+                    "INSERT INTO connections (tenant_id, provider, webhook_secret_env) "
+                    "VALUES ('acme', :p, 'X') RETURNING id",
+                    p=provider,
+                )
+            )
+            record_echo_marker(
+                tx,
+                connection_id=conn,
+                object_type="contact",
+                object_id="1",
+                fields={"f": 1},
+                step_id=None,
+            )
+            kept = tx.scalar(
+                "SELECT extract(epoch FROM keep_until - expires_at) FROM echo_markers "
+                "WHERE connection_id = :c",
+                c=conn,
+            )
+        assert float(kept) == expiry_grace_seconds(provider), provider
+
+
+def _age_echo_markers(db: Database, seconds: float) -> None:
+    """Move every timestamp of every marker `seconds` into the past: the write was sent that
+    long ago (the sweep's and admission's `now()` stay real)."""
+    with db.transaction() as tx:
+        columns = [
+            r["column_name"]
+            for r in tx.all(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_name = 'echo_markers' AND data_type LIKE 'timestamp%'"
+            )
+        ]
+        assignments = ", ".join(
+            f"{c} = {c} - make_interval(secs => CAST(:s AS double precision))" for c in columns
+        )
+        tx.execute(f"UPDATE echo_markers SET {assignments}", s=seconds)
+
+
+def test_a_hubspot_redelivery_late_within_its_horizon_is_still_an_echo_then_trimmed(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Item 9 of issue 23: HubSpot retries a failed delivery up to 10 times, 2, 4, 8, ...
+    minutes apart (more than a day). The webhook was down; onceflow's write was sent
+    `horizon - 1 h` ago; its echo, which occurred a second after the write, finally arrives
+    through the webhook function (attemptNumber 9), is drained and admitted: it must still be
+    refused as `echo_suppressed`, and the sweep must trim the marker once the horizon has
+    passed. (The first release deleted markers an hour after expiry: the late echo started
+    the workflow.)"""
+    from shared import admission
+    from shared.connections import REDELIVERY_HORIZON_SECONDS
+    from shared.inbox import drain_inbox
+    from shared.steps import sweep
+    from tests import ingest_support
+    from tests.admission_support import bind_workflow
+
+    monkeypatch.setenv("WEBHOOK_NUDGE", "off")
+    monkeypatch.setenv("HUBSPOT_SECRET_ACME", ingest_support.HUBSPOT_SECRET)
+    conn = ingest_support.make_connection(db, watched_fields={"contact": ["lifecyclestage"]})
+    workflow_id = bind_workflow(db, "on-stage")
+    with db.transaction() as tx:
+        record_echo_marker(
+            tx,
+            connection_id=conn,
+            object_type="contact",
+            object_id="101",
+            fields={"lifecyclestage": "customer"},
+            step_id=None,
+        )
+    horizon = REDELIVERY_HORIZON_SECONDS["hubspot"]
+    _age_echo_markers(db, horizon - 3600)
+    # The sweep's cleanup runs during the outage: the marker must survive it.
+    assert sweep.expire_echo_markers(db) == {"expired": 0}
+    with db.transaction() as tx:
+        sent_at = tx.scalar("SELECT sent_at FROM echo_markers")
+
+    late = ingest_support.hubspot_event(
+        1, 101, property_value="customer", occurred_at_ms=int(sent_at.timestamp() * 1000) + 1000
+    )
+    late["attemptNumber"] = 9
+    body = ingest_support.hubspot_body(late)
+    client = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http").test_client()
+    path = f"/hubspot/{conn}"
+    headers = ingest_support.hubspot_v3_headers(body, BASE + path)
+    assert client.post(path, data=body, headers=headers, base_url=BASE).status_code == 200
+    drain_inbox(db, budget_seconds=10, until_empty=True)
+    with db.transaction() as tx:
+        event_id = int(tx.scalar("SELECT id FROM workflow_trigger_events"))
+    result = admission.admit_event(db, event_id, publish=lambda ids: None)
+    assert [(o.workflow_id, o.reason) for o in result.outcomes] == [
+        (workflow_id, "echo_suppressed")
+    ]
+
+    # Past the horizon nothing can echo the write any more: the sweep trims the marker.
+    _age_echo_markers(db, 2 * 3600 + ENGINE_ADMISSION_SECONDS)
+    assert sweep.expire_echo_markers(db) == {"expired": 1}
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM echo_markers") == 0

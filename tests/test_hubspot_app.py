@@ -151,6 +151,82 @@ def test_a_batch_of_unknown_portals_only_is_acknowledged_and_recorded(
     ]
 
 
+def test_events_that_arrived_before_the_portals_connection_are_rerouted_once_it_exists(
+    client: Any, db: Database, app: provider_apps.ProviderApp
+) -> None:
+    """Issue 23 item 16: HubSpot installs the app on a portal at consent, and sends its events
+    from then on; the portal's connection appears later (when the install is confirmed). The
+    events that arrived meanwhile were recorded as unrouted and could never be routed. Now the
+    sweep's duty drains them into the new connection's trigger events, exactly once; an event
+    from long before this install (the portal kept the app after an older connection ended)
+    stays for ops."""
+    from shared.steps.sweep import default_duties, reroute_unrouted_app_events
+
+    assert post(client, hubspot_body(event(1, 3003, 31), event(2, 3003, 32))).status_code == 200
+    assert post(client, hubspot_body(event(3, 3003, 33))).status_code == 200
+    inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert [r["reason"] for r in unrouted(db)] == ["no_live_connection"] * 3
+    with db.transaction() as tx:  # event 3 came long before this install
+        tx.execute(
+            "UPDATE unrouted_provider_events SET first_seen_at = now() - interval '3 hours',"
+            " last_seen_at = now() - interval '3 hours' WHERE source_event_id LIKE '%3'"
+        )
+    assert trigger_events(db) == []
+
+    connection = make_connection(db, tenant_id="globex", app_id=APP_ID, portal_id="3003")
+    assert reroute_unrouted_app_events(db) == {"rerouted": 2, "events": 2}
+    events = trigger_events(db)
+    assert sorted(
+        (str(e["connection_id"]), e["tenant_id"], e["record_object_id"]) for e in events
+    ) == [
+        (connection, "globex", "31"),
+        (connection, "globex", "32"),
+    ]
+    assert reroute_unrouted_app_events(db) == {"rerouted": 0, "events": 0}  # once
+    assert len(trigger_events(db)) == 2
+    with db.transaction() as tx:
+        rows = tx.all(
+            "SELECT source_event_id, rerouted_to::text AS rerouted_to"
+            " FROM unrouted_provider_events ORDER BY id"
+        )
+    assert [r["rerouted_to"] for r in rows] == [connection, connection, None]
+    with db.transaction() as tx:  # ops still sees the one nobody took
+        summary = provider_apps.unrouted_summary(tx, "hubspot", APP_ID)
+    assert [(s["account_id"], s["events"]) for s in summary] == [("3003", 1)]
+    assert "reroute_unrouted_app_events" in {d.name for d in default_duties()}
+
+
+def test_two_sweeps_rerouting_at_once_route_each_event_once(
+    client: Any, db: Database, app: provider_apps.ProviderApp
+) -> None:
+    import threading
+
+    from shared.inbox import reroute_unrouted
+
+    assert (
+        post(client, hubspot_body(*[event(i, 3003, 30 + i) for i in range(6)])).status_code == 200
+    )
+    inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    make_connection(db, tenant_id="globex", app_id=APP_ID, portal_id="3003")
+    barrier = threading.Barrier(2)
+    results: list[dict[str, int]] = []
+
+    def sweep() -> None:
+        barrier.wait()
+        results.append(reroute_unrouted(db, batch=4))
+
+    threads = [threading.Thread(target=sweep) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    results.append(reroute_unrouted(db))  # whatever a batch left
+    assert sum(r["rerouted"] for r in results) == 6
+    assert sorted(e["record_object_id"] for e in trigger_events(db)) == [
+        str(30 + i) for i in range(6)
+    ]
+
+
 def test_a_signature_of_another_app_is_refused_and_nothing_is_stored(
     client: Any, db: Database, app: provider_apps.ProviderApp
 ) -> None:

@@ -9,7 +9,10 @@ without the redirect URL configured is refused before any state is stored."""
 from __future__ import annotations
 
 import base64
+import io
 import json
+import re
+import threading
 from collections.abc import Iterator
 from urllib.parse import parse_qs, urlencode, urlsplit
 
@@ -18,7 +21,7 @@ import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.function_process import serve
-from shared import oauth_tokens, provider_apps
+from shared import cli, oauth_tokens, provider_apps
 from shared.db import Database
 from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV, state_hash
 from shared.port.hubspot_oauth import hubspot_refresher
@@ -102,11 +105,30 @@ def consent(location: str, portal: int, **extra: str) -> str:
     return r.headers["Location"]
 
 
+CONFIRM_CODE = re.compile(r'<code class="confirm">([A-Za-z0-9_-]+)</code>')
+
+
+def confirm(ops: str, token: str, code: str, app_id: str = APP_ID) -> httpx.Response:
+    return httpx.post(
+        f"{ops}/v1/apps/hubspot/{app_id}/installs/confirm",
+        json={"confirm_code": code},
+        headers=bearer(token),
+        timeout=10,
+    )
+
+
 def install(ops: str, token: str, portal: int) -> tuple[httpx.Response, str]:
+    """Start, consent for `portal`, follow the redirect and, when the callback page asks for
+    it, confirm with the page's code and the same token: (the confirmation's answer, or the
+    callback page when it asked for none; the callback URL)."""
     started = start(ops, token)
     assert started.status_code == 303, started.text
     back = consent(started.headers["Location"], portal)
-    return httpx.get(back, timeout=10), back
+    page = httpx.get(back, timeout=10)
+    code = CONFIRM_CODE.search(page.text)
+    if page.status_code != 200 or code is None:
+        return page, back
+    return confirm(ops, token, code.group(1)), back
 
 
 def connections_of(db: Database) -> list[dict[str, object]]:
@@ -153,7 +175,11 @@ def test_an_install_redirects_to_the_authorize_url_and_the_callback_creates_the_
     code = parse_qs(urlsplit(back).query)["code"][0]
     page = httpx.get(back, timeout=10)
     assert page.status_code == 200, page.text
-    assert "portal 2002 is connected for tenant acme" in page.text
+    assert "portal 2002 asks to be connected to onceflow tenant acme" in page.text
+    assert page.headers["Cache-Control"] == "no-store"
+    confirm_code = CONFIRM_CODE.search(page.text)
+    assert confirm_code is not None
+    assert confirm(ops_server, setup, confirm_code.group(1)).status_code == 200
     [conn] = connections_of(db)
     assert conn["tenant_id"] == "acme"
     assert conn["status"] == "active"
@@ -171,11 +197,12 @@ def test_an_install_redirects_to_the_authorize_url_and_the_callback_creates_the_
     [audit] = callback_audits(db)
     assert audit["tenant_id"] == "acme"
     assert audit["token_id"] is not None  # who started the install
-    assert audit["detail"]["outcome"] == "created"
+    assert audit["detail"]["outcome"] == "pending_confirmation"
     assert audit["detail"]["portal_id"] == "2002"
     with db.transaction() as tx:
         everything = json.dumps(tx.all("SELECT * FROM ops_audit"), default=str)
     assert code not in everything and state not in everything and token not in everything
+    assert confirm_code.group(1) not in everything
 
 
 def test_a_second_portal_gets_its_own_connection_and_a_reinstall_reauthorizes(
@@ -197,7 +224,7 @@ def test_a_second_portal_gets_its_own_connection_and_a_reinstall_reauthorizes(
         )
     page, _ = install(ops_server, setup, int(str(first["provider_account_id"])))
     assert page.status_code == 200
-    assert "re-authorized" in page.text
+    assert page.json()["outcome"] == "reauthorized"
     again = connections_of(db)
     assert [c["id"] for c in again] == [first["id"], second["id"]]  # nothing new
     assert again[0]["status"] == "active"
@@ -208,11 +235,7 @@ def test_a_second_portal_gets_its_own_connection_and_a_reinstall_reauthorizes(
             c=first["id"],
         )
     assert bytes(sealed_after) != bytes(sealed_before)
-    assert [a["detail"]["outcome"] for a in callback_audits(db)] == [
-        "created",
-        "created",
-        "reauthorized",
-    ]
+    assert [a["detail"]["outcome"] for a in callback_audits(db)] == ["pending_confirmation"] * 3
 
 
 def test_a_reused_state_is_refused_and_creates_nothing_more(
@@ -239,7 +262,11 @@ def test_a_replayed_code_is_refused_by_the_token_endpoint_and_creates_nothing(
     two = start(ops_server, setup).headers["Location"]
     back = consent(one, 2002)
     code = parse_qs(urlsplit(back).query)["code"][0]
-    assert httpx.get(back, timeout=10).status_code == 200
+    page = httpx.get(back, timeout=10)
+    assert page.status_code == 200
+    confirm_code = CONFIRM_CODE.search(page.text)
+    assert confirm_code is not None
+    assert confirm(ops_server, setup, confirm_code.group(1)).status_code == 200
     state_two = parse_qs(urlsplit(two).query)["state"][0]
     replay = httpx.get(callback, params={"code": code, "state": state_two}, timeout=10)
     assert replay.status_code == 400
@@ -310,6 +337,131 @@ def test_a_failed_exchange_is_refused_and_creates_nothing(
     assert connections_of(db) == []
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM connection_oauth_tokens") == 0
+
+
+def test_an_install_link_opened_by_another_portals_admin_connects_nothing(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
+) -> None:
+    """Issue 23 item 11, OAuth CSRF: an operator of tenant acme starts an install and sends the
+    authorize link to globex's HubSpot admin, who consents for globex's portal 7007. The
+    callback must not connect 7007 to acme: the state proves the install was started, not that
+    the browser coming back belongs to who started it. The page names tenant and portal and
+    shows a confirmation code that only that browser sees; only the token that started the
+    install, with that code, connects it. (It failed before: the callback connected portal
+    7007 to tenant acme.)"""
+    location = start(ops_server, setup).headers["Location"]
+    page = httpx.get(consent(location, 7007), timeout=10)  # globex's admin, globex's portal
+    assert page.status_code == 200, page.text
+    assert "portal 7007" in page.text and "tenant acme" in page.text
+    assert "Nothing is connected yet" in page.text
+    assert connections_of(db) == []
+    [pending] = callback_audits(db)
+    assert pending["tenant_id"] == "acme"
+    assert pending["detail"]["outcome"] == "pending_confirmation"
+    assert pending["detail"]["portal_id"] == "7007"
+    code = CONFIRM_CODE.search(page.text)
+    assert code is not None, page.text
+
+    # The acme operator who sent the link never saw the page: without its code nothing moves.
+    guessed = confirm(ops_server, setup, "A" * 22)
+    assert guessed.status_code == 404, guessed.text
+    # globex's own operators can't adopt acme's install with the code either.
+    assert confirm(ops_server, mint(db, "globex"), code.group(1)).status_code == 404
+    # Nor can another acme token than the one that started it.
+    assert (
+        confirm(ops_server, mint(db, "acme", label="colleague"), code.group(1)).status_code == 404
+    )
+    assert connections_of(db) == []
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM connection_oauth_tokens") == 0
+
+
+def test_the_operator_who_started_an_install_confirms_it_with_the_pages_code_once(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
+) -> None:
+    location = start(ops_server, setup).headers["Location"]
+    page = httpx.get(consent(location, 2002), timeout=10)
+    code = CONFIRM_CODE.search(page.text)
+    assert code is not None, page.text
+    assert f"onceflow confirm-install {APP_ID} CODE" in page.text
+    out, err = io.StringIO(), io.StringIO()  # the CLI the page names, against the real ops
+    argv = ["confirm-install", APP_ID, code.group(1), "--url", ops_server, "--token", setup]
+    assert cli.main([*argv, "--json"], out=out, err=err) == 0, err.getvalue()
+    body = json.loads(out.getvalue())
+    assert (body["tenant_id"], body["portal_id"], body["outcome"]) == ("acme", "2002", "created")
+    [conn] = connections_of(db)
+    assert (conn["tenant_id"], conn["provider_account_id"]) == ("acme", "2002")
+    assert body["connection_id"] == conn["id"]
+    again = confirm(ops_server, setup, code.group(1))
+    assert again.status_code == 404  # used once
+    assert len(connections_of(db)) == 1
+    with db.transaction() as tx:
+        audits = json.dumps(tx.all("SELECT * FROM ops_audit"), default=str)
+        # The pending grant is gone once it is the connection's.
+        assert (
+            tx.scalar("SELECT count(*) FROM oauth_install_states WHERE grant_sealed IS NOT NULL")
+            == 0
+        )
+    assert code.group(1) not in audits
+
+
+def test_two_confirmations_with_one_code_at_once_connect_the_portal_once(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
+) -> None:
+    """A double submit: two confirmations of one install meet at a barrier; exactly one
+    connects the portal, the other finds nothing waiting."""
+    from shared.oauth_install import InstallRefused
+    from shared.oauth_install import confirm as confirm_install
+    from shared.ops.auth import hash_token
+
+    location = start(ops_server, setup).headers["Location"]
+    page = httpx.get(consent(location, 2002), timeout=10)
+    code = CONFIRM_CODE.search(page.text)
+    assert code is not None, page.text
+    with db.transaction() as tx:
+        token_id = str(
+            tx.scalar("SELECT id FROM ops_tokens WHERE token_sha256 = :h", h=hash_token(setup))
+        )
+    barrier = threading.Barrier(2)
+    results: list[str] = []
+
+    def one() -> None:
+        barrier.wait()
+        try:
+            done = confirm_install(db, app_id=APP_ID, confirm_code=code.group(1), token_id=token_id)
+            results.append(done.outcome)
+        except InstallRefused as refused:
+            results.append(refused.code)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(results) == ["created", "not_found"]
+    assert len(connections_of(db)) == 1
+
+
+def test_an_install_not_confirmed_in_time_connects_nothing(
+    db: Database, fake: FakeCrm, setup: str, ops_server: str, callback: str
+) -> None:
+    location = start(ops_server, setup).headers["Location"]
+    page = httpx.get(consent(location, 2002), timeout=10)
+    code = CONFIRM_CODE.search(page.text)
+    assert code is not None, page.text
+    with db.transaction() as tx:
+        tx.execute("UPDATE oauth_install_states SET confirm_by = now() - interval '1 second'")
+    assert confirm(ops_server, setup, code.group(1)).status_code == 404
+    assert connections_of(db) == []
+    # The sweep drops the lapsed grant (the row stays until the day-old trim).
+    from shared.oauth_install import trim_install_states
+
+    assert trim_install_states(db) == {"grants_dropped": 1, "deleted": 0}
+    with db.transaction() as tx:
+        assert (
+            tx.scalar("SELECT count(*) FROM oauth_install_states WHERE grant_sealed IS NOT NULL")
+            == 0
+        )
 
 
 def test_a_portal_connected_to_another_tenant_is_not_taken_over(
@@ -398,7 +550,7 @@ def test_the_sweep_forgets_install_states_a_day_after_they_expire(db: Database, 
                 app=APP_ID,
                 ago=expired_secs_ago,
             )
-    assert trim_install_states(db) == {"deleted": 1}
+    assert trim_install_states(db) == {"grants_dropped": 0, "deleted": 1}
     with db.transaction() as tx:
         left = tx.all("SELECT state_sha256 FROM oauth_install_states ORDER BY state_sha256")
     # The recent one still answers a late callback with "expired", not "unknown".

@@ -246,24 +246,38 @@ def test_sweep_loops_within_its_budget(db: Database) -> None:
 
 def test_the_sweeps_echo_duty_keeps_markers_for_their_grace(db: Database) -> None:
     """The duty the sweep runs is shared.echo's expiry, grace included: a marker expired half
-    an hour ago can still explain a late-admitted echo and must survive the sweep (the first
-    release's sweep ran a second query without the grace and deleted it)."""
+    an hour ago, or a day ago, can still explain a late-admitted echo (HubSpot redelivers for
+    more than a day) and must survive the sweep (the first release's sweep ran a second query
+    without the grace and deleted it); one past its provider's grace goes."""
+    from shared.echo import expiry_grace_seconds, record_echo_marker
     from shared.steps.sweep import expire_echo_markers
 
     seed_tenant(db, "acme")
     conn = seed_connection(db, "acme")
+    grace = expiry_grace_seconds("hubspot")
     with db.transaction() as tx:
-        for ago in ("2 hours", "30 minutes", "-1 hour"):
+        for object_id, expired_ago in (("1", grace + 60), ("2", 1800), ("3", 86400), ("4", -3600)):
+            record_echo_marker(
+                tx,
+                connection_id=conn,
+                object_type="contact",
+                object_id=object_id,
+                fields={"f": "v"},
+                step_id=None,
+                ttl_seconds=60,
+            )
             tx.execute(
-                "INSERT INTO echo_markers (connection_id, object_type, object_id, field,"
-                " value_hash, expires_at) VALUES (:c, 'contact', '1', 'f', '\\x00',"
-                " now() - CAST(:ago AS interval))",
-                c=conn,
-                ago=ago,
+                "UPDATE echo_markers SET"
+                " expires_at = now() - make_interval(secs => CAST(:ago AS double precision)),"
+                " keep_until = now() - make_interval(secs => CAST(:ago AS double precision))"
+                "   + (keep_until - expires_at)"
+                " WHERE object_id = :o",
+                ago=expired_ago,
+                o=object_id,
             )
     assert expire_echo_markers(db) == {"expired": 1}
     with db.transaction() as tx:
-        assert tx.scalar("SELECT count(*) FROM echo_markers") == 2
+        assert tx.scalar("SELECT count(*) FROM echo_markers") == 3
 
 
 def test_default_duties_delete_ended_throttle_windows(db: Database) -> None:

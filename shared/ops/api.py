@@ -49,6 +49,8 @@ from shared.ops.models import (
     ErrorBody,
     FieldProblem,
     HealthReport,
+    InstallConfirm,
+    InstallConfirmed,
     InstallRequest,
     InstallStarted,
     LeaseView,
@@ -250,6 +252,13 @@ def install_app(call: Call) -> InstallStarted:
     from shared.ops import installs
 
     return installs.start(call.db, call.principal, call.path["app_id"], call.body)
+
+
+def confirm_app_install(call: Call) -> InstallConfirmed:
+    """Confirm an install with the code its callback page showed (shared/ops/installs.py)."""
+    from shared.ops import installs
+
+    return installs.confirm(call.db, call.principal, call.path["app_id"], call.body)
 
 
 # ---- runs ---------------------------------------------------------------------------------
@@ -939,6 +948,18 @@ ROUTES: tuple[Route, ...] = (
         errors=(400, 401, 404, 409, 413, 422),
         path_params=("app_id",),
         location=lambda started: str(started.authorize_url),
+    ),
+    Route(
+        "apps.hubspot.install.confirm",
+        "POST",
+        "/v1/apps/hubspot/{app_id}/installs/confirm",
+        confirm_app_install,
+        InstallConfirmed,
+        "Confirm an install with the code the callback page showed: only the ops token that"
+        " started it, once, within 30 minutes; creates or re-authorizes the portal's connection",
+        body=InstallConfirm,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("app_id",),
     ),
     Route(
         "credits.get",

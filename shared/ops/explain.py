@@ -56,6 +56,8 @@ REASON_WORDS = {
     "missing_record_identity": "The event did not say which record it was about.",
     "workflow_paused": "The workflow was paused by its circuit breaker after several runs in a "
     "row failed; it starts no runs until someone resumes it.",
+    "definition_unreadable": "The workflow's active version could not be read by this release "
+    "of onceflow, so it did not start; publish and activate the workflow again.",
 }
 
 

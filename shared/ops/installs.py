@@ -1,5 +1,5 @@
-"""App installs on the ops function: the operator's start (an ops API route). The flow itself
-is shared/oauth_install.py.
+"""App installs on the ops function: the operator's start and confirmation (ops API routes).
+The flow itself, and why an install needs both, is shared/oauth_install.py.
 
 HubSpot's browser redirect back is not served here: ops is IAM-gated in the cloud (only
 `ops_invokers` may call it, and Cloud Run IAM is per service, not per path), so a browser
@@ -15,7 +15,7 @@ from shared.db import Database
 from shared.oauth_install import InstallRefused
 from shared.ops import auth
 from shared.ops.errors import OpsError
-from shared.ops.models import InstallRequest, InstallStarted
+from shared.ops.models import InstallConfirm, InstallConfirmed, InstallRequest, InstallStarted
 from shared.provider_apps import is_app_id
 
 
@@ -53,4 +53,26 @@ def start(
         authorize_url=started.authorize_url,
         redirect_uri=started.redirect_uri,
         expires_at=started.expires_at,
+    )
+
+
+def confirm(
+    db: Database, principal: auth.Principal, app_id: str, body: InstallConfirm
+) -> InstallConfirmed:
+    """The ops API handler of `apps.hubspot.install.confirm`: the token that started the
+    install sends the code its callback page showed."""
+    if not is_app_id(app_id):
+        raise OpsError(404, "not_found", "no such install waiting for confirmation")
+    try:
+        done = oauth_install.confirm(
+            db, app_id=app_id, confirm_code=body.confirm_code, token_id=principal.token_id
+        )
+    except InstallRefused as refused:
+        raise OpsError(refused.status, refused.code, refused.message) from None
+    return InstallConfirmed(
+        tenant_id=done.tenant_id,
+        app_id=done.app_id,
+        portal_id=done.portal_id,
+        connection_id=done.connection_id,
+        outcome=done.outcome,
     )

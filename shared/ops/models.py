@@ -824,10 +824,33 @@ class InstallRequest(_Request):
 
 class InstallStarted(_Response):
     """An install in progress: send the browser to `authorize_url` (also the Location of the
-    303); HubSpot sends it back to `redirect_uri`, the ops function's public callback."""
+    303); HubSpot sends it back to `redirect_uri`, the webhook function's public callback,
+    whose page shows the code to confirm the install with (`InstallConfirm`)."""
 
     tenant_id: str
     app_id: str
     authorize_url: str
     redirect_uri: str
     expires_at: datetime
+
+
+class InstallConfirm(_Request):
+    # exclude=True: never dumped, so never written to the audit with the request body.
+    confirm_code: str = Field(
+        min_length=20,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        exclude=True,
+        description="The code the install's callback page showed; accepted only from the ops "
+        "token that started the install, once, within 30 minutes of the callback.",
+    )
+
+
+class InstallConfirmed(_Response):
+    """The confirmed install: the portal's connection, created or re-authorized."""
+
+    tenant_id: str
+    app_id: str
+    portal_id: str
+    connection_id: str
+    outcome: Literal["created", "reauthorized"]

@@ -20,9 +20,52 @@ SELECT tenant_id, app_id, started_by::text AS started_by, used_at IS NOT NULL AS
   FROM oauth_install_states
  WHERE state_sha256 = :state_sha256
 
+-- name: oauth_install_state_pend
+-- The callback's result, kept for the confirmation: the portal, the grant (sealed) and the
+-- hash of the code only the callback's browser was shown. Guarded on a consumed state that
+-- holds no pending install yet: the callback that consumed the state is the only writer.
+UPDATE oauth_install_states
+   SET portal_id = :portal_id, grant_sealed = :grant_sealed, grant_kek_env = :grant_kek_env,
+       confirm_code_sha256 = :confirm_code_sha256,
+       confirm_by = now() + make_interval(secs => CAST(:confirm_ttl_seconds AS double precision))
+ WHERE state_sha256 = :state_sha256 AND used_at IS NOT NULL AND confirm_code_sha256 IS NULL
+RETURNING confirm_by
+
+-- name: oauth_install_confirm
+-- The confirmation (ops): only a pending install of this app whose code matches, still in
+-- time, not yet confirmed, and started by this very token moves; anything else is zero rows,
+-- which the caller answers as an unknown install (it can't tell a wrong code from another
+-- tenant's or another token's install, so it says neither). The row lock taken by the CTE
+-- makes two confirmations with one code queue: the second re-reads confirmed_at and finds
+-- nothing, so exactly one connects the portal. The sealed grant is handed back (from the
+-- locked row) and cleared in the same statement.
+WITH pending AS (
+    SELECT state_sha256, tenant_id, portal_id, grant_sealed, grant_kek_env,
+           extract(epoch FROM now() - used_at) AS pending_seconds
+      FROM oauth_install_states
+     WHERE confirm_code_sha256 = :confirm_code_sha256 AND provider = :provider
+       AND app_id = :app_id AND confirmed_at IS NULL AND confirm_by > now()
+       AND started_by IS NOT DISTINCT FROM CAST(:token_id AS uuid)
+       FOR UPDATE
+)
+UPDATE oauth_install_states s
+   SET confirmed_at = now(), grant_sealed = NULL, grant_kek_env = NULL
+  FROM pending p
+ WHERE s.state_sha256 = p.state_sha256 AND s.confirmed_at IS NULL
+RETURNING s.state_sha256, s.tenant_id, s.portal_id, p.grant_sealed, p.grant_kek_env,
+          p.pending_seconds, s.started_by::text AS started_by
+
 -- name: oauth_install_state_done
 UPDATE oauth_install_states SET connection_id = CAST(:connection_id AS uuid)
  WHERE state_sha256 = :state_sha256
+
+-- name: oauth_install_portal_owner
+-- The tenant the portal's live connection for this app belongs to, if any: the callback
+-- refuses early a portal another tenant holds (the confirmation checks again, locked).
+SELECT tenant_id
+  FROM connections
+ WHERE provider = :provider AND provider_app_id = :app_id AND provider_account_id = :account_id
+   AND status <> 'disconnected'
 
 -- name: oauth_install_connection_lock
 -- The live connection of the portal for this app, if any (the unique index
@@ -45,3 +88,11 @@ RETURNING id
 -- late or replayed callback; a day past its expiry nobody is coming back with it.
 DELETE FROM oauth_install_states
  WHERE expires_at < now() - make_interval(hours => :keep_hours)
+
+-- name: oauth_install_lapsed_grants_clear
+-- A grant whose install was not confirmed in time is of no use to anyone: the sweep drops it
+-- (the row stays, to answer a late confirmation as unknown, until the trim above). Guarded on
+-- an unconfirmed, lapsed install still holding a grant: a confirmation in time has already
+-- cleared it itself, and a second pass finds zero rows.
+UPDATE oauth_install_states SET grant_sealed = NULL, grant_kek_env = NULL
+ WHERE grant_sealed IS NOT NULL AND confirmed_at IS NULL AND confirm_by < now()

@@ -43,10 +43,39 @@ ON CONFLICT (provider, app_id, account_id, source_event_id) DO UPDATE
        inbox_id = EXCLUDED.inbox_id, reason = EXCLUDED.reason
 
 -- name: provider_app_unrouted_summary
--- Ops, per app: which portals send events nobody takes, how many, since when, and why.
+-- Ops, per app: which portals send events nobody takes, how many, since when, and why
+-- (events the sweep re-routed to a connection since are taken).
 SELECT account_id, reason, count(*) AS events, sum(deliveries) AS deliveries,
        min(first_seen_at) AS first_seen_at, max(last_seen_at) AS last_seen_at
   FROM unrouted_provider_events
- WHERE provider = :provider AND app_id = :app_id
+ WHERE provider = :provider AND app_id = :app_id AND rerouted_at IS NULL
  GROUP BY account_id, reason
  ORDER BY max(last_seen_at) DESC
+
+-- name: provider_app_reroute_claim
+-- The sweep's re-routing (shared/inbox.py reroute_unrouted): events recorded because their
+-- portal had no live connection, whose portal has one now, first seen at most
+-- `lookback_seconds` before that connection was created (the events of the install that
+-- created it, which HubSpot sends from consent on; older ones predate it and stay for ops).
+-- Claimed and stamped in one guarded statement, in the transaction that also writes their
+-- trigger events: SKIP LOCKED lets two sweeps share the backlog, and `rerouted_at IS NULL`
+-- means a row already stamped (committed by another pass) is zero rows here, so each event is
+-- re-routed at most once, and only if its trigger events commit with it.
+WITH waiting AS (
+    SELECT u.id, c.id AS connection_id
+      FROM unrouted_provider_events u
+      JOIN connections c
+        ON c.provider = u.provider AND c.provider_app_id = u.app_id
+       AND c.provider_account_id = u.account_id AND c.status <> 'disconnected'
+     WHERE u.rerouted_at IS NULL AND u.reason = 'no_live_connection'
+       AND u.first_seen_at
+           >= c.created_at - make_interval(secs => CAST(:lookback_seconds AS double precision))
+     ORDER BY u.id
+     LIMIT CAST(:batch AS integer)
+       FOR UPDATE OF u SKIP LOCKED
+)
+UPDATE unrouted_provider_events u
+   SET rerouted_at = now(), rerouted_to = w.connection_id
+  FROM waiting w
+ WHERE u.id = w.id AND u.rerouted_at IS NULL
+RETURNING u.id, u.provider, u.inbox_id, u.payload, CAST(w.connection_id AS text) AS connection_id

@@ -323,6 +323,14 @@ def expire_echo_markers(db: Database) -> dict[str, int]:
         return {"expired": echo.expire_echo_markers(tx)}
 
 
+def reroute_unrouted_app_events(db: Database) -> dict[str, int]:
+    """App events that arrived before their portal's connection existed, routed to it now
+    (shared/inbox.py owns the rule)."""
+    from shared.inbox import reroute_unrouted
+
+    return reroute_unrouted(db)
+
+
 def reconcile_subscriptions(db: Database) -> dict[str, int]:
     """Hourly provider subscription repair (the workflows issue's reconcile)."""
     from shared.port.connect import port_for, port_for_app
@@ -394,6 +402,7 @@ def default_duties(config: SweepConfig | None = None) -> list[Duty]:
     return [
         Duty("report_backlog", 60.0, report_backlog),
         Duty("expire_echo_markers", 300.0, expire_echo_markers),
+        Duty("reroute_unrouted_app_events", 60.0, reroute_unrouted_app_events),
         Duty("delete_expired_throttle_windows", 900.0, delete_expired_throttle_windows),
         Duty("reconcile_budget_reservations", 300.0, reconcile_budget_reservations),
         Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),
