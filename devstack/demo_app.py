@@ -10,6 +10,7 @@ Like the rest of the demo, every verdict is read from the database or the fake, 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -164,10 +165,25 @@ class AppChapters:
             )
             back = consent.headers.get("Location", "")
             page = httpx.get(back, timeout=10) if consent.status_code == 302 else consent
+            # The callback connects nothing by itself: it shows the consenting browser a code
+            # that only the operator who started the install can confirm (issue 23 item 11).
+            code = re.search(r'<code class="confirm">([^<]+)</code>', page.text)
+            confirmed = (
+                httpx.post(
+                    f"{self.ops}/v1/apps/hubspot/{APP_ID}/installs/confirm",
+                    json={"confirm_code": code[1]},
+                    headers={"Authorization": f"Bearer {operator}"},
+                    timeout=10,
+                )
+                if code
+                else None
+            )
             with self.s.db.transaction() as tx:
                 rows = tx.all(self.sql["demo_app_connection"], tenant_id=p.tenant_id)
             ok = (
                 page.status_code == 200
+                and confirmed is not None
+                and confirmed.is_success
                 and back.startswith(self.s.stack.url("webhook") + CALLBACK_PATH + "?")
                 and len(rows) == 1
                 and rows[0]["provider_account_id"] == str(p.portal_id)
@@ -178,8 +194,9 @@ class AppChapters:
                 ok,
                 f"portal {p.portal_id}: ops answered 303 to HubSpot's authorize URL, HubSpot "
                 f"redirected to the webhook function's callback {back.split('?')[0]}, "
-                "which exchanged the code "
-                f"and answered {page.status_code}: tenant {p.tenant_id} has connection "
+                "which exchanged the code and showed a confirmation code; the operator "
+                f"confirmed it on ops ({confirmed.status_code if confirmed else 'no code'}): "
+                f"tenant {p.tenant_id} has connection "
                 f"{p.connection_id or '(none)'} for the portal, its tokens sealed.",
             )
             if not ok:

@@ -68,7 +68,9 @@ def test_demo_starts_tells_and_stops_leaving_nothing_behind() -> None:
         # Issue 13: one app on two portals through OAuth, the union of subscriptions, a
         # refreshed token and an adopted create.
         told = " ".join(out.split())  # the story is wrapped at 96 columns
-        assert told.count("which exchanged the code and answered 200") == 2
+        assert told.count("which exchanged the code and showed a confirmation code") == 2
+        # Nothing is connected until the operator who started the install confirms it.
+        assert told.count("the operator confirmed it on ops (200)") == 2
         # The redirect went to the public webhook function (ops is IAM-gated in the cloud).
         assert told.count("redirected to the webhook function's callback") == 2
         assert "contact.propertyChange:jobtitle, contact.propertyChange:lifecyclestage" in out
