@@ -16,6 +16,8 @@ import pytest
 
 from shared.admission import admit_event
 from shared.db import Database
+from shared.outbox import requeue_undecided
+from shared.steps.cancel import cancel_run
 from shared.steps.crashpoints import EXIT_CODE
 from shared.triggers import poll
 from shared.workflows import versions
@@ -111,15 +113,20 @@ def stamped(db: Database) -> int:
     return count(db, "SELECT count(*) FROM app.signups WHERE enrolled_at IS NOT NULL")
 
 
-def settle(db: Database, event_id: int, status: str) -> None:
-    """Admit the event and finish its run as the engine would."""
-    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
+def finish(db: Database, run_id: str | None, status: str) -> None:
+    """End the run as the engine would."""
     with db.transaction() as tx:
         tx.execute(
             "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
             s=status,
-            r=outcome.run_id,
+            r=run_id,
         )
+
+
+def settle(db: Database, event_id: int, status: str) -> None:
+    """Admit the event and finish its run as the engine would."""
+    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
+    finish(db, outcome.run_id, status)
 
 
 # ------------------------------------------------------------------ the index check
@@ -272,7 +279,14 @@ def test_a_pass_stops_at_its_time_budget_and_the_next_pass_carries_on(signups: D
     assert len(poll_events(signups, workflow_id)) == 30
 
 
-def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_is_a_new_generation(
+def admit(db: Database, event_id: int) -> str | None:
+    """Admit the event as the engine would; the run it started, None when it was refused."""
+    result = admit_event(db, event_id, publish=lambda ids: None)
+    (outcome,) = result.outcomes
+    return outcome.run_id if outcome.outcome == "admitted" else None
+
+
+def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_starts_a_new_run(
     signups: Database,
 ) -> None:
     with signups.transaction() as tx:
@@ -282,12 +296,25 @@ def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_is_a_new_generatio
     src = source_of(signups, workflow_id)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 20
     assert stamped(signups) == 20
+    first_runs = [admit(signups, e["id"]) for e in poll_events(signups, workflow_id)]
+    assert all(first_runs)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).rows == 0
     with signups.transaction() as tx:  # the application asks for row 7 to be handled again
         tx.execute("UPDATE app.signups SET enrolled_at = NULL WHERE id = 7")
+    # While generation 1's run is still going, the row is left alone.
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).waiting == 1
+    finish(signups, first_runs[6], "succeeded")
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
     last = poll_events(signups, workflow_id)[-1]
     assert (last["key"], last["payload"]["generation"]) == ("7", 2)
+    # Generation 2 is a new run of the row, admitted under once_per_record (not `duplicate`).
+    second_run = admit(signups, last["id"])
+    assert second_run is not None and second_run not in first_runs
+    assert stamped(signups) == 20
+    # Still once per generation: the same event admitted again starts nothing new.
+    assert admit_event(signups, last["id"], publish=lambda ids: None).outcomes[0].outcome == (
+        "handled"
+    )
 
 
 def test_after_attempts_gives_up_and_stamps_after_n_failures(signups: Database) -> None:
@@ -305,6 +332,55 @@ def test_after_attempts_gives_up_and_stamps_after_n_failures(signups: Database) 
     assert stamped(signups) == 1
     with signups.transaction() as tx:
         assert tx.scalar("SELECT status FROM poll_records") == "gave_up"
+
+
+def test_on_success_never_restarts_a_run_a_person_cancelled(signups: Database) -> None:
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    add_rows(signups, 2)
+    workflow_id = activate(signups, source("on_success"))
+    src = source_of(signups, workflow_id)
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 2
+    first, second = poll_events(signups, workflow_id)
+    cancelled = cancel_run(signups, str(admit(signups, first["id"])), by="ops:ann", reason="no")
+    assert cancelled is not None and cancelled.moved  # a person cancelled row 1's run
+    settle(signups, second["id"], "failed")  # row 2's run failed: tried again
+    report = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
+    assert report.emitted == 1  # row 2 only: row 1 is not started again
+    assert report.cancelled == 1
+    (retry,) = poll_events(signups, workflow_id)[2:]
+    assert retry["key"] == second["key"]
+    # Row 1 is stamped and its generation closed as cancelled (ops sees why it stopped).
+    with signups.transaction() as tx:
+        assert tx.scalar("SELECT enrolled_at IS NOT NULL FROM app.signups WHERE id = 1")
+        assert tx.scalar("SELECT status FROM poll_records WHERE record_key = '1'") == "cancelled"
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 0
+
+
+def test_an_event_given_up_as_undelivered_is_tried_again_not_left_pending(
+    signups: Database,
+) -> None:
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    add_rows(signups, 1)
+    workflow_id = activate(signups, source("on_success"))
+    src = source_of(signups, workflow_id)
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
+    (lost,) = poll_events(signups, workflow_id)
+    # Published, never decided, and given up by the sweep's redelivery cap.
+    with signups.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_trigger_events SET published_at = now() - interval '1 hour'"
+            " WHERE id = :e",
+            e=lost["id"],
+        )
+    given_up = requeue_undecided(signups, after_seconds=0, max_redeliveries=0, batch=10)
+    assert given_up.given_up == (lost["id"],)
+    report = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
+    assert (report.emitted, report.waiting) == (1, 0)
+    (retry,) = poll_events(signups, workflow_id)[1:]
+    assert (retry["key"], retry["payload"]["attempt"]) == (lost["key"], 2)
+    assert admit(signups, retry["id"]) is not None
 
 
 def test_two_pollers_racing_emit_each_row_once(signups: Database) -> None:
@@ -328,6 +404,42 @@ def test_two_pollers_racing_emit_each_row_once(signups: Database) -> None:
     assert sum(r.emitted for r in reports) == 2_000
     events = poll_events(signups, workflow_id)
     assert len(events) == 2_000 and len({e["key"] for e in events}) == 2_000
+
+
+def test_two_passes_overlapping_while_they_stamp_start_no_second_generation(
+    signups: Database,
+) -> None:
+    """Two passes over rows whose runs all succeeded, at a barrier: each stamps what the other
+    may just have stamped. A row one pass stamped and committed must not look "cleared by the
+    application" to the other (it read the row, then its poll state, in two snapshots)."""
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    rows = 500
+    add_rows(signups, rows)
+    workflow_id = activate(signups, source("on_success", batch=10))
+    src = source_of(signups, workflow_id)
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == rows
+    for event in poll_events(signups, workflow_id):  # every run succeeded
+        settle(signups, event["id"], "succeeded")
+    barrier = threading.Barrier(2)
+    reports: list[poll.PassReport] = []
+
+    def poller() -> None:
+        barrier.wait(timeout=10)
+        reports.append(poll.poll_pass(signups, src, budget_seconds=UNBOUNDED))
+
+    threads = [threading.Thread(target=poller) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(reports) == 2
+    # Every row stamped, by exactly one of the two passes, and nothing started again.
+    assert sum(r.stamped for r in reports) == rows and stamped(signups) == rows
+    assert sum(r.emitted for r in reports) == 0
+    assert len(poll_events(signups, workflow_id)) == rows
+    with signups.transaction() as tx:
+        assert tx.scalar("SELECT max(generation) FROM poll_records") == 1
 
 
 def test_a_poll_killed_mid_page_loses_and_duplicates_nothing(

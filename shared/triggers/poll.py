@@ -93,13 +93,16 @@ def event_type_for(workflow_id: str) -> str:
 class RecordState:
     generation: int
     attempts: int
-    status: Literal["open", "stamped", "gave_up"]
-    outcome: Literal["pending", "refused", "succeeded", "failed"]
+    status: Literal["open", "stamped", "gave_up", "cancelled"]
+    # What became of the latest occurrence (poll_record_state, migrations/0230).
+    outcome: Literal[
+        "unadmitted", "undelivered", "refused", "running", "succeeded", "failed", "cancelled"
+    ]
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["emit", "wait", "stamp", "give_up"]
+    action: Literal["emit", "wait", "stamp", "give_up", "cancelled"]
     generation: int = 0
     attempt: int = 0
 
@@ -110,18 +113,25 @@ def decide(  # noqa: PLR0911 - one return per row of the policy's table
     """What to do about one pending row, given its poll state and the stamp policy."""
     if state is None:
         return Decision("emit", 1, 1)
+    undecided = state.outcome in ("unadmitted", "running")
     if state.status != "open":
-        # onceflow stamped it and the application cleared the stamp: handle it again.
-        return Decision("emit", state.generation + 1, 1)
+        # onceflow stamped it and the application cleared the stamp: handle it again, once
+        # the last occurrence is decided and its run over (its enrollment ends with the claim
+        # of the next generation: poll_records_claim).
+        return Decision("wait") if undecided else Decision("emit", state.generation + 1, 1)
     if policy == "on_attempt":
         # Its stamp goes with its event; still open means the stamp is owed (a CRM write that
         # did not happen yet), whatever became of the run.
         return Decision("stamp")
-    if state.outcome == "pending":
+    if undecided:
         return Decision("wait")
     if state.outcome == "succeeded":
         return Decision("stamp")
-    # failed or refused
+    if state.outcome == "cancelled":
+        # A person stopped it: the poll does not start it again by itself (clearing the
+        # stamp does, as a new generation).
+        return Decision("cancelled")
+    # failed, refused, or undelivered (given up before admission decided it: no run)
     if isinstance(policy, AfterAttempts) and state.attempts >= policy.after_attempts:
         return Decision("give_up")
     return Decision("emit", state.generation, state.attempts + 1)
@@ -138,6 +148,7 @@ class PassReport:
     gave_up: int = 0
     waiting: int = 0
     pages: int = 0
+    cancelled: int = 0  # rows whose run a person cancelled: stamped, closed `cancelled`
     throttled: int = 0  # CRM calls not made: the connection's window was used up
 
     def as_dict(self) -> dict[str, int]:
@@ -197,25 +208,30 @@ class PageDecisions:
     emit: list[tuple[str, Decision]] = field(default_factory=list)
     stamp: list[str] = field(default_factory=list)
     give_up: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
     waiting: int = 0
 
 
-def _decide_page(tx: Tx, src: PollSource, keys: list[str]) -> PageDecisions:
-    states = {
-        r["record_key"]: RecordState(
-            int(r["generation"]), int(r["attempts"]), r["status"], r["outcome"]
-        )
-        for r in tx.all(RECORDS_STATE, workflow_id=src.workflow_id, keys=keys)
-    }
+def _state_of(row: Mapping[str, Any]) -> RecordState | None:
+    if row["generation"] is None:
+        return None
+    return RecordState(int(row["generation"]), int(row["attempts"]), row["status"], row["outcome"])
+
+
+def _decide_page(
+    src: PollSource, states: Sequence[tuple[str, RecordState | None]]
+) -> PageDecisions:
     out = PageDecisions()
-    for key in keys:
-        d = decide(states.get(key), src.config.stamp_policy)
+    for key, state in states:
+        d = decide(state, src.config.stamp_policy)
         if d.action == "emit":
             out.emit.append((key, d))
         elif d.action == "stamp":
             out.stamp.append(key)
         elif d.action == "give_up":
             out.give_up.append(key)
+        elif d.action == "cancelled":
+            out.cancelled.append(key)
         else:
             out.waiting += 1
     return out
@@ -230,8 +246,9 @@ def _poll_page(
     after: str | None,
     report: PassReport,
 ) -> tuple[str | None, int]:
-    query = source.page_query(key_type, after=after is not None)
-    params: dict[str, Any] = {"limit": src.config.batch}
+    # The rows and their poll state in one statement: one snapshot (see page_query).
+    query = source.page_query(key_type, after=after is not None, states=True)
+    params: dict[str, Any] = {"limit": src.config.batch, "workflow_id": src.workflow_id}
     if after is not None:
         params["after"] = after
     rows = tx.all(query, **params)
@@ -239,7 +256,7 @@ def _poll_page(
         return None, 0
     report.rows += len(rows)
     keys = [r["key"] for r in rows]
-    page = _decide_page(tx, src, keys)
+    page = _decide_page(src, [(r["key"], _state_of(r)) for r in rows])
     report.waiting += page.waiting
     row_of = {r["key"]: r["row"] for r in rows}
 
@@ -262,6 +279,9 @@ def _poll_page(
     )
     report.gave_up += _stamp(
         tx, src, source=source, key_type=key_type, keys=page.give_up, status="gave_up"
+    )
+    report.cancelled += _stamp(
+        tx, src, source=source, key_type=key_type, keys=page.cancelled, status="cancelled"
     )
     return keys[-1], len(rows)
 
@@ -356,6 +376,7 @@ def _crm_pass(
     report = PassReport()
     owed: list[str] = []
     given_up: list[str] = []
+    cancelled: list[str] = []
     after: str | None = None
     for _ in range(max_pages):
         if not _slot(db, crm.connection):
@@ -369,7 +390,13 @@ def _crm_pass(
         properties = {r.id: dict(r.properties) for r in page.records}
         if page.records:
             with db.transaction() as tx:
-                decided = _decide_page(tx, src, list(properties))
+                states = {
+                    r["record_key"]: _state_of(r)
+                    for r in tx.all(
+                        RECORDS_STATE, workflow_id=src.workflow_id, keys=list(properties)
+                    )
+                }
+            decided = _decide_page(src, [(key, states.get(key)) for key in properties])
             due = []
             for key, d in decided.emit:
                 # A record onceflow stamped that the search still shows unstamped: the search
@@ -398,12 +425,21 @@ def _crm_pass(
             report.emitted += len(emitted)
             owed += decided.stamp + (emitted if src.config.stamp_policy == "on_attempt" else [])
             given_up += decided.give_up
+            cancelled += decided.cancelled
         if page.next_after is None or not more():
             break
         after = page.next_after
     report.stamped += _stamp_crm(db, src, crm, port, keys=owed, status="stamped")
     report.gave_up += _stamp_crm(db, src, crm, port, keys=given_up, status="gave_up")
-    report.throttled += len(owed) + len(given_up) - report.stamped - report.gave_up
+    report.cancelled += _stamp_crm(db, src, crm, port, keys=cancelled, status="cancelled")
+    report.throttled += (
+        len(owed)
+        + len(given_up)
+        + len(cancelled)
+        - report.stamped
+        - report.gave_up
+        - report.cancelled
+    )
     return report
 
 
@@ -657,6 +693,7 @@ def status(tx: Tx, _t: Trigger, workflow_id: str) -> dict[str, Any]:
         "rows_open": int(row["open"]),
         "rows_stamped": int(row["stamped"]),
         "rows_given_up": int(row["gave_up"]),
+        "rows_cancelled": int(row["cancelled"]),
     }
 
 

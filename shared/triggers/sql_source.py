@@ -199,15 +199,31 @@ class TableSource:
             f"ON {self.qualified} ({quote(self.key)}) WHERE {self.predicate};"
         )
 
-    def page_query(self, key_type: str, *, after: bool) -> str:
+    def page_query(self, key_type: str, *, after: bool, states: bool = False) -> str:
         """A page of pending rows in key order, the first (`after` False) or the one after
         the key `:after`: keyset paging, so every page is a range read of the index.
-        `key_type` comes from the catalog (`format_type`), never from the definition."""
+        `key_type` comes from the catalog (`format_type`), never from the definition.
+
+        With `states`, each row comes with its poll state for the workflow `:workflow_id`
+        (poll_record_state, migrations/0230) read by the same statement, so under the same
+        snapshot as the row: a row another pass stamped and closed meanwhile is either seen
+        pending and open, or not seen at all, never pending and closed."""
         resume = f"AND {quote(self.key)} > CAST(:after AS {key_type}) " if after else ""
-        return (
-            f"SELECT CAST({quote(self.key)} AS text) AS key, to_jsonb(t) AS row "
+        page = (
+            f"SELECT CAST({quote(self.key)} AS text) AS key, to_jsonb(t) AS row, "
+            f"{quote(self.key)} AS sort_key "
             f"FROM {self.qualified} t WHERE {self.predicate} {resume}"
             f"ORDER BY {quote(self.key)} LIMIT CAST(:limit AS integer)"
+        )
+        if not states:
+            return page
+        # The page is a subquery so that `where` names only the table's columns (a column
+        # called `status` is not the state's); its order is kept by the native key.
+        return (
+            "SELECT page.key, page.row, s.generation, s.attempts, s.status, s.outcome "
+            f"FROM ({page}) AS page LEFT JOIN LATERAL "
+            "poll_record_state(CAST(:workflow_id AS uuid), page.key) AS s ON true "
+            "ORDER BY page.sort_key"
         )
 
     def stamp_query(self, key_type: str) -> str:
