@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shared.admission import admit_event
-from shared.db import Database
+from shared.db import Database, Tx
 from shared.outbox import requeue_undecided
 from shared.steps.cancel import cancel_run
 from shared.steps.crashpoints import EXIT_CODE
@@ -33,7 +33,7 @@ UNBOUNDED = 3600.0
 ROOT = Path(__file__).resolve().parent.parent
 WHERE = "enrolled_at is null and plan = 'pro'"
 INDEX = (
-    "CREATE INDEX signups_pending ON app.signups (id) WHERE enrolled_at IS NULL AND plan = 'pro'"
+    "CREATE INDEX signups_pending ON acme.signups (id) WHERE enrolled_at IS NULL AND plan = 'pro'"
 )
 
 
@@ -42,7 +42,7 @@ def source(
     *,
     dedup: str = "not_while_running",
     every: int = 60,
-    table: str = "app.signups",
+    table: str = "acme.signups",
     where: str = WHERE,
     key: str = "id",
     batch: int = 1000,
@@ -63,9 +63,9 @@ def source(
 def signups(db: Database) -> Database:
     make_tenant(db)
     with db.transaction() as tx:
-        tx.execute("CREATE SCHEMA app")
+        tx.execute("CREATE SCHEMA acme")
         tx.execute(
-            "CREATE TABLE app.signups (id bigint PRIMARY KEY, email text NOT NULL,"
+            "CREATE TABLE acme.signups (id bigint PRIMARY KEY, email text NOT NULL,"
             " plan text NOT NULL, enrolled_at timestamptz)"
         )
     return db
@@ -74,7 +74,7 @@ def signups(db: Database) -> Database:
 def add_rows(db: Database, n: int, *, start: int = 1, plan: str = "pro") -> None:
     with db.transaction() as tx:
         tx.execute(
-            "INSERT INTO app.signups (id, email, plan) SELECT i, 'u' || i || '@x.test', :p"
+            "INSERT INTO acme.signups (id, email, plan) SELECT i, 'u' || i || '@x.test', :p"
             " FROM generate_series(CAST(:a AS bigint), CAST(:b AS bigint)) AS i",
             a=start,
             b=start + n - 1,
@@ -110,7 +110,7 @@ def poll_events(db: Database, workflow_id: str) -> list[dict[str, Any]]:
 
 
 def stamped(db: Database) -> int:
-    return count(db, "SELECT count(*) FROM app.signups WHERE enrolled_at IS NOT NULL")
+    return count(db, "SELECT count(*) FROM acme.signups WHERE enrolled_at IS NOT NULL")
 
 
 def finish(db: Database, run_id: str | None, status: str) -> None:
@@ -139,15 +139,15 @@ def test_activation_refuses_an_unindexed_source_and_shows_the_index_to_add(
         activate(signups, source())
     (problem,) = refused.value.report.errors
     assert problem.where == "trigger.poll.table"
-    assert "no index answers the poll query on app.signups" in problem.message
+    assert "no index answers the poll query on acme.signups" in problem.message
     suggested = problem.message.split("add: ", 1)[1]
     assert suggested == (
-        'CREATE INDEX CONCURRENTLY signups_enrolled_at_pending ON "app"."signups" ("id") '
+        'CREATE INDEX CONCURRENTLY signups_enrolled_at_pending ON "acme"."signups" ("id") '
         'WHERE "enrolled_at" IS NULL AND "plan" = \'pro\';'
     )
     # An index on the key alone is not enough: the pending rows are what must be answered.
     with signups.transaction() as tx:
-        tx.execute("CREATE INDEX signups_plan ON app.signups (plan)")
+        tx.execute("CREATE INDEX signups_plan ON acme.signups (plan)")
     with pytest.raises(DefinitionInvalid):
         activate(signups, source())
     # The suggestion, as given (outside a transaction block, as CONCURRENTLY requires).
@@ -161,7 +161,7 @@ def test_activation_refuses_an_unindexed_source_and_shows_the_index_to_add(
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"table": "app.nope"}, "table app.nope does not exist"),
+        ({"table": "acme.nope"}, "table acme.nope does not exist"),
         ({"key": "uid"}, "has no column uid"),
         ({"where": "enrolled_at is null and tier = 'pro'"}, "has no column tier"),
     ],
@@ -172,6 +172,67 @@ def test_activation_refuses_a_missing_table_or_column(
     with pytest.raises(DefinitionInvalid) as refused:
         activate(signups, source(**kwargs))  # type: ignore[arg-type]
     assert words in refused.value.report.errors[0].message
+
+
+def point_at(tx: Tx, workflow_id: str, table: str) -> None:
+    """Rewrite the stored definitions of the workflow to poll `table`, as a version stored by
+    a release before the tenant-schema rule could (versions are immutable: the trigger that
+    says so is held off for this transaction only)."""
+    tx.execute("SET LOCAL session_replication_role = replica")
+    tx.execute(
+        "UPDATE workflow_versions SET definition = jsonb_set(definition,"
+        " '{trigger,poll,table,table}', to_jsonb(CAST(:t AS text))) WHERE workflow_id = :w",
+        t=table,
+        w=workflow_id,
+    )
+
+
+def test_one_tenants_workflow_cannot_read_another_tenants_table(signups: Database) -> None:
+    """Each tenant's tables live in the schema named after it; a poll naming any other schema
+    is refused by validate, by activation, and (activated before the rule) by every pass."""
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+        tx.execute("INSERT INTO tenants (id, name) VALUES ('globex', 'globex')")
+        tx.execute("CREATE SCHEMA globex")
+        tx.execute(
+            "CREATE TABLE globex.signups (id bigint PRIMARY KEY, email text NOT NULL,"
+            " plan text NOT NULL, enrolled_at timestamptz)"
+        )
+        tx.execute(
+            "CREATE INDEX globex_pending ON globex.signups (id)"
+            " WHERE enrolled_at IS NULL AND plan = 'pro'"
+        )
+        tx.execute("INSERT INTO globex.signups VALUES (1, 'ceo@globex.test', 'pro', NULL)")
+    theirs = source(table="globex.signups")
+    report = validate_text(theirs, "wf.yaml")
+    (problem,) = [p for p in report.errors if p.where == "trigger.poll.table.table"]
+    assert "tenant 'acme' polls only its own tables" in problem.message
+    assert "`acme.signups`, not `globex.signups`" in problem.message
+    # Versions stored before the rule: activation refuses them.
+    for other in ("app.signups", "globex.signups"):  # no tenant's schema, another tenant's
+        with signups.transaction() as tx:
+            renamed = source().replace("name: enroll", f"name: enroll-{other.split('.')[0]}")
+            published = versions.publish(tx, renamed)
+            point_at(tx, published.workflow_id, other)
+        with pytest.raises(DefinitionInvalid) as refused, signups.transaction() as tx:
+            versions.activate(
+                tx,
+                tenant_id="acme",
+                workflow_id=published.workflow_id,
+                version_id=published.version_id,
+            )
+        (problem,) = refused.value.report.errors
+        assert problem.where == "trigger.poll.table.table"
+        assert "polls only its own tables" in problem.message
+    # A definition activated before the rule: the pass refuses it, reads and stamps nothing.
+    workflow_id = activate(signups, source())
+    with signups.transaction() as tx:
+        point_at(tx, workflow_id, "globex.signups")
+    result = poll.poll_due_sources(signups)
+    assert "polls only its own tables" in result["errors"][workflow_id]
+    assert poll_events(signups, workflow_id) == []
+    with signups.transaction() as tx:
+        assert tx.scalar("SELECT enrolled_at FROM globex.signups WHERE id = 1") is None
 
 
 # ------------------------------------------------------------------ validate
@@ -300,7 +361,7 @@ def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_starts_a_new_run(
     assert all(first_runs)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).rows == 0
     with signups.transaction() as tx:  # the application asks for row 7 to be handled again
-        tx.execute("UPDATE app.signups SET enrolled_at = NULL WHERE id = 7")
+        tx.execute("UPDATE acme.signups SET enrolled_at = NULL WHERE id = 7")
     # While generation 1's run is still going, the row is left alone.
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).waiting == 1
     finish(signups, first_runs[6], "succeeded")
@@ -352,7 +413,7 @@ def test_on_success_never_restarts_a_run_a_person_cancelled(signups: Database) -
     assert retry["key"] == second["key"]
     # Row 1 is stamped and its generation closed as cancelled (ops sees why it stopped).
     with signups.transaction() as tx:
-        assert tx.scalar("SELECT enrolled_at IS NOT NULL FROM app.signups WHERE id = 1")
+        assert tx.scalar("SELECT enrolled_at IS NOT NULL FROM acme.signups WHERE id = 1")
         assert tx.scalar("SELECT status FROM poll_records WHERE record_key = '1'") == "cancelled"
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 0
 
@@ -486,20 +547,20 @@ def test_a_source_broken_after_activation_is_recorded_and_the_others_still_poll(
 ) -> None:
     with signups.transaction() as tx:
         tx.execute(INDEX)
-        tx.execute("CREATE TABLE app.orders (id bigint PRIMARY KEY, enrolled_at timestamptz)")
-        tx.execute("CREATE INDEX orders_pending ON app.orders (id) WHERE enrolled_at IS NULL")
-        tx.execute("INSERT INTO app.orders (id) VALUES (1), (2)")
+        tx.execute("CREATE TABLE acme.orders (id bigint PRIMARY KEY, enrolled_at timestamptz)")
+        tx.execute("CREATE INDEX orders_pending ON acme.orders (id) WHERE enrolled_at IS NULL")
+        tx.execute("INSERT INTO acme.orders (id) VALUES (1), (2)")
     add_rows(signups, 2)
     broken = activate(signups, source())
     orders = (
         source()
         .replace("name: enroll", "name: orders")
-        .replace("app.signups", "app.orders")
+        .replace("acme.signups", "acme.orders")
         .replace(WHERE, "enrolled_at is null")
     )
     healthy = activate(signups, orders)
     with signups.transaction() as tx:
-        tx.execute("DROP INDEX app.signups_pending")
+        tx.execute("DROP INDEX acme.signups_pending")
     result = poll.poll_due_sources(signups)
     assert result["polled"] == 1 and result["emitted"] == 2
     assert "no index answers the poll query" in result["errors"][broken]

@@ -59,6 +59,7 @@ from shared.triggers.sql_source import (
     TableSource,
     check_against_database,
     parse_source,
+    tenant_problem,
 )
 from shared.workflows.definition import AfterAttempts, PollCrm, PollTrigger, Trigger
 
@@ -185,6 +186,9 @@ def poll_pass(
     if src.crm is not None:
         return _crm_pass(db, src, src.crm, max_pages=max_pages, more=more, port_for=port_for)
     assert src.source is not None
+    refused = tenant_problem(src.source, src.tenant_id)
+    if refused is not None:  # a definition activated before the rule: never read
+        raise SourceInvalid("table", refused)
     with db.transaction() as tx:
         key_type, problems = check_against_database(tx, src.source, batch=src.config.batch)
     if problems:
@@ -612,6 +616,19 @@ def check(t: Trigger, add: AddProblem) -> None:
         )
 
 
+def check_tenant(t: Trigger, tenant_id: str, add: AddProblem) -> None:
+    """A SQL source names a table of the definition's own tenant (sql_source.tenant_problem)."""
+    if t.poll is None or t.poll.table is None:
+        return
+    try:
+        source = parse_source(t.poll.table)
+    except SourceInvalid:
+        return  # `check` located that already
+    refused = tenant_problem(source, tenant_id)
+    if refused is not None:
+        add("error", ("trigger", "poll", "table", "table"), refused)
+
+
 SEARCH_OPERATORS = frozenset(
     {
         "EQ",
@@ -678,6 +695,9 @@ def check_activation(tx: Tx, t: Trigger, tenant_id: str) -> list[tuple[tuple[str
         source = parse_source(t.poll.table)
     except SourceInvalid as exc:
         return [(("trigger", "poll", "table", exc.field), str(exc))]
+    refused = tenant_problem(source, tenant_id)
+    if refused is not None:
+        return [(("trigger", "poll", "table", "table"), refused)]
     _, problems = check_against_database(tx, source, batch=t.poll.batch)
     return [(("trigger", "poll", "table"), p) for p in problems]
 
@@ -702,6 +722,7 @@ KIND = TriggerKind(
     fields=("poll",),
     applies=lambda t: t.poll is not None,
     check=check,
+    check_tenant=check_tenant,
     event_types=lambda _t, workflow_id: (event_type_for(workflow_id),),
     duties=lambda: (Duty("poll_sources", DUTY_EVERY_SECONDS, poll_due_sources),),
     check_activation=check_activation,

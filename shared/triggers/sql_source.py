@@ -1,6 +1,6 @@
 """A SQL table as a polling source: the "not handled yet" query, checked and rendered.
 
-    table: app.signups          # schema-qualified; never one of onceflow's own (public) tables
+    table: acme.signups         # in the schema named after the workflow's tenant (here acme)
     key: id                     # unique per row: the record's identity
     stamp: onceflow_enrolled_at # NULL while the row is not handled yet
     where: "onceflow_enrolled_at is null and plan = 'pro'"
@@ -15,6 +15,11 @@ query, so a partial index created from the suggestion is one the planner can pro
 
 Identifiers come from the definition (validated here) and the key column's type from the
 catalog; nothing a request sends ever reaches this SQL.
+
+A tenant polls only its own tables: each tenant's tables live in the schema named after it
+(`tenant_problem`), checked by `validate` (the definition's tenant), by activation (the
+activating tenant) and by every pass (a definition activated before the rule), since the poll
+reads and stamps with onceflow's own database role, which can read every schema.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from typing import Any
 from shared.db import Tx
 
 IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-TABLE = re.compile(r"^([a-z_][a-z0-9_]{0,62})\.([a-z_][a-z0-9_]{0,62})$")
+# The schema part is a tenant id (shared/workflows/validate.py TENANT_PATTERN: it may hold a
+# `-` or start with a digit; quoted, it needs no escaping either).
+TABLE = re.compile(r"^([a-z0-9_][a-z0-9_-]{0,62})\.([a-z_][a-z0-9_]{0,62})$")
 # onceflow's own tables live in `public`; the system catalogs are never a source either.
 FORBIDDEN_SCHEMAS = frozenset({"public", "pg_catalog", "information_schema", "pg_toast"})
 _TOKEN = re.compile(
@@ -242,7 +249,8 @@ def parse_source(raw: Any) -> TableSource:
     if m is None:
         raise SourceInvalid(
             "table",
-            "`table` is schema.table in lower case (e.g. app.signups); "
+            "`table` is schema.table in lower case, the schema named after the tenant (e.g. "
+            "acme.signups); "
             f"found {data.get('table')!r}",
         )
     schema, table = m.groups()
@@ -267,6 +275,18 @@ def parse_source(raw: Any) -> TableSource:
     if data["key"] == stamp:
         raise SourceInvalid("stamp", "the stamp column cannot be the key")
     return TableSource(schema, table, data["key"], stamp, terms)
+
+
+def tenant_problem(source: TableSource, tenant_id: str) -> str | None:
+    """Why the tenant may not poll this table (None: it may). Each tenant's tables live in
+    the schema named after it, so a definition can never name another tenant's table."""
+    if source.schema == tenant_id:
+        return None
+    return (
+        f"tenant {tenant_id!r} polls only its own tables, in the schema named after it: "
+        f"`{tenant_id}.{source.table}`, not `{source.name}` (a schema of another tenant, or "
+        "no tenant's, is never read)"
+    )
 
 
 # ---------------------------------------------------------------- against the database
