@@ -158,6 +158,43 @@ def test_activation_refuses_an_unindexed_source_and_shows_the_index_to_add(
     assert activate(signups, source())
 
 
+def test_activation_accepts_a_small_source_whose_partial_index_exists(signups: Database) -> None:
+    """A small table, every row pending, its partial index larger than its primary key (rows
+    deleted since it was built): the planner walks the primary key and filters, which EXPLAIN
+    shows as "no index answers". The partial index is judged by its definition instead."""
+    add_rows(signups, 5_000)
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+        tx.execute("DELETE FROM acme.signups WHERE id > 3")
+        tx.execute("COMMIT")
+        tx.execute("VACUUM acme.signups")
+        tx.execute("BEGIN")
+        tx.execute("REINDEX INDEX acme.signups_pkey")
+        tx.execute("ANALYZE acme.signups")
+    with signups.transaction() as tx:  # what the planner prefers here
+        tx.execute("SET LOCAL enable_seqscan = off")
+        plan = tx.all(
+            "EXPLAIN SELECT id FROM acme.signups WHERE enrolled_at IS NULL AND plan = 'pro'"
+            " ORDER BY id LIMIT 1000"
+        )
+    assert "signups_pkey" in str(plan)
+    workflow_id = activate(signups, source())
+    assert poll.poll_pass(signups, source_of(signups, workflow_id)).emitted == 3
+    # An index that does not answer the query is still refused: a partial index on another
+    # condition, or one whose first column is not the key.
+    with signups.transaction() as tx:
+        tx.execute("DROP INDEX acme.signups_pending")
+        tx.execute("CREATE INDEX signups_free ON acme.signups (id) WHERE plan = 'free'")
+        tx.execute(
+            "CREATE INDEX signups_by_email ON acme.signups (email)"
+            " WHERE enrolled_at IS NULL AND plan = 'pro'"
+        )
+        tx.execute("ANALYZE acme.signups")
+    with pytest.raises(DefinitionInvalid) as refused:
+        activate(signups, source().replace("name: enroll", "name: enroll-2"))
+    assert "no index answers the poll query" in refused.value.report.errors[0].message
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [

@@ -115,7 +115,9 @@ def main() -> None:
                     report = poll.poll_pass(db, src)
                     times.append(time.perf_counter() - started)
                     if report.emitted != PENDING:
-                        raise RuntimeError(f"pass emitted {report.emitted}, not {PENDING}: {report}")
+                        raise RuntimeError(
+                            f"pass emitted {report.emitted}, not {PENDING}: {report}"
+                        )
                 medians[size] = statistics.median(times) * 1000
                 emit(f"poll_pass_{size}", medians[size], "ms", None, pending=PENDING, passes=PASSES)
             finally:

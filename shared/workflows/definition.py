@@ -84,8 +84,10 @@ OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook", "poll")
 
 
 class PollTable(_Strict):
-    table: str = Field(description="schema.table in the onceflow database, the schema named after the "
-        "tenant: e.g. acme.signups.")
+    table: str = Field(
+        description="schema.table in the onceflow database, the schema named after the "
+        "tenant: e.g. acme.signups."
+    )
     key: str = Field(description="The column naming a row (unique): the record's identity.")
     stamp: str = Field(description="The column that is null while a row is not handled yet.")
     where: str = Field(
