@@ -14,6 +14,7 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.admission import admit_event
 from shared.db import Database
 from shared.port.interface import PortError
+from shared.steps.cancel import cancel_run
 from shared.triggers import poll
 from shared.workflows import versions
 from shared.workflows.validate import DefinitionInvalid, validate_text
@@ -195,6 +196,23 @@ def test_a_stamp_the_crm_refused_is_owed_and_written_on_the_next_pass(
     report = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (report.emitted, report.stamped) == (0, 1)
     assert stamped(fake) == {lead} and len(events(db, workflow_id)) == 1
+
+
+def test_a_record_whose_run_a_person_cancelled_is_stamped_not_started_again(
+    db: Database, fake: FakeCrm, connection: str
+) -> None:
+    (lead,) = contacts(fake, 1, "lead")
+    workflow_id = activate(db, source(connection, "on_success"))
+    src = source_of(db, workflow_id)
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).emitted == 1
+    (event,) = events(db, workflow_id)
+    cancelled = cancel_run(db, str(admit(db, event["id"])), by="ops:ann", reason="wrong lead")
+    assert cancelled is not None and cancelled.moved
+    report = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
+    assert report.emitted == 0  # not started again
+    assert report.cancelled == 1
+    assert stamped(fake) == {lead} and len(events(db, workflow_id)) == 1
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).rows == 0
 
 
 def test_activation_refuses_a_connection_that_is_not_the_tenants(

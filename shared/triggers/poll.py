@@ -19,9 +19,19 @@ Stamp policies (`validate` says the trade-off of each in a warning):
 - `after_attempts: N`: as on_success, but after N occurrences that did not succeed the row is
   stamped anyway (`gave_up` in poll_records, with the last run failed for a person to see).
 While an occurrence's run has not finished the row is left alone, however often it is polled.
+Under on_success and after_attempts, a row whose run a person cancelled is stamped and its
+generation closed `cancelled`: the poll never starts it again by itself. An event the sweep
+gave up as undelivered (admission never decided it) is an occurrence over without a run, tried
+again as a refused one is.
 
 A generation ends when onceflow stamps the row; if the application clears the stamp, the row
-is not handled yet again, and the next poll starts its next generation.
+is not handled yet again, and the next poll starts its next generation, once the last
+occurrence is decided and its run over. Its claim ends the last generation's enrollment, so
+under `once_per_record` the record is handled once per generation: the new run is admitted,
+not refused `duplicate`.
+
+A SQL source's page and its rows' poll state are read by one statement (one snapshot): a row
+another pass stamped meanwhile is never taken for one whose stamp the application cleared.
 
 One pass reads the pending rows in key order, a page (`batch`) per transaction, keyset-paged
 so each page is a range read of the index, until the rows run out or the pass's page budget
