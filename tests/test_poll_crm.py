@@ -14,6 +14,7 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.admission import admit_event
 from shared.db import Database
 from shared.port.interface import PortError
+from shared.steps.cancel import cancel_run
 from shared.triggers import poll
 from shared.workflows import versions
 from shared.workflows.validate import DefinitionInvalid, validate_text
@@ -106,14 +107,25 @@ def stamped(fake: FakeCrm) -> set[str]:
     return {r["id"] for r in fake.records("contacts") if r["properties"].get(STAMP)}
 
 
-def settle(db: Database, event_id: int, status: str) -> None:
-    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
+def admit(db: Database, event_id: int) -> str | None:
+    """Admit the event as the engine would; the run it started, None when it was refused."""
+    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).outcomes
+    return outcome.run_id if outcome.outcome == "admitted" else None
+
+
+def finish(db: Database, run_id: str | None, status: str) -> None:
+    """End the run as the engine would."""
     with db.transaction() as tx:
         tx.execute(
             "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
             s=status,
-            r=outcome.run_id,
+            r=run_id,
         )
+
+
+def settle(db: Database, event_id: int, status: str) -> None:
+    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
+    finish(db, outcome.run_id, status)
 
 
 def test_each_lead_enrolled_once_while_stamps_land_late(
@@ -141,7 +153,7 @@ def test_each_lead_enrolled_once_while_stamps_land_late(
     assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).rows == 148
 
 
-def test_on_attempt_stamps_after_paging_and_a_cleared_stamp_is_a_new_generation(
+def test_on_attempt_stamps_after_paging_and_a_cleared_stamp_starts_a_new_run(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     leads = contacts(fake, 120, "lead")
@@ -151,12 +163,23 @@ def test_on_attempt_stamps_after_paging_and_a_cleared_stamp_is_a_new_generation(
     # Stamping after the paging means no page was shifted: every lead was seen and started.
     assert (report.emitted, report.stamped) == (120, 120)
     assert stamped(fake) == set(leads)
+    first_runs = [admit(db, e["id"]) for e in events(db, workflow_id)]
+    assert all(first_runs)
     assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).rows == 0
     fake.store.records["contacts"][leads[5]].properties[STAMP] = ""  # the CRM user clears it
+    # While generation 1's run is still going, the record is left alone.
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).waiting == 1
+    (run,) = [
+        r for e, r in zip(events(db, workflow_id), first_runs, strict=True) if e["key"] == leads[5]
+    ]
+    finish(db, run, "succeeded")
     again = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (again.emitted, again.stamped) == (1, 1)
     last = events(db, workflow_id)[-1]
     assert (last["key"], last["payload"]["generation"]) == (leads[5], 2)
+    # Generation 2 starts a new run under once_per_record: not refused as a duplicate.
+    second_run = admit(db, last["id"])
+    assert second_run is not None and second_run not in first_runs
 
 
 def test_a_stamp_the_crm_refused_is_owed_and_written_on_the_next_pass(
@@ -173,6 +196,23 @@ def test_a_stamp_the_crm_refused_is_owed_and_written_on_the_next_pass(
     report = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (report.emitted, report.stamped) == (0, 1)
     assert stamped(fake) == {lead} and len(events(db, workflow_id)) == 1
+
+
+def test_a_record_whose_run_a_person_cancelled_is_stamped_not_started_again(
+    db: Database, fake: FakeCrm, connection: str
+) -> None:
+    (lead,) = contacts(fake, 1, "lead")
+    workflow_id = activate(db, source(connection, "on_success"))
+    src = source_of(db, workflow_id)
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).emitted == 1
+    (event,) = events(db, workflow_id)
+    cancelled = cancel_run(db, str(admit(db, event["id"])), by="ops:ann", reason="wrong lead")
+    assert cancelled is not None and cancelled.moved
+    report = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
+    assert report.emitted == 0  # not started again
+    assert report.cancelled == 1
+    assert stamped(fake) == {lead} and len(events(db, workflow_id)) == 1
+    assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).rows == 0
 
 
 def test_activation_refuses_a_connection_that_is_not_the_tenants(

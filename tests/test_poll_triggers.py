@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from shared.admission import admit_event
-from shared.db import Database
+from shared.db import Database, Tx
+from shared.outbox import requeue_undecided
+from shared.steps.cancel import cancel_run
 from shared.steps.crashpoints import EXIT_CODE
 from shared.triggers import poll
 from shared.workflows import versions
@@ -31,7 +33,7 @@ UNBOUNDED = 3600.0
 ROOT = Path(__file__).resolve().parent.parent
 WHERE = "enrolled_at is null and plan = 'pro'"
 INDEX = (
-    "CREATE INDEX signups_pending ON app.signups (id) WHERE enrolled_at IS NULL AND plan = 'pro'"
+    "CREATE INDEX signups_pending ON acme.signups (id) WHERE enrolled_at IS NULL AND plan = 'pro'"
 )
 
 
@@ -40,7 +42,7 @@ def source(
     *,
     dedup: str = "not_while_running",
     every: int = 60,
-    table: str = "app.signups",
+    table: str = "acme.signups",
     where: str = WHERE,
     key: str = "id",
     batch: int = 1000,
@@ -61,9 +63,9 @@ def source(
 def signups(db: Database) -> Database:
     make_tenant(db)
     with db.transaction() as tx:
-        tx.execute("CREATE SCHEMA app")
+        tx.execute("CREATE SCHEMA acme")
         tx.execute(
-            "CREATE TABLE app.signups (id bigint PRIMARY KEY, email text NOT NULL,"
+            "CREATE TABLE acme.signups (id bigint PRIMARY KEY, email text NOT NULL,"
             " plan text NOT NULL, enrolled_at timestamptz)"
         )
     return db
@@ -72,7 +74,7 @@ def signups(db: Database) -> Database:
 def add_rows(db: Database, n: int, *, start: int = 1, plan: str = "pro") -> None:
     with db.transaction() as tx:
         tx.execute(
-            "INSERT INTO app.signups (id, email, plan) SELECT i, 'u' || i || '@x.test', :p"
+            "INSERT INTO acme.signups (id, email, plan) SELECT i, 'u' || i || '@x.test', :p"
             " FROM generate_series(CAST(:a AS bigint), CAST(:b AS bigint)) AS i",
             a=start,
             b=start + n - 1,
@@ -108,18 +110,23 @@ def poll_events(db: Database, workflow_id: str) -> list[dict[str, Any]]:
 
 
 def stamped(db: Database) -> int:
-    return count(db, "SELECT count(*) FROM app.signups WHERE enrolled_at IS NOT NULL")
+    return count(db, "SELECT count(*) FROM acme.signups WHERE enrolled_at IS NOT NULL")
+
+
+def finish(db: Database, run_id: str | None, status: str) -> None:
+    """End the run as the engine would."""
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
+            s=status,
+            r=run_id,
+        )
 
 
 def settle(db: Database, event_id: int, status: str) -> None:
     """Admit the event and finish its run as the engine would."""
     (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
-    with db.transaction() as tx:
-        tx.execute(
-            "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
-            s=status,
-            r=outcome.run_id,
-        )
+    finish(db, outcome.run_id, status)
 
 
 # ------------------------------------------------------------------ the index check
@@ -132,15 +139,15 @@ def test_activation_refuses_an_unindexed_source_and_shows_the_index_to_add(
         activate(signups, source())
     (problem,) = refused.value.report.errors
     assert problem.where == "trigger.poll.table"
-    assert "no index answers the poll query on app.signups" in problem.message
+    assert "no index answers the poll query on acme.signups" in problem.message
     suggested = problem.message.split("add: ", 1)[1]
     assert suggested == (
-        'CREATE INDEX CONCURRENTLY signups_enrolled_at_pending ON "app"."signups" ("id") '
+        'CREATE INDEX CONCURRENTLY signups_enrolled_at_pending ON "acme"."signups" ("id") '
         'WHERE "enrolled_at" IS NULL AND "plan" = \'pro\';'
     )
     # An index on the key alone is not enough: the pending rows are what must be answered.
     with signups.transaction() as tx:
-        tx.execute("CREATE INDEX signups_plan ON app.signups (plan)")
+        tx.execute("CREATE INDEX signups_plan ON acme.signups (plan)")
     with pytest.raises(DefinitionInvalid):
         activate(signups, source())
     # The suggestion, as given (outside a transaction block, as CONCURRENTLY requires).
@@ -151,10 +158,47 @@ def test_activation_refuses_an_unindexed_source_and_shows_the_index_to_add(
     assert activate(signups, source())
 
 
+def test_activation_accepts_a_small_source_whose_partial_index_exists(signups: Database) -> None:
+    """A small table, every row pending, its partial index larger than its primary key (rows
+    deleted since it was built): the planner walks the primary key and filters, which EXPLAIN
+    shows as "no index answers". The partial index is judged by its definition instead."""
+    add_rows(signups, 5_000)
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+        tx.execute("DELETE FROM acme.signups WHERE id > 3")
+        tx.execute("COMMIT")
+        tx.execute("VACUUM acme.signups")
+        tx.execute("BEGIN")
+        tx.execute("REINDEX INDEX acme.signups_pkey")
+        tx.execute("ANALYZE acme.signups")
+    with signups.transaction() as tx:  # what the planner prefers here
+        tx.execute("SET LOCAL enable_seqscan = off")
+        plan = tx.all(
+            "EXPLAIN SELECT id FROM acme.signups WHERE enrolled_at IS NULL AND plan = 'pro'"
+            " ORDER BY id LIMIT 1000"
+        )
+    assert "signups_pkey" in str(plan)
+    workflow_id = activate(signups, source())
+    assert poll.poll_pass(signups, source_of(signups, workflow_id)).emitted == 3
+    # An index that does not answer the query is still refused: a partial index on another
+    # condition, or one whose first column is not the key.
+    with signups.transaction() as tx:
+        tx.execute("DROP INDEX acme.signups_pending")
+        tx.execute("CREATE INDEX signups_free ON acme.signups (id) WHERE plan = 'free'")
+        tx.execute(
+            "CREATE INDEX signups_by_email ON acme.signups (email)"
+            " WHERE enrolled_at IS NULL AND plan = 'pro'"
+        )
+        tx.execute("ANALYZE acme.signups")
+    with pytest.raises(DefinitionInvalid) as refused:
+        activate(signups, source().replace("name: enroll", "name: enroll-2"))
+    assert "no index answers the poll query" in refused.value.report.errors[0].message
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"table": "app.nope"}, "table app.nope does not exist"),
+        ({"table": "acme.nope"}, "table acme.nope does not exist"),
         ({"key": "uid"}, "has no column uid"),
         ({"where": "enrolled_at is null and tier = 'pro'"}, "has no column tier"),
     ],
@@ -165,6 +209,67 @@ def test_activation_refuses_a_missing_table_or_column(
     with pytest.raises(DefinitionInvalid) as refused:
         activate(signups, source(**kwargs))  # type: ignore[arg-type]
     assert words in refused.value.report.errors[0].message
+
+
+def point_at(tx: Tx, workflow_id: str, table: str) -> None:
+    """Rewrite the stored definitions of the workflow to poll `table`, as a version stored by
+    a release before the tenant-schema rule could (versions are immutable: the trigger that
+    says so is held off for this transaction only)."""
+    tx.execute("SET LOCAL session_replication_role = replica")
+    tx.execute(
+        "UPDATE workflow_versions SET definition = jsonb_set(definition,"
+        " '{trigger,poll,table,table}', to_jsonb(CAST(:t AS text))) WHERE workflow_id = :w",
+        t=table,
+        w=workflow_id,
+    )
+
+
+def test_one_tenants_workflow_cannot_read_another_tenants_table(signups: Database) -> None:
+    """Each tenant's tables live in the schema named after it; a poll naming any other schema
+    is refused by validate, by activation, and (activated before the rule) by every pass."""
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+        tx.execute("INSERT INTO tenants (id, name) VALUES ('globex', 'globex')")
+        tx.execute("CREATE SCHEMA globex")
+        tx.execute(
+            "CREATE TABLE globex.signups (id bigint PRIMARY KEY, email text NOT NULL,"
+            " plan text NOT NULL, enrolled_at timestamptz)"
+        )
+        tx.execute(
+            "CREATE INDEX globex_pending ON globex.signups (id)"
+            " WHERE enrolled_at IS NULL AND plan = 'pro'"
+        )
+        tx.execute("INSERT INTO globex.signups VALUES (1, 'ceo@globex.test', 'pro', NULL)")
+    theirs = source(table="globex.signups")
+    report = validate_text(theirs, "wf.yaml")
+    (problem,) = [p for p in report.errors if p.where == "trigger.poll.table.table"]
+    assert "tenant 'acme' polls only its own tables" in problem.message
+    assert "`acme.signups`, not `globex.signups`" in problem.message
+    # Versions stored before the rule: activation refuses them.
+    for other in ("app.signups", "globex.signups"):  # no tenant's schema, another tenant's
+        with signups.transaction() as tx:
+            renamed = source().replace("name: enroll", f"name: enroll-{other.split('.')[0]}")
+            published = versions.publish(tx, renamed)
+            point_at(tx, published.workflow_id, other)
+        with pytest.raises(DefinitionInvalid) as refused, signups.transaction() as tx:
+            versions.activate(
+                tx,
+                tenant_id="acme",
+                workflow_id=published.workflow_id,
+                version_id=published.version_id,
+            )
+        (problem,) = refused.value.report.errors
+        assert problem.where == "trigger.poll.table.table"
+        assert "polls only its own tables" in problem.message
+    # A definition activated before the rule: the pass refuses it, reads and stamps nothing.
+    workflow_id = activate(signups, source())
+    with signups.transaction() as tx:
+        point_at(tx, workflow_id, "globex.signups")
+    result = poll.poll_due_sources(signups)
+    assert "polls only its own tables" in result["errors"][workflow_id]
+    assert poll_events(signups, workflow_id) == []
+    with signups.transaction() as tx:
+        assert tx.scalar("SELECT enrolled_at FROM globex.signups WHERE id = 1") is None
 
 
 # ------------------------------------------------------------------ validate
@@ -272,7 +377,14 @@ def test_a_pass_stops_at_its_time_budget_and_the_next_pass_carries_on(signups: D
     assert len(poll_events(signups, workflow_id)) == 30
 
 
-def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_is_a_new_generation(
+def admit(db: Database, event_id: int) -> str | None:
+    """Admit the event as the engine would; the run it started, None when it was refused."""
+    result = admit_event(db, event_id, publish=lambda ids: None)
+    (outcome,) = result.outcomes
+    return outcome.run_id if outcome.outcome == "admitted" else None
+
+
+def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_starts_a_new_run(
     signups: Database,
 ) -> None:
     with signups.transaction() as tx:
@@ -282,12 +394,25 @@ def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_is_a_new_generatio
     src = source_of(signups, workflow_id)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 20
     assert stamped(signups) == 20
+    first_runs = [admit(signups, e["id"]) for e in poll_events(signups, workflow_id)]
+    assert all(first_runs)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).rows == 0
     with signups.transaction() as tx:  # the application asks for row 7 to be handled again
-        tx.execute("UPDATE app.signups SET enrolled_at = NULL WHERE id = 7")
+        tx.execute("UPDATE acme.signups SET enrolled_at = NULL WHERE id = 7")
+    # While generation 1's run is still going, the row is left alone.
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).waiting == 1
+    finish(signups, first_runs[6], "succeeded")
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
     last = poll_events(signups, workflow_id)[-1]
     assert (last["key"], last["payload"]["generation"]) == ("7", 2)
+    # Generation 2 is a new run of the row, admitted under once_per_record (not `duplicate`).
+    second_run = admit(signups, last["id"])
+    assert second_run is not None and second_run not in first_runs
+    assert stamped(signups) == 20
+    # Still once per generation: the same event admitted again starts nothing new.
+    assert admit_event(signups, last["id"], publish=lambda ids: None).outcomes[0].outcome == (
+        "handled"
+    )
 
 
 def test_after_attempts_gives_up_and_stamps_after_n_failures(signups: Database) -> None:
@@ -305,6 +430,55 @@ def test_after_attempts_gives_up_and_stamps_after_n_failures(signups: Database) 
     assert stamped(signups) == 1
     with signups.transaction() as tx:
         assert tx.scalar("SELECT status FROM poll_records") == "gave_up"
+
+
+def test_on_success_never_restarts_a_run_a_person_cancelled(signups: Database) -> None:
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    add_rows(signups, 2)
+    workflow_id = activate(signups, source("on_success"))
+    src = source_of(signups, workflow_id)
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 2
+    first, second = poll_events(signups, workflow_id)
+    cancelled = cancel_run(signups, str(admit(signups, first["id"])), by="ops:ann", reason="no")
+    assert cancelled is not None and cancelled.moved  # a person cancelled row 1's run
+    settle(signups, second["id"], "failed")  # row 2's run failed: tried again
+    report = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
+    assert report.emitted == 1  # row 2 only: row 1 is not started again
+    assert report.cancelled == 1
+    (retry,) = poll_events(signups, workflow_id)[2:]
+    assert retry["key"] == second["key"]
+    # Row 1 is stamped and its generation closed as cancelled (ops sees why it stopped).
+    with signups.transaction() as tx:
+        assert tx.scalar("SELECT enrolled_at IS NOT NULL FROM acme.signups WHERE id = 1")
+        assert tx.scalar("SELECT status FROM poll_records WHERE record_key = '1'") == "cancelled"
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 0
+
+
+def test_an_event_given_up_as_undelivered_is_tried_again_not_left_pending(
+    signups: Database,
+) -> None:
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    add_rows(signups, 1)
+    workflow_id = activate(signups, source("on_success"))
+    src = source_of(signups, workflow_id)
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
+    (lost,) = poll_events(signups, workflow_id)
+    # Published, never decided, and given up by the sweep's redelivery cap.
+    with signups.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_trigger_events SET published_at = now() - interval '1 hour'"
+            " WHERE id = :e",
+            e=lost["id"],
+        )
+    given_up = requeue_undecided(signups, after_seconds=0, max_redeliveries=0, batch=10)
+    assert given_up.given_up == (lost["id"],)
+    report = poll.poll_pass(signups, src, budget_seconds=UNBOUNDED)
+    assert (report.emitted, report.waiting) == (1, 0)
+    (retry,) = poll_events(signups, workflow_id)[1:]
+    assert (retry["key"], retry["payload"]["attempt"]) == (lost["key"], 2)
+    assert admit(signups, retry["id"]) is not None
 
 
 def test_two_pollers_racing_emit_each_row_once(signups: Database) -> None:
@@ -328,6 +502,42 @@ def test_two_pollers_racing_emit_each_row_once(signups: Database) -> None:
     assert sum(r.emitted for r in reports) == 2_000
     events = poll_events(signups, workflow_id)
     assert len(events) == 2_000 and len({e["key"] for e in events}) == 2_000
+
+
+def test_two_passes_overlapping_while_they_stamp_start_no_second_generation(
+    signups: Database,
+) -> None:
+    """Two passes over rows whose runs all succeeded, at a barrier: each stamps what the other
+    may just have stamped. A row one pass stamped and committed must not look "cleared by the
+    application" to the other (it read the row, then its poll state, in two snapshots)."""
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    rows = 500
+    add_rows(signups, rows)
+    workflow_id = activate(signups, source("on_success", batch=10))
+    src = source_of(signups, workflow_id)
+    assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == rows
+    for event in poll_events(signups, workflow_id):  # every run succeeded
+        settle(signups, event["id"], "succeeded")
+    barrier = threading.Barrier(2)
+    reports: list[poll.PassReport] = []
+
+    def poller() -> None:
+        barrier.wait(timeout=10)
+        reports.append(poll.poll_pass(signups, src, budget_seconds=UNBOUNDED))
+
+    threads = [threading.Thread(target=poller) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(reports) == 2
+    # Every row stamped, by exactly one of the two passes, and nothing started again.
+    assert sum(r.stamped for r in reports) == rows and stamped(signups) == rows
+    assert sum(r.emitted for r in reports) == 0
+    assert len(poll_events(signups, workflow_id)) == rows
+    with signups.transaction() as tx:
+        assert tx.scalar("SELECT max(generation) FROM poll_records") == 1
 
 
 def test_a_poll_killed_mid_page_loses_and_duplicates_nothing(
@@ -374,20 +584,20 @@ def test_a_source_broken_after_activation_is_recorded_and_the_others_still_poll(
 ) -> None:
     with signups.transaction() as tx:
         tx.execute(INDEX)
-        tx.execute("CREATE TABLE app.orders (id bigint PRIMARY KEY, enrolled_at timestamptz)")
-        tx.execute("CREATE INDEX orders_pending ON app.orders (id) WHERE enrolled_at IS NULL")
-        tx.execute("INSERT INTO app.orders (id) VALUES (1), (2)")
+        tx.execute("CREATE TABLE acme.orders (id bigint PRIMARY KEY, enrolled_at timestamptz)")
+        tx.execute("CREATE INDEX orders_pending ON acme.orders (id) WHERE enrolled_at IS NULL")
+        tx.execute("INSERT INTO acme.orders (id) VALUES (1), (2)")
     add_rows(signups, 2)
     broken = activate(signups, source())
     orders = (
         source()
         .replace("name: enroll", "name: orders")
-        .replace("app.signups", "app.orders")
+        .replace("acme.signups", "acme.orders")
         .replace(WHERE, "enrolled_at is null")
     )
     healthy = activate(signups, orders)
     with signups.transaction() as tx:
-        tx.execute("DROP INDEX app.signups_pending")
+        tx.execute("DROP INDEX acme.signups_pending")
     result = poll.poll_due_sources(signups)
     assert result["polled"] == 1 and result["emitted"] == 2
     assert "no index answers the poll query" in result["errors"][broken]

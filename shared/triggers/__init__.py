@@ -2,7 +2,8 @@
 
 A kind says, for a definition's `trigger`:
 - whether the trigger is of this kind (`applies`; exactly one kind must apply);
-- what `validate` says about it (`check`, given a function that records a located problem);
+- what `validate` says about it (`check`, given a function that records a located problem),
+  and about it for the definition's tenant (`check_tenant`: what a tenant may name);
 - which event types its workflow is bound to on activation (`event_types`): a CRM-event
   trigger listens to the types it lists, a schedule to a type of its own workflow, so the
   events a kind emits meet ordinary bindings and admission treats them like any other;
@@ -40,6 +41,9 @@ class TriggerKind:
     check: Callable[[Trigger, AddProblem], None]
     event_types: Callable[[Trigger, str], tuple[str, ...]]
     duties: Callable[[], Sequence[Duty]] = lambda: ()
+    # What the tenant may name in the trigger (a polled table in its own schema); `validate`
+    # checks it with the definition's `tenant`, activation with the activating tenant.
+    check_tenant: Callable[[Trigger, str, AddProblem], None] = lambda _t, _tenant, _add: None
     # What only the database can say about the trigger (given the tenant), checked on
     # activation (a polled table exists and an index answers its query); problems refuse it.
     check_activation: Callable[[Tx, Trigger, str], list[tuple[PathT, str]]] = (
@@ -92,6 +96,14 @@ def check_trigger(trigger: Trigger, add: AddProblem) -> None:
                     "trigger",
                 )
     kind.check(trigger, add)
+
+
+def check_trigger_tenant(trigger: Trigger, tenant_id: str, add: AddProblem) -> None:
+    """The trigger's kind's checks of what the tenant may name (nothing when it has no one
+    kind: `check_trigger` says so)."""
+    found = kinds_of(trigger)
+    if len(found) == 1:
+        found[0].check_tenant(trigger, tenant_id, add)
 
 
 def binding_event_types(trigger: Trigger, workflow_id: str) -> tuple[str, ...]:

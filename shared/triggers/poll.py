@@ -19,9 +19,19 @@ Stamp policies (`validate` says the trade-off of each in a warning):
 - `after_attempts: N`: as on_success, but after N occurrences that did not succeed the row is
   stamped anyway (`gave_up` in poll_records, with the last run failed for a person to see).
 While an occurrence's run has not finished the row is left alone, however often it is polled.
+Under on_success and after_attempts, a row whose run a person cancelled is stamped and its
+generation closed `cancelled`: the poll never starts it again by itself. An event the sweep
+gave up as undelivered (admission never decided it) is an occurrence over without a run, tried
+again as a refused one is.
 
 A generation ends when onceflow stamps the row; if the application clears the stamp, the row
-is not handled yet again, and the next poll starts its next generation.
+is not handled yet again, and the next poll starts its next generation, once the last
+occurrence is decided and its run over. Its claim ends the last generation's enrollment, so
+under `once_per_record` the record is handled once per generation: the new run is admitted,
+not refused `duplicate`.
+
+A SQL source's page and its rows' poll state are read by one statement (one snapshot): a row
+another pass stamped meanwhile is never taken for one whose stamp the application cleared.
 
 One pass reads the pending rows in key order, a page (`batch`) per transaction, keyset-paged
 so each page is a range read of the index, until the rows run out or the pass's page budget
@@ -59,6 +69,7 @@ from shared.triggers.sql_source import (
     TableSource,
     check_against_database,
     parse_source,
+    tenant_problem,
 )
 from shared.workflows.definition import AfterAttempts, PollCrm, PollTrigger, Trigger
 
@@ -93,13 +104,16 @@ def event_type_for(workflow_id: str) -> str:
 class RecordState:
     generation: int
     attempts: int
-    status: Literal["open", "stamped", "gave_up"]
-    outcome: Literal["pending", "refused", "succeeded", "failed"]
+    status: Literal["open", "stamped", "gave_up", "cancelled"]
+    # What became of the latest occurrence (poll_record_state, migrations/0230).
+    outcome: Literal[
+        "unadmitted", "undelivered", "refused", "running", "succeeded", "failed", "cancelled"
+    ]
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: Literal["emit", "wait", "stamp", "give_up"]
+    action: Literal["emit", "wait", "stamp", "give_up", "cancelled"]
     generation: int = 0
     attempt: int = 0
 
@@ -110,18 +124,25 @@ def decide(  # noqa: PLR0911 - one return per row of the policy's table
     """What to do about one pending row, given its poll state and the stamp policy."""
     if state is None:
         return Decision("emit", 1, 1)
+    undecided = state.outcome in ("unadmitted", "running")
     if state.status != "open":
-        # onceflow stamped it and the application cleared the stamp: handle it again.
-        return Decision("emit", state.generation + 1, 1)
+        # onceflow stamped it and the application cleared the stamp: handle it again, once
+        # the last occurrence is decided and its run over (its enrollment ends with the claim
+        # of the next generation: poll_records_claim).
+        return Decision("wait") if undecided else Decision("emit", state.generation + 1, 1)
     if policy == "on_attempt":
         # Its stamp goes with its event; still open means the stamp is owed (a CRM write that
         # did not happen yet), whatever became of the run.
         return Decision("stamp")
-    if state.outcome == "pending":
+    if undecided:
         return Decision("wait")
     if state.outcome == "succeeded":
         return Decision("stamp")
-    # failed or refused
+    if state.outcome == "cancelled":
+        # A person stopped it: the poll does not start it again by itself (clearing the
+        # stamp does, as a new generation).
+        return Decision("cancelled")
+    # failed, refused, or undelivered (given up before admission decided it: no run)
     if isinstance(policy, AfterAttempts) and state.attempts >= policy.after_attempts:
         return Decision("give_up")
     return Decision("emit", state.generation, state.attempts + 1)
@@ -138,6 +159,7 @@ class PassReport:
     gave_up: int = 0
     waiting: int = 0
     pages: int = 0
+    cancelled: int = 0  # rows whose run a person cancelled: stamped, closed `cancelled`
     throttled: int = 0  # CRM calls not made: the connection's window was used up
 
     def as_dict(self) -> dict[str, int]:
@@ -174,6 +196,9 @@ def poll_pass(
     if src.crm is not None:
         return _crm_pass(db, src, src.crm, max_pages=max_pages, more=more, port_for=port_for)
     assert src.source is not None
+    refused = tenant_problem(src.source, src.tenant_id)
+    if refused is not None:  # a definition activated before the rule: never read
+        raise SourceInvalid("table", refused)
     with db.transaction() as tx:
         key_type, problems = check_against_database(tx, src.source, batch=src.config.batch)
     if problems:
@@ -197,25 +222,30 @@ class PageDecisions:
     emit: list[tuple[str, Decision]] = field(default_factory=list)
     stamp: list[str] = field(default_factory=list)
     give_up: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
     waiting: int = 0
 
 
-def _decide_page(tx: Tx, src: PollSource, keys: list[str]) -> PageDecisions:
-    states = {
-        r["record_key"]: RecordState(
-            int(r["generation"]), int(r["attempts"]), r["status"], r["outcome"]
-        )
-        for r in tx.all(RECORDS_STATE, workflow_id=src.workflow_id, keys=keys)
-    }
+def _state_of(row: Mapping[str, Any]) -> RecordState | None:
+    if row["generation"] is None:
+        return None
+    return RecordState(int(row["generation"]), int(row["attempts"]), row["status"], row["outcome"])
+
+
+def _decide_page(
+    src: PollSource, states: Sequence[tuple[str, RecordState | None]]
+) -> PageDecisions:
     out = PageDecisions()
-    for key in keys:
-        d = decide(states.get(key), src.config.stamp_policy)
+    for key, state in states:
+        d = decide(state, src.config.stamp_policy)
         if d.action == "emit":
             out.emit.append((key, d))
         elif d.action == "stamp":
             out.stamp.append(key)
         elif d.action == "give_up":
             out.give_up.append(key)
+        elif d.action == "cancelled":
+            out.cancelled.append(key)
         else:
             out.waiting += 1
     return out
@@ -230,8 +260,9 @@ def _poll_page(
     after: str | None,
     report: PassReport,
 ) -> tuple[str | None, int]:
-    query = source.page_query(key_type, after=after is not None)
-    params: dict[str, Any] = {"limit": src.config.batch}
+    # The rows and their poll state in one statement: one snapshot (see page_query).
+    query = source.page_query(key_type, after=after is not None, states=True)
+    params: dict[str, Any] = {"limit": src.config.batch, "workflow_id": src.workflow_id}
     if after is not None:
         params["after"] = after
     rows = tx.all(query, **params)
@@ -239,7 +270,7 @@ def _poll_page(
         return None, 0
     report.rows += len(rows)
     keys = [r["key"] for r in rows]
-    page = _decide_page(tx, src, keys)
+    page = _decide_page(src, [(r["key"], _state_of(r)) for r in rows])
     report.waiting += page.waiting
     row_of = {r["key"]: r["row"] for r in rows}
 
@@ -262,6 +293,9 @@ def _poll_page(
     )
     report.gave_up += _stamp(
         tx, src, source=source, key_type=key_type, keys=page.give_up, status="gave_up"
+    )
+    report.cancelled += _stamp(
+        tx, src, source=source, key_type=key_type, keys=page.cancelled, status="cancelled"
     )
     return keys[-1], len(rows)
 
@@ -356,6 +390,7 @@ def _crm_pass(
     report = PassReport()
     owed: list[str] = []
     given_up: list[str] = []
+    cancelled: list[str] = []
     after: str | None = None
     for _ in range(max_pages):
         if not _slot(db, crm.connection):
@@ -369,7 +404,13 @@ def _crm_pass(
         properties = {r.id: dict(r.properties) for r in page.records}
         if page.records:
             with db.transaction() as tx:
-                decided = _decide_page(tx, src, list(properties))
+                states = {
+                    r["record_key"]: _state_of(r)
+                    for r in tx.all(
+                        RECORDS_STATE, workflow_id=src.workflow_id, keys=list(properties)
+                    )
+                }
+            decided = _decide_page(src, [(key, states.get(key)) for key in properties])
             due = []
             for key, d in decided.emit:
                 # A record onceflow stamped that the search still shows unstamped: the search
@@ -398,12 +439,21 @@ def _crm_pass(
             report.emitted += len(emitted)
             owed += decided.stamp + (emitted if src.config.stamp_policy == "on_attempt" else [])
             given_up += decided.give_up
+            cancelled += decided.cancelled
         if page.next_after is None or not more():
             break
         after = page.next_after
     report.stamped += _stamp_crm(db, src, crm, port, keys=owed, status="stamped")
     report.gave_up += _stamp_crm(db, src, crm, port, keys=given_up, status="gave_up")
-    report.throttled += len(owed) + len(given_up) - report.stamped - report.gave_up
+    report.cancelled += _stamp_crm(db, src, crm, port, keys=cancelled, status="cancelled")
+    report.throttled += (
+        len(owed)
+        + len(given_up)
+        + len(cancelled)
+        - report.stamped
+        - report.gave_up
+        - report.cancelled
+    )
     return report
 
 
@@ -576,6 +626,19 @@ def check(t: Trigger, add: AddProblem) -> None:
         )
 
 
+def check_tenant(t: Trigger, tenant_id: str, add: AddProblem) -> None:
+    """A SQL source names a table of the definition's own tenant (sql_source.tenant_problem)."""
+    if t.poll is None or t.poll.table is None:
+        return
+    try:
+        source = parse_source(t.poll.table)
+    except SourceInvalid:
+        return  # `check` located that already
+    refused = tenant_problem(source, tenant_id)
+    if refused is not None:
+        add("error", ("trigger", "poll", "table", "table"), refused)
+
+
 SEARCH_OPERATORS = frozenset(
     {
         "EQ",
@@ -642,6 +705,9 @@ def check_activation(tx: Tx, t: Trigger, tenant_id: str) -> list[tuple[tuple[str
         source = parse_source(t.poll.table)
     except SourceInvalid as exc:
         return [(("trigger", "poll", "table", exc.field), str(exc))]
+    refused = tenant_problem(source, tenant_id)
+    if refused is not None:
+        return [(("trigger", "poll", "table", "table"), refused)]
     _, problems = check_against_database(tx, source, batch=t.poll.batch)
     return [(("trigger", "poll", "table"), p) for p in problems]
 
@@ -657,6 +723,7 @@ def status(tx: Tx, _t: Trigger, workflow_id: str) -> dict[str, Any]:
         "rows_open": int(row["open"]),
         "rows_stamped": int(row["stamped"]),
         "rows_given_up": int(row["gave_up"]),
+        "rows_cancelled": int(row["cancelled"]),
     }
 
 
@@ -665,6 +732,7 @@ KIND = TriggerKind(
     fields=("poll",),
     applies=lambda t: t.poll is not None,
     check=check,
+    check_tenant=check_tenant,
     event_types=lambda _t, workflow_id: (event_type_for(workflow_id),),
     duties=lambda: (Duty("poll_sources", DUTY_EVERY_SECONDS, poll_due_sources),),
     check_activation=check_activation,

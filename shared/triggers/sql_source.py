@@ -1,6 +1,6 @@
 """A SQL table as a polling source: the "not handled yet" query, checked and rendered.
 
-    table: app.signups          # schema-qualified; never one of onceflow's own (public) tables
+    table: acme.signups         # in the schema named after the workflow's tenant (here acme)
     key: id                     # unique per row: the record's identity
     stamp: onceflow_enrolled_at # NULL while the row is not handled yet
     where: "onceflow_enrolled_at is null and plan = 'pro'"
@@ -15,6 +15,11 @@ query, so a partial index created from the suggestion is one the planner can pro
 
 Identifiers come from the definition (validated here) and the key column's type from the
 catalog; nothing a request sends ever reaches this SQL.
+
+A tenant polls only its own tables: each tenant's tables live in the schema named after it
+(`tenant_problem`), checked by `validate` (the definition's tenant), by activation (the
+activating tenant) and by every pass (a definition activated before the rule), since the poll
+reads and stamps with onceflow's own database role, which can read every schema.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shared.db import Tx
 
 IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-TABLE = re.compile(r"^([a-z_][a-z0-9_]{0,62})\.([a-z_][a-z0-9_]{0,62})$")
+# The schema part is a tenant id (shared/workflows/validate.py TENANT_PATTERN: it may hold a
+# `-` or start with a digit; quoted, it needs no escaping either).
+TABLE = re.compile(r"^([a-z0-9_][a-z0-9_-]{0,62})\.([a-z_][a-z0-9_]{0,62})$")
 # onceflow's own tables live in `public`; the system catalogs are never a source either.
 FORBIDDEN_SCHEMAS = frozenset({"public", "pg_catalog", "information_schema", "pg_toast"})
 _TOKEN = re.compile(
@@ -199,15 +206,31 @@ class TableSource:
             f"ON {self.qualified} ({quote(self.key)}) WHERE {self.predicate};"
         )
 
-    def page_query(self, key_type: str, *, after: bool) -> str:
+    def page_query(self, key_type: str, *, after: bool, states: bool = False) -> str:
         """A page of pending rows in key order, the first (`after` False) or the one after
         the key `:after`: keyset paging, so every page is a range read of the index.
-        `key_type` comes from the catalog (`format_type`), never from the definition."""
+        `key_type` comes from the catalog (`format_type`), never from the definition.
+
+        With `states`, each row comes with its poll state for the workflow `:workflow_id`
+        (poll_record_state, migrations/0230) read by the same statement, so under the same
+        snapshot as the row: a row another pass stamped and closed meanwhile is either seen
+        pending and open, or not seen at all, never pending and closed."""
         resume = f"AND {quote(self.key)} > CAST(:after AS {key_type}) " if after else ""
-        return (
-            f"SELECT CAST({quote(self.key)} AS text) AS key, to_jsonb(t) AS row "
+        page = (
+            f"SELECT CAST({quote(self.key)} AS text) AS key, to_jsonb(t) AS row, "
+            f"{quote(self.key)} AS sort_key "
             f"FROM {self.qualified} t WHERE {self.predicate} {resume}"
             f"ORDER BY {quote(self.key)} LIMIT CAST(:limit AS integer)"
+        )
+        if not states:
+            return page
+        # The page is a subquery so that `where` names only the table's columns (a column
+        # called `status` is not the state's); its order is kept by the native key.
+        return (
+            "SELECT page.key, page.row, s.generation, s.attempts, s.status, s.outcome "
+            f"FROM ({page}) AS page LEFT JOIN LATERAL "
+            "poll_record_state(CAST(:workflow_id AS uuid), page.key) AS s ON true "
+            "ORDER BY page.sort_key"
         )
 
     def stamp_query(self, key_type: str) -> str:
@@ -226,7 +249,8 @@ def parse_source(raw: Any) -> TableSource:
     if m is None:
         raise SourceInvalid(
             "table",
-            "`table` is schema.table in lower case (e.g. app.signups); "
+            "`table` is schema.table in lower case, the schema named after the tenant (e.g. "
+            "acme.signups); "
             f"found {data.get('table')!r}",
         )
     schema, table = m.groups()
@@ -253,6 +277,18 @@ def parse_source(raw: Any) -> TableSource:
     return TableSource(schema, table, data["key"], stamp, terms)
 
 
+def tenant_problem(source: TableSource, tenant_id: str) -> str | None:
+    """Why the tenant may not poll this table (None: it may). Each tenant's tables live in
+    the schema named after it, so a definition can never name another tenant's table."""
+    if source.schema == tenant_id:
+        return None
+    return (
+        f"tenant {tenant_id!r} polls only its own tables, in the schema named after it: "
+        f"`{tenant_id}.{source.table}`, not `{source.name}` (a schema of another tenant, or "
+        "no tenant's, is never read)"
+    )
+
+
 # ---------------------------------------------------------------- against the database
 
 
@@ -275,7 +311,9 @@ def check_against_database(tx: Tx, source: TableSource, *, batch: int) -> tuple[
     if missing:
         return "", [f"table {source.name} has no column {', '.join(missing)}"]
     key_type = types[source.key]
-    if not _index_answers(tx, source, source.page_query(key_type, after=False), batch):
+    if not _index_answers(tx, source, batch, key_type) and not _a_defined_index_answers(
+        tx, source, batch, key_type
+    ):
         return key_type, [
             f"no index answers the poll query on {source.name} (it would read the whole table "
             f"every pass); add: {source.create_index()}"
@@ -283,7 +321,7 @@ def check_against_database(tx: Tx, source: TableSource, *, batch: int) -> tuple[
     return key_type, []
 
 
-def _index_answers(tx: Tx, source: TableSource, query: str, batch: int) -> bool:
+def _index_answers(tx: Tx, source: TableSource, batch: int, key_type: str) -> bool:
     """Whether an index finds the pending rows: no sequential scan, and the stamp condition
     is not a filter applied row by row (as it would be on an index of the key alone, which
     walks every row, handled or not, to find the few that aren't).
@@ -291,6 +329,7 @@ def _index_answers(tx: Tx, source: TableSource, query: str, batch: int) -> bool:
     Sequential scans are priced out for this one EXPLAIN: on a small table the planner would
     rightly prefer one, which says nothing about the table grown large. If it still picks one,
     no index can answer the query."""
+    query = source.page_query(key_type, after=False)
     tx.execute("SET LOCAL enable_seqscan = off")
     try:
         raw = tx.scalar("EXPLAIN (FORMAT JSON) " + query, limit=batch)
@@ -302,6 +341,54 @@ def _index_answers(tx: Tx, source: TableSource, query: str, batch: int) -> bool:
         if node.get("Node Type") == "Seq Scan" or stamp.search(str(node.get("Filter", ""))):
             return False
     return True
+
+
+PROBE = "onceflow_poll_probe"
+
+
+def _a_defined_index_answers(tx: Tx, source: TableSource, batch: int, key_type: str) -> bool:
+    """Whether a partial index led by the key answers the poll query by its definition, when
+    the planner chose another path for this table as it is now: on a small table whose rows
+    are all pending, walking the primary key and filtering costs about the same as the
+    partial index (or less, if the partial index is the larger), which says nothing about
+    the table once most rows are stamped.
+
+    Each candidate's predicate, as Postgres deparses it, is put on an index of an empty
+    temporary copy of the table (no other index there to prefer), and the same EXPLAIN asks
+    the planner whether it can use it: the planner's own proof that the query's `where`
+    implies the index's. The predicate text comes from the catalog (an index someone created
+    on the table), never from a request; building an index on an empty table evaluates none
+    of it. Only run when the EXPLAIN on the real table said no."""
+    predicates = tx.all(
+        "SELECT pg_get_expr(i.indpred, i.indrelid) AS predicate"
+        " FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]"
+        " WHERE n.nspname = :schema AND c.relname = :table AND a.attname = :key"
+        " AND i.indpred IS NOT NULL AND i.indisvalid AND i.indisready"
+        " ORDER BY c.oid",
+        schema=source.schema,
+        table=source.table,
+        key=source.key,
+    )
+    if not predicates:
+        return False
+    probe = replace(source, schema="pg_temp", table=PROBE)
+    # Dropped at the end (a second check in the same transaction makes it again), and on
+    # commit in any case; a failure aborts the transaction, which takes it along.
+    tx.execute(f"CREATE TEMPORARY TABLE {PROBE} (LIKE {source.qualified}) ON COMMIT DROP")
+    answers = False
+    for row in predicates:
+        tx.execute(
+            f"CREATE INDEX {PROBE}_index ON {probe.qualified} "
+            f"({quote(source.key)}) WHERE {row['predicate']}"
+        )
+        answers = _index_answers(tx, probe, batch, key_type)
+        tx.execute(f"DROP INDEX pg_temp.{PROBE}_index")
+        if answers:
+            break
+    tx.execute(f"DROP TABLE {probe.qualified}")
+    return answers
 
 
 def _nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -42,7 +42,7 @@ or on rows of a table that are not handled yet (the processed-at pattern):
     trigger:
       poll:
         every_seconds: 300
-        table: {table: app.signups, key: id, stamp: onceflow_enrolled_at,
+        table: {table: acme.signups, key: id, stamp: onceflow_enrolled_at,
                 where: "onceflow_enrolled_at is null and plan = 'pro'"}
         # or crm: {connection: <id>, object_type: contact, stamp: onceflow_enrolled_at,
         #          filters: [{property: lifecyclestage, operator: EQ, value: lead}]}
@@ -84,7 +84,10 @@ OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook", "poll")
 
 
 class PollTable(_Strict):
-    table: str = Field(description="schema.table in the onceflow database, e.g. app.signups.")
+    table: str = Field(
+        description="schema.table in the onceflow database, the schema named after the "
+        "tenant: e.g. acme.signups."
+    )
     key: str = Field(description="The column naming a row (unique): the record's identity.")
     stamp: str = Field(description="The column that is null while a row is not handled yet.")
     where: str = Field(

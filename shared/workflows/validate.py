@@ -366,6 +366,7 @@ class _Validation:
                 "error", ("tenant",), f"a tenant id matches {TENANT_PATTERN}; found {d.tenant!r}"
             )
         self.check_trigger(d.trigger)
+        triggers.check_trigger_tenant(d.trigger, d.tenant, self.add)
         ids = self.check_ids(d)
         edges_ok = self.check_edges(d, ids)
         graph = _Graph(d) if edges_ok else None
