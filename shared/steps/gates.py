@@ -161,6 +161,14 @@ def provably_not_applied(outcome: BlockResult | BaseException) -> bool:
     return isinstance(outcome, BlockFailure) and outcome.not_applied
 
 
+def record_outcome_unknown(tx: Tx, idempotency_key: str) -> None:
+    """An attempt under this key may have applied and nobody will learn whether: its charge is
+    never refunded and its reservation never released (settle_gates' "fate unknown" rule, for
+    an attempt whose process died: the sweep's reclaim). Harmless where there is neither."""
+    budgets.mark_outcome_unknown(tx, idempotency_key)
+    credits.mark_outcome_unknown(tx, idempotency_key)
+
+
 def settle_gates(
     ctx: BlockContext,
     passed: Passed,
@@ -178,14 +186,7 @@ def settle_gates(
             get_database().run(lambda tx: budgets.settle_spent(tx, key))
         return
     if not provably_not_applied(outcome):
-
-        def unknown(tx: Tx) -> None:
-            if passed.reserved:
-                budgets.mark_outcome_unknown(tx, key)
-            if passed.charged:
-                credits.mark_outcome_unknown(tx, key)
-
-        get_database().run(unknown)
+        get_database().run(lambda tx: record_outcome_unknown(tx, key))
         return
     if passed.reserved:
         get_database().run(lambda tx: budgets.settle_released(tx, key))
