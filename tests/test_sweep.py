@@ -11,6 +11,7 @@ import pytest
 
 from shared import credits
 from shared.db import Database
+from shared.ops.replay import retry_run
 from shared.steps.advance import advance_step
 from shared.steps.cancel import cancel_run
 from shared.steps.claim import LeaseConfig, claim_step, mark_side_effect_started
@@ -18,7 +19,15 @@ from shared.steps.settle import FAIL_RUN
 from shared.steps.sweep import Duty, SweepConfig, run_duty, run_sweep
 from tests.ops_support import seed_connection, seed_tenant
 from tests.steps_blocks import Recorder, block_lookup
-from tests.steps_support import chain, definition, publish_version, run_row, start_run, steps_of
+from tests.steps_support import (
+    TENANT,
+    chain,
+    definition,
+    publish_version,
+    run_row,
+    start_run,
+    steps_of,
+)
 
 LEASE = LeaseConfig(lease_seconds=60, heartbeat_seconds=30)
 CFG = SweepConfig(batch=50, redispatch_after_seconds=120, poll_seconds=0.05)
@@ -424,3 +433,30 @@ def test_a_reclaimed_lease_marks_the_steps_charge_outcome_unknown(db: Database) 
             k=step.idempotency_key,
         )
         assert credits.refund(tx, lineage_key=step.idempotency_key, reason="x", step_id=None) == 0
+
+
+def test_a_step_the_reclaim_skipped_in_a_failed_run_runs_again_when_the_run_is_retried(
+    db: Database,
+) -> None:
+    """Another branch failed the run while s0's process was dying: the reclaim ends s0
+    skipped (RUN_ENDED). An ops retry of the run must start it again with the failed branch:
+    pending before this change, it was restarted as an unsettled step; skipped, it must be
+    too, or the retried run would go on without it."""
+    run_id, step_id = _claimed_then_run_ended(db, "failed")
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type,"
+            " idempotency_key, status, attempt, outcome_code, error, error_class, finished_at)"
+            " SELECT id, 'x', 'x', 'test.noop', 'onceflow:' || lineage_root || ':x', 'failed',"
+            " 1, 'HTTP_400', 'bad request', 'permanent', now() - interval '1 minute'"
+            " FROM workflow_runs WHERE id = :r",
+            r=run_id,
+        )
+    sweep(db, Sent())
+    assert steps_of(db, run_id)["s0"]["status"] == "skipped"
+    sent = Sent()
+    retried = retry_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent)
+    assert sorted(retried.restarted_step_ids) == sorted([step_id, steps_of(db, run_id)["x"]["id"]])
+    journal = steps_of(db, run_id)
+    assert journal["s0"]["status"] == "pending" and journal["x"]["status"] == "pending"
+    assert run_row(db, run_id)["status"] == "running"

@@ -74,7 +74,8 @@ class StepStatus(StrEnum):
     a step of a run cancelled meanwhile (`steps_skip_parked_of_ended_run`); the sweep's
     reclaim of an expired lease whose run ended meanwhile (`steps_reclaim_expired`: outcome
     `CANCELLED`, or `RUN_ENDED` when another branch failed the run; the error says so). Out:
-    never; a replay of the cancelled run starts it again in the new run."""
+    ops retry of a failed run (→ pending: a `RUN_ENDED` step restarts with its run); otherwise
+    never, and a replay of the cancelled run starts it again in the new run."""
 
     FAILED = "failed"
     """Terminal, with `finished_at`, `error`, `error_class`, `outcome_code`; the run fails and
@@ -125,6 +126,7 @@ TRANSITIONS: frozenset[tuple[StepStatus, StepStatus]] = frozenset(
         (S.WAITING_FOR_EVENT, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
         (S.WAITING_FOR_APPROVAL, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
         (S.FAILED, S.PENDING),  # ops retry of a dead-lettered step
+        (S.SKIPPED, S.PENDING),  # ops retry of a failed run: a step the reclaim ended RUN_ENDED
     }
 )
 
@@ -180,7 +182,7 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "ops_replay_step_restart": _moves(NEW, {S.PENDING}),
     # A pending root is rewritten in place (fresh attempt budget), which is not a move.
     "ops_retry_step_reset": _moves(
-        {S.FAILED, S.PENDING, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}, {S.PENDING}
+        {S.FAILED, S.SKIPPED, S.PENDING, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}, {S.PENDING}
     ),
     "ops_rehearsal_serve_delays": _moves({S.WAITING_FOR_DELAY}, {S.PENDING}),
     # shared/sql/steps.sql: ops cancel, and a settle that parked a step of a cancelled run
