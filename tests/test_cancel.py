@@ -6,12 +6,16 @@ replay of a cancelled run, and the ops API's answers and audit."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
+
+import pytest
 
 from shared.blocks.base import BlockResult
 from shared.db import Database
 from shared.errors import TransientError
 from shared.ops.replay import replay_run
+from shared.steps import settle as settle_module
 from shared.steps.advance import advance_step
 from shared.steps.cancel import Cancellation, cancel_run
 from shared.steps.sweep import run_sweep
@@ -254,3 +258,103 @@ def test_the_cli_cancels_through_the_ops_api(
     assert run_row(db, run_id)["cancelled_by"] == "dave"
     assert cli.main(["cancel", run_id, "--reason", "again"]) == cli.EXIT_REFUSED
     assert "already cancelled by dave at " in capsys.readouterr().err
+
+
+def _lock_waiters(db: Database) -> int:
+    """Backends of this test's database waiting for a lock (a fresh read: its own transaction,
+    as pg_stat_activity is read once per transaction)."""
+    with db.transaction() as tx:
+        return int(
+            tx.scalar(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+
+
+def _until(check: Any, what: str, seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("beside_an_open_step", [False, True], ids=["one-statement", "transaction"])
+@pytest.mark.parametrize("repeat", range(5))
+def test_a_cancel_queued_behind_a_settle_that_creates_the_next_step_skips_it(
+    db: Database, monkeypatch: pytest.MonkeyPatch, beside_an_open_step: bool, repeat: int
+) -> None:
+    """Issue 23 item 12: the settle of s0 holds the run row and creates s1; a cancel that
+    started meanwhile waits for the run row. Held at that point every time, the cancel must
+    still skip s1 and answer with what is true after the settle (s0 no longer running).
+    Before the fix the cancel's one statement read the steps as of its start, so s1 stayed
+    `pending` in the cancelled run for good (seen in 3-7% of free races).
+
+    The one-statement settle can't be paused inside: a third transaction holds the run row
+    until the settle and then the cancel queue for it (pg_stat_activity says when), so the
+    settle gets it first. The settle beside an open step (a parallel branch still running)
+    runs as a transaction: it is held open at its `before_settle_commit` point, s1 written,
+    while the cancel queues behind it."""
+    lookup = block_lookup(Recorder())
+    run_id, (step_id,) = start_run(db, publish_version(db, definition(chain(3, "test.noop"))))
+    held, release = threading.Event(), threading.Event()
+    if beside_an_open_step:
+        with db.transaction() as tx:
+            tx.execute(
+                "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type,"
+                " idempotency_key, status, attempt, lease_id, lease_expires_at, started_at)"
+                " SELECT id, 'x', 'x', 'test.noop', 'onceflow:' || lineage_root || ':x',"
+                " 'running', 1, gen_random_uuid(), now() + interval '1 hour', now()"
+                " FROM workflow_runs WHERE id = :r",
+                r=run_id,
+            )
+
+        hits: list[str] = []
+
+        def hold_at(point: str) -> None:
+            # The first hit precedes the one-statement attempt (which writes nothing beside
+            # an open step); the second is inside the settle's transaction.
+            if point == "before_settle_commit" and threading.current_thread() is settling:
+                hits.append(point)
+                if len(hits) == 2:
+                    held.set()
+                    assert release.wait(30)
+
+        monkeypatch.setattr(settle_module, "crash_point", hold_at)
+        holder = None
+    else:
+
+        def hold_the_run_row() -> None:
+            with db.transaction() as tx:
+                tx.execute("SELECT 1 FROM workflow_runs WHERE id = :r FOR UPDATE", r=run_id)
+                held.set()
+                assert release.wait(30)
+
+        holder = threading.Thread(target=hold_the_run_row)
+        holder.start()
+        assert held.wait(10)
+
+    settled: list[Any] = []
+    cancelled: list[Cancellation] = []
+    settling = threading.Thread(target=lambda: settled.append(_advance(db, step_id, lookup)))
+    settling.start()
+    if holder is not None:
+        _until(lambda: _lock_waiters(db) == 1, "the settle to wait for the run row")
+    else:
+        assert held.wait(10)
+    cancelling = threading.Thread(target=lambda: cancelled.append(_cancel(db, run_id)))
+    cancelling.start()
+    waiting = 1 if holder is None else 2
+    _until(lambda: _lock_waiters(db) == waiting, "the cancel to queue behind the settle")
+    release.set()
+    for t in (settling, cancelling, *([holder] if holder else [])):
+        t.join(30)
+    (result,) = settled
+    (outcome,) = cancelled
+    assert result.status == "succeeded" and result.dispatched  # s1 was created first
+    journal = steps(db, run_id)
+    assert journal["s1"]["status"] == "skipped", journal["s1"]["status"]
+    assert not [k for k, s in journal.items() if s["status"] == "pending"]
+    assert outcome.moved and outcome.skipped_steps == ("s1",)
+    assert outcome.running_steps == (("x",) if beside_an_open_step else ())
+    assert run_row(db, run_id)["status"] == "cancelled"

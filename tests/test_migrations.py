@@ -84,3 +84,58 @@ def test_a_failing_migration_leaves_the_database_as_it_was(
         assert [r[0] for r in cur.fetchall()] == [1]
     finally:
         conn.close()
+
+
+def test_0251_skips_the_steps_left_pending_under_cancelled_runs(empty_database_url: str) -> None:
+    """Rows as issue 23 item 12's bug left them: a cancelled run with a pending step (and a
+    running run's pending step, which stays). After 0251 the first is skipped, saying why."""
+    migrations = discover()
+    before = [m for m in migrations if m.version < 251]
+    conn = _connect(empty_database_url)
+    try:
+        apply_all(conn, before, log=False)
+        cur = conn.cursor()
+        cur.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'acme')")
+        cur.execute("INSERT INTO workflows (tenant_id, name) VALUES ('acme', 'wf') RETURNING id")
+        (workflow_id,) = cur.fetchone()
+        cur.execute(
+            "INSERT INTO workflow_versions (workflow_id, number, content_hash, definition,"
+            " source_text) VALUES (%s, 1, repeat('a', 64), '{}', '{}') RETURNING id",
+            (workflow_id,),
+        )
+        (version_id,) = cur.fetchone()
+        runs = {}
+        for status in ("cancelled", "running"):
+            cur.execute(
+                "INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key,"
+                " dedup_mode, namespace, lineage_root, trigger_payload)"
+                " VALUES (gen_random_uuid(), 'acme', %s, %s, %s, 'every_time', 'live',"
+                " gen_random_uuid(), '{}') RETURNING id",
+                (workflow_id, version_id, f"test:{status}"),
+            )
+            (runs[status],) = cur.fetchone()
+            cur.execute(
+                "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type,"
+                " idempotency_key) VALUES (%s, 's1', 's1', 'end', %s)",
+                (runs[status], f"k:{status}"),
+            )
+        cur.execute(
+            "UPDATE workflow_runs SET status = 'cancelled', finished_at = now(),"
+            " cancelled_by = 'alice' WHERE id = %s",
+            (runs["cancelled"],),
+        )
+        conn.commit()
+        assert 251 in [m.version for m in apply_all(conn, migrations, log=False)]
+        cur = conn.cursor()
+        cur.execute(
+            "SELECT r.status, s.status, s.outcome_code, s.error, s.finished_at IS NOT NULL"
+            " FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id ORDER BY r.status"
+        )
+        rows = cur.fetchall()
+        assert [tuple(r[:3]) for r in rows] == [
+            ("cancelled", "skipped", "CANCELLED"),
+            ("running", "pending", None),
+        ]
+        assert "migration 0251" in rows[0][3] and rows[0][4]
+    finally:
+        conn.close()

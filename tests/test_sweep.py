@@ -3,16 +3,31 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
+from shared import credits
 from shared.db import Database
+from shared.ops.replay import retry_run
 from shared.steps.advance import advance_step
-from shared.steps.claim import LeaseConfig
+from shared.steps.cancel import cancel_run
+from shared.steps.claim import LeaseConfig, claim_step, mark_side_effect_started
+from shared.steps.settle import FAIL_RUN
 from shared.steps.sweep import Duty, SweepConfig, run_duty, run_sweep
 from tests.ops_support import seed_connection, seed_tenant
 from tests.steps_blocks import Recorder, block_lookup
-from tests.steps_support import chain, definition, publish_version, run_row, start_run, steps_of
+from tests.steps_support import (
+    TENANT,
+    chain,
+    definition,
+    publish_version,
+    run_row,
+    start_run,
+    steps_of,
+)
 
 LEASE = LeaseConfig(lease_seconds=60, heartbeat_seconds=30)
 CFG = SweepConfig(batch=50, redispatch_after_seconds=120, poll_seconds=0.05)
@@ -298,3 +313,164 @@ def test_default_duties_delete_ended_throttle_windows(db: Database) -> None:
     with db.transaction() as tx:
         left = tx.all("SELECT used FROM throttle_windows WHERE subject = :c", c=conn)
     assert [row["used"] for row in left] == [3]
+
+
+def _claimed_then_run_ended(
+    db: Database, run_end: str, *, marked: bool = False, block_type: str = "test.noop"
+) -> tuple[str, str]:
+    """A step claimed by a process that then died (`marked`: after setting the at-most-once
+    mark), its run ended meanwhile (`cancelled` by ops, or `failed` by another branch), and
+    its lease now expired. (run id, step id)"""
+    version = publish_version(db, definition(chain(2, block_type)))
+    run_id, (step_id,) = start_run(db, version)
+    step = claim_step(db, step_id, LEASE)
+    assert step is not None
+    if marked:
+        assert mark_side_effect_started(db, step)
+    if run_end == "cancelled":
+        outcome = cancel_run(db, run_id, by="alice", reason="stop")
+        assert outcome is not None and outcome.running_steps == ("s0",)
+    else:
+        with db.transaction() as tx:
+            tx.execute(FAIL_RUN, run_id=run_id, error="step other failed (HTTP_400)")
+    set_step(db, step_id, "lease_expires_at = now() - interval '1 second'")
+    return run_id, step_id
+
+
+def _lease_end(db: Database, step_id: str) -> dict[str, Any]:
+    with db.transaction() as tx:
+        row = tx.one(
+            "SELECT end_kind, end_status, outcome_code, error FROM workflow_step_leases"
+            " WHERE step_id = :s",
+            s=step_id,
+        )
+    assert row is not None
+    return row
+
+
+@pytest.mark.parametrize("run_end", ["cancelled", "failed"])
+def test_an_expired_lease_in_an_ended_run_ends_the_step_skipped(db: Database, run_end: str) -> None:
+    """Issue 23 item 12: the reclaim put such a step back to `pending` (it never looked at the
+    run), where nothing could claim it again: a pending step under an ended run for good."""
+    run_id, step_id = _claimed_then_run_ended(db, run_end)
+    sent = Sent()
+    report = sweep(db, sent)
+    assert sent.ids == [] and (report.reclaimed, report.reclaimed_skipped) == (0, 1)
+    s0 = steps_of(db, run_id)["s0"]
+    code = "CANCELLED" if run_end == "cancelled" else "RUN_ENDED"
+    assert (s0["status"], s0["outcome_code"], s0["lease_id"]) == ("skipped", code, None)
+    assert s0["finished_at"] is not None and f"run had ended ({run_end})" in s0["error"]
+    assert _lease_end(db, step_id)["end_kind"] == "reclaimed"
+    assert _lease_end(db, step_id)["end_status"] == "skipped"
+    assert run_row(db, run_id)["status"] == run_end  # the run's end stands
+    assert sweep(db, Sent()).reclaimed_skipped == 0  # and twice changes nothing
+
+
+@pytest.mark.parametrize("block_type", ["test.amo_lost", "crm.create"])
+def test_a_marked_expired_lease_in_a_cancelled_run_fails_outcome_unknown(
+    db: Database, block_type: str
+) -> None:
+    """Its at-most-once call may have happened (and been charged): the journal says so, even
+    for a block that decides ambiguous retries itself (no attempt can run in an ended run)."""
+    run_id, step_id = _claimed_then_run_ended(db, "cancelled", marked=True, block_type=block_type)
+    sent = Sent()
+    sweep(db, sent)
+    assert sent.ids == []
+    s0 = steps_of(db, run_id)["s0"]
+    assert (s0["status"], s0["outcome_code"]) == ("failed", "OUTCOME_UNKNOWN")
+    assert "run had ended (cancelled)" in s0["error"] and "check the provider" in s0["error"]
+    lease = _lease_end(db, step_id)
+    assert (lease["end_status"], lease["outcome_code"]) == ("failed", "OUTCOME_UNKNOWN")
+    assert run_row(db, run_id)["status"] == "cancelled"
+
+
+def test_the_reclaim_skips_a_step_whose_run_row_is_locked_by_a_cancel(db: Database) -> None:
+    """The reclaim locks the run row (skipping it while a cancel holds it), so a cancel that
+    commits meanwhile can't leave the reclaimed step pending: the next pass ends it."""
+    version = publish_version(db, definition(chain(2, "test.noop")))
+    run_id, (step_id,) = start_run(db, version)
+    assert claim_step(db, step_id, LEASE) is not None
+    set_step(db, step_id, "lease_expires_at = now() - interval '1 second'")
+    locked, release = threading.Event(), threading.Event()
+
+    def cancel_holding_the_run_row() -> None:
+        with db.transaction() as tx:
+            tx.execute("SELECT 1 FROM workflow_runs WHERE id = :r FOR UPDATE", r=run_id)
+            tx.execute(
+                "UPDATE workflow_runs SET status = 'cancelled', finished_at = now(),"
+                " cancelled_by = 'alice' WHERE id = :r",
+                r=run_id,
+            )
+            locked.set()
+            assert release.wait(30)
+
+    holder = threading.Thread(target=cancel_holding_the_run_row)
+    holder.start()
+    assert locked.wait(10)
+    try:
+        report = sweep(db, Sent())
+        assert (report.reclaimed, report.reclaimed_failed) == (0, 0)
+        assert steps_of(db, run_id)["s0"]["status"] == "running"
+    finally:
+        release.set()
+        holder.join(30)
+    sweep(db, Sent())
+    assert steps_of(db, run_id)["s0"]["status"] == "skipped"
+
+
+def test_a_reclaimed_lease_marks_the_steps_charge_outcome_unknown(db: Database) -> None:
+    """The dead attempt may have applied what it was charged for, so no later attempt's
+    "not applied" refunds the charge (issue 23 item 5: the ledger's outcome-unknown on
+    reclaim)."""
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    run_id, (step_id,) = start_run(db, version)
+    step = claim_step(db, step_id, LEASE)
+    assert step is not None
+    with db.transaction() as tx:
+        credits.grant(tx, step.tenant_id, 10)
+    assert (
+        credits.charge_step(
+            tenant_id=step.tenant_id,
+            lineage_key=step.idempotency_key,
+            amount=2,
+            block_type="test.noop",
+            run_id=run_id,
+            step_id=step_id,
+        ).status
+        == "charged"
+    )
+    set_step(db, step_id, "lease_expires_at = now() - interval '1 second'")
+    assert sweep(db, Sent()).reclaimed == 1
+    with db.transaction() as tx:
+        assert tx.scalar(
+            "SELECT outcome_unknown_at IS NOT NULL FROM credit_ledger WHERE lineage_key = :k",
+            k=step.idempotency_key,
+        )
+        assert credits.refund(tx, lineage_key=step.idempotency_key, reason="x", step_id=None) == 0
+
+
+def test_a_step_the_reclaim_skipped_in_a_failed_run_runs_again_when_the_run_is_retried(
+    db: Database,
+) -> None:
+    """Another branch failed the run while s0's process was dying: the reclaim ends s0
+    skipped (RUN_ENDED). An ops retry of the run must start it again with the failed branch:
+    pending before this change, it was restarted as an unsettled step; skipped, it must be
+    too, or the retried run would go on without it."""
+    run_id, step_id = _claimed_then_run_ended(db, "failed")
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type,"
+            " idempotency_key, status, attempt, outcome_code, error, error_class, finished_at)"
+            " SELECT id, 'x', 'x', 'test.noop', 'onceflow:' || lineage_root || ':x', 'failed',"
+            " 1, 'HTTP_400', 'bad request', 'permanent', now() - interval '1 minute'"
+            " FROM workflow_runs WHERE id = :r",
+            r=run_id,
+        )
+    sweep(db, Sent())
+    assert steps_of(db, run_id)["s0"]["status"] == "skipped"
+    sent = Sent()
+    retried = retry_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent)
+    assert sorted(retried.restarted_step_ids) == sorted([step_id, steps_of(db, run_id)["x"]["id"]])
+    journal = steps_of(db, run_id)
+    assert journal["s0"]["status"] == "pending" and journal["x"]["status"] == "pending"
+    assert run_row(db, run_id)["status"] == "running"

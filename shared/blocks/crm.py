@@ -11,9 +11,12 @@ A rehearsal runs no gate. Then, in a writing block:
 5. crm.create: set `side_effect_started_at` WHERE NULL (committed). Finding it set means an
    earlier attempt may have created the record: fail `OUTCOME_UNKNOWN`, never call again —
    unless the port declares write idempotency (the connection has a unique-value property for
-   onceflow's key, stamped with the step's idempotency key on every try): then it creates again,
-   and HubSpot's 409 "Existing ID: N" names the record the lost try made, which is adopted
-   (outcome `ADOPTED_EXISTING`, output `adopted_existing: N`).
+   onceflow's key, stamped with the step's idempotency key on every try): then it creates again.
+   With the key, a 409 "Existing ID: N" is adopted (outcome `ADOPTED_EXISTING`, output
+   `adopted_existing: N`) only when record N carries this step's own key — the record a lost
+   try of this step (or of an earlier run of its lineage: a replay has the same key) made —
+   whether or not the mark was set; read back to be sure, since the 409 names whichever unique
+   value clashed (a contact's email names someone else's contact: `ALREADY_EXISTS`).
    crm.update: commit an echo marker first, so the webhook the write causes is refused.
 6. call the port; classify its `PortError` into a `BlockFailure`.
 7. crm.create: record echo markers for the properties it set, now that the record has an id
@@ -214,6 +217,16 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
     try:
         record = port.create(object_type, properties, associations)
     except PortError as exc:
+        adopted = _adopt_own_record(
+            ctx,
+            port,
+            exc,
+            object_type=object_type,
+            properties=properties,
+            key_property=key_property,
+        )
+        if adopted is not None:
+            return adopted
         if exc.code in NOT_APPLIED_CODES:
             # The provider provably did not create anything. For a retryable refusal, take the
             # mark back so the retry may call; if the engine can't, the retry fails safe.
@@ -268,21 +281,56 @@ def _create_or_adopt(
     """An earlier try may have created the record. The key property makes a second create
     safe: either it creates (the earlier one never applied) or HubSpot refuses with the id of
     the record the earlier one made, which this step adopts."""
+    key_property = port.idempotency_property
     try:
         record = port.create(object_type, properties, associations)
     except PortError as exc:
-        if exc.code == "conflict" and exc.existing_id:
-            log.info(
-                "crm.create adopted existing record %s (its earlier response was lost)",
-                exc.existing_id,
-            )
-            adopted = Record(object_type, exc.existing_id, dict(properties))
-            output = {**_output(adopted), "adopted_existing": exc.existing_id}
-            return BlockResult(output=output, outcome_code=OUTCOME_ADOPTED_EXISTING)
+        adopted = _adopt_own_record(
+            ctx,
+            port,
+            exc,
+            object_type=object_type,
+            properties=properties,
+            key_property=key_property,
+        )
+        if adopted is not None:
+            return adopted
         # Even ambiguous again, a transient failure is safe to retry: the key stays the guard.
         raise failure_from_port(exc, what="crm.create (retry of an ambiguous create)") from exc
     _record_create_echo(ctx, config, connection_id, record)
     return BlockResult(output=_output(record))
+
+
+def _adopt_own_record(
+    ctx: BlockContext,
+    port: CrmPort,
+    exc: PortError,
+    *,
+    object_type: str,
+    properties: Mapping[str, Scalar],
+    key_property: str | None,
+) -> BlockResult | None:
+    """The step's result when `exc` is a 409 naming a record that carries this step's own
+    key (an earlier try of this step, or of its lineage, made it); None for anything else.
+    HubSpot's 409 names one existing record for whichever unique value clashed (its
+    `errors[].in` says which, e.g. a contact's email), so the record is read back: only the
+    key property proves it is ours."""
+    if not key_property or exc.code != "conflict" or not exc.existing_id:
+        return None
+    try:
+        existing = port.get(object_type, exc.existing_id, [key_property])
+    except PortError as read_exc:
+        # Unknown whose record it is; nothing was created by this try (409), and a retry is
+        # safe (the key guards it): transient failures retry, anything else fails the step.
+        raise failure_from_port(
+            read_exc, what=f"crm.create (reading record {exc.existing_id}, named by a 409)"
+        ) from read_exc
+    if existing.properties.get(key_property) != ctx.idempotency_key:
+        return None
+    log.info("crm.create adopted record %s, which carries this step's key", exc.existing_id)
+    adopted = Record(object_type, exc.existing_id, dict(properties))
+    output = {**_output(adopted), "adopted_existing": exc.existing_id}
+    return BlockResult(output=output, outcome_code=OUTCOME_ADOPTED_EXISTING)
 
 
 def _mark_echo(

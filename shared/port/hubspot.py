@@ -12,7 +12,10 @@ become `PortError` with a vendor-neutral code, classified once:
 - connect errors → `connect_failed` (transient, and the request never left); read/write
   timeouts → `timeout`; a connection dropped or reset mid-request → `connection_reset`
   (transient, but the write may have been applied: at-most-once callers must not retry).
-- 409 → `conflict`, permanent, with HubSpot's "Existing ID: N" in `existing_id`.
+- 409 → `conflict`, permanent, with HubSpot's "Existing ID: N" in `existing_id`: the record
+  holding whichever unique value clashed (`errors[].in` names the property, e.g. a contact's
+  `email`), so not necessarily the record of onceflow's key property (crm.create reads it back
+  before adopting it).
 - 404 → `not_found`, 401/403 → `unauthorized`, 400/422 → `invalid_request`; anything else
   → `unknown`; all permanent.
 

@@ -186,12 +186,15 @@ WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
 -- so the provider and the ledger see the same operation. The last error is kept for people.
 -- A wait that failed (timed out, rejected) no longer names its closed park: it waits again on
 -- a new one when it runs (parks_open); the closed park row stays as the earlier wait's record.
+-- A skipped step of a failed run is one the sweep's reclaim ended because another branch had
+-- failed the run while its process died (RUN_ENDED): it restarts with the run, as it would
+-- have pending (a retried run is only ever a failed one, so no cancel's skip is undone).
 UPDATE workflow_steps
 SET status = 'pending', attempt = 0, finished_at = NULL, lease_id = NULL,
     lease_expires_at = NULL, wake_at = NULL, side_effect_started_at = NULL,
     dispatched_at = NULL, park_id = NULL, park_kind = NULL
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
-  AND status IN ('failed', 'pending', 'waiting_for_retry', 'waiting_for_delay')
+  AND status IN ('failed', 'skipped', 'pending', 'waiting_for_retry', 'waiting_for_delay')
 RETURNING id
 
 -- name: ops_refusals_list

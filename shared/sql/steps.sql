@@ -248,55 +248,89 @@ SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
 
 -- name: steps_reclaim_expired
 -- Expired leases, fenced on the lease id read under the row lock: a slow worker that renews or
--- settles first wins, and after this its settle matches nothing (lease_id is cleared). A step
--- whose at-most-once side effect may have started fails with OUTCOME_UNKNOWN (the marker is
--- only ever set for at-most-once blocks); one that used up its attempts fails; any other goes
--- back to pending and is dispatched at once. Runs of failed steps fail in the same statement,
--- and each reclaimed lease's history row is closed as 'reclaimed' with it.
+-- settles first wins, and after this its settle matches nothing (lease_id is cleared). What
+-- the step becomes:
+-- - its run has ended (cancelled, or failed by another branch): nothing may claim it again, so
+--   it ends here — failed OUTCOME_UNKNOWN when its at-most-once side effect may have started
+--   (the marker is only ever set for at-most-once blocks), else skipped (CANCELLED in a
+--   cancelled run, RUN_ENDED in a failed one) — and the run's end stands;
+-- - the side effect may have started: failed OUTCOME_UNKNOWN, unless its block decides an
+--   ambiguous retry itself (BlockSpec.decides_ambiguous_retry, `deciding_types`: crm.create
+--   asks the CRM by its key) and has attempts left: then back to pending like any other;
+-- - it used up its block's attempts: failed LEASE_EXPIRED (OUTCOME_UNKNOWN when marked);
+-- - anything else: back to pending, dispatched at once.
+-- The run row is locked with the step (skipped when another transaction holds it: a cancel,
+-- a settle; the next pass takes it), so the run's status read here is the one that holds
+-- when this commits: a cancel can't end the run between this read and the step's move, which
+-- would leave it pending under a cancelled run. Runs of failed steps fail in the same
+-- statement, and each reclaimed lease's history row is closed as 'reclaimed' with it.
 WITH expired AS (
-    SELECT s.id, s.lease_id
+    SELECT s.id, s.lease_id, r.status AS run_status
     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
     WHERE s.status = 'running' AND s.lease_expires_at < now() AND r.namespace = 'live'
     ORDER BY s.lease_expires_at
     LIMIT CAST(:batch AS integer)
     FOR UPDATE OF s SKIP LOCKED
-), decided AS (
-    SELECT e.id, e.lease_id,
-           CASE WHEN s.side_effect_started_at IS NOT NULL THEN 'OUTCOME_UNKNOWN'
-                WHEN s.attempt >= coalesce(lim.max_attempts,
-                                           CAST(:default_max_attempts AS integer))
-                THEN 'LEASE_EXPIRED'
-           END AS failure
+    FOR NO KEY UPDATE OF r SKIP LOCKED
+), facts AS (
+    SELECT e.id, e.lease_id, e.run_status, s.attempt,
+           s.side_effect_started_at IS NOT NULL AS marked,
+           s.block_type = ANY(CAST(:deciding_types AS text[])) AS decides,
+           s.attempt >= coalesce(lim.max_attempts, CAST(:default_max_attempts AS integer))
+               AS used_up
     FROM expired e JOIN workflow_steps s ON s.id = e.id
     -- The block's own attempt budget (BlockSpec.max_attempts), the same number its retries use.
     LEFT JOIN unnest(CAST(:block_types AS text[]), CAST(:block_max_attempts AS integer[]))
               AS lim (block_type, max_attempts) ON lim.block_type = s.block_type
+), decided AS (
+    -- `code` NULL: back to pending. `skip`: the run ended and nothing at-most-once may have
+    -- left, so the step ends skipped; any other code fails it.
+    SELECT f.id, f.lease_id, f.attempt, f.run_status,
+           f.run_status <> 'running' AND NOT f.marked AS skip,
+           CASE WHEN f.run_status <> 'running' AND f.marked THEN 'OUTCOME_UNKNOWN'
+                WHEN f.run_status = 'cancelled' THEN 'CANCELLED'
+                WHEN f.run_status <> 'running' THEN 'RUN_ENDED'
+                WHEN f.marked AND (f.used_up OR NOT f.decides) THEN 'OUTCOME_UNKNOWN'
+                WHEN f.used_up THEN 'LEASE_EXPIRED'
+           END AS code
+    FROM facts f
+), ends AS (
+    SELECT d.id, d.lease_id, d.code, d.skip,
+           CASE WHEN d.run_status <> 'running' THEN
+                'the lease expired after its run had ended (' || d.run_status || '); '
+                || CASE WHEN d.skip THEN 'the step is not run again'
+                        ELSE 'an at-most-once side effect may have started and its outcome '
+                             'is unknown: check the provider' END
+                WHEN d.code = 'OUTCOME_UNKNOWN' THEN 'the lease expired after an at-most-once '
+                     'side effect may have started; its outcome is unknown: check the '
+                     'provider, then replay'
+                WHEN d.code = 'LEASE_EXPIRED' THEN 'the lease expired on attempt '
+                     || d.attempt || ' and no attempts are left'
+           END AS error
+    FROM decided d
 ), reclaimed AS (
     UPDATE workflow_steps s
-    SET status = CASE WHEN d.failure IS NULL THEN 'pending' ELSE 'failed' END,
-        outcome_code = coalesce(d.failure, s.outcome_code),
-        error_class = CASE WHEN d.failure IS NULL THEN s.error_class ELSE 'permanent' END,
-        error = CASE d.failure
-            WHEN 'OUTCOME_UNKNOWN' THEN 'the lease expired after an at-most-once side effect '
-                 'may have started; its outcome is unknown: check the provider, then replay'
-            WHEN 'LEASE_EXPIRED' THEN 'the lease expired on attempt ' || s.attempt
-                 || ' and no attempts are left'
-            ELSE s.error END,
-        finished_at = CASE WHEN d.failure IS NULL THEN NULL ELSE now() END,
-        dispatched_at = CASE WHEN d.failure IS NULL THEN now() ELSE s.dispatched_at END,
+    SET status = CASE WHEN e.code IS NULL THEN 'pending' WHEN e.skip THEN 'skipped'
+                      ELSE 'failed' END,
+        outcome_code = coalesce(e.code, s.outcome_code),
+        error_class = CASE WHEN e.code IS NULL OR e.skip THEN s.error_class
+                           ELSE 'permanent' END,
+        error = coalesce(e.error, s.error),
+        finished_at = CASE WHEN e.code IS NULL THEN NULL ELSE now() END,
+        dispatched_at = CASE WHEN e.code IS NULL THEN now() ELSE s.dispatched_at END,
         lease_id = NULL,
         lease_expires_at = NULL
-    FROM decided d
-    WHERE s.id = d.id AND s.lease_id = d.lease_id AND s.status = 'running'
+    FROM ends e
+    WHERE s.id = e.id AND s.lease_id = e.lease_id AND s.status = 'running'
     RETURNING CAST(s.id AS text) AS id, s.run_id, s.status, s.outcome_code, s.step_key,
-              d.lease_id, d.failure, s.error
+              s.idempotency_key, e.lease_id, e.code AS failure, e.error
 ), lease_closed AS (
     UPDATE workflow_step_leases l
     SET end_kind = 'reclaimed',
         end_status = c.status,
         outcome_code = c.failure,
-        error_class = CASE WHEN c.failure IS NOT NULL THEN 'permanent' END,
-        error = CASE WHEN c.failure IS NOT NULL THEN c.error END,
+        error_class = CASE WHEN c.status = 'failed' THEN 'permanent' END,
+        error = c.error,
         ended_at = now()
     FROM reclaimed c
     WHERE l.lease_id = c.lease_id AND l.ended_at IS NULL
@@ -308,7 +342,7 @@ WITH expired AS (
     WHERE r.id = c.run_id AND c.status = 'failed' AND r.status = 'running'
     RETURNING r.id
 )
-SELECT c.id, CAST(c.run_id AS text) AS run_id, c.status, c.outcome_code,
+SELECT c.id, CAST(c.run_id AS text) AS run_id, c.status, c.outcome_code, c.idempotency_key,
        (SELECT count(*) FROM failed_runs) AS runs_failed,
        c.run_id IN (SELECT id FROM failed_runs) AS run_failed
 FROM reclaimed c
@@ -380,13 +414,28 @@ RETURNING CAST(s.id AS text) AS id
 INSERT INTO poisoned_messages (source, message_id, data, reason)
 VALUES ('step-ready', CAST(:message_id AS text), CAST(:data AS text), CAST(:reason AS text))
 
+-- name: runs_cancel_lock
+-- The first statement of the cancel's transaction, on its own: the run row's lock. A settle
+-- that holds it (and creates the run's next steps) commits before this returns, and the
+-- cancel's second statement (`runs_cancel`) takes its snapshot only then, under READ
+-- COMMITTED, so it sees those steps. Locked in the same statement that skips the steps, the
+-- lock would be granted after that statement's snapshot was taken: the settle's new step
+-- unseen, left `pending` in a cancelled run for good. No row: no such live run in scope.
+SELECT id FROM workflow_runs
+WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+FOR UPDATE
+
 -- name: runs_cancel
 -- Ops cancel a live run: the run ends `cancelled` with who and why, and its pending and parked
--- steps become `skipped` in the same statement. A running step keeps its lease: it finishes
--- its attempt and its settle sees the run ended, so it creates no next steps (settle_step).
--- The run row is locked first, so the row returned is the newest one whether or not this
--- statement moved it: a loser (the run already ended, a second cancel) says who won and when.
--- No row: no such live run in the caller's scope.
+-- steps become `skipped` in the same statement. Runs after `runs_cancel_lock` in the same
+-- transaction, so its snapshot is newer than every settle of the run (a settle creates steps
+-- only under the run row's lock, and the sweep's reclaim locks the run row too, skipping it
+-- when locked): no step of the run is created or put back to pending after this read it.
+-- A running step keeps its lease: it finishes its attempt and its settle sees the run ended,
+-- so it creates no next steps (settle_step). The row returned is the newest one whether or not
+-- this statement moved it: a loser (the run already ended, a second cancel) says who won and
+-- when; `running_steps` is read under the lock too. No row: no such live run in scope.
 WITH run AS (
     SELECT id, status, finished_at, cancelled_by, cancel_reason
     FROM workflow_runs

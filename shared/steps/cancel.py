@@ -1,10 +1,14 @@
-"""Cancelling a live run (ops): one guarded statement, `runs_cancel`.
+"""Cancelling a live run (ops): the run row's lock (`runs_cancel_lock`), then one guarded
+statement, `runs_cancel`, in one transaction.
 
-The run ends `cancelled` with who and why; its pending and parked steps become `skipped` in
-the same statement. A step that is running keeps its lease and finishes its attempt; its
-settle sees the run ended and creates no next steps (shared/steps/settle.py). The journal is
-kept, so the run can be replayed (shared/ops/replay.py). A cancel that loses — the run ended
-first, or another cancel won — changes nothing and says who won and when.
+The run ends `cancelled` with who and why; its pending and parked steps become `skipped` in the
+same statement. The lock comes first, in a statement of its own, so that the cancel reads the
+run's steps after every settle that held the run row (issue 23, item 12: locked and read in one
+statement, a step a settle created meanwhile stayed `pending`). A step that is running keeps its
+lease and finishes its attempt; its settle sees the run ended and creates no next steps
+(shared/steps/settle.py). The journal is kept, so the run can be replayed
+(shared/ops/replay.py). A cancel that loses — the run ended first, or another cancel won —
+changes nothing and says who won and when.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from shared.db import Database
 from shared.logs import get_logger
 
 SQL = queries.load("steps")
+CANCEL_LOCK = SQL["runs_cancel_lock"]
 CANCEL = SQL["runs_cancel"]
 
 log = get_logger(__name__)
@@ -54,6 +59,8 @@ def cancel_run(
     """Cancel the live run `run_id` (in `tenant_scope`, None for every tenant). None: no such
     run. Repeating it is harmless: the second call changes nothing and says who cancelled."""
     with db.transaction() as tx:
+        if tx.one(CANCEL_LOCK, run_id=run_id, tenant_id=tenant_scope) is None:
+            return None
         row = tx.one(CANCEL, run_id=run_id, tenant_id=tenant_scope, by=by, reason=reason)
     if row is None:
         return None

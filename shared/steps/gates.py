@@ -178,6 +178,15 @@ def provably_not_applied(outcome: BlockResult | BaseException) -> bool:
     return isinstance(outcome, BlockFailure) and outcome.not_applied
 
 
+def record_outcome_unknown(tx: Tx, idempotency_key: str, step_id: str | None) -> None:
+    """An attempt of step `step_id` under this key may have applied and nobody will learn
+    whether: its charge is never refunded and its reservation never released (settle_gates'
+    "fate unknown" rule, and the sweep's reclaim of an attempt whose process died). Harmless
+    where there is neither."""
+    budgets.mark_outcome_unknown(tx, idempotency_key, step_id)
+    credits.mark_outcome_unknown(tx, idempotency_key)
+
+
 def settle_gates(
     ctx: BlockContext,
     passed: Passed,
@@ -195,16 +204,8 @@ def settle_gates(
             get_database().run(lambda tx: budgets.settle_spent(tx, key, step_id))
         return
     if not provably_not_applied(outcome):
-        if not (passed.reserved or passed.charged):
-            return
-
-        def unknown(tx: Tx) -> None:
-            if passed.reserved:
-                budgets.mark_outcome_unknown(tx, key, step_id)
-            if passed.charged:
-                credits.mark_outcome_unknown(tx, key)
-
-        get_database().run(unknown)
+        if passed.reserved or passed.charged:
+            get_database().run(lambda tx: record_outcome_unknown(tx, key, step_id))
         return
     if passed.reserved:
         get_database().run(lambda tx: budgets.settle_released(tx, key, step_id))

@@ -29,8 +29,10 @@ class StepStatus(StrEnum):
     """Claimed under a lease (`lease_id`, `lease_expires_at`); heartbeats extend it. In: the
     claim, which also opens the lease's history row (`LeaseEnd`). Out: settle, fenced on the
     lease id (→ succeeded, failed, waiting_*); the sweep when the lease expired, fenced on the
-    old lease id (→ pending, or failed with OUTCOME_UNKNOWN when an at-most-once side effect
-    may have started). Both close the history row in the same statement."""
+    old lease id (→ pending; or failed with OUTCOME_UNKNOWN when an at-most-once side effect
+    may have started and its block doesn't decide the retry itself; or, when the run has
+    ended meanwhile, skipped — failed OUTCOME_UNKNOWN if marked). Both close the history row
+    in the same statement."""
 
     WAITING_FOR_DELAY = "waiting_for_delay"
     """A delay is being served; `wake_at` is when it is over (the wait is then *served*: the
@@ -72,8 +74,11 @@ class StepStatus(StrEnum):
     SKIPPED = "skipped"
     """Terminal, with `finished_at`, outcome `CANCELLED`: the step was not run (its run was
     cancelled). In: ops cancel (`runs_cancel`, pending and parked steps); a settle that parked
-    a step of a run cancelled meanwhile (`steps_skip_parked_of_ended_run`). Out: never; a
-    replay of the cancelled run starts it again in the new run."""
+    a step of a run cancelled meanwhile (`steps_skip_parked_of_ended_run`); the sweep's
+    reclaim of an expired lease whose run ended meanwhile (`steps_reclaim_expired`: outcome
+    `CANCELLED`, or `RUN_ENDED` when another branch failed the run; the error says so). Out:
+    ops retry of a failed run (→ pending: a `RUN_ENDED` step restarts with its run); otherwise
+    never, and a replay of the cancelled run starts it again in the new run."""
 
     FAILED = "failed"
     """Terminal, with `finished_at`, `error`, `error_class`, `outcome_code`; the run fails and
@@ -112,6 +117,7 @@ TRANSITIONS: frozenset[tuple[StepStatus, StepStatus]] = frozenset(
         (S.RUNNING, S.WAITING_FOR_DELAY),  # settle of a delay
         (S.RUNNING, S.WAITING_FOR_RETRY),  # settle of a transient failure or throttling
         (S.RUNNING, S.PENDING),  # sweep: expired lease, safe to run again
+        (S.RUNNING, S.SKIPPED),  # sweep: expired lease of a run that ended meanwhile
         (S.WAITING_FOR_DELAY, S.PENDING),  # sweep: the delay is served
         (S.WAITING_FOR_RETRY, S.PENDING),  # sweep: time to try again
         (S.WAITING_FOR_DELAY, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
@@ -123,6 +129,7 @@ TRANSITIONS: frozenset[tuple[StepStatus, StepStatus]] = frozenset(
         (S.WAITING_FOR_EVENT, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
         (S.WAITING_FOR_APPROVAL, S.SKIPPED),  # ops cancel; settle of a cancelled run's step
         (S.FAILED, S.PENDING),  # ops retry of a dead-lettered step
+        (S.SKIPPED, S.PENDING),  # ops retry of a failed run: a step the reclaim ended RUN_ENDED
     }
 )
 
@@ -164,7 +171,7 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "steps_withdraw_side_effect_mark": _moves({S.RUNNING}, set()),
     # and, on the hot path (`fold`), the next steps' rows in the same statement
     "steps_settle": _moves({S.RUNNING}, {S.SUCCEEDED, S.FAILED, *PARKED}, {S.PENDING}),
-    "steps_reclaim_expired": _moves({S.RUNNING}, {S.PENDING, S.FAILED}),
+    "steps_reclaim_expired": _moves({S.RUNNING}, {S.PENDING, S.FAILED, S.SKIPPED}),
     "steps_wake_due": _moves(PARKED, {S.PENDING}),
     "steps_redispatch_lost": _moves({S.PENDING}, set()),
     # shared/sql/steps.sql: a wait resumed by a matching event or a decision
@@ -178,7 +185,7 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "ops_replay_step_restart": _moves(NEW, {S.PENDING}),
     # A pending root is rewritten in place (fresh attempt budget), which is not a move.
     "ops_retry_step_reset": _moves(
-        {S.FAILED, S.PENDING, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}, {S.PENDING}
+        {S.FAILED, S.SKIPPED, S.PENDING, S.WAITING_FOR_DELAY, S.WAITING_FOR_RETRY}, {S.PENDING}
     ),
     "ops_rehearsal_serve_delays": _moves({S.WAITING_FOR_DELAY}, {S.PENDING}),
     # shared/sql/steps.sql: ops cancel, and a settle that parked a step of a cancelled run

@@ -6,7 +6,10 @@ batch answered from a small partial index:
 
 - `reclaim_expired_leases` — a running step whose lease expired (its process died): back to
   pending and dispatched, or failed `OUTCOME_UNKNOWN` when its at-most-once side effect may
-  have started, or failed `LEASE_EXPIRED` when it used up its block's `max_attempts`;
+  have started (unless its block decides such a retry itself: then pending, and the block
+  asks the provider), or failed `LEASE_EXPIRED` when it used up its block's `max_attempts`;
+  in a run that ended meanwhile, skipped (failed `OUTCOME_UNKNOWN` when marked). Whatever
+  the dead attempt was charged or reserved is recorded outcome-unknown;
 - `wake_due_steps` — due `waiting_for_delay` / `waiting_for_retry` rows to pending, dispatched;
 - `redispatch_lost_steps` — pending steps whose `step-ready` evidently never arrived
   (stamped longer ago than `redispatch_after_seconds`), re-stamped so there is no storm;
@@ -131,6 +134,8 @@ class SweepReport:
     passes: int = 0
     reclaimed: int = 0
     reclaimed_failed: int = 0
+    # Expired leases of runs that had ended meanwhile (cancelled, or failed by another branch).
+    reclaimed_skipped: int = 0
     woken: int = 0
     redispatched: int = 0
     publish_failures: int = 0
@@ -143,6 +148,7 @@ class SweepReport:
             "passes": self.passes,
             "reclaimed": self.reclaimed,
             "reclaimed_failed": self.reclaimed_failed,
+            "reclaimed_skipped": self.reclaimed_skipped,
             "woken": self.woken,
             "redispatched": self.redispatched,
             "publish_failures": self.publish_failures,
@@ -171,13 +177,16 @@ def _publish(dispatch: Dispatch, ids: Sequence[str], report: SweepReport) -> Non
 
 
 @functools.cache
-def lease_attempt_limits() -> dict[str, Any]:
-    """Per block type, how many attempts a step gets, whatever ended each one (a retryable
-    failure, or a lease that expired because its process died): the block's own
-    `max_attempts`, one number, so a step whose process keeps dying stops where the block's
-    retry policy says (the first release capped crashes at a separate 5 against a policy of 3).
-    Unknown types get the default policy's number. Computed once per process: the catalog is
-    fixed for a deployment, and the sweep runs a reclaim pass every few seconds."""
+def reclaim_rules() -> dict[str, Any]:
+    """What the reclaim needs from the catalog, per block type. How many attempts a step gets,
+    whatever ended each one (a retryable failure, or a lease that expired because its process
+    died): the block's own `max_attempts`, one number, so a step whose process keeps dying
+    stops where the block's retry policy says (the first release capped crashes at a separate
+    5 against a policy of 3); unknown types get the default policy's number. And which blocks
+    decide an ambiguous retry themselves (`BlockSpec.decides_ambiguous_retry`): a marked step
+    of one goes back to pending for its block to decide (crm.create asks the CRM by its key),
+    where any other fails OUTCOME_UNKNOWN. Computed once per process: the catalog is fixed for
+    a deployment, and the sweep runs a reclaim pass every few seconds."""
     from shared.blocks import registry
     from shared.blocks.base import RetryPolicy
 
@@ -187,6 +196,7 @@ def lease_attempt_limits() -> dict[str, Any]:
         "block_types": [spec.type_name for spec in specs],
         "block_max_attempts": [spec.max_attempts for spec in specs],
         "default_max_attempts": RetryPolicy().max_attempts,
+        "deciding_types": [spec.type_name for spec in specs if spec.decides_ambiguous_retry],
     }
 
 
@@ -194,8 +204,14 @@ def reclaim_expired_leases(
     db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
 ) -> int:
     """Reclaim one batch of expired leases; the number of rows touched."""
+    from shared.steps.gates import record_outcome_unknown
+
     with db.transaction() as tx:
-        rows = tx.all(RECLAIM_EXPIRED, batch=config.batch, **lease_attempt_limits())
+        rows = tx.all(RECLAIM_EXPIRED, batch=config.batch, **reclaim_rules())
+        for r in rows:
+            # The dead attempt may have sent what it was charged for (and reserved): in the
+            # same transaction, so no later "not applied" refunds or releases it.
+            record_outcome_unknown(tx, str(r["idempotency_key"]), str(r["id"]))
     pending = [r["id"] for r in rows if r["status"] == "pending"]
     for r in rows:
         # After the commit: a rolled-back reclaim must not page anyone.
@@ -203,7 +219,7 @@ def reclaim_expired_leases(
         log_event(
             log,
             LogEvent.LEASE_EXPIRED,
-            f"step lease expired; reclaimed as {outcome}",
+            f"step lease expired; reclaimed as {r['status']} ({outcome})",
             level=logging.WARNING,
             step_id=r["id"],
             run_id=r["run_id"],
@@ -219,8 +235,10 @@ def reclaim_expired_leases(
                 outcome_code=str(r["outcome_code"]),
             )
             _count_failed_run_for_breaker(db, r["run_id"], str(r["outcome_code"]))
+    skipped = sum(1 for r in rows if r["status"] == "skipped")
     report.reclaimed += len(pending)
-    report.reclaimed_failed += len(rows) - len(pending)
+    report.reclaimed_skipped += skipped
+    report.reclaimed_failed += len(rows) - len(pending) - skipped
     _publish(dispatch, pending, report)
     return len(rows)
 
