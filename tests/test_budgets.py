@@ -348,7 +348,10 @@ def _ambiguous_create(db: Database, crm: FakeCrm, *, lands: bool) -> str:
                 "config": {
                     "object_type": "tasks",
                     "connection_id": connection_id,
-                    "properties": {"hs_task_subject": "Call Ada"},
+                    "properties": {
+                        "hs_task_subject": "Call Ada",
+                        "hs_timestamp": "2026-12-03T09:00:00Z",
+                    },
                 },
             }
         ]
