@@ -1008,3 +1008,19 @@ def test_approval_links_can_be_signed_in_the_cloud(tf: Terraform) -> None:
         for spec in tf.variables["secrets"]["default"].values()
     }
     assert handed.get(approval_links.SECRET_ENV) == {"ops"}
+
+
+def test_the_first_admin_token_can_be_minted_in_the_cloud_and_no_secret_is_unread(
+    tf: Terraform,
+) -> None:
+    # Issue 24: the first admin ops token comes from the one-time bootstrap secret, handed to
+    # ops only; the token pepper a first deployment had to fill was read by nothing.
+    from shared.ops import auth
+
+    handed = {
+        spec["env_var"]: set(spec["functions"])
+        for spec in tf.variables["secrets"]["default"].values()
+    }
+    assert handed.get(auth.BOOTSTRAP_SECRET_ENV) == {"ops"}
+    assert "OPS_TOKEN_PEPPER" not in handed
+    assert not any("pepper" in secret_id for secret_id in tf.variables["secrets"]["default"])
