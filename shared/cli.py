@@ -161,6 +161,10 @@ def _run_filters(s: Session, args: argparse.Namespace) -> dict[str, Any]:
 def _runs(s: Session, args: argparse.Namespace) -> int:
     query = {**_run_filters(s, args), "limit": args.limit, "cursor": args.cursor}
     page = s.client.call("GET", "/v1/runs", query=query)
+    if args.quiet and not s.as_json:  # ids only, one a line: RUN=$(onceflow runs -q | head -1)
+        for r in page["items"]:
+            print(r["id"], file=s.out)
+        return EXIT_OK
 
     def readable() -> None:
         table(
@@ -772,6 +776,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("runs", parents=[remote], help="list runs, newest first")
     _filters(p, status=True)
     p.add_argument("--limit", type=int, default=50)
+    p.add_argument("-q", "--quiet", action="store_true", help="only the run ids, newest first")
     p.add_argument("--cursor")
     p = sub.add_parser("show", parents=[remote], help="one run with its steps")
     p.add_argument("run", metavar="RUN")

@@ -54,7 +54,8 @@ def table(
         candidates = [i for i in range(1, len(widths)) if widths[i] > floors[i]]
         if not candidates:
             break
-        widest = max(candidates, key=lambda i: widths[i])
+        # The widest gives first; of equals the rightmost (the id-like columns come first).
+        widest = max(candidates, key=lambda i: (widths[i], i))
         widths[widest] -= 1
     print(
         "  ".join(h.upper().ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip(),
