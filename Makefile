@@ -5,10 +5,16 @@ PY := .venv/bin/python
 export NO_GCE_CHECK := true
 export PYTHONDONTWRITEBYTECODE := 1
 
-.venv/.installed: requirements.txt requirements-dev.txt
-	@command -v python3.11 >/dev/null || { echo "python3.11 not found: install Python 3.11"; exit 1; }
-	@test -x $(PY) || python3.11 -m venv .venv
+# The first Python 3.11 or newer found (3.11 first: the functions' runtime is python311). Each
+# candidate is run, not only looked up: a pyenv shim exists for versions it can't start.
+PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3.14 python3; do \
+  $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1 && { echo $$p; break; }; done)
+
+.venv/.installed: requirements.txt requirements-dev.txt pyproject.toml
+	@test -x $(PY) || { test -n "$(PYTHON)" || { echo "no Python 3.11 or newer found: install one (or make PYTHON=/path/to/python3)"; exit 1; }; $(PYTHON) -m venv .venv; }
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@# The package itself, editable and without dependencies (pinned above): .venv/bin/onceflow.
+	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	@touch $@
 
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)

@@ -1,14 +1,19 @@
 """Seeding for the end-to-end tests and benches that drive the local stack with HubSpot
 webhooks: a tenant with credits, one HubSpot connection watching `lifecyclestage` (on a portal
 of a HubSpot app, when given one), and workflows triggered by its property changes, published
-and activated; and the app the stack's fake CRM plays. Test and bench setup only: it writes
-through the same `connections`, `provider_apps` and `versions` functions the ops API uses."""
+and activated; and the app the stack's fake CRM plays. Test and bench setup, written through
+the same `connections`, `provider_apps` and `versions` functions the ops API uses; and
+`first_path`, what `make dev` seeds (through the ops API) for the README's first workflow."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from shared import connections, provider_apps
 from shared.db import Database
@@ -82,3 +87,73 @@ def _activate(
         tx, tenant_id=tenant, workflow_id=published.workflow_id, version_id=published.version_id
     )
     return str(published.workflow_id)
+
+
+# ---- the README's first path ----------------------------------------------------------------
+
+FIRST_TENANT = "acme"  # what every example names as `tenant`
+FIRST_CREDITS = 1000
+FAKE_PORTAL = "62515"  # the fake CRM's default portal (devstack/fakecrm/__main__.py)
+ENV_FILE = "onceflow.env"
+
+
+def first_path(
+    root: Path, *, ops_url: str, admin_token: str, fakecrm_url: str | None, webhook_url: str
+) -> list[str]:
+    """What `make dev` adds so the README's "Your first workflow" works as written: the
+    examples' tenant `acme` with credits and a HubSpot connection to the fake CRM (watching
+    `lifecyclestage`), made through the ops API as an operator would (kept when they exist),
+    the fake CRM's webhooks sent to that connection, and `<root>/onceflow.env` with the
+    variables the commands use. The lines to print."""
+    with httpx.Client(
+        base_url=ops_url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30
+    ) as ops:
+        made = ops.post("/v1/tenants", json={"id": FIRST_TENANT, "credits": FIRST_CREDITS})
+        if made.status_code not in (201, 409):  # 409: kept from an earlier `make dev`
+            made.raise_for_status()
+        if fakecrm_url is None:
+            return [f"tenant {FIRST_TENANT} (no fake CRM in this stack: no connection)"]
+        listed = ops.get("/v1/connections").json()["items"]
+        mine = [
+            c
+            for c in listed
+            if c["tenant_id"] == FIRST_TENANT
+            and c["provider_account_id"] == FAKE_PORTAL
+            and c["api_base_url"] == fakecrm_url
+        ]
+        if mine:
+            connection_id = mine[0]["id"]
+        else:
+            created = ops.post(
+                "/v1/connections",
+                json={
+                    "tenant_id": FIRST_TENANT,
+                    "provider": "hubspot",
+                    "webhook_secret_env": "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET",
+                    "api_credentials_env": "ONCEFLOW_DEMO_HUBSPOT_TOKEN",
+                    "api_base_url": fakecrm_url,
+                    "provider_account_id": FAKE_PORTAL,
+                    "watched_fields": {"contact": ["lifecyclestage"]},
+                },
+            )
+            created.raise_for_status()
+            connection_id = created.json()["id"]
+    hook = f"{webhook_url.rstrip('/')}/hubspot/{connection_id}"
+    httpx.post(
+        f"{fakecrm_url}/_admin/config",
+        json={"webhook_url": hook, "delivery": "serial"},
+        timeout=10,
+    ).raise_for_status()
+    env_file = root / ENV_FILE
+    fd = os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(
+            f"export ONCEFLOW_OPS_URL={ops_url.rstrip('/')}\n"
+            f"export ONCEFLOW_OPS_TOKEN={admin_token}\n"
+            f"export FAKECRM_URL={fakecrm_url}\n"
+        )
+    return [
+        f"tenant {FIRST_TENANT}: a HubSpot connection {connection_id} to the fake CRM "
+        f"({fakecrm_url}, portal {FAKE_PORTAL}), whose webhooks go to it",
+        f"`. {env_file}` sets ONCEFLOW_OPS_URL, ONCEFLOW_OPS_TOKEN and FAKECRM_URL",
+    ]

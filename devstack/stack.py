@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -321,9 +323,8 @@ def up(
     with_fakecrm = with_fakecrm and fakecrm_available()
     ports = plan_ports(free=free_ports, with_postgres=own_postgres, with_fakecrm=with_fakecrm)
     root.mkdir(parents=True, exist_ok=True)
-    if own_postgres:
-        _check_reachable_by_postgres(root)
-    else:
+    pg_dir = cluster_dir(root)
+    if not own_postgres:
         assert database_url is not None
         # A server we don't start: find out it is unreachable before starting anything.
         applied_early = apply_migrations(database_url)
@@ -351,7 +352,7 @@ def up(
         write_pid(root, "pubsub", emu.pid)
 
         if own_postgres:
-            database_url = postgres.Cluster(root / "pg", ports["postgres"]).url(DATABASE_NAME)
+            database_url = postgres.Cluster(pg_dir, ports["postgres"]).url(DATABASE_NAME)
         assert database_url is not None
         # Installs send HubSpot's redirect, and approval links send approvers, to the local
         # webhook process, where those pages live (as in the cloud: ops is not public there).
@@ -412,8 +413,8 @@ def up(
             }
 
         if own_postgres:
-            say(f"starting PostgreSQL under {root / 'pg'} …")
-            cluster = postgres.start(root / "pg", ports["postgres"])
+            say(f"starting PostgreSQL under {pg_dir} …")
+            cluster = postgres.start(pg_dir, ports["postgres"])
             postmaster = _postmaster_pid(cluster)
             # pg_ctl starts the postmaster in its own session: its group holds every backend.
             write_pid(root, "postgres", postmaster, group=os.getpgid(postmaster) == postmaster)
@@ -426,8 +427,8 @@ def up(
             "host": pg.hostname,
             "port": pg.port or 5432,
             "url": database_url,
-            "data": str(root / "pg") if own_postgres else None,
-            "log": str(root / "pg" / "postgres.log") if own_postgres else None,
+            "data": str(pg_dir) if own_postgres else None,
+            "log": str(pg_dir / "postgres.log") if own_postgres else None,
             "migrations_applied_now": applied,
         }
 
@@ -494,18 +495,32 @@ def up(
         raise
 
 
-def _check_reachable_by_postgres(root: Path) -> None:
-    """As root the cluster runs as `postgres`, which must be able to walk down to <root>/pg."""
+def _reachable_by_others(folder: Path) -> bool:
+    return all(f.stat().st_mode & 0o001 for f in [folder, *folder.parents])
+
+
+def cluster_dir(root: Path) -> Path:
+    """Where the stack's PostgreSQL cluster lives: `<root>/pg`, unless the `postgres` user the
+    server runs as (we are root) can't walk down to it, as in any clone under /root (mode
+    0700). Then a folder of its own in the system's temporary directory, named after `root`
+    so every `make dev` of this clone finds the same cluster again (as the tests' throwaway
+    clusters do, devstack/postgres.py)."""
+    root.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
-        return
+        return root / "pg"
     root.chmod(0o755)
-    for folder in [root, *root.parents]:
-        if not folder.stat().st_mode & 0o001:
-            raise StackError(
-                f"the postgres user cannot enter {folder} (mode {folder.stat().st_mode & 0o777:o}),"
-                f" so it cannot reach its cluster under {root}: choose another --root"
-                f" or `chmod o+x {folder}`"
-            )
+    if _reachable_by_others(root):
+        return root / "pg"
+    digest = hashlib.sha256(str(root).encode()).hexdigest()[:12]
+    parent = Path(tempfile.gettempdir()) / f"onceflow-pg-{digest}"
+    parent.mkdir(mode=0o755, exist_ok=True)
+    parent.chmod(0o755)
+    if not _reachable_by_others(parent):
+        raise StackError(
+            f"the postgres user can reach neither {root} nor {parent}: "
+            f"`chmod o+x` the folders above {root}"
+        )
+    return parent / "pg"
 
 
 def _postmaster_pid(cluster: postgres.Cluster) -> int:
@@ -789,13 +804,26 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0911 - one exit per 
             access = mint_local_access(
                 root, info["database_url"], info["components"]["ops"]["url"], "make dev"
             )
+            from devstack.seed import first_path
+
+            fake = info["components"].get("fakecrm")
+            seeded = first_path(
+                root,
+                ops_url=info["components"]["ops"]["url"],
+                admin_token=access.token,
+                fakecrm_url=fake["url"] if fake else None,
+                webhook_url=info["components"]["webhook"]["url"],
+            )
             print(
                 f"\nready in {info['startup_seconds']} s. stack.json: {stack_file(root)}  "
                 f"logs: {root / 'logs'}/<component>.log\n"
                 f"export DATABASE_URL={info['database_url']} "
                 f"PUBSUB_EMULATOR_HOST={info['pubsub_emulator_host']} "
                 f"GOOGLE_CLOUD_PROJECT={info['project']}\n"
-                "stop it with `make dev-down`\n\n" + access.lines()
+                "stop it with `make dev-down`\n\n"
+                + access.lines()
+                + "\n\nseeded: "
+                + "\n        ".join(seeded)
             )
             return 0
         if args.command == "down":

@@ -103,8 +103,12 @@ variable "secrets" {
       version   = "1"
       functions = ["advance_step"]
     }
-    "onceflow-ops-token-pepper" = {
-      env_var   = "OPS_TOKEN_PEPPER"
+    # The one-time bootstrap (shared/ops/auth.py, BOOTSTRAP_SECRET_ENV): POST /v1/bootstrap on
+    # ops with it as the bearer token mints the deployment's first admin ops token, once ever;
+    # afterwards it opens nothing. At least 32 random characters. (There is no token pepper:
+    # ops tokens are 256 random bits, so their SHA-256 can't be guessed back without one.)
+    "onceflow-ops-bootstrap" = {
+      env_var   = "ONCEFLOW_OPS_BOOTSTRAP_SECRET"
       version   = "1"
       functions = ["ops"]
     }

@@ -192,21 +192,6 @@ def resume(tx: Tx, workflow_id: str, *, half_open: bool = False) -> BreakerState
     return None if row is None else row["state"]
 
 
-def resume_audited(
-    tx: Tx, workflow_id: str, *, half_open: bool, by: str, reason: str | None
-) -> BreakerState | None:
-    """`resume` for callers without an ops token (the CLI), with its own audit row."""
-    moved = resume(tx, workflow_id, half_open=half_open)
-    if moved is not None:
-        tx.execute(
-            AUDIT,
-            workflow_id=workflow_id,
-            action=f"{by}.breaker.resume",
-            detail=json.dumps({"to": moved, "reason": reason}),
-        )
-    return moved
-
-
 def status(tx: Tx, workflow_id: str) -> dict[str, Any]:
     """The breaker row, or a closed breaker that never counted anything."""
     row = tx.one(GET, workflow_id=workflow_id)

@@ -31,6 +31,7 @@ from tests.ops_support import (
     client_fixture,  # noqa: F401 - fixture `client`
     dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
+    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
 )
 from tests.steps_support import start_run, steps_of
 
@@ -220,8 +221,11 @@ def test_the_notify_url_gets_one_post_through_the_ssrf_guard(
     assert body["event"] == "breaker_tripped" and body["workflow_id"] == workflow_id
 
 
-def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, DATABASE_URL=database_url, NO_GCE_CHECK="true")
+def _cli(ops_url: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The command in its own process, with no DATABASE_URL: it goes through the ops API
+    like every other command (issue 24: it reached the database and crashed without one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGHOST")}
+    env.update(NO_GCE_CHECK="true", ONCEFLOW_OPS_URL=ops_url, ONCEFLOW_OPS_TOKEN=token)
     return subprocess.run(
         [sys.executable, "-m", "shared.cli", *args],
         capture_output=True,
@@ -234,22 +238,32 @@ def _cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_cli_shows_and_resumes_the_breaker_audited(
-    db: Database, database_url: str, conn: str
+    db: Database, conn: str, ops_server: str
 ) -> None:
     workflow_id = _bind(db, after_failures=1)
     _advance_together(db, _admit(db, conn, 1))
-    shown = _cli(database_url, "breaker", workflow_id)
-    assert shown.returncode == 0 and json.loads(shown.stdout)["state"] == "open"
-    resumed = _cli(database_url, "breaker", workflow_id, "--resume", "--half-open")
+    token = mint(db, None, label="oncall")
+    shown = _cli(ops_server, token, "breaker", workflow_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["state"] == "open"
+    readable = _cli(ops_server, token, "breaker", workflow_id)
+    assert "open" in readable.stdout and "Traceback" not in readable.stderr
+    resumed = _cli(ops_server, token, "breaker", workflow_id, "--resume", "--half-open", "--json")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["state"] == "half_open"
-    again = _cli(database_url, "breaker", workflow_id, "--resume")
-    assert again.returncode == 1 and "not open" in again.stderr
+    again = _cli(ops_server, token, "breaker", workflow_id, "--resume")
+    assert again.returncode == 5 and "not open" in again.stderr  # EXIT_REFUSED, the API's 409
     with db.transaction() as tx:
-        actions = [r["action"] for r in tx.all("SELECT action FROM ops_audit ORDER BY id")]
-    assert actions == ["breaker.tripped", "cli.breaker.resume"]
-    budget = _cli(database_url, "budget", workflow_id)
-    assert budget.returncode == 0
+        rows = tx.all("SELECT action, token_id, detail FROM ops_audit ORDER BY id")
+    assert [r["action"] for r in rows] == [
+        "breaker.tripped",
+        "workflows.resume",
+        "workflows.resume",
+    ]
+    assert rows[1]["token_id"] is not None and rows[1]["detail"]["outcome"] == "done"
+    assert rows[2]["detail"]["outcome"] == "refused"
+    budget = _cli(ops_server, token, "budget", workflow_id, "--json")
+    assert budget.returncode == 0, budget.stderr
     assert json.loads(budget.stdout)["credits"] is None  # no budget declared
 
 

@@ -242,3 +242,153 @@ def test_both_credentials_behind_iam(
     monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", "ofo_wrong")
     code, _, err = onceflow("runs")
     assert code == cli.EXIT_AUTH and "unauthenticated" in err
+
+
+BOOTSTRAP_SECRET = "bootstrap-secret-for-the-cli-test-0123456789"
+
+
+def test_an_operator_goes_from_nothing_to_a_tenant_token_without_sql(
+    db: Database, database_url: str, pubsub: PubsubProject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: the first admin token from the bootstrap secret, then a tenant, a connection,
+    a scoped token, the workflow list, budget and breaker, and a revocation: all over the API
+    (no DATABASE_URL in the command's environment: budget and breaker reached the database
+    directly, defaulted to 127.0.0.1:5432 and crashed)."""
+    env = {
+        "DATABASE_URL": database_url,
+        "GOOGLE_CLOUD_PROJECT": pubsub.project,
+        "ONCEFLOW_OPS_BOOTSTRAP_SECRET": BOOTSTRAP_SECRET,
+    }
+    for name in ("DATABASE_URL", "ONCEFLOW_OPS_TOKEN", "ONCEFLOW_ID_TOKEN", "PGHOST"):
+        monkeypatch.delenv(name, raising=False)
+    with serve("ops", env) as base:
+        monkeypatch.setenv("ONCEFLOW_OPS_URL", base)
+        command_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "shared.cli", "bootstrap", "--label", "first admin"],
+            input=BOOTSTRAP_SECRET + "\n",
+            cwd=ROOT,
+            env=command_env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        admin = proc.stdout.strip()
+        assert admin.startswith("ofo_") and "admin" in proc.stderr
+        monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", admin)
+
+        code, out, err = onceflow("tenants", "create", "acme", "--credits", "100")
+        assert code == 0, err
+        assert "acme" in out and "100 credits" in out
+        assert onceflow("tenants", "create", "acme")[0] == cli.EXIT_REFUSED
+        code, out, err = onceflow(
+            "connections",
+            "create",
+            "--tenant",
+            "acme",
+            "--provider",
+            "hubspot",
+            "--webhook-secret-env",
+            "HUBSPOT_APP_SECRET",
+            "--account",
+            "62515",
+            "--watch",
+            "contact:lifecyclestage",
+        )
+        assert code == 0, err
+        code, out, _ = onceflow("connections", "list", "--json")
+        [conn] = json.loads(out)["items"]
+        assert conn["watched_fields"] == {"contact": ["lifecyclestage"]}
+
+        code, token, err = onceflow(
+            "tokens", "create", "--tenant", "acme", "--label", "ana", "--role", "sales-manager",
+            "--expires", "30d",
+        )  # fmt: skip
+        assert code == 0, err
+        token = token.strip()
+        assert "tenant acme" in err and "expires" in err
+        monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", token)
+        code, out, err = onceflow("publish", str(EXAMPLE), "--activate")
+        assert code == 0, err
+        code, out, _ = onceflow("workflows")
+        assert "enroll-new-lead" in out and "yes" in out
+        code, out, err = onceflow("budget", "enroll-new-lead")  # by name
+        assert code == 0, err
+        assert "spent 0" in out
+        code, out, err = onceflow("breaker", "enroll-new-lead")
+        assert code == 0 and "closed" in out, err
+        code, _, err = onceflow("breaker", "enroll-new-lead", "--resume")
+        assert code == cli.EXIT_REFUSED and "not_paused" in err
+        assert onceflow("tenants", "create", "globex")[0] == cli.EXIT_AUTH  # 403: admin only
+
+        monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", admin)
+        code, out, _ = onceflow("tokens", "list")
+        assert "ana" in out and "first admin" in out and "sales-manager" in out
+        code, out, _ = onceflow("tokens", "list", "--json")
+        ana = next(t for t in json.loads(out)["items"] if t["label"] == "ana")
+        code, out, err = onceflow("tokens", "revoke", ana["id"])
+        assert code == 0 and "revoked" in out, err
+        assert onceflow("runs", "--token", token)[0] == cli.EXIT_AUTH
+    with db.transaction() as tx:
+        actions = tx.all("SELECT action FROM ops_audit ORDER BY id")
+    assert [a["action"] for a in actions][:3] == [
+        "ops.bootstrap",
+        "tenants.create",
+        "tenants.create",
+    ]
+    assert "tokens.revoke" in [a["action"] for a in actions]
+
+
+def test_runs_read_for_people_narrow_relative_and_since(
+    db: Database, ops_process: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 24: rows were 170 characters wide with UTC timestamps; `--since 1h` and a bare
+    date were refused."""
+    w = _failed_runs(db, 3)
+    with db.transaction() as tx:
+        tx.execute("UPDATE workflow_runs SET error = :e", e="HTTP 400 from the CRM: " + "x" * 300)
+        tx.execute(
+            "UPDATE workflow_runs SET created_at = now() - interval '3 days' WHERE id = :id",
+            id=w["runs"][0],
+        )
+    monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_process)
+    monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", mint(db, "acme"))
+    code, out, err = onceflow("runs")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 4 and all(len(line) <= 100 for line in lines), lines
+    assert all(" ago " in line for line in lines[1:])
+    assert sum("3d ago" in line for line in lines) == 1
+    assert "contacts:701" in out and w["conn"] not in out  # the record, not its connection
+    code, out, _ = onceflow("runs", "--since", "1h", "--json")
+    assert code == 0 and len(json.loads(out)["items"]) == 2
+    code, out, _ = onceflow("runs", "--since", "2000-01-01", "--json")
+    assert code == 0 and len(json.loads(out)["items"]) == 3
+    with pytest.raises(SystemExit) as refused:
+        onceflow("runs", "--since", "last tuesday")
+    assert refused.value.code == cli.EXIT_USAGE
+    code, out, _ = onceflow("show", w["runs"][1])
+    assert code == 0 and "ago)" in out and all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_a_closed_pipe_ends_the_command_quietly(
+    db: Database, ops_process: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`onceflow runs | head`: the reader goes away; no traceback, exit 141 like cat's."""
+    _failed_runs(db, 3)
+    env = {**os.environ, "ONCEFLOW_OPS_URL": ops_process, "ONCEFLOW_OPS_TOKEN": mint(db, "acme")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", "runs"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before a byte is written
+    with proc.stderr:
+        stderr = proc.stderr.read().decode()
+    assert proc.wait(60) == cli.EXIT_CLOSED_PIPE, stderr
+    assert stderr == ""

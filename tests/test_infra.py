@@ -1132,3 +1132,19 @@ def test_ops_may_redrive_what_the_dead_letter_holds_keep(tf: Terraform) -> None:
     }
     published = {topics[key] for key in tf.locals["publishers"]["ops"]}
     assert set(DEAD_LETTER_HOLDS.values()) <= published
+
+
+def test_the_first_admin_token_can_be_minted_in_the_cloud_and_no_secret_is_unread(
+    tf: Terraform,
+) -> None:
+    # Issue 24: the first admin ops token comes from the one-time bootstrap secret, handed to
+    # ops only; the token pepper a first deployment had to fill was read by nothing.
+    from shared.ops import auth
+
+    handed = {
+        spec["env_var"]: set(spec["functions"])
+        for spec in tf.variables["secrets"]["default"].values()
+    }
+    assert handed.get(auth.BOOTSTRAP_SECRET_ENV) == {"ops"}
+    assert "OPS_TOKEN_PEPPER" not in handed
+    assert not any("pepper" in secret_id for secret_id in tf.variables["secrets"]["default"])

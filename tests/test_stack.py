@@ -52,14 +52,28 @@ def reachable_tmp() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def test_unreachable_root_is_one_line(tmp_path: Path) -> None:
+def test_a_root_the_postgres_user_cannot_enter_gets_its_cluster_where_it_can(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: `make demo` in a clone under /root (0700) failed; the tests' clusters live in
+    the temporary directory, and so does the stack's when its root can't be reached."""
     if os.geteuid() != 0:
         pytest.skip("only root runs the cluster as another user")
-    result = run_stack("up", "--root", str(tmp_path / "local"), "--free-ports")
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr
-    assert "the postgres user cannot enter" in result.stderr
-    assert not (tmp_path / "local" / "pids").exists()
+    tmp_path.chmod(0o700)
+    root = tmp_path / "clone" / ".local"
+    placed = stack.cluster_dir(root)
+    assert not placed.is_relative_to(tmp_path)
+    assert all(f.stat().st_mode & 0o001 for f in placed.parent.resolve().parents)
+    assert placed.parent.stat().st_mode & 0o777 == 0o755
+    assert stack.cluster_dir(root) == placed  # the same cluster for every `make dev`
+    assert stack.cluster_dir(tmp_path / "other" / ".local") != placed
+    reachable = Path(tempfile.mkdtemp(prefix="onceflow-test-stack-"))
+    try:
+        reachable.chmod(0o755)
+        assert stack.cluster_dir(reachable / "local") == reachable / "local" / "pg"
+    finally:
+        shutil.rmtree(reachable, ignore_errors=True)
+        shutil.rmtree(placed.parent, ignore_errors=True)
 
 
 @pytest.mark.e2e
@@ -282,3 +296,70 @@ def test_unreachable_database_url_is_one_line_and_starts_nothing(tmp_path: Path)
     assert result.stderr.strip() == result.stderr.strip().splitlines()[0]
     assert f"cannot connect to PostgreSQL at 127.0.0.1:{port}/nowhere" in result.stderr
     assert stack.read_pids(tmp_path / "local") == []
+
+
+def _make_python(path_dir: Path) -> subprocess.CompletedProcess[str]:
+    """The Python `make venv` would create .venv with, with PATH holding only `path_dir`."""
+    return subprocess.run(
+        ["make", "-s", "--no-print-directory", "--eval", "which-python: ; @echo '[$(PYTHON)]'",
+         "which-python"],
+        cwd=REPO,
+        env={"PATH": f"{path_dir}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )  # fmt: skip
+
+
+def _fake_python(folder: Path, name: str, version: tuple[int, int] | None) -> None:
+    """`name` on PATH: a Python of `version`, or (None) a pyenv-style shim that can't start."""
+    script = folder / name
+    if version is None:
+        script.write_text("#!/bin/sh\necho 'pyenv: python not installed' >&2\nexit 127\n")
+    else:
+        script.write_text(
+            "#!/bin/sh\n"
+            f"exec {sys.executable} -c 'import sys; sys.exit({list(version)} < [3, 11])'\n"
+        )
+    script.chmod(0o755)
+
+
+def test_make_venv_takes_python_3_11_or_newer_and_installs_the_command(tmp_path: Path) -> None:
+    """Issue 24: `make` accepted only `python3.11`, and `.venv/bin/onceflow` was never
+    installed although the README said it was."""
+    only_newer = tmp_path / "newer"
+    only_newer.mkdir()
+    _fake_python(only_newer, "python3.11", None)  # a shim for a version that isn't there
+    _fake_python(only_newer, "python3.13", (3, 13))
+    assert _make_python(only_newer).stdout.strip() == "[python3.13]"
+    too_old = tmp_path / "old"
+    too_old.mkdir()
+    _fake_python(too_old, "python3", (3, 10))
+    if subprocess.run(["sh", "-c", "command -v python3.11"], env={"PATH": "/usr/bin:/bin"},
+                      capture_output=True, check=False).returncode != 0:  # fmt: skip
+        assert _make_python(too_old).stdout.strip() == "[]"
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.11"' in pyproject
+
+    # The recipe installs the package itself (editable, no dependencies: they are pinned in
+    # requirements*.txt), and that gives a venv its `onceflow` command.
+    recipe = subprocess.run(
+        ["make", "-n", "venv", "PY=/nonexistent/python"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout
+    install = next(line for line in recipe.splitlines() if " -e ." in line)
+    assert "--no-deps" in install
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+         "--disable-pip-version-check", "--no-deps", "-e", str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    script = (venv / "bin" / "onceflow").read_text()
+    assert "shared.cli" in script and "main" in script

@@ -619,6 +619,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise _Drop(reset=True)
             elif fault and fault.action == "error_500":
                 raise _error(500, "internal error", "INTERNAL_ERROR")
+            elif fault and fault.action == "error_400":
+                raise _error(400, "refused by an injected fault", "VALIDATION_ERROR")
             elif fault and fault.action == "rate_limit":
                 raise _Reply(
                     429,

@@ -17,7 +17,9 @@ OBJECT_TYPES = ("contacts", "companies", "deals", "tasks")
 SINGULAR = {"contacts": "contact", "companies": "company", "deals": "deal", "tasks": "task"}
 # A property HubSpot enforces as unique per object type: a clash is a 409 "Existing ID: N".
 UNIQUE_PROPERTY = {"contacts": "email", "companies": "domain"}
-FAULT_ACTIONS = ("drop_after_commit", "delay", "rate_limit", "error_500", "reset")
+# error_400: refused as HubSpot refuses an invalid object (permanent: not retried), so a run
+# fails at once; the README's first workflow uses it to have a run to replay.
+FAULT_ACTIONS = ("drop_after_commit", "delay", "rate_limit", "error_500", "error_400", "reset")
 
 
 def now_ms() -> int:

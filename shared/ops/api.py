@@ -10,9 +10,10 @@ call is audited, refused ones included.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -21,7 +22,8 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
-from shared import pubsub, queries, request_body, triggers
+from shared import connections, pubsub, queries, request_body, triggers
+from shared import credits as credit_ledger
 from shared.db import Database, get_database
 from shared.errors import ConflictError, TransientError
 from shared.logs import get_logger
@@ -34,11 +36,15 @@ from shared.ops.models import (
     ApprovalLink,
     ApprovalList,
     ApprovalView,
+    BootstrapRequest,
     BreakerStatus,
     BudgetStatus,
     CancelRequest,
     CancelResult,
     Charge,
+    ConnectionCreate,
+    ConnectionList,
+    ConnectionSummary,
     Credits,
     CronTick,
     CronTickList,
@@ -82,7 +88,14 @@ from shared.ops.models import (
     StepView,
     StuckInboxList,
     StuckInboxQuery,
+    Tenant,
+    TenantCreate,
+    TenantList,
     TicksQuery,
+    TokenCreate,
+    TokenList,
+    TokenMinted,
+    TokenSummary,
     TriggerStatus,
     UnroutedPortal,
     ValidationResult,
@@ -114,6 +127,12 @@ WORKFLOWS_LIST = SQL["ops_workflows_list"]
 WORKFLOW_GET = SQL["ops_workflow_get"]
 WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
 APPROVALS_OPEN = SQL["ops_approvals_open"]
+TENANT_INSERT = SQL["ops_tenant_insert"]
+TENANTS_LIST = SQL["ops_tenants_list"]
+CONNECTIONS_LIST = SQL["ops_connections_list"]
+TOKENS_LIST = SQL["ops_tokens_list"]
+TOKEN_GET = SQL["ops_token_get"]
+TOKEN_REVOKE = SQL["ops_token_revoke"]
 MAX_APPROVALS_LISTED = 500
 INBOX_REQUEUE_DEAD = queries.load("inbox")["inbox_requeue_dead"]
 
@@ -762,6 +781,126 @@ def get_health(call: Call) -> HealthReport:
     return health.health_report(call.db, call.principal)
 
 
+# ---- tenants, connections and ops tokens --------------------------------------------------
+
+
+def _admin_only(call: Call, what: str) -> None:
+    if not call.principal.is_admin:
+        raise OpsError(403, "admin_required", f"{what} needs an admin token")
+
+
+def _tenant_of(call: Call, named: str | None) -> str:
+    """The tenant a create names: a tenant token's own (naming another is a 404, as for any
+    id of another tenant); an admin token must name one, and it must exist."""
+    tenant_id = named or call.scope
+    if tenant_id is None:
+        raise OpsError(422, "tenant_required", "an admin token must name the tenant_id")
+    if call.scope is not None and tenant_id != call.scope:
+        raise not_found("tenant")
+    with call.db.transaction() as tx:
+        if tx.one(auth.TENANT_EXISTS, tenant_id=tenant_id) is None:
+            raise not_found("tenant")
+    return tenant_id
+
+
+def create_tenant(call: Call) -> Tenant:
+    """A tenant, with the credits it starts with: admin only (a tenant token is one tenant's)."""
+    _admin_only(call, "creating a tenant")
+    body: TenantCreate = call.body
+    with call.db.transaction() as tx:
+        row = tx.one(TENANT_INSERT, tenant_id=body.id, name=body.name or body.id)
+        if row is None:
+            raise OpsError(409, "tenant_exists", f"a tenant named {body.id!r} exists")
+        balance = credit_ledger.grant(tx, body.id, body.credits) if body.credits else 0
+    return Tenant.model_validate({**row, "credit_balance": balance})
+
+
+def list_tenants(call: Call) -> TenantList:
+    with call.db.transaction() as tx:
+        rows = tx.all(TENANTS_LIST, tenant_id=call.scope)
+    return TenantList(items=[Tenant.model_validate(r) for r in rows])
+
+
+def create_connection(call: Call) -> ConnectionSummary:
+    """A CRM connection of a tenant. It names environment variables, never secrets."""
+    body: ConnectionCreate = call.body
+    tenant_id = _tenant_of(call, body.tenant_id)
+    with call.db.transaction() as tx:
+        connection_id = connections.create_connection(
+            tx,
+            tenant_id=tenant_id,
+            provider=body.provider,
+            webhook_secret_env=body.webhook_secret_env,
+            api_credentials_env=body.api_credentials_env,
+            api_base_url=body.api_base_url,
+            provider_account_id=body.provider_account_id,
+            watched_fields=body.watched_fields,
+            provider_app_id=body.provider_app_id,
+        )
+        rows = tx.all(CONNECTIONS_LIST, tenant_id=tenant_id)
+    return next(ConnectionSummary.model_validate(r) for r in rows if str(r["id"]) == connection_id)
+
+
+def list_connections(call: Call) -> ConnectionList:
+    with call.db.transaction() as tx:
+        rows = tx.all(CONNECTIONS_LIST, tenant_id=call.scope)
+    return ConnectionList(items=[ConnectionSummary.model_validate(r) for r in rows])
+
+
+def create_token(call: Call) -> TokenMinted:
+    """Mint a token, shown once in the answer (the audit row keeps its id, never the token).
+    Admin only: a tenant token that could mint tokens could mint itself any role."""
+    _admin_only(call, "minting a token")
+    body: TokenCreate = call.body
+    if body.admin == (body.tenant_id is not None):
+        raise OpsError(422, "scope_required", "name exactly one of tenant_id and admin")
+    if body.admin and body.roles:
+        raise OpsError(422, "roles_need_tenant", "roles are a tenant's; an admin token has none")
+    if body.expires_at is not None and body.expires_at <= datetime.now(UTC):
+        raise OpsError(422, "expired", "expires_at is in the past")
+    if body.tenant_id is not None:
+        _tenant_of(call, body.tenant_id)
+    with call.db.transaction() as tx:
+        token, token_id = auth.mint_token(
+            tx,
+            tenant_id=body.tenant_id,
+            label=body.label,
+            roles=tuple(body.roles),
+            expires_at=body.expires_at,
+            created_by=call.principal.token_id,
+        )
+        row = tx.one(TOKEN_GET, token_id=token_id, tenant_id=None)
+    return TokenMinted(token=token, details=TokenSummary.model_validate(row))
+
+
+def list_tokens(call: Call) -> TokenList:
+    with call.db.transaction() as tx:
+        rows = tx.all(TOKENS_LIST, tenant_id=call.scope)
+    return TokenList(items=[TokenSummary.model_validate(r) for r in rows])
+
+
+def revoke_token(call: Call) -> TokenSummary:
+    """Revoke a token at once (its next request is a 401). A tenant token may revoke its own
+    tenant's tokens, itself included: revoking only ever takes access away."""
+    token_id = _uuid_param(call, "token_id", "token")
+    with call.db.transaction() as tx:
+        row = tx.one(TOKEN_REVOKE, token_id=token_id, tenant_id=call.scope)
+        if row is None:
+            existing = tx.one(TOKEN_GET, token_id=token_id, tenant_id=call.scope)
+            if existing is None:
+                raise not_found("token")
+            raise OpsError(
+                409, "already_revoked", f"token {token_id} was revoked at {existing['revoked_at']}"
+            )
+    return TokenSummary.model_validate(row)
+
+
+def bootstrap_token(call: Call) -> TokenMinted:
+    """Never called through `run_route`: OpsApi.bootstrap answers this route (it has no
+    principal until it has minted one)."""
+    raise AssertionError("POST /v1/bootstrap is answered by OpsApi.bootstrap")
+
+
 # ---- the route table ----------------------------------------------------------------------
 
 ROUTES: tuple[Route, ...] = (
@@ -1097,6 +1236,89 @@ ROUTES: tuple[Route, ...] = (
         errors=(400, 401, 404, 409, 413, 422),
     ),
     Route(
+        "tenants.create",
+        "POST",
+        "/v1/tenants",
+        create_tenant,
+        Tenant,
+        "Create a tenant with the credits it starts with (admin tokens only)",
+        body=TenantCreate,
+        status=201,
+        errors=(400, 401, 403, 409, 413, 422),
+    ),
+    Route(
+        "tenants.list",
+        "GET",
+        "/v1/tenants",
+        list_tenants,
+        TenantList,
+        "Tenants (a tenant token sees its own), with their credits and counts",
+        errors=(401,),
+    ),
+    Route(
+        "connections.create",
+        "POST",
+        "/v1/connections",
+        create_connection,
+        ConnectionSummary,
+        "Connect a tenant's CRM account: the names of the environment variables holding its"
+        " secrets, never the secrets",
+        body=ConnectionCreate,
+        status=201,
+        errors=(400, 401, 404, 409, 413, 422),
+    ),
+    Route(
+        "connections.list",
+        "GET",
+        "/v1/connections",
+        list_connections,
+        ConnectionList,
+        "The caller's connections (every tenant's for an admin token)",
+        errors=(401,),
+    ),
+    Route(
+        "tokens.create",
+        "POST",
+        "/v1/tokens",
+        create_token,
+        TokenMinted,
+        "Mint an ops token (admin tokens only): shown once, stored as its SHA-256",
+        body=TokenCreate,
+        status=201,
+        errors=(400, 401, 403, 404, 413, 422),
+    ),
+    Route(
+        "tokens.list",
+        "GET",
+        "/v1/tokens",
+        list_tokens,
+        TokenList,
+        "Ops tokens (never the token itself): who holds each, roles, expiry, revocation",
+        errors=(401,),
+    ),
+    Route(
+        "tokens.revoke",
+        "POST",
+        "/v1/tokens/{token_id}/revoke",
+        revoke_token,
+        TokenSummary,
+        "Revoke an ops token: its next request is refused",
+        errors=(401, 404, 409),
+        path_params=("token_id",),
+    ),
+    Route(
+        "ops.bootstrap",
+        "POST",
+        "/v1/bootstrap",
+        bootstrap_token,
+        TokenMinted,
+        "Mint the deployment's first admin token, once, with the bootstrap secret"
+        " (ONCEFLOW_OPS_BOOTSTRAP_SECRET) as the bearer token instead of an ops token",
+        body=BootstrapRequest,
+        status=201,
+        errors=(400, 401, 409, 413, 422),
+    ),
+    Route(
         "health.get",
         "GET",
         "/v1/health",
@@ -1222,6 +1444,8 @@ class OpsApi:
 
             return Response(json.dumps(openapi_document()), mimetype="application/json")
         route = ROUTE_BY_NAME[endpoint]
+        if route.handler is bootstrap_token:
+            return self.bootstrap(request, route)
         principal = self.authenticate(request)
         query = parse_query(request, route.query)
         body = read_body(request, route.body) if route.body is not None else None
@@ -1234,6 +1458,47 @@ class OpsApi:
             dispatch=self.dispatch,
         )
         return self.invoke(route, call)
+
+    def bootstrap(self, request: Request, route: Route) -> Response:
+        """The first admin token of a deployment, for whoever holds the bootstrap secret, once
+        ever (auth.mint_bootstrap_token). A wrong secret is a 401 like a wrong token; the right
+        one after the bootstrap happened is a 409 (audited: someone still holds that secret)."""
+        offered = auth.bearer_from_header(request.headers.get("Authorization"))
+        if not auth.bootstrap_secret_matches(offered, os.environ):
+            raise OpsError(
+                401,
+                "unauthenticated",
+                "send the bootstrap secret as 'Authorization: Bearer <secret>'",
+                headers={"WWW-Authenticate": 'Bearer realm="onceflow-ops"'},
+            )
+        body: BootstrapRequest = read_body(request, BootstrapRequest)
+        try:
+            minted = auth.mint_bootstrap_token(self.db, body.label)
+        except TransientError as exc:
+            raise _unavailable(exc) from exc
+        if minted is None:
+            auth.record_audit(
+                self.db, None, action=route.name, target=None, detail={"outcome": "refused"}
+            )
+            raise OpsError(
+                409,
+                "already_bootstrapped",
+                "the first admin token was minted already (the bootstrap works once); mint more"
+                " with `onceflow tokens create --admin`",
+            )
+        token, token_id = minted
+        auth.record_audit(
+            self.db,
+            None,
+            action=route.name,
+            target=token_id,
+            detail={"outcome": "done", "label": body.label},
+        )
+        with self.db.transaction() as tx:
+            row = tx.one(TOKEN_GET, token_id=token_id, tenant_id=None)
+        return json_response(
+            TokenMinted(token=token, details=TokenSummary.model_validate(row)), route.status
+        )
 
     def authenticate(self, request: Request) -> auth.Principal:
         token = auth.bearer_from_header(request.headers.get("Authorization"))

@@ -10,20 +10,30 @@ included, written in its own transaction so a rolled-back action is still on rec
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from shared import queries
 from shared.db import Database, Tx
+from shared.errors import OnceflowError
 
 SQL = queries.load("ops")
 TOKEN_INSERT = SQL["ops_token_insert"]
 TOKEN_FIND = SQL["ops_token_find"]
 AUDIT_INSERT = SQL["ops_audit_insert"]
 TENANT_EXISTS = SQL["ops_tenant_exists"]
+BOOTSTRAP_CLAIM = SQL["ops_bootstrap_claim"]
+
+# The first admin token of a deployment, without a database session: the `ops` function
+# accepts this secret (Secret Manager `onceflow-ops-bootstrap`) at POST /v1/bootstrap exactly
+# once. See mint_bootstrap_token.
+BOOTSTRAP_SECRET_ENV = "ONCEFLOW_OPS_BOOTSTRAP_SECRET"  # noqa: S105 - a variable's name
+BOOTSTRAP_SECRET_MIN = 32
 
 TOKEN_PREFIX = "ofo_"  # noqa: S105 - a prefix that makes leaked tokens greppable
 # Anything longer is not a token we minted; refuse it before hashing attacker-sized input.
@@ -48,10 +58,17 @@ def hash_token(token: str) -> bytes:
 
 
 def mint_token(
-    tx: Tx, *, tenant_id: str | None, label: str, roles: tuple[str, ...] = ()
+    tx: Tx,
+    *,
+    tenant_id: str | None,
+    label: str,
+    roles: tuple[str, ...] = (),
+    expires_at: datetime | None = None,
+    created_by: str | None = None,
 ) -> tuple[str, str]:
     """A new token (shown once) and its id. tenant_id None mints an admin token. `label` is
-    who holds it; `roles`, the tenant roles they have."""
+    who holds it; `roles`, the tenant roles they have; after `expires_at` it is refused like a
+    revoked one; `created_by`, the token that minted it."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token_id = tx.scalar(
         TOKEN_INSERT,
@@ -59,8 +76,36 @@ def mint_token(
         tenant_id=tenant_id,
         label=label,
         roles=list(roles),
+        expires_at=expires_at,
+        created_by=created_by,
     )
     return token, str(token_id)
+
+
+def bootstrap_secret_matches(offered: str | None, environ: Mapping[str, str]) -> bool:
+    """Is `offered` the deployment's bootstrap secret (BOOTSTRAP_SECRET_ENV)? Without one set,
+    or one shorter than BOOTSTRAP_SECRET_MIN, nothing matches. Compared in constant time."""
+    expected = environ.get(BOOTSTRAP_SECRET_ENV, "")
+    if len(expected) < BOOTSTRAP_SECRET_MIN or not offered:
+        return False
+    return hmac.compare_digest(offered.encode("utf-8"), expected.encode("utf-8"))
+
+
+def mint_bootstrap_token(db: Database, label: str) -> tuple[str, str] | None:
+    """The deployment's first admin token, once ever: (token, id), or None when a bootstrap
+    already happened (ops_bootstrap_claim says why exactly one caller wins)."""
+    try:
+        with db.transaction() as tx:
+            token, token_id = mint_token(tx, tenant_id=None, label=label)
+            if tx.one(BOOTSTRAP_CLAIM, token_id=token_id) is None:
+                raise _AlreadyBootstrapped  # rolls the token just minted back
+    except _AlreadyBootstrapped:
+        return None
+    return token, token_id
+
+
+class _AlreadyBootstrapped(OnceflowError):
+    """Raised inside the bootstrap transaction to roll it back."""
 
 
 def bearer_from_header(value: str | None) -> str | None:
@@ -92,19 +137,22 @@ def authenticate(db: Database, token: str | None) -> Principal | None:
 
 def record_audit(
     db: Database,
-    principal: Principal,
+    principal: Principal | None,
     *,
     action: str,
     target: str | None,
     detail: Mapping[str, Any],
     tenant_id: str | None = None,
 ) -> None:
-    """Who did what, when. Its own transaction: the action's rollback must not erase it."""
+    """Who did what, when. Its own transaction: the action's rollback must not erase it.
+    `principal` None: a call no ops token made (the bootstrap, which holds a secret instead)."""
     with db.transaction() as tx:
         tx.execute(
             AUDIT_INSERT,
-            token_id=principal.token_id,
-            tenant_id=tenant_id if tenant_id is not None else principal.tenant_id,
+            token_id=principal.token_id if principal else None,
+            tenant_id=tenant_id
+            if tenant_id is not None
+            else (principal.tenant_id if principal else None),
             action=action,
             target=target,
             detail=json.dumps(dict(detail), default=str),

@@ -10,10 +10,10 @@ header is present (it then leaves `Authorization` to the application), so
     Authorization: Bearer <onceflow ops token>                   (checked by onceflow)
 
 Where they come from: `ONCEFLOW_OPS_URL` (the function's URL), `ONCEFLOW_OPS_TOKEN` (minted with
-`python -m shared.ops.tokens create`), and `ONCEFLOW_ID_TOKEN` (for a person:
-`gcloud auth print-identity-token`; for CI: the workload identity's ID token with the
-function URL as audience). Locally there is no IAM in front, so the identity token is left
-out. Tokens are never logged or printed.
+`onceflow tokens create`; a deployment's first admin token with `onceflow bootstrap`), and
+`ONCEFLOW_ID_TOKEN` (for a person: `gcloud auth print-identity-token`; for CI: the workload
+identity's ID token with the function URL as audience). Locally there is no IAM in front, so
+the identity token is left out. Tokens are never logged or printed.
 """
 
 from __future__ import annotations

@@ -854,3 +854,104 @@ class InstallConfirmed(_Response):
     portal_id: str
     connection_id: str
     outcome: Literal["created", "reauthorized"]
+
+
+# ---- tenants, connections and ops tokens --------------------------------------------------
+
+# The tenants table's CHECK, as the API's first answer (a 422 naming the field, not a 409).
+TENANT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{1,62}$"
+ENV_NAME_PATTERN = r"^[A-Z][A-Z0-9_]*$"
+RoleName = Annotated[Text, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")]
+
+
+class TenantCreate(_Request):
+    id: Text = Field(pattern=TENANT_ID_PATTERN, description="What definitions name as `tenant`.")
+    name: Text | None = Field(default=None, max_length=200, description="Defaults to the id.")
+    credits: int = Field(default=0, ge=0, le=1_000_000_000, description="Credits granted.")
+
+
+class Tenant(_Response):
+    id: str
+    name: str
+    credit_balance: int
+    created_at: datetime
+    connections: int = 0
+    workflows: int = 0
+
+
+class TenantList(_Response):
+    items: list[Tenant]
+
+
+class ConnectionCreate(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    provider: Literal["hubspot", "standard", "pipedrive", "hmac"]
+    webhook_secret_env: Text = Field(
+        pattern=ENV_NAME_PATTERN,
+        max_length=100,
+        description="The *name* of the environment variable holding the webhook secret.",
+    )
+    api_credentials_env: Text | None = Field(default=None, pattern=ENV_NAME_PATTERN, max_length=100)
+    api_base_url: Text | None = Field(
+        default=None, max_length=500, description="The CRM's API; null: the vendor's."
+    )
+    provider_account_id: Text | None = Field(
+        default=None, max_length=100, description="HubSpot's portal id."
+    )
+    provider_app_id: Text | None = Field(default=None, pattern=r"^[0-9]{1,20}$")
+    watched_fields: dict[Text, list[Text]] = Field(default_factory=dict)
+
+
+class ConnectionSummary(_Response):
+    id: UUID
+    tenant_id: str
+    provider: str
+    status: str
+    provider_account_id: str | None
+    provider_app_id: str | None
+    api_base_url: str | None
+    webhook_secret_env: str
+    api_credentials_env: str | None
+    watched_fields: dict[str, Any]
+    created_at: datetime
+
+
+class ConnectionList(_Response):
+    items: list[ConnectionSummary]
+
+
+class TokenCreate(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="The tenant the token is scoped to; omit with `admin`."
+    )
+    admin: bool = Field(default=False, description="A token that sees every tenant.")
+    label: Text = Field(min_length=1, max_length=200, description="Who or what holds it.")
+    roles: list[RoleName] = Field(default_factory=list, max_length=20)
+    expires_at: AwareDatetime | None = Field(
+        default=None, description="Refused (401) from then on; null: until revoked."
+    )
+
+
+class TokenSummary(_Response):
+    id: UUID
+    tenant_id: str | None = Field(description="null: an admin token.")
+    label: str
+    roles: list[str]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class TokenMinted(_Response):
+    token: str = Field(description="Shown this once; only its SHA-256 is stored.")
+    details: TokenSummary
+
+
+class TokenList(_Response):
+    items: list[TokenSummary]
+
+
+class BootstrapRequest(_Request):
+    label: Text = Field(default="bootstrap admin", min_length=1, max_length=200)

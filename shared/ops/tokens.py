@@ -4,6 +4,10 @@ is a tenant role they have (approvals may name a role that decides them).
 
 The token is printed once, on stdout, and never stored in clear; `--admin` mints a token that
 sees every tenant. The database comes from DATABASE_URL (or the Cloud SQL variables).
+
+This is the database-session way, for a local database or a break-glass session. People use the
+ops API instead: `onceflow tokens create|list|revoke`, and `onceflow bootstrap` for the first
+admin token of a deployment (no database session; see shared/ops/auth.py).
 """
 
 from __future__ import annotations

@@ -3,17 +3,72 @@
 -- scoped with it, so a tenant token cannot see another tenant's rows (the API answers 404).
 
 -- name: ops_token_insert
-INSERT INTO ops_tokens (token_sha256, tenant_id, label, roles)
-VALUES (:token_sha256, :tenant_id, :label, CAST(:roles AS text[]))
+INSERT INTO ops_tokens (token_sha256, tenant_id, label, roles, expires_at, created_by)
+VALUES (:token_sha256, :tenant_id, :label, CAST(:roles AS text[]),
+        CAST(:expires_at AS timestamptz), CAST(:created_by AS uuid))
 RETURNING id
 
 -- name: ops_token_find
+-- A revoked or expired token is no token: both answer 401 alike.
 SELECT id, tenant_id, label, roles
 FROM ops_tokens
 WHERE token_sha256 = :token_sha256 AND revoked_at IS NULL
+  AND (expires_at IS NULL OR expires_at > now())
 
 -- name: ops_token_revoke
-UPDATE ops_tokens SET revoked_at = now() WHERE id = :id AND revoked_at IS NULL
+-- Scoped like every read (:tenant_id NULL for an admin caller). `revoked_at IS NULL` is the
+-- guard: of two revocations the first sets it and the second matches zero rows, so the first
+-- revocation's time and the audit row of the call that made it stay the truth. Zero rows: no
+-- such token in the caller's scope, or revoked already (ops_token_get tells which).
+UPDATE ops_tokens SET revoked_at = now()
+WHERE id = CAST(:token_id AS uuid) AND revoked_at IS NULL
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+RETURNING id, tenant_id, label, roles, created_at, expires_at, revoked_at
+
+-- name: ops_token_get
+SELECT id, tenant_id, label, roles, created_at, expires_at, revoked_at
+FROM ops_tokens
+WHERE id = CAST(:token_id AS uuid)
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+
+-- name: ops_tokens_list
+-- Never the hash. Newest first; revoked and expired ones too (with when), so an operator sees
+-- what was cut off.
+SELECT id, tenant_id, label, roles, created_at, expires_at, revoked_at
+FROM ops_tokens
+WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+ORDER BY created_at DESC, id
+LIMIT 1000
+
+-- name: ops_bootstrap_claim
+-- The one-time bootstrap: in the transaction that minted the first admin token. The primary
+-- key is a constant, so of two concurrent bootstraps the second waits on the first's row and,
+-- once it commits, conflicts: zero rows, its transaction (and its token) is rolled back.
+INSERT INTO ops_bootstrap (token_id) VALUES (CAST(:token_id AS uuid))
+ON CONFLICT (singleton) DO NOTHING
+RETURNING token_id
+
+-- name: ops_tenant_insert
+-- Zero rows: a tenant with that id exists (the API answers 409).
+INSERT INTO tenants (id, name) VALUES (:tenant_id, :name)
+ON CONFLICT (id) DO NOTHING
+RETURNING id, name, credit_balance, created_at
+
+-- name: ops_tenants_list
+SELECT t.id, t.name, t.credit_balance, t.created_at,
+       (SELECT count(*) FROM connections c WHERE c.tenant_id = t.id) AS connections,
+       (SELECT count(*) FROM workflows w WHERE w.tenant_id = t.id) AS workflows
+FROM tenants t
+WHERE (CAST(:tenant_id AS text) IS NULL OR t.id = CAST(:tenant_id AS text))
+ORDER BY t.id
+
+-- name: ops_connections_list
+-- Names of environment variables only; the values never leave the functions' environment.
+SELECT id, tenant_id, provider, status, provider_account_id, provider_app_id, api_base_url,
+       webhook_secret_env, api_credentials_env, watched_fields, created_at
+FROM connections
+WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+ORDER BY tenant_id, created_at, id
 
 -- name: ops_audit_insert
 INSERT INTO ops_audit (token_id, tenant_id, action, target, detail)
