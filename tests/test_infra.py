@@ -22,6 +22,10 @@ import yaml
 
 from devstack.bundle import parse_terraform
 from shared.deployables import DEPLOYABLES, TOPICS
+from tests.ops_support import (
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 INFRA = ROOT / "infra"
@@ -731,45 +735,66 @@ def test_readme_walks_an_empty_project_in_an_order_that_works() -> None:
 
 
 def test_readme_smoke_recipe_is_accepted_by_the_real_webhook(
-    db: Any, monkeypatch: pytest.MonkeyPatch
+    db: Any, ops_server: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    """The README's smoke SQL runs on the real schema, its token authenticates as an admin,
-    and a delivery signed exactly as its shell recipe signs it is stored (200) by the real
-    webhook entry point sitting behind a front end that strips the /webhook prefix."""
+    """The README's smoke recipe without SQL: its `onceflow` lines, run as written against the
+    real ops API (the bootstrap secret on stdin, as the pipe gives it), mint an admin token and
+    create the tenant and connection; a delivery signed exactly as its shell recipe signs it is
+    stored (200) by the real webhook entry point behind a front end that strips /webhook."""
     import base64
     import hashlib
     import hmac
+    import io
+    import shlex
     import time
 
     import functions_framework
 
-    from shared.ops.auth import authenticate
+    from shared import cli
+    from shared.ops.auth import BOOTSTRAP_SECRET_ENV, authenticate
 
     section = _readme_section("Verify with one signed test webhook")
-    sql = re.search(r"```sql\n(.*?)```", section, re.S)
+    assert "```sql" not in section, "the smoke recipe needs no database session"
     body = re.search(r"^BODY='(.*)'$", section, re.M)
-    assert sql and body
+    assert body
     assert 'printf %s "POST${URI}${BODY}${TS}"' in section  # the signed base, as below
-    with db.transaction() as tx:
-        connection = None
-        plain = "\n".join(line.split("--")[0] for line in sql[1].splitlines())
-        for statement in filter(str.strip, plain.split(";")):
-            row = tx.one(statement)
-            if row is not None and "id" in row:
-                connection = str(row["id"])
+    commands = [
+        line.split("| onceflow ", 1)[1] if "| onceflow " in line else line.split("onceflow ", 1)[1]
+        for line in section.splitlines()
+        if re.match(r"^(export \w+=\$\(.*\| )?onceflow ", line)
+    ]
+    assert [c.split()[0] for c in commands] == ["bootstrap", "tenants", "connections"]
+    secret = "b" * 40
+    monkeypatch.setenv(BOOTSTRAP_SECRET_ENV, secret)
+    monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_server)
+    monkeypatch.delenv("ONCEFLOW_OPS_TOKEN", raising=False)
+    monkeypatch.delenv("ONCEFLOW_ID_TOKEN", raising=False)
+    connection = None
+    for command in commands:
+        argv = shlex.split(command.rstrip(")"))
+        if argv[0] == "bootstrap":
+            monkeypatch.setattr("sys.stdin", io.StringIO(secret + "\n"))
+        assert cli.main(argv) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        if argv[0] == "bootstrap":
+            token = out.strip()
+            principal = authenticate(db, token)
+            assert principal is not None and principal.is_admin
+            monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", token)
+        found = re.search(r"^connection ([0-9a-f-]{36}): hubspot account 123 for tenant smoke", out)
+        if found:
+            connection = found[1]
     assert connection
-    principal = authenticate(db, "ofo_smoke_CHANGE_ME")
-    assert principal is not None and principal.is_admin
 
-    secret = "smoke-client-secret"
+    client_secret = "smoke-client-secret"
     base = "https://europe-west1-p.cloudfunctions.net/webhook"  # terraform output webhook_url
-    monkeypatch.setenv("HUBSPOT_CLIENT_SECRET", secret)
+    monkeypatch.setenv("HUBSPOT_CLIENT_SECRET", client_secret)
     monkeypatch.setenv("PUBLIC_BASE_URL", base)
     monkeypatch.setenv("WEBHOOK_NUDGE", "off")
     uri = f"{base}/hubspot/{connection}"
     stamp = str(int(time.time()) * 1000)
     digest = hmac.new(
-        secret.encode(), f"POST{uri}{body[1]}{stamp}".encode(), hashlib.sha256
+        client_secret.encode(), f"POST{uri}{body[1]}{stamp}".encode(), hashlib.sha256
     ).digest()
     app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
     response = app.test_client().post(
