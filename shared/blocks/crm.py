@@ -215,18 +215,15 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
             associations=associations,
         )
     try:
-        record = port.create(object_type, properties, associations)
-    except PortError as exc:
-        adopted = _adopt_own_record(
+        made = _create_or_adopt_own(
             ctx,
             port,
-            exc,
             object_type=object_type,
             properties=properties,
+            associations=associations,
             key_property=key_property,
         )
-        if adopted is not None:
-            return adopted
+    except PortError as exc:
         if exc.code in NOT_APPLIED_CODES:
             # The provider provably did not create anything. For a retryable refusal, take the
             # mark back so the retry may call; if the engine can't, the retry fails safe.
@@ -248,8 +245,38 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
             error_class="permanent",
             outcome_code=OUTCOME_UNKNOWN,
         ) from exc
-    _record_create_echo(ctx, config, connection_id, record)
-    return BlockResult(output=_output(record))
+    if isinstance(made, BlockResult):
+        return made
+    _record_create_echo(ctx, config, connection_id, made)
+    return BlockResult(output=_output(made))
+
+
+def _create_or_adopt_own(
+    ctx: BlockContext,
+    port: CrmPort,
+    *,
+    object_type: str,
+    properties: dict[str, Scalar],
+    associations: list[Association],
+    key_property: str | None,
+) -> Record | BlockResult:
+    """The created record, or — when the provider refuses with the id of a record that carries
+    this step's own key (`_adopt_own_record`) — that record adopted. Any other refusal is
+    raised for the caller to classify."""
+    try:
+        return port.create(object_type, properties, associations)
+    except PortError as exc:
+        adopted = _adopt_own_record(
+            ctx,
+            port,
+            exc,
+            object_type=object_type,
+            properties=properties,
+            key_property=key_property,
+        )
+        if adopted is not None:
+            return adopted
+        raise
 
 
 def create_landed_query(ctx: BlockContext, config: BaseModel, target: Target) -> LandedQuery | None:
@@ -281,22 +308,21 @@ def _create_or_adopt(
     """An earlier try may have created the record. The key property makes a second create
     safe: either it creates (the earlier one never applied) or HubSpot refuses with the id of
     the record the earlier one made, which this step adopts."""
-    key_property = port.idempotency_property
     try:
-        record = port.create(object_type, properties, associations)
-    except PortError as exc:
-        adopted = _adopt_own_record(
+        made = _create_or_adopt_own(
             ctx,
             port,
-            exc,
             object_type=object_type,
             properties=properties,
-            key_property=key_property,
+            associations=associations,
+            key_property=port.idempotency_property,
         )
-        if adopted is not None:
-            return adopted
+    except PortError as exc:
         # Even ambiguous again, a transient failure is safe to retry: the key stays the guard.
         raise failure_from_port(exc, what="crm.create (retry of an ambiguous create)") from exc
+    if isinstance(made, BlockResult):
+        return made
+    record = made
     _record_create_echo(ctx, config, connection_id, record)
     return BlockResult(output=_output(record))
 
