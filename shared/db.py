@@ -487,6 +487,13 @@ class Database:
         self._generation = 0
         # Which threads hold a connection of this pool right now (see NestedCheckout).
         self._holding = threading.local()
+        # Pool pressure (tests and benches read it): checkouts that found every connection
+        # taken and had to wait, and the most connections held at once. With a pool of
+        # pool_size_for(threads) `waited` stays 0.
+        self.waited = 0
+        self.peak_in_use = 0
+        self._in_use = 0
+        self._pressure_lock = threading.Lock()
 
     def _checkout(self) -> _Session:
         if getattr(self._holding, "held", False):
@@ -494,14 +501,19 @@ class Database:
                 "this thread already holds a connection from this pool; taking a second one "
                 "is hold-and-wait and can deadlock the pool under concurrency"
             )
-        if not self._slots.acquire(timeout=CHECKOUT_TIMEOUT_SECONDS):
-            raise TransientError("no database connection free in this instance's pool")
+        if not self._slots.acquire(blocking=False):
+            with self._pressure_lock:
+                self.waited += 1
+            if not self._slots.acquire(timeout=CHECKOUT_TIMEOUT_SECONDS):
+                raise TransientError("no database connection free in this instance's pool")
+        with self._pressure_lock:
+            self._in_use += 1
+            self.peak_in_use = max(self.peak_in_use, self._in_use)
         self._holding.held = True
         try:
             return self._take_session()
         except BaseException:
-            self._holding.held = False
-            self._slots.release()
+            self._release_slot()
             raise
 
     def _take_session(self) -> _Session:
@@ -528,6 +540,11 @@ class Database:
     def _checkin(self, session: _Session | None) -> None:
         if session is not None:
             self._idle.put(session)
+        self._release_slot()
+
+    def _release_slot(self) -> None:
+        with self._pressure_lock:
+            self._in_use -= 1
         self._holding.held = False
         self._slots.release()
 
