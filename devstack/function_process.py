@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from devstack.tools import MissingTool, free_port
-from shared.deployables import Deployable
+from shared.deployables import Deployable, by_name
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -76,17 +77,38 @@ def command(
     return [*args, "--host", HOST, "--port", str(port)]
 
 
+def concurrency_env(fn: Deployable) -> dict[str, str]:
+    """How many requests a process of `fn` serves at once, as its deployment says
+    (infra/functions.tf sets the same two variables from the same figures): gunicorn's
+    threads (functions-framework reads THREADS; Cloud Run's concurrency docs ask for THREADS
+    equal to the concurrency) and the pool that lets every one of them hold a connection."""
+    return {"THREADS": str(fn.concurrency), "DB_POOL_SIZE": str(fn.pool_size)}
+
+
 @contextlib.contextmanager
 def serve(target: str, env: Mapping[str, str], *, timeout: float = 30.0) -> Iterator[str]:
     """Run `target` of the repository's main.py with the caller's environment plus `env`; its
     base URL once it answers HTTP (any status: the app is loaded by then)."""
+    with serve_process(target, env, timeout=timeout) as (base, _):
+        yield base
+
+
+@contextlib.contextmanager
+def serve_process(
+    target: str, env: Mapping[str, str], *, timeout: float = 30.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`serve`, also giving the process, which leads its own process group (gunicorn's
+    arbiter and worker), so a bench can read the CPU time the whole group used. THREADS and
+    DB_POOL_SIZE are the deployment's for `target` (`concurrency_env`) unless `env` or the
+    caller's environment sets them."""
     port = free_port()
     process = subprocess.Popen(
         command(target, port, front=True),
         cwd=REPO,
-        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+        env={**concurrency_env(by_name(target)), **os.environ, **env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     base = f"http://{HOST}:{port}"
     try:
@@ -99,11 +121,13 @@ def serve(target: str, env: Mapping[str, str], *, timeout: float = 30.0) -> Iter
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{target} process did not start") from None
                 time.sleep(0.1)
-        yield base
+        yield base, process
     finally:
         process.terminate()
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            process.kill()
+            # The whole group: a worker must not outlive its arbiter.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=10)

@@ -2,8 +2,9 @@
 gives a deployed function and a bare local process lacks.
 
 In the cloud no client talks to gunicorn: Cloud Run terminates the connection and proxies each
-request to the container, one at a time here (`max_instance_request_concurrency = 1`). Locally
-the client's socket *is* gunicorn's, and gunicorn's threaded worker (8 threads on this machine)
+request to the container, at most `max_instance_request_concurrency` at once (the function's
+concurrency in shared/deployables.py). Locally the client's socket *is* gunicorn's, and
+gunicorn's threaded worker (THREADS = that concurrency, `function_process.concurrency_env`)
 parks an idle connection in its poller but gives a thread to a connection as soon as its first
 byte arrives, then waits without limit for the rest of the request head. A handful of clients
 that send half a request line and stop hold every thread.
@@ -19,7 +20,8 @@ So the local stack starts functions-framework exactly as `functions-framework --
   (`shared.request_body`), which holds in the cloud too.
 - `limit_request_line`: gunicorn's default (4094) instead of functions-framework's unlimited.
 
-Threads and workers stay functions-framework's (`THREADS`, `WORKERS` in the environment).
+Threads and workers are read by functions-framework from the environment (`THREADS`,
+`WORKERS`); the stack and `function_process.serve` set THREADS as deployed.
 """
 
 from __future__ import annotations

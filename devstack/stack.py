@@ -46,7 +46,7 @@ import pg8000.dbapi
 
 from devstack import emulator, function_process, postgres, scheduler
 from devstack.tools import MissingTool, free_port, pg_bindir, port_holder, pubsub_emulator
-from shared.deployables import DEPLOYABLES
+from shared.deployables import DEPLOYABLES, by_name
 from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV
 from shared.ops import approval_links
 
@@ -371,7 +371,8 @@ def up(
                 root,
                 d.name,
                 function_process.command(d.name, port, signature=sig, front=True),
-                fn_env,
+                # Requests at once and pool as deployed, unless the caller's --env says else.
+                {**fn_env, **function_process.concurrency_env(d), **(extra_env or {})},
             )
             components[d.name] = {
                 "kind": "function",
@@ -608,7 +609,16 @@ def check(name: str, comp: Mapping[str, Any], root: Path) -> Health:  # noqa: PL
         if kind == "function":
             # /robots.txt is answered by functions-framework itself (404 for http functions,
             # 405 for CloudEvent ones) without running onceflow code: a probe with no effects.
-            r = httpx.get(address + "/robots.txt", timeout=3)
+            try:
+                r = httpx.get(address + "/robots.txt", timeout=3)
+            except httpx.ReadTimeout:
+                # It took the connection but every thread is serving a request: a scheduled
+                # function has one (THREADS = its deployed concurrency, 1), and a pass can
+                # last most of a minute. Busy, not down, while its process lives.
+                pids = {p.name: p for p in read_pids(root)}
+                if name in pids and pids[name].alive():
+                    return Health(name, True, address, "busy: every thread serving a request")
+                raise
             return Health(
                 name,
                 True,
@@ -868,7 +878,12 @@ def restart_function(
     for p in read_pids(root):
         if p.name == name:
             _stop_one(p)
-    env = {**_base_env(), **info["env"], **(extra_env or {})}
+    env = {
+        **_base_env(),
+        **function_process.concurrency_env(by_name(name)),
+        **info["env"],
+        **(extra_env or {}),
+    }
     args = function_process.command(
         name, comp["port"], signature=str(comp["signature_type"]), front=True
     )

@@ -99,9 +99,16 @@ locals {
     }
   }
 
+  # Each instance's pool: one connection per request it serves at once (a thread never holds
+  # two: shared/db.py NestedCheckout) plus one for its background thread (the lease keeper in
+  # advance_step and ops, the nudge in webhook). The same rule as shared/db.py pool_size_for.
+  db_pool_size = {
+    for name in keys(local.functions) : name => lookup(var.request_concurrency, name, 1) + 1
+  }
+
   # Connections the functions can open at full scale-out: every instance fills its pool.
   db_connection_demand = sum([
-    for name, f in local.functions : lookup(var.max_instances, name, 0) * var.db_pool_size if f.uses_database
+    for name, f in local.functions : lookup(var.max_instances, name, 0) * local.db_pool_size[name] if f.uses_database
   ])
   db_connection_limit = var.db_max_connections - var.db_connection_reserve
 
@@ -123,11 +130,15 @@ resource "terraform_data" "db_connection_budget" {
   lifecycle {
     precondition {
       condition     = local.db_connection_demand < local.db_connection_limit
-      error_message = "Connection budget exceeded: sum(max_instances x db_pool_size) over the database-using functions must stay below db_max_connections - db_connection_reserve. Lower max_instances or db_pool_size, or raise db_max_connections with a bigger sql_tier."
+      error_message = "Connection budget exceeded: sum(max_instances x (request_concurrency + 1)) over the database-using functions must stay below db_max_connections - db_connection_reserve. Lower max_instances or request_concurrency, or raise db_max_connections with a bigger sql_tier."
     }
     precondition {
       condition     = length(setsubtract(keys(local.functions), keys(var.max_instances))) == 0
       error_message = "max_instances needs an entry for every function."
+    }
+    precondition {
+      condition     = length(setsubtract(keys(local.functions), keys(var.request_concurrency))) == 0
+      error_message = "request_concurrency needs an entry for every function."
     }
   }
 }
@@ -166,9 +177,11 @@ resource "google_cloudfunctions2_function" "function" {
     # timeout is a few seconds and a cold start eats most of it. The others are fed by
     # Pub/Sub and the scheduler, which wait and retry.
     min_instance_count = each.key == "webhook" ? var.webhook_min_instances : 0
-    # One request per instance: the pool (db_pool_size) is sized for one invocation's
-    # transactions, and the connection budget assumes it.
-    max_instance_request_concurrency = 1
+    # Several requests per instance (var.request_concurrency): a step mostly waits on the CRM
+    # and the database, and one vCPU serves others meanwhile instead of billing a 100 ms
+    # minimum per request. The pool grows with it (DB_POOL_SIZE below) and the connection
+    # budget above counts it. See infra/README.md, "Capacity", for the measurement.
+    max_instance_request_concurrency = var.request_concurrency[each.key]
     available_memory                 = each.value.memory
     available_cpu                    = each.value.cpu
     timeout_seconds                  = each.value.timeout_seconds
@@ -189,8 +202,13 @@ resource "google_cloudfunctions2_function" "function" {
       DB_IAM_USER              = trimsuffix(google_service_account.function[each.key].email, ".gserviceaccount.com")
       DB_NAME                  = google_sql_database.onceflow.name
       DB_IP_TYPE               = "private"
-      DB_POOL_SIZE             = tostring(var.db_pool_size)
-      LOG_LEVEL                = var.log_level
+      DB_POOL_SIZE             = tostring(local.db_pool_size[each.key])
+      # functions-framework's gunicorn threads (its default is 4 per visible CPU, which on
+      # Cloud Run need not be the instance's one vCPU). Equal to the concurrency, as Cloud
+      # Run's concurrency page asks of Python functions
+      # (https://cloud.google.com/functions/docs/configuring/concurrency).
+      THREADS   = tostring(var.request_concurrency[each.key])
+      LOG_LEVEL = var.log_level
       # The URI HubSpot signs is the URL it called. Behind the cloudfunctions.net URL the
       # request path has no function-name prefix, so without this the signature base differs
       # and every delivery is refused 401 (shared/webhooks/receive.py, public_uri).

@@ -45,28 +45,42 @@ variable "db_connection_reserve" {
   default     = 10
 }
 
-variable "db_pool_size" {
-  description = "Connections each function instance may hold (DB_POOL_SIZE in shared/db.py)."
-  type        = number
-  default     = 2
+variable "request_concurrency" {
+  description = "Requests one instance of each function serves at once (max_instance_request_concurrency, and THREADS for functions-framework's gunicorn). Each instance's database pool is this plus one (DB_POOL_SIZE: a connection per request thread and one for the process's background thread, shared/db.py pool_size_for), and the connection budget counts it. Defaults mirror shared/deployables.py (tests/test_infra.py checks them); the scheduled functions keep 1."
+  type        = map(number)
+  default = {
+    webhook        = 8
+    drain_inbox    = 1
+    publish_outbox = 1
+    admit_event    = 8
+    advance_step   = 8
+    sweep          = 1
+    ops            = 8
+  }
 
   validation {
-    condition     = var.db_pool_size >= 1
-    error_message = "db_pool_size must be at least 1."
+    # Cloud Run's limit; above 1 also needs a whole vCPU, which every function has (cpu = "1").
+    condition     = alltrue([for n in values(var.request_concurrency) : n >= 1 && n <= 1000])
+    error_message = "Every request_concurrency value must be between 1 and 1000."
   }
 }
 
 variable "max_instances" {
-  description = "Maximum instance count per function. sum(max_instances x db_pool_size) over the functions that use the database must stay below db_max_connections - db_connection_reserve, or the plan fails."
+  description = "Maximum instance count per function. sum(max_instances x (request_concurrency + 1)) over the functions that use the database must stay below db_max_connections - db_connection_reserve, or the plan fails."
   type        = map(number)
+  # Each instance serves request_concurrency requests, so few instances carry the load that
+  # one-request instances needed many for: 2 x 8 webhook requests at once (16, was 10 x 1),
+  # 2 x 8 admissions (16, was 10), 4 x 8 steps (32, was 15). Demand at these defaults:
+  # 9 x (2 + 2 + 4 + 1) + 2 x 3 = 87 of the 90 connections db-custom-1-3840 leaves
+  # (100 - 10 reserve).
   default = {
-    webhook        = 10
+    webhook        = 2
     drain_inbox    = 1
     publish_outbox = 1
-    admit_event    = 10
-    advance_step   = 15
+    admit_event    = 2
+    advance_step   = 4
     sweep          = 1
-    ops            = 2
+    ops            = 1
   }
 
   validation {

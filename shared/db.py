@@ -46,7 +46,23 @@ T = TypeVar("T")
 Row = dict[str, Any]
 Connection = Any  # pg8000.dbapi.Connection; the driver ships no type information
 
-DEFAULT_POOL_SIZE = 2
+# Threads of one process that may hold a pooled connection besides its request threads: the
+# lease keeper where steps run (shared/steps/claim.py, `_LeaseKeeper`) or the webhook's nudge
+# (shared/webhooks/nudge.py). Each is one thread per process, and no function has both.
+BACKGROUND_HOLDERS = 1
+
+
+def pool_size_for(concurrency: int) -> int:
+    """The pool an instance serving `concurrency` requests at once needs so that no checkout
+    ever waits: a thread never holds two connections (`NestedCheckout`), so one per request
+    thread plus one per background thread. Smaller would still never deadlock (nobody holds
+    one while waiting for another) but would queue requests behind each other's
+    transactions, and the lease keeper's renewal behind all of them. infra/ derives each
+    function's DB_POOL_SIZE by the same rule (tests/test_infra.py checks it)."""
+    return concurrency + BACKGROUND_HOLDERS
+
+
+DEFAULT_POOL_SIZE = pool_size_for(1)
 # How long a checkout waits for a free pooled connection before giving up (transient).
 CHECKOUT_TIMEOUT_SECONDS = 30.0
 
@@ -471,6 +487,13 @@ class Database:
         self._generation = 0
         # Which threads hold a connection of this pool right now (see NestedCheckout).
         self._holding = threading.local()
+        # Pool pressure (tests and benches read it): checkouts that found every connection
+        # taken and had to wait, and the most connections held at once. With a pool of
+        # pool_size_for(threads) `waited` stays 0.
+        self.waited = 0
+        self.peak_in_use = 0
+        self._in_use = 0
+        self._pressure_lock = threading.Lock()
 
     def _checkout(self) -> _Session:
         if getattr(self._holding, "held", False):
@@ -478,14 +501,19 @@ class Database:
                 "this thread already holds a connection from this pool; taking a second one "
                 "is hold-and-wait and can deadlock the pool under concurrency"
             )
-        if not self._slots.acquire(timeout=CHECKOUT_TIMEOUT_SECONDS):
-            raise TransientError("no database connection free in this instance's pool")
+        if not self._slots.acquire(blocking=False):
+            with self._pressure_lock:
+                self.waited += 1
+            if not self._slots.acquire(timeout=CHECKOUT_TIMEOUT_SECONDS):
+                raise TransientError("no database connection free in this instance's pool")
+        with self._pressure_lock:
+            self._in_use += 1
+            self.peak_in_use = max(self.peak_in_use, self._in_use)
         self._holding.held = True
         try:
             return self._take_session()
         except BaseException:
-            self._holding.held = False
-            self._slots.release()
+            self._release_slot()
             raise
 
     def _take_session(self) -> _Session:
@@ -512,6 +540,11 @@ class Database:
     def _checkin(self, session: _Session | None) -> None:
         if session is not None:
             self._idle.put(session)
+        self._release_slot()
+
+    def _release_slot(self) -> None:
+        with self._pressure_lock:
+            self._in_use -= 1
         self._holding.held = False
         self._slots.release()
 
@@ -594,7 +627,8 @@ def connect_kwargs_from_env(env: Mapping[str, str] | None = None) -> dict[str, A
 
 
 def parse_database_url(url: str) -> dict[str, Any]:
-    """`postgresql://user:pass@host:port/db` (a `?host=/dir` query selects a unix socket)."""
+    """`postgresql://user:pass@host:port/db` (a `?host=/dir` query selects a unix socket;
+    `?application_name=x` names the connections in pg_stat_activity, as with libpq)."""
     parsed = urlparse(url)
     if parsed.scheme not in ("postgres", "postgresql"):
         raise PermanentError(f"DATABASE_URL must start with postgresql://, got {parsed.scheme}://")
@@ -605,6 +639,8 @@ def parse_database_url(url: str) -> dict[str, Any]:
     }
     if parsed.password:
         kwargs["password"] = unquote(parsed.password)
+    if query.get("application_name"):
+        kwargs["application_name"] = query["application_name"][0]
     socket_dir = query.get("host", [None])[0]
     port = parsed.port or 5432
     if socket_dir and socket_dir.startswith("/"):

@@ -9,7 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from shared.db import pool_size_for
+
 Trigger = Literal["http", "pubsub", "schedule"]
+
+# Requests one instance of a request-fed function serves at once (Cloud Run's
+# max_instance_request_concurrency, gunicorn's THREADS). Chosen from `make bench-concurrency`
+# (devstack/bench/concurrency.py): see the figures there and in infra/README.md, "Capacity".
+REQUEST_CONCURRENCY = 8
 
 
 @dataclass(frozen=True)
@@ -19,16 +26,25 @@ class Deployable:
     public: bool = False  # only `webhook` may be invoked without IAM
     topic: str | None = None  # for pubsub-triggered functions
     uses_database: bool = True
+    # Requests per instance. The scheduled functions keep 1: the scheduler sends one request
+    # a minute and a pass already works through its whole batch, so a second request in the
+    # same instance would only compete with the first for the same rows and connections.
+    concurrency: int = 1
+
+    @property
+    def pool_size(self) -> int:
+        """DB_POOL_SIZE of an instance: enough that no request waits for a connection."""
+        return pool_size_for(self.concurrency)
 
 
 DEPLOYABLES: tuple[Deployable, ...] = (
-    Deployable("webhook", "http", public=True),
+    Deployable("webhook", "http", public=True, concurrency=REQUEST_CONCURRENCY),
     Deployable("drain_inbox", "schedule"),
     Deployable("publish_outbox", "schedule"),
-    Deployable("admit_event", "pubsub", topic="trigger-events"),
-    Deployable("advance_step", "pubsub", topic="step-ready"),
+    Deployable("admit_event", "pubsub", topic="trigger-events", concurrency=REQUEST_CONCURRENCY),
+    Deployable("advance_step", "pubsub", topic="step-ready", concurrency=REQUEST_CONCURRENCY),
     Deployable("sweep", "schedule"),
-    Deployable("ops", "http"),
+    Deployable("ops", "http", concurrency=REQUEST_CONCURRENCY),
 )
 
 TOPICS: tuple[str, ...] = ("trigger-events", "step-ready")

@@ -16,6 +16,7 @@ explicit configuration (`ONCEFLOW_HTTP_ALLOW_LOOPBACK=1`), never by default.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
@@ -282,14 +283,27 @@ class GuardedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+@functools.cache
+def _default_ssl_context() -> ssl.SSLContext:
+    """The system trust store, loaded once per process. Loading it costs ~14 ms of CPU, and a
+    guarded client is opened per call (every http.request step): built per client, two of
+    them (httpx's and the pool's) were most of a step's CPU, which caps what one instance
+    serving several requests at once gets through (`make bench-concurrency`). An SSLContext
+    is safe to share between threads once configured, and nothing here changes it after."""
+    return ssl.create_default_context()
+
+
 class GuardedTransport(httpx.HTTPTransport):
     """httpx's own transport, with its connection pool built on the guarded backend."""
 
     def __init__(self, policy: NetPolicy, *, ssl_context: ssl.SSLContext | None = None) -> None:
-        super().__init__(trust_env=False)
+        context = ssl_context or _default_ssl_context()
+        # `verify=context`: httpx's own pool (replaced below) would otherwise load the trust
+        # store again.
+        super().__init__(verify=context, trust_env=False)
         self.backend = GuardedBackend(policy)
         self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context or ssl.create_default_context(),
+            ssl_context=context,
             max_connections=4,
             max_keepalive_connections=0,
             network_backend=self.backend,

@@ -387,3 +387,46 @@ def test_a_real_deadlock_is_a_transient_error(database_url: str) -> None:
         assert isinstance(errors[0], TransientError) and "40P01" in str(errors[0])
     finally:
         db.close()
+
+
+def _concurrent_transactions(db: Database, threads: int) -> None:
+    """`threads` threads released together, each running three short transactions that
+    overlap (pg_sleep), as a process serving `threads` requests at once does."""
+    barrier = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait(timeout=30)
+            for _ in range(3):
+                with db.transaction() as tx:
+                    tx.scalar("SELECT pg_sleep(0.05)")
+        except BaseException as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(60)
+    assert not errors, errors[:3]
+
+
+def test_a_pool_sized_for_the_concurrency_never_makes_a_request_wait(database_url: str) -> None:
+    """pool_size_for(N): N request threads (a thread holds at most one connection) plus the
+    background thread; N threads at once never find the pool empty. The pool's own counters
+    say so, and they do see a pool that is too small."""
+    from shared.db import pool_size_for
+
+    threads = 8
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size_for(threads))
+    small = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=2)
+    try:
+        _concurrent_transactions(db, threads)
+        assert db.waited == 0
+        assert 2 <= db.peak_in_use <= threads < db.pool_size
+        _concurrent_transactions(small, 4)
+        assert small.waited > 0 and small.peak_in_use == 2
+    finally:
+        db.close()
+        small.close()

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from devstack.bundle import parse_terraform
+from shared.db import BACKGROUND_HOLDERS, pool_size_for
 from shared.deployables import DEPLOYABLES, TOPICS
 from tests.ops_support import (
     dispatched_fixture,  # noqa: F401 - fixture `dispatched`
@@ -318,7 +319,7 @@ def test_connection_budget_check_fails_the_plan_and_holds_for_the_defaults(tf: T
     conditions = [p["condition"] for p in one(budget["lifecycle"])["precondition"]]
     assert "${local.db_connection_demand < local.db_connection_limit}" in conditions
     demand = tf.locals["db_connection_demand"]
-    for name in ("var.max_instances", "var.db_pool_size", "f.uses_database"):
+    for name in ("var.max_instances", "local.db_pool_size[name]", "f.uses_database"):
         assert name in demand
     limit = tf.locals["db_connection_limit"]
     assert "var.db_max_connections" in limit and "var.db_connection_reserve" in limit
@@ -326,11 +327,42 @@ def test_connection_budget_check_fails_the_plan_and_holds_for_the_defaults(tf: T
     defaults = {k: v.get("default") for k, v in tf.variables.items()}
     max_instances = defaults["max_instances"]
     assert set(max_instances) == {d.name for d in DEPLOYABLES}
-    used = sum(max_instances[d.name] for d in DEPLOYABLES if d.uses_database)
-    assert (
-        used * defaults["db_pool_size"]
-        < defaults["db_max_connections"] - defaults["db_connection_reserve"]
+    concurrency = defaults["request_concurrency"]
+    # Every instance fills the pool its concurrency needs (shared/db.py pool_size_for).
+    used = sum(
+        max_instances[d.name] * pool_size_for(concurrency[d.name])
+        for d in DEPLOYABLES
+        if d.uses_database
     )
+    assert used < defaults["db_max_connections"] - defaults["db_connection_reserve"]
+
+
+def test_each_function_serves_its_concurrency_with_a_pool_that_fits_it(tf: Terraform) -> None:
+    """Cloud Run sends an instance as many requests as `request_concurrency`, gunicorn has as
+    many threads, and the pool one connection more than that (pool_size_for): the defaults are
+    the registry's, and the pool is derived by the same rule as shared/db.py's."""
+    defaults = tf.variables["request_concurrency"]["default"]
+    assert defaults == {d.name: d.concurrency for d in DEPLOYABLES}
+    # The scheduled functions stay at one request: one tick a minute, one pass at a time.
+    assert {d.name for d in DEPLOYABLES if d.trigger == "schedule" and d.concurrency != 1} == set()
+    assert {d.name for d in DEPLOYABLES if d.concurrency > 1} == {
+        "webhook",
+        "admit_event",
+        "advance_step",
+        "ops",
+    }
+    pool = tf.locals["db_pool_size"]
+    assert "var.request_concurrency" in pool and f"+ {BACKGROUND_HOLDERS}" in pool
+    assert all(pool_size_for(d.concurrency) == d.pool_size for d in DEPLOYABLES)
+
+    service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    assert service["max_instance_request_concurrency"] == "${var.request_concurrency[each.key]}"
+    env = service["environment_variables"]
+    assert env["THREADS"] == "${tostring(var.request_concurrency[each.key])}"
+    assert env["DB_POOL_SIZE"] == "${tostring(local.db_pool_size[each.key])}"
+    budget = tf.resources[("terraform_data", "db_connection_budget")]
+    conditions = [p["condition"] for p in one(budget["lifecycle"])["precondition"]]
+    assert any("var.request_concurrency" in c for c in conditions), "every function needs one"
 
 
 # --- the files as a whole -------------------------------------------------------------------

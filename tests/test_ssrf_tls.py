@@ -96,3 +96,31 @@ def test_sni_and_certificate_stay_on_the_hostname(
         # Same IP, another name: the certificate is checked against the name and fails.
         with pytest.raises(httpx.ConnectError, match=r"CERTIFICATE_VERIFY_FAILED|match"):
             client.get(f"https://other.example.test:{port}/")
+
+
+def test_a_guarded_client_loads_no_certificate_store_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every http.request step and breaker alert opens a guarded client. Loading the system's
+    trust store costs ~14 ms of CPU per context and the client used to build two (httpx's
+    transport and the guarded pool): with several requests per instance that was most of a
+    step's CPU (`make bench-concurrency`). Contexts are built once per process and shared."""
+    guarded_client(NetPolicy(), timeout=5).close()  # the process's first client may build it
+    loads: list[object] = []
+    real = ssl.SSLContext.load_verify_locations
+
+    def counting(self: ssl.SSLContext, *args: Any, **kwargs: Any) -> None:
+        loads.append(args or kwargs)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counting)
+    real_default_certs = ssl.SSLContext.load_default_certs
+
+    def counting_default(self: ssl.SSLContext, *args: Any) -> None:
+        loads.append("default")
+        real_default_certs(self, *args)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_default_certs", counting_default)
+    for _ in range(5):
+        guarded_client(NetPolicy(), timeout=5).close()
+    assert loads == []

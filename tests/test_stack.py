@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from devstack import emulator, function_process, scheduler, stack
-from shared.deployables import DEPLOYABLES
+from shared.deployables import DEPLOYABLES, by_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -121,6 +121,16 @@ def test_up_status_second_up_and_down_leave_nothing_behind(reachable_tmp: Path) 
             d.name for d in DEPLOYABLES
         }
         assert all(p.alive() for p in pids)
+        # Each function serves as many requests at once, with the same pool, as deployed.
+        for p in pids:
+            if p.name in {d.name for d in DEPLOYABLES}:
+                environ = dict(
+                    item.split("=", 1)
+                    for item in Path(f"/proc/{p.pid}/environ").read_text().split("\0")
+                    if "=" in item
+                )
+                wanted = function_process.concurrency_env(by_name(p.name))
+                assert {k: environ.get(k) for k in wanted} == wanted, p.name
 
         again = run_stack("up", "--root", str(root), "--free-ports", env=env)
         assert again.returncode == 3
