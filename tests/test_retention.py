@@ -5,6 +5,8 @@ nothing, and every batch is found through an index."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +14,8 @@ import pytest
 from shared import queries
 from shared.admission import admit_event
 from shared.db import Database
+from shared.ops.errors import OpsError
+from shared.ops.replay import replay_run
 from shared.retention import (
     EVENTS_DELETE,
     INBOX_DELETE,
@@ -442,3 +446,93 @@ def test_every_foreign_key_into_a_pruned_table_has_an_index_on_its_column(db: Da
             pruned=list(pruned),
         )
     assert missing == []
+
+
+def failed_run(db: Database, conn: str, workflow_id: str, record: str, days: int) -> str:
+    """A run whose step failed `days` ago: replayable while its lineage is young enough."""
+    event_id, run_id = finished_run(db, conn, workflow_id, record)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'failed', error = 'boom',"
+            " error_class = 'permanent' WHERE run_id = :r",
+            r=run_id,
+        )
+        tx.execute(
+            "UPDATE workflow_runs SET status = 'failed', error = 'boom' WHERE id = :r", r=run_id
+        )
+    age(db, run_id=run_id, event_id=event_id, days=days)
+    return run_id
+
+
+def _wait_until_blocked_on_a_lock(tx: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tx.execute("SELECT pg_stat_clear_snapshot()")  # activity is read once per transaction
+        waiting = tx.scalar(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        if waiting:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the replay never waited for the lineage lock")
+
+
+def test_a_replay_waiting_on_a_lineage_retention_is_deleting_answers_not_found(
+    db: Database, conn: str
+) -> None:
+    """Retention holds the root; the replay waits for it, then finds the lineage gone: a 404,
+    not a crash, and no run left half-replayed."""
+    wf = bind_workflow(db, "raced", dedup="every_time")
+    run_id = failed_run(db, conn, wf, "x1", days=2)
+    outcome: list[BaseException | str] = []
+
+    def replay() -> None:
+        try:
+            outcome.append(
+                replay_run(db, run_id=run_id, tenant_scope=None, dispatch=Published()).run_id
+            )
+        except BaseException as exc:  # the assertion must reach the main thread
+            outcome.append(exc)
+
+    with db.transaction() as tx:
+        roots = [str(r["id"]) for r in tx.all(LINEAGES_LOCK, namespace="live", days=1, batch=10)]
+        assert roots == [run_id]
+        thread = threading.Thread(target=replay)
+        thread.start()
+        _wait_until_blocked_on_a_lock(tx)
+        tx.one(LINEAGES_DELETE, roots=roots, namespace="live", days=1)
+    thread.join(10)
+    (result,) = outcome
+    assert isinstance(result, OpsError) and result.status == 404, result
+    assert count(db, "SELECT count(*) FROM workflow_runs") == 0
+
+
+def test_retention_skips_a_lineage_a_replay_holds_and_takes_it_once_the_replay_is_old(
+    db: Database, conn: str
+) -> None:
+    wf = bind_workflow(db, "held", dedup="every_time")
+    run_id = failed_run(db, conn, wf, "h1", days=2)
+    barrier = threading.Barrier(2)
+    deleted: list[dict[str, int]] = []
+
+    def retention() -> None:
+        barrier.wait()
+        deleted.append(prune_lineages(db, "live", 1, 10))
+
+    with db.transaction() as tx:
+        tx.one(OPS_SQL["ops_run_lock"], lineage_root=run_id)
+        thread = threading.Thread(target=retention)
+        thread.start()
+        barrier.wait()
+        thread.join(10)
+    assert deleted == [{"runs": 0, "steps": 0, "parks": 0, "claims": 0}]
+    replay = replay_run(db, run_id=run_id, tenant_scope=None, dispatch=Published()).run_id
+    assert prune_lineages(db, "live", 1, 10)["runs"] == 0  # the replay is running
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_runs SET status = 'succeeded',"
+            " finished_at = now() - interval '2 days' WHERE id = :r",
+            r=replay,
+        )
+    assert prune_lineages(db, "live", 1, 10)["runs"] == 2
