@@ -14,7 +14,8 @@ export PYTHONDONTWRITEBYTECODE := 1
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
 
 .PHONY: help venv browser test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
-        bench-ingest bench-admit bench-steps bench-latency bench-e2e bench-poll
+        bench-ingest bench-admit bench-steps bench-latency bench-e2e bench-poll \
+        bench-retention
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -78,3 +79,6 @@ bench-e2e: .venv/.installed ## Signed HubSpot batches → 3-step runs finished: 
 
 bench-poll: .venv/.installed ## Time a poll pass over 10k and 1M rows (1,000 pending): flat?
 	$(PY) -m devstack.bench.poll
+
+bench-retention: .venv/.installed ## Retention over ~1M expired rows: rows/s, and bench-steps with it vs without
+	$(PY) -m devstack.bench.retention

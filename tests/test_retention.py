@@ -536,3 +536,24 @@ def test_retention_skips_a_lineage_a_replay_holds_and_takes_it_once_the_replay_i
             r=replay,
         )
     assert prune_lineages(db, "live", 1, 10)["runs"] == 2
+
+
+def test_a_pass_pauses_after_each_batch_so_deleting_takes_its_share_of_the_time(
+    db: Database, conn: str
+) -> None:
+    wf = bind_workflow(db, "paced", dedup="every_time")
+    for n in range(2):
+        event_id, run_id = finished_run(db, conn, wf, f"p{n}")
+        age(db, run_id=run_id, event_id=event_id, days=91)
+    ticks = iter(range(10_000))
+    slept: list[float] = []
+    # Each clock reading is one second later: every batch "takes" one second.
+    done = prune(
+        db,
+        Retention(batch=1, deleting_share=0.25, pass_seconds=1000),
+        clock=lambda: float(next(ticks)),
+        sleep=slept.append,
+    )
+    assert done["runs"] == 2 and done["events"] == 2
+    # Two run batches and two event batches, each followed by three times its duration.
+    assert slept == [3.0, 3.0, 3.0, 3.0]

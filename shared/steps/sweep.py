@@ -21,10 +21,10 @@ Then the registered `Duty`s, each claimed once per period across all instances t
 in `sweep_duties`: the backlog report the alerts read (every minute), marker expiry, provider
 subscription repair (hourly), trimming the lease history of runs that finished more than
 `lease_history_days` ago (hourly), retention of finished runs, decided events and processed
-inbox rows (`shared/retention.py`, hourly), and the duties of the trigger kinds (cron ticks,
-webhook-trigger key expiry, table and CRM polls: `shared/triggers/`). `default_duties()` is
-the one list: the sweep's own duties are written there, a trigger kind's come from its module
-through the kind registry, and the loop doesn't change.
+inbox rows (`shared/retention.py`, every five minutes), and the duties of the trigger kinds
+(cron ticks, webhook-trigger key expiry, table and CRM polls: `shared/triggers/`).
+`default_duties()` is the one list: the sweep's own duties are written there, a trigger kind's
+come from its module through the kind registry, and the loop doesn't change.
 A duty that raises is recorded and logged; it never stops the core jobs.
 
 Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
