@@ -8,8 +8,8 @@ partial indexes of migrations/0300_retention.sql, never a scan of the table), ol
 1. rehearsal runs finished more than `rehearsal_retention_days` ago (default 7), whole:
    steps, lease history, parks;
 2. live runs finished more than `run_retention_days` ago (default 90), a whole replay lineage
-   at a time, with their steps, their lease history (ON DELETE CASCADE), parks and delivery
-   claims;
+   at a time, with their steps, their lease history (ON DELETE CASCADE) and parks; their
+   delivery claims lose the run link and stay with their event;
 3. trigger events decided more than `decision_retention_days` ago (default 90) that no run
    names any more, with their delivery claims, admission refusals and superseded cron ticks;
 4. inbox rows processed more than `inbox_retention_days` ago (default 30); their events keep
@@ -39,6 +39,8 @@ The promises this duty keeps (each has a test in tests/test_retention.py):
 - **Each workflow's newest cron tick, and every poll record, keeps its event**: they are the
   cron's cursor and the poll's memory of a record; without them a tick would fire again or a
   record be announced again.
+- **A decided event keeps its delivery claims for as long as it exists**: a redelivery of an
+  event that outlived its run is answered as handled, never admitted again.
 - **Undecided events are never deleted** (the outbox and the sweep's redelivery own them),
   nor events given up as undelivered (each is the explanation of a missing decision).
 
@@ -137,10 +139,10 @@ def prune_lineages(db: Database, namespace: str, days: int, batch: int) -> dict[
             str(r["id"]) for r in tx.all(LINEAGES_LOCK, namespace=namespace, days=days, batch=batch)
         ]
         if not roots:
-            return {"runs": 0, "steps": 0, "parks": 0, "claims": 0}
+            return {"runs": 0, "steps": 0, "parks": 0, "claims_unlinked": 0}
         row = tx.one(LINEAGES_DELETE, roots=roots, namespace=namespace, days=days)
     assert row is not None  # an aggregate always returns its row
-    return {k: int(row[k]) for k in ("runs", "steps", "parks", "claims")}
+    return {k: int(row[k]) for k in ("runs", "steps", "parks", "claims_unlinked")}
 
 
 def prune_events(db: Database, days: int, batch: int) -> dict[str, int]:

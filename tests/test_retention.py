@@ -118,8 +118,13 @@ def test_finished_runs_and_decided_events_past_retention_go_in_batches_younger_s
     age(db, run_id=young_run, event_id=young_event, days=89)
     assert count(db, "SELECT count(*) FROM workflow_step_leases") == 4
 
-    # One batch of one run deletes one run, its step and its lease history, nothing else.
-    assert prune_lineages(db, "live", 90, 1) == {"runs": 1, "steps": 1, "parks": 0, "claims": 1}
+    # One batch of one run deletes one run, its step and its lease history, and unlinks its claim.
+    assert prune_lineages(db, "live", 90, 1) == {
+        "runs": 1,
+        "steps": 1,
+        "parks": 0,
+        "claims_unlinked": 1,
+    }
     assert count(db, "SELECT count(*) FROM workflow_runs") == 3
 
     done = prune(db, Retention(batch=1))
@@ -289,6 +294,11 @@ def test_a_webhook_trigger_key_inside_its_ttl_keeps_its_event(db: Database, conn
     done = prune(db, Retention())
     assert done["runs"] == 1 and done["events"] == 0
     assert exists(db, "workflow_trigger_events", "id", event_id)
+    # The event outlived its run: a redelivery of it is answered as handled, never admitted
+    # again (its delivery claim stays with the event).
+    (again,) = admit_event(db, event_id, publish=Published()).outcomes
+    assert again.outcome == "handled" and again.run_id is None
+    assert count(db, "SELECT count(*) FROM workflow_runs") == 0
 
 
 def test_only_the_newest_cron_tick_of_a_workflow_keeps_its_event(db: Database, conn: str) -> None:
@@ -526,7 +536,7 @@ def test_retention_skips_a_lineage_a_replay_holds_and_takes_it_once_the_replay_i
         thread.start()
         barrier.wait()
         thread.join(10)
-    assert deleted == [{"runs": 0, "steps": 0, "parks": 0, "claims": 0}]
+    assert deleted == [{"runs": 0, "steps": 0, "parks": 0, "claims_unlinked": 0}]
     replay = replay_run(db, run_id=run_id, tenant_scope=None, dispatch=Published()).run_id
     assert prune_lineages(db, "live", 1, 10)["runs"] == 0  # the replay is running
     with db.transaction() as tx:

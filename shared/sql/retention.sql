@@ -40,7 +40,8 @@ FOR UPDATE SKIP LOCKED
 -- name: retention_lineages_delete
 -- The locked lineages, checked again (see retention_lineages_lock), deleted with everything
 -- that belongs only to their runs: steps (their lease history goes by ON DELETE CASCADE),
--- parks, delivery claims, and the expired echo markers the marker expiry has not reached yet.
+-- parks, and the expired echo markers the marker expiry has not reached yet; delivery claims
+-- lose their run link and stay with their event.
 -- One statement: steps and parks name each other, and foreign keys are checked at its end,
 -- when both are gone. Enrollments, the credit ledger, refunds and budget reservations are not
 -- deleted: they keep the run's id as history (migrations/0300_retention.sql). The events the
@@ -66,8 +67,12 @@ WITH runs AS (
     DELETE FROM echo_markers m WHERE m.step_id IN (SELECT id FROM steps) RETURNING m.id
 ), gone_parks AS (
     DELETE FROM step_parks p WHERE p.run_id IN (SELECT id FROM runs) RETURNING p.id
-), gone_claims AS (
-    DELETE FROM delivery_claims c WHERE c.run_id IN (SELECT id FROM runs) RETURNING c.event_id
+), unlinked_claims AS (
+    -- A claim is its event's "handled" mark, not the run's: it stays until its event goes
+    -- (retention_events_delete), without the run link, so a redelivery of an event that
+    -- outlived its run is answered as handled and never admitted again.
+    UPDATE delivery_claims c SET run_id = NULL WHERE c.run_id IN (SELECT id FROM runs)
+    RETURNING c.event_id
 ), gone_steps AS (
     DELETE FROM workflow_steps s WHERE s.id IN (SELECT id FROM steps) RETURNING s.id
 ), gone_runs AS (
@@ -76,7 +81,7 @@ WITH runs AS (
 SELECT (SELECT count(*) FROM gone_runs) AS runs,
        (SELECT count(*) FROM gone_steps) AS steps,
        (SELECT count(*) FROM gone_parks) AS parks,
-       (SELECT count(*) FROM gone_claims) AS claims
+       (SELECT count(*) FROM unlinked_claims) AS claims_unlinked
 
 -- name: retention_events_delete
 -- Up to :batch events decided more than :days ago that nothing still names: no run (the runs
