@@ -2,8 +2,8 @@
 
 onceflow keeps every run, event and delivery it handled until this duty removes it. Every five
 minutes, within a 10 s pass that spends a quarter of its time deleting, it deletes in small
-batches (one transaction each, found through the
-partial indexes of migrations/0300_retention.sql, never a scan of the table), oldest first:
+batches (one transaction each, found through the partial indexes of
+migrations/0300_retention.sql, never a scan of the table), oldest first:
 
 1. rehearsal runs finished more than `rehearsal_retention_days` ago (default 7), whole:
    steps, lease history, parks;

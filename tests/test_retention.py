@@ -567,3 +567,19 @@ def test_a_pass_pauses_after_each_batch_so_deleting_takes_its_share_of_the_time(
     assert done["runs"] == 2 and done["events"] == 2
     # Two run batches and two event batches, each followed by three times its duration.
     assert slept == [3.0, 3.0, 3.0, 3.0]
+
+
+def test_a_poll_record_keeps_the_event_it_announced(db: Database, conn: str) -> None:
+    wf = bind_workflow(db, "polled", dedup="every_time")
+    event_id, run_id = finished_run(db, conn, wf, "row-1")
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO poll_records (workflow_id, record_key, generation, attempts, event_id,"
+            " status, stamped_at) VALUES (:w, 'row-1', 1, 1, :e, 'stamped', now())",
+            w=wf,
+            e=event_id,
+        )
+    age(db, run_id=run_id, event_id=event_id, days=91)
+    done = prune(db, Retention())
+    assert done["runs"] == 1 and done["events"] == 0
+    assert exists(db, "workflow_trigger_events", "id", event_id)
