@@ -20,7 +20,8 @@ PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3.14 python3; 
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
 
 .PHONY: help venv browser test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
-        bench-ingest bench-admit bench-steps bench-latency bench-e2e bench-poll bench-concurrency
+        bench-ingest bench-admit bench-steps bench-latency bench-e2e bench-poll bench-concurrency \
+        bench-retention
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -87,3 +88,6 @@ bench-poll: .venv/.installed ## Time a poll pass over 10k and 1M rows (1,000 pen
 
 bench-concurrency: .venv/.installed ## One advance_step process at 1..16 requests at once: steps/s, CPU share, connections
 	$(PY) -m devstack.bench.concurrency
+
+bench-retention: .venv/.installed ## Retention over ~1M expired rows: rows/s, and bench-steps with it vs without
+	$(PY) -m devstack.bench.retention

@@ -198,11 +198,18 @@ def test_every_statement_that_writes_steps_or_runs_makes_only_allowed_moves(
 
     writers = {name for _, name in WRITERS[table]}
     assert len(writers) == len(WRITERS[table]), "a statement name is used in two files"
-    assert writers == set(machine.statements), (
-        f"declare these in shared/steps/states.py: {sorted(writers - set(machine.statements))}; "
-        f"no longer write {table}: {sorted(set(machine.statements) - writers)}"
+    declared_writers = set(machine.statements) | machine.deletes
+    assert writers == declared_writers, (
+        f"declare these in shared/steps/states.py: {sorted(writers - declared_writers)}; "
+        f"no longer write {table}: {sorted(declared_writers - writers)}"
     )
     by_name = {name: queries.load(f)[name].text for f, name in WRITERS[table]}
+    for name in machine.deletes:
+        # A deleter deletes rows of the table and moves none, guarded on the run having ended.
+        text = by_name[name]
+        assert re.search(rf"\bDELETE FROM {table}\b", text), name
+        assert status_writes(text, table, known, default) == [], name
+        assert "finished_at IS NULL" in _strip(text), name
     for name, declared in machine.statements.items():
         sources = {s.value for s in declared.sources}
         targets = {s.value for s in declared.targets}

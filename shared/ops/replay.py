@@ -103,9 +103,11 @@ def _checked_failed_run(
     if run is None:
         raise not_found("run")
     tx.one(RUN_LOCK, lineage_root=str(run["lineage_root"]))
-    # Re-read under the lock: a concurrent replay or retry may have moved it.
+    # Re-read under the lock: a concurrent replay or retry may have moved it, and retention
+    # (shared/retention.py), which held the same lock, may have deleted the whole lineage.
     run = tx.one(RUN_GET, run_id=run_id, namespace="live", tenant_id=tenant_scope)
-    assert run is not None  # runs are never deleted
+    if run is None:
+        raise not_found("run")
     if run["status"] not in allowed:
         raise OpsError(
             409,

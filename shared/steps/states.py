@@ -248,20 +248,32 @@ RUN_STATEMENTS: dict[str, Moves] = {
 }
 
 
+# Statements that delete rows, which is no move: retention (shared/retention.py) removes the
+# runs, and their steps, of lineages whose every run finished longer ago than the retention; a
+# deleted row is never read again. The statement guards on `finished_at` of the whole lineage.
+RETENTION_DELETES = frozenset({"retention_lineages_delete"})
+
+
 @dataclass(frozen=True)
 class Machine:
-    """One table's statuses, allowed moves, initial statuses and the statements that write it."""
+    """One table's statuses, allowed moves, initial statuses and the statements that write it
+    (`deletes`: the ones that only delete rows, never moving one)."""
 
     statuses: type[StrEnum]
     transitions: frozenset[tuple[Any, Any]]
     initial: frozenset[Any]
     statements: Mapping[str, Moves]
     dynamic: frozenset[str] = frozenset()
+    deletes: frozenset[str] = frozenset()
 
 
 MACHINES: dict[str, Machine] = {
-    "workflow_steps": Machine(StepStatus, TRANSITIONS, STEP_INITIAL, STEP_STATEMENTS, STEP_DYNAMIC),
-    "workflow_runs": Machine(RunStatus, RUN_TRANSITIONS, RUN_INITIAL, RUN_STATEMENTS),
+    "workflow_steps": Machine(
+        StepStatus, TRANSITIONS, STEP_INITIAL, STEP_STATEMENTS, STEP_DYNAMIC, RETENTION_DELETES
+    ),
+    "workflow_runs": Machine(
+        RunStatus, RUN_TRANSITIONS, RUN_INITIAL, RUN_STATEMENTS, deletes=RETENTION_DELETES
+    ),
 }
 
 

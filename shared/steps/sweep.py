@@ -23,10 +23,11 @@ batch answered from a small partial index:
 Then the registered `Duty`s, each claimed once per period across all instances through a row
 in `sweep_duties`: the backlog report the alerts read (every minute), marker expiry, provider
 subscription repair (hourly), trimming the lease history of runs that finished more than
-`lease_history_days` ago (hourly), and the duties of the trigger kinds (cron ticks,
-webhook-trigger key expiry, table and CRM polls: `shared/triggers/`). `default_duties()` is
-the one list: the sweep's own duties are written there, a trigger kind's come from its module
-through the kind registry, and the loop doesn't change.
+`lease_history_days` ago (hourly), retention of finished runs, decided events and processed
+inbox rows (`shared/retention.py`, every five minutes), and the duties of the trigger kinds
+(cron ticks, webhook-trigger key expiry, table and CRM polls: `shared/triggers/`).
+`default_duties()` is the one list: the sweep's own duties are written there, a trigger kind's
+come from its module through the kind registry, and the loop doesn't change.
 A duty that raises is recorded and logged; it never stops the core jobs.
 
 Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
@@ -77,10 +78,17 @@ class SweepConfig:
     redeliver_events_after_seconds: float = 120.0
     max_event_redeliveries: int = 5
     poll_seconds: float = 2.0
-    # Runs are kept for good; the per-attempt lease history of a finished run only for this long.
+    # The per-attempt lease history of a finished run is kept this long (its run longer).
     lease_history_days: int = 30
     # Pre-admission drops (shared/drops.py) hold changed property values: kept this long.
     drop_retention_days: int = 14
+    # Retention (shared/retention.py): days kept after a run finished, an event was decided,
+    # an inbox row was processed, a rehearsal finished; runs per deletion batch.
+    run_retention_days: int = 90
+    decision_retention_days: int = 90
+    inbox_retention_days: int = 30
+    rehearsal_retention_days: int = 7
+    retention_batch: int = 500
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SweepConfig:
@@ -104,6 +112,19 @@ class SweepConfig:
             drop_retention_days=_positive_int(
                 env, "ONCEFLOW_DROP_RETENTION_DAYS", d.drop_retention_days
             ),
+            run_retention_days=_positive_int(
+                env, "ONCEFLOW_RUN_RETENTION_DAYS", d.run_retention_days
+            ),
+            decision_retention_days=_positive_int(
+                env, "ONCEFLOW_DECISION_RETENTION_DAYS", d.decision_retention_days
+            ),
+            inbox_retention_days=_positive_int(
+                env, "ONCEFLOW_INBOX_RETENTION_DAYS", d.inbox_retention_days
+            ),
+            rehearsal_retention_days=_positive_int(
+                env, "ONCEFLOW_REHEARSAL_RETENTION_DAYS", d.rehearsal_retention_days
+            ),
+            retention_batch=_positive_int(env, "ONCEFLOW_RETENTION_BATCH", d.retention_batch),
         )
 
 
@@ -413,7 +434,7 @@ def report_backlog(db: Database) -> dict[str, float]:
 def default_duties(config: SweepConfig | None = None) -> list[Duty]:
     """Every periodic duty: the sweep's own, then each trigger kind's (shared/triggers/)."""
     # Imported here: trigger kinds import `Duty` from this module.
-    from shared import triggers
+    from shared import retention, triggers
 
     config = config or SweepConfig.from_env()
     days, drop_days = config.lease_history_days, config.drop_retention_days
@@ -427,6 +448,7 @@ def default_duties(config: SweepConfig | None = None) -> list[Duty]:
         Duty("trim_lease_history", 3600.0, lambda db: trim_lease_history(db, days)),
         Duty("trim_pre_admission_drops", 3600.0, lambda db: trim_drops(db, drop_days)),
         Duty("trim_oauth_install_states", 3600.0, trim_install_states),
+        retention.duty(config),
         *triggers.duties(),
     ]
 
