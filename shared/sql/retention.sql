@@ -31,7 +31,7 @@ WHERE root.id IN (
                             WHERE b.run_id = o.id AND b.status = 'reserved')
                  OR EXISTS (SELECT 1 FROM workflow_steps s
                             JOIN echo_markers m ON m.step_id = s.id
-                            WHERE s.run_id = o.id AND m.expires_at >= now())))
+                            WHERE s.run_id = o.id AND m.keep_until >= now())))
     ORDER BY c.finished_at
     LIMIT CAST(:batch AS integer))
 ORDER BY root.id
@@ -60,7 +60,7 @@ WITH runs AS (
                             WHERE b.run_id = o.id AND b.status = 'reserved')
                  OR EXISTS (SELECT 1 FROM workflow_steps s
                             JOIN echo_markers m ON m.step_id = s.id
-                            WHERE s.run_id = o.id AND m.expires_at >= now())))
+                            WHERE s.run_id = o.id AND m.keep_until >= now())))
 ), steps AS (
     SELECT s.id FROM workflow_steps s WHERE s.run_id IN (SELECT id FROM runs)
 ), gone_markers AS (
