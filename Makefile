@@ -13,8 +13,9 @@ PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3.14 python3; 
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@test -x $(PY) || { test -n "$(PYTHON)" || { echo "no Python 3.11 or newer found: install one (or make PYTHON=/path/to/python3)"; exit 1; }; $(PYTHON) -m venv .venv; }
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-	@# The package itself, editable and without dependencies (pinned above): .venv/bin/onceflow.
-	@$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	@# The `onceflow` command (a script running shared.cli from this checkout; not an editable
+	@# install, which would make the checkout importable everywhere: devstack/install_command.py).
+	@$(PY) -m devstack.install_command .venv >/dev/null
 	@touch $@
 
 venv: .venv/.installed ## Create .venv and install every dependency (quick when up to date)
