@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared import budgets
 from shared.db import Database
 from shared.workflows.validate import validate_file
 from tests.blocks_support import fake_crm
@@ -203,6 +204,11 @@ def _weekday_contracts_digest(stack: ExampleStack, workflow_id: str) -> None:
     assert all([d["id"] for d in s["body"]["deals"]] == [waiting.id] for s in digests)
     assert [d["body"]["morning_of"][11:16] for d in digests] == ["08:00"] * 4  # Paris time
     assert len({d["body"]["morning_of"][:10] for d in digests}) == 4  # four mornings
+    # The budget counts what the runs spent: one search (1 credit) a morning, under the cap.
+    with stack.db.transaction() as tx:
+        budget = budgets.workflow_summary(tx, workflow_id)
+    assert (budget["credits"], budget["per"]) == (200, "1d")
+    assert (budget["spent"], budget["reserved"]) == (4, 0)
 
 
 def _signups_table(stack: ExampleStack) -> None:
@@ -281,6 +287,14 @@ def _invoice_paid_webhook(stack: ExampleStack, workflow_id: str) -> None:
         ("tell_sales", "inv_1001")
     ]
     assert len(stack.runs(workflow_id)) == 1
+    # The workflow's rate_limit counted the task creation in its one-minute window.
+    with stack.db.transaction() as tx:
+        used = tx.all(
+            "SELECT window_seconds, used FROM throttle_windows"
+            " WHERE scope = 'workflow' AND subject = :w",
+            w=workflow_id,
+        )
+    assert [(r["window_seconds"], r["used"]) for r in used] == [(60, 1)]
 
 
 PERSON = ("CRM_UI", "userId:7")
