@@ -44,13 +44,23 @@ def seed_tenant(
         )
 
 
-def seed_connection(db: Database, base_url: str, *, token_env: str = "FAKECRM_TOKEN") -> str:
+def seed_connection(
+    db: Database,
+    base_url: str,
+    *,
+    token_env: str = "FAKECRM_TOKEN",
+    connection_id: str | None = None,
+) -> str:
+    """A HubSpot connection of TENANT to the fake at `base_url`; `connection_id` fixes its id
+    (a definition that names its connection, e.g. a CRM poll example), else a random one."""
     with db.transaction() as tx:
         return str(
             tx.scalar(
-                "INSERT INTO connections (tenant_id, provider, webhook_secret_env, "
+                "INSERT INTO connections (id, tenant_id, provider, webhook_secret_env, "
                 "api_credentials_env, api_base_url, provider_app_id) VALUES "
-                "(:t, 'hubspot', 'FAKECRM_APP_SECRET', :e, :u, '424242') RETURNING id::text",
+                "(COALESCE(CAST(:id AS uuid), gen_random_uuid()), :t, 'hubspot', "
+                "'FAKECRM_APP_SECRET', :e, :u, '424242') RETURNING id::text",
+                id=connection_id,
                 t=TENANT,
                 e=token_env,
                 u=base_url,

@@ -11,15 +11,19 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared import budgets
 from shared.db import Database
 from shared.workflows.validate import validate_file
 from tests.blocks_support import fake_crm
 from tests.examples_support import (
     EXAMPLES,
     ROOT,
+    STANDARD_SECRET_ENV,
     ExampleStack,
+    unexplained_problems,
     webhook_url,  # noqa: F401 - fixture
 )
+from tests.ingest_support import STANDARD_SECRET
 
 REENGAGE = ROOT / "examples" / "workflows" / "lead-replied-reengage.yaml"
 
@@ -35,7 +39,13 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
 
 
 @pytest.fixture
-def stack(db: Database, fake: FakeCrm, webhook_url: str) -> ExampleStack:  # noqa: F811
+def stack(
+    db: Database,
+    fake: FakeCrm,
+    webhook_url: str,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> ExampleStack:
+    monkeypatch.setenv(STANDARD_SECRET_ENV, STANDARD_SECRET)  # generic webhooks' sender
     return ExampleStack(db, fake, webhook_url)
 
 
@@ -178,13 +188,128 @@ def _lead_replied_reengage(stack: ExampleStack, workflow_id: str) -> None:
     assert task["properties"]["hs_timestamp"]
 
 
+def _weekday_contracts_digest(stack: ExampleStack, workflow_id: str) -> None:
+    waiting = stack.fake.create_record(
+        "deals", {"dealname": "Big", "dealstage": "contractsent"}, PERSON
+    )
+    stack.fake.create_record("deals", {"dealname": "Won", "dealstage": "closedwon"}, PERSON)
+    # Down since activation, back just after the third weekday morning: catch_up fires the
+    # two mornings missed and the third, one run each, oldest first.
+    assert stack.fire_cron(workflow_id, ticks=3) == {"schedules": 1, "fired": 3, "missed": 0}
+    # The next morning, on time: one digest, not a catch-up.
+    assert stack.fire_cron(workflow_id, ticks=1) == {"schedules": 1, "fired": 1, "missed": 0}
+    digests = [s for s in stack.sent if s["step"] == "post_digest"]
+    assert [d["body"]["caught_up"] for d in digests] == [True, True, True, False]
+    # Only the deal waiting for its contract, not the won one.
+    assert all([d["id"] for d in s["body"]["deals"]] == [waiting.id] for s in digests)
+    assert [d["body"]["morning_of"][11:16] for d in digests] == ["08:00"] * 4  # Paris time
+    assert len({d["body"]["morning_of"][:10] for d in digests}) == 4  # four mornings
+    # The budget counts what the runs spent: one search (1 credit) a morning, under the cap.
+    with stack.db.transaction() as tx:
+        budget = budgets.workflow_summary(tx, workflow_id)
+    assert (budget["credits"], budget["per"]) == (200, "1d")
+    assert (budget["spent"], budget["reserved"]) == (4, 0)
+
+
+def _signups_table(stack: ExampleStack) -> None:
+    """The product's table, with the index activation asks for (see the example's header)."""
+    with stack.db.transaction() as tx:
+        tx.execute("CREATE SCHEMA acme")
+        tx.execute(
+            "CREATE TABLE acme.signups (id bigint PRIMARY KEY, email text NOT NULL,"
+            " company text NOT NULL, plan text NOT NULL, onceflow_enrolled_at timestamptz)"
+        )
+        tx.execute(
+            "CREATE INDEX signups_to_enroll ON acme.signups (id)"
+            " WHERE onceflow_enrolled_at IS NULL AND plan = 'pro'"
+        )
+        tx.execute(
+            "INSERT INTO acme.signups (id, email, company, plan) VALUES"
+            " (1, 'ada@acme.test', 'Acme', 'pro'), (2, 'bob@free.test', 'Free', 'free'),"
+            " (3, 'cy@beta.test', 'Beta', 'pro')"
+        )
+
+
+def _enroll_pro_signups(stack: ExampleStack, workflow_id: str) -> None:
+    assert stack.run_poll(workflow_id).emitted == 2  # the two pro sign-ups, not the free one
+    contacts = {c["properties"]["email"]: c["id"] for c in stack.fake.records("contacts")}
+    assert set(contacts) == {"ada@acme.test", "cy@beta.test"}
+    for contact_id in contacts.values():
+        (task,) = _task_shown_on(stack, "contacts", contact_id)
+        assert task["properties"]["hs_task_subject"].startswith("Welcome call")
+    # The next pass stamps the rows whose run succeeded and starts nothing again.
+    again = stack.run_poll(workflow_id)
+    assert (again.emitted, again.stamped) == (0, 2)
+    with stack.db.transaction() as tx:
+        stamped = tx.all("SELECT id FROM acme.signups WHERE onceflow_enrolled_at IS NOT NULL")
+    assert sorted(r["id"] for r in stamped) == [1, 3]
+    assert stack.run_poll(workflow_id).rows == 0
+
+
+def _route_new_mqls(stack: ExampleStack, workflow_id: str) -> None:
+    mqls = [
+        stack.fake.create_record(
+            "contacts",
+            {"firstname": name, "lastname": "M", "lifecyclestage": "marketingqualifiedlead"},
+            ("IMPORT", ""),
+        ).id
+        for name in ("Ada", "Bob")
+    ]
+    stack.fake.create_record("contacts", {"firstname": "Cy", "lifecyclestage": "lead"}, PERSON)
+    assert stack.run_poll(workflow_id).emitted == 2
+    for contact_id in mqls:
+        (task,) = _task_shown_on(stack, "contacts", contact_id)
+        assert task["properties"]["hs_task_subject"].startswith("Call MQL")
+    # The next pass writes the stamp on each contact whose run succeeded; then none is left.
+    assert stack.run_poll(workflow_id).stamped == 2
+    routed = {
+        c["id"]: c["properties"]
+        for c in stack.fake.records("contacts")
+        if c["properties"].get("onceflow_routed_at")
+    }
+    assert set(routed) == set(mqls)
+    assert all(p["hs_lead_status"] == "NEW" for p in routed.values())
+    assert stack.run_poll(workflow_id).emitted == 0
+    assert len(stack.runs(workflow_id)) == 2
+
+
+def _invoice_paid_webhook(stack: ExampleStack, workflow_id: str) -> None:
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    paid = {"invoice_id": "inv_1001", "deal_id": deal.id, "amount": 1200}
+    first = stack.post_webhook("invoice-paid-webhook", paid, msg_id="msg_1")
+    assert first["status"] == "accepted"
+    # Billing got no answer and sends the same payment again: answered, acted on once.
+    again = stack.post_webhook("invoice-paid-webhook", paid, msg_id="msg_2")
+    assert (again["status"], again["event_id"]) == ("duplicate", first["event_id"])
+    (task,) = _task_shown_on(stack, "deals", deal.id)
+    assert "inv_1001" in task["properties"]["hs_task_subject"]
+    assert [(s["step"], s["body"]["invoice_id"]) for s in stack.sent] == [
+        ("tell_sales", "inv_1001")
+    ]
+    assert len(stack.runs(workflow_id)) == 1
+    # The workflow's rate_limit counted the task creation in its one-minute window.
+    with stack.db.transaction() as tx:
+        used = tx.all(
+            "SELECT window_seconds, used FROM throttle_windows"
+            " WHERE scope = 'workflow' AND subject = :w",
+            w=workflow_id,
+        )
+    assert [(r["window_seconds"], r["used"]) for r in used] == [(60, 1)]
+
+
 PERSON = ("CRM_UI", "userId:7")
+# What an example needs to exist before it can be activated.
+BEFORE_ACTIVATION = {"enroll-pro-signups": _signups_table}
 SCENARIOS = {
     "enroll-new-lead": _enroll_new_lead,
     "deal-closed-won": _deal_closed_won,
     "deal-contacts-foreach": _deal_contacts_foreach,
     "discount-approval": _discount_approval,
     "lead-replied-reengage": _lead_replied_reengage,
+    "weekday-contracts-digest": _weekday_contracts_digest,
+    "enroll-pro-signups": _enroll_pro_signups,
+    "route-new-mqls": _route_new_mqls,
+    "invoice-paid-webhook": _invoice_paid_webhook,
 }
 
 
@@ -206,7 +331,9 @@ def test_every_example_validates_and_runs_against_the_strict_fake(
     each example validates without a problem and its run succeeds through the engine."""
     assert stack.fake.config.strict_tasks
     report = validate_file(path)
-    assert report.ok and not report.problems, [str(p) for p in report.problems]
+    assert report.ok and not unexplained_problems(report), [str(p) for p in report.problems]
+    if path.stem in BEFORE_ACTIVATION:
+        BEFORE_ACTIVATION[path.stem](stack)
     workflow_id = stack.activate(path)
     SCENARIOS[path.stem](stack, workflow_id)
     runs = stack.runs(workflow_id)

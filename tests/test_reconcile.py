@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,6 +27,7 @@ from shared.port.interface import (
 from shared.workflows import subscriptions as subs
 from shared.workflows import versions
 from tests.blocks_support import fake_crm
+from tests.examples_support import CRM_EVENT_EXAMPLES
 from tests.ops_support import (
     bearer,
     dispatched_fixture,  # noqa: F401 - fixture `dispatched`
@@ -35,8 +35,8 @@ from tests.ops_support import (
     mint,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
+# The examples HubSpot webhooks start (the others need no provider subscription).
+EXAMPLES = CRM_EVENT_EXAMPLES
 # What the examples need from HubSpot.
 EXAMPLE_KEYS = {
     ("contact", "propertyChange", "lifecyclestage"),

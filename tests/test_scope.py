@@ -25,6 +25,7 @@ from tests.admission_support import (
     make_connection,
     make_tenant,
 )
+from tests.examples_support import CRM_EVENT_EXAMPLES
 from tests.steps_blocks import Recorder, block_lookup, spec
 from tests.steps_support import steps_of
 
@@ -225,7 +226,8 @@ def test_a_rehearsal_of_a_stored_event_renders_what_a_live_run_renders(
 # --- the examples against what HubSpot really sends --------------------------------------------
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples" / "workflows").glob("*.yaml"))
+# The examples a HubSpot webhook starts: what such a webhook carries is what they may read.
+EXAMPLES = CRM_EVENT_EXAMPLES
 RECORD_READ = re.compile(r"\brecord\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']+)[\"']\s*\])")
 
 
