@@ -355,7 +355,7 @@ def test_make_venv_takes_python_3_11_or_newer_and_installs_the_command(tmp_path:
     # The recipe gives the venv its `onceflow` command, without making the checkout
     # importable in it (tests/test_archive.py needs a venv that can't import `shared`).
     recipe = subprocess.run(
-        ["make", "-n", "venv", "PY=/nonexistent/python"],
+        ["make", "-n", "-B", "venv", "PY=/nonexistent/python"],
         cwd=REPO,
         capture_output=True,
         text=True,
