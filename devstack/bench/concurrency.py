@@ -47,6 +47,7 @@ import httpx
 
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit, percentile
+from devstack.bench.steps import seed_running_runs
 from devstack.function_process import serve_process
 from devstack.stack import PidFile
 from shared.db import Database, connector_from_env, pool_size_for
@@ -123,40 +124,7 @@ def seed_runs(db: Database, runs: int, url: str) -> list[str]:
         "trigger": {"events": ["bench.x.y"]},
         "steps": [{"id": "s0", "type": "http.request", "config": {"url": url, "body": {}}}],
     }
-    with db.transaction() as tx:
-        wf = tx.scalar(
-            "INSERT INTO workflows (tenant_id, name) VALUES (:t, :n) RETURNING id",
-            t=TENANT,
-            n=definition["name"],
-        )
-        version = tx.scalar(
-            "INSERT INTO workflow_versions (workflow_id, number, content_hash, definition,"
-            " source_text) VALUES (:w, 1, repeat('0', 64), CAST(:d AS jsonb), :d) RETURNING id",
-            w=wf,
-            d=json.dumps(definition),
-        )
-        # Seeding only (not runtime code): one statement each for the runs and their steps.
-        tx.execute(
-            "INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key,"
-            " dedup_mode, trigger_payload, lineage_root)"
-            " SELECT g.id, :t, :w, :v, 'bench:' || g.id, 'every_time', '{}', g.id"
-            " FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, CAST(:n AS integer)))"
-            " AS g",
-            t=TENANT,
-            w=wf,
-            v=version,
-            n=runs,
-        )
-        rows = tx.all(
-            "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key)"
-            " SELECT id, 's0', 's0', 'http.request', 'onceflow:' || id || ':s0'"
-            " FROM workflow_runs WHERE version_id = :v"
-            " RETURNING CAST(id AS text) AS id",
-            v=version,
-        )
-    with db.transaction() as tx:
-        tx.execute("ANALYZE")
-    return [str(r["id"]) for r in rows]
+    return seed_running_runs(db, definition, runs, "http.request")
 
 
 def push_body(step_id: str, n: int) -> bytes:

@@ -31,6 +31,7 @@ import statistics
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -88,8 +89,20 @@ def seed(db: Database, runs: int) -> list[str]:
     }
     with db.transaction() as tx:
         tx.execute("INSERT INTO tenants (id, name) VALUES (:t, :t)", t=TENANT)
+    return seed_running_runs(db, definition, runs, NOOP.type_name)
+
+
+def seed_running_runs(
+    db: Database, definition: dict[str, Any], runs: int, block_type: str
+) -> list[str]:
+    """Version 1 of a new workflow from `definition` (its tenant must exist) and `runs` running
+    runs of it, each with its first step `s0` of `block_type`; the step ids, ready to claim.
+    Seeding only (not runtime code): one statement each for the runs and their first steps."""
+    with db.transaction() as tx:
         wf = tx.scalar(
-            "INSERT INTO workflows (tenant_id, name) VALUES (:t, 'bench') RETURNING id", t=TENANT
+            "INSERT INTO workflows (tenant_id, name) VALUES (:t, :n) RETURNING id",
+            t=definition["tenant"],
+            n=definition["name"],
         )
         version = tx.scalar(
             "INSERT INTO workflow_versions (workflow_id, number, content_hash, definition,"
@@ -97,27 +110,28 @@ def seed(db: Database, runs: int) -> list[str]:
             w=wf,
             d=json.dumps(definition),
         )
-        # Seeding only (not runtime code): one statement each for the runs and first steps.
         tx.execute(
             "INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key,"
             " dedup_mode, trigger_payload, lineage_root)"
             " SELECT g.id, :t, :w, :v, 'bench:' || g.id, 'every_time', '{}', g.id"
             " FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, CAST(:n AS integer)))"
             " AS g",
-            t=TENANT,
+            t=definition["tenant"],
             w=wf,
             v=version,
             n=runs,
         )
         rows = tx.all(
             "INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key)"
-            " SELECT id, 's0', 's0', :b, 'onceflow:' || id || ':s0' FROM workflow_runs"
+            " SELECT id, 's0', 's0', :b, 'onceflow:' || id || ':s0'"
+            " FROM workflow_runs WHERE version_id = :v"
             " RETURNING CAST(id AS text) AS id",
-            b=NOOP.type_name,
+            b=block_type,
+            v=version,
         )
     with db.transaction() as tx:
         tx.execute("ANALYZE")
-    return [r["id"] for r in rows]
+    return [str(r["id"]) for r in rows]
 
 
 def run_executors(
