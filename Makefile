@@ -13,7 +13,7 @@ PYTHON ?= $(shell for p in python3.11 python3.12 python3.13 python3.14 python3; 
 .venv/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@test -x $(PY) || { test -n "$(PYTHON)" || { echo "no Python 3.11 or newer found: install one (or make PYTHON=/path/to/python3)"; exit 1; }; $(PYTHON) -m venv .venv; }
 	@$(PY) -m pip install -q --disable-pip-version-check -r requirements-dev.txt
-	@# The `onceflow` command (a script running shared.cli from this checkout; not an editable
+	@# The `onceflow` command (a script running shared.ops.cli from this checkout; not an editable
 	@# install, which would make the checkout importable everywhere: devstack/install_command.py).
 	@$(PY) -m devstack.install_command .venv >/dev/null
 	@touch $@
@@ -67,7 +67,7 @@ migrate: .venv/.installed ## Apply pending migrations to DATABASE_URL (or the lo
 	$(PY) -m devstack.stack migrate
 
 schema: .venv/.installed ## Export the workflow JSON Schema to schema/workflow.schema.json
-	$(PY) -m shared.cli schema --out schema/workflow.schema.json
+	$(PY) -m shared.ops.cli schema --out schema/workflow.schema.json
 
 bench-ingest: .venv/.installed ## Benchmark webhooks, drain and publish against pgbench
 	$(PY) -m devstack.bench.ingest

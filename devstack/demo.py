@@ -34,9 +34,9 @@ from devstack import scheduler
 from devstack import stack as devstack
 from devstack.fakecrm.webhooks import signed_headers
 from devstack.tools import MissingTool
-from shared import connections
-from shared.db import Database, connector_from_env
-from shared.queries import parse_blocks
+from shared.accounts import connections
+from shared.core.db import Database, connector_from_env
+from shared.core.queries import parse_blocks
 
 SQL = parse_blocks((Path(__file__).with_name("demo.sql")).read_text("utf-8"))
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name, not a secret
@@ -216,8 +216,8 @@ class Scenario:
         self.publish_workflow()
 
     def publish_workflow(self) -> None:
-        from shared.workflows import versions
-        from shared.workflows.validate import DefinitionInvalid
+        from shared.publishing import versions
+        from shared.publishing.validate import DefinitionInvalid
 
         for template in WORKFLOWS:
             text = template.format(tenant=self.tenant_id, notify_url=self.receiver.url)

@@ -20,8 +20,8 @@ from urllib.parse import urlencode
 
 import httpx
 
-from shared import provider_apps
-from shared.oauth_install import CALLBACK_PATH
+from shared.accounts import provider_apps
+from shared.accounts.oauth_install import CALLBACK_PATH
 from shared.ops.auth import mint_token
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class AppChapters:
 
     def union(self) -> None:
         from shared.port.connect import port_for_app
-        from shared.workflows import subscriptions, versions
+        from shared.publishing import subscriptions, versions
 
         story = self.s.story
         story.title("Each tenant activates a workflow; the app's subscriptions are the union")

@@ -27,7 +27,7 @@ import httpx
 
 from devstack import terraform
 from devstack.tools import free_port, pubsub_emulator
-from shared.deployables import DEPLOYABLES
+from shared.core.deployables import DEPLOYABLES
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from devstack.tools import MissingTool, free_port
-from shared.deployables import Deployable, by_name
+from shared.core.deployables import Deployable, by_name
 
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"

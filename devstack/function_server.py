@@ -3,7 +3,7 @@ gives a deployed function and a bare local process lacks.
 
 In the cloud no client talks to gunicorn: Cloud Run terminates the connection and proxies each
 request to the container, at most `max_instance_request_concurrency` at once (the function's
-concurrency in shared/deployables.py). Locally the client's socket *is* gunicorn's, and
+concurrency in shared/core/deployables.py). Locally the client's socket *is* gunicorn's, and
 gunicorn's threaded worker (THREADS = that concurrency, `function_process.concurrency_env`)
 parks an idle connection in its poller but gives a thread to a connection as soon as its first
 byte arrives, then waits without limit for the rest of the request head. A handful of clients
@@ -17,7 +17,7 @@ So the local stack starts functions-framework exactly as `functions-framework --
 - `worker_class`: the threaded worker with a *head deadline*: a request's line and headers must
   arrive within `HEAD_DEADLINE_SECONDS` of the thread taking the connection, or the read side is
   shut down and the connection closed. The body has its own deadline in the functions
-  (`shared.request_body`), which holds in the cloud too.
+  (`shared.core.request_body`), which holds in the cloud too.
 - `limit_request_line`: gunicorn's default (4094) instead of functions-framework's unlimited.
 
 Threads and workers are read by functions-framework from the environment (`THREADS`,
@@ -33,7 +33,7 @@ import functions_framework
 from functions_framework._http import create_server
 from gunicorn.workers.gthread import ThreadWorker
 
-from shared.request_body import SocketDeadline
+from shared.core.request_body import SocketDeadline
 
 HEAD_DEADLINE_SECONDS = 10.0
 LIMIT_REQUEST_LINE = 4094

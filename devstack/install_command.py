@@ -4,7 +4,7 @@ Not `pip install -e .`: an editable install makes the checkout importable from a
 venv, and `tests/test_archive.py` relies on a venv that cannot import `shared` outside the
 repository (otherwise serving the deploy archive would quietly fall back to the checkout and
 prove nothing about what the archive holds). The command is a small script that runs
-`python -m shared.cli` with this checkout on its own `PYTHONPATH` only.
+`python -m shared.ops.cli` with this checkout on its own `PYTHONPATH` only.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def install(venv: Path, repo: Path = REPO, python: Path | None = None) -> Path:
         "#!/bin/sh\n"
         "# onceflow from the checkout it was installed from (devstack/install_command.py)\n"
         f'PYTHONPATH={shlex.quote(str(repo))}"${{PYTHONPATH:+:$PYTHONPATH}}" '
-        f'exec {shlex.quote(str(python))} -m shared.cli "$@"\n',
+        f'exec {shlex.quote(str(python))} -m shared.ops.cli "$@"\n',
         "utf-8",
     )
     script.chmod(0o755)

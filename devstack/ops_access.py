@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.db import Database, connector_from_env
+from shared.core.db import Database, connector_from_env
 from shared.ops.auth import mint_token
 
 TOKEN_FILE = "ops-token"  # noqa: S105 - a file name, not a secret

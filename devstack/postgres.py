@@ -20,7 +20,7 @@ from pathlib import Path
 import pg8000.dbapi
 
 from devstack.tools import MissingTool, free_port, pg_bindir
-from shared.migrate import apply_all, discover
+from shared.core.migrate import apply_all, discover
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import httpx
 from cronsim import CronSim, CronSimError
 
 from devstack import terraform
-from shared.deployables import DEPLOYABLES
+from shared.core.deployables import DEPLOYABLES
 
 SPEEDUP_ENV = "ONCEFLOW_SCHEDULER_SPEEDUP"
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from shared import connections, provider_apps
-from shared.db import Database
-from shared.workflows import versions
+from shared.accounts import connections, provider_apps
+from shared.core.db import Database
+from shared.publishing import versions
 
 PROPERTY_CHANGED = "hubspot.contact.property_changed"
 

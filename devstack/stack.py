@@ -5,7 +5,7 @@
 - PostgreSQL: a throwaway cluster under `<root>/pg` (kept between runs; `rm -rf .local` resets
   it), or the server in `DATABASE_URL` when that is set; migrations applied either way;
 - the Pub/Sub emulator, with the topics and push subscriptions `infra/pubsub.tf` declares;
-- one functions-framework process per function in `shared/deployables.py`, started through
+- one functions-framework process per function in `shared/core/deployables.py`, started through
   `devstack.function_server` (functions-framework's own server plus the head deadline that
   Cloud Run's front end provides in the cloud);
 - the fake CRM (`devstack.fakecrm`), when that module is present;
@@ -46,8 +46,8 @@ import pg8000.dbapi
 
 from devstack import emulator, function_process, postgres, scheduler
 from devstack.tools import MissingTool, free_port, pg_bindir, port_holder, pubsub_emulator
-from shared.deployables import DEPLOYABLES, by_name
-from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV
+from shared.accounts.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV
+from shared.core.deployables import DEPLOYABLES, by_name
 from shared.ops import approval_links
 
 REPO = Path(__file__).resolve().parent.parent
@@ -535,9 +535,9 @@ def _write_json(path: Path, content: Mapping[str, Any]) -> None:
 
 
 def apply_migrations(database_url: str) -> list[str]:
-    from shared.db import connector_from_env
-    from shared.errors import OnceflowError
-    from shared.migrate import MigrationError, apply_all, discover
+    from shared.core.db import connector_from_env
+    from shared.core.errors import OnceflowError
+    from shared.core.migrate import MigrationError, apply_all, discover
 
     try:
         conn = connector_from_env({"DATABASE_URL": database_url})()
@@ -950,7 +950,7 @@ class RunningStack:
         return httpx.request(method, self.url(name) + path, timeout=timeout, **kwargs)
 
     def publish(self, topic: str, message: Mapping[str, Any]) -> str:
-        """Publish a JSON message to the emulator (as shared.pubsub does); the message id."""
+        """Publish a JSON message to the emulator (as shared.core.pubsub does); the message id."""
         import base64
 
         data = base64.b64encode(json.dumps(dict(message)).encode()).decode()

@@ -2,7 +2,7 @@
 
 Returns normally (ack) for admitted, refused and already-handled events and for poisoned
 messages (recorded in poisoned_messages); raises only on transient errors, so Pub/Sub
-redelivers exactly what may succeed later. See `shared/admission.py`.
+redelivers exactly what may succeed later. See `shared/admission/admit.py`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import functions_framework
 
-from shared.admission import admit_delivery
-from shared.db import get_database
-from shared.logs import labelled
+from shared.admission.admit import admit_delivery
+from shared.core.db import get_database
+from shared.core.logs import labelled
 
 
 @functions_framework.cloud_event

@@ -12,8 +12,8 @@ from typing import Any
 
 import functions_framework
 
-from shared.db import get_database
-from shared.logs import labelled
+from shared.core.db import get_database
+from shared.core.logs import labelled
 from shared.steps.advance import advance_from_message
 
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import functions_framework
 
-from shared.db import get_database
-from shared.errors import TransientError
-from shared.inbox import drain_inbox as drain
-from shared.logs import get_logger, labelled, traced
+from shared.core.db import get_database
+from shared.core.errors import TransientError
+from shared.core.logs import get_logger, labelled, traced
+from shared.ingest.inbox import drain_inbox as drain
 
 log = get_logger(__name__)
 

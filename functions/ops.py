@@ -4,8 +4,8 @@ from typing import Any
 
 import functions_framework
 
+from shared.core.request_body import detached
 from shared.ops.api import handle_request
-from shared.request_body import detached
 
 
 @functions_framework.http

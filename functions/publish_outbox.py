@@ -11,10 +11,10 @@ from typing import Any
 
 import functions_framework
 
-from shared.db import get_database
-from shared.errors import TransientError
-from shared.logs import get_logger, labelled, traced
-from shared.outbox import publish_outbox as publish
+from shared.core.db import get_database
+from shared.core.errors import TransientError
+from shared.core.logs import get_logger, labelled, traced
+from shared.ingest.outbox import publish_outbox as publish
 
 log = get_logger(__name__)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import functions_framework
 
-from shared.db import get_database
-from shared.logs import labelled, traced
+from shared.core.db import get_database
+from shared.core.logs import labelled, traced
 from shared.steps.sweep import run_sweep
 
 

@@ -2,10 +2,11 @@
 for all its portals, `POST /hubspot/app/{appId}` (public, no IAM). Also HubSpot's browser
 redirect back from an app install, `GET /oauth/hubspot/callback`, and signed approval links,
 `/ui/decide/...`: this is the one public function, and those pages are authenticated by what
-the browser brings (the install's single-use state, shared/oauth_install_http.py; the link's
+the browser brings (the install's single-use state, shared/accounts/oauth_install_http.py; the
+link's
 signature, shared/ops/approval_links.py). Nothing else of the ops page is served here.
 
-Thin: turn the Flask request into a `WebhookRequest`, let `shared.webhooks.receive` decide,
+Thin: turn the Flask request into a `WebhookRequest`, let `shared.ingest.receive` decide,
 answer with its JSON, then nudge the drain (after the response is decided; never fails it).
 """
 
@@ -18,14 +19,14 @@ from typing import Any
 import flask
 import functions_framework
 
-from shared import oauth_install_http
-from shared.db import get_database
-from shared.logs import labelled, traced
-from shared.oauth_install import CALLBACK_PATH
+from shared.accounts import oauth_install_http
+from shared.accounts.oauth_install import CALLBACK_PATH
+from shared.core.db import get_database
+from shared.core.logs import labelled, traced
+from shared.core.request_body import detached
+from shared.ingest import hubspot_app, nudge
+from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
-from shared.request_body import detached
-from shared.webhooks import hubspot_app, nudge
-from shared.webhooks.receive import WebhookRequest, receive_webhook
 
 
 @functions_framework.http

@@ -1,6 +1,6 @@
 # The seven Cloud Run functions (gen2), all built from the one archive in bundle.tf.
 #
-# `local.functions` mirrors shared/deployables.py (DEPLOYABLES) row for row; tests/test_infra.py
+# `local.functions` mirrors shared/core/deployables.py (DEPLOYABLES) row for row; tests/test_infra.py
 # fails when the two disagree on a name, entry point, trigger or public flag.
 #
 # Pub/Sub delivery: admit_event and advance_step have NO event_trigger. Eventarc would create
@@ -100,8 +100,8 @@ locals {
   }
 
   # Each instance's pool: one connection per request it serves at once (a thread never holds
-  # two: shared/db.py NestedCheckout) plus one for its background thread (the lease keeper in
-  # advance_step and ops, the nudge in webhook). The same rule as shared/db.py pool_size_for.
+  # two: shared/core/db.py NestedCheckout) plus one for its background thread (the lease keeper in
+  # advance_step and ops, the nudge in webhook). The same rule as shared/core/db.py pool_size_for.
   db_pool_size = {
     for name in keys(local.functions) : name => lookup(var.request_concurrency, name, 1) + 1
   }
@@ -211,9 +211,9 @@ resource "google_cloudfunctions2_function" "function" {
       LOG_LEVEL = var.log_level
       # The URI HubSpot signs is the URL it called. Behind the cloudfunctions.net URL the
       # request path has no function-name prefix, so without this the signature base differs
-      # and every delivery is refused 401 (shared/webhooks/receive.py, public_uri).
+      # and every delivery is refused 401 (shared/ingest/receive.py, public_uri).
       PUBLIC_BASE_URL = each.key == "webhook" ? local.webhook_public_base_url : ""
-      # The redirect URI an app install sends HubSpot (shared/oauth_install.py): the callback is
+      # The redirect URI an app install sends HubSpot (shared/accounts/oauth_install.py): the callback is
       # served by webhook, the one public function, because ops is IAM-gated and HubSpot's
       # redirect is a browser without a Google identity token.
       ONCEFLOW_OAUTH_REDIRECT_URL = each.key == "ops" ? local.hubspot_oauth_redirect_url : ""

@@ -47,7 +47,7 @@ locals {
 
   # Who publishes where (messages carry ids only):
   #   publish_outbox: trigger events, after their outbox row committed;
-  #   webhook: the same, from its in-process fast-path nudge (shared/webhooks/nudge.py runs
+  #   webhook: the same, from its in-process fast-path nudge (shared/ingest/nudge.py runs
   #            one bounded drain + publish pass after a delivery is stored);
   #   webhook: also the step an approval link's decision resumed (the link is served there);
   #   admit_event, advance_step: the first / next steps they created;

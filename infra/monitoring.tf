@@ -1,13 +1,13 @@
 # Alerts: something is stuck or failing, and someone should look.
 #
 # Log-based metrics count the engine's structured event lines. Each line has `event` and its
-# fields at the top of the JSON payload (shared/logs.py, EVENTS is the one list of names and
+# fields at the top of the JSON payload (shared/core/logs.py, EVENTS is the one list of names and
 # fields; tests/test_log_events.py checks that the engine writes them in that shape, and
 # tests/test_infra.py that every metric here matches one of them):
 #
 #   run_failed       a run ended failed (advance_step's settle, or the sweep's lease reclaim)
 #   breaker_tripped  a workflow's circuit breaker opened after consecutive failed runs
-#                    (shared/breaker.py); its events are refused workflow_paused
+#                    (shared/gates/breaker.py); its events are refused workflow_paused
 #   dead_lettered    an inbox row marked dead, or a Pub/Sub message recorded as poisoned
 #   lease_expired    the sweep reclaimed a step whose lease expired (a process died or hung)
 #   backlog_age      once a minute from the sweep: age of the oldest undrained inbox row,

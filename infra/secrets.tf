@@ -3,7 +3,7 @@
 # pin the version each function reads through secret_environment_variables.
 
 locals {
-  # Who reads each secret of a HubSpot app, by the app's kind. shared/provider_apps.py
+  # Who reads each secret of a HubSpot app, by the app's kind. shared/accounts/provider_apps.py
   # (APP_SECRET_READERS) says the same; tests/test_infra.py fails when they differ. The client
   # secret keys the webhook signatures and, for a public app, the OAuth code exchange (with the
   # client id) done by webhook, which serves HubSpot's redirect back from an install (ops is

@@ -1,7 +1,7 @@
 # Cloud SQL for PostgreSQL: private IP only, IAM database authentication, no passwords.
 #
 # Every function connects as its own service account (google_sql_user.function) through
-# cloud-sql-python-connector (shared/db.py): IAM auth, private IP, lazy refresh. Those users
+# cloud-sql-python-connector (shared/core/db.py): IAM auth, private IP, lazy refresh. Those users
 # get table privileges from infra/grants.sql, which Cloud Build runs after each apply.
 
 resource "google_sql_database_instance" "main" {

@@ -46,7 +46,7 @@ variable "db_connection_reserve" {
 }
 
 variable "request_concurrency" {
-  description = "Requests one instance of each function serves at once (max_instance_request_concurrency, and THREADS for functions-framework's gunicorn). Each instance's database pool is this plus one (DB_POOL_SIZE: a connection per request thread and one for the process's background thread, shared/db.py pool_size_for), and the connection budget counts it. Defaults mirror shared/deployables.py (tests/test_infra.py checks them); the scheduled functions keep 1."
+  description = "Requests one instance of each function serves at once (max_instance_request_concurrency, and THREADS for functions-framework's gunicorn). Each instance's database pool is this plus one (DB_POOL_SIZE: a connection per request thread and one for the process's background thread, shared/core/db.py pool_size_for), and the connection budget counts it. Defaults mirror shared/core/deployables.py (tests/test_infra.py checks them); the scheduled functions keep 1."
   type        = map(number)
   default = {
     webhook        = 8
@@ -134,9 +134,9 @@ variable "secrets" {
       version   = "1"
       functions = ["ops", "webhook"]
     }
-    # Seals OAuth refresh and access tokens at rest (shared/oauth_tokens.py, TOKEN_KEK_ENV):
+    # Seals OAuth refresh and access tokens at rest (shared/accounts/oauth_tokens.py, TOKEN_KEK_ENV):
     # 32 random bytes, base64. Read by webhook, which seals the grant at an install's callback,
-    # and the functions that use or refresh a connection's token (shared/deployables.py,
+    # and the functions that use or refresh a connection's token (shared/core/deployables.py,
     # OAUTH_CLIENT_USERS).
     "onceflow-token-kek" = {
       env_var   = "ONCEFLOW_TOKEN_KEK"
@@ -272,7 +272,7 @@ variable "hubspot_apps" {
     HubSpot apps whose webhooks arrive at <webhook_url>/hubspot/app/<app id> (output
     hubspot_app_webhook_urls), keyed by HubSpot app id. For each, secrets.tf creates one Secret
     Manager secret per secret the app has, onceflow-hubspot-app-<app id>-<name>, handed to the
-    functions that read it as HUBSPOT_APP_<app id>_<NAME> (shared/provider_apps.py,
+    functions that read it as HUBSPOT_APP_<app id>_<NAME> (shared/accounts/provider_apps.py,
     secret_env). A public app has client_secret, client_id and developer_key; a private app
     only client_secret. As with var.secrets, operators add the values with
     `gcloud secrets versions add` and pin each version number here.

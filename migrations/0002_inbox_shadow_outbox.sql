@@ -43,7 +43,7 @@ CREATE TABLE shadow_records (
 );
 
 -- The outbox: typed trigger events. Written in the same transaction as the change they
--- describe (drain_inbox, or an application through shared.outbox.emit).
+-- describe (drain_inbox, or an application through shared.ingest.outbox.emit).
 CREATE TABLE workflow_trigger_events (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant_id         text NOT NULL REFERENCES tenants (id),

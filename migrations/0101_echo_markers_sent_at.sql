@@ -11,7 +11,7 @@ ALTER TABLE echo_markers
     ALTER COLUMN sent_at SET DEFAULT now();
 
 -- The one definition of "markers that can explain this change", used by admission's context
--- statement and by shared/echo.py alike. A single-SELECT SQL function: Postgres inlines it
+-- statement and by shared/admission/echo.py alike. A single-SELECT SQL function: Postgres inlines it
 -- into the calling statement, so the lookup index is still used.
 CREATE FUNCTION echo_markers_alive(
     p_connection_id uuid, p_object_type text, p_object_id text, p_fields text[],

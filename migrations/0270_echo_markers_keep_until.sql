@@ -1,8 +1,8 @@
 -- Echo markers are kept until their provider can no longer deliver the echo of the write.
 --
 -- keep_until: expires_at plus the grace of the connection's provider (its longest redelivery
---   horizon plus onceflow's own slowest admission; shared/connections.py
---   REDELIVERY_HORIZON_SECONDS and shared/echo.py expiry_grace_seconds), fixed when the marker
+--   horizon plus onceflow's own slowest admission; shared/accounts/connections.py
+--   REDELIVERY_HORIZON_SECONDS and shared/admission/echo.py expiry_grace_seconds), fixed when the marker
 --   is written. The sweep deletes a marker once keep_until has passed. Until this migration
 --   markers went one hour after expiry, while HubSpot retries a failed delivery for more than
 --   a day: existing rows get the longest horizon any provider has (three days) plus that hour.

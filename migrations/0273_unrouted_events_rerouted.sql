@@ -1,8 +1,8 @@
 -- Events of a portal that had no live connection yet can be routed once its connection exists
 -- (issue 23, item 16). HubSpot installs the app on a portal at consent and delivers its events
 -- from then on, while the portal's connection appears only when the install is confirmed
--- (shared/oauth_install.py); before this, those events stayed in unrouted_provider_events for
--- good. The sweep (shared/inbox.py reroute_unrouted) drains each one into the connection's
+-- (shared/accounts/oauth_install.py); before this, those events stayed in unrouted_provider_events for
+-- good. The sweep (shared/ingest/inbox.py reroute_unrouted) drains each one into the connection's
 -- trigger events and stamps it here in the same transaction: rerouted_at and rerouted_to are
 -- set together, once.
 ALTER TABLE unrouted_provider_events

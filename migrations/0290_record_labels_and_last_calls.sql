@@ -1,7 +1,7 @@
 -- What people call a record, and whether a connection's provider answers (issue 24).
 --
 -- record_labels: the name and email of a record as onceflow's own CRM reads and writes saw
--- them (shared/record_labels.py). HubSpot's webhooks carry only the property that changed, so
+-- them (shared/port/record_labels.py). HubSpot's webhooks carry only the property that changed, so
 -- without this the page could show nothing but `<connection>:<type>:<id>`, and a search by
 -- email found a record only when its email was the changed property. One row per record,
 -- written only when the label or email changed.

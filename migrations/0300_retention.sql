@@ -1,4 +1,4 @@
--- Retention (shared/retention.py): finished runs, decided events and processed inbox rows are
+-- Retention (shared/sweep/retention.py): finished runs, decided events and processed inbox rows are
 -- deleted after a retention, in small batches found through an index, never by a full scan.
 
 -- Money and promise records outlive the runs they name. The credit ledger and its refunds

@@ -1,6 +1,6 @@
 """Seeding for admission tests: tenants, connections, workflows published and activated through
-`shared.workflows.versions` (so bindings are the real ones), and events through
-`shared.outbox.emit` (so event rows are the real ones)."""
+`shared.publishing.versions` (so bindings are the real ones), and events through
+`shared.ingest.outbox.emit` (so event rows are the real ones)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from shared.db import Database
-from shared.outbox import TriggerEvent, emit
-from shared.workflows import versions
+from shared.core.db import Database
+from shared.ingest.outbox import TriggerEvent, emit
+from shared.publishing import versions
 
 EVENT_TYPE = "hubspot.contact.property_changed"
 

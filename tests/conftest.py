@@ -13,8 +13,8 @@ import pg8000.dbapi
 import pytest
 
 from devstack import postgres
-from shared import db as dbmod
-from shared.db import Database, connector_from_env
+from shared.core import db as dbmod
+from shared.core.db import Database, connector_from_env
 
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
@@ -72,7 +72,7 @@ def database_url(pg_cluster: postgres.Cluster, template_database: str) -> Iterat
 
 @pytest.fixture
 def db(database_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Database]:
-    """A pool on the test's database; `shared.db.get_database()` returns it too."""
+    """A pool on the test's database; `shared.core.db.get_database()` returns it too."""
     monkeypatch.setenv("DATABASE_URL", database_url)
     monkeypatch.delenv("INSTANCE_CONNECTION_NAME", raising=False)
     dbmod.reset_database()

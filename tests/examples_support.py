@@ -27,15 +27,15 @@ from pydantic import BaseModel
 from werkzeug.serving import make_server
 
 from devstack.fakecrm import FakeCrm
-from shared import admission
+from shared.admission import admit as admission
 from shared.blocks.base import BlockContext, BlockResult
-from shared.db import Database
-from shared.inbox import drain_inbox
+from shared.core.db import Database
+from shared.ingest.inbox import drain_inbox
 from shared.port import connect
+from shared.publishing import subscriptions, versions
+from shared.publishing.validate import ValidationReport
 from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
 from shared.triggers import cron, poll
-from shared.workflows import subscriptions, versions
-from shared.workflows.validate import ValidationReport
 from tests.blocks_support import seed_connection, seed_tenant
 from tests.ingest_support import make_connection, standard_headers
 from tests.steps_blocks import Recorder, block_lookup, spec

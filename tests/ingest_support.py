@@ -1,5 +1,5 @@
 """Test helpers for the events-in path: tenants/connections rows, provider payloads, and
-signatures computed here with hmac/hashlib, independently of `shared.webhooks.signatures`."""
+signatures computed here with hmac/hashlib, independently of `shared.ingest.signatures`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import json
 import time
 from typing import Any
 
-from shared.connections import create_connection
-from shared.db import Database
+from shared.accounts.connections import create_connection
+from shared.core.db import Database
 
 HUBSPOT_SECRET = "hs-app-secret-0123456789"
 STANDARD_KEY = b"standard-webhooks-key-bytes-32!!"

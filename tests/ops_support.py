@@ -14,7 +14,7 @@ from typing import Any
 import functions_framework
 import pytest
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops import api as ops_api
 from shared.ops.auth import mint_token
 from shared.workflows.definition import WorkflowDefinition

@@ -7,15 +7,15 @@ Use from a test module (importing the fixtures is enough for pytest to find them
     from tests.pubsub_emulator import pubsub_emulator_fixture, pubsub_fixture  # noqa: F401
 
     def test_something(pubsub):
-        ...publish through shared.pubsub.get_publisher()...
+        ...publish through shared.core.pubsub.get_publisher()...
         assert pubsub.pull_ids("trigger-events", count=3) == [...]
 
 `pubsub_emulator` (session) starts `cloud-pubsub-emulator --host=127.0.0.1 --port=<free>`,
 sets `PUBSUB_EMULATOR_HOST` for the session and stops the emulator (its whole process group)
 at the end. `pubsub` (per test) makes a fresh project — the emulator keeps state in memory
 per project, so tests can't see each other's messages — creates every topic in
-`shared.deployables.TOPICS` with a pull subscription `<topic>-test`, and points
-`shared.pubsub.get_publisher()` at that project for the test.
+`shared.core.deployables.TOPICS` with a pull subscription `<topic>-test`, and points
+`shared.core.pubsub.get_publisher()` at that project for the test.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from typing import Any
 import pytest
 
 from devstack import emulator
-from shared import pubsub as pubsub_mod
-from shared.deployables import TOPICS
+from shared.core import pubsub as pubsub_mod
+from shared.core.deployables import TOPICS
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import json
 import uuid
 from typing import Any
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.steps.journal import insert_steps
 from shared.workflows.definition import WorkflowDefinition
 

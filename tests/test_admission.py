@@ -10,15 +10,15 @@ from typing import Any
 
 import pytest
 
-from shared.admission import (
+from shared.admission.admit import (
     AdmissionSeams,
     admit_delivery,
     admit_event,
     refusals_for_record,
 )
-from shared.db import Database
-from shared.echo import record_echo_marker
-from shared.errors import PermanentError, TransientError
+from shared.admission.echo import record_echo_marker
+from shared.core.db import Database
+from shared.core.errors import PermanentError, TransientError
 from shared.steps.journal import idempotency_key, step_key
 from tests.admission_support import (
     Published,
@@ -262,7 +262,7 @@ def test_a_binding_whose_definition_no_longer_parses_is_refused_alone(
 def test_the_refusal_reasons_check_mirrors_the_one_list(db: Database) -> None:
     import re
 
-    from shared.admission import REASONS
+    from shared.admission.admit import REASONS
     from shared.ops.explain import REASON_WORDS
 
     with db.transaction() as tx:
@@ -352,7 +352,7 @@ def test_a_failed_admission_transaction_decides_nothing_and_the_redelivery_decid
 
     with pytest.raises(PermanentError, match="injected"):
         admit_event(db, event_id, publish=Published(), seams=AdmissionSeams(before_commit=crash))
-    # (shared.db reports any failure inside a transaction as a onceflow error.)
+    # (shared.core.db reports any failure inside a transaction as a onceflow error.)
     assert count(db, "SELECT count(*) FROM delivery_claims WHERE event_id = :e", e=event_id) == 0
     assert count(db, "SELECT count(*) FROM admission_refusals WHERE event_id = :e", e=event_id) == 0
     assert (
@@ -418,8 +418,8 @@ def test_admission_needs_one_pooled_connection_even_with_refusals(
     connection for the refusals and waited 30 s for it, then nacked until dead-letter. Eight
     threads sharing a pool of two, each admitting an event with refusals, all finish: nobody
     holds one connection while waiting for another."""
-    from shared.db import Database as Pool
-    from shared.db import connector_from_env
+    from shared.core.db import Database as Pool
+    from shared.core.db import connector_from_env
 
     bind_workflow(db, "refuses", rule="false")
     bind_workflow(db, "runs", dedup="every_time")

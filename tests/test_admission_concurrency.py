@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from shared.admission import AdmissionResult, admit_event
-from shared.db import Database, connector_from_env
+from shared.admission.admit import AdmissionResult, admit_event
+from shared.core.db import Database, connector_from_env
 from tests.admission_support import (
     Published,
     bind_workflow,

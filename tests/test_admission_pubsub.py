@@ -12,9 +12,9 @@ from typing import Any
 
 import functions_framework
 
-from shared import pubsub as pubsub_mod
-from shared.admission import admit_event
-from shared.db import Database
+from shared.admission.admit import admit_event
+from shared.core import pubsub as pubsub_mod
+from shared.core.db import Database
 from tests.admission_support import bind_workflow, count, emit_event, make_connection, make_tenant
 from tests.pubsub_emulator import (  # noqa: F401 - fixtures
     PubsubProject,

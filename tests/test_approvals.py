@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
+from shared.core.db import Database
+from shared.publishing.validate import validate_text
 from shared.steps import parks
 from shared.steps.sweep import run_sweep
-from shared.workflows.validate import validate_text
 from tests.ops_support import (
     Dispatched,
     bearer,
@@ -272,7 +272,7 @@ def test_a_link_past_its_approvals_expiry_is_refused(monkeypatch: pytest.MonkeyP
 def test_the_cli_lists_and_decides_approvals_through_the_ops_api(
     db: Database, ops_server: str, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    from shared import cli
+    from shared.ops import cli
 
     run_id, park_id, _q, _lookup = _parked(db)
     monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_server)

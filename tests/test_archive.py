@@ -30,7 +30,7 @@ import pytest
 from devstack.bundle import build_archive
 from devstack.function_process import command, signature_type
 from devstack.tools import free_port
-from shared.deployables import DEPLOYABLES, Deployable
+from shared.core.deployables import DEPLOYABLES, Deployable
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -7,7 +7,7 @@ import json
 
 from devstack.bench import e2e
 from devstack.seed import PROPERTY_CHANGED
-from shared.workflows.validate import validate_data
+from shared.publishing.validate import validate_data
 
 
 def test_the_bench_workflow_is_a_valid_three_step_graph() -> None:

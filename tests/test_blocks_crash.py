@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 from devstack.fakecrm import FakeCrm
-from shared.db import Database
+from shared.core.db import Database
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import definition, publish_version, start_run
 
@@ -35,7 +35,7 @@ REPEATS = 2
 LEASE = {"ONCEFLOW_STEP_LEASE_SECONDS": "1.5", "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "0.5"}
 CHILD = (
     "import sys\n"
-    "from shared.db import get_database\n"
+    "from shared.core.db import get_database\n"
     "from shared.steps.advance import advance_step\n"
     "advance_step(get_database(), sys.argv[1], dispatch=lambda ids: None)\n"
 )

@@ -9,7 +9,7 @@ import pytest
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.blocks import crm
 from shared.blocks.base import BlockFailure
-from shared.db import Database
+from shared.core.db import Database
 from shared.port import connect
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 

@@ -15,11 +15,12 @@ import pytest
 from werkzeug.serving import make_server
 
 from devstack.fakecrm import FakeCrm
-from shared import admission
+from shared.admission import admit as admission
 from shared.blocks import crm
-from shared.db import Database
-from shared.inbox import drain_inbox
-from shared.workflows import scope, versions
+from shared.core.db import Database
+from shared.ingest.inbox import drain_inbox
+from shared.publishing import versions
+from shared.workflows import scope
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 
 ROOT = Path(__file__).resolve().parent.parent

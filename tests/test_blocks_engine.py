@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from devstack.fakecrm import FakeCrm
-from shared.db import Database
+from shared.core.db import Database
 from shared.steps.advance import advance_step
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import definition, publish_version, run_row, start_run, steps_of

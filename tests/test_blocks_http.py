@@ -17,8 +17,8 @@ import pytest
 from devstack.fakecrm import FakeCrm
 from shared.blocks import http as http_block
 from shared.blocks.base import BlockFailure
-from shared.db import Database
-from shared.netguard import NetPolicy
+from shared.core.db import Database
+from shared.core.netguard import NetPolicy
 from tests.blocks_support import StepRunner, seed_tenant
 
 

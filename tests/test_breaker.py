@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm
-from shared import breaker
-from shared.admission import admit_event
-from shared.db import Database
-from shared.logs import CloudLoggingFormatter, LogEvent
-from shared.netguard import NetPolicy
+from shared.admission.admit import admit_event
+from shared.core.db import Database
+from shared.core.logs import CloudLoggingFormatter, LogEvent
+from shared.core.netguard import NetPolicy
+from shared.gates import breaker
 from shared.ops.explain import explain_reason
+from shared.publishing import versions
 from shared.steps.advance import advance_step
 from shared.steps.sweep import SweepConfig, run_sweep
-from shared.workflows import versions
 from tests.admission_support import Published, emit_event, make_connection, make_tenant, refusals
 from tests.ops_support import (
     bearer,
@@ -227,7 +227,7 @@ def _cli(ops_url: str, token: str, *args: str) -> subprocess.CompletedProcess[st
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "PGHOST")}
     env.update(NO_GCE_CHECK="true", ONCEFLOW_OPS_URL=ops_url, ONCEFLOW_OPS_TOKEN=token)
     return subprocess.run(
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "shared.ops.cli", *args],
         capture_output=True,
         text=True,
         env=env,

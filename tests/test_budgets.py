@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm
-from shared import budgets
 from shared.blocks import http as http_block
-from shared.db import Database, connector_from_env
-from shared.netguard import NetPolicy
+from shared.core.db import Database, connector_from_env
+from shared.core.netguard import NetPolicy
+from shared.gates import budgets
+from shared.gates.catalog import WorkflowGates, open_gates, settle_gates
 from shared.ops import replay
 from shared.steps.advance import advance_step
-from shared.steps.gates import WorkflowGates, open_gates, settle_gates
 from shared.steps.states import StepStatus
 from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
 from shared.workflows.definition import Budget, WorkflowDefinition

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from shared.blocks.base import BlockResult
-from shared.db import Database
-from shared.errors import TransientError
+from shared.core.db import Database
+from shared.core.errors import TransientError
 from shared.ops.replay import replay_run
 from shared.steps import settle as settle_module
 from shared.steps.advance import advance_step
@@ -249,7 +249,7 @@ def test_ops_cancel_answers_who_and_why_and_audits_both_calls(
 def test_the_cli_cancels_through_the_ops_api(
     db: Database, ops_server: str, monkeypatch: Any, capsys: Any
 ) -> None:
-    from shared import cli
+    from shared.ops import cli
 
     run_id, _ = start_run(db, publish_version(db, definition(chain(2, "test.noop"))))
     monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_server)

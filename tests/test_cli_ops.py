@@ -23,8 +23,8 @@ import httpx
 import pytest
 
 from devstack.function_process import serve
-from shared import cli
-from shared.db import Database
+from shared.core.db import Database
+from shared.ops import cli
 from shared.ops.client import IAM_HEADER
 from tests.ops_support import (
     JournalRow,
@@ -158,7 +158,7 @@ def test_exit_codes_mean_something(
     )
     # The installed command, as CI calls it: the same codes from a real process.
     proc = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "show", "not-a-run", "--url", ops_process],
+        [sys.executable, "-m", "shared.ops.cli", "show", "not-a-run", "--url", ops_process],
         cwd=ROOT,
         env={**os.environ, "ONCEFLOW_OPS_TOKEN": token},
         capture_output=True,
@@ -265,7 +265,7 @@ def test_an_operator_goes_from_nothing_to_a_tenant_token_without_sql(
         monkeypatch.setenv("ONCEFLOW_OPS_URL", base)
         command_env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         proc = subprocess.run(
-            [sys.executable, "-m", "shared.cli", "bootstrap", "--label", "first admin"],
+            [sys.executable, "-m", "shared.ops.cli", "bootstrap", "--label", "first admin"],
             input=BOOTSTRAP_SECRET + "\n",
             cwd=ROOT,
             env=command_env,
@@ -380,7 +380,7 @@ def test_a_closed_pipe_ends_the_command_quietly(
     _failed_runs(db, 3)
     env = {**os.environ, "ONCEFLOW_OPS_URL": ops_process, "ONCEFLOW_OPS_TOKEN": mint(db, "acme")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "runs"],
+        [sys.executable, "-m", "shared.ops.cli", "runs"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

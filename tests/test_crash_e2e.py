@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from shared.db import Database
+from shared.core.db import Database
 from tests.e2e.crash_harness import EXIT_CODE, CrashHarness, Receiver
 from tests.pubsub_emulator import (
     Emulator,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import uuid
 
-from shared import credits
-from shared.db import Database
+from shared.core.db import Database
+from shared.gates import credits
 
 
 def _tenant(db: Database, balance: int) -> None:

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from shared import triggers
-from shared.admission import admit_event
-from shared.db import Database
+from shared.admission.admit import admit_event
+from shared.core.db import Database
+from shared.publishing import versions
+from shared.publishing.validate import validate_text
 from shared.steps.sweep import SweepConfig, default_duties, run_duty
 from shared.triggers import cron
-from shared.workflows import versions
-from shared.workflows.validate import validate_text
 from tests.admission_support import count, make_tenant
 from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint
 

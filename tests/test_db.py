@@ -1,4 +1,5 @@
-"""shared.db: named blocks run as statements prepared once per pooled connection, and that cache
+"""shared.core.db: named blocks run as statements prepared once per pooled connection, and that
+cache
 survives None/value parameter changes, dropped connections, failed prepares and schema changes
 without changing how errors are translated."""
 
@@ -12,9 +13,9 @@ from uuid import UUID
 import pg8000.native
 import pytest
 
-from shared.db import Database, Tx, connector_from_env, parse_database_url
-from shared.errors import ConflictError, PermanentError, TransientError, classify_sqlstate
-from shared.queries import Query
+from shared.core.db import Database, Tx, connector_from_env, parse_database_url
+from shared.core.errors import ConflictError, PermanentError, TransientError, classify_sqlstate
+from shared.core.queries import Query
 
 TWICE = Query("db_test_twice", "SELECT CAST(:n AS int) + 1 AS m -- db_test_twice")
 BY_NAME = Query(
@@ -245,7 +246,7 @@ def test_tcp_connections_turn_nagle_off(database_url: str) -> None:
 
 
 def test_text_lists_reach_postgres_exactly_as_given(pool: Database) -> None:
-    """Flat lists of str/None are encoded by shared.db, not pg8000 (its per-character escaping
+    """Flat lists of str/None are encoded by shared.core.db, not pg8000 (its per-character escaping
     was admission's largest CPU cost). Every element must read back as sent, including
     "null", which pg8000's own encoding turned into SQL NULL (it left it unquoted)."""
     tricky = [
@@ -288,7 +289,7 @@ def test_text_lists_reach_postgres_exactly_as_given(pool: Database) -> None:
 def test_a_thread_never_holds_two_connections_of_one_pool(database_url: str) -> None:
     """Hold-and-wait deadlocks a pool under concurrency (N threads each holding one of N
     connections and waiting for another); the pool refuses the second checkout at once."""
-    from shared.db import NestedCheckout
+    from shared.core.db import NestedCheckout
 
     db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=4)
     try:
@@ -301,7 +302,7 @@ def test_a_thread_never_holds_two_connections_of_one_pool(database_url: str) -> 
 
 
 def test_every_pooled_connection_has_the_session_limits(database_url: str) -> None:
-    from shared.db import SessionLimits
+    from shared.core.db import SessionLimits
 
     limits = SessionLimits(
         statement_timeout_ms=1500, lock_timeout_ms=700, idle_in_transaction_timeout_ms=9000
@@ -330,7 +331,7 @@ def test_every_pooled_connection_has_the_session_limits(database_url: str) -> No
 
 
 def test_session_limits_come_from_the_environment_and_refuse_nonsense() -> None:
-    from shared.db import SessionLimits
+    from shared.core.db import SessionLimits
 
     env = {"DB_STATEMENT_TIMEOUT_MS": "0", "DB_LOCK_TIMEOUT_MS": "250"}
     assert SessionLimits.from_env(env) == SessionLimits(
@@ -416,7 +417,7 @@ def test_a_pool_sized_for_the_concurrency_never_makes_a_request_wait(database_ur
     """pool_size_for(N): N request threads (a thread holds at most one connection) plus the
     background thread; N threads at once never find the pool empty. The pool's own counters
     say so, and they do see a pool that is too small."""
-    from shared.db import pool_size_for
+    from shared.core.db import pool_size_for
 
     threads = 8
     db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size_for(threads))

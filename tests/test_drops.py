@@ -11,9 +11,9 @@ from typing import Any
 import functions_framework
 import pytest
 
-from shared import inbox
-from shared.db import Database
-from shared.drops import trim_drops
+from shared.core.db import Database
+from shared.ingest import inbox
+from shared.ingest.drops import trim_drops
 from shared.steps.sweep import SweepConfig, default_duties
 from tests.ingest_support import (
     HUBSPOT_SECRET,

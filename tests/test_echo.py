@@ -9,8 +9,7 @@ from pathlib import Path
 import functions_framework
 import pytest
 
-from shared.db import Database
-from shared.echo import (
+from shared.admission.echo import (
     ENGINE_ADMISSION_SECONDS,
     canonical_value,
     check_echo,
@@ -19,6 +18,7 @@ from shared.echo import (
     record_echo_marker,
     value_hash,
 )
+from shared.core.db import Database
 from tests.admission_support import make_connection, make_tenant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ def test_a_change_made_before_onceflows_write_was_sent_is_not_its_echo(db: Datab
     The rep's change happened before the write was sent, so no marker may explain it (the
     first release matched on expiry alone and refused the rep's change as an echo). Within
     the documented clock skew the marker still matches."""
-    from shared.echo import ECHO_CLOCK_SKEW_SECONDS
+    from shared.admission.echo import ECHO_CLOCK_SKEW_SECONDS
 
     make_tenant(db)
     conn = make_connection(db)
@@ -153,8 +153,8 @@ def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_ta
     `max_event_redeliveries` times, `redeliver_events_after_seconds` apart, before giving it up
     as undelivered. Each provider's grace must cover both, and a marker written for a
     connection of that provider must carry it."""
-    from shared.connections import PROVIDERS, REDELIVERY_HORIZON_SECONDS
-    from shared.echo import expiry_grace_seconds
+    from shared.accounts.connections import PROVIDERS, REDELIVERY_HORIZON_SECONDS
+    from shared.admission.echo import expiry_grace_seconds
     from shared.steps.sweep import SweepConfig
 
     config = SweepConfig()
@@ -224,9 +224,9 @@ def test_a_hubspot_redelivery_late_within_its_horizon_is_still_an_echo_then_trim
     refused as `echo_suppressed`, and the sweep must trim the marker once the horizon has
     passed. (The first release deleted markers an hour after expiry: the late echo started
     the workflow.)"""
-    from shared import admission
-    from shared.connections import REDELIVERY_HORIZON_SECONDS
-    from shared.inbox import drain_inbox
+    from shared.accounts.connections import REDELIVERY_HORIZON_SECONDS
+    from shared.admission import admit as admission
+    from shared.ingest.inbox import drain_inbox
     from shared.steps import sweep
     from tests import ingest_support
     from tests.admission_support import bind_workflow

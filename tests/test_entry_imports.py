@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.deployables import DEPLOYABLES
+from shared.core.deployables import DEPLOYABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,7 @@ def test_a_webhook_instance_imports_neither_admission_nor_the_engine_nor_ops() -
         "functions.admit_event",
         "functions.advance_step",
         "functions.ops",
-        "shared.admission",
+        "shared.admission.admit",
         "shared.steps.advance",
         "shared.ops.api",
     }

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared import budgets
-from shared.db import Database
-from shared.workflows.validate import validate_file
+from shared.core.db import Database
+from shared.gates import budgets
+from shared.publishing.validate import validate_file
 from tests.blocks_support import fake_crm
 from tests.examples_support import (
     EXAMPLES,

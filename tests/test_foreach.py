@@ -11,10 +11,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from devstack.bench.foreach_scope import Counter, counting_proxy
 from shared.blocks.base import BlockContext, BlockFailure, BlockResult
-from shared.db import Database, connector_from_env
+from shared.core.db import Database, connector_from_env
 from shared.ops.replay import replay_run, retry_run
+from shared.publishing.validate import validate_text
 from shared.steps.advance import advance_step
-from shared.workflows.validate import validate_text
 from tests.steps_blocks import Recorder, block_lookup, spec
 from tests.steps_support import TENANT, definition, publish_version, run_row, start_run
 from tests.steps_support import steps_of as steps

@@ -17,12 +17,12 @@ import pytest
 from pydantic import BaseModel
 
 from devstack.fakecrm import FakeCrm
-from shared import credits
 from shared.blocks import http as http_block
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, RetryPolicy
 from shared.blocks.registry import RegistryError, check_spec
-from shared.db import Database
-from shared.netguard import NetPolicy
+from shared.core.db import Database
+from shared.core.netguard import NetPolicy
+from shared.gates import credits
 from shared.ops import replay
 from shared.ops.api import run_detail
 from shared.steps.advance import advance_step
@@ -381,7 +381,7 @@ def test_racing_for_the_last_of_a_budget_a_refused_retry_keeps_no_charge(
 
 CRASH_CHILD = (
     "import sys\n"
-    "from shared.db import get_database\n"
+    "from shared.core.db import get_database\n"
     "from shared.steps.advance import advance_step\n"
     "advance_step(get_database(), sys.argv[1], dispatch=lambda ids: None)\n"
 )

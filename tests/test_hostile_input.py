@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from shared import request_body
-from shared.db import Database
-from shared.request_body import BodyRefused, json_depth_exceeds, parse_json, read_body
-from shared.workflows.validate import MAX_YAML_DEPTH, validate_text
+from shared.core import request_body
+from shared.core.db import Database
+from shared.core.request_body import BodyRefused, json_depth_exceeds, parse_json, read_body
+from shared.publishing.validate import MAX_YAML_DEPTH, validate_text
 from tests.ops_support import (
     bearer,
     client_fixture,  # noqa: F401 - fixture `client`

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devstack.function_process import serve
-from shared.db import Database
+from shared.core.db import Database
 from tests.ingest_support import (
     HUBSPOT_SECRET,
     hubspot_body,

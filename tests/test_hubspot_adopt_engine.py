@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.replay import replay_run
 from shared.steps import sweep
 from shared.steps.advance import advance_step
@@ -109,7 +109,7 @@ def test_without_a_key_property_the_lost_create_stays_outcome_unknown(
 LEASE_ENV = {"ONCEFLOW_STEP_LEASE_SECONDS": "1.5", "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "0.5"}
 CHILD = (
     "import sys\n"
-    "from shared.db import get_database\n"
+    "from shared.core.db import get_database\n"
     "from shared.steps.advance import advance_step\n"
     "advance_step(get_database(), sys.argv[1], dispatch=lambda ids: None)\n"
 )

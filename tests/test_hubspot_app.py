@@ -14,9 +14,10 @@ from typing import Any
 import functions_framework
 import pytest
 
-from shared import inbox, provider_apps
-from shared.db import Database
-from shared.errors import ConflictError
+from shared.accounts import provider_apps
+from shared.core.db import Database
+from shared.core.errors import ConflictError
+from shared.ingest import inbox
 from tests.ingest_support import (
     hubspot_body,
     hubspot_event,
@@ -201,7 +202,7 @@ def test_two_sweeps_rerouting_at_once_route_each_event_once(
 ) -> None:
     import threading
 
-    from shared.inbox import reroute_unrouted
+    from shared.ingest.inbox import reroute_unrouted
 
     assert (
         post(client, hubspot_body(*[event(i, 3003, 30 + i) for i in range(6)])).status_code == 200

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared import connections, oauth_tokens, provider_apps
-from shared.db import Database
-from shared.oauth_tokens import Grant
+from shared.accounts import connections, oauth_tokens, provider_apps
+from shared.accounts.oauth_tokens import Grant
+from shared.core.db import Database
 from shared.port import connect
 from shared.port.interface import PortError
 from tests.ingest_support import make_tenant

@@ -11,9 +11,9 @@ from typing import Any
 import pg8000.dbapi
 import pytest
 
-from shared import inbox
-from shared.db import Database, SessionLimits, connector_from_env
-from shared.inbox import DrainPolicy, backoff_seconds, claim_rows, process_row
+from shared.core.db import Database, SessionLimits, connector_from_env
+from shared.ingest import inbox
+from shared.ingest.inbox import DrainPolicy, backoff_seconds, claim_rows, process_row
 from tests.ingest_support import (
     hubspot_body,
     hubspot_event,
@@ -190,7 +190,7 @@ def test_transient_failures_back_off_then_go_dead_with_the_error(
 
 
 def _kwargs(url: str) -> dict[str, Any]:
-    from shared.db import parse_database_url
+    from shared.core.db import parse_database_url
 
     return parse_database_url(url)
 

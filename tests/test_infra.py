@@ -1,4 +1,4 @@
-"""infra/ checked against the function registry (shared/deployables.py), offline.
+"""infra/ checked against the function registry (shared/core/deployables.py), offline.
 
 `terraform validate` needs the google provider, which cannot be downloaded here; these tests
 parse the HCL with python-hcl2 and check what the plan would deploy: every function with its
@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from devstack.bundle import parse_terraform
-from shared.db import BACKGROUND_HOLDERS, pool_size_for
-from shared.deployables import DEPLOYABLES, TOPICS
+from shared.core.db import BACKGROUND_HOLDERS, pool_size_for
+from shared.core.deployables import DEPLOYABLES, TOPICS
 from tests.ops_support import (
     dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     ops_server_fixture,  # noqa: F401 - fixture `ops_server`
@@ -328,7 +328,7 @@ def test_connection_budget_check_fails_the_plan_and_holds_for_the_defaults(tf: T
     max_instances = defaults["max_instances"]
     assert set(max_instances) == {d.name for d in DEPLOYABLES}
     concurrency = defaults["request_concurrency"]
-    # Every instance fills the pool its concurrency needs (shared/db.py pool_size_for).
+    # Every instance fills the pool its concurrency needs (shared/core/db.py pool_size_for).
     used = sum(
         max_instances[d.name] * pool_size_for(concurrency[d.name])
         for d in DEPLOYABLES
@@ -340,7 +340,7 @@ def test_connection_budget_check_fails_the_plan_and_holds_for_the_defaults(tf: T
 def test_each_function_serves_its_concurrency_with_a_pool_that_fits_it(tf: Terraform) -> None:
     """Cloud Run sends an instance as many requests as `request_concurrency`, gunicorn has as
     many threads, and the pool one connection more than that (pool_size_for): the defaults are
-    the registry's, and the pool is derived by the same rule as shared/db.py's."""
+    the registry's, and the pool is derived by the same rule as shared/core/db.py's."""
     defaults = tf.variables["request_concurrency"]["default"]
     assert defaults == {d.name: d.concurrency for d in DEPLOYABLES}
     # The scheduled functions stay at one request: one tick a minute, one pass at a time.
@@ -441,7 +441,7 @@ def test_cloudbuild_tests_migrates_packages_and_applies_infra() -> None:
 
     readme_test_command = "make test"
     assert readme_test_command in (ROOT / ".ci/run").read_text("utf-8")
-    test, migrate = index(readme_test_command), index("shared.migrate")
+    test, migrate = index(readme_test_command), index("shared.core.migrate")
     package = index("devstack.bundle")
     init, plan, apply = index("terraform init"), index("terraform plan"), index("terraform apply")
     assert test < migrate < apply and test < package and init < plan < apply
@@ -493,8 +493,8 @@ def test_bootstrap_then_grants_work_for_a_deployer_without_createrole(
 
     import pg8000.dbapi
 
-    from shared.db import parse_database_url
-    from shared.migrate import apply_all, discover
+    from shared.core.db import parse_database_url
+    from shared.core.migrate import apply_all, discover
 
     tag = uuid.uuid4().hex[:8]
     deployer = f"onceflow-deployer-{tag}@p.iam"
@@ -637,7 +637,7 @@ def test_apis_an_empty_project_needs_are_enabled(tf: Terraform) -> None:
 
 
 def test_every_alert_metric_matches_a_documented_log_event(tf: Terraform) -> None:
-    from shared.logs import EVENTS, LogEvent
+    from shared.core.logs import EVENTS, LogEvent
 
     counted = tf.locals["counted_events"]
     assert set(counted) == {
@@ -782,7 +782,7 @@ def test_readme_smoke_recipe_is_accepted_by_the_real_webhook(
 
     import functions_framework
 
-    from shared import cli
+    from shared.ops import cli
     from shared.ops.auth import BOOTSTRAP_SECRET_ENV, authenticate
 
     section = _readme_section("Verify with one signed test webhook")
@@ -924,12 +924,12 @@ def env_of_each_function(tf: Terraform, secrets: dict[str, dict[str, Any]]) -> d
 
 def test_every_app_secret_the_code_reads_reaches_its_readers_and_no_other(tf: Terraform) -> None:
     """For a public and a private app, each function gets exactly the app secrets the code
-    says it reads (shared/provider_apps.py), under the names the code looks up, and the
+    says it reads (shared/accounts/provider_apps.py), under the names the code looks up, and the
     token-encryption key reaches exactly the functions that seal or refresh a grant (webhook at
     an install's callback, and the functions that use a connection's token)."""
-    from shared.deployables import CRM_TOKEN_USERS, OAUTH_CLIENT_USERS
-    from shared.oauth_tokens import TOKEN_KEK_ENV
-    from shared.provider_apps import APP_SECRET_READERS, secret_env
+    from shared.accounts.oauth_tokens import TOKEN_KEK_ENV
+    from shared.accounts.provider_apps import APP_SECRET_READERS, secret_env
+    from shared.core.deployables import CRM_TOKEN_USERS, OAUTH_CLIENT_USERS
 
     readers = tf.locals["hubspot_app_secret_readers"]
     assert {k: {n: tuple(f) for n, f in v.items()} for k, v in readers.items()} == {
@@ -970,7 +970,7 @@ def test_hubspot_apps_variable_pins_versions_and_names_each_kinds_secrets(tf: Te
     assert any("regex" in c and "a.versions" in c for c in conditions), "pin app versions"
     assert any("^[1-9][0-9]{0,19}$" in c for c in conditions), "keys are numeric app ids"
     # The names a kind must pin are the names the code reads for that kind.
-    from shared.provider_apps import APP_SECRET_READERS
+    from shared.accounts.provider_apps import APP_SECRET_READERS
 
     kinds = next(c for c in conditions if "sort(keys(a.versions))" in c)
     for names in APP_SECRET_READERS.values():
@@ -981,8 +981,8 @@ def test_app_webhook_url_output_is_the_uri_the_app_path_verifies(tf: Terraform) 
     """The target URL infra tells the operator to register for an app is routed to the app
     path, and is exactly the URI the webhook rebuilds (PUBLIC_BASE_URL + the path it sees
     behind cloudfunctions.net) to check HubSpot's v3 signature."""
-    from shared.webhooks.hubspot_app import APP_PATH
-    from shared.webhooks.receive import WebhookRequest, public_uri
+    from shared.ingest.hubspot_app import APP_PATH
+    from shared.ingest.receive import WebhookRequest, public_uri
 
     output = tf.outputs["hubspot_app_webhook_urls"]["value"]
     template = re.fullmatch(
@@ -1024,7 +1024,11 @@ def test_oauth_redirect_url_ops_sends_is_where_the_webhook_function_serves_the_c
     from flask import Flask
 
     from functions.webhook import webhook
-    from shared.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV, configured_redirect_url
+    from shared.accounts.oauth_install import (
+        CALLBACK_PATH,
+        REDIRECT_URL_ENV,
+        configured_redirect_url,
+    )
 
     local = tf.locals["hubspot_oauth_redirect_url"]
     assert local == "${local.webhook_public_base_url}" + CALLBACK_PATH
@@ -1058,7 +1062,7 @@ def test_readme_registers_the_app_under_the_names_infra_hands_out(tf: Terraform,
     """The README's registration SQL runs on the real schema and names exactly the variables
     Terraform gives the functions for that app; its `gcloud` lines add versions to the secrets
     Terraform declares for it."""
-    from shared import provider_apps
+    from shared.accounts import provider_apps
 
     section = _readme_section("Register the HubSpot app")
     sql = re.search(r"```sql\n(.*?)```", section, re.S)

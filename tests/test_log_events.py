@@ -2,7 +2,7 @@
 
 Each test drives the real engine path that should emit an event (real Postgres) and reads the
 line as Cloud Logging would: the record formatted by CloudLoggingFormatter into JSON, with
-`event` and the fields shared/logs.py declares at the top of the payload.
+`event` and the fields shared/core/logs.py declares at the top of the payload.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
-from shared.logs import ENTRY_KEYS, EVENTS, CloudLoggingFormatter, LogEvent, log_event
+from shared.core.db import Database
+from shared.core.logs import ENTRY_KEYS, EVENTS, CloudLoggingFormatter, LogEvent, log_event
 from shared.steps.advance import advance_from_message, advance_step
 from shared.steps.claim import LeaseConfig
 from shared.steps.sweep import SweepConfig, report_backlog, run_sweep
@@ -67,7 +67,7 @@ def test_no_event_field_shadows_a_key_of_the_log_entry() -> None:
 
 
 def test_breaker_tripped_names_the_workflow() -> None:
-    # The breaker (shared/breaker.py) emits it; tests/test_breaker.py checks the real line.
+    # The breaker (shared/gates/breaker.py) emits it; tests/test_breaker.py checks the real line.
     assert EVENTS[LogEvent.BREAKER_TRIPPED] == ("workflow_id", "reason")
 
 
@@ -166,7 +166,7 @@ def test_the_backlog_report_gives_the_age_of_each_queue(
 def test_a_trigger_event_given_up_as_undelivered_logs_dead_lettered(
     db: Database, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from shared.outbox import requeue_undecided
+    from shared.ingest.outbox import requeue_undecided
     from tests.ops_support import seed_tenant
 
     seed_tenant(db, "t-undelivered-log")

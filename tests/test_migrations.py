@@ -8,8 +8,8 @@ from pathlib import Path
 import pg8000.dbapi
 import pytest
 
-from shared.db import parse_database_url
-from shared.migrate import MigrationError, apply_all, discover
+from shared.core.db import parse_database_url
+from shared.core.migrate import MigrationError, apply_all, discover
 
 
 def _connect(url: str) -> pg8000.dbapi.Connection:

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared import oauth_tokens
-from shared.admission import provider_suppression
-from shared.db import Database
-from shared.oauth_tokens import Grant, ReauthorizationNeeded
+from shared.accounts import oauth_tokens
+from shared.accounts.oauth_tokens import Grant, ReauthorizationNeeded
+from shared.admission.admit import provider_suppression
+from shared.core.db import Database
 from shared.port.hubspot_oauth import hubspot_refresher
 from tests.ingest_support import make_connection
 

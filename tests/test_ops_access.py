@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from devstack.ops_access import mint_local_access
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.auth import authenticate
 
 

@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.db import Database
+from shared.core.db import Database
 from tests.ops_support import (
     JournalRow,
     bearer,

@@ -10,7 +10,7 @@ from typing import Any
 
 from google.cloud import scheduler_v1
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.health import (
     SCHEDULED_JOBS,
     UNAVAILABLE_LOCALLY,

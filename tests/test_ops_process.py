@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from devstack.function_process import serve
-from shared.db import Database
-from shared.pubsub import STEP_READY
+from shared.core.db import Database
+from shared.core.pubsub import STEP_READY
 from tests.ops_support import (
     JournalRow,
     seed_connection,

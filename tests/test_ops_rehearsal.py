@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from shared import queries
-from shared.db import Database
+from shared.core import queries
+from shared.core.db import Database
 from shared.ops.models import RehearsalRequest, SuppliedEvent
 from shared.ops.rehearsal import start_rehearsal
 from tests.ops_support import (

@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops import api as ops_api
 from tests.ops_support import (
     ROOT_MAIN,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.errors import OpsError
 from shared.ops.search import classify, hubspot_location
 from tests.ops_support import (

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.auth import BOOTSTRAP_SECRET_ENV, mint_bootstrap_token
 from tests.ops_support import (
     bearer,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.db import Database
+from shared.core.db import Database
 from tests.ops_support import (
     bearer,
     client_fixture,  # noqa: F401 - fixture `client`

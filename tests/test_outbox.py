@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from shared import outbox
-from shared.db import Database
-from shared.errors import PermanentError
-from shared.outbox import (
+from shared.core.db import Database
+from shared.core.errors import PermanentError
+from shared.core.pubsub import TRIGGER_EVENTS, get_publisher
+from shared.ingest import outbox
+from shared.ingest.outbox import (
     PAYLOAD_LIMIT_BYTES,
     PublishPolicy,
     TriggerEvent,
@@ -21,7 +22,6 @@ from shared.outbox import (
     mark_published,
     publish_outbox,
 )
-from shared.pubsub import TRIGGER_EVENTS, get_publisher
 from tests.ingest_support import make_tenant, trigger_events
 from tests.pubsub_emulator import (  # noqa: F401 - fixtures
     PubsubProject,
@@ -213,7 +213,7 @@ def test_failed_publish_releases_the_hold_and_marks_nothing(
 ) -> None:
     emit_many(db, 2)
     # A topic that doesn't exist in the emulator: every publish future fails.
-    from shared import pubsub as pubsub_mod
+    from shared.core import pubsub as pubsub_mod
 
     missing = pubsub_mod.Publisher(f"nowhere-{uuid.uuid4().hex[:8]}")
     report = publish_outbox(db, budget_seconds=30, until_empty=True, publisher=missing)
@@ -258,7 +258,7 @@ def test_publish_outbox_entry_point_publishes_within_its_budget(
 
 def test_publish_many_splits_at_the_request_limit_and_loses_nothing(pubsub: PubsubProject) -> None:
     # One more message than a Publish request may carry: two requests, every id back in order.
-    from shared import pubsub as pubsub_mod
+    from shared.core import pubsub as pubsub_mod
 
     count = pubsub_mod.MAX_MESSAGES_PER_REQUEST + 1
     ids = get_publisher().publish_many(TRIGGER_EVENTS, [{"event_id": i} for i in range(count)])

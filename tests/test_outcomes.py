@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared.blocks.base import NO_RETRY, BlockFailure, BlockResult, RetryPolicy
-from shared.errors import TransientError
+from shared.core.errors import TransientError
 from shared.steps.outcomes import (
     DELAY_UNTIL_KEY,
     backoff_seconds,

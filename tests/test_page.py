@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.page import COOKIE, csrf_value
 from tests.ops_support import (
     Dispatched,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shared import inbox
-from shared.db import Database
+from shared.core.db import Database
+from shared.ingest import inbox
 from shared.ops.page import csrf_value
 from tests.ingest_support import hubspot_body, hubspot_event, make_connection
 from tests.ops_support import (

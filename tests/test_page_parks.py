@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.page import csrf_value
 from shared.steps import parks
 from tests.ops_support import (

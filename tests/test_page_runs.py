@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.page import MAX_JSON_SHOWN
 from tests.ops_support import (
     JournalRow,

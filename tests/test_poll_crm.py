@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared.admission import admit_event
-from shared.db import Database
+from shared.admission.admit import admit_event
+from shared.core.db import Database
 from shared.port.interface import PortError
+from shared.publishing import versions
+from shared.publishing.validate import DefinitionInvalid, validate_text
 from shared.steps.cancel import cancel_run
 from shared.triggers import poll
-from shared.workflows import versions
-from shared.workflows.validate import DefinitionInvalid, validate_text
 from tests.admission_support import count
 from tests.blocks_support import TENANT, fake_crm, seed_connection, seed_tenant
 

@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from shared.admission import admit_event
-from shared.db import Database, Tx
-from shared.outbox import requeue_undecided
+from shared.admission.admit import admit_event
+from shared.core.db import Database, Tx
+from shared.ingest.outbox import requeue_undecided
+from shared.publishing import versions
+from shared.publishing.validate import DefinitionInvalid, validate_text
 from shared.steps.cancel import cancel_run
 from shared.steps.crashpoints import EXIT_CODE
 from shared.triggers import poll
-from shared.workflows import versions
-from shared.workflows.validate import DefinitionInvalid, validate_text
 from tests.admission_support import count, make_tenant
 from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint
 
@@ -555,7 +555,7 @@ def test_a_poll_killed_mid_page_loses_and_duplicates_nothing(
         ONCEFLOW_CRASH_POINTS="poll_mid_page:1500",  # half way through the second page
     )
     script = (
-        "from shared.db import get_database\n"
+        "from shared.core.db import get_database\n"
         "from shared.triggers import poll\n"
         "db = get_database()\n"
         "with db.transaction() as tx:\n"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared.db import Database
+from shared.core.db import Database
 from shared.port import connect, observed
 from shared.port.interface import PortError
 from tests.ops_support import (

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared import provider_apps
-from shared.connections import create_connection
-from shared.db import Database
+from shared.accounts import provider_apps
+from shared.accounts.connections import create_connection
+from shared.core.db import Database
 from shared.port import connect
 from shared.port.hubspot import HubSpotPort
 from shared.port.interface import (
@@ -24,8 +24,8 @@ from shared.port.interface import (
     SearchFilter,
     Subscription,
 )
-from shared.workflows import subscriptions as subs
-from shared.workflows import versions
+from shared.publishing import subscriptions as subs
+from shared.publishing import versions
 from tests.blocks_support import fake_crm
 from tests.examples_support import CRM_EVENT_EXAMPLES
 from tests.ops_support import (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from devstack.emulator import declared_layout
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops.page import csrf_value
 from shared.ops.redrive import DEAD_LETTER_HOLDS
 from tests.ops_support import (

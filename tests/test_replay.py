@@ -6,8 +6,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared import credits
-from shared.db import Database
+from shared.core.db import Database
+from shared.gates import credits
 from shared.ops import replay
 from shared.ops.errors import OpsError
 from tests.ops_support import (
@@ -213,7 +213,7 @@ def test_one_ledger_charge_per_lineage_key_after_many_replays(db: Database, clie
 
     def execute_as_the_engine(run_id: str) -> None:
         # What the engine does for each step that runs: charge under the step's idempotency
-        # key before the side effect leaves (shared.credits), then (here) fail again.
+        # key before the side effect leaves (shared.gates.credits), then (here) fail again.
         for step in _steps(db, run_id).values():
             if step["copied_from"] is None:
                 credits.charge_step(

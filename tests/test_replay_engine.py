@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops import replay
 from shared.steps.advance import advance_step
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant

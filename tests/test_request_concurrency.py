@@ -1,5 +1,5 @@
 """Several requests per instance (issue 27, item 4): one real functions-framework advance_step
-process, run with the deployment's concurrency and pool (shared/deployables.py), is sent twice
+process, run with the deployment's concurrency and pool (shared/core/deployables.py), is sent twice
 as many concurrent Pub/Sub pushes as it has threads. Every push is answered, every step settles,
 the process really runs `concurrency` steps side by side, and it never holds more connections
 than request threads, so its pool (one more than that) is never empty when a thread asks."""
@@ -15,8 +15,8 @@ from devstack.bench.concurrency import (
     seed_tenant,
 )
 from devstack.function_process import concurrency_env
-from shared.db import CHECKOUT_TIMEOUT_SECONDS, Database
-from shared.deployables import by_name
+from shared.core.db import CHECKOUT_TIMEOUT_SECONDS, Database
+from shared.core.deployables import by_name
 
 ADVANCE_STEP = by_name("advance_step")
 CALL_SECONDS = 0.3  # the receiver's answer time: long enough that the threads overlap

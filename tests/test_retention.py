@@ -1,4 +1,5 @@
-"""Retention on real Postgres (shared/retention.py): what is old goes in batches, what is young
+"""Retention on real Postgres (shared/sweep/retention.py): what is old goes in batches, what is
+young
 stays, every promise listed in the module's docstring keeps its rows, a second pass changes
 nothing, and every batch is found through an index."""
 
@@ -11,12 +12,14 @@ from typing import Any
 
 import pytest
 
-from shared import queries
-from shared.admission import admit_event
-from shared.db import Database
+from shared.admission.admit import admit_event
+from shared.core import queries
+from shared.core.db import Database
 from shared.ops.errors import OpsError
 from shared.ops.replay import replay_run
-from shared.retention import (
+from shared.steps.advance import advance_step
+from shared.steps.sweep import SweepConfig, default_duties
+from shared.sweep.retention import (
     EVENTS_DELETE,
     INBOX_DELETE,
     LINEAGES_DELETE,
@@ -25,8 +28,6 @@ from shared.retention import (
     prune,
     prune_lineages,
 )
-from shared.steps.advance import advance_step
-from shared.steps.sweep import SweepConfig, default_duties
 from tests.admission_support import (
     EVENT_TYPE,
     Published,

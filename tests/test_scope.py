@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from shared.admission import admit_event
+from shared.admission.admit import admit_event
 from shared.blocks.base import BlockContext, BlockResult
-from shared.db import Database
+from shared.core.db import Database
 from shared.steps.advance import advance_step
 from shared.workflows.scope import Occurrence
 from tests.admission_support import (
@@ -345,8 +345,8 @@ def test_the_description_names_every_field_the_scope_builds() -> None:
 
 
 def test_the_json_schema_describes_the_scope_from_its_one_home() -> None:
+    from shared.publishing.schema import build_schema
     from shared.workflows import scope
-    from shared.workflows.schema import build_schema
 
     schema = build_schema()
     described = schema["$defs"]["ExpressionScope"]

@@ -9,9 +9,10 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared import connections, inbox
-from shared.db import Database
-from shared.shadow import Seen, judge, value_hash
+from shared.accounts import connections
+from shared.core.db import Database
+from shared.ingest import inbox
+from shared.ingest.shadow import Seen, judge, value_hash
 from tests.ingest_support import (
     hubspot_body,
     hubspot_event,
@@ -154,7 +155,7 @@ def test_watched_fields_are_the_union_of_active_triggers_and_the_connection_sett
 def test_two_drainers_racing_on_one_field_emit_one_change(db: Database) -> None:
     import threading
 
-    from shared.inbox import DrainPolicy, claim_rows, process_row
+    from shared.ingest.inbox import DrainPolicy, claim_rows, process_row
 
     conn = make_connection(db, watched_fields={"contact": ["lifecyclestage"]})
     # Two deliveries announce the same new value under different event ids (first sighting).

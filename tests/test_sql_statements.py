@@ -17,8 +17,8 @@ from typing import Any
 import pg8000.exceptions
 import pytest
 
-from shared import queries
-from shared.db import Database, _converted
+from shared.core import queries
+from shared.core.db import Database, _converted
 
 SQL_FILES = sorted(
     p.name.removesuffix(".sql")

@@ -18,8 +18,8 @@ import pytest
 
 from shared.blocks import http as http_block
 from shared.blocks.base import BlockFailure
-from shared.db import Database
-from shared.netguard import NetPolicy, refusal_reason, system_resolver
+from shared.core.db import Database
+from shared.core.netguard import NetPolicy, refusal_reason, system_resolver
 from tests.blocks_support import StepRunner, seed_tenant
 
 TEST_NAMES = {

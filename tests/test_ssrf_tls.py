@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from shared.netguard import NetPolicy, guarded_client
+from shared.core.netguard import NetPolicy, guarded_client
 
 NAME = "pinned.example.test"
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from devstack import emulator, function_process, scheduler, stack
-from shared.deployables import DEPLOYABLES, by_name
+from shared.core.deployables import DEPLOYABLES, by_name
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from shared.blocks.base import BlockContext, BlockFailure, BlockResult
-from shared.db import Database
-from shared.errors import PermanentError
+from shared.core.db import Database
+from shared.core.errors import PermanentError
 from shared.steps.advance import advance_step
 from shared.steps.claim import LeaseConfig, claim_step
 from shared.steps.outcomes import Settlement

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.steps.advance import advance_step
 from shared.steps.claim import LeaseConfig, claim_step
 from shared.steps.sweep import run_sweep

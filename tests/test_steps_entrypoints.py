@@ -9,7 +9,7 @@ from typing import Any
 
 import functions_framework
 
-from shared.db import Database
+from shared.core.db import Database
 from tests.steps_support import chain, definition, publish_version, run_row, start_run, steps_of
 
 ROOT_MAIN = str(Path(__file__).resolve().parent.parent / "main.py")
@@ -51,9 +51,9 @@ def test_poisoned_step_ready_is_recorded_and_acked(db: Database) -> None:
 
 
 def test_advance_step_nacks_when_the_database_is_down(db: Database, monkeypatch: Any) -> None:
-    from shared import db as dbmod
-    from shared.db import Database as Db
-    from shared.db import connector_from_env
+    from shared.core import db as dbmod
+    from shared.core.db import Database as Db
+    from shared.core.db import connector_from_env
 
     dead = Db(connector_from_env({"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/x"}))
     monkeypatch.setattr(dbmod, "_database", dead)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.steps.journal import insert_steps, pending_step_ids, step_key
 from tests.steps_support import chain, definition, publish_version, start_run, steps_of
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from shared import credits
-from shared.db import Database
+from shared.core.db import Database
+from shared.gates import credits
 from shared.ops.replay import retry_run
 from shared.steps.advance import advance_step
 from shared.steps.cancel import cancel_run
@@ -260,11 +260,12 @@ def test_sweep_loops_within_its_budget(db: Database) -> None:
 
 
 def test_the_sweeps_echo_duty_keeps_markers_for_their_grace(db: Database) -> None:
-    """The duty the sweep runs is shared.echo's expiry, grace included: a marker expired half
+    """The duty the sweep runs is shared.admission.echo's expiry, grace included: a marker
+    expired half
     an hour ago, or a day ago, can still explain a late-admitted echo (HubSpot redelivers for
     more than a day) and must survive the sweep (the first release's sweep ran a second query
     without the grace and deleted it); one past its provider's grace goes."""
-    from shared.echo import expiry_grace_seconds, record_echo_marker
+    from shared.admission.echo import expiry_grace_seconds, record_echo_marker
     from shared.steps.sweep import expire_echo_markers
 
     seed_tenant(db, "acme")

@@ -10,14 +10,14 @@ import sys
 
 import pytest
 
-from shared import throttle
 from shared.blocks.base import BlockFailure
-from shared.db import Database
+from shared.core.db import Database
+from shared.gates import throttle
 
 CLAIMER = """
 import json, sys
-from shared.db import get_database
-from shared.throttle import Limit, claim, claim_slot
+from shared.core.db import get_database
+from shared.gates.throttle import Limit, claim, claim_slot
 scope, subject, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 limit = Limit(scope, subject, int(sys.argv[4]), int(sys.argv[5])) if scope != "connection" else None
 def one(tx):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.admission import admit_event
-from shared.db import Database
+from shared.admission.admit import admit_event
+from shared.core.db import Database
 from shared.steps.sweep import SweepConfig, run_sweep
 from tests.admission_support import (
     Published,

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from shared import queries
-from shared.admission import admit_event
-from shared.db import Database
+from shared.admission.admit import admit_event
+from shared.core import queries
+from shared.core.db import Database
 from shared.steps import parks
 from shared.steps.cancel import cancel_run
 from shared.steps.sweep import SweepConfig, SweepReport, run_sweep, wake_due_steps
@@ -564,7 +564,7 @@ class _ParkWindow:
         monkeypatch.setattr(settle, "open_park", open_park)
 
     def record_event(self, flow: Flow) -> int:
-        from shared.outbox import TriggerEvent, emit
+        from shared.ingest.outbox import TriggerEvent, emit
 
         changed = {"hs_lead_status": "CONNECTED"}
         with flow.db.transaction() as tx:
@@ -663,7 +663,7 @@ def test_an_event_admitted_as_the_step_parks_resumes_the_wait_once_at_a_barrier(
 
 def _mark_echo(flow: Flow, fields: dict[str, Any]) -> None:
     """What a `crm.update` of the record commits before its request leaves."""
-    from shared.echo import record_echo_marker
+    from shared.admission.echo import record_echo_marker
 
     with flow.db.transaction() as tx:
         record_echo_marker(

@@ -11,8 +11,8 @@ from typing import Any
 import functions_framework
 import pytest
 
-from shared.connections import get_connection, get_connection_for_tenant
-from shared.db import Database
+from shared.accounts.connections import get_connection, get_connection_for_tenant
+from shared.core.db import Database
 from tests.ingest_support import (
     HUBSPOT_SECRET,
     PIPEDRIVE_CREDENTIALS,

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from devstack.function_process import serve
-from shared.db import Database
-from shared.pubsub import TRIGGER_EVENTS
+from shared.core.db import Database
+from shared.core.pubsub import TRIGGER_EVENTS
 from tests.ingest_support import (
     HUBSPOT_SECRET,
     hubspot_body,

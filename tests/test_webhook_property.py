@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.db import Database
+from shared.core.db import Database
 from tests.ingest_support import HUBSPOT_SECRET, STANDARD_SECRET, make_connection
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,12 +14,12 @@ from typing import Any
 import functions_framework
 import pytest
 
-from shared.admission import admit_event
-from shared.db import Database
+from shared.admission.admit import admit_event
+from shared.core.db import Database
+from shared.ingest.receive import WebhookRequest, receive_webhook
+from shared.publishing import versions
+from shared.publishing.validate import validate_text
 from shared.triggers import webhook as webhook_trigger
-from shared.webhooks.receive import WebhookRequest, receive_webhook
-from shared.workflows import versions
-from shared.workflows.validate import validate_text
 from tests.admission_support import count
 from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers
 from tests.ops_support import Dispatched, bearer, install_ops_api, mint

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from shared.blocks import registry
-from shared.workflows.schema import render_schema
-from shared.workflows.validate import Problem, validate_data, validate_text
+from shared.publishing.schema import render_schema
+from shared.publishing.validate import Problem, validate_data, validate_text
 from tests.examples_support import unexplained_problems
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,7 +313,7 @@ def test_cli_exits_non_zero_on_errors_and_prints_positions(tmp_path: Path) -> No
     bad.write_text(HEAD + "steps:\n  - id: a\n    type: nope\n")
     good = EXAMPLES[0]
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "validate", str(good), str(bad)],
+        [sys.executable, "-m", "shared.ops.cli", "validate", str(good), str(bad)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -323,7 +323,7 @@ def test_cli_exits_non_zero_on_errors_and_prints_positions(tmp_path: Path) -> No
     assert f"{bad}:7:11: error: steps[0].type: unknown block type 'nope'" in result.stdout
     assert f"{good}: ok" in result.stdout
     ok = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "validate", str(good)],
+        [sys.executable, "-m", "shared.ops.cli", "validate", str(good)],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -440,7 +440,7 @@ def test_cli_summary_is_the_last_line_and_ends_with_a_newline(tmp_path: Path) ->
         ([str(EXAMPLES[0])], "1 file(s) ok"),
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "shared.cli", "validate", *files],
+            [sys.executable, "-m", "shared.ops.cli", "validate", *files],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

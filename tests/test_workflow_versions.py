@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from shared.db import Database
-from shared.errors import OnceflowError
-from shared.workflows import versions
-from shared.workflows.validate import DefinitionInvalid
+from shared.core.db import Database
+from shared.core.errors import OnceflowError
+from shared.publishing import versions
+from shared.publishing.validate import DefinitionInvalid
 
 V1 = """\
 name: greet
@@ -180,7 +180,7 @@ def test_deactivate_removes_bindings_and_in_flight_runs_keep_their_version(
 
 
 def _start_run(tx: object, workflow_id: str, version_id: str) -> str:
-    from shared.db import Tx
+    from shared.core.db import Tx
 
     assert isinstance(tx, Tx)
     return str(

@@ -4,7 +4,7 @@ Prints JSON lines (see `devstack.bench.baseline.emit`), for K = 1, 10 and 50 wor
 to the event type (once_per_record, every event for a different contact, so every binding
 admits a run: the heaviest case):
 - `admit_k<K>`: events admitted per second by 8 concurrent consumers (processes, each with
-  its own connections, calling `shared.admission.admit_event`), with `runs_per_s`, and
+  its own connections, calling `shared.admission.admit.admit_event`), with `runs_per_s`, and
   `round_trips_per_event` counted by `Database.round_trips`;
 - `admit_round_trips_k<K>`: the round trips per event on their own line.
 
@@ -33,9 +33,9 @@ from typing import Any
 
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
-from shared.admission import admit_event
-from shared.db import Database, connector_from_env
-from shared.workflows import versions
+from shared.admission.admit import admit_event
+from shared.core.db import Database, connector_from_env
+from shared.publishing import versions
 
 SECONDS = float(os.environ.get("BENCH_ADMIT_SECONDS", "8"))
 CONSUMERS = int(os.environ.get("BENCH_ADMIT_CONSUMERS", "8"))
@@ -108,7 +108,7 @@ def consumer(url: str, event_ids: list[int], barrier: Any, results: Any) -> None
     error = None
     try:
         # Warm the connection (one: a consumer admits one event at a time, and the pool
-        # refuses a second checkout by the same thread, shared.db.NestedCheckout).
+        # refuses a second checkout by the same thread, shared.core.db.NestedCheckout).
         with db.transaction() as tx:
             tx.scalar("SELECT 1")
         admit_event(db, event_ids[0], publish=no_publish)  # warm caches (not counted)

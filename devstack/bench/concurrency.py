@@ -1,5 +1,5 @@
 """`make bench-concurrency`: what one advance_step instance gains from serving several requests
-at once, the measurement behind REQUEST_CONCURRENCY (shared/deployables.py).
+at once, the measurement behind REQUEST_CONCURRENCY (shared/core/deployables.py).
 
 For each concurrency C in CONCURRENCIES: one real functions-framework advance_step process (the
 local stack's command, `devstack.function_process.serve_process`) with THREADS=C and
@@ -50,7 +50,7 @@ from devstack.bench.baseline import bench_cluster, emit, percentile
 from devstack.bench.steps import seed_running_runs
 from devstack.function_process import serve_process
 from devstack.stack import PidFile
-from shared.db import Database, connector_from_env, pool_size_for
+from shared.core.db import Database, connector_from_env, pool_size_for
 
 CONCURRENCIES = tuple(
     int(c) for c in os.environ.get("BENCH_CONCURRENCIES", "1,2,4,8,16").split(",")

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict
 from devstack import postgres
 from devstack.bench.baseline import emit
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, RetryPolicy
-from shared.db import Database, connector_from_env
+from shared.core.db import Database, connector_from_env
 from shared.steps.advance import advance_step, registry_lookup
 from shared.steps.claim import LeaseConfig
 

@@ -32,10 +32,10 @@ from devstack import emulator, postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
 from devstack.fakecrm.webhooks import signed_headers
 from devstack.function_process import serve
-from shared import inbox, outbox
-from shared.connections import create_connection
-from shared.db import Database, connector_from_env
-from shared.pubsub import Publisher
+from shared.accounts.connections import create_connection
+from shared.core.db import Database, connector_from_env
+from shared.core.pubsub import Publisher
+from shared.ingest import inbox, outbox
 
 SECRET = secrets.token_hex(16)  # per run: the webhook process gets it through its env
 WEBHOOK_SECONDS = float(os.environ.get("BENCH_WEBHOOK_SECONDS", "8"))

@@ -27,7 +27,7 @@ from devstack.bench.baseline import percentile
 from devstack.bench.local import throwaway_stack
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
 from devstack.seed import hubspot_tenant
-from shared.db import Database, connector_from_env
+from shared.core.db import Database, connector_from_env
 
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
 TENANT = "bench-latency"

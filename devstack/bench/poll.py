@@ -23,10 +23,10 @@ import time
 
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit
-from shared.admission import admit_event
-from shared.db import Database, connector_from_env
+from shared.admission.admit import admit_event
+from shared.core.db import Database, connector_from_env
+from shared.publishing import versions
 from shared.triggers import poll
-from shared.workflows import versions
 
 SIZES = tuple(int(s) for s in os.environ.get("BENCH_POLL_SIZES", "10000,1000000").split(","))
 PASSES = int(os.environ.get("BENCH_POLL_PASSES", "5"))

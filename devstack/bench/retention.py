@@ -5,7 +5,7 @@ days ago, each with 4 succeeded steps and their 4 lease-history rows: about 1M e
 (9 per run). Then, on the same durable cluster as the pgbench baseline:
 
 1. `make bench-steps`'s executors alone for BENCH_STEPS_SECONDS → steps/s without retention;
-2. the same executors again while one thread runs `shared.retention.prune` pass after pass
+2. the same executors again while one thread runs `shared.sweep.retention.prune` pass after pass
    with the duty's own pacing (a backlog: the duty would run one such pass every five
    minutes) → steps/s during a pass, and the expired rows deleted per second of deleting and
    per second of pass (pauses included).
@@ -25,8 +25,8 @@ import time
 from devstack import postgres
 from devstack.bench import steps as bench_steps
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
-from shared.db import Database, connector_from_env
-from shared.retention import Retention, prune
+from shared.core.db import Database, connector_from_env
+from shared.sweep.retention import Retention, prune
 
 EXPIRED_RUNS = int(os.environ.get("BENCH_RETENTION_RUNS", "110000"))
 EXPIRED_STEPS_PER_RUN = 4

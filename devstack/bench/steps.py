@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 from devstack import postgres
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, RetryPolicy
-from shared.db import Database, connector_from_env
+from shared.core.db import Database, connector_from_env
 from shared.steps.advance import advance_step
 from shared.steps.claim import LeaseConfig
 

@@ -27,7 +27,7 @@ from devstack.fakecrm.store import (
     now_ms,
 )
 from devstack.fakecrm.webhooks import DELIVERY_MODES, DeliveryMode, WebhookSender
-from shared.oauth_tokens import Grant
+from shared.accounts.oauth_tokens import Grant
 
 MAX_BODY = 1 << 20
 OBJECT_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")

@@ -8,7 +8,7 @@ need (heartbeat, the at-most-once marker), already fenced on the step's lease.
 The rehearsal answer every side-effecting block gives (`dry_run_result`) lives here too, so it
 can't drift apart between blocks. Gates (rate limits, budget, charge) are not the block's
 business: a spec *declares* which apply (`gates`) and how to find what they key on (`target`),
-and the step executor runs them in one order around the block (shared/steps/gates.py).
+and the step executor runs them in one order around the block (shared/gates/catalog.py).
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ Execute = Callable[[BlockContext, BaseModel], BlockResult]
 
 
 class Gate(StrEnum):
-    """What the executor checks before a block's side effect leaves (shared/steps/gates.py
+    """What the executor checks before a block's side effect leaves (shared/gates/catalog.py
     runs them in this order; a rehearsal runs none)."""
 
     # A slot in the connection's window (limit on the connection row).
@@ -176,7 +176,7 @@ class Gate(StrEnum):
     WORKFLOW_LIMIT = "workflow_limit"
     # A slot in the destination host's window (`host_rate_limit` in the definition).
     HOST_LIMIT = "host_limit"
-    # A reservation of the block's price against the workflow's `budget` (shared/budgets.py).
+    # A reservation of the block's price against the workflow's `budget` (shared/gates/budgets.py).
     BUDGET = "budget"
     # The block's price, charged once per lineage key.
     CHARGE = "charge"
@@ -231,7 +231,7 @@ class BlockSpec:
     # Resolves what the gates key on; required when a limit gate is declared.
     target: ResolveTarget | None = None
     # How the budget's reconcile duty may ask the provider whether an attempt whose fate stayed
-    # unknown landed (shared/budgets.py); None: it can't be asked, and such a reservation is
+    # unknown landed (shared/gates/budgets.py); None: it can't be asked, and such a reservation is
     # counted spent.
     landed_query: ResolveLanded | None = None
 

@@ -3,7 +3,7 @@ crm.search (reads). They talk to the connection's `CrmPort`, never to a vendor.
 
 Before `execute` runs, the step executor has run the gates every CRM block declares
 (`PROVIDER_GATES`: the connection's and the workflow's rate limits, the charge of the spec's
-price; shared/steps/gates.py), keyed on the connection `connection_target` resolves (and
+price; shared/gates/catalog.py), keyed on the connection `connection_target` resolves (and
 whose port it builds, so a misconfigured connection fails before any slot or credit is taken).
 A rehearsal runs no gate. Then, in a writing block:
 1. dry run: stop here and describe the request (rehearsals never touch a provider).
@@ -20,7 +20,7 @@ A rehearsal runs no gate. Then, in a writing block:
    crm.update: commit an echo marker first, so the webhook the write causes is refused.
 6. call the port; classify its `PortError` into a `BlockFailure`.
 7. crm.create: record echo markers for the properties it set, now that the record has an id
-   (the provider sends a propertyChange for each; see shared/echo.py for the timing).
+   (the provider sends a propertyChange for each; see shared/admission/echo.py for the timing).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared import echo
+from shared.admission import echo
 from shared.blocks.base import (
     PROVIDER_GATES,
     BlockContext,
@@ -42,8 +42,8 @@ from shared.blocks.base import (
     Target,
     dry_run_result,
 )
-from shared.db import get_database
-from shared.logs import get_logger
+from shared.core.db import get_database
+from shared.core.logs import get_logger
 from shared.port import connect
 from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
 from shared.port.interface import Association, CrmPort, PortError, Record, SearchFilter
@@ -369,7 +369,8 @@ def _mark_echo(
     ttl_seconds: int,
     since_side_effect_mark: bool = False,
 ) -> None:
-    """Commit echo markers for a write of `properties` (shared/echo.py says when each is sent)."""
+    """Commit echo markers for a write of `properties` (shared/admission/echo.py says when each
+    is sent)."""
     get_database().run(
         lambda tx: echo.record_echo_marker(
             tx,

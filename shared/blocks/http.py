@@ -8,7 +8,7 @@ gives the receiver what it needs to dedupe and verify:
   `tenants.signing_secret_env`). A tenant without one configured sends unsigned requests; a
   tenant whose named variable is missing fails the step rather than send unsigned.
 
-The destination goes through `shared.netguard`: DNS resolved once, private/loopback/metadata
+The destination goes through `shared.core.netguard`: DNS resolved once, private/loopback/metadata
 and their mapped forms refused, the connection pinned to the checked address, no redirects, no
 proxies from the environment; the response is capped in size and time.
 """
@@ -27,7 +27,6 @@ import httpcore
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from shared import queries
 from shared.blocks.base import (
     BlockContext,
     BlockFailure,
@@ -39,8 +38,9 @@ from shared.blocks.base import (
     Target,
     dry_run_result,
 )
-from shared.db import get_database
-from shared.netguard import (
+from shared.core import queries
+from shared.core.db import get_database
+from shared.core.netguard import (
     ALLOW_LOOPBACK_ENV,
     AddressRefused,
     Destination,

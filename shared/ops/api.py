@@ -22,11 +22,13 @@ from pydantic import BaseModel, ValidationError
 from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
-from shared import connections, pubsub, queries, request_body, triggers
-from shared import credits as credit_ledger
-from shared.db import Database, get_database
-from shared.errors import ConflictError, TransientError
-from shared.logs import get_logger
+from shared import triggers
+from shared.accounts import connections
+from shared.core import pubsub, queries, request_body
+from shared.core.db import Database, get_database
+from shared.core.errors import ConflictError, TransientError
+from shared.core.logs import get_logger
+from shared.gates import credits as credit_ledger
 from shared.ops import auth, explain, health, replay
 from shared.ops.cursor import decode_cursor, encode_cursor
 from shared.ops.errors import OpsError, not_found
@@ -105,13 +107,13 @@ from shared.ops.models import (
     WorkflowSource,
     WorkflowSummary,
 )
-from shared.triggers import cron
-from shared.workflows import versions
-from shared.workflows.validate import (
+from shared.publishing import versions
+from shared.publishing.validate import (
     DefinitionInvalid,
     ValidationReport,
     validate_text,
 )
+from shared.triggers import cron
 
 SQL = queries.load("ops")
 RUNS_LIST = SQL["ops_runs_list"]
@@ -213,7 +215,7 @@ def _int_param(call: Call, name: str, what: str) -> int:
 def requeue_event(call: Call) -> RequeueResult:
     """An undelivered (or still undecided) trigger event back into the outbox, its redelivery
     budget reset. Repeating it is harmless: admission decides each pairing once."""
-    from shared.outbox import requeue_event as requeue
+    from shared.ingest.outbox import requeue_event as requeue
 
     event_id = _int_param(call, "event_id", "undecided event")
     with call.db.transaction() as tx:
@@ -246,8 +248,8 @@ def requeue_inbox_row(call: Call) -> RequeueResult:
 def provider_app_report(call: Call) -> ProviderAppReport:
     """An app spans tenants (one URL for every portal that installed it): operator only; a
     tenant's token gets the 404 an unknown app gets."""
-    from shared import provider_apps
-    from shared.workflows.subscriptions import last_app_reconcile
+    from shared.accounts import provider_apps
+    from shared.publishing.subscriptions import last_app_reconcile
 
     if call.scope is not None:
         raise not_found("provider app")
@@ -505,7 +507,7 @@ def list_refusals(call: Call) -> RefusalPage:
 
 
 def explain_record(call: Call) -> RecordExplanation:
-    from shared.record_labels import shown_for
+    from shared.port.record_labels import shown_for
 
     q: RecordQuery = call.query
     with call.db.transaction() as tx:
@@ -699,7 +701,7 @@ def activate_workflow(call: Call) -> ActivationResult:
 
 
 def _breaker_status(call: Call, workflow_id: str) -> BreakerStatus:
-    from shared import breaker
+    from shared.gates import breaker
 
     with call.db.transaction() as tx:
         row = breaker.status(tx, workflow_id)
@@ -714,7 +716,7 @@ def get_breaker(call: Call) -> BreakerStatus:
 
 
 def get_budget(call: Call) -> BudgetStatus:
-    from shared import budgets
+    from shared.gates import budgets
 
     workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
     with call.db.transaction() as tx:
@@ -723,7 +725,7 @@ def get_budget(call: Call) -> BudgetStatus:
 
 def resume_workflow(call: Call) -> BreakerStatus:
     """Close (or half-open) a workflow's open circuit breaker; 409 when it is not open."""
-    from shared import breaker
+    from shared.gates import breaker
 
     body: ResumeRequest = call.body
     workflow = _owned_workflow(call, _uuid_param(call, "workflow_id", "workflow"))
@@ -753,7 +755,7 @@ def _reconcile_subscriptions_now(db: Database, tenant_id: str) -> None:
     the activation stands either way, each outcome is recorded, and the hourly sweep repairs
     what failed here."""
     from shared.port.connect import port_for, port_for_app
-    from shared.workflows.subscriptions import reconcile_tenant
+    from shared.publishing.subscriptions import reconcile_tenant
 
     try:
         reconcile_tenant(db, tenant_id, port_for, port_for_app)
@@ -1383,7 +1385,7 @@ def parse_query(request: Request, model: type[BaseModel]) -> Any:
 
 
 def read_body(request: Request, model: type[BaseModel]) -> Any:
-    """The route's body model from a bounded read (`shared.request_body`): oversize 413 before
+    """The route's body model from a bounded read (`shared.core.request_body`): oversize 413 before
     reading, malformed framing or JSON and too deep nesting 400, a stalled body 408."""
     try:
         raw = request_body.read_body(

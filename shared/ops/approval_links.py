@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from shared.db import Database
+from shared.core.db import Database
 from shared.ops import auth
 from shared.ops.errors import OpsError
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared import queries
-from shared.db import Database, Tx
-from shared.errors import OnceflowError
+from shared.core import queries
+from shared.core.db import Database, Tx
+from shared.core.errors import OnceflowError
 
 SQL = queries.load("ops")
 TOKEN_INSERT = SQL["ops_token_insert"]

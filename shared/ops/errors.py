@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shared.errors import OnceflowError
+from shared.core.errors import OnceflowError
 
 
 class OpsError(OnceflowError):

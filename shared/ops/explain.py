@@ -16,8 +16,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from shared import queries
-from shared.db import Tx
+from shared.core import queries
+from shared.core.db import Tx
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
     Decision,
@@ -79,7 +79,7 @@ def explain_breaker(state: str, reason: str | None) -> str:
 def explain_drop(
     reason: str, fields: dict[str, Any], object_type: str, source_event_id: str | None
 ) -> str:
-    """A pre-admission drop (shared/drops.py) in plain words, with what to do about it."""
+    """A pre-admission drop (shared/ingest/drops.py) in plain words, with what to do about it."""
     names = ", ".join(sorted(fields)) or "a property"
     if reason == "not_watched":
         return (
@@ -108,7 +108,7 @@ def explain_drop(
 
 
 def explain_webhook_refusal(check: str) -> str:
-    """A delivery refused at the door (shared/webhooks/receive.py), in plain words."""
+    """A delivery refused at the door (shared/ingest/receive.py), in plain words."""
     if check.endswith("_mismatch"):
         return (
             "The signature did not match: check the app secret. The connection's webhook "

@@ -20,11 +20,10 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from shared import queries
-from shared.backlog import read_backlog, read_dead_letters
-from shared.db import Database
-from shared.deployables import DEPLOYABLES
-from shared.logs import get_logger
+from shared.core import queries
+from shared.core.db import Database
+from shared.core.deployables import DEPLOYABLES
+from shared.core.logs import get_logger
 from shared.ops.auth import Principal
 from shared.ops.models import (
     BacklogHealth,
@@ -36,6 +35,7 @@ from shared.ops.models import (
     SchedulerHealth,
     SweepDutyHealth,
 )
+from shared.sweep.backlog import read_backlog, read_dead_letters
 
 if TYPE_CHECKING:
     from google.cloud.scheduler_v1 import CloudSchedulerClient, Job

@@ -1,22 +1,23 @@
 """App installs on the ops function: the operator's start and confirmation (ops API routes).
-The flow itself, and why an install needs both, is shared/oauth_install.py.
+The flow itself, and why an install needs both, is shared/accounts/oauth_install.py.
 
 HubSpot's browser redirect back is not served here: ops is IAM-gated in the cloud (only
 `ops_invokers` may call it, and Cloud Run IAM is per service, not per path), so a browser
 without a Google identity token could never reach it. The callback is on the public `webhook`
-function (shared/oauth_install_http.py); the redirect URI an install sends is that function's
+function (shared/accounts/oauth_install_http.py); the redirect URI an install sends is that
+function's
 URL, which ops learns from `ONCEFLOW_OAUTH_REDIRECT_URL` (oauth_install.configured_redirect_url).
 """
 
 from __future__ import annotations
 
-from shared import oauth_install
-from shared.db import Database
-from shared.oauth_install import InstallRefused
+from shared.accounts import oauth_install
+from shared.accounts.oauth_install import InstallRefused
+from shared.accounts.provider_apps import is_app_id
+from shared.core.db import Database
 from shared.ops import auth
 from shared.ops.errors import OpsError
 from shared.ops.models import InstallConfirm, InstallConfirmed, InstallRequest, InstallStarted
-from shared.provider_apps import is_app_id
 
 
 def start(

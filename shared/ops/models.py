@@ -13,7 +13,7 @@ from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
-from shared.admission import Reason
+from shared.admission.admit import Reason
 from shared.workflows.definition import EVENT_TYPE_PATTERN
 
 
@@ -36,7 +36,7 @@ StepStatus = Literal[
     "skipped",
     "failed",
 ]
-# The refusal reasons, written once (shared/admission.py) and imported.
+# The refusal reasons, written once (shared/admission/admit.py) and imported.
 RefusalReason = Reason
 RECORD_KEY_DESCRIPTION = "`<connection id>:<object type>:<object id>`, as runs record it."
 

@@ -33,8 +33,8 @@ from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from werkzeug.datastructures import MultiDict
 
-from shared import queries, request_body
-from shared.errors import TransientError
+from shared.core import queries, request_body
+from shared.core.errors import TransientError
 from shared.ops import auth
 from shared.ops.approval_links import PATH_PREFIX
 from shared.ops.errors import OpsError
@@ -159,7 +159,7 @@ def _redirect(location: str) -> Response:
 
 
 def _form(request: Request) -> MultiDict[str, str]:
-    """The page's forms are small url-encoded ones; read boundedly (`shared.request_body`) and
+    """The page's forms are small url-encoded ones; read boundedly (`shared.core.request_body`) and
     parsed here rather than by `request.form`, which would read a chunked body of any size and
     let the framing errors of a malformed one escape as a 500. A key may repeat (a bulk
     confirmation lists its targets)."""

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from shared.errors import TransientError
-from shared.pubsub import STEP_READY, TRIGGER_EVENTS, get_publisher
+from shared.core.errors import TransientError
+from shared.core.pubsub import STEP_READY, TRIGGER_EVENTS, get_publisher
 
 # The hold subscription of each dead-letter topic (infra/pubsub.tf) → the topic to redrive to.
 DEAD_LETTER_HOLDS = {

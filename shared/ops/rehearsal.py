@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared import queries
-from shared.db import Database
+from shared.core import queries
+from shared.core.db import Database
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import RehearsalRequest, RehearsalResult, RehearsalStep
 from shared.workflows.definition import WorkflowDefinition

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared import pubsub, queries
-from shared.db import Database, Tx
-from shared.errors import ConflictError, TransientError
-from shared.logs import get_logger
+from shared.core import pubsub, queries
+from shared.core.db import Database, Tx
+from shared.core.errors import ConflictError, TransientError
+from shared.core.logs import get_logger
 from shared.ops.errors import OpsError, not_found
 from shared.ops.replay_plan import JournalStep, ReplayPlan, plan_replay
 from shared.workflows.definition import WorkflowDefinition
@@ -104,7 +104,7 @@ def _checked_failed_run(
         raise not_found("run")
     tx.one(RUN_LOCK, lineage_root=str(run["lineage_root"]))
     # Re-read under the lock: a concurrent replay or retry may have moved it, and retention
-    # (shared/retention.py), which held the same lock, may have deleted the whole lineage.
+    # (shared/sweep/retention.py), which held the same lock, may have deleted the whole lineage.
     run = tx.one(RUN_GET, run_id=run_id, namespace="live", tenant_id=tenant_scope)
     if run is None:
         raise not_found("run")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from shared.db import get_database
-from shared.errors import OnceflowError
+from shared.core.db import get_database
+from shared.core.errors import OnceflowError
 from shared.ops.auth import TENANT_EXISTS, mint_token
 
 

@@ -16,13 +16,14 @@ import os
 import threading
 from dataclasses import dataclass
 
-from shared import oauth_tokens, queries
-from shared.connections import is_connection_id
-from shared.db import Tx
+from shared.accounts import oauth_tokens
+from shared.accounts.connections import is_connection_id
+from shared.accounts.provider_apps import ProviderApp
+from shared.core import queries
+from shared.core.db import Tx
 from shared.port.hubspot import HubSpotPort, singular_object_type
 from shared.port.interface import CrmPort, PortError
 from shared.port.observed import ObservedPort
-from shared.provider_apps import ProviderApp
 
 SQL = queries.load("port")
 GET = SQL["port_connection_get"]
@@ -151,7 +152,7 @@ def _env(name: str | None, what: str) -> str:
 
 def _oauth_port(settings: PortSettings) -> CrmPort:
     """The port of an OAuth connection: no token of its own, a token source instead."""
-    from shared.db import get_database
+    from shared.core.db import get_database
     from shared.port.hubspot_oauth import hubspot_refresher
 
     if settings.provider != "hubspot":
@@ -267,7 +268,7 @@ def forget_ports() -> None:
 def port_for(connection_id: str) -> CrmPort:
     """The port for a connection, reading its row in a short transaction of its own. Raises
     `PortError` (not a translated database error) for unknown, paused or secretless rows."""
-    from shared.db import get_database
+    from shared.core.db import get_database
 
     settings = get_database().run(lambda tx: load_port_settings(tx, connection_id))
     return build_port(settings)

@@ -1,5 +1,5 @@
 """HubSpot's OAuth endpoints: the authorize URL an install starts at, the code exchange, the
-token's portal, and the refresh `Refresher` for shared/oauth_tokens.py.
+token's portal, and the refresh `Refresher` for shared/accounts/oauth_tokens.py.
 
 - Authorize: the user's browser is sent to `https://app.hubspot.com/oauth/authorize` with
   `client_id`, `redirect_uri`, `scope` (space-separated) and `state`; HubSpot redirects back
@@ -26,7 +26,7 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
-from shared.oauth_tokens import Grant, Refresher, RefreshRevoked
+from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
 from shared.port.hubspot import DEFAULT_BASE_URL, classify_response, classify_transport_error
 from shared.port.interface import PortError
 

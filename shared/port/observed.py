@@ -1,6 +1,6 @@
 """What a connection's port saw, kept for people: the connection's last real call to its
 provider (the health view's "last provider call") and the names of the records it read or
-wrote (shared/record_labels.py).
+wrote (shared/port/record_labels.py).
 
 `ObservedPort` wraps the adapter `shared/port/connect.py` builds, so every caller of a port
 (blocks, polling, the subscription reconcile) is observed without knowing it. Both notes are
@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from shared import queries, record_labels
-from shared.logs import get_logger
+from shared.core import queries
+from shared.core.logs import get_logger
+from shared.port import record_labels
 from shared.port.interface import (
     Association,
     Capabilities,
@@ -52,7 +53,7 @@ _labels_written: OrderedDict[str, record_labels.Label] = OrderedDict()
 
 
 def _write(work: Callable[[Any], None]) -> None:
-    from shared.db import get_database
+    from shared.core.db import get_database
 
     try:
         get_database().run(work, attempts=1)

@@ -1,5 +1,5 @@
 -- Admission: one event against every workflow bound to its type, in a fixed number of
--- statements however many bindings there are (see shared/admission.py for the order).
+-- statements however many bindings there are (see shared/admission/admit.py for the order).
 
 -- name: admission_context
 -- Statement 1 of the admission transaction: the event, its tenant and connection, the echo
@@ -57,7 +57,7 @@ WITH ev AS (
     FROM ev
     JOIN trigger_bindings b ON b.tenant_id = ev.tenant_id AND b.event_type = ev.event_type
     JOIN workflow_versions v ON v.id = b.version_id
-    -- The circuit breaker (shared/breaker.py): an open one refuses `workflow_paused`.
+    -- The circuit breaker (shared/gates/breaker.py): an open one refuses `workflow_paused`.
     LEFT JOIN workflow_breakers wb ON wb.workflow_id = b.workflow_id
     ORDER BY b.workflow_id
 ), locked AS (
@@ -117,7 +117,7 @@ FROM (SELECT key FROM unnest(CAST(:lock_keys AS text[])) AS key ORDER BY key) AS
 -- name: admission_admit
 -- Statement 2: the decision for every binding at once, under the locks statement 1 took, and
 -- every refusal written with its reason and detail (the transaction's last statement: it
--- commits in the same round trip, shared/admission.py).
+-- commits in the same round trip, shared/admission/admit.py).
 -- Per binding, in this order of precedence:
 --   handled          the pairing already has a delivery claim or a run with this start key
 --                    (a redelivery): nothing is written; the caller resumes dispatch of the run

@@ -1,4 +1,4 @@
--- The circuit breaker per workflow (shared/breaker.py). Every state change is one guarded
+-- The circuit breaker per workflow (shared/gates/breaker.py). Every state change is one guarded
 -- UPDATE; the row lock serializes concurrent run outcomes of one workflow.
 
 -- name: breaker_ensure

@@ -1,4 +1,4 @@
--- Spend budgets (shared/budgets.py): reservations written before the side effect, checked
+-- Spend budgets (shared/gates/budgets.py): reservations written before the side effect, checked
 -- under a per-budget lock, settled by outcome, reconciled when the outcome never came.
 
 -- name: budget_lock

@@ -1,4 +1,4 @@
--- Pre-admission drops (shared/drops.py): property changes the drain turned into no event.
+-- Pre-admission drops (shared/ingest/drops.py): property changes the drain turned into no event.
 
 -- name: drops_insert
 INSERT INTO pre_admission_drops (tenant_id, connection_id, record_object_type, record_object_id,

@@ -1,4 +1,4 @@
--- Sealed OAuth tokens per connection (shared/oauth_tokens.py).
+-- Sealed OAuth tokens per connection (shared/accounts/oauth_tokens.py).
 
 -- name: oauth_tokens_get
 SELECT kek_env, data_key_sealed, refresh_token_sealed, access_token_sealed, access_expires_at,

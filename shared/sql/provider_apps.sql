@@ -53,7 +53,7 @@ SELECT account_id, reason, count(*) AS events, sum(deliveries) AS deliveries,
  ORDER BY max(last_seen_at) DESC
 
 -- name: provider_app_reroute_claim
--- The sweep's re-routing (shared/inbox.py reroute_unrouted): events recorded because their
+-- The sweep's re-routing (shared/ingest/inbox.py reroute_unrouted): events recorded because their
 -- portal had no live connection, whose portal has one now, first seen at most
 -- `lookback_seconds` before that connection was created (the events of the install that
 -- created it, which HubSpot sends from consent on; older ones predate it and stay for ops).

@@ -1,4 +1,4 @@
--- Names and emails of records (shared/record_labels.py) and a connection's last real call
+-- Names and emails of records (shared/port/record_labels.py) and a connection's last real call
 -- (shared/port/observed.py).
 
 -- name: record_labels_upsert

@@ -1,4 +1,4 @@
--- Retention (shared/retention.py): what the sweep deletes once nothing needs it, a bounded
+-- Retention (shared/sweep/retention.py): what the sweep deletes once nothing needs it, a bounded
 -- batch per statement, each batch found through a partial index (migrations/0300_retention.sql).
 -- Deleting is not a state move: no row is moved, it leaves; the statements below say which
 -- promise each condition keeps.

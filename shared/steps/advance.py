@@ -7,7 +7,7 @@
                   ─► publish step-ready
 
 Gates (rate limits, charge) are declared on the block spec and the workflow and run here, in
-the one order shared/steps/gates.py documents; no block calls them.
+the one order shared/gates/catalog.py documents; no block calls them.
 
 Ack/nack: the caller acks (returns normally) for everything this function returns — a step
 that was not claimable, a recorded failure, a lease lost mid-way — and lets a `TransientError`
@@ -27,11 +27,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from shared import queries
 from shared.blocks.base import NO_RETRY, BlockContext, BlockResult, BlockSpec
-from shared.db import Database
-from shared.errors import PermanentError, TransientError
-from shared.logs import LogEvent, get_logger, labelled, log_event
+from shared.core import queries
+from shared.core.db import Database
+from shared.core.errors import PermanentError, TransientError
+from shared.core.logs import LogEvent, get_logger, labelled, log_event
+from shared.gates.catalog import WorkflowGates, run_gated, settle_gates
 from shared.steps.claim import (
     ClaimedStep,
     Heartbeat,
@@ -42,7 +43,6 @@ from shared.steps.claim import (
     withdraw_side_effect_mark,
 )
 from shared.steps.crashpoints import crash_point
-from shared.steps.gates import WorkflowGates, run_gated, settle_gates
 from shared.steps.loops import Loop, enclosing_loop, foreach_of, iteration, loop_scope
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
@@ -119,7 +119,7 @@ def registry_lookup(type_name: str) -> BlockSpec:
 
 
 def default_dispatch(step_ids: Sequence[str]) -> None:
-    from shared.pubsub import publish_step_ready
+    from shared.core.pubsub import publish_step_ready
 
     publish_step_ready(step_ids)
 
@@ -188,7 +188,7 @@ def advance_from_message(
 ) -> Advanced | None:
     """`advance_step` for a Pub/Sub push delivery. A message that can never succeed (bad
     encoding, no step id) is recorded in `poisoned_messages` and acked: None."""
-    from shared.pubsub import decode_push_message
+    from shared.core.pubsub import decode_push_message
 
     try:
         message = decode_push_message(cloud_event_data)
@@ -391,10 +391,10 @@ def _count_run_for_breaker(
     settlement: Settlement,
     breaker: Breaker | None,
 ) -> None:
-    """The run ended: count it for the workflow's circuit breaker (shared/breaker.py). After
+    """The run ended: count it for the workflow's circuit breaker (shared/gates/breaker.py). After
     the settle committed, so a failure here must not nack the message (the redelivery would
     find the step settled and count nothing): it is logged, and the streak misses one run."""
-    from shared import breaker as circuit
+    from shared.gates import breaker as circuit
 
     try:
         circuit.record_run_outcome(

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared import queries
-from shared.db import Database
-from shared.logs import get_logger
+from shared.core import queries
+from shared.core.db import Database
+from shared.core.logs import get_logger
 
 SQL = queries.load("steps")
 CANCEL_LOCK = SQL["runs_cancel_lock"]

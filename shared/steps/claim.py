@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared import queries
-from shared.db import Database
-from shared.errors import TransientError
-from shared.logs import get_logger
+from shared.core import queries
+from shared.core.db import Database
+from shared.core.errors import TransientError
+from shared.core.logs import get_logger
 from shared.steps.crashpoints import crash_point
 from shared.workflows.scope import Occurrence
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared import queries
-from shared.db import Tx
+from shared.core import queries
+from shared.core.db import Tx
 from shared.workflows.definition import Step
 
 SQL = queries.load("steps")

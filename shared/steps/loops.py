@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import queries
 from shared.blocks.base import FanOut
-from shared.db import Tx
+from shared.core import queries
+from shared.core.db import Tx
 from shared.steps.journal import insert_steps, step_key
 from shared.workflows.definition import Step, WorkflowDefinition
 

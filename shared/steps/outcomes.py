@@ -24,7 +24,7 @@ from shared.blocks.base import (
     ParkRequest,
     RetryPolicy,
 )
-from shared.errors import ConflictError, PermanentError, TransientError
+from shared.core.errors import ConflictError, PermanentError, TransientError
 from shared.steps.states import StepStatus
 
 OUTCOME_OK = "OK"

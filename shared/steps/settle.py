@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared import queries
-from shared.db import Database
+from shared.core import queries
+from shared.core.db import Database
 from shared.steps.claim import ClaimedStep
 from shared.steps.crashpoints import crash_point
 from shared.steps.journal import insert_steps, step_key

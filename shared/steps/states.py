@@ -248,7 +248,7 @@ RUN_STATEMENTS: dict[str, Moves] = {
 }
 
 
-# Statements that delete rows, which is no move: retention (shared/retention.py) removes the
+# Statements that delete rows, which is no move: retention (shared/sweep/retention.py) removes the
 # runs, and their steps, of lineages whose every run finished longer ago than the retention; a
 # deleted row is never read again. The statement guards on `finished_at` of the whole lineage.
 RETENTION_DELETES = frozenset({"retention_lineages_delete"})

@@ -24,7 +24,7 @@ Then the registered `Duty`s, each claimed once per period across all instances t
 in `sweep_duties`: the backlog report the alerts read (every minute), marker expiry, provider
 subscription repair (hourly), trimming the lease history of runs that finished more than
 `lease_history_days` ago (hourly), retention of finished runs, decided events and processed
-inbox rows (`shared/retention.py`, every five minutes), and the duties of the trigger kinds
+inbox rows (`shared/sweep/retention.py`, every five minutes), and the duties of the trigger kinds
 (cron ticks, webhook-trigger key expiry, table and CRM polls: `shared/triggers/`).
 `default_duties()` is the one list: the sweep's own duties are written there, a trigger kind's
 come from its module through the kind registry, and the loop doesn't change.
@@ -44,13 +44,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared import queries
-from shared.backlog import read_backlog
-from shared.db import Database
-from shared.drops import trim_drops
-from shared.errors import TransientError
-from shared.logs import LogEvent, get_logger, log_event
-from shared.oauth_install import trim_install_states
+from shared.accounts.oauth_install import trim_install_states
+from shared.core import queries
+from shared.core.db import Database
+from shared.core.errors import TransientError
+from shared.core.logs import LogEvent, get_logger, log_event
+from shared.ingest.drops import trim_drops
+from shared.sweep.backlog import read_backlog
 
 STEPS_SQL = queries.load("steps")
 SWEEP_SQL = queries.load("sweep")
@@ -80,9 +80,9 @@ class SweepConfig:
     poll_seconds: float = 2.0
     # The per-attempt lease history of a finished run is kept this long (its run longer).
     lease_history_days: int = 30
-    # Pre-admission drops (shared/drops.py) hold changed property values: kept this long.
+    # Pre-admission drops (shared/ingest/drops.py) hold changed property values: kept this long.
     drop_retention_days: int = 14
-    # Retention (shared/retention.py): days kept after a run finished, an event was decided,
+    # Retention (shared/sweep/retention.py): days kept after a run finished, an event was decided,
     # an inbox row was processed, a rehearsal finished; runs per deletion batch.
     run_retention_days: int = 90
     decision_retention_days: int = 90
@@ -180,7 +180,7 @@ class SweepReport:
 
 
 def default_dispatch(step_ids: Sequence[str]) -> None:
-    from shared.pubsub import publish_step_ready
+    from shared.core.pubsub import publish_step_ready
 
     publish_step_ready(step_ids)
 
@@ -225,7 +225,7 @@ def reclaim_expired_leases(
     db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
 ) -> int:
     """Reclaim one batch of expired leases; the number of rows touched."""
-    from shared.steps.gates import record_outcome_unknown
+    from shared.gates.catalog import record_outcome_unknown
 
     with db.transaction() as tx:
         rows = tx.all(RECLAIM_EXPIRED, batch=config.batch, **reclaim_rules())
@@ -266,9 +266,9 @@ def reclaim_expired_leases(
 
 def _count_failed_run_for_breaker(db: Database, run_id: str, outcome_code: str) -> None:
     """A run the reclaim failed counts toward its workflow's circuit breaker like one its
-    step executor failed (shared/breaker.py). After the commit; a failure here is logged and
+    step executor failed (shared/gates/breaker.py). After the commit; a failure here is logged and
     the streak misses one run, as in the executor."""
-    from shared import breaker
+    from shared.gates import breaker
 
     try:
         breaker.record_run_failed_by_id(
@@ -310,7 +310,7 @@ def requeue_undecided_events(
 ) -> int:
     """Undecided published events back into the outbox (the publisher sends them), or given
     up at the cap; the number of rows touched. `dispatch` is for steps and not used here."""
-    from shared.outbox import requeue_undecided
+    from shared.ingest.outbox import requeue_undecided
 
     done = requeue_undecided(
         db,
@@ -355,8 +355,8 @@ def run_duty(db: Database, duty: Duty) -> Any:
 
 
 def expire_echo_markers(db: Database) -> dict[str, int]:
-    """Markers expired for longer than their grace (shared/echo.py owns the rule)."""
-    from shared import echo
+    """Markers expired for longer than their grace (shared/admission/echo.py owns the rule)."""
+    from shared.admission import echo
 
     with db.transaction() as tx:
         return {"expired": echo.expire_echo_markers(tx)}
@@ -364,8 +364,8 @@ def expire_echo_markers(db: Database) -> dict[str, int]:
 
 def reroute_unrouted_app_events(db: Database) -> dict[str, int]:
     """App events that arrived before their portal's connection existed, routed to it now
-    (shared/inbox.py owns the rule)."""
-    from shared.inbox import reroute_unrouted
+    (shared/ingest/inbox.py owns the rule)."""
+    from shared.ingest.inbox import reroute_unrouted
 
     return reroute_unrouted(db)
 
@@ -373,7 +373,7 @@ def reroute_unrouted_app_events(db: Database) -> dict[str, int]:
 def reconcile_subscriptions(db: Database) -> dict[str, int]:
     """Hourly provider subscription repair (the workflows issue's reconcile)."""
     from shared.port.connect import port_for, port_for_app
-    from shared.workflows.subscriptions import reconcile_all
+    from shared.publishing.subscriptions import reconcile_all
 
     results = reconcile_all(db, port_for, port_for_app)
     return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}
@@ -381,15 +381,15 @@ def reconcile_subscriptions(db: Database) -> dict[str, int]:
 
 def delete_expired_throttle_windows(db: Database) -> dict[str, int]:
     """Throttle windows are one row per connection per window; ended ones only take space."""
-    from shared.throttle import delete_expired_windows
+    from shared.gates.throttle import delete_expired_windows
 
     with db.transaction() as tx:
         return {"deleted": delete_expired_windows(tx)}
 
 
 def reconcile_budget_reservations(db: Database) -> dict[str, int]:
-    """Budget reservations whose step ended without settling them (shared/budgets.py)."""
-    from shared.budgets import reconcile
+    """Budget reservations whose step ended without settling them (shared/gates/budgets.py)."""
+    from shared.gates.budgets import reconcile
 
     return reconcile(db)
 
@@ -434,7 +434,8 @@ def report_backlog(db: Database) -> dict[str, float]:
 def default_duties(config: SweepConfig | None = None) -> list[Duty]:
     """Every periodic duty: the sweep's own, then each trigger kind's (shared/triggers/)."""
     # Imported here: trigger kinds import `Duty` from this module.
-    from shared import retention, triggers
+    from shared import triggers
+    from shared.sweep import retention
 
     config = config or SweepConfig.from_env()
     days, drop_days = config.lease_history_days, config.drop_retention_days

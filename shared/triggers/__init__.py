@@ -12,7 +12,7 @@ A kind says, for a definition's `trigger`:
 - what only the database can say, checked on activation (`check_activation`);
 - what ops shows about it (`status`).
 
-Every kind that emits goes through `shared.outbox.emit`, with a deterministic key under a
+Every kind that emits goes through `shared.ingest.outbox.emit`, with a deterministic key under a
 unique constraint, so admission, dedup modes, refusals and the ops views need nothing new.
 Adding a kind is adding a module here and its fields on `Trigger`.
 """
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from shared.workflows.definition import Trigger
 
 if TYPE_CHECKING:
-    from shared.db import Tx
+    from shared.core.db import Tx
     from shared.steps.sweep import Duty
 
 PathT = tuple[str | int, ...]

@@ -44,11 +44,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from shared import queries
-from shared.db import Database, Tx
-from shared.errors import PermanentError, TransientError
-from shared.logs import get_logger
-from shared.outbox import TriggerEvent, emit
+from shared.core import queries
+from shared.core.db import Database, Tx
+from shared.core.errors import PermanentError, TransientError
+from shared.core.logs import get_logger
+from shared.ingest.outbox import TriggerEvent, emit
 from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import Trigger

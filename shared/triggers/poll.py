@@ -51,18 +51,18 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
 
-from shared import queries
-from shared.connections import get_connection, is_connection_id
-from shared.db import Database, Tx
-from shared.echo import record_echo_marker
-from shared.errors import TransientError
-from shared.logs import get_logger
-from shared.outbox import TriggerEvent, emit
+from shared.accounts.connections import get_connection, is_connection_id
+from shared.admission.echo import record_echo_marker
+from shared.core import queries
+from shared.core.db import Database, Tx
+from shared.core.errors import TransientError
+from shared.core.logs import get_logger
+from shared.gates.throttle import claim_slot
+from shared.ingest.outbox import TriggerEvent, emit
 from shared.port import connect
 from shared.port.interface import CrmPort, SearchFilter
 from shared.steps.crashpoints import crash_point
 from shared.steps.sweep import Duty
-from shared.throttle import claim_slot
 from shared.triggers import AddProblem, TriggerKind
 from shared.triggers.sql_source import (
     SourceInvalid,

@@ -30,10 +30,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared.db import Tx
+from shared.core.db import Tx
 
 IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-# The schema part is a tenant id (shared/workflows/validate.py TENANT_PATTERN: it may hold a
+# The schema part is a tenant id (shared/publishing/validate.py TENANT_PATTERN: it may hold a
 # `-` or start with a digit; quoted, it needs no escaping either).
 TABLE = re.compile(r"^([a-z0-9_][a-z0-9_-]{0,62})\.([a-z_][a-z0-9_]{0,62})$")
 # onceflow's own tables live in `public`; the system catalogs are never a source either.

@@ -7,7 +7,7 @@
         idempotency_ttl_seconds: 86400
 
 The request is verified exactly like a provider webhook on that connection (Standard Webhooks
-for a `standard` connection, `X-Signature-256` for an `hmac` one: shared/webhooks/signatures.py),
+for a `standard` connection, `X-Signature-256` for an `hmac` one: shared/ingest/signatures.py),
 then addressed to the tenant's
 active workflow of that name, which must have a webhook trigger. Unlike a CRM webhook it does
 not go through the inbox: the answer names the trigger event, so the event is emitted while
@@ -40,11 +40,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from uuid import UUID
 
-from shared import queries
-from shared.connections import Connection
-from shared.db import Database, Tx
-from shared.logs import get_logger
-from shared.outbox import TriggerEvent, emit
+from shared.accounts.connections import Connection
+from shared.core import queries
+from shared.core.db import Database, Tx
+from shared.core.logs import get_logger
+from shared.ingest.outbox import TriggerEvent, emit
 from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import Trigger, WebhookTrigger

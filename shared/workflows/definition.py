@@ -69,7 +69,7 @@ from pydantic import (
 DedupMode = Literal["once_per_record", "not_while_running", "every_time"]
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 EVENT_TYPE_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)+$"
-# Where the JSON Schema describes what expressions read (shared/workflows/schema.py).
+# Where the JSON Schema describes what expressions read (shared/publishing/schema.py).
 SCOPE_REF = "#/$defs/ExpressionScope"
 
 

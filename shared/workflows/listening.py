@@ -2,8 +2,8 @@
 (`wait_for`) wait for, with the record fields each needs to hear about.
 
 This is the one home of that rule. The shadow records' watched fields
-(`shared.connections.watched_fields`: a property change of a field nobody listens to is
-dropped as `not_watched`) and the provider subscriptions (`shared.workflows.subscriptions`:
+(`shared.accounts.connections.watched_fields`: a property change of a field nobody listens to is
+dropped as `not_watched`) and the provider subscriptions (`shared.publishing.subscriptions`:
 HubSpot sends a property change only when someone subscribed to that one property,
 https://developers.hubspot.com/docs/api/webhooks) are both computed from `listeners`, so a
 wait hears what it waits for even when no trigger watches it (issue 23 item 2: a wait on

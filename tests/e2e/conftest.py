@@ -37,7 +37,7 @@ import pytest
 
 from devstack import postgres
 from devstack.stack import REPO, RunningStack
-from shared.db import Database, connector_from_env
+from shared.core.db import Database, connector_from_env
 
 E2E_DATABASE = "onceflow_e2e"
 E2E_ENV = {

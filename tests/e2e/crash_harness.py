@@ -42,8 +42,8 @@ from typing import Any
 
 from devstack.function_process import command
 from devstack.tools import free_port
-from shared import pubsub as pubsub_mod
-from shared.db import Database
+from shared.core import pubsub as pubsub_mod
+from shared.core.db import Database
 from shared.steps.crashpoints import EXIT_CODE
 from shared.steps.sweep import SweepConfig, run_sweep
 

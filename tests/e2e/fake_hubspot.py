@@ -22,7 +22,7 @@ import httpx
 
 from devstack.seed import hubspot_app
 from devstack.stack import RunningStack
-from shared.db import Database
+from shared.core.db import Database
 
 FAKE_APP_ID = "424242"  # devstack.fakecrm's default app id, which the stack runs it with
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # the stack hands it to the fake and webhook

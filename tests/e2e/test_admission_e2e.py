@@ -21,7 +21,7 @@ import pytest
 from devstack.fakecrm.webhooks import signed_headers
 from devstack.seed import hubspot_tenant
 from devstack.stack import RunningStack
-from shared.db import Database
+from shared.core.db import Database
 from tests.e2e.fake_hubspot import FAKE_APP_ID, SECRET_ENV, app_delivery
 
 pytestmark = pytest.mark.e2e

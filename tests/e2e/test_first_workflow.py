@@ -38,7 +38,7 @@ def _onceflow_command(tmp: Path) -> str:
     if installed.exists():
         return str(installed)
     shim = tmp / "onceflow"
-    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m shared.cli "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m shared.ops.cli "$@"\n')
     shim.chmod(0o755)
     return str(shim)
 

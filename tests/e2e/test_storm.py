@@ -31,7 +31,7 @@ import pytest
 
 from devstack.seed import hubspot_tenant
 from devstack.stack import RunningStack
-from shared.db import Database
+from shared.core.db import Database
 from tests.e2e.fake_hubspot import FAKE_APP_ID, SECRET_ENV, FakeHubSpot, app_delivery
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

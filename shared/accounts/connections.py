@@ -1,0 +1,181 @@
+"""Connections: a tenant's link to one CRM provider account.
+
+A connection row names *where* its secrets come from — the environment variable that Secret
+Manager fills in the cloud — never the secret itself. The secret is read from `os.environ` at
+the moment it is needed, so rotating it is a redeploy with a new secret version, not a data
+migration, and a database dump never holds a usable credential.
+
+Watched fields (what shadow records track, and so which property changes can fire or resume a
+wait) are what the active versions of the tenant's workflows listen to — their property-change
+triggers' `watch` lists and their waits' fields (shared/workflows/listening.py, the one home of
+that rule, which the provider subscriptions use too) — plus the connection's own
+`watched_fields` setting (`{"contact": ["email", ...]}`), which is what counts until
+workflows exist. A property-change trigger with an empty `watch` list watches every field of
+its object type (`"*"`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.core import queries
+from shared.core.db import Tx
+from shared.workflows import listening
+from shared.workflows.listening import ALL_FIELDS
+
+SQL = queries.load("connections")
+GET = SQL["connection_get"]
+GET_FOR_TENANT = SQL["connection_get_for_tenant"]
+INSERT = SQL["connection_insert"]
+ACTIVE_LISTENERS = SQL["connection_active_listeners"]
+
+PROVIDERS = ("hubspot", "standard", "pipedrive", "hmac")
+
+# How late each provider can still deliver an event after it occurred, through its own retries
+# of a failed delivery (our webhook down, slow or answering 5xx). Echo markers are kept this
+# long past their expiry (shared/admission/echo.py `expiry_grace_seconds`), so the late echo of
+# one of
+# onceflow's own writes is still recognised (DESIGN invariant 17). Longer only costs rows.
+# - hubspot: "we will attempt to re-send failed notifications up to 10 times ... with an
+#   exponential backoff based on the next attemptNumber. So the first retry will happen in 2
+#   minutes, the second retry in 4 minutes, the third retry in 8 minutes, etc."
+#   (https://developers.hubspot.com/docs/methods/webhooks/webhooks-overview, "Retries"; the
+#   newer https://developers.hubspot.com/docs/api/webhooks says 10 retries over 24 hours).
+#   2 + 4 + ... + 1024 minutes = 2,046 minutes = 34.1 hours after the first attempt; 36 hours
+#   leaves room for the first attempt's own delay and the attempts' timeouts.
+# - pipedrive, standard, hmac: no schedule we can rely on is documented (Pipedrive says only
+#   that non-2xx deliveries are retried; Standard Webhooks and plain HMAC senders retry as
+#   their sender chooses, commonly within a day or two): three days.
+REDELIVERY_HORIZON_SECONDS: dict[str, int] = {
+    "hubspot": 36 * 3600,
+    "pipedrive": 72 * 3600,
+    "standard": 72 * 3600,
+    "hmac": 72 * 3600,
+}
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
+
+
+class SecretUnavailable(RuntimeError):
+    """The environment variable a connection names is not set in this process."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    id: str
+    tenant_id: str
+    provider: str
+    status: str
+    webhook_secret_env: str
+    api_credentials_env: str | None = None
+    signature_versions: tuple[str, ...] = ("v3",)
+    api_base_url: str | None = None
+    provider_account_id: str | None = None
+    watched_fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    excluded_authors: tuple[str, ...] = ()
+
+    def webhook_secret(self) -> str:
+        """The webhook secret, read from the environment now (never stored, never logged)."""
+        value = os.environ.get(self.webhook_secret_env)
+        if not value:
+            raise SecretUnavailable(f"environment variable {self.webhook_secret_env} is not set")
+        return value
+
+
+def is_connection_id(text: str) -> bool:
+    return bool(_UUID.match(text))
+
+
+def _from_row(row: Mapping[str, Any]) -> Connection:
+    watched = row["watched_fields"]
+    if isinstance(watched, str):
+        watched = json.loads(watched)
+    return Connection(
+        id=row["id"],
+        tenant_id=row["tenant_id"],
+        provider=row["provider"],
+        status=row["status"],
+        webhook_secret_env=row["webhook_secret_env"],
+        api_credentials_env=row["api_credentials_env"],
+        signature_versions=tuple(row["signature_versions"] or ()),
+        api_base_url=row["api_base_url"],
+        provider_account_id=row["provider_account_id"],
+        watched_fields={
+            str(k): tuple(str(f) for f in v)
+            for k, v in (watched or {}).items()
+            if isinstance(v, list)
+        },
+        excluded_authors=tuple(row["excluded_authors"] or ()),
+    )
+
+
+def get_connection(tx: Tx, connection_id: str) -> Connection | None:
+    """The connection by id, for the webhook path (which has no tenant context yet)."""
+    if not is_connection_id(connection_id):
+        return None
+    row = tx.one(GET, connection_id=connection_id)
+    return _from_row(row) if row else None
+
+
+def get_connection_for_tenant(tx: Tx, tenant_id: str, connection_id: str) -> Connection | None:
+    """The connection if it belongs to `tenant_id`; another tenant's id reads as unknown."""
+    if not is_connection_id(connection_id):
+        return None
+    row = tx.one(GET_FOR_TENANT, connection_id=connection_id, tenant_id=tenant_id)
+    return _from_row(row) if row else None
+
+
+def create_connection(
+    tx: Tx,
+    *,
+    tenant_id: str,
+    provider: str,
+    webhook_secret_env: str,
+    api_credentials_env: str | None = None,
+    signature_versions: tuple[str, ...] = ("v3",),
+    api_base_url: str | None = None,
+    provider_account_id: str | None = None,
+    watched_fields: Mapping[str, list[str]] | None = None,
+    provider_app_id: str | None = None,
+) -> str:
+    """Insert a connection; its id. With `provider_app_id` and `provider_account_id` (HubSpot
+    app id and portal id) it also receives the events its app's one URL routes to it."""
+    return str(
+        tx.scalar(
+            INSERT,
+            tenant_id=tenant_id,
+            provider=provider,
+            webhook_secret_env=webhook_secret_env,
+            api_credentials_env=api_credentials_env,
+            signature_versions="{" + ",".join(signature_versions) + "}",
+            api_base_url=api_base_url,
+            provider_account_id=provider_account_id,
+            watched_fields=json.dumps(dict(watched_fields or {})),
+            provider_app_id=provider_app_id,
+        )
+    )
+
+
+@dataclass(frozen=True)
+class WatchedFields:
+    """Per object type, the fields whose changes matter (`"*"` means all of them)."""
+
+    by_object: Mapping[str, frozenset[str]]
+
+    def watches(self, object_type: str, field_name: str) -> bool:
+        fields = self.by_object.get(object_type, frozenset())
+        return ALL_FIELDS in fields or field_name in fields
+
+
+def watched_fields(tx: Tx, connection: Connection) -> WatchedFields:
+    """The union of what active workflows listen to and the connection's own setting."""
+    union: dict[str, set[str]] = {k: set(v) for k, v in connection.watched_fields.items()}
+    rows = tx.all(ACTIVE_LISTENERS, tenant_id=connection.tenant_id)
+    listening.watched_by_object(
+        connection.provider, ({"trigger": r["trigger"], "steps": r["waits"]} for r in rows), union
+    )
+    return WatchedFields({k: frozenset(v) for k, v in union.items()})

@@ -1,0 +1,120 @@
+"""HubSpot's browser redirect back from an app install: `GET /oauth/hubspot/callback`, served
+by the public `webhook` function (functions/webhook.py).
+
+Public on purpose: the redirect is a person's browser, carrying no ops login and no Google
+identity token, and the ops function is IAM-gated in the cloud (Cloud Run IAM is per service,
+not per path). What authenticates it is the install's single-use `state` (shared/oauth_install
+.py consumes it before anything else). The answer is a small HTML page rendered with the ops
+templates; every outcome, refused or pending, leaves an audit row naming who started the
+install. Nothing is connected here: the page shows the code with which the operator who started
+the install confirms it on ops (shared/accounts/oauth_install.py says why).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Request, Response
+
+from shared.accounts import oauth_install
+from shared.accounts.oauth_install import InstallRefused
+from shared.core.db import Database
+from shared.core.errors import ConflictError, TransientError
+from shared.core.logs import get_logger
+from shared.ops import auth
+
+CALLBACK_ACTION = "apps.hubspot.callback"
+
+log = get_logger(__name__)
+
+
+def _audit(
+    db: Database, tenant_id: str | None, started_by: str | None, detail: Mapping[str, Any]
+) -> None:
+    """The callback's audit row, in its own transaction; it names who started the install (no
+    token came with the redirect). Never the code, the state or a token."""
+    with db.transaction() as tx:
+        tx.execute(
+            auth.AUDIT_INSERT,
+            token_id=started_by,
+            tenant_id=tenant_id,
+            action=CALLBACK_ACTION,
+            target=detail.get("app_id"),
+            detail=json.dumps(dict(detail), default=str),
+        )
+
+
+def callback(db: Database, request: Request) -> Response:
+    """`GET /oauth/hubspot/callback?code=...&state=...` (or `?error=...&state=...`)."""
+    # Jinja and the page's templates load when a callback arrives, not on every cold start
+    # of the webhook function.
+    from shared.ops.page import render
+
+    if request.method != "GET":
+        return render("error.html", "Install", message="use GET", status=405)
+    args = request.args
+    try:
+        done = oauth_install.finish(
+            db, state=args.get("state"), code=args.get("code"), error=args.get("error")
+        )
+    except InstallRefused as refused:
+        try:
+            _audit(
+                db,
+                refused.tenant_id,
+                refused.started_by,
+                {"outcome": "refused", "code": refused.code, "status": refused.status},
+            )
+        except TransientError:
+            log.warning(
+                "install callback refused (%s); its audit row was not written", refused.code
+            )
+        return render(
+            "install.html",
+            "Install refused",
+            message=refused.message,
+            error=True,
+            status=refused.status,
+        )
+    except ConflictError:  # two installs of one portal at once: the other one won
+        return render(
+            "install.html",
+            "Install refused",
+            error=True,
+            status=409,
+            message="the portal was connected by another install just now; reload",
+        )
+    except TransientError:
+        return render(
+            "install.html",
+            "Busy",
+            error=True,
+            status=503,
+            message="the database is busy; start the install again",
+        )
+    try:
+        _audit(
+            db,
+            done.tenant_id,
+            done.started_by,
+            {"outcome": "pending_confirmation", "app_id": done.app_id, "portal_id": done.portal_id},
+        )
+    except TransientError:  # the pending install is committed; say so rather than answer 503
+        log.warning("install of portal %s pending; its audit row was not written", done.portal_id)
+    page = render(
+        "install.html",
+        "Confirm the install",
+        message=f"HubSpot portal {done.portal_id} asks to be connected to onceflow tenant "
+        f"{done.tenant_id}. Nothing is connected yet.",
+        confirm_code=done.confirm_code,
+        confirm_path=f"/v1/apps/hubspot/{done.app_id}/installs/confirm",
+        confirm_by=done.confirm_by,
+        tenant_id=done.tenant_id,
+        app_id=done.app_id,
+        error=False,
+        status=200,
+    )
+    page.headers["Cache-Control"] = "no-store"  # the code is for this browser, this once
+    return page

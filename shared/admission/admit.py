@@ -1,0 +1,817 @@
+"""Admission: exactly one run per trigger event and workflow, or a refusal that says why.
+
+`admit_delivery` is what the `admit_event` function calls for each `trigger-events` message;
+`admit_event` admits one event id against every workflow bound to its type.
+
+One event, K bound workflows, one transaction of a fixed number of statements:
+
+1. `admission_context` reads the event, its tenant, connection and echo markers and every
+   binding (one index range scan on trigger_bindings), and takes the dedup locks:
+   `pg_advisory_xact_lock` on a 64-bit hash of (workflow, record), in workflow order, for the
+   bindings whose dedup mode needs one (`every_time` doesn't: its only rule, one run per
+   event, is the start key's unique index). On the event's first decision it also reads the
+   open waits (`wait_for`) on its (tenant, type, record), by index; each one whose condition
+   holds is resumed by one guarded statement (shared/steps/parks.py), and only then (never
+   by an echo of onceflow's own write: see `echo_suppressed` below).
+2. In Python, per binding, the refusals that don't depend on other runs, in this order of
+   precedence (exactly one reason is recorded):
+   `provider_suppressed` (connection paused or disconnected; the event's author is in the
+   tenant's or the connection's excluded authors), `echo_suppressed` (every changed field
+   matches a live echo marker for the record: shared/admission/echo.py), `missing_record_identity`,
+   `rule_not_matched` (the trigger's CEL rule was false, or could not be evaluated on this
+   event: the detail says which), `insufficient_credits` (the tenant's balance can't pay the
+   entry step's block price; an unregistered block type has no price and is not refused here:
+   the step engine fails that step with its own error), then `workflow_paused` (the
+   workflow's circuit breaker is open: shared/gates/breaker.py; a paused workflow still says
+   `rule_not_matched` for events its rule would not have taken). A binding whose stored
+   definition no longer parses is refused `definition_unreadable` before all of these (none
+   can be judged without its trigger), alone: the event's other bindings are decided as usual.
+3. `admission_admit`, one statement for all bindings, under the locks: the delivery claim
+   (unique on event and workflow) for every pairing; `duplicate` when once_per_record finds
+   an enrollment, `already_running` when not_while_running finds a live running run for the
+   record; otherwise the run row (start key `workflow_event:<eventId>` under the unique
+   (workflow, start_key) index, pinned version, payload and truncation flag copied from the
+   event row, lineage root = its own id), its enrollment and its first step row.
+4. The refusals decided in 2 and 3 are written by the same statement (its detail for `duplicate`
+   and `already_running` worded there), and the event is stamped `decided_at`: a refusal commits
+   with its delivery claim or not at all. (The first release wrote refusals on a second pooled
+   connection so they would survive a rollback; that was hold-and-wait — concurrent admissions
+   in one process each held one connection and waited for another — and it could leave a stale
+   reason behind a decision that changed on redelivery. Nothing is lost by writing them
+   together: an attempt that rolls back has decided nothing, and the event is decided again by
+   the redelivery or, whatever the transport does, by the sweep, which re-publishes every
+   published event still undecided after its threshold and gives it up as `undelivered`,
+   visibly, after its cap.)
+5. Commit, then publish `step-ready` for the first steps. A publish that fails raises (nack,
+   so Pub/Sub redelivers the event, and the redelivery re-publishes the run's pending steps);
+   a publish lost in a crash after commit is repaired by the sweep, which re-dispatches
+   pending steps whose `dispatched_at` is older than its threshold.
+
+One pooled connection per admission, never two. Round trips per event: two — BEGIN travels
+with the context statement (shared/core/db.py), and COMMIT with the admit statement
+(`Tx.commit_with`) — plus one lock statement when a trigger takes its record from an
+expression, one read of pending steps on a redelivery, and, when open waits are offered the
+event, their statements and a COMMIT of its own. None of these grows with K. Context and
+decision can't be one statement: the rule is CEL evaluated in Python on the record the
+context statement returns, and the decision must be taken under the locks that statement
+took, in a later statement whose READ COMMITTED snapshot sees the previous holder's commit.
+
+What a rule reads (`event`, `trigger`, `record`) is built by shared/workflows/scope.py, the
+one home of the expression scope; the record the rule saw is written with the run
+(`trigger_record`), so the run's steps read the same one. The record key is
+`<connection id>:<type>:<id>` (`app:<type>:<id>` for events without a connection).
+
+Concurrency: every rule is a lock or a unique index. Two deliveries of one event serialize on
+the advisory lock (or, under every_time, on the start key's unique index); the loser sees the
+claim and does nothing. A unique violation (a race the locks didn't cover, such as the test
+seam that skips them) rolls back the attempt and admission decides again from the committed
+state; after `ATTEMPTS` it is a transient error and Pub/Sub redelivers. The lock statement
+and the decision are separate statements on purpose: READ COMMITTED takes a snapshot per
+statement, so the decision sees what the previous lock holder committed.
+
+Rehearsal runs are created by the ops side; admission only ever creates `live` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from shared.admission.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
+from shared.core import queries
+from shared.core.db import Database, Tx
+from shared.core.errors import ConflictError, PermanentError, TransientError
+from shared.core.logs import LogEvent, get_logger, labelled, log_event
+from shared.core.pubsub import decode_push_message, publish_step_ready
+from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
+from shared.workflows.definition import WorkflowDefinition
+from shared.workflows.expressions import (
+    CompiledExpression,
+    ExpressionError,
+    PreparedScope,
+    compile_expression,
+    evaluate_condition,
+)
+from shared.workflows.scope import Occurrence, record_from_expression, rule_scope, trigger_record
+
+SQL = queries.load("admission")
+CONTEXT = SQL["admission_context"]
+LOCK_RECORDS = SQL["admission_lock_records"]
+ADMIT = SQL["admission_admit"]
+PENDING_FIRST_STEPS = SQL["admission_pending_first_steps"]
+MARK_DECIDED = SQL["admission_mark_decided"]
+INSERT_POISONED = SQL["admission_poisoned_insert"]
+REFUSALS_FOR_RECORD = SQL["admission_refusals_for_record"]
+
+Reason = Literal[
+    "duplicate",
+    "already_running",
+    "rule_not_matched",
+    "insufficient_credits",
+    "echo_suppressed",
+    "provider_suppressed",
+    "missing_record_identity",
+    "workflow_paused",
+    "definition_unreadable",
+]
+REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
+Outcome = Literal["admitted", "refused", "handled"]
+
+# Attempts of the whole admission when a unique index, a deadlock or a dropped connection
+# interrupts it. Every attempt decides from scratch, so repeating is safe.
+ATTEMPTS = 3
+POISON_SOURCE = "trigger-events"
+log = get_logger(__name__)
+
+
+def start_key(event_id: int) -> str:
+    return f"workflow_event:{event_id}"
+
+
+@dataclass(frozen=True)
+class BindingOutcome:
+    """What admission did for one (event, workflow) pairing.
+
+    `handled`: the pairing was already decided by an earlier delivery; `run_id` is its run
+    when it was admitted (its pending steps were published again), None when it was refused."""
+
+    workflow_id: str
+    outcome: Outcome
+    run_id: str | None = None
+    reason: Reason | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    event_id: int
+    outcomes: tuple[BindingOutcome, ...]
+    # Step ids published to step-ready after commit (first steps, or resumed pending ones).
+    dispatched: tuple[str, ...] = ()
+
+    @property
+    def admitted(self) -> list[BindingOutcome]:
+        return [o for o in self.outcomes if o.outcome == "admitted"]
+
+    @property
+    def refused(self) -> list[BindingOutcome]:
+        return [o for o in self.outcomes if o.outcome == "refused"]
+
+    def outcome_for(self, workflow_id: str) -> BindingOutcome:
+        for o in self.outcomes:
+            if o.workflow_id == workflow_id:
+                return o
+        raise KeyError(workflow_id)
+
+
+@dataclass(frozen=True)
+class AdmissionSeams:
+    """Test-only hooks, never set by production code: the default is the real behaviour.
+
+    `take_locks=False` skips the advisory locks so a test can show the unique indexes catch
+    the race; `before_commit` runs after the refusals were written, in the admission's
+    transaction, just before it commits (raise in it to inject a failure)."""
+
+    take_locks: bool = True
+    before_commit: Callable[[], None] | None = None
+    attempts: int = ATTEMPTS
+
+
+DEFAULT_SEAMS = AdmissionSeams()
+
+
+class EventNotFound(PermanentError, LookupError):
+    """The message names an event id that doesn't exist: a poisoned message."""
+
+
+class DefinitionUnreadable(PermanentError):
+    """A bound version's stored definition no longer parses: that binding is refused
+    `definition_unreadable`, the event's other bindings are decided as usual."""
+
+
+@dataclass(frozen=True)
+class _Trigger:
+    """What admission needs from a version, parsed once (versions are immutable)."""
+
+    version_id: str
+    rule: CompiledExpression | None
+    record_expression: CompiledExpression | None
+    entry_node: str
+    entry_type: str
+    entry_price: int
+    # The trigger's `watch` list (empty: every field).
+    watch: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    workflow_id: str
+    version_id: str
+    record_key: str | None
+    reason: Reason
+    detail: str
+
+
+@dataclass
+class _Plan:
+    """One binding's row in the admit statement."""
+
+    workflow_id: str
+    version_id: str
+    dedup_mode: str
+    run_id: str
+    record_key: str | None
+    refusal: _Refusal | None
+    entry_node: str
+    entry_type: str
+    # The record the trigger named by expression, as JSON; None for the event's own record
+    # (sent once per statement, not once per binding).
+    record: str | None
+
+
+_triggers: dict[str, _Trigger] = {}
+_triggers_lock = threading.Lock()
+_TRIGGER_CACHE_SIZE = 2048
+
+
+def _trigger_for(version_id: str, definition: Any) -> _Trigger:
+    with _triggers_lock:
+        cached = _triggers.get(version_id)
+    if cached is not None:
+        return cached
+    if definition is None:
+        raise TransientError(f"version {version_id} was expected in the cache")  # cache race
+    try:
+        parsed = WorkflowDefinition.model_validate(
+            json.loads(definition) if isinstance(definition, str) else definition
+        )
+        rule = compile_expression(parsed.trigger.rule) if parsed.trigger.rule else None
+        record_expr = (
+            None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
+        )
+    except (ValidationError, ExpressionError) as exc:
+        # Publishing validates definitions, so this is a row another release wrote or a
+        # damaged one, not a customer error; it concerns this binding only.
+        raise DefinitionUnreadable(
+            f"version {version_id} has an unreadable definition: {exc}"[:2000]
+        ) from exc
+    entry = parsed.entry
+    trigger = _Trigger(
+        version_id=version_id,
+        rule=rule,
+        record_expression=record_expr,
+        entry_node=entry.id,
+        entry_type=entry.type,
+        entry_price=_block_price(entry.type),
+        watch=frozenset(parsed.trigger.watch),
+    )
+    with _triggers_lock:
+        if len(_triggers) >= _TRIGGER_CACHE_SIZE:
+            _triggers.clear()
+        _triggers[version_id] = trigger
+    return trigger
+
+
+_catalog_loaded = False
+
+
+def _block_price(block_type: str) -> int:
+    """The entry block's price; 0 for a type the registry doesn't know (not charged, so not
+    refused for credits: the step engine fails such a step visibly)."""
+    global _catalog_loaded  # noqa: PLW0603 - load the block catalog once per process
+    from shared.blocks import registry
+
+    if not _catalog_loaded:
+        registry.load_catalog()
+        _catalog_loaded = True
+    if not registry.is_registered(block_type):
+        log.warning("entry block type %r is not registered; admitted without a price", block_type)
+        return 0
+    return registry.get(block_type).price
+
+
+# --- the pure decisions ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EventFacts:
+    """The event row and what admission read alongside it."""
+
+    id: int
+    tenant_id: str
+    connection_id: str | None
+    event_type: str
+    source_event_id: str | None
+    record_object_type: str | None
+    record_object_id: str | None
+    record_key: str | None
+    author_id: str | None
+    changed_fields: Mapping[str, Any]
+    occurred_at: datetime
+    payload: Mapping[str, Any]
+    credit_balance: int
+    excluded_authors: tuple[str, ...]
+    connection_status: str | None
+    echo_markers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
+
+    @cached_property
+    def occurrence(self) -> Occurrence:
+        return Occurrence(
+            id=self.id,
+            type=self.event_type,
+            tenant_id=self.tenant_id,
+            connection_id=self.connection_id,
+            source_event_id=self.source_event_id,
+            occurred_at=self.occurred_at,
+            author_id=self.author_id,
+            changed_fields=self.changed_fields,
+            payload=self.payload,
+            record_object_type=self.record_object_type,
+            record_object_id=self.record_object_id,
+        )
+
+    # Once per event, however many workflows are bound to it: the refusal that depends on the
+    # event alone, and the scope every trigger whose record is the event's own sees (built,
+    # measured and converted for CEL once).
+    @cached_property
+    def scope(self) -> PreparedScope:
+        return PreparedScope(rule_scope(self.occurrence, self.occurrence.record()))
+
+    @cached_property
+    def refusal(self) -> tuple[Reason, str] | None:
+        return event_refusal(self)
+
+    @cached_property
+    def echo(self) -> bool:
+        """Every changed field is explained by a write of onceflow's own
+        (shared/admission/echo.py)."""
+        return is_echo(self.changed_fields, self.echo_markers)
+
+
+def provider_suppression(event: EventFacts) -> str | None:
+    """Why the provider side says not to run, or None."""
+    if event.connection_status == "needs_reauthorization":
+        return (
+            f"connection {event.connection_id} needs reauthorization: its OAuth refresh token "
+            "was revoked (install the app on the portal again)"
+        )
+    if event.connection_status in ("paused", "disconnected"):
+        return f"connection {event.connection_id} is {event.connection_status}"
+    if event.author_id is not None and event.author_id in event.excluded_authors:
+        return f"the change was made by author {event.author_id}, whom the tenant excluded"
+    return None
+
+
+def event_refusal(event: EventFacts) -> tuple[Reason, str] | None:
+    """The refusal every workflow bound to the event gets, whatever its trigger (or None)."""
+    suppressed = provider_suppression(event)
+    if suppressed:
+        return "provider_suppressed", suppressed
+    if event.echo:
+        fields = ", ".join(sorted(event.changed_fields))
+        return (
+            "echo_suppressed",
+            f"every changed field ({fields}) matches a write onceflow made to "
+            f"{event.record_key} (echo marker)",
+        )
+    return None
+
+
+def resolve_record(
+    event: EventFacts, trigger: _Trigger
+) -> tuple[str | None, dict[str, Any], str | None]:
+    """(record key, record scope, why there is none) for one trigger (shared/workflows/scope.py;
+    the event's own record is the very dict of the event's prepared scope)."""
+    if trigger.record_expression is None:
+        key, _, missing = trigger_record(event.occurrence, None)
+        return key, event.scope.values["record"], missing
+    return record_from_expression(trigger.record_expression, event.scope, event.occurrence)
+
+
+def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
+    """Why a property change is not this trigger's, or None. Watched fields are the union of
+    what every active workflow of the tenant listens to (shared/workflows/listening.py: other
+    triggers, and waits), so a change can be delivered for another listener: a trigger starts
+    only on a change of a field it watches itself."""
+    if not trigger.watch or not event.changed_fields:
+        return None
+    if not event.event_type.endswith(".property_changed"):
+        return None
+    if trigger.watch & set(event.changed_fields):
+        return None
+    return (
+        f"none of the fields the trigger watches ({', '.join(sorted(trigger.watch))}) changed; "
+        f"the change ({', '.join(sorted(event.changed_fields))}) was for another listener"
+    )
+
+
+def rule_refusal(event: EventFacts, trigger: _Trigger, record: dict[str, Any]) -> str | None:
+    """Why the trigger doesn't take this event (`rule_not_matched`'s detail), or None: a
+    change of no field it watches, or a rule that is false or can't be evaluated."""
+    unwatched = unwatched_change(event, trigger)
+    if unwatched is not None:
+        return unwatched
+    if trigger.rule is None:
+        return None
+    scope: PreparedScope | dict[str, Any] = event.scope
+    if record is not event.scope.values["record"]:  # from the trigger's record expression
+        scope = {**event.scope.values, "record": record}
+    try:
+        matched = evaluate_condition(trigger.rule, scope)
+    except ExpressionError as exc:
+        return f"the rule could not be evaluated: {exc}"
+    return None if matched else f"rule `{trigger.rule.source}` was false"
+
+
+def static_refusal(
+    event: EventFacts, trigger: _Trigger, dedup_mode: str
+) -> tuple[str | None, dict[str, Any], tuple[Reason, str] | None]:
+    """The record key, the record the rule sees, and the refusal decided without looking at
+    other runs (or None)."""
+    if event.refusal is not None:
+        return event.record_key, event.scope.values["record"], event.refusal
+    key, record, missing = resolve_record(event, trigger)
+    if key is None and (trigger.record_expression is not None or dedup_mode != "every_time"):
+        return None, record, ("missing_record_identity", missing or "no record identity")
+    not_matched = rule_refusal(event, trigger, record)
+    if not_matched is not None:
+        return key, record, ("rule_not_matched", not_matched)
+    if trigger.entry_price > event.credit_balance:
+        return (
+            key,
+            record,
+            (
+                "insufficient_credits",
+                f"tenant {event.tenant_id} has {event.credit_balance} credits; the first step "
+                f"{trigger.entry_node} ({trigger.entry_type}) costs {trigger.entry_price}",
+            ),
+        )
+    return key, record, None
+
+
+# --- the transaction ---------------------------------------------------------------------------
+
+
+def _facts(row: Mapping[str, Any]) -> EventFacts:
+    changed = row["changed_fields"]
+    payload = row["payload"]
+    return EventFacts(
+        id=int(row["id"]),
+        tenant_id=row["tenant_id"],
+        connection_id=row["connection_id"],
+        event_type=row["event_type"],
+        source_event_id=row["source_event_id"],
+        record_object_type=row["record_object_type"],
+        record_object_id=row["record_object_id"],
+        record_key=row["record_key"],
+        author_id=row["author_id"],
+        changed_fields=json.loads(changed) if isinstance(changed, str) else changed,
+        occurred_at=row["occurred_at"],
+        payload=json.loads(payload) if isinstance(payload, str) else payload,
+        credit_balance=int(row["credit_balance"]),
+        excluded_authors=tuple(row["excluded_authors"] or ()),
+        connection_status=row["connection_status"],
+        echo_markers=markers_from_json(row["echo_markers"]),
+    )
+
+
+@dataclass
+class _Attempt:
+    outcomes: list[BindingOutcome]
+    refusals: list[_Refusal]
+    dispatch: list[str]
+    tenant_id: str
+    # Runs found already started by a concurrent delivery: their pending steps are read
+    # after commit (a read needs no place in the decision's transaction).
+    late_resume: list[str] = field(default_factory=list)
+
+
+def _plan_bindings(
+    event: EventFacts, bindings: Sequence[Mapping[str, Any]], seams: AdmissionSeams
+) -> tuple[list[BindingOutcome], list[str], list[_Plan], list[str]]:
+    """Per binding, from the context row: (already-handled outcomes, runs to resume, the
+    plans for the admit statement, extra record locks to take first)."""
+    outcomes: list[BindingOutcome] = []
+    resume: list[str] = []
+    plans: list[_Plan] = []
+    extra_locks: list[str] = []
+    for b in bindings:
+        workflow_id = str(b["workflow_id"])
+        if b["claimed"]:
+            # Decided by an earlier delivery (seen even before the lock: claims are final).
+            if b["start_run_id"]:
+                resume.append(b["start_run_id"])
+            outcomes.append(BindingOutcome(workflow_id, "handled", run_id=b["start_run_id"]))
+            continue
+        version_id = str(b["version_id"])
+        try:
+            trigger = _trigger_for(version_id, b["definition"])
+        except DefinitionUnreadable as exc:
+            # Refused alone, decided and recorded like any refusal (a redelivery finds the
+            # claim); the event's other workflows don't wait for this one to be repaired.
+            plans.append(_unreadable_plan(event, workflow_id, version_id, b["dedup_mode"], exc))
+            continue
+        key, record, refused = static_refusal(event, trigger, b["dedup_mode"])
+        if refused is None and b.get("breaker_state") == "open":
+            refused = (
+                "workflow_paused",
+                f"workflow {workflow_id} is paused by its circuit breaker since "
+                f"{b.get('breaker_opened_at')}: {b.get('breaker_reason')}. Resume it with "
+                f"POST /v1/workflows/{workflow_id}/resume",
+            )
+        if (
+            refused is None
+            and key is not None
+            and not b["record_from_event"]
+            and b["dedup_mode"] != "every_time"
+            and seams.take_locks
+        ):
+            extra_locks.append(f"{workflow_id}|{key}")
+        plans.append(
+            _Plan(
+                workflow_id=workflow_id,
+                version_id=version_id,
+                dedup_mode=b["dedup_mode"],
+                run_id=str(uuid.uuid4()),
+                record_key=key,
+                refusal=None
+                if refused is None
+                else _Refusal(workflow_id, version_id, key, refused[0], refused[1]),
+                entry_node=trigger.entry_node,
+                entry_type=trigger.entry_type,
+                record=None
+                if record is event.scope.values["record"]
+                else json.dumps(record, default=str),
+            )
+        )
+    return outcomes, resume, plans, extra_locks
+
+
+def _claim_trial_runs(
+    tx: Tx, plans: list[_Plan], half_open: set[str]
+) -> tuple[list[_Plan], list[str]]:
+    """A half-open breaker admits a few trial runs (shared/gates/breaker.py): claim one for each
+    plan that would start a run of a half-open workflow; a plan that gets none is refused
+    `workflow_paused`. (the plans, the workflows whose slot was claimed — the admit statement
+    gives a slot back when it then does not admit the run)."""
+    from shared.gates import breaker
+
+    wanted = [p.workflow_id for p in plans if p.refusal is None and p.workflow_id in half_open]
+    if not wanted:
+        return plans, []
+    claims = breaker.claim_trials(tx, wanted)
+    decided: list[_Plan] = []
+    for p in plans:
+        claim = claims.get(p.workflow_id)
+        if p.workflow_id not in wanted or claim is None or claim.granted:
+            decided.append(p)
+            continue
+        if claim.state == "closed":  # a trial succeeded since the context read: admit
+            decided.append(p)
+            continue
+        detail = f"workflow {p.workflow_id} is paused by its circuit breaker: " + (
+            f"it is half-open and its {claim.admitted} trial runs are in flight; the first "
+            "to end decides (success closes the breaker, failure pauses it again)"
+            if claim.state == "half_open"
+            else f"it was paused again. Resume it with POST /v1/workflows/{p.workflow_id}/resume"
+        )
+        refusal = _Refusal(p.workflow_id, p.version_id, p.record_key, "workflow_paused", detail)
+        decided.append(replace(p, refusal=refusal))
+    return decided, [w for w in wanted if claims.get(w) is not None and claims[w].granted]
+
+
+def _unreadable_plan(
+    event: EventFacts, workflow_id: str, version_id: str, dedup_mode: str, exc: Exception
+) -> _Plan:
+    """The admit statement's row for a binding whose definition does not parse: refused
+    `definition_unreadable` (it names no entry step; only admitted rows use one)."""
+    return _Plan(
+        workflow_id=workflow_id,
+        version_id=version_id,
+        dedup_mode=dedup_mode,
+        run_id=str(uuid.uuid4()),
+        record_key=event.record_key,
+        refusal=_Refusal(
+            workflow_id, version_id, event.record_key, "definition_unreadable", str(exc)
+        ),
+        entry_node="",
+        entry_type="",
+        record=None,
+    )
+
+
+def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Attempt:
+    with _triggers_lock:
+        cached = list(_triggers)
+    row = tx.one(
+        CONTEXT,
+        event_id=event_id,
+        start_key=start_key(event_id),
+        cached_versions=cached,
+        take_locks=seams.take_locks,
+        echo_skew_seconds=float(ECHO_CLOCK_SKEW_SECONDS),
+        max_waits=MAX_WAITS_PER_EVENT,
+    )
+    if row is None:
+        raise EventNotFound(f"trigger event {event_id} does not exist")
+    event = _facts(row)
+    bindings = row["bindings"]
+    bindings = json.loads(bindings) if isinstance(bindings, str) else bindings
+    outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
+    if extra_locks:
+        tx.one(LOCK_RECORDS, lock_keys=extra_locks)
+    half_open = {str(b["workflow_id"]) for b in bindings if b.get("breaker_state") == "half_open"}
+    probe_ids: list[str] = []
+    if half_open:
+        plans, probe_ids = _claim_trial_runs(tx, plans, half_open)
+
+    refusals: list[_Refusal] = []
+    dispatch: list[str] = []
+    if resume:
+        # Claimed by an earlier delivery (claims are final): their pending steps go out again.
+        dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
+    open_waits = row["open_waits"]
+    open_waits = json.loads(open_waits) if isinstance(open_waits, str) else open_waits
+    # The decision is the transaction's last statement, and commits in its own round trip,
+    # unless open waits are offered the event after it (or a test seam runs before commit).
+    last = tx.commit_with if not open_waits and seams.before_commit is None else tx.all
+    late_resume: list[str] = []
+    if plans:
+        rows = last(
+            ADMIT,
+            event_id=event_id,
+            start_key=start_key(event_id),
+            workflow_ids=[p.workflow_id for p in plans],
+            version_ids=[p.version_id for p in plans],
+            dedup_modes=[p.dedup_mode for p in plans],
+            run_ids=[p.run_id for p in plans],
+            record_keys=[p.record_key for p in plans],
+            refusals=[None if p.refusal is None else p.refusal.reason for p in plans],
+            refusal_details=[None if p.refusal is None else p.refusal.detail for p in plans],
+            entry_nodes=[p.entry_node for p in plans],
+            entry_types=[p.entry_type for p in plans],
+            records=[p.record for p in plans],
+            event_record=json.dumps(event.scope.values["record"], default=str),
+            probe_ids=probe_ids,
+        )
+        by_workflow = {p.workflow_id: p for p in plans}
+        for r in rows:
+            plan = by_workflow[r["workflow_id"]]
+            outcome, refusal = _outcome(plan, r)
+            outcomes.append(outcome)
+            if refusal is not None:
+                refusals.append(refusal)
+            if outcome.outcome == "admitted" and r["step_id"]:
+                dispatch.append(r["step_id"])
+            elif outcome.outcome == "handled" and outcome.run_id:
+                # Decided by a concurrent delivery since statement 1: read after commit.
+                late_resume.append(outcome.run_id)
+    elif row["decided_at"] is None:
+        # Nothing bound to decide (or only pairings decided before decided_at existed).
+        last(MARK_DECIDED, event_id=event_id)
+    if open_waits and not event.echo:
+        # The first decision of an event also offers it to the open waits it can match
+        # (wait_for; statement 1 read them by index), in this transaction; each resume is
+        # guarded, so a concurrent or redelivered admission resumes a wait at most once.
+        # onceflow's own echo is no answer to a wait, as it is no trigger.
+        dispatch += offer_event(tx, event.occurrence, open_waits)
+    return _Attempt(outcomes, refusals, dispatch, event.tenant_id, late_resume)
+
+
+def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:
+    """One binding's row of the admit statement, which also wrote its refusal (the details
+    that depend on other runs, duplicate and already_running, are worded there)."""
+    decided = row["outcome"]
+    if decided == "admitted":
+        return BindingOutcome(plan.workflow_id, "admitted", run_id=row["run_id"]), None
+    if decided == "handled":
+        return BindingOutcome(plan.workflow_id, "handled", run_id=row["run_id"]), None
+    assert decided in REASONS, decided
+    assert decided in ("duplicate", "already_running") or (
+        plan.refusal is not None and plan.refusal.reason == decided
+    ), decided
+    reason: Reason = decided
+    refusal = _Refusal(plan.workflow_id, plan.version_id, plan.record_key, reason, row["detail"])
+    outcome = BindingOutcome(
+        plan.workflow_id, "refused", reason=refusal.reason, detail=refusal.detail
+    )
+    return outcome, refusal
+
+
+def admit_event(
+    db: Database,
+    event_id: int,
+    *,
+    publish: Callable[[Iterable[str]], None] = publish_step_ready,
+    seams: AdmissionSeams = DEFAULT_SEAMS,
+) -> AdmissionResult:
+    """Admit or refuse one run per workflow bound to the event's type; publish first steps.
+
+    Raises EventNotFound (permanent) for an unknown id, TransientError when it should be
+    retried (the database, or the step-ready publish after commit)."""
+    with labelled(event_id=event_id):
+        for attempt in range(1, seams.attempts + 1):
+            try:
+                with db.transaction() as tx:
+                    done = _admit_in_transaction(tx, event_id, seams)
+                    if seams.before_commit is not None:
+                        seams.before_commit()
+                if done.late_resume:
+                    with db.transaction() as tx:
+                        done.dispatch += [
+                            r["id"]
+                            for r in tx.commit_with(PENDING_FIRST_STEPS, run_ids=done.late_resume)
+                        ]
+                break
+            except (ConflictError, TransientError) as exc:
+                # A concurrent admission won a race on a unique index, or the database
+                # hiccuped: decide again from what is committed now.
+                log.info("admission attempt %d of event %d: %s", attempt, event_id, exc)
+                if attempt == seams.attempts:
+                    raise TransientError(
+                        f"admission of event {event_id} kept conflicting: {exc}"
+                    ) from exc
+        # After commit: a lost publish is repaired by redelivery (we raise) or by the sweep.
+        publish(done.dispatch)
+        # One line per event, however many workflows are bound (refusal details are in the
+        # admission_refusals table).
+        log.info(
+            "event %d: %s",
+            event_id,
+            ", ".join(
+                f"{o.workflow_id} {o.reason or o.outcome}"
+                + (f" run {o.run_id}" if o.run_id else "")
+                for o in done.outcomes
+            )
+            or "no workflow bound",
+        )
+        return AdmissionResult(event_id, tuple(done.outcomes), tuple(done.dispatch))
+
+
+def record_poisoned(
+    db: Database, *, message_id: str | None, data: Any, reason: str, source: str = POISON_SOURCE
+) -> None:
+    text = data if isinstance(data, str) else json.dumps(data, default=str)
+    db.run(
+        lambda tx: tx.execute(
+            INSERT_POISONED,
+            source=source,
+            message_id=message_id,
+            data=text[:10_000],
+            reason=reason[:2_000],
+        )
+    )
+
+
+def admit_delivery(
+    db: Database,
+    cloud_event_data: Any,
+    *,
+    message_id: str | None = None,
+    publish: Callable[[Iterable[str]], None] = publish_step_ready,
+) -> AdmissionResult | None:
+    """One `trigger-events` delivery. Returns normally (ack) when the event was admitted,
+    refused or already handled, and when the message is poisoned (recorded in
+    poisoned_messages, logged, None returned: it can never succeed, so it must not loop).
+    Raises TransientError (nack, redelivery) only for what may succeed later."""
+    try:
+        message = decode_push_message(cloud_event_data)
+        raw_id = message.get("event_id")
+        if isinstance(raw_id, bool) or not isinstance(raw_id, int | str):
+            raise PermanentError(f"message has no usable event_id: {raw_id!r}")
+        try:
+            event_id = int(raw_id)
+        except ValueError:
+            raise PermanentError(f"event_id is not an integer: {raw_id!r}") from None
+        if not 0 < event_id < 2**63:
+            raise PermanentError(f"event_id out of range: {event_id}")
+        return admit_event(db, event_id, publish=publish)
+    except TransientError:
+        raise
+    except PermanentError as exc:
+        log_event(
+            log,
+            LogEvent.DEAD_LETTERED,
+            f"poisoned trigger-events message {message_id}: {exc}",
+            level=logging.ERROR,
+            kind="poisoned_message",
+            reason=str(exc)[:1000],
+        )
+        record_poisoned(db, message_id=message_id, data=cloud_event_data, reason=str(exc))
+        return None
+
+
+def refusals_for_record(
+    tx: Tx, *, tenant_id: str, record_key: str, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Support's "why didn't my workflow run for this lead?", newest first."""
+    return tx.all(REFUSALS_FOR_RECORD, tenant_id=tenant_id, record_key=record_key, limit=limit)

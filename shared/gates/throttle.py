@@ -1,0 +1,109 @@
+"""Rate limits that hold across instances: fixed windows in Postgres.
+
+Three scopes, each a window per subject: `connection` (the connection row's
+`rate_limit_per_window` per `rate_limit_window_seconds`), `workflow` (the definition's
+`rate_limit: {max, per}`) and `host` (the definition's `host_rate_limit`, per tenant and
+destination host, for blocks that declare the host gate). Every claim is one
+`INSERT … ON CONFLICT … DO UPDATE … RETURNING used` on `throttle_windows`, so racing instances
+never admit more than `max` in a window, and a restart keeps the window it found.
+
+Over a limit, `claim_or_park` raises a transient `THROTTLED` failure with `retry_after` = the
+end of the window and `consumes_attempt=False`: the engine parks the step in
+`waiting_for_retry` until then without using up one of its attempts, and the step's error says
+which limit and until when ("throttled until T by workflow limit …"). Claims over the limit
+still count (the window ends anyway), which keeps the claim one statement with no
+read-then-write race. Who claims: the step executor's gates (shared/gates/catalog.py), never a
+block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from shared.blocks.base import BlockFailure
+from shared.core import queries
+from shared.core.db import Tx, get_database
+
+SQL = queries.load("throttle")
+CLAIM = SQL["throttle_claim"]
+CONNECTION_LIMIT = SQL["throttle_connection_limit"]
+DELETE_EXPIRED = SQL["throttle_windows_delete_expired"]
+
+OUTCOME_THROTTLED = "THROTTLED"
+Scope = Literal["connection", "workflow", "host"]
+
+
+@dataclass(frozen=True)
+class Limit:
+    scope: Scope
+    subject: str
+    max: int
+    window_seconds: int
+
+
+@dataclass(frozen=True)
+class ThrottleClaim:
+    allowed: bool
+    used: int
+    limit: int
+    seconds_left: float
+    window_end: datetime | None = None
+
+
+def claim(tx: Tx, limit: Limit) -> ThrottleClaim:
+    row = tx.one(
+        CLAIM, scope=limit.scope, subject=limit.subject, window_seconds=limit.window_seconds
+    )
+    assert row is not None  # an upsert always returns its row
+    used = int(row["used"])
+    return ThrottleClaim(
+        used <= limit.max,
+        used,
+        limit.max,
+        max(float(row["seconds_left"]), 0.0),
+        row["window_end"],
+    )
+
+
+def connection_limit(tx: Tx, connection_id: str) -> Limit | None:
+    """The connection's window, or None for a connection that doesn't exist (nothing to count
+    against; the port refuses it clearly)."""
+    row = tx.one(CONNECTION_LIMIT, connection_id=connection_id)
+    if row is None:
+        return None
+    return Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
+
+
+def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:
+    """A slot in the connection's window."""
+    limit = connection_limit(tx, connection_id)
+    if limit is None:
+        return ThrottleClaim(True, 0, 0, 0.0)
+    return claim(tx, limit)
+
+
+def throttled(limit: Limit, outcome: ThrottleClaim) -> BlockFailure:
+    until = outcome.window_end.isoformat() if outcome.window_end is not None else "?"
+    return BlockFailure(
+        f"throttled until {until} by {limit.scope} limit ({limit.subject}: "
+        f"{limit.max} per {limit.window_seconds}s)",
+        error_class="transient",
+        outcome_code=OUTCOME_THROTTLED,
+        retry_after=max(outcome.seconds_left, 0.05),
+        consumes_attempt=False,
+        not_applied=True,
+    )
+
+
+def claim_or_park(limit: Limit) -> ThrottleClaim:
+    """Claim a slot in its own committed transaction, or raise the failure that parks the step."""
+    outcome = get_database().run(lambda tx: claim(tx, limit))
+    if not outcome.allowed:
+        raise throttled(limit, outcome)
+    return outcome
+
+
+def delete_expired_windows(tx: Tx) -> int:
+    return tx.execute(DELETE_EXPIRED)

@@ -1,0 +1,107 @@
+"""The receive path of `POST /hubspot/app/{appId}`: one webhook URL per HubSpot app.
+
+HubSpot calls one target URL per app, for every portal that installed it, and a batch can mix
+portals (https://developers.hubspot.com/docs/api/webhooks). This path verifies the delivery
+with the APP's client secret, stores the batch once (`inbox.store_for_app`) and answers; the
+drain routes each event to its connection by (appId, portalId) and records the events of
+portals with no live connection (shared/accounts/provider_apps.py). Nothing about portals is decided
+here: the answer must not wait on routing, and an unknown portal is never a reason to refuse
+the known ones.
+
+| outcome                                   | status |
+|-------------------------------------------|--------|
+| not POST                                  | 405    |
+| body over the cap                         | 413    |
+| malformed framing / body too slow         | 400 / 408 |
+| unknown app                               | 404    |
+| missing, bad or stale signature (incl. a signature made with another app's secret) | 401 |
+| the app's secret env var is not set       | 503 (HubSpot retries; nothing stored) |
+| database unavailable                      | 503    |
+| stored (new or identical retry)           | 200    |
+
+The body reading (shared/core/request_body.py), the URI rules and the kept headers are the
+connection path's (shared/ingest/receive.py), so both paths verify the same way.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from shared.accounts import provider_apps
+from shared.core import request_body
+from shared.core.db import Database, get_database
+from shared.core.errors import TransientError
+from shared.core.logs import get_logger, labelled
+from shared.ingest import inbox, signatures
+from shared.ingest.receive import (
+    Answer,
+    WebhookRequest,
+    kept_headers,
+    max_body_bytes,
+    public_uri,
+    store_and_answer,
+)
+
+APP_PATH = re.compile(r"^/?(?P<provider>hubspot)/app/(?P<app_id>[^/]+)/?$")
+log = get_logger(__name__)
+
+
+def is_app_path(path: str) -> bool:
+    return APP_PATH.match(path) is not None
+
+
+def _refuse(status: int, error: str, check: str, app_id: str) -> Answer:
+    log.warning("app webhook refused (%d): %s", status, check, extra={"labels": {"app": app_id}})
+    return Answer(status, {"error": error, "check": check})
+
+
+def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome table
+    request: WebhookRequest, db: Database | None = None
+) -> Answer:
+    """Size-check, verify against the app and store one app-level delivery; the answer."""
+    if request.method != "POST":
+        return _refuse(405, "method_not_allowed", "method", "")
+    match = APP_PATH.match(request.path)
+    if match is None or not provider_apps.is_app_id(match["app_id"]):
+        return _refuse(404, "unknown_app", "path", "")
+    provider, app_id = match["provider"], match["app_id"]
+    try:
+        body = request_body.read_body(
+            request.read,
+            declared_length=request.content_length,
+            cap=max_body_bytes(),
+            environ=request.environ,
+        )
+    except request_body.BodyRefused as refused:
+        return _refuse(refused.status, refused.code, refused.check, app_id)
+    db = db or get_database()
+    try:
+        with db.transaction() as tx:
+            app = provider_apps.get_app(tx, provider, app_id)
+    except TransientError as exc:
+        log.warning("app webhook: database unavailable: %s", exc)
+        return Answer(503, {"error": "unavailable"})
+    if app is None:
+        return _refuse(404, "unknown_app", "app_not_found", app_id)
+    with labelled(app=app_id):
+        try:
+            secret = app.client_secret()
+        except provider_apps.SecretUnavailable as exc:
+            log.error("app webhook: cannot verify: %s", exc)
+            return Answer(503, {"error": "verification_unavailable"})
+        verdict = signatures.verify_hubspot(
+            secret=secret,
+            method=request.method,
+            uri=public_uri(request),
+            body=body,
+            headers=request.headers,
+            now=time.time(),
+            versions=app.signature_versions,
+        )
+        if not verdict.ok:
+            return _refuse(401, "invalid_signature", verdict.check, app_id)
+        kept = kept_headers(request.headers)
+        return store_and_answer(
+            db, lambda tx: inbox.store_for_app(tx, app, body, kept), verdict.check, "app webhook"
+        )

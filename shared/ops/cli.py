@@ -1,0 +1,912 @@
+"""The onceflow command line, for people and for CI.
+
+Offline: `onceflow validate FILE…` (every problem as `file:line:column: severity: path:
+message`) and `onceflow schema --out PATH`.
+
+Everything else goes over the ops API (shared/ops/client.py says which credentials and where
+they come from). Setting up: `tenants create|list`, `connections create|list`, `tokens
+create|list|revoke` (creating tenants and tokens takes an admin token). Workflows: `workflows`
+(ids, names, versions), `publish FILE [--activate]`, `activate WORKFLOW VERSION`, `deactivate
+WORKFLOW`, `budget WORKFLOW`, `breaker WORKFLOW [--resume [--half-open]]` (a WORKFLOW by id or
+name). Runs: `runs [filters]` (`--since 1h`, `--since 2026-12-01`), `show RUN`, `explain
+RECORD` (a record key, a HubSpot record URL, an object id or an email), `cancel RUN --reason
+WHY`, `approvals`, `approve|reject APPROVAL --comment WHY`, `replay RUN…` and `retry RUN…`
+(or `--failed` with filters: every failed run that matches, listed first, done only with
+`--yes`). `--json` prints the API's JSON (UTC times) for scripts; otherwise tables at most 100
+characters wide, with times relative and in the local zone.
+
+Exit codes say what happened, so a CI step can branch on them:
+  0 done · 1 problems found (an invalid definition, some of a bulk action failed) · 2 usage ·
+  3 not authenticated (a token is missing, wrong or lacks IAM) · 4 not found · 5 refused (the
+  API said the request is not valid or conflicts) · 6 the ops function is unreachable or failing
+  · 141 the reader closed the pipe (`onceflow runs | head`), quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from shared.ops import terminal
+from shared.ops.client import ApiError, Credentials, OpsClient
+from shared.publishing.schema import render_schema
+from shared.publishing.validate import validate_file
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_AUTH = 3
+EXIT_NOT_FOUND = 4
+EXIT_REFUSED = 5
+EXIT_UNAVAILABLE = 6
+# The reader went away (`onceflow runs | head`): 128 + SIGPIPE, as cat, grep or yes end.
+EXIT_CLOSED_PIPE = 141
+_UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
+
+
+def exit_code_for(err: ApiError) -> int:
+    if err.status in (401, 403):
+        return EXIT_AUTH
+    if err.status == 404:
+        return EXIT_NOT_FOUND
+    if 400 <= err.status < 500:
+        return EXIT_REFUSED
+    if err.status == 0 and err.code == "no_url":
+        return EXIT_USAGE
+    return EXIT_UNAVAILABLE
+
+
+# ---- output -------------------------------------------------------------------------------
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str], out: TextIO) -> None:
+    terminal.table(rows, headers, out)
+
+
+class Progress:
+    """A one-line progress bar on stderr, drawn only for a terminal (CI logs stay clean)."""
+
+    def __init__(self, total: int, err: TextIO) -> None:
+        self.total, self.done, self.err = total, 0, err
+        self.live = err.isatty()
+
+    def step(self) -> None:
+        self.done += 1
+        if self.live:
+            filled = int(30 * self.done / max(self.total, 1))
+            bar = "#" * filled + "." * (30 - filled)
+            self.err.write(f"\r[{bar}] {self.done}/{self.total}")
+            if self.done == self.total:
+                self.err.write("\n")
+            self.err.flush()
+
+
+# ---- offline ------------------------------------------------------------------------------
+
+
+def _validate(files: Sequence[str], out: TextIO, err: TextIO) -> int:
+    failed = warnings = 0
+    for name in files:
+        report = validate_file(name)
+        for problem in report.problems:
+            print(problem, file=out)
+        warnings += len(report.warnings)
+        if report.ok:
+            print(f"{name}: ok ({len(report.warnings)} warning(s))", file=out)
+        else:
+            failed += 1
+    # The summary is the last line: the problems (stdout, block-buffered when piped) are
+    # flushed before it, so `2>&1 | less` doesn't show it first.
+    out.flush()
+    if failed:
+        print(f"{failed} of {len(files)} file(s) have errors", file=err)
+    else:
+        print(f"{len(files)} file(s) ok, {warnings} warning(s)", file=out)
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _schema(out: str | None) -> int:
+    text = render_schema()
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text, encoding="utf-8")
+        print(f"wrote {out}")
+    return EXIT_OK
+
+
+# ---- over the ops API ---------------------------------------------------------------------
+
+
+class Session:
+    """One command's client and output streams."""
+
+    def __init__(self, client: OpsClient, as_json: bool, out: TextIO, err: TextIO) -> None:
+        self.client, self.as_json, self.out, self.err = client, as_json, out, err
+
+    def emit(self, data: Any, readable: Callable[[], None]) -> None:
+        if self.as_json:
+            json.dump(data, self.out, indent=2)
+            self.out.write("\n")
+        else:
+            readable()
+
+
+def _workflow_id(s: Session, named: str) -> str:
+    """A workflow named by its id or by its name (unique among the caller's workflows)."""
+    if _UUID.match(named):
+        return named
+    listed = s.client.call("GET", "/v1/workflows")["items"]
+    matches = [w for w in listed if w["name"] == named]
+    if len(matches) == 1:
+        return str(matches[0]["id"])
+    if not matches:
+        raise ApiError(404, "not_found", f"no workflow named {named!r} (onceflow workflows)")
+    ids = "\n".join(f"  {w['id']}  (tenant {w['tenant_id']})" for w in matches)
+    raise ApiError(422, "ambiguous", f"{len(matches)} workflows are named {named!r}:\n{ids}")
+
+
+def _run_filters(s: Session, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "workflow_id": _workflow_id(s, args.workflow) if args.workflow else None,
+        "status": getattr(args, "status", None),
+        "record_key": args.record,
+        "event_type": args.event_type,
+        "created_after": args.since,
+        "created_before": args.until,
+    }
+
+
+def _runs(s: Session, args: argparse.Namespace) -> int:
+    query = {**_run_filters(s, args), "limit": args.limit, "cursor": args.cursor}
+    page = s.client.call("GET", "/v1/runs", query=query)
+    if args.quiet and not s.as_json:  # ids only, one a line: RUN=$(onceflow runs -q | head -1)
+        for r in page["items"]:
+            print(r["id"], file=s.out)
+        return EXIT_OK
+
+    def readable() -> None:
+        table(
+            [
+                (
+                    r["id"],
+                    r["workflow_name"],
+                    r["status"],
+                    terminal.ago(r["created_at"]),
+                    terminal.short_record(r["record_key"]),
+                    r["error"],
+                )
+                for r in page["items"]
+            ],
+            ("run", "workflow", "status", "started", "record", "error"),
+            s.out,
+        )
+        if page["next_cursor"]:
+            print(f"more: --cursor {page['next_cursor']}", file=s.out)
+
+    s.emit(page, readable)
+    return EXIT_OK
+
+
+def _show(s: Session, args: argparse.Namespace) -> int:
+    d = s.client.call("GET", f"/v1/runs/{args.run}")
+
+    def readable() -> None:
+        r = d["run"]
+        print(
+            f"{r['workflow_name']} v{d['version_number']}  {r['status']}  run {r['id']}", file=s.out
+        )
+        print(
+            f"started {terminal.when(r['created_at'])}  "
+            f"finished {terminal.when(r['finished_at']) or '-'}",
+            file=s.out,
+        )
+        if r["record_key"]:
+            print(f"record {r['record_key']}", file=s.out)
+        if r["error"]:
+            print(terminal.wrap(f"error: {r['error']}"), file=s.out)
+        table(
+            [
+                (
+                    st["step_key"],
+                    st["block_type"],
+                    st["status"],
+                    st["attempt"],
+                    st["outcome_code"],
+                    st["error"],
+                )
+                for st in d["steps"]
+            ],
+            ("step", "block", "status", "attempts", "outcome", "error"),
+            s.out,
+        )
+
+    s.emit(d, readable)
+    return EXIT_OK
+
+
+def _record_key(s: Session, what: str) -> str:
+    found = s.client.call("GET", "/v1/records/search", query={"q": what})
+    items = found["items"]
+    if len(items) == 1:
+        return str(items[0]["record_key"])
+    if not items:
+        raise ApiError(404, "not_found", f"no record of your connections matches {what!r}")
+    keys = "\n".join(f"  {m['record_key']}  ({m['matched_on']})" for m in items)
+    raise ApiError(422, "ambiguous", f"{len(items)} records match {what!r}; name one:\n{keys}")
+
+
+def _explain(s: Session, args: argparse.Namespace) -> int:
+    key = _record_key(s, args.record)
+    story = s.client.call("GET", "/v1/records/explain", query={"record_key": key})
+
+    def readable() -> None:
+        print(f"record {story['record_key']}", file=s.out)
+        if not story["events"]:
+            print("no event was received for this record", file=s.out)
+        for e in story["events"]:
+            print(
+                f"- {terminal.when(e['occurred_at'])}  {e['event_type']}  (event #{e['event_id']})",
+                file=s.out,
+            )
+            for d in e["decisions"]:
+                print(f"    {d['workflow_name']}: {d['outcome']} — {d['explanation']}", file=s.out)
+        for row in story.get("stuck_inbox", []):
+            print(f"! inbox #{row['id']} {row['status']}: {row['explanation']}", file=s.out)
+
+    s.emit(story, readable)
+    return EXIT_OK
+
+
+def _publish(s: Session, args: argparse.Namespace) -> int:
+    source = Path(args.file).read_text(encoding="utf-8")
+    result = s.client.call("POST", "/v1/workflows", body={"source": source})
+    if args.activate:
+        result["activation"] = s.client.call(
+            "POST",
+            f"/v1/workflows/{result['workflow_id']}/activate",
+            body={"version_id": result["version_id"]},
+        )
+
+    def readable() -> None:
+        made = "published" if result["created"] else "already published (same content)"
+        print(
+            f"{args.file}: {made} as version {result['number']} "
+            f"of workflow {result['workflow_id']}",
+            file=s.out,
+        )
+        for w in result["warnings"]:
+            print(f"  warning: {w['path']}: {w['message']}", file=s.out)
+        if args.activate:
+            print(f"  active version: {result['version_id']}", file=s.out)
+
+    s.emit(result, readable)
+    return EXIT_OK
+
+
+def _activate(s: Session, args: argparse.Namespace) -> int:
+    version = args.version
+    if version.isdigit():  # a version number: find its id
+        listed = s.client.call("GET", f"/v1/workflows/{args.workflow}/versions")
+        match = [v for v in listed["items"] if v["number"] == int(version)]
+        if not match:
+            raise ApiError(404, "not_found", f"workflow {args.workflow} has no version {version}")
+        version = match[0]["id"]
+    result = s.client.call(
+        "POST", f"/v1/workflows/{args.workflow}/activate", body={"version_id": version}
+    )
+    s.emit(
+        result, lambda: print(f"workflow {args.workflow}: version {version} is active", file=s.out)
+    )
+    return EXIT_OK
+
+
+def _deactivate(s: Session, args: argparse.Namespace) -> int:
+    result = s.client.call("POST", f"/v1/workflows/{args.workflow}/deactivate", body={})
+    s.emit(result, lambda: print(f"workflow {args.workflow}: deactivated", file=s.out))
+    return EXIT_OK
+
+
+def _cancel(s: Session, args: argparse.Namespace) -> int:
+    """Cancel a running run (the API does it, audited); a run that already ended is refused
+    with who ended it and when."""
+    result = s.client.call("POST", f"/v1/runs/{args.run}/cancel", body={"reason": args.reason})
+    skipped = ", ".join(result["skipped_steps"]) or "none"
+    s.emit(
+        result,
+        lambda: print(f"run {args.run}: cancelled; skipped steps: {skipped}", file=s.out),
+    )
+    return EXIT_OK
+
+
+def _confirm_install(s: Session, args: argparse.Namespace) -> int:
+    """Confirm a HubSpot app install with the code its callback page showed; only the token
+    that started the install may (shared/accounts/oauth_install.py says why)."""
+    result = s.client.call(
+        "POST",
+        f"/v1/apps/hubspot/{args.app}/installs/confirm",
+        body={"confirm_code": args.code},
+    )
+    s.emit(
+        result,
+        lambda: print(
+            f"portal {result['portal_id']}: {result['outcome']} for tenant "
+            f"{result['tenant_id']} (connection {result['connection_id']})",
+            file=s.out,
+        ),
+    )
+    return EXIT_OK
+
+
+def _approvals(s: Session, args: argparse.Namespace) -> int:
+    """The approvals the caller's token may decide, oldest deadline first."""
+    result = s.client.call("GET", "/v1/approvals")
+
+    def readable() -> None:
+        if not result["items"]:
+            print("no approval waits for you", file=s.out)
+            return
+        table(
+            [
+                (a["id"], terminal.ago(a["expires_at"]), a["run_id"], a.get("summary"))
+                for a in result["items"]
+            ],
+            ("approval", "until", "run", "summary"),
+            s.out,
+        )
+
+    s.emit(result, readable)
+    return EXIT_OK
+
+
+def _decide(s: Session, args: argparse.Namespace, decision: str) -> int:
+    """Approve or reject one approval; a second decision is refused with who decided first."""
+    body = {"comment": args.comment} if args.comment else {}
+    result = s.client.call("POST", f"/v1/approvals/{args.approval}/{decision}", body=body)
+    s.emit(
+        result,
+        lambda: print(
+            f"approval {args.approval}: {result['decision']} by {result['decided_by']} "
+            f"(run {result['run_id']}, step {result['step_key']})",
+            file=s.out,
+        ),
+    )
+    return EXIT_OK
+
+
+def _targets(s: Session, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The runs a bulk action names: the ids given, or every failed run matching the filters."""
+    if args.runs:
+        return [{"id": r} for r in args.runs]
+    found: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        query = {**_run_filters(s, args), "status": "failed", "limit": 200, "cursor": cursor}
+        page = s.client.call("GET", "/v1/runs", query=query)
+        found += page["items"]
+        cursor = page["next_cursor"]
+        if not cursor or len(found) >= args.max:
+            return found[: args.max]
+
+
+def _bulk(s: Session, args: argparse.Namespace, action: str) -> int:
+    if bool(args.runs) == bool(args.failed):
+        print(f"onceflow {action}: name RUN ids, or --failed with filters", file=s.err)
+        return EXIT_USAGE
+    targets = _targets(s, args)
+    if args.failed and not args.yes:
+        preview = {"action": action, "would_apply_to": len(targets), "runs": targets}
+
+        def show_preview() -> None:
+            print(f"{len(targets)} failed run(s) match; nothing was done (add --yes):", file=s.out)
+            table(
+                [
+                    (
+                        r["id"],
+                        r.get("workflow_name"),
+                        terminal.ago(r.get("created_at")),
+                        r.get("error"),
+                    )
+                    for r in targets
+                ],
+                ("run", "workflow", "started", "error"),
+                s.out,
+            )
+
+        s.emit(preview, show_preview)
+        return EXIT_OK
+    body = {"reason": args.reason} if args.reason else {}
+    results: list[dict[str, Any]] = []
+    progress = Progress(len(targets), s.err)
+    for run in targets:
+        try:
+            answer = s.client.call("POST", f"/v1/runs/{run['id']}/{action}", body=body)
+            results.append({"run_id": run["id"], "ok": True, "result": answer})
+        except ApiError as err:
+            if err.status == 0 or err.status >= 500 or err.status in (401, 403):
+                raise
+            results.append(
+                {"run_id": run["id"], "ok": False, "code": err.code, "message": err.message}
+            )
+        progress.step()
+    failed = [r for r in results if not r["ok"]]
+
+    def readable() -> None:
+        table(
+            [
+                (
+                    r["run_id"],
+                    "done" if r["ok"] else f"refused ({r['code']})",
+                    _new_run(r) if r["ok"] else r["message"],
+                )
+                for r in results
+            ],
+            ("run", action, "detail"),
+            s.out,
+        )
+        print(f"{len(results) - len(failed)} of {len(results)} {action}ed", file=s.out)
+
+    s.emit({"action": action, "results": results}, readable)
+    return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _new_run(r: dict[str, Any]) -> str:
+    result = r["result"]
+    if "run" in result:
+        return f"new run {result['run']['id']}"
+    return f"restarted {', '.join(result.get('restarted_steps', [])) or 'nothing'}"
+
+
+# ---- workflows, budgets and breakers --------------------------------------------------------
+
+
+def _workflows(s: Session, args: argparse.Namespace) -> int:
+    result = s.client.call("GET", "/v1/workflows")
+
+    def readable() -> None:
+        table(
+            [
+                (
+                    w["id"],
+                    w["name"],
+                    w["tenant_id"],
+                    w["latest_version"],
+                    "yes" if w["active_version_id"] else "no",
+                )
+                for w in result["items"]
+            ],
+            ("workflow", "name", "tenant", "latest", "active"),
+            s.out,
+        )
+
+    s.emit(result, readable)
+    return EXIT_OK
+
+
+def _budget(s: Session, args: argparse.Namespace) -> int:
+    workflow = _workflow_id(s, args.workflow)
+    b = s.client.call("GET", f"/v1/workflows/{workflow}/budget")
+    cap = "no cap" if b["credits"] is None else f"cap {b['credits']}"
+    s.emit(
+        b,
+        lambda: print(
+            f"workflow {workflow}: {cap} per {b['per']}; reserved {b['reserved']}, "
+            f"spent {b['spent']}, released {b['released']}",
+            file=s.out,
+        ),
+    )
+    return EXIT_OK
+
+
+def _breaker(s: Session, args: argparse.Namespace) -> int:
+    """Show the breaker; with --resume, close (or half-open) it through the API (audited)."""
+    workflow = _workflow_id(s, args.workflow)
+    if args.resume:
+        body: dict[str, Any] = {"half_open": args.half_open}
+        if args.reason:
+            body["reason"] = args.reason
+        b = s.client.call("POST", f"/v1/workflows/{workflow}/resume", body=body)
+    else:
+        b = s.client.call("GET", f"/v1/workflows/{workflow}/breaker")
+
+    def readable() -> None:
+        opened = f", opened {terminal.ago(b['opened_at'])}" if b["opened_at"] else ""
+        print(
+            f"workflow {workflow}: {b['state']} ({b['consecutive_failures']} failure(s) in a row,"
+            f" tripped {b['trips']} time(s){opened})",
+            file=s.out,
+        )
+        print(f"  {b['explanation']}", file=s.out)
+
+    s.emit(b, readable)
+    return EXIT_OK
+
+
+# ---- tenants, connections and tokens ----------------------------------------------------
+
+
+def _tenants_create(s: Session, args: argparse.Namespace) -> int:
+    body = {"id": args.tenant, "name": args.name, "credits": args.credits}
+    t = s.client.call("POST", "/v1/tenants", body={k: v for k, v in body.items() if v is not None})
+    s.emit(t, lambda: print(f"tenant {t['id']} created, {t['credit_balance']} credits", file=s.out))
+    return EXIT_OK
+
+
+def _tenants_list(s: Session, args: argparse.Namespace) -> int:
+    result = s.client.call("GET", "/v1/tenants")
+    s.emit(
+        result,
+        lambda: table(
+            [
+                (t["id"], t["name"], t["credit_balance"], t["connections"], t["workflows"])
+                for t in result["items"]
+            ],
+            ("tenant", "name", "credits", "connections", "workflows"),
+            s.out,
+        ),
+    )
+    return EXIT_OK
+
+
+def _watch(pairs: Sequence[str]) -> dict[str, list[str]]:
+    """`contact:lifecyclestage` pairs as {"contact": ["lifecyclestage"]}."""
+    watched: dict[str, list[str]] = {}
+    for pair in pairs:
+        object_type, sep, field_name = pair.partition(":")
+        if not sep or not object_type or not field_name:
+            raise ApiError(400, "usage", f"--watch takes OBJECT:FIELD, not {pair!r}")
+        watched.setdefault(object_type, []).append(field_name)
+    return watched
+
+
+def _connections_create(s: Session, args: argparse.Namespace) -> int:
+    body = {
+        "tenant_id": args.tenant,
+        "provider": args.provider,
+        "webhook_secret_env": args.webhook_secret_env,
+        "api_credentials_env": args.api_credentials_env,
+        "api_base_url": args.api_base_url,
+        "provider_account_id": args.account,
+        "provider_app_id": args.app,
+        "watched_fields": _watch(args.watch),
+    }
+    c = s.client.call(
+        "POST", "/v1/connections", body={k: v for k, v in body.items() if v is not None}
+    )
+    s.emit(
+        c,
+        lambda: print(
+            f"connection {c['id']}: {c['provider']} account {c['provider_account_id'] or '-'}"
+            f" for tenant {c['tenant_id']}",
+            file=s.out,
+        ),
+    )
+    return EXIT_OK
+
+
+def _connections_list(s: Session, args: argparse.Namespace) -> int:
+    result = s.client.call("GET", "/v1/connections")
+    s.emit(
+        result,
+        lambda: table(
+            [
+                (
+                    c["id"],
+                    c["tenant_id"],
+                    c["provider"],
+                    c["provider_account_id"],
+                    c["status"],
+                    c["api_base_url"] or "(vendor)",
+                )
+                for c in result["items"]
+            ],
+            ("connection", "tenant", "provider", "account", "status", "api"),
+            s.out,
+        ),
+    )
+    return EXIT_OK
+
+
+def _tokens_create(s: Session, args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"label": args.label, "roles": args.role}
+    if args.admin:
+        body["admin"] = True
+    else:
+        body["tenant_id"] = args.tenant
+    if args.expires:
+        body["expires_at"] = terminal.parse_future(args.expires)
+    t = s.client.call("POST", "/v1/tokens", body=body)
+    s.emit(t, lambda: _print_minted(s, t))
+    return EXIT_OK
+
+
+def _bootstrap(s: Session, args: argparse.Namespace) -> int:
+    """The deployment's first admin token, from the one-time bootstrap secret (read from
+    stdin by `_dispatch`, never from argv where `ps` shows it)."""
+    t = s.client.call("POST", "/v1/bootstrap", body={"label": args.label})
+    s.emit(t, lambda: _print_minted(s, t))
+    return EXIT_OK
+
+
+def _print_minted(s: Session, t: dict[str, Any]) -> None:
+    """The token alone on stdout (`export ONCEFLOW_OPS_TOKEN=$(onceflow tokens create …)`);
+    what it is, on stderr."""
+    print(t["token"], file=s.out)
+    d = t["details"]
+    scope = "admin" if d["tenant_id"] is None else f"tenant {d['tenant_id']}"
+    until = f", expires {terminal.local(d['expires_at'])}" if d["expires_at"] else ""
+    print(f"token {d['id']} for {scope}{until}; shown only this once", file=s.err)
+
+
+def _tokens_list(s: Session, args: argparse.Namespace) -> int:
+    result = s.client.call("GET", "/v1/tokens")
+
+    def state(t: dict[str, Any]) -> str:
+        if t["revoked_at"]:
+            return f"revoked {terminal.ago(t['revoked_at'])}"
+        if t["expires_at"]:
+            return f"expires {terminal.ago(t['expires_at'])}"
+        return "active"
+
+    s.emit(
+        result,
+        lambda: table(
+            [
+                (
+                    t["id"],
+                    t["label"],
+                    t["tenant_id"] or "(admin)",
+                    ",".join(t["roles"]),
+                    terminal.ago(t["created_at"]),
+                    state(t),
+                )
+                for t in result["items"]
+            ],
+            ("token", "label", "tenant", "roles", "created", "state"),
+            s.out,
+        ),
+    )
+    return EXIT_OK
+
+
+def _tokens_revoke(s: Session, args: argparse.Namespace) -> int:
+    t = s.client.call("POST", f"/v1/tokens/{args.token_id}/revoke", body={})
+    s.emit(t, lambda: print(f"token {t['id']} ({t['label']}): revoked", file=s.out))
+    return EXIT_OK
+
+
+# ---- the parser ---------------------------------------------------------------------------
+
+
+def _moment(text: str) -> str:
+    try:
+        return terminal.parse_moment(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _filters(p: argparse.ArgumentParser, *, status: bool) -> None:
+    p.add_argument("--workflow", metavar="WORKFLOW_ID")
+    if status:
+        p.add_argument("--status", choices=("running", "succeeded", "failed", "cancelled"))
+    p.add_argument("--record", metavar="RECORD_KEY")
+    p.add_argument("--event-type", metavar="TYPE", help="e.g. hubspot.contact.created")
+    p.add_argument(
+        "--since", metavar="WHEN", type=_moment, help="started at or after: 1h, 2d, a date, a time"
+    )
+    p.add_argument("--until", metavar="WHEN", type=_moment, help="started before (as --since)")
+
+
+def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`workflows`, `budget`, `breaker`, and `tenants`, `connections` and `tokens` (what an
+    operator sets up before any workflow)."""
+    p = sub.add_parser("workflows", parents=[remote], help="list workflows: ids, names, versions")
+    p.add_argument("action", nargs="?", choices=("list",), default="list")
+    p = sub.add_parser(
+        "budget", parents=[remote], help="a workflow's budget: cap, reserved, spent, released"
+    )
+    p.add_argument("workflow", metavar="WORKFLOW", help="its id or name")
+    p = sub.add_parser(
+        "breaker", parents=[remote], help="a workflow's circuit breaker; --resume to resume it"
+    )
+    p.add_argument("workflow", metavar="WORKFLOW", help="its id or name")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--half-open", action="store_true", help="resume on trial")
+    p.add_argument("--reason", help="kept in the audit log")
+
+    tenants = sub.add_parser("tenants", help="tenants: create (admin token), list")
+    tsub = tenants.add_subparsers(dest="action", required=True)
+    p = tsub.add_parser("create", parents=[remote], help="create a tenant (admin token)")
+    p.add_argument("tenant", metavar="TENANT", help="its id, as definitions name it")
+    p.add_argument("--name", help="a display name (default: the id)")
+    p.add_argument("--credits", type=int, help="credits it starts with")
+    tsub.add_parser("list", parents=[remote], help="tenants you can see")
+
+    conns = sub.add_parser("connections", help="CRM connections: create, list")
+    csub = conns.add_subparsers(dest="action", required=True)
+    p = csub.add_parser("create", parents=[remote], help="connect a tenant's CRM account")
+    p.add_argument("--tenant", help="required with an admin token")
+    p.add_argument(
+        "--provider", required=True, choices=("hubspot", "standard", "pipedrive", "hmac")
+    )
+    p.add_argument(
+        "--webhook-secret-env",
+        required=True,
+        metavar="VAR",
+        help="the NAME of the env var holding the webhook secret (never the secret)",
+    )
+    p.add_argument("--api-credentials-env", metavar="VAR", help="env var holding the API token")
+    p.add_argument("--api-base-url", metavar="URL", help="the CRM's API (default: the vendor's)")
+    p.add_argument("--account", metavar="ID", help="the provider account (HubSpot portal id)")
+    p.add_argument("--app", metavar="APP_ID", help="the HubSpot app it was installed through")
+    p.add_argument(
+        "--watch", action="append", default=[], metavar="OBJECT:FIELD", help="repeatable"
+    )
+    csub.add_parser("list", parents=[remote], help="connections you can see")
+
+    tokens = sub.add_parser("tokens", help="ops tokens: create (admin token), list, revoke")
+    ksub = tokens.add_subparsers(dest="action", required=True)
+    p = ksub.add_parser("create", parents=[remote], help="mint a token, printed once")
+    scope = p.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--tenant", help="the tenant the token is scoped to")
+    scope.add_argument("--admin", action="store_true", help="a token that sees every tenant")
+    p.add_argument("--label", required=True, help="who or what holds it")
+    p.add_argument("--role", action="append", default=[], help="a tenant role (repeatable)")
+    p.add_argument("--expires", metavar="WHEN", help="30d, 12h, or a date or time")
+    ksub.add_parser("list", parents=[remote], help="tokens you can see (never the token)")
+    p = sub.add_parser(
+        "bootstrap",
+        parents=[remote],
+        help="mint the first admin token with the one-time bootstrap secret (read from stdin)",
+    )
+    p.add_argument("--label", default="bootstrap admin", help="who holds it")
+    p = ksub.add_parser("revoke", parents=[remote], help="revoke a token at once")
+    p.add_argument("token_id", metavar="TOKEN_ID")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="onceflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = top.add_subparsers(dest="command", required=True)
+    validate = sub.add_parser("validate", help="validate workflow definition files (offline)")
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    schema = sub.add_parser("schema", help="export the workflow JSON Schema")
+    schema.add_argument("--out", help="write here instead of stdout")
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument("--url", help="the ops function's URL (default: $ONCEFLOW_OPS_URL)")
+    remote.add_argument("--token", help="onceflow ops token (default: $ONCEFLOW_OPS_TOKEN)")
+    remote.add_argument(
+        "--id-token", help="Google identity token for IAM (default: $ONCEFLOW_ID_TOKEN)"
+    )
+    remote.add_argument("--json", action="store_true", help="print the API's JSON")
+
+    _setup_parsers(sub, remote)
+
+    p = sub.add_parser("publish", parents=[remote], help="publish a definition as a new version")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--activate", action="store_true", help="and activate that version")
+    p = sub.add_parser("activate", parents=[remote], help="activate a version of a workflow")
+    p.add_argument("workflow", metavar="WORKFLOW_ID")
+    p.add_argument("version", metavar="VERSION", help="a version id or number")
+    p = sub.add_parser("deactivate", parents=[remote], help="deactivate a workflow")
+    p.add_argument("workflow", metavar="WORKFLOW_ID")
+    p = sub.add_parser("runs", parents=[remote], help="list runs, newest first")
+    _filters(p, status=True)
+    p.add_argument("--limit", type=int, default=50)
+    p.add_argument("-q", "--quiet", action="store_true", help="only the run ids, newest first")
+    p.add_argument("--cursor")
+    p = sub.add_parser("show", parents=[remote], help="one run with its steps")
+    p.add_argument("run", metavar="RUN")
+    p = sub.add_parser("explain", parents=[remote], help="why did (or didn't) it run?")
+    p.add_argument("record", metavar="RECORD", help="record key, HubSpot URL, object id or email")
+    p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
+    p.add_argument("run", metavar="RUN")
+    p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
+    p = sub.add_parser(
+        "confirm-install",
+        parents=[remote],
+        help="confirm a HubSpot app install with the code its callback page showed",
+    )
+    p.add_argument("app", metavar="APP_ID")
+    p.add_argument("code", metavar="CODE")
+    sub.add_parser("approvals", parents=[remote], help="approvals you may decide")
+    for decision in ("approve", "reject"):
+        p = sub.add_parser(decision, parents=[remote], help=f"{decision} a waiting approval")
+        p.add_argument("approval", metavar="APPROVAL", help="the approval's id")
+        p.add_argument("--comment", help="why, kept with the decision and audited")
+    for action, what in (("replay", "as new linked runs"), ("retry", "in place")):
+        p = sub.add_parser(action, parents=[remote], help=f"{action} failed runs {what}")
+        p.add_argument("runs", nargs="*", metavar="RUN")
+        p.add_argument("--failed", action="store_true", help="every failed run matching filters")
+        _filters(p, status=False)
+        p.add_argument("--yes", action="store_true", help="act (without it --failed previews)")
+        p.add_argument("--max", type=int, default=1000, help="at most this many runs")
+        p.add_argument("--reason", help="kept in the audit log")
+    return top
+
+
+LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {
+    "validate": lambda a: _validate(a.files, sys.stdout, sys.stderr),
+    "schema": lambda a: _schema(a.out),
+}
+REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
+    "workflows": _workflows,
+    "budget": _budget,
+    "breaker": _breaker,
+    "tenants create": _tenants_create,
+    "tenants list": _tenants_list,
+    "connections create": _connections_create,
+    "connections list": _connections_list,
+    "tokens create": _tokens_create,
+    "tokens list": _tokens_list,
+    "tokens revoke": _tokens_revoke,
+    "bootstrap": _bootstrap,
+    "publish": _publish,
+    "activate": _activate,
+    "deactivate": _deactivate,
+    "runs": _runs,
+    "show": _show,
+    "explain": _explain,
+    "cancel": _cancel,
+    "confirm-install": _confirm_install,
+    "approvals": _approvals,
+    "approve": lambda s, a: _decide(s, a, "approve"),
+    "reject": lambda s, a: _decide(s, a, "reject"),
+    "replay": lambda s, a: _bulk(s, a, "replay"),
+    "retry": lambda s, a: _bulk(s, a, "retry"),
+}
+
+
+def main(
+    argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    args = parser().parse_args(argv)
+    try:
+        code = _dispatch(args, out, err)
+        out.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # The reader closed the pipe (`onceflow runs | head`): stop quietly. What is still
+        # buffered for stdout would fail again when Python flushes it at exit, so stdout is
+        # pointed at /dev/null first (the recipe in Python's `signal` documentation).
+        if out is sys.stdout:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+def _dispatch(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.command in LOCAL:
+        return LOCAL[args.command](args)
+    command = args.command if args.command in REMOTE else f"{args.command} {args.action}"
+    token = args.token
+    if command == "bootstrap":  # the secret is the bearer token of this one call
+        token = sys.stdin.readline().strip()
+        if not token:
+            print("onceflow bootstrap: pipe the bootstrap secret into stdin", file=err)
+            return EXIT_USAGE
+    try:
+        creds = Credentials.from_env(args.url, token, args.id_token)
+        with OpsClient(creds) as client:
+            return REMOTE[command](Session(client, args.json, out, err), args)
+    except ApiError as exc:
+        print(f"onceflow {command}: {exc}", file=err)
+        return exit_code_for(exc)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a FILE that can't be read
+        print(f"onceflow {command}: {exc}", file=err)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""How far behind the machinery is: the age of the oldest unfinished work in each queue, and
+what was put aside as dead.
+
+One home for these numbers: the sweep logs them every minute as a `backlog_age` event (the
+alerts in infra/monitoring.tf read that line) and the ops health view returns them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.core import queries
+from shared.core.db import Tx
+
+SQL = queries.load("backlog")
+BACKLOG_AGES = SQL["backlog_ages"]
+DEAD_LETTER_COUNTS = SQL["dead_letter_counts"]
+
+
+@dataclass(frozen=True)
+class Backlog:
+    inbox_pending: int
+    inbox_oldest_seconds: float
+    outbox_unpublished: int
+    outbox_oldest_seconds: float
+    steps_pending: int
+    steps_oldest_pending_seconds: float
+
+
+@dataclass(frozen=True)
+class DeadLetters:
+    poisoned_messages: int
+    poisoned_messages_24h: int
+    dead_inbox_rows: int
+    undelivered_events: int
+
+
+def read_backlog(tx: Tx) -> Backlog:
+    row = tx.one(BACKLOG_AGES)
+    assert row is not None  # an aggregate over three CTEs always returns one row
+    return Backlog(
+        inbox_pending=int(row["inbox_pending"]),
+        inbox_oldest_seconds=round(float(row["inbox_oldest_seconds"]), 1),
+        outbox_unpublished=int(row["outbox_unpublished"]),
+        outbox_oldest_seconds=round(float(row["outbox_oldest_seconds"]), 1),
+        steps_pending=int(row["steps_pending"]),
+        steps_oldest_pending_seconds=round(float(row["steps_oldest_pending_seconds"]), 1),
+    )
+
+
+def read_dead_letters(tx: Tx) -> DeadLetters:
+    row = tx.one(DEAD_LETTER_COUNTS)
+    assert row is not None
+    return DeadLetters(
+        poisoned_messages=int(row["poisoned_messages"]),
+        poisoned_messages_24h=int(row["poisoned_messages_24h"]),
+        dead_inbox_rows=int(row["dead_inbox_rows"]),
+        undelivered_events=int(row["undelivered_events"]),
+    )
