@@ -69,6 +69,9 @@ migrate: .venv/.installed ## Apply pending migrations to DATABASE_URL (or the lo
 schema: .venv/.installed ## Export the workflow JSON Schema to schema/workflow.schema.json
 	$(PY) -m shared.ops.cli schema --out schema/workflow.schema.json
 
+floorplan: .venv/.installed ## The floor plan of shared/: loose modules, largest file, long functions, import circles, upward arrows
+	$(PY) -m devstack.floorplan
+
 bench-ingest: .venv/.installed ## Benchmark webhooks, drain and publish against pgbench
 	$(PY) -m devstack.bench.ingest
 
