@@ -22,11 +22,19 @@ So the local stack starts functions-framework exactly as `functions-framework --
 
 Threads and workers are read by functions-framework from the environment (`THREADS`,
 `WORKERS`); the stack and `function_process.serve` set THREADS as deployed.
+
+With `ONCEFLOW_REQUEST_LOG_DIR` set, each request served is appended to `<dir>/<target>.log`
+as its wall-clock start and end: what `make bench-e2e` turns into the instance time Cloud Run
+would bill (devstack/bench/bill.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import functions_framework
@@ -39,8 +47,25 @@ HEAD_DEADLINE_SECONDS = 10.0
 LIMIT_REQUEST_LINE = 4094
 
 
+REQUEST_LOG_ENV = "ONCEFLOW_REQUEST_LOG_DIR"
+
+
+class RequestLog:
+    """`start end` (wall-clock seconds) per request served, appended under a lock."""
+
+    def __init__(self, path: Path) -> None:
+        self._lock = threading.Lock()
+        self._file = path.open("a", buffering=1, encoding="utf-8")
+
+    def write(self, start: float, end: float) -> None:
+        with self._lock:
+            self._file.write(f"{start:.6f} {end:.6f}\n")
+
+
 class HeadDeadlineWorker(ThreadWorker):  # type: ignore[misc]
     """gunicorn's threaded worker; a request head that doesn't arrive in time is cut off."""
+
+    request_log: RequestLog | None = None
 
     def handle(self, conn: Any) -> Any:
         deadline = SocketDeadline(conn.sock, HEAD_DEADLINE_SECONDS).start()
@@ -53,7 +78,13 @@ class HeadDeadlineWorker(ThreadWorker):  # type: ignore[misc]
     def handle_request(self, req: Any, conn: Any) -> Any:
         # The head is in: from here the function's own body deadline applies.
         conn.head_deadline.cancel()
-        return super().handle_request(req, conn)
+        if self.request_log is None:
+            return super().handle_request(req, conn)
+        start = time.time()
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            self.request_log.write(start, time.time())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     args = parser.parse_args(argv)
+    if log_dir := os.environ.get(REQUEST_LOG_ENV):
+        HeadDeadlineWorker.request_log = RequestLog(Path(log_dir) / f"{args.target}.log")
     app = functions_framework.create_app(args.target, args.source, args.signature_type)
     create_server(
         app,

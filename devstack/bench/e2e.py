@@ -26,6 +26,14 @@ BENCH_E2E_RATE (events/s, default 100), BENCH_E2E_SECONDS (default 10), BENCH_E2
 (events per request, 1..100, default 10), BENCH_E2E_PGBENCH_SECONDS (default 10, 0 skips it),
 BENCH_E2E_WAIT (seconds to wait for the last run, default 120), BENCH_E2E_KEEP=1 to leave the
 stack running (its logs show where time went).
+
+Then the bill (issue 27 item 6): every function process logs the requests it served
+(`devstack.function_server`), and devstack/bench/bill.py turns them into what Cloud Run would
+bill: per function, invocations per run, request duration p50/p99 and billed instance time per
+run under the deployed concurrency and the 100 ms rounding; then one idle tick of each
+scheduled function, timed on the quiet stack; then dollars per million runs at 5k, 500k and
+50M runs a day, with the fixed month (ticks, warm webhook instances, database, connector)
+spread over them. BENCH_E2E_BILL=0 skips the idle ticks.
 """
 
 from __future__ import annotations
@@ -33,20 +41,26 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from devstack import scheduler
 from devstack import stack as devstack
+from devstack.bench import bill
 from devstack.bench.baseline import emit, percentile, pgbench_tps
 from devstack.bench.local import cluster, throwaway_stack
 from devstack.fakecrm.webhooks import property_change_body, signed_headers
+from devstack.function_server import REQUEST_LOG_ENV
 from devstack.seed import hubspot_tenant
 from shared.core.db import Database, connector_from_env
+from shared.core.deployables import DEPLOYABLES, by_name
 
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
 TENANT = "bench-e2e"
@@ -237,9 +251,82 @@ def report(
     return len(finished) >= events and failures == 0
 
 
+def served(log_dir: Path, since: float, until: float) -> dict[str, list[bill.Request]]:
+    """Per function, the requests that started in [since, until] (wall clock)."""
+    found: dict[str, list[bill.Request]] = {}
+    for d in DEPLOYABLES:
+        path = log_dir / f"{d.name}.log"
+        lines = path.read_text("utf-8").split() if path.exists() else []
+        pairs = zip(lines[0::2], lines[1::2], strict=True)
+        found[d.name] = [
+            bill.Request(float(a), float(b)) for a, b in pairs if since <= float(a) <= until
+        ]
+    return found
+
+
+def idle_ticks(running: devstack.RunningStack) -> dict[str, float]:
+    """Seconds one call of each scheduled function takes on a stack with nothing to do."""
+
+    def call(job: scheduler.Job) -> tuple[str, float]:
+        started = time.monotonic()
+        httpx.request(
+            job.method,
+            running.url(job.function),
+            headers={**dict(job.headers), "User-Agent": "Google-Cloud-Scheduler"},
+            content=job.body,
+            timeout=job.deadline_seconds + 10,
+        )
+        return job.function, time.monotonic() - started
+
+    jobs = scheduler.declared_jobs()
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return dict(pool.map(call, jobs))
+
+
+def report_bill(
+    requests: dict[str, list[bill.Request]], runs: int, ticks: dict[str, float] | None
+) -> None:
+    shapes = bill.shapes_from_infra()
+    per_run = 0.0
+    print(
+        f"{'function':16s} {'calls/run':>9s} {'p50 ms':>7s} {'p99 ms':>7s} "
+        f"{'billed s/run':>12s} {'$ per 1M runs':>13s}   (concurrency as deployed)"
+    )
+    for name, reqs in requests.items():
+        if not reqs or by_name(name).trigger == "schedule" or runs == 0:
+            continue  # scheduled functions are billed per tick, below, not per run
+        durations = [(r.end - r.start) * 1000 for r in reqs]
+        billed = bill.billed_seconds(reqs, by_name(name).concurrency) / runs
+        dollars = shapes[name].dollars(billed, len(reqs) / runs)
+        per_run += dollars
+        print(
+            f"{name:16s} {len(reqs) / runs:9.2f} {percentile(durations, 0.5):7.0f} "
+            f"{percentile(durations, 0.99):7.0f} {billed:12.4f} {dollars * 1e6:13.2f}"
+        )
+        emit(f"bill_{name}_billed_seconds_per_run", billed, "s/run", None, calls=len(reqs))
+    print(f"{'runs, variable part':16s} {'':>9s} {'':>7s} {'':>7s} {'':>12s} {per_run * 1e6:13.2f}")
+    if ticks is None:
+        return
+    fixed = bill.fixed_from_infra(shapes, ticks)
+    print(
+        "an idle month (infra defaults): "
+        + ", ".join(f"{line} ${amount:.2f}" for line, amount in fixed.lines)
+        + f" = ${fixed.total:.2f}"
+    )
+    for per_day in (5_000, 500_000, 50_000_000):
+        cost = bill.per_million_runs(per_run, fixed, per_day)
+        print(f"  at {per_day:>10,} runs/day: ${cost:9.2f} per million runs")
+        emit("bill_per_million_runs", cost, "$", None, runs_per_day=per_day)
+    emit(
+        "bill_idle_month", fixed.total, "$", None, ticks={k: round(v, 3) for k, v in ticks.items()}
+    )
+
+
 def main() -> int:
     opts = _options()
     keep = os.environ.get("BENCH_E2E_KEEP") == "1"
+    log_dir = Path(tempfile.mkdtemp(prefix="onceflow-bench-requests-"))
+    os.environ[REQUEST_LOG_ENV] = str(log_dir)
     with throwaway_stack("onceflow-bench-e2e-", keep=keep) as running:
         pgbench = None
         if opts["pgbench_seconds"] > 0:
@@ -263,6 +350,7 @@ def main() -> int:
         with db.transaction() as tx:
             since = tx.one("SELECT clock_timestamp() AS now")["now"]
         cpu_before, clock = cpu_seconds(running.root), time.monotonic()
+        window_start = time.time()
         events, failures = send(
             uri,
             secret,
@@ -279,6 +367,10 @@ def main() -> int:
         ok = report(
             rows, events=events, failures=failures, opts=opts, pgbench=pgbench, cpu=cpu, wall=wall
         )
+        finished = sum(1 for r in rows if r["finished"] is not None)
+        requests = served(log_dir, window_start, time.time())
+        ticks = idle_ticks(running) if os.environ.get("BENCH_E2E_BILL", "1") != "0" else None
+        report_bill(requests, finished, ticks)
         db.close()
         return 0 if ok else 1
 
