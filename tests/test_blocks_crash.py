@@ -28,7 +28,7 @@ from tests.steps_support import definition, publish_version, start_run
 
 advance = pytest.importorskip("shared.steps.advance", reason="step engine not written yet")
 sweep = pytest.importorskip("shared.steps.sweep", reason="step engine not written yet")
-crashpoints = pytest.importorskip("shared.steps.crashpoints")
+crashpoints = pytest.importorskip("shared.core.crashpoints")
 
 NODES = ("create_task", "update_contact", "notify")
 REPEATS = 2
