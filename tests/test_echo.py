@@ -9,7 +9,8 @@ from pathlib import Path
 import functions_framework
 import pytest
 
-from shared.admission.echo import (
+from shared.core.db import Database
+from shared.ingest.echo import (
     ENGINE_ADMISSION_SECONDS,
     canonical_value,
     check_echo,
@@ -18,7 +19,6 @@ from shared.admission.echo import (
     record_echo_marker,
     value_hash,
 )
-from shared.core.db import Database
 from tests.admission_support import make_connection, make_tenant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ def test_a_change_made_before_onceflows_write_was_sent_is_not_its_echo(db: Datab
     The rep's change happened before the write was sent, so no marker may explain it (the
     first release matched on expiry alone and refused the rep's change as an echo). Within
     the documented clock skew the marker still matches."""
-    from shared.admission.echo import ECHO_CLOCK_SKEW_SECONDS
+    from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS
 
     make_tenant(db)
     conn = make_connection(db)
@@ -154,7 +154,7 @@ def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_ta
     as undelivered. Each provider's grace must cover both, and a marker written for a
     connection of that provider must carry it."""
     from shared.accounts.connections import PROVIDERS, REDELIVERY_HORIZON_SECONDS
-    from shared.admission.echo import expiry_grace_seconds
+    from shared.ingest.echo import expiry_grace_seconds
     from shared.steps.sweep import SweepConfig
 
     config = SweepConfig()

@@ -260,12 +260,12 @@ def test_sweep_loops_within_its_budget(db: Database) -> None:
 
 
 def test_the_sweeps_echo_duty_keeps_markers_for_their_grace(db: Database) -> None:
-    """The duty the sweep runs is shared.admission.echo's expiry, grace included: a marker
+    """The duty the sweep runs is shared.ingest.echo's expiry, grace included: a marker
     expired half
     an hour ago, or a day ago, can still explain a late-admitted echo (HubSpot redelivers for
     more than a day) and must survive the sweep (the first release's sweep ran a second query
     without the grace and deleted it); one past its provider's grace goes."""
-    from shared.admission.echo import expiry_grace_seconds, record_echo_marker
+    from shared.ingest.echo import expiry_grace_seconds, record_echo_marker
     from shared.steps.sweep import expire_echo_markers
 
     seed_tenant(db, "acme")

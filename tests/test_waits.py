@@ -663,7 +663,7 @@ def test_an_event_admitted_as_the_step_parks_resumes_the_wait_once_at_a_barrier(
 
 def _mark_echo(flow: Flow, fields: dict[str, Any]) -> None:
     """What a `crm.update` of the record commits before its request leaves."""
-    from shared.admission.echo import record_echo_marker
+    from shared.ingest.echo import record_echo_marker
 
     with flow.db.transaction() as tx:
         record_echo_marker(

@@ -355,8 +355,8 @@ def run_duty(db: Database, duty: Duty) -> Any:
 
 
 def expire_echo_markers(db: Database) -> dict[str, int]:
-    """Markers expired for longer than their grace (shared/admission/echo.py owns the rule)."""
-    from shared.admission import echo
+    """Markers expired for longer than their grace (shared/ingest/echo.py owns the rule)."""
+    from shared.ingest import echo
 
     with db.transaction() as tx:
         return {"expired": echo.expire_echo_markers(tx)}
