@@ -43,9 +43,9 @@ from uuid import UUID
 from shared.accounts.connections import Connection
 from shared.core import queries
 from shared.core.db import Database, Tx
+from shared.core.duty import Duty
 from shared.core.logs import get_logger
 from shared.ingest.outbox import TriggerEvent, emit
-from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import Trigger, WebhookTrigger
 from shared.workflows.expressions import (
