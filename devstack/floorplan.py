@@ -32,8 +32,12 @@ WINGS: tuple[str, ...] = (
     "gates",
     "blocks",
     "triggers",
-    "admission",
+    # steps below admission: admission decides an event and then drives the step engine (it
+    # offers the event to parked waits through shared/steps/parks.py, whose guarded resume
+    # is a step move and stays with the other step moves); steps never ask admission anything
+    # (the echo markers both read live in ingest).
     "steps",
+    "admission",
     "publishing",
     "sweep",
     "ops",

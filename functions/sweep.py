@@ -13,7 +13,7 @@ import functions_framework
 
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
-from shared.steps.sweep import run_sweep
+from shared.sweep.loop import run_sweep
 
 
 @functions_framework.http

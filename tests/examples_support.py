@@ -30,11 +30,12 @@ from devstack.fakecrm import FakeCrm
 from shared.admission import admit as admission
 from shared.blocks.base import BlockContext, BlockResult
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
 from shared.ingest.inbox import drain_inbox
 from shared.port import connect
 from shared.publishing import subscriptions, versions
 from shared.publishing.validate import ValidationReport
-from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
+from shared.steps.repairs import wake_due_steps
 from shared.triggers import cron, poll
 from tests.blocks_support import seed_connection, seed_tenant
 from tests.ingest_support import make_connection, standard_headers

@@ -16,9 +16,9 @@ from shared.admission.admit import (
     admit_event,
     refusals_for_record,
 )
-from shared.admission.echo import record_echo_marker
 from shared.core.db import Database
 from shared.core.errors import PermanentError, TransientError
+from shared.ingest.echo import record_echo_marker
 from shared.steps.journal import idempotency_key, step_key
 from tests.admission_support import (
     Published,

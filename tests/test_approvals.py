@@ -14,7 +14,7 @@ import pytest
 from shared.core.db import Database
 from shared.publishing.validate import validate_text
 from shared.steps import parks
-from shared.steps.sweep import run_sweep
+from shared.sweep.loop import run_sweep
 from tests.ops_support import (
     Dispatched,
     bearer,

@@ -23,12 +23,13 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import definition, publish_version, start_run
 
 advance = pytest.importorskip("shared.steps.advance", reason="step engine not written yet")
-sweep = pytest.importorskip("shared.steps.sweep", reason="step engine not written yet")
-crashpoints = pytest.importorskip("shared.steps.crashpoints")
+repairs = pytest.importorskip("shared.steps.repairs", reason="step engine not written yet")
+crashpoints = pytest.importorskip("shared.core.crashpoints")
 
 NODES = ("create_task", "update_contact", "notify")
 REPEATS = 2
@@ -110,7 +111,7 @@ def test_crash_points_around_outbound_blocks(
     crashed: set[str] = set()
     exits: Counter[int] = Counter()
     deadline = time.monotonic() + 150
-    config = sweep.SweepConfig.from_env()
+    config = SweepConfig.from_env()
     while time.monotonic() < deadline:
         with db.transaction() as tx:
             pending = tx.all(
@@ -143,7 +144,7 @@ def test_crash_points_around_outbound_blocks(
                 advance.advance_step(db, step["id"], dispatch=lambda ids: None)
         for child in children:
             exits[child.wait(timeout=60)] += 1
-        sweep.reclaim_expired_leases(db, config, lambda ids: None, sweep.SweepReport())
+        repairs.reclaim_expired_leases(db, config, lambda ids: None, SweepReport())
         if not pending and not children:
             time.sleep(0.2)  # waiting for a crashed lease to expire
     assert len(crashed) == len(scenarios)

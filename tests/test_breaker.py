@@ -18,13 +18,14 @@ import pytest
 from devstack.fakecrm import FakeCrm
 from shared.admission.admit import admit_event
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.core.logs import CloudLoggingFormatter, LogEvent
 from shared.core.netguard import NetPolicy
 from shared.gates import breaker
 from shared.ops.explain import explain_reason
 from shared.publishing import versions
 from shared.steps.advance import advance_step
-from shared.steps.sweep import SweepConfig, run_sweep
+from shared.sweep.loop import run_sweep
 from tests.admission_support import Published, emit_event, make_connection, make_tenant, refusals
 from tests.ops_support import (
     bearer,

@@ -12,13 +12,14 @@ import pytest
 from devstack.fakecrm import FakeCrm
 from shared.blocks import http as http_block
 from shared.core.db import Database, connector_from_env
+from shared.core.duty import SweepConfig, SweepReport
 from shared.core.netguard import NetPolicy
 from shared.gates import budgets
 from shared.gates.catalog import WorkflowGates, open_gates, settle_gates
 from shared.ops import replay
 from shared.steps.advance import advance_step
+from shared.steps.repairs import wake_due_steps
 from shared.steps.states import StepStatus
-from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
 from shared.workflows.definition import Budget, WorkflowDefinition
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 from tests.ops_support import (

@@ -18,7 +18,7 @@ from shared.ops.replay import replay_run
 from shared.steps import settle as settle_module
 from shared.steps.advance import advance_step
 from shared.steps.cancel import Cancellation, cancel_run
-from shared.steps.sweep import run_sweep
+from shared.sweep.loop import run_sweep
 from tests.ops_support import (
     Dispatched,
     bearer,

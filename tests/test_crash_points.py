@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.steps.crashpoints import CRASH_POINTS, EXIT_CODE, armed_points
+from shared.core.crashpoints import CRASH_POINTS, EXIT_CODE, armed_points
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def test_the_five_points_of_the_step_path_exist() -> None:
 
 def test_an_armed_point_exits_137_on_its_nth_hit() -> None:
     code = (
-        "from shared.steps.crashpoints import crash_point\n"
+        "from shared.core.crashpoints import crash_point\n"
         "for i in range(5):\n"
         "    print(i, flush=True)\n"
         "    crash_point('after_side_effect')\n"

@@ -14,9 +14,10 @@ import pytest
 from shared import triggers
 from shared.admission.admit import admit_event
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, run_duty
 from shared.publishing import versions
 from shared.publishing.validate import validate_text
-from shared.steps.sweep import SweepConfig, default_duties, run_duty
+from shared.sweep.catalog import default_duties
 from shared.triggers import cron
 from tests.admission_support import count, make_tenant
 from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint

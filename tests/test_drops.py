@@ -12,9 +12,10 @@ import functions_framework
 import pytest
 
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.ingest import inbox
 from shared.ingest.drops import trim_drops
-from shared.steps.sweep import SweepConfig, default_duties
+from shared.sweep.catalog import default_duties
 from tests.ingest_support import (
     HUBSPOT_SECRET,
     hubspot_body,

@@ -9,7 +9,8 @@ from pathlib import Path
 import functions_framework
 import pytest
 
-from shared.admission.echo import (
+from shared.core.db import Database
+from shared.ingest.echo import (
     ENGINE_ADMISSION_SECONDS,
     canonical_value,
     check_echo,
@@ -18,7 +19,6 @@ from shared.admission.echo import (
     record_echo_marker,
     value_hash,
 )
-from shared.core.db import Database
 from tests.admission_support import make_connection, make_tenant
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -111,7 +111,7 @@ def test_a_change_made_before_onceflows_write_was_sent_is_not_its_echo(db: Datab
     The rep's change happened before the write was sent, so no marker may explain it (the
     first release matched on expiry alone and refused the rep's change as an echo). Within
     the documented clock skew the marker still matches."""
-    from shared.admission.echo import ECHO_CLOCK_SKEW_SECONDS
+    from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS
 
     make_tenant(db)
     conn = make_connection(db)
@@ -154,8 +154,8 @@ def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_ta
     as undelivered. Each provider's grace must cover both, and a marker written for a
     connection of that provider must carry it."""
     from shared.accounts.connections import PROVIDERS, REDELIVERY_HORIZON_SECONDS
-    from shared.admission.echo import expiry_grace_seconds
-    from shared.steps.sweep import SweepConfig
+    from shared.core.duty import SweepConfig
+    from shared.ingest.echo import expiry_grace_seconds
 
     config = SweepConfig()
     publisher_cadence = 60  # Cloud Scheduler's once a minute, the slowest publisher there is
@@ -226,8 +226,8 @@ def test_a_hubspot_redelivery_late_within_its_horizon_is_still_an_echo_then_trim
     the workflow.)"""
     from shared.accounts.connections import REDELIVERY_HORIZON_SECONDS
     from shared.admission import admit as admission
+    from shared.ingest.echo import expire_markers_past_grace
     from shared.ingest.inbox import drain_inbox
-    from shared.steps import sweep
     from tests import ingest_support
     from tests.admission_support import bind_workflow
 
@@ -247,7 +247,7 @@ def test_a_hubspot_redelivery_late_within_its_horizon_is_still_an_echo_then_trim
     horizon = REDELIVERY_HORIZON_SECONDS["hubspot"]
     _age_echo_markers(db, horizon - 3600)
     # The sweep's cleanup runs during the outage: the marker must survive it.
-    assert sweep.expire_echo_markers(db) == {"expired": 0}
+    assert expire_markers_past_grace(db) == {"expired": 0}
     with db.transaction() as tx:
         sent_at = tx.scalar("SELECT sent_at FROM echo_markers")
 
@@ -270,6 +270,6 @@ def test_a_hubspot_redelivery_late_within_its_horizon_is_still_an_echo_then_trim
 
     # Past the horizon nothing can echo the write any more: the sweep trims the marker.
     _age_echo_markers(db, 2 * 3600 + ENGINE_ADMISSION_SECONDS)
-    assert sweep.expire_echo_markers(db) == {"expired": 1}
+    assert expire_markers_past_grace(db) == {"expired": 1}
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM echo_markers") == 0

@@ -21,12 +21,13 @@ from shared.blocks import http as http_block
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, RetryPolicy
 from shared.blocks.registry import RegistryError, check_spec
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
 from shared.core.netguard import NetPolicy
 from shared.gates import credits
 from shared.ops import replay
 from shared.ops.api import run_detail
 from shared.steps.advance import advance_step
-from shared.steps.sweep import SweepConfig, SweepReport, reclaim_expired_leases, wake_due_steps
+from shared.steps.repairs import reclaim_expired_leases, wake_due_steps
 from shared.workflows.definition import WorkflowDefinition
 from tests.blocks_support import StepRunner, seed_tenant
 from tests.steps_support import TENANT, publish_version, start_run, steps_of

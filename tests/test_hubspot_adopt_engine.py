@@ -16,8 +16,9 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
 from shared.ops.replay import replay_run
-from shared.steps import sweep
+from shared.steps import repairs
 from shared.steps.advance import advance_step
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import TENANT, definition, publish_version, run_row, start_run, steps_of
@@ -70,7 +71,7 @@ def lost_create(db: Database, fake: FakeCrm, key_property: str | None) -> tuple[
                 "UPDATE workflow_steps SET wake_at = now() WHERE id = CAST(:s AS uuid)", s=step_id
             )
         woken: list[str] = []
-        sweep.wake_due_steps(db, sweep.SweepConfig(), woken.extend, sweep.SweepReport())
+        repairs.wake_due_steps(db, SweepConfig(), woken.extend, SweepReport())
         assert woken == [step_id]
         advance_step(db, step_id, dispatch=lambda ids: None)
     return run_id, step_id
@@ -161,11 +162,11 @@ def die_at(database_url: str, step_id: str, point: str) -> None:
     assert child.returncode == 137, child.returncode
 
 
-def reclaim(db: Database) -> sweep.SweepReport:
+def reclaim(db: Database) -> SweepReport:
     """Sweep until the dead lease (1.5 s) has expired and been reclaimed."""
-    report = sweep.SweepReport()
+    report = SweepReport()
     deadline = time.monotonic() + 30
-    while not sweep.reclaim_expired_leases(db, sweep.SweepConfig(), lambda ids: None, report):
+    while not repairs.reclaim_expired_leases(db, SweepConfig(), lambda ids: None, report):
         assert time.monotonic() < deadline, "the dead lease was never reclaimed"
         time.sleep(0.2)
     return report
@@ -264,7 +265,7 @@ def test_a_409_naming_a_record_without_this_steps_key_is_not_adopted(
         tx.execute(
             "UPDATE workflow_steps SET wake_at = now() WHERE id = CAST(:s AS uuid)", s=step_id
         )
-    sweep.wake_due_steps(db, sweep.SweepConfig(), lambda ids: None, sweep.SweepReport())
+    repairs.wake_due_steps(db, SweepConfig(), lambda ids: None, SweepReport())
     advance_step(db, step_id, dispatch=lambda ids: None)
 
     step = steps_of(db, run_id)["create_task"]

@@ -161,7 +161,8 @@ def test_events_that_arrived_before_the_portals_connection_are_rerouted_once_it_
     sweep's duty drains them into the new connection's trigger events, exactly once; an event
     from long before this install (the portal kept the app after an older connection ended)
     stays for ops."""
-    from shared.steps.sweep import default_duties, reroute_unrouted_app_events
+    from shared.ingest.inbox import reroute_unrouted as reroute_unrouted_app_events
+    from shared.sweep.catalog import default_duties
 
     assert post(client, hubspot_body(event(1, 3003, 31), event(2, 3003, 32))).status_code == 200
     assert post(client, hubspot_body(event(3, 3003, 33))).status_code == 200

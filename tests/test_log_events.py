@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.core.logs import ENTRY_KEYS, EVENTS, CloudLoggingFormatter, LogEvent, log_event
 from shared.steps.advance import advance_from_message, advance_step
 from shared.steps.claim import LeaseConfig
-from shared.steps.sweep import SweepConfig, report_backlog, run_sweep
+from shared.sweep.backlog import report_backlog
+from shared.sweep.loop import run_sweep
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import chain, definition, publish_version, start_run
 

@@ -537,7 +537,7 @@ def test_an_install_without_the_redirect_url_configured_is_refused_before_any_st
 
 def test_the_sweep_forgets_install_states_a_day_after_they_expire(db: Database, setup: str) -> None:
     from shared.accounts.oauth_install import trim_install_states
-    from shared.steps.sweep import default_duties
+    from shared.sweep.catalog import default_duties
 
     with db.transaction() as tx:
         # Expired 30 hours ago, 2 hours ago, and still live for a minute.

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from shared.admission.admit import admit_event
+from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database, Tx
 from shared.ingest.outbox import requeue_undecided
 from shared.publishing import versions
 from shared.publishing.validate import DefinitionInvalid, validate_text
 from shared.steps.cancel import cancel_run
-from shared.steps.crashpoints import EXIT_CODE
 from shared.triggers import poll
 from tests.admission_support import count, make_tenant
 from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint

@@ -15,10 +15,11 @@ import pytest
 from shared.admission.admit import admit_event
 from shared.core import queries
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.ops.errors import OpsError
 from shared.ops.replay import replay_run
 from shared.steps.advance import advance_step
-from shared.steps.sweep import SweepConfig, default_duties
+from shared.sweep.catalog import default_duties
 from shared.sweep.retention import (
     EVENTS_DELETE,
     INBOX_DELETE,

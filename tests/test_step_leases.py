@@ -10,13 +10,16 @@ import pytest
 
 from shared.blocks.base import BlockContext, BlockFailure, BlockResult
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.core.errors import PermanentError
 from shared.steps.advance import advance_step
 from shared.steps.claim import LeaseConfig, claim_step
 from shared.steps.outcomes import Settlement
+from shared.steps.repairs import trim_lease_history
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
-from shared.steps.sweep import SweepConfig, default_duties, run_sweep, trim_lease_history
+from shared.sweep.catalog import default_duties
+from shared.sweep.loop import run_sweep
 from tests.ops_support import (
     bearer,
     client_fixture,  # noqa: F401 - fixture `client`

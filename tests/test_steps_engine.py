@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from shared.core.db import Database
 from shared.steps.advance import advance_step
 from shared.steps.claim import LeaseConfig, claim_step
-from shared.steps.sweep import run_sweep
+from shared.sweep.loop import run_sweep
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import (
     chain,

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from shared.core.db import Database
+from shared.core.duty import Duty, SweepConfig, run_duty
 from shared.gates import credits
 from shared.ops.replay import retry_run
 from shared.steps.advance import advance_step
 from shared.steps.cancel import cancel_run
 from shared.steps.claim import LeaseConfig, claim_step, mark_side_effect_started
 from shared.steps.settle import FAIL_RUN
-from shared.steps.sweep import Duty, SweepConfig, run_duty, run_sweep
+from shared.sweep.loop import run_sweep
 from tests.ops_support import seed_connection, seed_tenant
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import (
@@ -162,7 +163,8 @@ def test_redispatch_is_bounded_per_pass(db: Database) -> None:
         set_step(db, sid, "dispatched_at = now() - interval '10 minutes'")
     sent = Sent()
     small = SweepConfig(batch=3, redispatch_after_seconds=120, poll_seconds=0.01)
-    from shared.steps.sweep import SweepReport, redispatch_lost_steps
+    from shared.core.duty import SweepReport
+    from shared.steps.repairs import redispatch_lost_steps
 
     report = SweepReport()
     assert redispatch_lost_steps(db, small, sent, report) == 3
@@ -260,13 +262,13 @@ def test_sweep_loops_within_its_budget(db: Database) -> None:
 
 
 def test_the_sweeps_echo_duty_keeps_markers_for_their_grace(db: Database) -> None:
-    """The duty the sweep runs is shared.admission.echo's expiry, grace included: a marker
+    """The duty the sweep runs is shared.ingest.echo's expiry, grace included: a marker
     expired half
     an hour ago, or a day ago, can still explain a late-admitted echo (HubSpot redelivers for
     more than a day) and must survive the sweep (the first release's sweep ran a second query
     without the grace and deleted it); one past its provider's grace goes."""
-    from shared.admission.echo import expiry_grace_seconds, record_echo_marker
-    from shared.steps.sweep import expire_echo_markers
+    from shared.ingest.echo import expire_markers_past_grace as expire_echo_markers
+    from shared.ingest.echo import expiry_grace_seconds, record_echo_marker
 
     seed_tenant(db, "acme")
     conn = seed_connection(db, "acme")
@@ -297,7 +299,7 @@ def test_the_sweeps_echo_duty_keeps_markers_for_their_grace(db: Database) -> Non
 
 
 def test_default_duties_delete_ended_throttle_windows(db: Database) -> None:
-    from shared.steps.sweep import default_duties
+    from shared.sweep.catalog import default_duties
 
     seed_tenant(db, "acme")
     conn = seed_connection(db, "acme")

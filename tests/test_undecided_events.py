@@ -8,7 +8,8 @@ from typing import Any
 
 from shared.admission.admit import admit_event
 from shared.core.db import Database
-from shared.steps.sweep import SweepConfig, run_sweep
+from shared.core.duty import SweepConfig
+from shared.sweep.loop import run_sweep
 from tests.admission_support import (
     Published,
     bind_workflow,

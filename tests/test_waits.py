@@ -15,9 +15,11 @@ import pytest
 from shared.admission.admit import admit_event
 from shared.core import queries
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
 from shared.steps import parks
 from shared.steps.cancel import cancel_run
-from shared.steps.sweep import SweepConfig, SweepReport, run_sweep, wake_due_steps
+from shared.steps.repairs import wake_due_steps
+from shared.sweep.loop import run_sweep
 from tests.admission_support import bind_workflow, emit_event, make_connection, make_tenant
 from tests.ops_support import (
     Dispatched,
@@ -663,7 +665,7 @@ def test_an_event_admitted_as_the_step_parks_resumes_the_wait_once_at_a_barrier(
 
 def _mark_echo(flow: Flow, fields: dict[str, Any]) -> None:
     """What a `crm.update` of the record commits before its request leaves."""
-    from shared.admission.echo import record_echo_marker
+    from shared.ingest.echo import record_echo_marker
 
     with flow.db.transaction() as tx:
         record_echo_marker(

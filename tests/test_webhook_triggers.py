@@ -1,6 +1,7 @@
-"""Webhook triggers (shared/triggers/webhook.py) through the real `webhook` entry point on real
-Postgres: duplicates within and after the idempotency TTL, at-least-once without a key, a key
-expression failing on a request, and requests no webhook workflow answers to."""
+"""Webhook triggers (shared/ingest/webhook_trigger.py, shared/triggers/webhook.py) through the
+real `webhook` entry point on real Postgres: duplicates within and after the idempotency TTL,
+at-least-once without a key, a key expression failing on a request, and requests no webhook
+workflow answers to."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import pytest
 
 from shared.admission.admit import admit_event
 from shared.core.db import Database
+from shared.ingest import webhook_trigger
 from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.publishing import versions
 from shared.publishing.validate import validate_text
-from shared.triggers import webhook as webhook_trigger
 from tests.admission_support import count
 from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers
 from tests.ops_support import Dispatched, bearer, install_ops_api, mint

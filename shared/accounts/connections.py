@@ -38,7 +38,7 @@ PROVIDERS = ("hubspot", "standard", "pipedrive", "hmac")
 
 # How late each provider can still deliver an event after it occurred, through its own retries
 # of a failed delivery (our webhook down, slow or answering 5xx). Echo markers are kept this
-# long past their expiry (shared/admission/echo.py `expiry_grace_seconds`), so the late echo of
+# long past their expiry (shared/ingest/echo.py `expiry_grace_seconds`), so the late echo of
 # one of
 # onceflow's own writes is still recognised (DESIGN invariant 17). Longer only costs rows.
 # - hubspot: "we will attempt to re-send failed notifications up to 10 times ... with an

@@ -53,6 +53,7 @@ from shared.accounts import connections, oauth_tokens, provider_apps
 from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Database, Tx
+from shared.core.duty import Duty, SweepConfig
 from shared.port import hubspot_oauth
 from shared.port.interface import PortError
 
@@ -386,3 +387,7 @@ def trim_install_states(db: Database, keep_hours: int = 24) -> dict[str, int]:
             "grants_dropped": tx.execute(LAPSED_GRANTS_CLEAR),
             "deleted": tx.execute(STATES_TRIM, keep_hours=keep_hours),
         }
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    return (Duty("trim_oauth_install_states", 3600.0, trim_install_states),)

@@ -17,7 +17,7 @@ One event, K bound workflows, one transaction of a fixed number of statements:
    precedence (exactly one reason is recorded):
    `provider_suppressed` (connection paused or disconnected; the event's author is in the
    tenant's or the connection's excluded authors), `echo_suppressed` (every changed field
-   matches a live echo marker for the record: shared/admission/echo.py), `missing_record_identity`,
+   matches a live echo marker for the record: shared/ingest/echo.py), `missing_record_identity`,
    `rule_not_matched` (the trigger's CEL rule was false, or could not be evaluated on this
    event: the detail says which), `insufficient_credits` (the tenant's balance can't pay the
    entry step's block price; an unregistered block type has no price and is not refused here:
@@ -86,12 +86,12 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from shared.admission.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.core.pubsub import decode_push_message, publish_step_ready
+from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
@@ -353,7 +353,7 @@ class EventFacts:
     @cached_property
     def echo(self) -> bool:
         """Every changed field is explained by a write of onceflow's own
-        (shared/admission/echo.py)."""
+        (shared/ingest/echo.py)."""
         return is_echo(self.changed_fields, self.echo_markers)
 
 

@@ -20,7 +20,7 @@ A rehearsal runs no gate. Then, in a writing block:
    crm.update: commit an echo marker first, so the webhook the write causes is refused.
 6. call the port; classify its `PortError` into a `BlockFailure`.
 7. crm.create: record echo markers for the properties it set, now that the record has an id
-   (the provider sends a propertyChange for each; see shared/admission/echo.py for the timing).
+   (the provider sends a propertyChange for each; see shared/ingest/echo.py for the timing).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.admission import echo
 from shared.blocks.base import (
     PROVIDER_GATES,
     BlockContext,
@@ -44,6 +43,7 @@ from shared.blocks.base import (
 )
 from shared.core.db import get_database
 from shared.core.logs import get_logger
+from shared.ingest import echo
 from shared.port import connect
 from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
 from shared.port.interface import Association, CrmPort, PortError, Record, SearchFilter
@@ -369,7 +369,7 @@ def _mark_echo(
     ttl_seconds: int,
     since_side_effect_mark: bool = False,
 ) -> None:
-    """Commit echo markers for a write of `properties` (shared/admission/echo.py says when each
+    """Commit echo markers for a write of `properties` (shared/ingest/echo.py says when each
     is sent)."""
     get_database().run(
         lambda tx: echo.record_echo_marker(

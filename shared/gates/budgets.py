@@ -38,6 +38,7 @@ from typing import Any, Literal
 from shared.blocks.base import BlockContext, BlockFailure, LandedQuery
 from shared.core import queries
 from shared.core.db import Database, Tx, get_database
+from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
 from shared.workflows.definition import Budget, WorkflowDefinition
 
@@ -191,6 +192,11 @@ def reconcile(
         with db.transaction() as tx:
             settled += len(tx.all(RECONCILE_SETTLE, id=row["id"], status=status))
     return {"settled": settled, "unanswered": unanswered}
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    """Budget reservations whose step ended without settling them (`reconcile`)."""
+    return (Duty("reconcile_budget_reservations", 300.0, reconcile),)
 
 
 def landed(query: LandedQuery) -> bool:

@@ -24,7 +24,8 @@ from typing import Literal
 
 from shared.blocks.base import BlockFailure
 from shared.core import queries
-from shared.core.db import Tx, get_database
+from shared.core.db import Database, Tx, get_database
+from shared.core.duty import Duty, SweepConfig
 
 SQL = queries.load("throttle")
 CLAIM = SQL["throttle_claim"]
@@ -107,3 +108,13 @@ def claim_or_park(limit: Limit) -> ThrottleClaim:
 
 def delete_expired_windows(tx: Tx) -> int:
     return tx.execute(DELETE_EXPIRED)
+
+
+def delete_expired_throttle_windows(db: Database) -> dict[str, int]:
+    """Throttle windows are one row per connection per window; ended ones only take space."""
+    with db.transaction() as tx:
+        return {"deleted": delete_expired_windows(tx)}
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    return (Duty("delete_expired_throttle_windows", 900.0, delete_expired_throttle_windows),)

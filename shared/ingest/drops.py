@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from shared.core import queries
 from shared.core.db import Database, Tx
+from shared.core.duty import Duty, SweepConfig
 from shared.core.errors import OnceflowError
 from shared.core.logs import get_logger
 
@@ -95,3 +96,9 @@ def count_webhook_refusal(db: Database, connection_id: str, check: str) -> None:
             tx.execute(COUNT_REFUSAL, connection_id=connection_id, check_name=check[:64])
     except OnceflowError as exc:
         log.warning("could not count a webhook refusal: %s", exc)
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    """Drops hold changed property values: kept `drop_retention_days`, trimmed hourly."""
+    days = config.drop_retention_days
+    return (Duty("trim_pre_admission_drops", 3600.0, lambda db: trim_drops(db, days)),)

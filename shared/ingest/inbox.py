@@ -43,6 +43,7 @@ from typing import Any, Literal, cast
 from shared.accounts import connections, provider_apps
 from shared.core import queries
 from shared.core.db import Database, TransactionLost, Tx
+from shared.core.duty import Duty, SweepConfig
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.ingest import drops, shadow
@@ -545,3 +546,9 @@ def drain_inbox(
 
 def get_row(tx: Tx, inbox_id: int) -> dict[str, Any] | None:
     return tx.one(GET, id=inbox_id)
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    """App events that arrived before their portal's connection existed, routed to it now
+    (`reroute_unrouted`), every minute."""
+    return (Duty("reroute_unrouted_app_events", 60.0, reroute_unrouted),)

@@ -32,6 +32,7 @@ from typing import Any
 
 from shared.core import queries
 from shared.core.db import Database, Tx
+from shared.core.duty import Dispatch, SweepConfig, SweepReport
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, log_event
 from shared.core.pubsub import TRIGGER_EVENTS, Publisher, get_publisher
@@ -269,6 +270,25 @@ def requeue_undecided(
     return Requeued(
         requeued=tuple(int(r["id"]) for r in rows if not r["given_up"]), given_up=given_up
     )
+
+
+def requeue_undecided_events(
+    db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
+) -> int:
+    """The sweep's repair (every pass): undecided events back into the outbox (the publisher
+    sends them), or given up at the cap; the number of rows touched. So "every published event
+    gets a decision, or an explanation why not" is onceflow's guarantee, not the transport's
+    (Pub/Sub may drop a push to a restarting endpoint, dead-letter after its attempts, or back
+    off for minutes). `dispatch` is for steps and not used here."""
+    done = requeue_undecided(
+        db,
+        after_seconds=config.redeliver_events_after_seconds,
+        max_redeliveries=config.max_event_redeliveries,
+        batch=config.batch,
+    )
+    report.events_requeued += len(done.requeued)
+    report.events_undelivered += len(done.given_up)
+    return len(done.requeued) + len(done.given_up)
 
 
 def requeue_event(tx: Tx, *, event_id: int, tenant_id: str | None) -> bool:

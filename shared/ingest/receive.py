@@ -17,7 +17,7 @@ only a few seconds). Refusals store nothing and log the check that failed, never
 | stored (new or identical retry)           | 200    |
 
 `POST /{provider}/{connection_id}/{workflow}` is a webhook trigger: verified the same way, then
-handed to shared/triggers/webhook.py (404 without an active webhook workflow of that name, 422
+handed to shared/ingest/webhook_trigger.py (404 without an active webhook workflow of that name, 422
 when its idempotency key fails on the request, 200 with the event id, or the first POST's
 event id for a duplicate).
 
@@ -41,8 +41,7 @@ from shared.core import request_body
 from shared.core.db import Database, Tx, get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled
-from shared.ingest import drops, inbox, signatures
-from shared.triggers import webhook as webhook_trigger
+from shared.ingest import drops, inbox, signatures, webhook_trigger
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 # Headers worth keeping with the body: what a normalizer or a person needs later. Never the

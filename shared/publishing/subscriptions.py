@@ -27,8 +27,8 @@ private app's webhook settings "can only be edited in the in-app settings for yo
 app, and cannot currently be edited through the API": its reconcile calls nothing and records
 the subscriptions the operator must create in HubSpot's UI.
 
-`reconcile_all(db, port_for_connection, port_for_app)` is what the hourly sweep calls to
-repair drift.
+`reconcile_all(db, port_for_connection, port_for_app)` is what the hourly sweep duty
+(`reconcile_subscriptions`) calls to repair drift.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from typing import Any
 from shared.accounts.provider_apps import ProviderApp, get_app
 from shared.core import queries
 from shared.core.db import Database
+from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
 from shared.port.interface import CrmPort, PortError, Subscription
 from shared.workflows import listening
@@ -410,6 +411,18 @@ def reconcile_all(
         reconcile_connection_with(db, conn["id"], port_for_connection) for conn in connections
     )
     return results
+
+
+def reconcile_subscriptions(db: Database) -> dict[str, int]:
+    """The hourly sweep duty: `reconcile_all` with the ports the deployment builds."""
+    from shared.port.connect import port_for, port_for_app
+
+    results = reconcile_all(db, port_for, port_for_app)
+    return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    return (Duty("reconcile_subscriptions", 3600.0, reconcile_subscriptions),)
 
 
 def reconcile_tenant(

@@ -227,7 +227,7 @@ WITH input AS (
     RETURNING id, run_id
 ), decided_stamp AS (
     -- Every bound workflow is decided when this transaction commits (the sweep re-publishes a
-    -- published event that never gets here: shared/steps/sweep.py).
+    -- published event that never gets here: shared/ingest/outbox.py requeue_undecided_events).
     UPDATE workflow_trigger_events SET decided_at = now()
     WHERE id = :event_id AND decided_at IS NULL
     RETURNING id

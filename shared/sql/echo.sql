@@ -7,7 +7,7 @@
 -- can only record it once the response names the new record: sent when the step's
 -- at-most-once mark was set, just before the request left (`since_side_effect_mark`).
 -- keep_until: expiry plus the grace of the connection's provider, looked up in the
--- (provider, grace) table shared/admission/echo.py passes (`providers`, `grace_seconds`); a provider
+-- (provider, grace) table shared/ingest/echo.py passes (`providers`, `grace_seconds`); a provider
 -- missing from it gets the longest grace (`max_grace_seconds`), never none.
 INSERT INTO echo_markers (connection_id, object_type, object_id, field, value_hash, step_id,
                           sent_at, expires_at, keep_until)

@@ -2,6 +2,6 @@
 
 `states` (the statuses and the one transition table), `journal` (creating step rows),
 `outcomes` (classifying a result into the next state, backoff), `claim` and `settle` (one step
-per `advance_step` invocation), `sweep` (leases, wake-ups, lost dispatches, later duties) and
-`crashpoints` (test-only kill switches).
+per `advance_step` invocation) and `repairs` (leases, wake-ups, lost dispatches: the sweep runs
+them).
 """

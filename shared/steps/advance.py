@@ -29,6 +29,7 @@ from typing import Any
 
 from shared.blocks.base import NO_RETRY, BlockContext, BlockResult, BlockSpec
 from shared.core import queries
+from shared.core.crashpoints import crash_point
 from shared.core.db import Database
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
@@ -42,7 +43,6 @@ from shared.steps.claim import (
     read_run_outputs,
     withdraw_side_effect_mark,
 )
-from shared.steps.crashpoints import crash_point
 from shared.steps.loops import Loop, enclosing_loop, foreach_of, iteration, loop_scope
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,

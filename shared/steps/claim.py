@@ -22,10 +22,10 @@ from datetime import datetime
 from typing import Any
 
 from shared.core import queries
+from shared.core.crashpoints import crash_point
 from shared.core.db import Database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger
-from shared.steps.crashpoints import crash_point
 from shared.workflows.scope import Occurrence
 
 SQL = queries.load("steps")

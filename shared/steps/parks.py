@@ -30,11 +30,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.admission.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.blocks.base import ParkRequest
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
+from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.workflows.expressions import ExpressionError, evaluate_condition
 from shared.workflows.scope import Occurrence, wait_scope
 

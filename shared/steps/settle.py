@@ -16,9 +16,9 @@ from datetime import datetime
 from typing import Any
 
 from shared.core import queries
+from shared.core.crashpoints import crash_point
 from shared.core.db import Database
 from shared.steps.claim import ClaimedStep
-from shared.steps.crashpoints import crash_point
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
 from shared.steps.outcomes import Settlement

@@ -1,2 +1,2 @@
-"""The sweep wing: duties the scheduled `sweep` runs besides the step repairs: retention,
-and the backlog view of how far behind the machinery is."""
+"""The sweep wing: the scheduled loop (`loop`) over the catalog of what it runs (`catalog`),
+and the duties that belong to no lower wing: retention and the backlog report."""

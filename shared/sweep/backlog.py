@@ -10,11 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.core import queries
-from shared.core.db import Tx
+from shared.core.db import Database, Tx
+from shared.core.duty import Duty, SweepConfig
+from shared.core.logs import LogEvent, get_logger, log_event
 
 SQL = queries.load("backlog")
 BACKLOG_AGES = SQL["backlog_ages"]
 DEAD_LETTER_COUNTS = SQL["dead_letter_counts"]
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,3 +60,28 @@ def read_dead_letters(tx: Tx) -> DeadLetters:
         dead_inbox_rows=int(row["dead_inbox_rows"]),
         undelivered_events=int(row["undelivered_events"]),
     )
+
+
+def report_backlog(db: Database) -> dict[str, float]:
+    """Log the age of the oldest unfinished work per queue: the line the backlog alerts read
+    (infra/monitoring.tf). Once a minute across all sweep instances, through the duty row."""
+    with db.transaction() as tx:
+        backlog = read_backlog(tx)
+    ages = {
+        "inbox_oldest_seconds": backlog.inbox_oldest_seconds,
+        "outbox_oldest_seconds": backlog.outbox_oldest_seconds,
+        "steps_oldest_pending_seconds": backlog.steps_oldest_pending_seconds,
+    }
+    log_event(
+        log,
+        LogEvent.BACKLOG_AGE,
+        "backlog ages",
+        inbox_oldest_seconds=backlog.inbox_oldest_seconds,
+        outbox_oldest_seconds=backlog.outbox_oldest_seconds,
+        steps_oldest_pending_seconds=backlog.steps_oldest_pending_seconds,
+    )
+    return ages
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    return (Duty("report_backlog", 60.0, report_backlog),)

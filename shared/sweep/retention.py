@@ -16,7 +16,7 @@ migrations/0300_retention.sql, never a scan of the table), oldest first:
    their own payload and lose only the link to the raw delivery.
 
 The lease history of finished runs has its own, shorter retention (`lease_history_days`,
-default 30: `trim_lease_history` in shared/steps/sweep.py); expired echo markers
+default 30: `trim_lease_history` in shared/steps/repairs.py); expired echo markers
 (`expire_echo_markers`) and expired webhook-trigger keys (`expire_webhook_trigger_keys`) are
 deleted by their own duties, within minutes of their expiry. All settings are read once, in
 `SweepConfig.from_env`.
@@ -58,13 +58,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from shared.core import queries
 from shared.core.db import Database
-
-if TYPE_CHECKING:
-    from shared.steps.sweep import Duty, SweepConfig
+from shared.core.duty import Duty, SweepConfig
 
 SQL = queries.load("retention")
 LINEAGES_LOCK = SQL["retention_lineages_lock"]
@@ -198,9 +195,7 @@ def prune(
     return totals
 
 
-def duty(config: SweepConfig) -> Duty:
-    """The sweep's retention duty (registered in shared/steps/sweep.py `default_duties`)."""
-    from shared.steps.sweep import Duty
-
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    """The sweep's retention duty (registered in shared/sweep/catalog.py)."""
     retention = Retention.from_sweep_config(config)
-    return Duty("retention", EVERY_SECONDS, lambda db: prune(db, retention))
+    return (Duty("retention", EVERY_SECONDS, lambda db: prune(db, retention)),)

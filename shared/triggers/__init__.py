@@ -7,8 +7,8 @@ A kind says, for a definition's `trigger`:
 - which event types its workflow is bound to on activation (`event_types`): a CRM-event
   trigger listens to the types it lists, a schedule to a type of its own workflow, so the
   events a kind emits meet ordinary bindings and admission treats them like any other;
-- the sweep duties that produce its events (`duties`: cron ticks, polls), which
-  `shared.steps.sweep.default_duties` runs with its own;
+- the sweep duties that produce its events (`duties`: cron ticks, polls), which the sweep's
+  catalog (shared/sweep/catalog.py) gathers through `sweep_duties`;
 - what only the database can say, checked on activation (`check_activation`);
 - what ops shows about it (`status`).
 
@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from shared.core.duty import Duty, SweepConfig
 from shared.workflows.definition import Trigger
 
 if TYPE_CHECKING:
     from shared.core.db import Tx
-    from shared.steps.sweep import Duty
 
 PathT = tuple[str | int, ...]
 AddProblem = Callable[[Literal["error", "warning"], PathT, str], None]
@@ -55,8 +55,8 @@ class TriggerKind:
 
 
 def kinds() -> tuple[TriggerKind, ...]:
-    # Imported here: a kind module may need the sweep's `Duty`, and the sweep asks this
-    # registry for duties, so neither imports the other at module level.
+    # Imported here: each kind module imports `TriggerKind` from this package, which must be
+    # defined before they load.
     from shared.triggers import cron, events, poll, webhook
 
     return (events.KIND, cron.KIND, webhook.KIND, poll.KIND)
@@ -111,7 +111,8 @@ def binding_event_types(trigger: Trigger, workflow_id: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(kind_of(trigger).event_types(trigger, workflow_id)))
 
 
-def duties() -> list[Duty]:
+def sweep_duties(config: SweepConfig) -> list[Duty]:
+    """Every kind's duties (cron ticks, webhook-trigger keys, polls), in kind order."""
     return [d for k in kinds() for d in k.duties()]
 
 

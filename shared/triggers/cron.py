@@ -46,10 +46,10 @@ from cronsim import CronSim, CronSimError
 
 from shared.core import queries
 from shared.core.db import Database, Tx
+from shared.core.duty import Duty
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import get_logger
 from shared.ingest.outbox import TriggerEvent, emit
-from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import Trigger
 

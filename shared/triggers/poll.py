@@ -52,17 +52,17 @@ from typing import Any, Literal
 from uuid import UUID
 
 from shared.accounts.connections import get_connection, is_connection_id
-from shared.admission.echo import record_echo_marker
 from shared.core import queries
+from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
+from shared.core.duty import Duty
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger
 from shared.gates.throttle import claim_slot
+from shared.ingest.echo import record_echo_marker
 from shared.ingest.outbox import TriggerEvent, emit
 from shared.port import connect
 from shared.port.interface import CrmPort, SearchFilter
-from shared.steps.crashpoints import crash_point
-from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind
 from shared.triggers.sql_source import (
     SourceInvalid,

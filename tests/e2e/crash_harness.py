@@ -43,9 +43,10 @@ from typing import Any
 from devstack.function_process import command
 from devstack.tools import free_port
 from shared.core import pubsub as pubsub_mod
+from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database
-from shared.steps.crashpoints import EXIT_CODE
-from shared.steps.sweep import SweepConfig, run_sweep
+from shared.core.duty import SweepConfig
+from shared.sweep.loop import run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 CRASH_LINE = "onceflow crash point"

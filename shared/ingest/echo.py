@@ -36,7 +36,8 @@ Decisions:
   provider:
   HubSpot retries for about 34 hours), then onceflow's path from inbox to admission (Pub/Sub
   backoff, a publisher backlog, the sweep's re-publish until it gives an undecided event up as
-  undelivered; `ENGINE_ADMISSION_SECONDS`, checked against shared/steps/sweep.py by a test).
+  undelivered; `ENGINE_ADMISSION_SECONDS`, checked against shared/core/duty.py's `SweepConfig`
+  by a test).
   `expiry_grace_seconds` adds them; the marker's `keep_until` is fixed from its connection's
   provider when it is written. A longer grace costs only rows: whether a marker matches is
   judged by `expires_at` at the change's time, never by whether it still exists.
@@ -60,7 +61,8 @@ from typing import Any
 
 from shared.accounts.connections import REDELIVERY_HORIZON_SECONDS
 from shared.core import queries
-from shared.core.db import Tx
+from shared.core.db import Database, Tx
+from shared.core.duty import Duty, SweepConfig
 
 SQL = queries.load("echo")
 INSERT = SQL["echo_markers_insert"]
@@ -192,3 +194,13 @@ def check_echo(
 def expire_echo_markers(tx: Tx, *, batch: int = EXPIRE_BATCH) -> int:
     """Delete markers past their provider's grace (`keep_until`; at most `batch`); how many."""
     return tx.execute(EXPIRE, batch=batch)
+
+
+def expire_markers_past_grace(db: Database) -> dict[str, int]:
+    """The sweep duty: markers expired for longer than their grace, one batch."""
+    with db.transaction() as tx:
+        return {"expired": expire_echo_markers(tx)}
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    return (Duty("expire_echo_markers", 300.0, expire_markers_past_grace),)

@@ -1,0 +1,58 @@
+"""The sweep's catalog: what the scheduled `sweep` runs, and in which order.
+
+Each owner declares its own work where its rule lives; this module only lists the owners, as
+shared/blocks/registry.py lists the block modules and `shared.triggers.kinds()` the trigger
+kinds. Adding a repair is one function in its owner plus one line in `REPAIRS`; adding a duty
+is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
+(shared/sweep/loop.py) doesn't change.
+
+- `REPAIRS` run on every pass (a `Repair`, shared/core/duty.py): the step engine's reclaim of
+  expired leases, wake-ups and re-dispatch of lost step-ready messages, then the re-publish of
+  trigger events admission never decided.
+- `DUTIES` each give the periodic `Duty`s of one owner, each claimed once per period across
+  all sweep instances: the backlog report the alerts read (every minute), echo marker expiry,
+  app events routed once their portal connects, ended throttle windows, budget reservations
+  left open, provider subscription repair (hourly), the lease history of long-finished runs,
+  pre-admission drops and install states (hourly), retention (every five minutes), and the
+  trigger kinds' own (cron ticks, webhook-trigger key expiry, table and CRM polls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from shared import triggers
+from shared.accounts import oauth_install
+from shared.core.duty import Duty, Repair, SweepConfig
+from shared.gates import budgets, throttle
+from shared.ingest import drops, echo, inbox, outbox
+from shared.publishing import subscriptions
+from shared.steps import repairs
+from shared.sweep import backlog, retention
+
+REPAIRS: tuple[Repair, ...] = (
+    repairs.reclaim_expired_leases,
+    repairs.wake_due_steps,
+    repairs.redispatch_lost_steps,
+    outbox.requeue_undecided_events,
+)
+
+DUTIES: tuple[Callable[[SweepConfig], Sequence[Duty]], ...] = (
+    backlog.sweep_duties,
+    echo.sweep_duties,
+    inbox.sweep_duties,
+    throttle.sweep_duties,
+    budgets.sweep_duties,
+    subscriptions.sweep_duties,
+    repairs.sweep_duties,
+    drops.sweep_duties,
+    oauth_install.sweep_duties,
+    retention.sweep_duties,
+    triggers.sweep_duties,
+)
+
+
+def default_duties(config: SweepConfig | None = None) -> list[Duty]:
+    """Every periodic duty, in catalog order."""
+    config = config or SweepConfig.from_env()
+    return [duty for owner in DUTIES for duty in owner(config)]

@@ -1,0 +1,89 @@
+"""The sweep: the scheduled loop over the catalog of repairs and duties.
+
+Cloud Scheduler fires `sweep` at most once a minute, so one invocation loops for its budget
+(default 50 s, under the scheduler's cadence) doing passes: every repair of
+`shared.sweep.catalog.REPAIRS` (one bounded batch each), then every `Duty` of
+`default_duties()`, each run only when no invocation ran it within its period
+(`shared.core.duty.run_duty`). A pass whose repair filled its batch is followed at once by
+the next; otherwise the loop sleeps `poll_seconds` between passes. A duty that raises is
+recorded and logged; it never stops the repairs. What each repair and duty does is said
+where it is declared (the catalog names the owners).
+
+Every job is idempotent: sweeping twice changes nothing the first sweep didn't.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+
+from shared.core.db import Database
+from shared.core.duty import Dispatch, Duty, SweepConfig, SweepReport, run_duty
+from shared.core.errors import TransientError
+from shared.core.logs import get_logger
+from shared.sweep.catalog import REPAIRS, default_duties
+
+log = get_logger(__name__)
+
+
+def default_dispatch(step_ids: Sequence[str]) -> None:
+    from shared.core.pubsub import publish_step_ready
+
+    publish_step_ready(step_ids)
+
+
+def sweep_once(
+    db: Database,
+    *,
+    config: SweepConfig,
+    dispatch: Dispatch,
+    duties: Sequence[Duty],
+    report: SweepReport,
+) -> bool:
+    """One pass; True when a repair filled its batch (a backlog: go again at once)."""
+    backlog = False
+    for repair in REPAIRS:
+        if repair(db, config, dispatch, report) >= config.batch:
+            backlog = True
+    for duty in duties:
+        result = run_duty(db, duty)
+        if result is not None:
+            report.duties[duty.name] = result
+    report.passes += 1
+    return backlog
+
+
+def run_sweep(
+    db: Database,
+    budget_seconds: float,
+    *,
+    config: SweepConfig | None = None,
+    dispatch: Dispatch | None = None,
+    duties: Sequence[Duty] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> SweepReport:
+    """Sweep repeatedly until `budget_seconds` is spent (at least one pass).
+
+    A transient database error ends the invocation early with what was done (the next
+    scheduled sweep carries on); anything else is a bug and propagates."""
+    config = config or SweepConfig.from_env()
+    dispatch = dispatch or default_dispatch
+    duties = default_duties(config) if duties is None else duties
+    report = SweepReport()
+    deadline = clock() + max(budget_seconds, 0.0)
+    while True:
+        try:
+            backlog = sweep_once(db, config=config, dispatch=dispatch, duties=duties, report=report)
+        except TransientError as exc:
+            log.warning("sweep pass stopped by a transient error: %s", exc)
+            break
+        remaining = deadline - clock()
+        if backlog and remaining > 0:
+            continue
+        if remaining <= config.poll_seconds:
+            break
+        sleep(config.poll_seconds)
+    log.info("sweep done: %s", json.dumps(report.as_dict(), default=str))
+    return report
