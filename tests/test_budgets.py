@@ -14,9 +14,10 @@ from shared.blocks import http as http_block
 from shared.core.db import Database, connector_from_env
 from shared.core.netguard import NetPolicy
 from shared.gates import budgets
-from shared.gates.catalog import WorkflowGates, open_gates, settle_gates
+from shared.gates.catalog import WorkflowGates
 from shared.ops import replay
 from shared.steps.advance import advance_step
+from shared.steps.gated import open_gates, settle_gates
 from shared.steps.states import StepStatus
 from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps
 from shared.workflows.definition import Budget, WorkflowDefinition

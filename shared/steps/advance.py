@@ -32,7 +32,7 @@ from shared.core import queries
 from shared.core.db import Database
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
-from shared.gates.catalog import WorkflowGates, run_gated, settle_gates
+from shared.gates.catalog import WorkflowGates
 from shared.steps.claim import (
     ClaimedStep,
     Heartbeat,
@@ -43,6 +43,7 @@ from shared.steps.claim import (
     withdraw_side_effect_mark,
 )
 from shared.steps.crashpoints import crash_point
+from shared.steps.gated import run_gated, settle_gates
 from shared.steps.loops import Loop, enclosing_loop, foreach_of, iteration, loop_scope
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
