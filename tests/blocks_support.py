@@ -14,7 +14,7 @@ import pytest
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec
 from shared.core.db import Database
-from shared.gates.catalog import WorkflowGates
+from shared.gates.kind import WorkflowGates
 from shared.port import connect
 from shared.steps.gated import run_gated, settle_gates
 from shared.steps.states import StepStatus

@@ -14,7 +14,7 @@ from shared.blocks import http as http_block
 from shared.core.db import Database, connector_from_env
 from shared.core.netguard import NetPolicy
 from shared.gates import budgets
-from shared.gates.catalog import WorkflowGates
+from shared.gates.kind import WorkflowGates
 from shared.ops import replay
 from shared.steps.advance import advance_step
 from shared.steps.gated import open_gates, settle_gates

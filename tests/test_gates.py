@@ -23,6 +23,7 @@ from shared.blocks.registry import RegistryError, check_spec
 from shared.core.db import Database
 from shared.core.netguard import NetPolicy
 from shared.gates import credits
+from shared.gates.catalog import GATES
 from shared.ops import replay
 from shared.ops.api import run_detail
 from shared.steps.advance import advance_step
@@ -432,3 +433,10 @@ def test_a_charge_whose_attempt_died_after_sending_is_not_refunded_by_a_later_re
     assert _balance(db) == 9  # the delivered request's charge is kept
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM credit_refunds") == 0
+
+
+def test_every_gate_a_block_can_declare_is_one_module_of_the_catalog() -> None:
+    """A new gate is one module and one line in `GATES`; a name blocks can declare without a
+    module behind it would be a gate nobody runs."""
+    assert sorted(k.gate for k in GATES) == sorted(Gate)
+    assert len({k.gate for k in GATES}) == len(GATES)

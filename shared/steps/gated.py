@@ -1,158 +1,131 @@
-"""Gates: what the step executor checks around a block's side effect, in one order.
+"""A block run behind its gates: the executor's walk over the catalog (shared/gates/catalog.py,
+which documents the order and what each gate takes and settles).
 
-A block spec declares its gates (`BlockSpec.gates`) and how to find what they key on
-(`BlockSpec.target`); the workflow declares its limits (`rate_limit`, `host_rate_limit`). No
-block calls a limiter or the ledger itself, so no block can forget one. Before `execute`:
+    open   → the target resolves; then each gate the spec declares and that applies, in the
+             catalog's order: `prepare` (outside any transaction), `open` in a transaction of
+             its own, committed before the next gate opens; the first refusal stops the walk,
+             and what the gates before it took is released.
+    run    → block.execute, with the resolved target on its context.
+    settle → after the attempt is classified, every gate that applies settles by what the
+             outcome proves, in one transaction (each write is idempotent, so a crash between
+             it and the step's own settle, and a second run of it, change nothing more).
 
-    0. rehearsal (dry run)      → no gate at all: no live slot, no reservation, no charge
-                                  (invariant 13).
-    1. target                   → the connection / destination host; a refusal here (no
-                                  connection, a forbidden address) costs nothing.
-    2. connection limit         ┐ one atomic claim each (shared/gates/throttle.py); over a limit the
-    3. workflow limit           │ step parks `THROTTLED` until the window ends, without using
-    4. host limit               ┘ an attempt ("throttled until T by workflow limit …").
-    5. budget                   → a reservation of the price against the workflow's `budget`,
-                                  one per step row (its attempts share it; a replay's step
-                                  reserves afresh), checked under the budget's lock
-                                  (shared/gates/budgets.py); over the cap the step fails
-                                  `BUDGET_EXCEEDED`, nothing sent.
-    6. charge                   → the spec's price, once per lineage key (shared/gates/credits.py);
-                                  a tenant that can't pay fails `INSUFFICIENT_CREDITS` (and the
-                                  reservation is released).
-    7. block.execute
-
-After the attempt is classified (`settle_gates`), by what the outcome proves:
-
-    succeeded / applied         → the reservation is spent; the charge stands.
-    provably not applied        → the reservation is released (a retry reserves again); when
-                                  the step failed for good, the charge its attempts made is
-                                  refunded, once (a refund row keyed to it) — also when this
-                                  last attempt was refused before the charge gate.
-    fate unknown (timeout,      → the reservation stays reserved, the charge is marked
-      reset, 5xx)                 never-refundable; the reconcile duty settles what is left.
-
-The order is cheap-and-reversible first: a throttled step has used a window slot, never a
-credit. A slot taken by a claim that a later limit refuses stays used (windows end anyway;
-undoing it would need a second statement that can race).
+Transactions: every gate callable takes the `Tx` it runs in; which gates share one, and when
+it commits, is decided here alone (issue 27: one connection per step).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from pydantic import BaseModel
 
-from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec, Gate, Target
-from shared.core.db import get_database
-from shared.gates import budgets, credits, throttle
-from shared.gates.catalog import ORDER, WorkflowGates, record_outcome_unknown
+from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate
+from shared.core.db import Database, Tx, get_database
+from shared.gates.catalog import GATES
+from shared.gates.kind import Attempt, GateKind, Verdict, WorkflowGates, fate_of
 from shared.steps.states import StepStatus
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Passed:
     """What the gates took for this attempt, for `settle_gates`."""
 
-    reserved: bool = False
-    charged: bool = False
-    # The block is priced and charge-gated, whether or not this attempt reached the charge
-    # gate: an earlier attempt of the step may hold a charge to refund (issue 23 item 15).
-    chargeable: bool = False
-    # What the target resolved (the block reads it from its context: the checked addresses).
-    target: Target | None = None
+    # None: no gate stands in front of this attempt (a rehearsal, a block with no gates).
+    attempt: Attempt | None = None
+    # The gates this attempt passed, in order (none when one of them refused).
+    opened: tuple[GateKind, ...] = ()
+
+    def took(self, gate: Gate) -> bool:
+        return any(kind.gate is gate for kind in self.opened)
+
+    @property
+    def reserved(self) -> bool:
+        return self.took(Gate.BUDGET)
 
 
 NOTHING = Passed()
 
 
-def _limits(
-    spec: BlockSpec, ctx: BlockContext, target: Target, workflow: WorkflowGates
-) -> list[throttle.Limit]:
-    limits: list[throttle.Limit] = []
-    connection_id = target.connection_id
-    for gate in ORDER:
-        if gate not in spec.gates:
-            continue
-        if gate is Gate.CONNECTION_LIMIT and connection_id:
-            found = get_database().run(lambda tx: throttle.connection_limit(tx, connection_id))
-            if found is not None:
-                limits.append(found)
-        elif gate is Gate.WORKFLOW_LIMIT and workflow.rate_limit is not None:
-            limits.append(
-                throttle.Limit(
-                    "workflow",
-                    workflow.workflow_id,
-                    workflow.rate_limit.max,
-                    workflow.rate_limit.window_seconds,
-                )
-            )
-        elif gate is Gate.HOST_LIMIT and workflow.host_rate_limit is not None and target.host:
-            limits.append(
-                throttle.Limit(
-                    "host",
-                    f"{ctx.tenant_id}|{target.host.lower()}",
-                    workflow.host_rate_limit.max,
-                    workflow.host_rate_limit.window_seconds,
-                )
-            )
-    return limits
+def _attempt(
+    spec: BlockSpec, ctx: BlockContext, config: BaseModel, workflow: WorkflowGates
+) -> Attempt | None:
+    if ctx.dry_run or not spec.gates:
+        return None
+    return Attempt(spec, ctx, config, workflow)
 
 
-def _before_gates(spec: BlockSpec, ctx: BlockContext) -> Passed:
-    """What an attempt holds before any gate: nothing taken yet, and whether the step is
-    charged at all (a rehearsal never is)."""
-    if ctx.dry_run:
-        return NOTHING
-    return Passed(chargeable=Gate.CHARGE in spec.gates and spec.price > 0)
+def _applying(attempt: Attempt) -> list[GateKind]:
+    """The catalog's gates the spec declares and that apply to this attempt, in order."""
+    return [k for k in GATES if k.gate in attempt.spec.gates and k.applies(attempt)]
+
+
+def _in_tx(db: Database, call: Callable[[Tx, Attempt], T], attempt: Attempt) -> T:
+    return db.run(lambda tx: call(tx, attempt))
+
+
+def _open(db: Database, attempt: Attempt) -> Passed:
+    """Resolve the target, open the gates; raise the refusal (or error) of the first that
+    doesn't pass, after releasing what the ones before it took."""
+    if attempt.spec.target is not None:
+        attempt = replace(attempt, target=attempt.spec.target(attempt.ctx, attempt.config))
+    opened: list[GateKind] = []
+    try:
+        for kind in _applying(attempt):
+            if kind.prepare is not None:
+                attempt = kind.prepare(attempt)
+            refusal = _in_tx(db, kind.open, attempt)
+            if refusal is not None:
+                raise refusal
+            opened.append(kind)
+    except Exception:
+        for kind in reversed(opened):  # nothing will be sent: give back what was taken
+            if kind.release is not None:
+                _in_tx(db, kind.release, attempt)
+        raise
+    return Passed(attempt, tuple(opened))
 
 
 def open_gates(
-    spec: BlockSpec, ctx: BlockContext, config: BaseModel, workflow: WorkflowGates
+    spec: BlockSpec,
+    ctx: BlockContext,
+    config: BaseModel,
+    workflow: WorkflowGates,
+    *,
+    db: Database | None = None,
 ) -> Passed:
-    """Run the spec's declared gates in `ORDER`; raise the `BlockFailure` of the first that
-    refuses (nothing has left the process then)."""
-    before = _before_gates(spec, ctx)
-    if ctx.dry_run or not spec.gates:
-        return before
-    target = spec.target(ctx, config) if spec.target is not None else Target()
-    for limit in _limits(spec, ctx, target, workflow):
-        throttle.claim_or_park(limit)
-    reserved = False
-    if Gate.BUDGET in spec.gates and workflow.budget is not None and spec.price > 0:
-        landed = spec.landed_query(ctx, config, target) if spec.landed_query else None
-        budgets.budget_gate(ctx, workflow.workflow_id, workflow.budget, spec.price, landed)
-        reserved = True
-    charged = False
-    if Gate.CHARGE in spec.gates and spec.price > 0:
-        try:
-            credits.charge_gate(ctx, spec.type_name, spec.price)
-        except Exception:
-            if reserved:  # nothing will be sent: give the reservation back
-                get_database().run(
-                    lambda tx: budgets.settle_released(tx, ctx.idempotency_key, ctx.step_id)
-                )
-            raise
-        charged = True
-    return replace(before, reserved=reserved, charged=charged, target=target)
+    """Run the spec's declared gates in the catalog's order; raise the `BlockFailure` of the
+    first that refuses (nothing has left the process then)."""
+    attempt = _attempt(spec, ctx, config, workflow)
+    return NOTHING if attempt is None else _open(db or get_database(), attempt)
 
 
 def run_gated(
-    spec: BlockSpec, ctx: BlockContext, config: BaseModel, workflow: WorkflowGates
+    spec: BlockSpec,
+    ctx: BlockContext,
+    config: BaseModel,
+    workflow: WorkflowGates,
+    *,
+    db: Database | None = None,
 ) -> tuple[BlockResult | BaseException, Passed]:
     """Open the gates, then execute the block: (what the attempt produced, what the gates
     took). Never raises for a block's or a gate's failure: it is the outcome."""
-    passed = _before_gates(spec, ctx)
+    attempt = _attempt(spec, ctx, config, workflow)
+    # A refused attempt took nothing, yet its gates still settle (a refund of an earlier
+    # attempt's charge).
+    passed = NOTHING if attempt is None else Passed(attempt)
     try:
-        passed = open_gates(spec, ctx, config, workflow)
-        if passed.target is not None:
-            ctx = replace(ctx, target=passed.target)
+        if attempt is not None:
+            passed = _open(db or get_database(), attempt)
+            assert passed.attempt is not None
+            ctx = replace(ctx, target=passed.attempt.target)
         return spec.execute(ctx, config), passed
     except Exception as exc:
         return exc, passed
-
-
-def provably_not_applied(outcome: BlockResult | BaseException) -> bool:
-    return isinstance(outcome, BlockFailure) and outcome.not_applied
 
 
 def settle_gates(
@@ -160,29 +133,24 @@ def settle_gates(
     passed: Passed,
     outcome: BlockResult | BaseException,
     status: StepStatus,
+    *,
+    db: Database | None = None,
 ) -> None:
-    """Settle what the gates took by what the attempt proves (see the module docstring).
-    Runs after the block, before the step's own settle; every write here is idempotent, so a
-    crash between the two and a second run of this attempt's settle change nothing more."""
-    if ctx.dry_run or not (passed.charged or passed.reserved or passed.chargeable):
+    """Settle what the gates took by what the attempt proves (shared/gates/catalog.py).
+    Runs after the block, before the step's own settle."""
+    attempt = passed.attempt
+    if ctx.dry_run or attempt is None:
         return
-    key, step_id = ctx.idempotency_key, ctx.step_id
-    if isinstance(outcome, BlockResult):
-        if passed.reserved:
-            get_database().run(lambda tx: budgets.settle_spent(tx, key, step_id))
+    settling = [k for k in _applying(attempt) if k.settle is not None]
+    if not settling:
         return
-    if not provably_not_applied(outcome):
-        if passed.reserved or passed.charged:
-            get_database().run(lambda tx: record_outcome_unknown(tx, key, step_id))
-        return
-    if passed.reserved:
-        get_database().run(lambda tx: budgets.settle_released(tx, key, step_id))
-    # The step ends with this attempt provably not applied: pay back the charge any attempt of
-    # this step made — not only this attempt's. An earlier attempt may have been charged and
-    # answered 429 while this one was stopped by a gate before the charge gate (the budget);
-    # `credits.refund` keeps every charge whose request may have left.
-    if passed.chargeable and status is StepStatus.FAILED:
-        reason = f"not applied: {getattr(outcome, 'outcome_code', type(outcome).__name__)}"
-        get_database().run(
-            lambda tx: credits.refund(tx, lineage_key=key, reason=reason, step_id=step_id)
-        )
+    fate = fate_of(outcome)
+    code = str(getattr(outcome, "outcome_code", type(outcome).__name__))
+    failed = status is StepStatus.FAILED
+
+    def settle(tx: Tx) -> None:
+        for kind in settling:
+            assert kind.settle is not None
+            kind.settle(tx, attempt, Verdict(fate, kind in passed.opened, failed, code))
+
+    (db or get_database()).run(settle)
