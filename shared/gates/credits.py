@@ -2,9 +2,9 @@
 
 Where charging happens: in the step executor's charge gate (shared/gates/charge.py), after the
 rate limits and the budget and before the block's request leaves (`charge`), in a transaction
-committed before it leaves; the price is the block spec's `price`, stated once. Charging before the
-side effect is the only place a step that can't be paid for can still be stopped; charging at
-settle would bill for a call already made. The ledger holds at most one live (unrefunded)
+committed before it leaves; the price is the block spec's `price`, stated once. Charging before
+the side effect is the only place a step that can't be paid for can still be stopped; charging
+at settle would bill for a call already made. The ledger holds at most one live (unrefunded)
 charge per lineage key, which is the step's idempotency key (stable across retries and replays
 of the step), so an attempt that crashed after charging, a retry, and a replay all find the
 ledger row and are not charged again (invariant 11). A refunded charge no longer holds the
