@@ -29,8 +29,12 @@ WINGS: tuple[str, ...] = (
     "accounts",
     "providers",
     "ingest",
-    "gates",
+    # Gates sit above blocks: a block declares its gates on its spec (`BlockSpec.gates`,
+    # `target`, `price`, `landed_query` in blocks/base.py) and never calls one; the gates read
+    # those declarations and refuse with the block contract's `BlockFailure`. Below triggers,
+    # admission and steps, which use them (a poll's connection slot, the breaker, the executor).
     "blocks",
+    "gates",
     "triggers",
     # steps below admission: admission decides an event and then drives the step engine (it
     # offers the event to parked waits through shared/steps/parks.py, whose guarded resume

@@ -15,9 +15,10 @@ from shared.core.db import Database, connector_from_env
 from shared.core.duty import SweepConfig, SweepReport
 from shared.core.netguard import NetPolicy
 from shared.gates import budgets
-from shared.gates.catalog import WorkflowGates, open_gates, settle_gates
+from shared.gates.kind import WorkflowGates
 from shared.ops import replay
 from shared.steps.advance import advance_step
+from shared.steps.gated import open_gates, settle_gates
 from shared.steps.repairs import wake_due_steps
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Budget, WorkflowDefinition

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from devstack import floorplan
 from devstack.fakecrm import FakeCrm
 from shared.blocks import http as http_block
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, RetryPolicy
@@ -24,6 +25,7 @@ from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
 from shared.core.netguard import NetPolicy
 from shared.gates import credits
+from shared.gates.catalog import GATES
 from shared.ops import replay
 from shared.ops.api import run_detail
 from shared.steps.advance import advance_step
@@ -433,3 +435,19 @@ def test_a_charge_whose_attempt_died_after_sending_is_not_refunded_by_a_later_re
     assert _balance(db) == 9  # the delivered request's charge is kept
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM credit_refunds") == 0
+
+
+def test_every_gate_a_block_can_declare_is_one_module_of_the_catalog() -> None:
+    """A new gate is one module and one line in `GATES`; a name blocks can declare without a
+    module behind it would be a gate nobody runs."""
+    assert sorted(k.gate for k in GATES) == sorted(Gate)
+    assert len({k.gate for k in GATES}) == len(GATES)
+
+
+def test_the_gates_import_no_wing_above_them() -> None:
+    """Gates sit above blocks and below the executor (devstack/floorplan.py's WINGS): the walk
+    that knows step statuses is shared/steps/gated.py, not a gate."""
+    arrows = floorplan.upward_arrows(floorplan.import_graph())
+    assert [
+        a for a in arrows if "gates" in (floorplan.wing_of(a[0]), floorplan.wing_of(a[1]))
+    ] == []

@@ -167,8 +167,9 @@ Execute = Callable[[BlockContext, BaseModel], BlockResult]
 
 
 class Gate(StrEnum):
-    """What the executor checks before a block's side effect leaves (shared/gates/catalog.py
-    runs them in this order; a rehearsal runs none)."""
+    """The gates a block may declare (`BlockSpec.gates`): what the executor checks before its
+    side effect leaves. Each name is one module of shared/gates/catalog.py, which runs them in
+    its own order (a rehearsal runs none)."""
 
     # A slot in the connection's window (limit on the connection row).
     CONNECTION_LIMIT = "connection_limit"

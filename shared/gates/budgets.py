@@ -1,8 +1,8 @@
 """Spend budgets: a cap enforced by a reservation written before the side effect (invariant 16).
 
 A workflow's `budget: {credits: N, per: 1d}` caps what its steps may spend over a rolling
-window. The step executor's budget gate (shared/gates/catalog.py) reserves a priced step's price
-right before its request leaves, keyed by the step's idempotency key and its step row — the
+window. The step executor's budget gate (shared/gates/reservation.py) reserves a priced step's
+price right before its request leaves, keyed by the step's idempotency key and its step row — the
 attempts of one step (retries, a re-run of an attempt) find their own row and never count
 twice, while a replay, a new step row that really sends again, reserves against the cap afresh
 and is refused when it is full (issue 23 item 7) — in one transaction under the budget's
@@ -35,9 +35,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shared.blocks.base import BlockContext, BlockFailure, LandedQuery
+from shared.blocks.base import LandedQuery
 from shared.core import queries
-from shared.core.db import Database, Tx, get_database
+from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
 from shared.workflows.definition import Budget, WorkflowDefinition
@@ -124,39 +124,6 @@ def reserve(
 
 def _landed_json(landed: LandedQuery | None) -> str | None:
     return None if landed is None else json.dumps(dataclasses.asdict(landed))
-
-
-def budget_gate(
-    ctx: BlockContext,
-    workflow_id: str,
-    budget: Budget,
-    amount: int,
-    landed: LandedQuery | None = None,
-) -> None:
-    """The budget gate: reserve in its own committed transaction, or fail the step with
-    nothing sent."""
-    key = workflow_budget_key(workflow_id)
-    outcome = get_database().run(
-        lambda tx: reserve(
-            tx,
-            budget_key=key,
-            budget=budget,
-            amount=amount,
-            idempotency_key=ctx.idempotency_key,
-            tenant_id=ctx.tenant_id,
-            run_id=ctx.run_id,
-            step_id=ctx.step_id,
-            landed=landed,
-        )
-    )
-    if outcome.status == "exceeded":
-        raise BlockFailure(
-            f"workflow {workflow_id}'s budget is {budget.credits} credits per {budget.per}; "
-            f"{outcome.used} are reserved or spent and this step needs {amount}",
-            error_class="permanent",
-            outcome_code=OUTCOME_BUDGET_EXCEEDED,
-            not_applied=True,
-        )
 
 
 def settle_spent(tx: Tx, idempotency_key: str, step_id: str | None) -> None:

@@ -1,10 +1,10 @@
 """Credits: a price per block type, a tenant balance, and a ledger that charges a lineage once.
 
-Where charging happens: in the step executor's gates (shared/gates/catalog.py), after the rate
-limits and the budget and before the block's request leaves (`charge_step`), in its own
-committed transaction; the price is the block spec's `price`, stated once. Charging before the
-side effect is the only place a step that can't be paid for can still be stopped; charging at
-settle would bill for a call already made. The ledger holds at most one live (unrefunded)
+Where charging happens: in the step executor's charge gate (shared/gates/charge.py), after the
+rate limits and the budget and before the block's request leaves (`charge`), in a transaction
+committed before it leaves; the price is the block spec's `price`, stated once. Charging before
+the side effect is the only place a step that can't be paid for can still be stopped; charging
+at settle would bill for a call already made. The ledger holds at most one live (unrefunded)
 charge per lineage key, which is the step's idempotency key (stable across retries and replays
 of the step), so an attempt that crashed after charging, a retry, and a replay all find the
 ledger row and are not charged again (invariant 11). A refunded charge no longer holds the
@@ -28,9 +28,8 @@ step row made (a replay's step that found an earlier application's charge).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
-from shared.blocks.base import BlockContext, BlockFailure
 from shared.core import queries
 from shared.core.db import Tx, get_database
 
@@ -56,31 +55,27 @@ class Charge:
     balance: int | None = None
 
 
-def charge(
-    tx: Tx,
-    *,
-    tenant_id: str,
-    lineage_key: str,
-    amount: int,
-    block_type: str,
-    run_id: str | None,
-    step_id: str | None,
-) -> Charge:
+class ChargeOf(TypedDict):
+    """What a charge is of: `amount` for `block_type`, to `tenant_id`, once per `lineage_key`
+    (the step's idempotency key), recorded with the run and step that made it."""
+
+    tenant_id: str
+    lineage_key: str
+    amount: int
+    block_type: str
+    run_id: str | None
+    step_id: str | None
+
+
+def charge(tx: Tx, **of: Unpack[ChargeOf]) -> Charge:
     """Charge `amount` once per `lineage_key`. Never raises for lack of credits: the ledger row
     of a charge that can't be paid is rolled back to a savepoint, so the caller's transaction
     stays usable and the next attempt (after a top-up) can still charge."""
+    amount, tenant_id = of["amount"], of["tenant_id"]
     if amount <= 0:
         return Charge("charged", 0)
     tx.execute(SAVEPOINT)
-    inserted = tx.one(
-        LEDGER_INSERT,
-        tenant_id=tenant_id,
-        lineage_key=lineage_key,
-        amount=amount,
-        block_type=block_type,
-        run_id=run_id,
-        step_id=step_id,
-    )
+    inserted = tx.one(LEDGER_INSERT, **of)
     if inserted is None:
         tx.execute(RELEASE_SAVEPOINT)
         return Charge("already_charged", 0)
@@ -93,21 +88,9 @@ def charge(
     return Charge("charged", amount, int(balance))
 
 
-def charge_step(
-    *, tenant_id: str, lineage_key: str, amount: int, block_type: str, run_id: str, step_id: str
-) -> Charge:
-    """`charge` in its own committed transaction: done before a side effect leaves."""
-    return get_database().run(
-        lambda tx: charge(
-            tx,
-            tenant_id=tenant_id,
-            lineage_key=lineage_key,
-            amount=amount,
-            block_type=block_type,
-            run_id=run_id,
-            step_id=step_id,
-        )
-    )
+def charge_step(**of: Unpack[ChargeOf]) -> Charge:
+    """`charge` in its own committed transaction."""
+    return get_database().run(lambda tx: charge(tx, **of))
 
 
 def balance(tx: Tx, tenant_id: str) -> int | None:
@@ -139,24 +122,3 @@ def refund(tx: Tx, *, lineage_key: str, reason: str, step_id: str | None) -> int
         return 0
     tx.scalar(GRANT, tenant_id=row["tenant_id"], amount=int(row["amount"]))
     return int(row["amount"])
-
-
-def charge_gate(ctx: BlockContext, block_type: str, price: int) -> Charge:
-    """The charge gate: charge a step by its lineage key, once and committed, before the side
-    effect leaves; a tenant that can't pay fails the step permanently, nothing sent."""
-    outcome = charge_step(
-        tenant_id=ctx.tenant_id,
-        lineage_key=ctx.idempotency_key,
-        amount=price,
-        block_type=block_type,
-        run_id=ctx.run_id,
-        step_id=ctx.step_id,
-    )
-    if outcome.status == "insufficient":
-        raise BlockFailure(
-            f"tenant {ctx.tenant_id} has {outcome.balance} credits; {block_type} costs {price}",
-            error_class="permanent",
-            outcome_code=OUTCOME_INSUFFICIENT_CREDITS,
-            not_applied=True,
-        )
-    return outcome

@@ -7,13 +7,13 @@ destination host, for blocks that declare the host gate). Every claim is one
 `INSERT … ON CONFLICT … DO UPDATE … RETURNING used` on `throttle_windows`, so racing instances
 never admit more than `max` in a window, and a restart keeps the window it found.
 
-Over a limit, `claim_or_park` raises a transient `THROTTLED` failure with `retry_after` = the
-end of the window and `consumes_attempt=False`: the engine parks the step in
+Over a limit, a claim is refused (`claim_or_refusal`) with a transient `THROTTLED` failure,
+`retry_after` = the end of the window and `consumes_attempt=False`: the engine parks the step in
 `waiting_for_retry` until then without using up one of its attempts, and the step's error says
 which limit and until when ("throttled until T by workflow limit …"). Claims over the limit
 still count (the window ends anyway), which keeps the claim one statement with no
-read-then-write race. Who claims: the step executor's gates (shared/gates/catalog.py), never a
-block.
+read-then-write race. Who claims: the catalog's limit gates (shared/gates/connection_limit.py,
+workflow_limit.py, host_limit.py) run by the step executor, never a block.
 """
 
 from __future__ import annotations
@@ -98,12 +98,18 @@ def throttled(limit: Limit, outcome: ThrottleClaim) -> BlockFailure:
     )
 
 
-def claim_or_park(limit: Limit) -> ThrottleClaim:
-    """Claim a slot in its own committed transaction, or raise the failure that parks the step."""
-    outcome = get_database().run(lambda tx: claim(tx, limit))
-    if not outcome.allowed:
-        raise throttled(limit, outcome)
-    return outcome
+def claim_or_refusal(tx: Tx, limit: Limit) -> BlockFailure | None:
+    """Claim a slot; None when it fits, else the failure that parks the step (the claim
+    counts either way, so it commits with `tx` whatever the answer)."""
+    outcome = claim(tx, limit)
+    return None if outcome.allowed else throttled(limit, outcome)
+
+
+def claim_or_park(limit: Limit) -> None:
+    """`claim_or_refusal` in its own committed transaction, raising the refusal."""
+    refusal = get_database().run(lambda tx: claim_or_refusal(tx, limit))
+    if refusal is not None:
+        raise refusal
 
 
 def delete_expired_windows(tx: Tx) -> int:

@@ -6,8 +6,9 @@
                   ─► classify ─► settle the gates ─► settle + next rows (one txn, fenced)
                   ─► publish step-ready
 
-Gates (rate limits, charge) are declared on the block spec and the workflow and run here, in
-the one order shared/gates/catalog.py documents; no block calls them.
+Gates (rate limits, budget, charge) are declared on the block spec and the workflow; the walk
+over their catalog (shared/steps/gated.py, shared/gates/catalog.py) runs here, on this
+invocation's pool; no block calls them.
 
 Ack/nack: the caller acks (returns normally) for everything this function returns — a step
 that was not claimable, a recorded failure, a lease lost mid-way — and lets a `TransientError`
@@ -33,7 +34,7 @@ from shared.core.crashpoints import crash_point
 from shared.core.db import Database
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
-from shared.gates.catalog import WorkflowGates, run_gated, settle_gates
+from shared.gates.kind import WorkflowGates
 from shared.steps.claim import (
     ClaimedStep,
     Heartbeat,
@@ -43,6 +44,7 @@ from shared.steps.claim import (
     read_run_outputs,
     withdraw_side_effect_mark,
 )
+from shared.steps.gated import run_gated, settle_gates
 from shared.steps.loops import Loop, enclosing_loop, foreach_of, iteration, loop_scope
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
@@ -365,7 +367,7 @@ def _execute(
             node=node,
         )
         outcome: BlockResult | BaseException
-        outcome, passed = run_gated(spec, ctx, block_config, workflow)
+        outcome, passed = run_gated(spec, ctx, block_config, workflow, db=db)
         crash_point("after_side_effect")
         lost = heartbeat.lost.is_set()
     settlement = replace(
@@ -380,7 +382,7 @@ def _execute(
         input=rendered,
     )
     # A lost lease settles nothing here: the attempt that owns the step now decides refunds.
-    settle_gates(ctx, passed, outcome, StepStatus.RUNNING if lost else settlement.status)
+    settle_gates(ctx, passed, outcome, StepStatus.RUNNING if lost else settlement.status, db=db)
     return settlement, lost
 
 

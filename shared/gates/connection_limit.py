@@ -1,0 +1,23 @@
+"""The connection limit: a slot in the step's connection's window (`rate_limit_per_window` per
+`rate_limit_window_seconds` on the connection row, shared/gates/throttle.py). A connection that
+doesn't exist has no window: the gate passes and the port refuses it clearly."""
+
+from __future__ import annotations
+
+from shared.blocks.base import BlockFailure, Gate
+from shared.core.db import Tx
+from shared.gates import throttle
+from shared.gates.kind import Attempt, GateKind
+
+
+def _open(tx: Tx, attempt: Attempt) -> BlockFailure | None:
+    assert attempt.target.connection_id is not None  # `applies` checked it
+    limit = throttle.connection_limit(tx, attempt.target.connection_id)
+    return None if limit is None else throttle.claim_or_refusal(tx, limit)
+
+
+GATE = GateKind(
+    gate=Gate.CONNECTION_LIMIT,
+    applies=lambda attempt: bool(attempt.target.connection_id),
+    open=_open,
+)
