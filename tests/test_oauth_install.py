@@ -106,7 +106,8 @@ def consent(location: str, portal: int, **extra: str) -> str:
     return r.headers["Location"]
 
 
-CONFIRM_CODE = re.compile(r'<code class="confirm">([A-Za-z0-9_-]+)</code>')
+# Hex only: the code is typed as a command-line argument, where a leading "-" reads as an option.
+CONFIRM_CODE = re.compile(r'<code class="confirm">([0-9a-f]{32})</code>')
 
 
 def confirm(ops: str, token: str, code: str, app_id: str = APP_ID) -> httpx.Response:

@@ -274,7 +274,9 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
     if info.app_id is not None and info.app_id != app.app_id:
         raise refused(400, "other_app", "the token HubSpot gave is for another app")
     digest = state_hash(state or "")
-    confirm_code = secrets.token_urlsafe(16)
+    # Hex, not urlsafe: a person passes it to `onceflow confirm-install`, where a code that
+    # starts with "-" (1 in 64 urlsafe codes) would be read as an option.
+    confirm_code = secrets.token_hex(16)
     with db.transaction() as tx:
         owner = tx.one(
             PORTAL_OWNER, provider=app.provider, app_id=app.app_id, account_id=info.hub_id
