@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -85,7 +86,7 @@ def _seconds(*, positive: bool = False) -> Parse:
             value = float(raw)
         except ValueError:
             value = -1.0
-        if value < 0 or (positive and value == 0) or value != value:  # NaN
+        if value < 0 or (positive and value == 0) or math.isnan(value):
             bound = "above 0" if positive else "at least 0"
             raise SettingError(f"{name} must be a number of seconds {bound}, not {raw!r}")
         return value
@@ -180,7 +181,7 @@ class Settings:
         "DB_POOL_SIZE",
         2,
         "Connections per instance (at least 1; `infra/` and the local stack set the function's"
-        " request concurrency + 1); `infra/` checks instances × pool stays under the server's"
+        " request concurrency + 1); `infra/` checks instances x pool stays under the server's"
         " limit. Every request takes one connection at a time, never two (the pool refuses a"
         " thread's second checkout: hold-and-wait would deadlock it), so any size is safe; a"
         " size below the process's concurrent requests only makes them queue for up to 30 s.",
@@ -481,6 +482,10 @@ class Settings:
             if raw:  # unset and empty alike leave the default
                 values[f.name] = spec.parse(spec.env, raw)
         return cls(**values)
+
+
+# The defaults, for the modules whose own config objects start from them.
+DEFAULTS = Settings()
 
 
 def described() -> list[tuple[str, Setting, Any]]:
