@@ -27,17 +27,18 @@ TEMPLATE = "onceflow_template"
 @pytest.fixture(autouse=True)
 def _settings_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """The process's settings are parsed once (`shared.core.settings.settings`, cached): each
-    test starts from the environment as it is, and a `monkeypatch.setenv`/`delenv` in a test or
-    fixture clears the cache, so the next `settings()` reads the changed environment."""
+    test starts from the environment as it is, and every MonkeyPatch's `setenv`, `delenv` and
+    `undo` (the `monkeypatch` fixture's and `MonkeyPatch.context()`'s alike) clears the cache,
+    so the next `settings()` reads the changed environment."""
     settings.cache_clear()
-    for name in ("setenv", "delenv"):
-        change = getattr(monkeypatch, name)
+    for name in ("setenv", "delenv", "undo"):
+        change = getattr(pytest.MonkeyPatch, name)
 
-        def change_and_forget(*args: Any, _change: Any = change, **kwargs: Any) -> None:
-            _change(*args, **kwargs)
+        def change_and_forget(self: Any, *args: Any, _change: Any = change, **kwargs: Any) -> None:
+            _change(self, *args, **kwargs)
             settings.cache_clear()
 
-        monkeypatch.setattr(monkeypatch, name, change_and_forget)
+        monkeypatch.setattr(pytest.MonkeyPatch, name, change_and_forget)
 
 
 @pytest.fixture(scope="session")
