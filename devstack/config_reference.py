@@ -130,9 +130,9 @@ def table(root: Path = ROOT) -> str:
         "|---|---|---|---|",
     ]
     for name, spec, default in settings_module.described():
+        meaning = f"{spec.description} {spec.form.says}".strip()
         rows.append(
-            f"| `{spec.env}` | {_default(default)} | {_readers_cell(read_by[name])} |"
-            f" {spec.description} |"
+            f"| `{spec.env}` | {_default(default)} | {_readers_cell(read_by[name])} | {meaning} |"
         )
     for doc in settings_module.NAMED_SECRETS:
         rows.append(f"| {doc.variable} | {doc.default} | (named by a row) | {doc.description} |")

@@ -48,24 +48,29 @@ class SettingError(PermanentError, ValueError):
     """An environment variable holds a value onceflow can't use; the message names it."""
 
 
-Parse = Callable[[str, str], Any]  # (variable name, raw non-empty value) -> value
+@dataclass(frozen=True)
+class Form:
+    """How a variable's text becomes its value (`parse(name, raw)`, raw never empty), and what
+    the README says it accepts."""
+
+    says: str
+    parse: Callable[[str, str], Any]
 
 
 @dataclass(frozen=True)
 class Setting:
-    """What the README says about one field: its variable and what it does."""
+    """What the README says about one field: its variable, what it does, what it accepts."""
 
     env: str
     description: str
-    parse: Parse
+    form: Form
     secret: bool = False
 
 
-def _text(name: str, raw: str) -> str:
-    return raw
+TEXT = Form("", lambda name, raw: raw)
 
 
-def _whole(minimum: int, unit: str = "") -> Parse:
+def _whole(minimum: int, unit: str = "") -> Form:
     what = f"a whole number of at least {minimum}{f' ({unit})' if unit else ''}"
 
     def parse(name: str, raw: str) -> int:
@@ -77,21 +82,22 @@ def _whole(minimum: int, unit: str = "") -> Parse:
             raise SettingError(f"{name} must be {what}, not {raw!r}")
         return value
 
-    return parse
+    return Form(f"A whole number ≥ {minimum}.", parse)
 
 
-def _seconds(*, positive: bool = False) -> Parse:
+def _seconds(*, positive: bool = False) -> Form:
+    bound = "above 0" if positive else "at least 0"
+
     def parse(name: str, raw: str) -> float:
         try:
             value = float(raw)
         except ValueError:
             value = -1.0
         if value < 0 or (positive and value == 0) or math.isnan(value):
-            bound = "above 0" if positive else "at least 0"
             raise SettingError(f"{name} must be a number of seconds {bound}, not {raw!r}")
         return value
 
-    return parse
+    return Form(f"Seconds, {bound}.", parse)
 
 
 def _flag(name: str, raw: str) -> bool:
@@ -102,6 +108,7 @@ def _flag(name: str, raw: str) -> bool:
     return raw == "1"
 
 
+FLAG = Form("`1` or `0`.", _flag)
 _OFF = ("off", "0", "false", "no")
 _ON = ("thread", "on", "1", "true", "yes")
 
@@ -114,17 +121,30 @@ def _switch(name: str, raw: str) -> bool:
     raise SettingError(f"{name} must be one of {', '.join(_ON + _OFF)}, not {raw!r}")
 
 
+SWITCH = Form(
+    f"On: {', '.join(f'`{w}`' for w in _ON)}; off: {', '.join(f'`{w}`' for w in _OFF)}.", _switch
+)
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
 def _log_level(name: str, raw: str) -> str:
     level = raw.upper()
     if level not in logging.getLevelNamesMapping():
-        raise SettingError(f"{name} must be a logging level (DEBUG, INFO, WARNING…), not {raw!r}")
+        raise SettingError(f"{name} must be a logging level ({', '.join(_LEVELS)}), not {raw!r}")
     return level
 
 
+LOG_LEVEL = Form(f"{', '.join(f'`{n}`' for n in _LEVELS)} (any case).", _log_level)
+_IP_TYPES = ("private", "public", "psc")
+
+
 def _ip_type(name: str, raw: str) -> str:
-    if raw.lower() not in ("private", "public", "psc"):
+    if raw.lower() not in _IP_TYPES:
         raise SettingError(f"{name} must be private, public or psc, not {raw!r}")
     return raw.lower()
+
+
+IP_TYPE = Form("`private`, `public` or `psc`.", _ip_type)
 
 
 def _absolute_url(name: str, raw: str) -> str:
@@ -133,13 +153,16 @@ def _absolute_url(name: str, raw: str) -> str:
     return raw
 
 
+ABSOLUTE_URL = Form("An absolute `http(s)://` URL.", _absolute_url)
+
+
 def _setting(
-    env: str, default: Any, description: str, parse: Parse = _text, *, secret: bool = False
+    env: str, default: Any, description: str, form: Form = TEXT, *, secret: bool = False
 ) -> Any:
     return field(
         default=default,
         repr=not secret,
-        metadata={"setting": Setting(env, description, parse, secret)},
+        metadata={"setting": Setting(env, description, form, secret)},
     )
 
 
@@ -175,13 +198,13 @@ class Settings:
         " Cloud SQL only; required with `INSTANCE_CONNECTION_NAME`.",
     )
     db_name: str = _setting("DB_NAME", "onceflow", "Database name. Cloud SQL only.")
-    db_ip_type: str = _setting("DB_IP_TYPE", "private", "Cloud SQL IP type.", _ip_type)
+    db_ip_type: str = _setting("DB_IP_TYPE", "private", "Cloud SQL IP type.", IP_TYPE)
     # shared.core.db.pool_size_for(1); tests/test_settings.py holds the two equal.
     db_pool_size: int = _setting(
         "DB_POOL_SIZE",
         2,
-        "Connections per instance (at least 1; `infra/` and the local stack set the function's"
-        " request concurrency + 1); `infra/` checks instances x pool stays under the server's"
+        "Connections per instance (`infra/` and the local stack set the function's request"
+        " concurrency + 1); `infra/` checks instances x pool stays under the server's"
         " limit. Every request takes one connection at a time, never two (the pool refuses a"
         " thread's second checkout: hold-and-wait would deadlock it), so any size is safe; a"
         " size below the process's concurrent requests only makes them queue for up to 30 s.",
@@ -228,7 +251,7 @@ class Settings:
         "The region of the Cloud Scheduler jobs, for the ops health report (with"
         " `GOOGLE_CLOUD_PROJECT`); unset, the report says the schedule can't be read.",
     )
-    log_level: str = _setting("LOG_LEVEL", "INFO", "Level of the JSON logs.", _log_level)
+    log_level: str = _setting("LOG_LEVEL", "INFO", "Level of the JSON logs.", LOG_LEVEL)
 
     # --- the webhook and the fast path ---------------------------------------------------
     public_base_url: str | None = _setting(
@@ -237,7 +260,7 @@ class Settings:
         "The public URL prefix of the webhook function (e.g."
         " `https://hooks.example.com/webhook`), used to rebuild the URI HubSpot signed. Without"
         " it, `X-Forwarded-Proto` and `Host` are used.",
-        _absolute_url,
+        ABSOLUTE_URL,
     )
     webhook_max_body_bytes: int = _setting(
         "WEBHOOK_MAX_BODY_BYTES",
@@ -249,9 +272,9 @@ class Settings:
     webhook_nudge: bool = _setting(
         "WEBHOOK_NUDGE",
         True,
-        "`thread` (the default, or `on`) runs a drain+publish pass after each stored webhook;"
-        " `off` leaves that to the schedule.",
-        _switch,
+        "On, a drain+publish pass runs in a thread after each stored webhook (the fast path);"
+        " off leaves that to the schedule.",
+        SWITCH,
     )
     nudge_budget_seconds: float = _setting(
         "NUDGE_BUDGET_SECONDS", 5.0, "Time budget of one fast-path pass.", _seconds()
@@ -295,7 +318,7 @@ class Settings:
         False,
         "Test-only: `1`, with `ONCEFLOW_CRASH_POINTS`, arms the crash points. Never set in"
         " `infra/`.",
-        _flag,
+        FLAG,
     )
     crash_points: str = _setting(
         "ONCEFLOW_CRASH_POINTS",
@@ -437,7 +460,7 @@ class Settings:
         False,
         "`1` lets the `http.request` block and the circuit breaker's `notify_url` call"
         " 127.0.0.1 (local stack and tests only; never set in `infra/`).",
-        _flag,
+        FLAG,
     )
 
     # --- the `onceflow` command ----------------------------------------------------------
@@ -480,7 +503,7 @@ class Settings:
             spec: Setting = f.metadata["setting"]
             raw = env.get(spec.env, "")
             if raw:  # unset and empty alike leave the default
-                values[f.name] = spec.parse(spec.env, raw)
+                values[f.name] = spec.form.parse(spec.env, raw)
         return cls(**values)
 
 
