@@ -17,8 +17,9 @@ The environment is read only here: tests/test_settings.py fails when another mod
 
 Tests: `settings.cache_clear()` forgets the parsed object, so the next `settings()` reads the
 environment again. tests/conftest.py does it at the start of every test and after every
-`monkeypatch.setenv`/`delenv`, so a test sets a variable the ordinary way; a subprocess (a
-crash test's functions-framework process) reads the environment it was started with.
+MonkeyPatch `setenv`, `delenv` and `undo`, so a test sets a variable the ordinary way; a
+subprocess (a crash test's functions-framework process) reads the environment it was started
+with.
 `Settings.from_env(mapping)` parses a given mapping instead (the `from_env(env)` helpers of
 `SweepConfig`, `SessionLimits` and friends take one).
 
@@ -531,8 +532,8 @@ def settings_from(env: Mapping[str, str] | None) -> Settings:
 def named_secret(name: str) -> str | None:
     """The value of a variable whose name a row holds (a connection's webhook secret, an app's
     client secret, a grant's key, a tenant's signing key), read now; None when unset or empty.
-    Never cached: the names are data, and a secret added to a running instance's environment
-    by a test (or by a new revision) is read at its next use."""
+    Never cached: the names are data, not a list this module could parse up front, and a test
+    that sets one in its process has it read at the next use."""
     return os.environ.get(name) or None
 
 
