@@ -165,3 +165,16 @@ def test_the_settings_module_imports_nothing_of_onceflow_but_the_errors() -> Non
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("shared")
     }
     assert imported == {"shared.core.errors"}
+
+
+def test_a_named_secret_is_read_at_each_use_and_empty_is_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from shared.core.settings import named_secret
+
+    monkeypatch.delenv("SETTINGS_TEST_SECRET", raising=False)
+    assert named_secret("SETTINGS_TEST_SECRET") is None
+    monkeypatch.setitem(os.environ, "SETTINGS_TEST_SECRET", "one")  # no cache to clear
+    assert named_secret("SETTINGS_TEST_SECRET") == "one"
+    monkeypatch.setitem(os.environ, "SETTINGS_TEST_SECRET", "")
+    assert named_secret("SETTINGS_TEST_SECRET") is None
