@@ -22,7 +22,7 @@ venv: .venv/.installed ## Create .venv and install every dependency (quick when 
 
 .PHONY: help venv browser test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
         bench-ingest bench-admit bench-steps bench-latency bench-e2e bench-poll bench-concurrency \
-        bench-retention
+        bench-retention config-reference
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -68,6 +68,9 @@ migrate: .venv/.installed ## Apply pending migrations to DATABASE_URL (or the lo
 
 schema: .venv/.installed ## Export the workflow JSON Schema to schema/workflow.schema.json
 	$(PY) -m shared.ops.cli schema --out schema/workflow.schema.json
+
+config-reference: .venv/.installed ## Write the README's configuration reference from shared/core/settings.py
+	$(PY) -m devstack.config_reference
 
 floorplan: .venv/.installed ## The floor plan of shared/: loose modules, largest file, long functions, import circles, upward arrows
 	$(PY) -m devstack.floorplan

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import functions_framework
@@ -14,6 +13,7 @@ import functions_framework
 from shared.core.db import get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled, traced
+from shared.core.settings import settings
 from shared.ingest.inbox import drain_inbox as drain
 
 log = get_logger(__name__)
@@ -21,7 +21,7 @@ log = get_logger(__name__)
 
 @functions_framework.http
 def drain_inbox(request: Any) -> tuple[str, int, dict[str, str]]:
-    budget = float(os.environ.get("DRAIN_BUDGET_SECONDS", "50"))
+    budget = settings().drain_budget_seconds
     with traced(request.headers), labelled(function="drain_inbox"):
         try:
             report = drain(get_database(), budget_seconds=budget)

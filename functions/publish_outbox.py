@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import functions_framework
@@ -14,6 +13,7 @@ import functions_framework
 from shared.core.db import get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled, traced
+from shared.core.settings import settings
 from shared.ingest.outbox import publish_outbox as publish
 
 log = get_logger(__name__)
@@ -21,7 +21,7 @@ log = get_logger(__name__)
 
 @functions_framework.http
 def publish_outbox(request: Any) -> tuple[str, int, dict[str, str]]:
-    budget = float(os.environ.get("PUBLISH_BUDGET_SECONDS", "50"))
+    budget = settings().publish_budget_seconds
     with traced(request.headers), labelled(function="publish_outbox"):
         try:
             report = publish(get_database(), budget_seconds=budget)

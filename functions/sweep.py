@@ -6,19 +6,19 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import functions_framework
 
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
+from shared.core.settings import settings
 from shared.sweep.loop import run_sweep
 
 
 @functions_framework.http
 def sweep(request: Any) -> tuple[str, int, dict[str, str]]:
-    budget = float(os.environ.get("SWEEP_BUDGET_SECONDS", "50"))
+    budget = settings().sweep_budget_seconds
     with traced(request.headers), labelled(function="sweep"):
         report = run_sweep(get_database(), budget_seconds=budget)
     return json.dumps(report.as_dict(), default=str), 200, {"Content-Type": "application/json"}

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pg8000.dbapi
 import pytest
@@ -15,11 +16,29 @@ import pytest
 from devstack import postgres
 from shared.core import db as dbmod
 from shared.core.db import Database, connector_from_env
+from shared.core.settings import settings
 
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "onceflow_template"
+
+
+@pytest.fixture(autouse=True)
+def _settings_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's settings are parsed once (`shared.core.settings.settings`, cached): each
+    test starts from the environment as it is, and every MonkeyPatch's `setenv`, `delenv` and
+    `undo` (the `monkeypatch` fixture's and `MonkeyPatch.context()`'s alike) clears the cache,
+    so the next `settings()` reads the changed environment."""
+    settings.cache_clear()
+    for name in ("setenv", "delenv", "undo"):
+        change = getattr(pytest.MonkeyPatch, name)
+
+        def change_and_forget(self: Any, *args: Any, _change: Any = change, **kwargs: Any) -> None:
+            _change(self, *args, **kwargs)
+            settings.cache_clear()
+
+        monkeypatch.setattr(pytest.MonkeyPatch, name, change_and_forget)
 
 
 @pytest.fixture(scope="session")

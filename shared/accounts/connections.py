@@ -1,9 +1,10 @@
 """Connections: a tenant's link to one CRM provider account.
 
 A connection row names *where* its secrets come from — the environment variable that Secret
-Manager fills in the cloud — never the secret itself. The secret is read from `os.environ` at
-the moment it is needed, so rotating it is a redeploy with a new secret version, not a data
-migration, and a database dump never holds a usable credential.
+Manager fills in the cloud — never the secret itself. The secret is read from the environment
+(`shared.core.settings.named_secret`) at the moment it is needed, so rotating it is a redeploy
+with a new secret version, not a data migration, and a database dump never holds a usable
+credential.
 
 Watched fields (what shadow records track, and so which property changes can fire or resume a
 wait) are what the active versions of the tenant's workflows listen to — their property-change
@@ -17,7 +18,6 @@ its object type (`"*"`).
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +25,7 @@ from typing import Any
 
 from shared.core import queries
 from shared.core.db import Tx
+from shared.core.settings import named_secret
 from shared.workflows import listening
 from shared.workflows.listening import ALL_FIELDS
 
@@ -80,7 +81,7 @@ class Connection:
 
     def webhook_secret(self) -> str:
         """The webhook secret, read from the environment now (never stored, never logged)."""
-        value = os.environ.get(self.webhook_secret_env)
+        value = named_secret(self.webhook_secret_env)
         if not value:
             raise SecretUnavailable(f"environment variable {self.webhook_secret_env} is not set")
         return value

@@ -41,7 +41,6 @@ codes and tokens never appear in a message, a log line or the audit.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
+from shared.core.settings import settings
 from shared.port import hubspot_oauth
 from shared.port.interface import PortError
 
@@ -139,7 +139,7 @@ def state_hash(state: str) -> bytes:
 def configured_redirect_url() -> str:
     """`$ONCEFLOW_OAUTH_REDIRECT_URL`, checked: an install started without it (or with a URL the
     webhook function does not serve the callback at) would send HubSpot's redirect nowhere."""
-    url = os.environ.get(REDIRECT_URL_ENV, "").strip()
+    url = (settings().oauth_redirect_url or "").strip()
     if not url:
         raise InstallRefused(
             409,

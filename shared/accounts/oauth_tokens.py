@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from shared.core import queries
 from shared.core.db import Database, Tx
+from shared.core.settings import named_secret
 
 SQL = queries.load("oauth_tokens")
 GET = SQL["oauth_tokens_get"]
@@ -78,7 +79,7 @@ Refresher = Callable[[str], Grant]  # refresh token in, new grant out; raises Re
 
 
 def key_from_env(kek_env: str) -> bytes:
-    value = os.environ.get(kek_env)
+    value = named_secret(kek_env)
     if not value:
         raise TokenKeyUnavailable(f"environment variable {kek_env} is not set")
     try:

@@ -21,7 +21,6 @@ declares one Secret Manager secret per app and secret and hands it to the functi
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +28,7 @@ from typing import Any, Literal
 from shared.core import queries
 from shared.core.db import Tx
 from shared.core.deployables import OAUTH_CLIENT_USERS
+from shared.core.settings import named_secret
 from shared.normalize import NormalizedEvent
 
 SQL = queries.load("provider_apps")
@@ -112,7 +112,7 @@ class ProviderApp:
 
 
 def _secret(env: str) -> str:
-    value = os.environ.get(env)
+    value = named_secret(env)
     if not value:
         raise SecretUnavailable(f"environment variable {env} is not set")
     return value

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -51,6 +50,7 @@ from shared.core.netguard import (
     parse_destination,
     static_refusal,
 )
+from shared.core.settings import named_secret
 from shared.workflows.expressions import TEMPLATE
 
 SQL = queries.load("signing")
@@ -124,7 +124,7 @@ def _signing_secret(tenant_id: str) -> str | None:
         env_name = tx.scalar(SIGNING_SECRET_ENV, tenant_id=tenant_id)
     if not env_name:
         return None
-    secret = os.environ.get(str(env_name))
+    secret = named_secret(str(env_name))
     if not secret:
         raise _invalid(
             f"tenant {tenant_id}'s signing secret variable {env_name} is not set",

@@ -14,6 +14,8 @@ import sys
 import threading
 from collections.abc import Mapping
 
+from shared.core.settings import settings_from
+
 CRASH_POINTS = (
     "after_claim",  # the step is running under a lease; nothing executed yet
     "after_side_effect_mark",  # side_effect_started_at committed; the call hasn't left
@@ -34,11 +36,11 @@ _lock = threading.Lock()
 
 def armed_points(env: Mapping[str, str] | None = None) -> dict[str, int]:
     """{point: the hit number that kills}; empty unless explicitly enabled."""
-    env = os.environ if env is None else env
-    if env.get("ONCEFLOW_ENABLE_CRASH_POINTS") != "1":
+    s = settings_from(env)
+    if not s.enable_crash_points:
         return {}
     armed: dict[str, int] = {}
-    for raw in env.get("ONCEFLOW_CRASH_POINTS", "").split(","):
+    for raw in s.crash_points.split(","):
         item = raw.strip()
         if not item:
             continue

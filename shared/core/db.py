@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import queue
 import socket
 import struct
@@ -41,6 +40,7 @@ from shared.core.errors import (
     classify_sqlstate,
 )
 from shared.core.queries import Query
+from shared.core.settings import DEFAULTS, Settings, settings, settings_from
 
 T = TypeVar("T")
 Row = dict[str, Any]
@@ -78,33 +78,17 @@ class SessionLimits:
     retries or Pub/Sub redelivers. 0 turns a limit off. Read once per pool from
     `DB_STATEMENT_TIMEOUT_MS`, `DB_LOCK_TIMEOUT_MS` and `DB_IDLE_IN_TRANSACTION_TIMEOUT_MS`."""
 
-    statement_timeout_ms: int = 30_000
-    lock_timeout_ms: int = 10_000
-    idle_in_transaction_timeout_ms: int = 60_000
+    statement_timeout_ms: int = DEFAULTS.db_statement_timeout_ms
+    lock_timeout_ms: int = DEFAULTS.db_lock_timeout_ms
+    idle_in_transaction_timeout_ms: int = DEFAULTS.db_idle_in_transaction_timeout_ms
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SessionLimits:
-        env = os.environ if env is None else env
-        d = cls()
-
-        def read(name: str, default: int) -> int:
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                value = int(raw)
-            except ValueError:
-                value = -1
-            if value < 0:
-                raise PermanentError(f"{name} must be a whole number of milliseconds, not {raw!r}")
-            return value
-
+        s = settings_from(env)
         return cls(
-            statement_timeout_ms=read("DB_STATEMENT_TIMEOUT_MS", d.statement_timeout_ms),
-            lock_timeout_ms=read("DB_LOCK_TIMEOUT_MS", d.lock_timeout_ms),
-            idle_in_transaction_timeout_ms=read(
-                "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", d.idle_in_transaction_timeout_ms
-            ),
+            statement_timeout_ms=s.db_statement_timeout_ms,
+            lock_timeout_ms=s.db_lock_timeout_ms,
+            idle_in_transaction_timeout_ms=s.db_idle_in_transaction_timeout_ms,
         )
 
     def statement(self) -> str:
@@ -611,18 +595,17 @@ def _close_quietly(conn: Connection) -> None:
 
 def connect_kwargs_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """pg8000 keyword arguments from DATABASE_URL, falling back to the libpq PG* variables."""
-    env = os.environ if env is None else env
-    url = env.get("DATABASE_URL")
-    if url:
-        return parse_database_url(url)
+    s = settings_from(env)
+    if s.database_url:
+        return parse_database_url(s.database_url)
     kwargs: dict[str, Any] = {
-        "user": env.get("PGUSER", "postgres"),
-        "database": env.get("PGDATABASE", "onceflow"),
-        "host": env.get("PGHOST", "127.0.0.1"),
-        "port": int(env.get("PGPORT", "5432")),
+        "user": s.pg_user,
+        "database": s.pg_database,
+        "host": s.pg_host,
+        "port": s.pg_port,
     }
-    if env.get("PGPASSWORD"):
-        kwargs["password"] = env["PGPASSWORD"]
+    if s.pg_password:
+        kwargs["password"] = s.pg_password
     return kwargs
 
 
@@ -655,7 +638,7 @@ _cloud_connector: Any = None
 _cloud_connector_lock = threading.Lock()
 
 
-def _connect_cloud_sql(instance: str, env: Mapping[str, str]) -> Connection:
+def _connect_cloud_sql(instance: str, s: Settings) -> Connection:
     """A connection through the Cloud SQL connector (IAM auth, private IP, lazy refresh)."""
     global _cloud_connector  # noqa: PLW0603 - one connector per instance, created on first use
     with _cloud_connector_lock:
@@ -666,25 +649,25 @@ def _connect_cloud_sql(instance: str, env: Mapping[str, str]) -> Connection:
     conn: Connection = _cloud_connector.connect(
         instance,
         "pg8000",
-        user=env["DB_IAM_USER"],
-        db=env.get("DB_NAME", "onceflow"),
+        user=s.db_iam_user,
+        db=s.db_name,
         enable_iam_auth=True,
-        ip_type=env.get("DB_IP_TYPE", "private"),
+        ip_type=s.db_ip_type,
     )
     _tune_socket(conn)
     return conn
 
 
 def connector_from_env(env: Mapping[str, str] | None = None) -> Callable[[], Connection]:
-    env = dict(os.environ if env is None else env)
-    instance = env.get("INSTANCE_CONNECTION_NAME")
+    s = settings_from(env)
+    instance = s.instance_connection_name
     if instance:
-        return lambda: _connect_cloud_sql(instance, env)
+        return lambda: _connect_cloud_sql(instance, s)
     kwargs = connect_kwargs_from_env(env)
     # pg8000's `timeout` is the socket's, for every read, not only the connect: a statement
     # still legitimately running when it fires breaks the connection. It must outlast the
     # server-side statement_timeout, which ends a long statement cleanly (57014) first.
-    limit_ms = SessionLimits.from_env(env).statement_timeout_ms
+    limit_ms = s.db_statement_timeout_ms
     socket_timeout = max(10.0, limit_ms / 1000 + 5) if limit_ms else 300.0
 
     def connect() -> Connection:
@@ -719,8 +702,7 @@ def get_database() -> Database:
     global _database  # noqa: PLW0603 - reused across invocations of a warm instance
     with _database_lock:
         if _database is None:
-            size = int(os.environ.get("DB_POOL_SIZE", str(DEFAULT_POOL_SIZE)))
-            _database = Database(connector_from_env(), pool_size=size)
+            _database = Database(connector_from_env(), pool_size=settings().db_pool_size)
         return _database
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 from shared.core import queries
 from shared.core.db import Database
 from shared.core.logs import get_logger
+from shared.core.settings import DEFAULTS, settings_from
 
 Dispatch = Callable[[Sequence[str]], None]
 log = get_logger(__name__)
@@ -36,78 +36,46 @@ log = get_logger(__name__)
 
 @dataclass(frozen=True)
 class SweepConfig:
-    batch: int = 500
+    batch: int = DEFAULTS.sweep_batch
     # Pub/Sub delivers in milliseconds; two minutes without a claim means the message is lost
     # (or stuck in nack backoff, where a duplicate is harmless: the claim is conditional).
-    redispatch_after_seconds: float = 120.0
+    redispatch_after_seconds: float = DEFAULTS.redispatch_after_seconds
     # A published trigger event without an admission decision this long after its publish is
     # published again; after this many re-publishes it is given up as undelivered. With the
     # defaults every published event is decided, or explained, within about
     # (redeliveries + 1) * after + the publisher's cadence ≈ 12 minutes.
-    redeliver_events_after_seconds: float = 120.0
-    max_event_redeliveries: int = 5
-    poll_seconds: float = 2.0
+    redeliver_events_after_seconds: float = DEFAULTS.redeliver_events_after_seconds
+    max_event_redeliveries: int = DEFAULTS.max_event_redeliveries
+    poll_seconds: float = DEFAULTS.sweep_poll_seconds
     # The per-attempt lease history of a finished run is kept this long (its run longer).
-    lease_history_days: int = 30
+    lease_history_days: int = DEFAULTS.lease_history_days
     # Pre-admission drops (shared/ingest/drops.py) hold changed property values: kept this long.
-    drop_retention_days: int = 14
+    drop_retention_days: int = DEFAULTS.drop_retention_days
     # Retention (shared/sweep/retention.py): days kept after a run finished, an event was decided,
     # an inbox row was processed, a rehearsal finished; runs per deletion batch.
-    run_retention_days: int = 90
-    decision_retention_days: int = 90
-    inbox_retention_days: int = 30
-    rehearsal_retention_days: int = 7
-    retention_batch: int = 500
+    run_retention_days: int = DEFAULTS.run_retention_days
+    decision_retention_days: int = DEFAULTS.decision_retention_days
+    inbox_retention_days: int = DEFAULTS.inbox_retention_days
+    rehearsal_retention_days: int = DEFAULTS.rehearsal_retention_days
+    retention_batch: int = DEFAULTS.retention_batch
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> SweepConfig:
-        env = os.environ if env is None else env
-        d = cls()
+        s = settings_from(env)
         return cls(
-            batch=int(env.get("ONCEFLOW_SWEEP_BATCH", d.batch)),
-            redispatch_after_seconds=float(
-                env.get("ONCEFLOW_REDISPATCH_AFTER_SECONDS", d.redispatch_after_seconds)
-            ),
-            redeliver_events_after_seconds=float(
-                env.get("ONCEFLOW_REDELIVER_EVENTS_AFTER_SECONDS", d.redeliver_events_after_seconds)
-            ),
-            max_event_redeliveries=_positive_int(
-                env, "ONCEFLOW_MAX_EVENT_REDELIVERIES", d.max_event_redeliveries
-            ),
-            poll_seconds=float(env.get("ONCEFLOW_SWEEP_POLL_SECONDS", d.poll_seconds)),
-            lease_history_days=_positive_int(
-                env, "ONCEFLOW_LEASE_HISTORY_DAYS", d.lease_history_days
-            ),
-            drop_retention_days=_positive_int(
-                env, "ONCEFLOW_DROP_RETENTION_DAYS", d.drop_retention_days
-            ),
-            run_retention_days=_positive_int(
-                env, "ONCEFLOW_RUN_RETENTION_DAYS", d.run_retention_days
-            ),
-            decision_retention_days=_positive_int(
-                env, "ONCEFLOW_DECISION_RETENTION_DAYS", d.decision_retention_days
-            ),
-            inbox_retention_days=_positive_int(
-                env, "ONCEFLOW_INBOX_RETENTION_DAYS", d.inbox_retention_days
-            ),
-            rehearsal_retention_days=_positive_int(
-                env, "ONCEFLOW_REHEARSAL_RETENTION_DAYS", d.rehearsal_retention_days
-            ),
-            retention_batch=_positive_int(env, "ONCEFLOW_RETENTION_BATCH", d.retention_batch),
+            batch=s.sweep_batch,
+            redispatch_after_seconds=s.redispatch_after_seconds,
+            redeliver_events_after_seconds=s.redeliver_events_after_seconds,
+            max_event_redeliveries=s.max_event_redeliveries,
+            poll_seconds=s.sweep_poll_seconds,
+            lease_history_days=s.lease_history_days,
+            drop_retention_days=s.drop_retention_days,
+            run_retention_days=s.run_retention_days,
+            decision_retention_days=s.decision_retention_days,
+            inbox_retention_days=s.inbox_retention_days,
+            rehearsal_retention_days=s.rehearsal_retention_days,
+            retention_batch=s.retention_batch,
         )
-
-
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{name} must be a whole number of at least 1, not {raw!r}")
-    return value
 
 
 @dataclass(frozen=True)

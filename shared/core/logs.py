@@ -17,13 +17,14 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+
+from shared.core.settings import settings
 
 LABEL_KEYS = ("event_id", "run_id", "step_id", "tenant", "connection_id", "inbox_id", "function")
 _labels: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar(
@@ -106,7 +107,7 @@ def configure() -> None:
     handler.setFormatter(CloudLoggingFormatter())
     root = logging.getLogger()
     root.handlers = [handler]
-    root.setLevel(os.environ.get("LOG_LEVEL", "INFO"))
+    root.setLevel(settings().log_level)
     # httpx logs every request URL at INFO, and HubSpot's developer API key travels in the
     # query string (`hapikey`): a secret must never reach the logs.
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -154,7 +155,7 @@ def labelled(**labels: Any) -> Iterator[None]:
 
 def trace_from_headers(headers: Mapping[str, str], project: str | None = None) -> str | None:
     """The Cloud Logging trace name from `X-Cloud-Trace-Context` or W3C `traceparent`."""
-    project = project or os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCP_PROJECT")
+    project = project or settings().project
     trace_id: str | None = None
     cloud = headers.get("X-Cloud-Trace-Context") or headers.get("x-cloud-trace-context")
     if cloud:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import os
 import socket
 import ssl
 from collections.abc import Callable, Iterable, Sequence
@@ -26,6 +25,8 @@ from dataclasses import dataclass, field
 
 import httpcore
 import httpx
+
+from shared.core.settings import settings
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # (address, port) pairs, already numeric. Tests swap in a resolver that maps a name to a
@@ -191,8 +192,9 @@ class NetPolicy:
 
     @classmethod
     def from_env(cls, resolver: Resolver | None = None) -> NetPolicy:
-        allow = os.environ.get(ALLOW_LOOPBACK_ENV, "") == "1"
-        return cls(allow_loopback=allow, resolver=resolver or system_resolver)
+        return cls(
+            allow_loopback=settings().http_allow_loopback, resolver=resolver or system_resolver
+        )
 
     def pinned(self, host: str, addresses: Sequence[IPAddress]) -> NetPolicy:
         """This policy with `host` answering only `addresses` (already checked) and every other

@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.core.errors import PermanentError, TransientError
+from shared.core.settings import settings
 
 TRIGGER_EVENTS = "trigger-events"
 STEP_READY = "step-ready"
@@ -29,7 +29,7 @@ class Publisher:
     """A thin wrapper over google-cloud-pubsub's PublisherClient, created on first use."""
 
     def __init__(self, project: str | None = None) -> None:
-        self.project = project or os.environ.get("GOOGLE_CLOUD_PROJECT", "onceflow-local")
+        self.project = project or settings().google_cloud_project or "onceflow-local"
         self._client: Any = None
         self._lock = threading.Lock()
 

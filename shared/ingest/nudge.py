@@ -15,10 +15,10 @@ the thread can stall until the next request; with "CPU always allocated" it runs
 
 from __future__ import annotations
 
-import os
 import threading
 
 from shared.core.logs import get_logger
+from shared.core.settings import settings
 
 log = get_logger(__name__)
 _lock = threading.Lock()
@@ -29,7 +29,7 @@ _idle.set()
 
 
 def enabled() -> bool:
-    return os.environ.get("WEBHOOK_NUDGE", "thread").lower() not in ("off", "0", "false", "no")
+    return settings().webhook_nudge
 
 
 def nudge() -> bool:
@@ -72,7 +72,7 @@ def _one_pass() -> None:
     from shared.core.db import get_database
     from shared.ingest import inbox, outbox
 
-    budget = float(os.environ.get("NUDGE_BUDGET_SECONDS", "5"))
+    budget = settings().nudge_budget_seconds
     db = get_database()
     drained = inbox.drain_inbox(db, budget_seconds=budget, until_empty=True)
     if drained.events:

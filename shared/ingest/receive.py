@@ -30,7 +30,6 @@ the request's, and the host is the `Host` header (Cloud Run passes the public ho
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,9 +40,9 @@ from shared.core import request_body
 from shared.core.db import Database, Tx, get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled
+from shared.core.settings import settings
 from shared.ingest import drops, inbox, signatures, webhook_trigger
 
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 # Headers worth keeping with the body: what a normalizer or a person needs later. Never the
 # Authorization header (Pipedrive's Basic credentials) and no signatures.
 KEPT_HEADERS = (
@@ -57,7 +56,7 @@ log = get_logger(__name__)
 
 
 def max_body_bytes() -> int:
-    return int(os.environ.get("WEBHOOK_MAX_BODY_BYTES", str(DEFAULT_MAX_BODY_BYTES)))
+    return settings().webhook_max_body_bytes
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 def public_uri(request: WebhookRequest) -> str:
     """The URI the provider called (see the module docstring for the rules)."""
     suffix = request.path + (f"?{request.query_string}" if request.query_string else "")
-    base = os.environ.get("PUBLIC_BASE_URL")
+    base = settings().public_base_url
     if base:
         return base.rstrip("/") + suffix
     forwarded = _header(request.headers, "x-forwarded-proto")

@@ -10,7 +10,6 @@ call is audited, refused ones included.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -1466,7 +1465,7 @@ class OpsApi:
         ever (auth.mint_bootstrap_token). A wrong secret is a 401 like a wrong token; the right
         one after the bootstrap happened is a 409 (audited: someone still holds that secret)."""
         offered = auth.bearer_from_header(request.headers.get("Authorization"))
-        if not auth.bootstrap_secret_matches(offered, os.environ):
+        if not auth.bootstrap_secret_matches(offered):
             raise OpsError(
                 401,
                 "unauthenticated",

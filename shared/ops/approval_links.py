@@ -13,12 +13,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from shared.core.db import Database
+from shared.core.settings import settings
 from shared.ops import auth
 from shared.ops.errors import OpsError
 
@@ -41,8 +41,8 @@ class Link:
         return f"{PATH_PREFIX}/{self.approval_id}/{self.user}/{self.expires}/{_sign(self)}"
 
 
-def _secret(env: Mapping[str, str] | None = None) -> bytes:
-    value = (env if env is not None else os.environ).get(SECRET_ENV, "")
+def _secret() -> bytes:
+    value = settings().approval_link_secret or ""
     if len(value) < 16:
         raise OpsError(
             409,
@@ -62,9 +62,9 @@ def make_link(approval_id: int, user: str, expires_at: datetime) -> Link:
     return Link(approval_id, user, int(expires_at.timestamp()))
 
 
-def public_url(link: Link, env: Mapping[str, str] | None = None) -> str | None:
+def public_url(link: Link) -> str | None:
     """The link as an approver opens it, on the public function; None when not configured."""
-    base = (env if env is not None else os.environ).get(PUBLIC_URL_ENV, "").rstrip("/")
+    base = (settings().public_url or "").rstrip("/")
     return f"{base}{link.path}" if base else None
 
 

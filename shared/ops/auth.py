@@ -21,6 +21,7 @@ from typing import Any
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.errors import OnceflowError
+from shared.core.settings import settings
 
 SQL = queries.load("ops")
 TOKEN_INSERT = SQL["ops_token_insert"]
@@ -82,10 +83,10 @@ def mint_token(
     return token, str(token_id)
 
 
-def bootstrap_secret_matches(offered: str | None, environ: Mapping[str, str]) -> bool:
+def bootstrap_secret_matches(offered: str | None) -> bool:
     """Is `offered` the deployment's bootstrap secret (BOOTSTRAP_SECRET_ENV)? Without one set,
     or one shorter than BOOTSTRAP_SECRET_MIN, nothing matches. Compared in constant time."""
-    expected = environ.get(BOOTSTRAP_SECRET_ENV, "")
+    expected = settings().ops_bootstrap_secret or ""
     if len(expected) < BOOTSTRAP_SECRET_MIN or not offered:
         return False
     return hmac.compare_digest(offered.encode("utf-8"), expected.encode("utf-8"))

@@ -18,11 +18,12 @@ the identity token is left out. Tokens are never logged or printed.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
+from shared.core.settings import settings
 
 URL_ENV = "ONCEFLOW_OPS_URL"
 TOKEN_ENV = "ONCEFLOW_OPS_TOKEN"  # noqa: S105 - the name of a variable, not a secret
@@ -57,13 +58,14 @@ class Credentials:
     def from_env(
         cls, url: str | None = None, token: str | None = None, id_token: str | None = None
     ) -> Credentials:
-        base = url or os.environ.get(URL_ENV, "")
+        s = settings()
+        base = url or s.ops_url
         if not base:
             raise ApiError(0, "no_url", f"name the ops function: --url or {URL_ENV}")
         return cls(
             url=base.rstrip("/"),
-            token=token or os.environ.get(TOKEN_ENV) or None,
-            id_token=id_token or os.environ.get(ID_TOKEN_ENV) or None,
+            token=token or s.ops_token,
+            id_token=id_token or s.id_token,
         )
 
     def headers(self) -> dict[str, str]:

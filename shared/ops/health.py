@@ -14,7 +14,6 @@ says "scheduler status unavailable locally" and the rest is answered from Postgr
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ from shared.core import queries
 from shared.core.db import Database
 from shared.core.deployables import DEPLOYABLES
 from shared.core.logs import get_logger
+from shared.core.settings import named_secret, settings_from
 from shared.ops.auth import Principal
 from shared.ops.models import (
     BacklogHealth,
@@ -88,8 +88,8 @@ def job_health(name: str, job: Job) -> ScheduledJobHealth:
 
 def read_scheduler(env: Mapping[str, str] | None = None) -> SchedulerHealth:
     """Every onceflow job's last attempt, or why it can't be known."""
-    env = os.environ if env is None else env
-    project, location = env.get("GOOGLE_CLOUD_PROJECT"), env.get("SCHEDULER_LOCATION")
+    s = settings_from(env)
+    project, location = s.google_cloud_project, s.scheduler_location
     if not project or not location:
         return SchedulerHealth(available=False, detail=UNAVAILABLE_LOCALLY, jobs=[])
     from google.api_core.exceptions import GoogleAPIError
@@ -121,7 +121,7 @@ def read_scheduler(env: Mapping[str, str] | None = None) -> SchedulerHealth:
     return SchedulerHealth(available=True, detail=None, jobs=jobs)
 
 
-def _connection(row: Mapping[str, Any], env: Mapping[str, str]) -> ConnectionHealth:
+def _connection(row: Mapping[str, Any]) -> ConnectionHealth:
     errors = row["last_reconcile_errors"]
     if isinstance(errors, str):  # jsonb arrives as text from some drivers
         errors = json.loads(errors)
@@ -133,7 +133,7 @@ def _connection(row: Mapping[str, Any], env: Mapping[str, str]) -> ConnectionHea
         provider=row["provider"],
         status=row["status"],
         credentials="oauth" if oauth else "token",
-        credentials_configured=bool(variable and env.get(variable)),
+        credentials_configured=bool(variable and named_secret(variable)),
         oauth_refreshed_at=row["oauth_refreshed_at"],
         last_call_at=row["last_call_at"],
         last_call_ok=row["last_call_ok"],
@@ -209,9 +209,7 @@ def health_report(
     principal: Principal,
     *,
     scheduler: SchedulerRead = read_scheduler,
-    env: Mapping[str, str] | None = None,
 ) -> HealthReport:
-    env = os.environ if env is None else env
     machinery: MachineryHealth | None = None
     with db.transaction() as tx:
         rows = tx.all(CONNECTION_HEALTH, tenant_id=principal.tenant_id)
@@ -219,7 +217,7 @@ def health_report(
             backlog = read_backlog(tx)
             dead = read_dead_letters(tx)
             duties = tx.all(SWEEP_DUTIES)
-    connections = [_connection(r, env) for r in rows]
+    connections = [_connection(r) for r in rows]
     if principal.is_admin:
         machinery = MachineryHealth(
             scheduler=scheduler(),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,6 +34,7 @@ from werkzeug.datastructures import MultiDict
 
 from shared.core import queries, request_body
 from shared.core.errors import TransientError
+from shared.core.settings import settings
 from shared.ops import auth
 from shared.ops.approval_links import PATH_PREFIX
 from shared.ops.errors import OpsError
@@ -643,7 +643,7 @@ def _caller(api: OpsApi, viewer: Viewer) -> Callable[..., BaseModel]:
 
 def logs_url(run_id: str) -> str | None:
     """The run's log lines in Cloud Logging (every line carries the `run_id` label)."""
-    project = os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCP_PROJECT")
+    project = settings().project
     if not project:
         return None
     query = quote(f'labels.run_id="{run_id}"', safe="")

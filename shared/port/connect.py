@@ -12,7 +12,6 @@ connection's HTTP pool and rate-limit state; a change of base URL or credentials
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ from shared.accounts.connections import is_connection_id
 from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Tx
+from shared.core.settings import named_secret
 from shared.port.hubspot import HubSpotPort, singular_object_type
 from shared.port.interface import CrmPort, PortError
 from shared.port.observed import ObservedPort
@@ -99,7 +99,7 @@ def build_port(settings: PortSettings) -> CrmPort:
             code="unauthorized",
             transient=False,
         )
-    token = os.environ.get(settings.api_credentials_env)
+    token = named_secret(settings.api_credentials_env)
     if not token:
         raise PortError(
             f"environment variable {settings.api_credentials_env} is not set",
@@ -138,7 +138,7 @@ def build_port(settings: PortSettings) -> CrmPort:
 
 
 def _env(name: str | None, what: str) -> str:
-    value = os.environ.get(name) if name else None
+    value = named_secret(name) if name else None
     if not value:
         raise PortError(
             f"{what}: environment variable {name} is not set"
@@ -233,7 +233,7 @@ def port_for_app(app: ProviderApp) -> CrmPort | None:
         )
     if not app.developer_credential_env:
         return None
-    key = os.environ.get(app.developer_credential_env)
+    key = named_secret(app.developer_credential_env)
     if not key:
         raise PortError(
             f"environment variable {app.developer_credential_env} is not set",

@@ -12,7 +12,6 @@ last renewal; the sweep then reclaims it. Both are configurable for tests:
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 import uuid
@@ -26,6 +25,7 @@ from shared.core.crashpoints import crash_point
 from shared.core.db import Database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger
+from shared.core.settings import DEFAULTS, settings_from
 from shared.workflows.scope import Occurrence
 
 SQL = queries.load("steps")
@@ -35,8 +35,8 @@ HEARTBEAT = SQL["steps_heartbeat"]
 MARK_SIDE_EFFECT = SQL["steps_mark_side_effect_started"]
 WITHDRAW_SIDE_EFFECT = SQL["steps_withdraw_side_effect_mark"]
 
-DEFAULT_LEASE_SECONDS = 600.0
-DEFAULT_HEARTBEAT_SECONDS = 60.0
+DEFAULT_LEASE_SECONDS = DEFAULTS.step_lease_seconds
+DEFAULT_HEARTBEAT_SECONDS = DEFAULTS.step_heartbeat_seconds
 
 log = get_logger(__name__)
 
@@ -48,12 +48,9 @@ class LeaseConfig:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LeaseConfig:
-        env = os.environ if env is None else env
-        lease = float(env.get("ONCEFLOW_STEP_LEASE_SECONDS", DEFAULT_LEASE_SECONDS))
-        beat = float(env.get("ONCEFLOW_STEP_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS))
-        if not 0 < beat < lease:
-            raise ValueError(f"heartbeat interval {beat}s must be positive and below {lease}s")
-        return cls(lease_seconds=lease, heartbeat_seconds=beat)
+        # Settings refuses a heartbeat not below the lease, naming both variables.
+        s = settings_from(env)
+        return cls(lease_seconds=s.step_lease_seconds, heartbeat_seconds=s.step_heartbeat_seconds)
 
 
 @dataclass(frozen=True)

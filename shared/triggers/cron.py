@@ -33,7 +33,6 @@ default dedup mode `once_per_record` each tick starts one run, and a tick refuse
 from __future__ import annotations
 
 import json
-import os
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from shared.core.db import Database, Tx
 from shared.core.duty import Duty
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import get_logger
+from shared.core.settings import DEFAULTS, settings_from
 from shared.ingest.outbox import TriggerEvent, emit
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import Trigger
@@ -65,7 +65,7 @@ MISSED_RECORD_LIMIT = 100
 # How far back a pass looks for ticks after a long outage: a minutely schedule down for a
 # month would otherwise iterate 43,200 ticks only to record the newest few.
 LOOKBACK = timedelta(days=7)
-DEFAULT_GRACE_SECONDS = 300.0
+DEFAULT_GRACE_SECONDS = DEFAULTS.cron_grace_seconds
 TICK_OBJECT_TYPE = "cron_tick"
 DUTY_EVERY_SECONDS = 15.0
 log = get_logger(__name__)
@@ -224,11 +224,7 @@ class CronSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CronSettings:
-        env = os.environ if env is None else env
-        raw = env.get("ONCEFLOW_CRON_GRACE_SECONDS")
-        if raw is None:
-            return cls()
-        return cls(grace=timedelta(seconds=float(raw)))
+        return cls(grace=timedelta(seconds=settings_from(env).cron_grace_seconds))
 
 
 @dataclass(frozen=True)
