@@ -325,7 +325,7 @@ class Settings:
         "ONCEFLOW_CRASH_POINTS",
         "",
         "Test-only: where to kill the process on the step path (`after_claim,"
-        "before_settle_commit`, `name:N`; `shared/steps/crashpoints.py`). Never set in"
+        "before_settle_commit`, `name:N`; `shared/core/crashpoints.py`). Never set in"
         " `infra/`.",
     )
 
