@@ -31,6 +31,7 @@ from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
 from shared.ops.errors import OpsError, not_found
 from shared.ops.replay_plan import JournalStep, ReplayPlan, plan_replay
+from shared.steps.journal import idempotency_key
 from shared.workflows.definition import WorkflowDefinition
 
 SQL = queries.load("ops")
@@ -62,11 +63,6 @@ class ReplayOutcome:
     tenant_id: str
     plan: ReplayPlan
     restarted_step_ids: tuple[str, ...]
-
-
-def lineage_idempotency_key(lineage_root: str, step_key: str) -> str:
-    """The step engine's key for a step of a lineage (same for every run in it)."""
-    return f"onceflow:{lineage_root}:{step_key}"
 
 
 def _journal(tx: Tx, run_id: str) -> list[JournalStep]:
@@ -202,7 +198,7 @@ def replay_run(
                         node_id=s.node_id,
                         block_type=s.block_type,
                         idempotency_key=oldest.get(s.step_key)
-                        or lineage_idempotency_key(lineage_root, s.step_key),
+                        or idempotency_key(lineage_root, s.step_key),
                         input=None,
                     )
                 )
