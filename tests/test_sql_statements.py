@@ -11,8 +11,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pg8000.exceptions
