@@ -279,18 +279,11 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
     return trigger
 
 
-_catalog_loaded = False
-
-
 def _block_price(block_type: str) -> int:
     """The entry block's price; 0 for a type the registry doesn't know (not charged, so not
     refused for credits: the step engine fails such a step visibly)."""
-    global _catalog_loaded  # noqa: PLW0603 - load the block catalog once per process
     from shared.blocks import registry
 
-    if not _catalog_loaded:
-        registry.load_catalog()
-        _catalog_loaded = True
     if not registry.is_registered(block_type):
         log.warning("entry block type %r is not registered; admitted without a price", block_type)
         return 0
