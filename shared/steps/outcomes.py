@@ -57,6 +57,7 @@ OUTCOME_WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
 OUTCOME_APPROVED = "APPROVED"
 OUTCOME_REJECTED = "REJECTED"
 
+
 def classify_exception(exc: BaseException) -> tuple[ErrorClass, str, float | None]:
     """(class, outcome code, retry-after) for anything a block raised.
 
