@@ -321,3 +321,20 @@ def test_the_event_type_pattern_is_the_outbox_check(db: Database) -> None:
     for path in sorted(Path("shared").rglob("*.py")):
         if path.as_posix() != "shared/workflows/definition.py":
             assert EVENT_TYPE_PATTERN not in path.read_text(), path
+
+
+def test_every_sql_list_of_the_finished_step_statuses_is_the_terminal_set() -> None:
+    """Statements spell "finished" as a list of statuses (`status NOT IN ('succeeded', …)`):
+    each such list is states.TERMINAL, so a new terminal status can't be missed in one."""
+    from shared.steps.states import TERMINAL, StepStatus
+
+    statuses = {s.value for s in StepStatus}
+    found = 0
+    for path in sorted(Path("shared/sql").glob("*.sql")):
+        text = _strip(path.read_text())
+        for group in re.findall(r"\(\s*('[a-z_]+'(?:\s*,\s*'[a-z_]+')*)\s*\)", text):
+            members = set(re.findall(r"'([a-z_]+)'", group))
+            if members <= statuses and {"succeeded", "skipped"} <= members:
+                assert members == {s.value for s in TERMINAL}, (path, group)
+                found += 1
+    assert found >= 5
