@@ -431,3 +431,40 @@ def test_a_pool_sized_for_the_concurrency_never_makes_a_request_wait(database_ur
     finally:
         db.close()
         small.close()
+
+
+def test_json_and_jsonb_arrive_decoded_and_text_stays_text(pool: Database) -> None:
+    """Decided once in shared/core/db.py: readers of json/jsonb columns never json.loads."""
+    named = Query(
+        "db_test_json",
+        "SELECT CAST('{\"a\": [1, 2]}' AS jsonb) AS obj, CAST('[1, \"x\"]' AS json) AS arr,"
+        " CAST('\"a string\"' AS jsonb) AS string, CAST('null' AS jsonb) AS null_json,"
+        " CAST(NULL AS jsonb) AS sql_null, CAST(CAST('{\"a\": 1}' AS jsonb) AS text) AS text"
+        " -- db_test_json",
+    )
+    for statement in (named, named.text):  # prepared, and ad hoc
+        with pool.transaction() as tx:
+            row = tx.one(statement)
+        assert row == {
+            "obj": {"a": [1, 2]},
+            "arr": [1, "x"],
+            "string": "a string",
+            "null_json": None,
+            "sql_null": None,
+            "text": '{"a": 1}',
+        }
+
+
+def test_no_reader_decodes_a_json_column_again() -> None:
+    """The guard the decision above replaced (`json.loads(x) if isinstance(x, str) else x`, or
+    the same as an `if`) appears nowhere in shared/."""
+    import re
+    from pathlib import Path
+
+    guard = re.compile(
+        r"isinstance\((\w+(?:\[[^]]+\])?), str[^)]*\)[^\n]*\n?[^\n]*json\.loads\(\1\)"
+    )
+    inline = re.compile(r"json\.loads\((\w+(?:\[[^]]+\])?)\) if isinstance\(\1, str")
+    for path in sorted(Path("shared").rglob("*.py")):
+        text = path.read_text()
+        assert not guard.search(text) and not inline.search(text), path

@@ -9,13 +9,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from shared.blocks.base import NO_RETRY, BlockFailure, BlockResult, RetryPolicy
-from shared.core.errors import TransientError
+from shared.core.errors import TransientError, classify_status
 from shared.steps.outcomes import (
     DELAY_UNTIL_KEY,
     backoff_seconds,
     classify_exception,
     classify_outcome,
-    classify_status,
     served_delay,
 )
 from shared.steps.states import StepStatus
@@ -32,6 +31,21 @@ def test_http_status_classes() -> None:
         assert classify_status(code) == "transient", code
     for code in (400, 401, 403, 404, 409, 422, 418):
         assert classify_status(code) == "permanent", code
+
+
+def test_the_hubspot_port_classifies_statuses_by_the_one_rule() -> None:
+    """The port keeps its own table (it names each answer: rate_limited, busy, …), so it is
+    held to the rule here: transient exactly where the rule says, plus HubSpot's own busy
+    statuses (423 locked, 477 migration in progress)."""
+    import httpx
+
+    from shared.port.hubspot import BUSY_STATUSES, classify_response
+
+    request = httpx.Request("GET", "https://api.hubapi.com/crm/v3/objects/contacts/1")
+    for status in range(400, 600):
+        answer = classify_response(httpx.Response(status, request=request, json={}))
+        expected = classify_status(status) == "transient" or status in BUSY_STATUSES
+        assert answer.transient is expected, status
 
 
 def test_exception_classes() -> None:

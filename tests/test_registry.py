@@ -38,6 +38,8 @@ def _spec(**overrides: object) -> BlockSpec:
 
 @pytest.fixture
 def empty_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The catalog's own first load happens first, so no lookup below fills the empty one.
+    registry.all_specs()
     monkeypatch.setattr(registry, "_SPECS", {})
 
 
@@ -189,3 +191,25 @@ def test_end_ends_the_path() -> None:
     registry.load_catalog(("shared.blocks.flow",))
     spec = registry.get("end")
     assert spec.execute(_ctx(None, {}), spec.config_model()).next_nodes == ()
+
+
+def test_a_fresh_process_finds_every_block_without_loading_the_catalog() -> None:
+    """The catalog loads on the first lookup: no caller loads it or keeps a flag for it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "from shared.blocks import registry\n"
+        "print(registry.is_registered('crm.create'), registry.get('http.request').type_name,"
+        " len(registry.all_specs()) > 5)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.split() == ["True", "http.request", "True"]

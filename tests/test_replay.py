@@ -6,6 +6,8 @@ import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from shared.core.db import Database
 from shared.gates import credits
 from shared.ops import replay
@@ -297,8 +299,9 @@ def test_replays_are_refused_after_60_days_for_truncated_payloads_and_unfailed_r
     assert refused == 9
 
 
+@pytest.mark.parametrize("action", ["replay", "retry"])
 def test_a_replay_that_would_make_two_active_runs_for_a_record_is_refused(
-    db: Database, client: Any
+    db: Database, client: Any, action: str
 ) -> None:
     s = _setup(db)
     original = _failed_create(db, s)
@@ -312,8 +315,9 @@ def test_a_replay_that_would_make_two_active_runs_for_a_record_is_refused(
             v=s["ver"],
             rk=s["record_key"],
         )
-    r = client.post(f"/v1/runs/{original}/replay", headers=bearer(s["token"]), json={})
+    r = client.post(f"/v1/runs/{original}/{action}", headers=bearer(s["token"]), json={})
     assert (r.status_code, r.get_json()["code"]) == (409, "already_running")
+    assert r.get_json()["message"].endswith(f"then {action}")
 
 
 def test_two_concurrent_replays_of_one_run_start_exactly_one(db: Database) -> None:

@@ -106,9 +106,8 @@ def test_every_setting_is_described_and_secrets_stay_out_of_repr() -> None:
 
 
 def test_the_defaults_other_modules_name_are_the_settings_defaults() -> None:
-    from shared.core.duty import SweepConfig
-
     from shared.core.db import DEFAULT_POOL_SIZE, SessionLimits
+    from shared.core.duty import SweepConfig
     from shared.steps.claim import LeaseConfig
     from shared.triggers.cron import CronSettings
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pg8000.exceptions
@@ -286,3 +287,54 @@ def test_every_statement_that_ends_a_lease_records_it_in_the_lease_history(db: D
         assert set(re.findall(r"'([a-z_]+)'", allowed.group(1))) == set(
             STEP_STATEMENTS[name].targets
         ), kind
+
+
+def test_the_ops_models_name_the_statuses_of_the_one_list() -> None:
+    """The ops API's models spell the statuses out as Literals (so the OpenAPI document lists
+    them inline); they are the enums above, which the test above holds to the schema's CHECK."""
+    from typing import get_args
+
+    from shared.ops import models
+    from shared.steps import states
+
+    assert set(get_args(models.RunStatus)) == {s.value for s in states.RunStatus}
+    assert set(get_args(models.StepStatus)) == {s.value for s in states.StepStatus}
+
+
+def test_the_event_type_pattern_is_the_outbox_check(db: Database) -> None:
+    """One pattern for an event type (shared/workflows/definition.py EVENT_TYPE_PATTERN: a
+    definition's trigger, the outbox's emit, the ops API's supplied event), and it is the
+    CHECK the migrated database has on workflow_trigger_events.event_type."""
+    from shared.workflows.definition import EVENT_TYPE_PATTERN
+
+    with db.transaction() as tx:
+        definition = tx.scalar(
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c"
+            " JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attname = 'event_type'"
+            " WHERE c.conrelid = CAST('workflow_trigger_events' AS regclass)"
+            " AND c.contype = 'c' AND c.conkey = ARRAY[a.attnum]"
+        )
+    found = re.search(r"event_type ~ '(.*)'::text", str(definition))
+    assert found is not None, definition
+    assert found.group(1) == EVENT_TYPE_PATTERN
+    # And nothing else in shared/ re-types it.
+    for path in sorted(Path("shared").rglob("*.py")):
+        if path.as_posix() != "shared/workflows/definition.py":
+            assert EVENT_TYPE_PATTERN not in path.read_text(), path
+
+
+def test_every_sql_list_of_the_finished_step_statuses_is_the_terminal_set() -> None:
+    """Statements spell "finished" as a list of statuses (`status NOT IN ('succeeded', …)`):
+    each such list is states.TERMINAL, so a new terminal status can't be missed in one."""
+    from shared.steps.states import TERMINAL, StepStatus
+
+    statuses = {s.value for s in StepStatus}
+    found = 0
+    for path in sorted(Path("shared/sql").glob("*.sql")):
+        text = _strip(path.read_text())
+        for group in re.findall(r"\(\s*('[a-z_]+'(?:\s*,\s*'[a-z_]+')*)\s*\)", text):
+            members = set(re.findall(r"'([a-z_]+)'", group))
+            if members <= statuses and {"succeeded", "skipped"} <= members:
+                assert members == {s.value for s in TERMINAL}, (path, group)
+                found += 1
+    assert found >= 5

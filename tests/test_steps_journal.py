@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.core.db import Database
-from shared.steps.journal import insert_steps, pending_step_ids, step_key
+from shared.steps.journal import idempotency_key, insert_steps, pending_step_ids, step_key
 from tests.steps_support import chain, definition, publish_version, start_run, steps_of
 
 
@@ -63,3 +63,27 @@ def test_iterations_journal_under_their_own_keys(db: Database) -> None:
     rows = steps_of(db, run_id)
     assert rows["s1[2]"]["node_id"] == "s1"
     assert rows["s1[2]"]["idempotency_key"] == f"onceflow:{run_id}:s1[2]"
+
+
+def test_the_python_key_is_the_sql_functions_key(db: Database) -> None:
+    """The key's format has two homes that cannot call each other: the SQL function every
+    statement inserting step rows calls (migration 0340) and `idempotency_key`, which the
+    claim's fallback and replay use. They give the same key."""
+    samples = [("00000000-0000-0000-0000-000000000001", "s0"), ("r", "loop[2][0]"), ("", "")]
+    with db.transaction() as tx:
+        for root, key in samples:
+            assert tx.scalar(
+                "SELECT onceflow_idempotency_key(:r, :k)", r=root, k=key
+            ) == idempotency_key(root, key)
+
+
+def test_no_statement_retypes_the_key_format() -> None:
+    """Every statement that writes a step's key calls the function (or takes it as a
+    parameter, from `idempotency_key`): the literal prefix appears nowhere else."""
+    from pathlib import Path
+
+    for path in sorted(Path("shared/sql").glob("*.sql")):
+        assert "'onceflow:'" not in path.read_text(), path
+    for path in sorted(Path("shared").rglob("*.py")):
+        if path.as_posix() != "shared/steps/journal.py":
+            assert 'f"onceflow:{' not in path.read_text(), path

@@ -93,8 +93,6 @@ def is_connection_id(text: str) -> bool:
 
 def _from_row(row: Mapping[str, Any]) -> Connection:
     watched = row["watched_fields"]
-    if isinstance(watched, str):
-        watched = json.loads(watched)
     return Connection(
         id=row["id"],
         tenant_id=row["tenant_id"],

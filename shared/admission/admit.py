@@ -251,9 +251,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
     if definition is None:
         raise TransientError(f"version {version_id} was expected in the cache")  # cache race
     try:
-        parsed = WorkflowDefinition.model_validate(
-            json.loads(definition) if isinstance(definition, str) else definition
-        )
+        parsed = WorkflowDefinition.model_validate(definition)
         rule = compile_expression(parsed.trigger.rule) if parsed.trigger.rule else None
         record_expr = (
             None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
@@ -281,18 +279,11 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
     return trigger
 
 
-_catalog_loaded = False
-
-
 def _block_price(block_type: str) -> int:
     """The entry block's price; 0 for a type the registry doesn't know (not charged, so not
     refused for credits: the step engine fails such a step visibly)."""
-    global _catalog_loaded  # noqa: PLW0603 - load the block catalog once per process
     from shared.blocks import registry
 
-    if not _catalog_loaded:
-        registry.load_catalog()
-        _catalog_loaded = True
     if not registry.is_registered(block_type):
         log.warning("entry block type %r is not registered; admitted without a price", block_type)
         return 0
@@ -462,8 +453,6 @@ def static_refusal(
 
 
 def _facts(row: Mapping[str, Any]) -> EventFacts:
-    changed = row["changed_fields"]
-    payload = row["payload"]
     return EventFacts(
         id=int(row["id"]),
         tenant_id=row["tenant_id"],
@@ -474,9 +463,9 @@ def _facts(row: Mapping[str, Any]) -> EventFacts:
         record_object_id=row["record_object_id"],
         record_key=row["record_key"],
         author_id=row["author_id"],
-        changed_fields=json.loads(changed) if isinstance(changed, str) else changed,
+        changed_fields=row["changed_fields"],
         occurred_at=row["occurred_at"],
-        payload=json.loads(payload) if isinstance(payload, str) else payload,
+        payload=row["payload"],
         credit_balance=int(row["credit_balance"]),
         excluded_authors=tuple(row["excluded_authors"] or ()),
         connection_status=row["connection_status"],
@@ -625,7 +614,6 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         raise EventNotFound(f"trigger event {event_id} does not exist")
     event = _facts(row)
     bindings = row["bindings"]
-    bindings = json.loads(bindings) if isinstance(bindings, str) else bindings
     outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
     if extra_locks:
         tx.one(LOCK_RECORDS, lock_keys=extra_locks)
@@ -640,7 +628,6 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         # Claimed by an earlier delivery (claims are final): their pending steps go out again.
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
     open_waits = row["open_waits"]
-    open_waits = json.loads(open_waits) if isinstance(open_waits, str) else open_waits
     # The decision is the transaction's last statement, and commits in its own round trip,
     # unless open waits are offered the event after it (or a test seam runs before commit).
     last = tx.commit_with if not open_waits and seams.before_commit is None else tx.all

@@ -22,11 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from shared.core.errors import ErrorClass
 from shared.workflows.definition import Step
 
 BlockKind = Literal["flow", "action"]
 SideEffect = Literal["none", "idempotent", "at_most_once"]
-ErrorClass = Literal["transient", "permanent"]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from shared.blocks.base import (
     BlockFailure,
     BlockResult,
     BlockSpec,
-    ErrorClass,
     Gate,
     RetryPolicy,
     Target,
@@ -39,6 +38,7 @@ from shared.blocks.base import (
 )
 from shared.core import queries
 from shared.core.db import get_database
+from shared.core.errors import classify_status
 from shared.core.netguard import (
     ALLOW_LOOPBACK_ENV,
     AddressRefused,
@@ -284,14 +284,10 @@ def _send(
         "body": _decode(bytes(content), content_type),
     }
     if status >= 400:
-        # The one failure-class rule (DESIGN §4): 5xx, 408, 425 and 429 retry.
-        error_class: ErrorClass = (
-            "transient" if status >= 500 or status in (408, 425, 429) else "permanent"
-        )
         seconds = float(retry_after) if retry_after and retry_after.isdigit() else None
         raise BlockFailure(
             f"{config.method} {config.url} answered {status}",
-            error_class=error_class,
+            error_class=classify_status(status),
             outcome_code=f"HTTP_{status}",
             retry_after=seconds,
             # A 429 is the receiver saying it did not process the request.

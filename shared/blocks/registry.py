@@ -1,8 +1,10 @@
 """The block registry: which block types exist, and what each declares about itself.
 
-A block module exposes `SPECS: tuple[BlockSpec, ...]`; `load_catalog()` imports every module
-in `CATALOG` and registers its specs. Nothing is tolerated silently: a module that fails to
-import, lacks `SPECS`, or declares a spec the registry refuses stops the load with an error.
+A block module exposes `SPECS: tuple[BlockSpec, ...]`; the first lookup (`get`,
+`is_registered`, `all_specs`) imports every module in `CATALOG` and registers its specs, so
+callers never load it themselves. Nothing is tolerated silently: a module that fails to
+import, lacks `SPECS`, or declares a spec the registry refuses stops the load with an error
+(and the next lookup tries again).
 
 The registry refuses a descriptor that creates records at a provider unless it declares itself
 `at_most_once` (DESIGN invariant 10): a create that retried blindly after a lost response
@@ -11,6 +13,7 @@ would make a duplicate record, the one failure onceflow promises never to hide.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import threading
 
@@ -85,7 +88,16 @@ def register(spec: BlockSpec) -> None:
         _SPECS[spec.type_name] = spec
 
 
+@functools.cache
+def _catalog_loaded() -> None:
+    """The catalog, loaded by the first lookup of the process. Not cached when the load
+    raises; two threads that both miss both load, which is harmless (registering the same
+    descriptor again is a no-op) and neither returns before the whole catalog is in."""
+    load_catalog(CATALOG)
+
+
 def get(type_name: str) -> BlockSpec:
+    _catalog_loaded()
     try:
         return _SPECS[type_name]
     except KeyError:
@@ -93,10 +105,12 @@ def get(type_name: str) -> BlockSpec:
 
 
 def is_registered(type_name: str) -> bool:
+    _catalog_loaded()
     return type_name in _SPECS
 
 
 def all_specs() -> list[BlockSpec]:
+    _catalog_loaded()
     return [_SPECS[name] for name in sorted(_SPECS)]
 
 
@@ -110,7 +124,8 @@ def load_module(module_name: str) -> None:
 
 
 def load_catalog(modules: tuple[str, ...] = CATALOG) -> list[BlockSpec]:
-    """Import every catalog module and register its specs; every failure is raised."""
+    """Import every catalog module and register its specs; every failure is raised. The
+    lookups call it on first use; tests call it with a list of their own."""
     for module_name in modules:
         load_module(module_name)
-    return all_specs()
+    return [_SPECS[name] for name in sorted(_SPECS)]

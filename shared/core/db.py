@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import queue
 import socket
 import struct
@@ -99,6 +100,18 @@ class SessionLimits:
             f"SET idle_in_transaction_session_timeout = "
             f"{int(self.idle_in_transaction_timeout_ms)}"
         )
+
+
+# json and jsonb values arrive decoded: an object as a dict, an array as a list, a JSON string
+# as a str, and so on (pg8000's default, pinned here so it is decided once). Readers of a
+# jsonb column take the value as it comes and never `json.loads` it; a statement that wants
+# the JSON text casts it to text. tests/test_db.py holds this.
+JSON_TYPE_OIDS = (114, 3802)  # json, jsonb
+
+
+def decode_json(conn: Connection) -> None:
+    for oid in JSON_TYPE_OIDS:
+        conn.register_in_adapter(oid, json.loads)
 
 
 class NestedCheckout(PermanentError):
@@ -513,6 +526,7 @@ class Database:
         try:
             conn = self._connect()
             conn.autocommit = True  # transactions are opened explicitly by `transaction()`
+            decode_json(conn)
             conn.execute_simple(self.limits.statement())
             self.round_trips.add_setup()
             return _Session(conn, self._generation, self.round_trips)

@@ -6,6 +6,12 @@ by SQLSTATE, so retry decisions are made on onceflow's vocabulary, not a driver'
 
 from __future__ import annotations
 
+from typing import Literal
+
+# How a failure is retried: transient ones wait and try again (a step's retry policy, the
+# queue's redelivery); permanent ones fail at once.
+ErrorClass = Literal["transient", "permanent"]
+
 
 class OnceflowError(Exception):
     """Base class. `code` is a stable, machine-readable name; the message is for people."""
@@ -57,3 +63,16 @@ def classify_sqlstate(sqlstate: str | None) -> type[OnceflowError]:
     if sqlstate in _CONFLICT_SQLSTATES:
         return ConflictError
     return PermanentError
+
+
+# HTTP statuses below 500 that are still worth retrying: timeout, too early, rate limited.
+_TRANSIENT_HTTP = frozenset({408, 425, 429})
+
+
+def classify_status(status_code: int) -> ErrorClass:
+    """An HTTP status as a failure class, the one rule (DESIGN §4): 5xx, 408, 425 and 429 are
+    worth retrying, every other failure is permanent. The HTTP block calls it; a provider's
+    port may add its own busy statuses (tests/test_outcomes.py holds the port to the rule)."""
+    if status_code >= 500 or status_code in _TRANSIENT_HTTP:
+        return "transient"
+    return "permanent"

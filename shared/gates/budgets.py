@@ -148,8 +148,7 @@ def reconcile(
         askable = tx.all(RECONCILE_ASKABLE, older_than_seconds=older_than_seconds, batch=batch)
     settled, unanswered = len(rows), 0
     for row in askable:
-        query = row["landed_query"]
-        query = LandedQuery(**(json.loads(query) if isinstance(query, str) else query))
+        query = LandedQuery(**row["landed_query"])
         try:
             status = "spent" if landed(query) else "released"
         except Exception as exc:  # the provider can't answer now: counted, asked next period

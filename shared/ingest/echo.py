@@ -163,7 +163,7 @@ def is_echo(changed_fields: Mapping[str, Any], markers: Iterable[tuple[str, byte
 def markers_from_json(value: Any) -> tuple[tuple[str, bytes], ...]:
     """The markers a statement read as a JSON array of [field, hex value hash] pairs
     (admission's context, a wait's lookback), as `is_echo` takes them."""
-    pairs = json.loads(value) if isinstance(value, str) else (value or ())
+    pairs = value or ()
     return tuple((str(f), bytes.fromhex(h)) for f, h in pairs)
 
 

@@ -170,8 +170,6 @@ def claim_rows(db: Database, lease_id: str, policy: DrainPolicy) -> list[Claimed
     out = []
     for r in rows:
         headers = r["headers"]
-        if isinstance(headers, str):
-            headers = json.loads(headers)
         out.append(
             ClaimedRow(
                 id=int(r["id"]),
@@ -280,7 +278,6 @@ def reroute_unrouted(db: Database, *, batch: int = REROUTE_BATCH) -> dict[str, i
         )
         for row in rows:
             payload = row["payload"]
-            payload = json.loads(payload) if isinstance(payload, str) else payload
             # The unrouted row keeps the normalized event's payload, which is the provider's
             # own event: normalized again exactly as the drain did it the first time.
             body = json.dumps([payload]).encode()

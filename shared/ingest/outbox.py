@@ -36,6 +36,7 @@ from shared.core.duty import Dispatch, SweepConfig, SweepReport
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, log_event
 from shared.core.pubsub import TRIGGER_EVENTS, Publisher, get_publisher
+from shared.workflows.definition import EVENT_TYPE_PATTERN
 
 SQL = queries.load("outbox")
 INSERT = SQL["outbox_insert"]
@@ -46,7 +47,7 @@ REQUEUE_UNDECIDED = SQL["outbox_requeue_undecided"]
 REQUEUE_UNDELIVERED = SQL["outbox_requeue_undelivered"]
 
 PAYLOAD_LIMIT_BYTES = 64 * 1024
-EVENT_TYPE = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)+$")
+EVENT_TYPE = re.compile(EVENT_TYPE_PATTERN)
 log = get_logger(__name__)
 
 

@@ -155,8 +155,7 @@ def receive_for_workflow(
     if target is None:
         return Reply(404, {"error": "unknown_trigger", "check": "no_active_webhook_workflow"})
     workflow_id = str(target["workflow_id"])
-    raw = target["webhook"]
-    config = WebhookTrigger.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
+    config = WebhookTrigger.model_validate(target["webhook"])
     shown = visible_headers(headers)
     parsed = parse_body(body)
     try:

@@ -37,6 +37,7 @@ from shared.ops import terminal
 from shared.ops.client import ApiError, Credentials, OpsClient
 from shared.publishing.schema import render_schema
 from shared.publishing.validate import validate_file
+from shared.steps.states import RunStatus
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -695,7 +696,7 @@ def _moment(text: str) -> str:
 def _filters(p: argparse.ArgumentParser, *, status: bool) -> None:
     p.add_argument("--workflow", metavar="WORKFLOW_ID")
     if status:
-        p.add_argument("--status", choices=("running", "succeeded", "failed", "cancelled"))
+        p.add_argument("--status", choices=[s.value for s in RunStatus])
     p.add_argument("--record", metavar="RECORD_KEY")
     p.add_argument("--event-type", metavar="TYPE", help="e.g. hubspot.contact.created")
     p.add_argument(

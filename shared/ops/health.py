@@ -13,7 +13,6 @@ says "scheduler status unavailable locally" and the rest is answered from Postgr
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -123,8 +122,6 @@ def read_scheduler(env: Mapping[str, str] | None = None) -> SchedulerHealth:
 
 def _connection(row: Mapping[str, Any]) -> ConnectionHealth:
     errors = row["last_reconcile_errors"]
-    if isinstance(errors, str):  # jsonb arrives as text from some drivers
-        errors = json.loads(errors)
     oauth = row["oauth_kek_env"] is not None
     variable = row["oauth_kek_env"] if oauth else row["api_credentials_env"]
     return ConnectionHealth(

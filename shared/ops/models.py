@@ -163,7 +163,7 @@ class DeactivateRequest(_Request):
 
 
 class SuppliedEvent(_Request):
-    event_type: Text = Field(pattern=r"^[a-z0-9_]+(\.[a-z0-9_]+)+$", max_length=200)
+    event_type: Text = Field(pattern=EVENT_TYPE_PATTERN, max_length=200)
     record_object_type: Text | None = Field(default=None, max_length=100)
     record_object_id: Text | None = Field(default=None, max_length=200)
     payload: dict[str, Any] = Field(default_factory=dict)

@@ -54,6 +54,7 @@ from shared.ops.models import (
     VersionList,
     WorkflowList,
 )
+from shared.steps.states import RunStatus
 from shared.workflows.definition import WorkflowDefinition
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ MAX_RUNS_SHOWN = 25
 FAILED_ON_HOME = 10
 # A step's input or output is shown up to this many bytes of pretty JSON; the API has the rest.
 MAX_JSON_SHOWN = 4096
-RUN_STATUSES = ("running", "succeeded", "failed", "cancelled")
+RUN_STATUSES = tuple(s.value for s in RunStatus)
 OUTCOME_WORDS = {
     "admitted": "ran",
     "refused": "did not run",

@@ -20,7 +20,8 @@ sent).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
 from shared.ops.errors import OpsError, not_found
 from shared.ops.replay_plan import JournalStep, ReplayPlan, plan_replay
+from shared.steps.journal import idempotency_key
 from shared.workflows.definition import WorkflowDefinition
 
 SQL = queries.load("ops")
@@ -62,11 +64,6 @@ class ReplayOutcome:
     tenant_id: str
     plan: ReplayPlan
     restarted_step_ids: tuple[str, ...]
-
-
-def lineage_idempotency_key(lineage_root: str, step_key: str) -> str:
-    """The step engine's key for a step of a lineage (same for every run in it)."""
-    return f"onceflow:{lineage_root}:{step_key}"
 
 
 def _journal(tx: Tx, run_id: str) -> list[JournalStep]:
@@ -168,6 +165,23 @@ def _plan(tx: Tx, run: dict[str, Any]) -> tuple[ReplayPlan, list[JournalStep]]:
     return plan, journal
 
 
+@contextmanager
+def _one_active_run_per_record(then: str) -> Iterator[None]:
+    """A replay or retry starts a live run of the workflow for the record; the unique index
+    `workflow_runs_one_active_per_record` refuses it while another one runs. The refusal has
+    admission's name for the same rule (`already_running`); `then` is what to do once that
+    run finished."""
+    try:
+        yield
+    except ConflictError as exc:
+        raise OpsError(
+            409,
+            "already_running",
+            f"another run of this workflow is active for this record; wait for it "
+            f"to finish, then {then}",
+        ) from exc
+
+
 def replay_run(
     db: Database,
     *,
@@ -177,44 +191,34 @@ def replay_run(
     now: datetime | None = None,
 ) -> ReplayOutcome:
     now = now or datetime.now(UTC)
-    try:
-        with db.transaction() as tx:
-            run = _checked_failed_run(tx, run_id, tenant_scope, now, REPLAYABLE)
-            plan, _ = _plan(tx, run)
-            lineage_root = str(run["lineage_root"])
-            oldest = {
-                r["step_key"]: r["idempotency_key"]
-                for r in tx.all(LINEAGE_OLDEST_KEYS, lineage_root=lineage_root)
-            }
-            new_run_id = str(
-                tx.scalar(REPLAY_RUN_INSERT, run_id=run_id, start_key=f"replay:{uuid.uuid4()}")
-            )
-            if plan.copy:
-                tx.execute(
-                    REPLAY_STEPS_COPY, new_run_id=new_run_id, step_ids=[s.id for s in plan.copy]
+    with _one_active_run_per_record("replay"), db.transaction() as tx:
+        run = _checked_failed_run(tx, run_id, tenant_scope, now, REPLAYABLE)
+        plan, _ = _plan(tx, run)
+        lineage_root = str(run["lineage_root"])
+        oldest = {
+            r["step_key"]: r["idempotency_key"]
+            for r in tx.all(LINEAGE_OLDEST_KEYS, lineage_root=lineage_root)
+        }
+        new_run_id = str(
+            tx.scalar(REPLAY_RUN_INSERT, run_id=run_id, start_key=f"replay:{uuid.uuid4()}")
+        )
+        if plan.copy:
+            tx.execute(REPLAY_STEPS_COPY, new_run_id=new_run_id, step_ids=[s.id for s in plan.copy])
+        restarted = tuple(
+            str(
+                tx.scalar(
+                    REPLAY_STEP_RESTART,
+                    new_run_id=new_run_id,
+                    step_key=s.step_key,
+                    node_id=s.node_id,
+                    block_type=s.block_type,
+                    idempotency_key=oldest.get(s.step_key)
+                    or idempotency_key(lineage_root, s.step_key),
+                    input=None,
                 )
-            restarted = tuple(
-                str(
-                    tx.scalar(
-                        REPLAY_STEP_RESTART,
-                        new_run_id=new_run_id,
-                        step_key=s.step_key,
-                        node_id=s.node_id,
-                        block_type=s.block_type,
-                        idempotency_key=oldest.get(s.step_key)
-                        or lineage_idempotency_key(lineage_root, s.step_key),
-                        input=None,
-                    )
-                )
-                for s in plan.restart
             )
-    except ConflictError as exc:
-        raise OpsError(
-            409,
-            "already_running",
-            "another run of this workflow is active for this record; wait for it "
-            "to finish, then replay",
-        ) from exc
+            for s in plan.restart
+        )
     dispatch_committed(dispatch, restarted)
     return ReplayOutcome(
         run_id=new_run_id, tenant_id=run["tenant_id"], plan=plan, restarted_step_ids=restarted
@@ -230,23 +234,14 @@ def retry_run(
     now: datetime | None = None,
 ) -> ReplayOutcome:
     now = now or datetime.now(UTC)
-    try:
-        with db.transaction() as tx:
-            run = _checked_failed_run(tx, run_id, tenant_scope, now)
-            plan, _ = _plan(tx, run)
-            if tx.execute(RETRY_RUN_REOPEN, run_id=run_id) != 1:
-                raise OpsError(409, "run_not_failed", "the run is no longer failed")
-            restarted = tuple(
-                str(r["id"])
-                for r in tx.all(RETRY_STEP_RESET, step_ids=[s.id for s in plan.restart])
-            )
-    except ConflictError as exc:
-        raise OpsError(
-            409,
-            "already_running",
-            "another run of this workflow is active for this record; wait for it "
-            "to finish, then retry",
-        ) from exc
+    with _one_active_run_per_record("retry"), db.transaction() as tx:
+        run = _checked_failed_run(tx, run_id, tenant_scope, now)
+        plan, _ = _plan(tx, run)
+        if tx.execute(RETRY_RUN_REOPEN, run_id=run_id) != 1:
+            raise OpsError(409, "run_not_failed", "the run is no longer failed")
+        restarted = tuple(
+            str(r["id"]) for r in tx.all(RETRY_STEP_RESET, step_ids=[s.id for s in plan.restart])
+        )
     dispatch_committed(dispatch, restarted)
     return ReplayOutcome(
         run_id=run_id, tenant_id=run["tenant_id"], plan=plan, restarted_step_ids=restarted

@@ -19,7 +19,6 @@ TEMPLATE_STRING = {"type": "string", "pattern": r"\$\{\{.*\}\}"}
 
 
 def build_schema() -> dict[str, Any]:
-    registry.load_catalog()
     schema = WorkflowDefinition.model_json_schema(ref_template="#/$defs/{model}")
     defs: dict[str, Any] = schema.setdefault("$defs", {})
     rules: list[dict[str, Any]] = []

@@ -129,7 +129,7 @@ def _sort_key(key: SubscriptionKey) -> tuple[str, str, str]:
 
 
 def desired_subscriptions(
-    provider: str, definitions: Iterable[Mapping[str, Any] | str]
+    provider: str, definitions: Iterable[Mapping[str, Any]]
 ) -> DesiredSubscriptions:
     """The union of what these stored definitions listen to from `provider` — their triggers
     and their waits (shared/workflows/listening.py). Events of other providers are not this

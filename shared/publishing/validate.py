@@ -302,7 +302,6 @@ class _Validation:
         return ValidationReport(self.filename, tuple(ordered), definition)
 
     def run(self, data: Any, duplicates: list[PathT]) -> ValidationReport:
-        registry.load_catalog()  # every block type must be known to judge a step
         for path in duplicates:
             self.add("error", path, f"duplicate key {path[-1]!r}", at_key=True)
         if not isinstance(data, Mapping):

@@ -21,7 +21,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from shared import triggers
 from shared.core import queries
@@ -155,7 +154,7 @@ def load_version(tx: Tx, version_id: str) -> WorkflowDefinition:
     row = tx.one(VERSION_GET, version_id=version_id)
     if row is None:
         raise VersionNotFound(version_id)
-    return WorkflowDefinition.model_validate(_json(row["definition"]))
+    return WorkflowDefinition.model_validate(row["definition"])
 
 
 def active_definition(tx: Tx, workflow_id: str) -> WorkflowDefinition | None:
@@ -179,7 +178,7 @@ def activate(tx: Tx, *, tenant_id: str, workflow_id: str, version_id: str) -> Ac
     row = tx.one(VERSION_GET, version_id=version_id)
     if row is None or row["workflow_id"] != workflow_id:
         raise VersionNotFound(version_id)
-    definition = WorkflowDefinition.model_validate(_json(row["definition"]))
+    definition = WorkflowDefinition.model_validate(row["definition"])
     kind = triggers.kind_of(definition.trigger)
     problems = kind.check_activation(tx, definition.trigger, tenant_id)
     if problems:
@@ -222,7 +221,3 @@ def bindings_for_event(tx: Tx, *, tenant_id: str, event_type: str) -> list[Bindi
         Binding(r["workflow_id"], r["version_id"], r["dedup_mode"])
         for r in tx.all(BINDINGS_FOR_EVENT, tenant_id=tenant_id, event_type=event_type)
     ]
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value

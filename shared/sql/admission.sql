@@ -222,7 +222,7 @@ WITH input AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
                                 dispatched_at)
     SELECT d.run_id, d.entry_node, d.entry_node, d.entry_type,
-           'onceflow:' || CAST(d.run_id AS text) || ':' || d.entry_node, now()
+           onceflow_idempotency_key(CAST(d.run_id AS text), d.entry_node), now()
     FROM decided d WHERE d.outcome = 'admitted'
     RETURNING id, run_id
 ), decided_stamp AS (

@@ -24,16 +24,9 @@ UPDATE workflow_breakers
 RETURNING trips, consecutive_failures, opened_at
 
 -- name: breaker_record_success
--- A succeeded run ends a failure streak; in half_open it closes the breaker. An open breaker
--- stays open (a run admitted before the trip may still succeed): only a person resumes it.
-UPDATE workflow_breakers
-   SET consecutive_failures = 0,
-       state = CASE WHEN state = 'half_open' THEN 'closed' ELSE state END,
-       opened_at = CASE WHEN state = 'half_open' THEN NULL ELSE opened_at END,
-       updated_at = now()
- WHERE workflow_id = CAST(:workflow_id AS uuid) AND state <> 'open'
-   AND (consecutive_failures > 0 OR state = 'half_open')
-RETURNING state
+-- A succeeded run ends a failure streak (the rule is the function, migration 0340, which the
+-- one-statement settle in steps.sql calls too). `state` is NULL when nothing changed.
+SELECT onceflow_breaker_record_success(CAST(:workflow_id AS uuid)) AS state
 
 -- name: breaker_resume
 -- An explicit resume: closed (the count starts again) or half_open (with its trial runs all

@@ -14,7 +14,7 @@ WITH wanted AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
                                 dispatched_at)
     SELECT CAST(:run_id AS uuid), w.step_key, w.node_id, w.block_type,
-           'onceflow:' || CAST(:lineage_root AS text) || ':' || w.step_key,
+           onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key),
            CASE WHEN CAST(:stamp_dispatched AS boolean) THEN now() END
     FROM wanted w
     ON CONFLICT (run_id, step_key) DO NOTHING
@@ -125,7 +125,8 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 -- own in autocommit: one round trip): the next steps' rows (`step_keys`…, stamped dispatched:
 -- the caller publishes them after this returns), the run failed when the step failed, the run
 -- succeeded when the step succeeded and nothing new is left to do, and a succeeded run's
--- circuit breaker streak reset (breaker.sql `breaker_record_success`, the same rule). Those
+-- circuit breaker streak reset (`onceflow_breaker_record_success`, the function
+-- breaker.sql's `breaker_record_success` calls too). Those
 -- decisions read the run's other steps through the statement's snapshot, taken before the run
 -- lock was granted, so they are exact only when no other step of the run is open (pending,
 -- running or parked): no other writer could have moved or created one since. Otherwise — and
@@ -197,7 +198,7 @@ WITH run AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
                                 dispatched_at)
     SELECT CAST(:run_id AS uuid), w.step_key, w.node_id, w.block_type,
-           'onceflow:' || CAST(:lineage_root AS text) || ':' || w.step_key, now()
+           onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key), now()
     FROM wanted w, ends
     WHERE ends.goes_on
     ON CONFLICT (run_id, step_key) DO NOTHING
@@ -214,20 +215,18 @@ WITH run AS (
     WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running' AND ends.finishes
     RETURNING r.id
 ), breaker_reset AS (
-    UPDATE workflow_breakers b
-       SET consecutive_failures = 0,
-           state = CASE WHEN b.state = 'half_open' THEN 'closed' ELSE b.state END,
-           opened_at = CASE WHEN b.state = 'half_open' THEN NULL ELSE b.opened_at END,
-           updated_at = now()
+    -- The function's UPDATE runs only when the outer SELECT reads this CTE (a SELECT in WITH
+    -- runs as far as its reader asks), hence `breaker_state` below.
+    SELECT onceflow_breaker_record_success(facts.workflow_id) AS state
       FROM finished_run, facts
-     WHERE facts.namespace = 'live' AND b.workflow_id = facts.workflow_id
-       AND b.state <> 'open' AND (b.consecutive_failures > 0 OR b.state = 'half_open')
+     WHERE facts.namespace = 'live'
 )
 SELECT facts.folded, settled.run_status,
        coalesce((SELECT array_agg(CAST(id AS text)) FROM inserted),
                 CAST(ARRAY[] AS text[])) AS dispatch,
        EXISTS (SELECT 1 FROM failed_run) AS run_failed,
-       EXISTS (SELECT 1 FROM finished_run) AS run_finished
+       EXISTS (SELECT 1 FROM finished_run) AS run_finished,
+       (SELECT state FROM breaker_reset) AS breaker_state
 FROM facts LEFT JOIN settled ON true
 
 -- name: runs_finish_if_done

@@ -107,16 +107,10 @@ def load_graph(db: Database, version_id: str) -> WorkflowDefinition:
     return graph
 
 
-_catalog_loaded = threading.Event()
-
-
 def registry_lookup(type_name: str) -> BlockSpec:
-    """The catalog's block of that type (the catalog is imported on first use)."""
+    """The catalog's block of that type (the registry imports the catalog on first use)."""
     from shared.blocks import registry
 
-    if not _catalog_loaded.is_set():
-        registry.load_catalog()
-        _catalog_loaded.set()
     return registry.get(type_name)
 
 

@@ -26,6 +26,7 @@ from shared.core.db import Database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger
 from shared.core.settings import DEFAULTS, settings_from
+from shared.steps.journal import idempotency_key
 from shared.workflows.scope import Occurrence
 
 SQL = queries.load("steps")
@@ -124,7 +125,7 @@ def claim_step(
         lease_id=lease_id,
         # Rows are always inserted with their key; the fallback only guards hand-made rows.
         idempotency_key=row["idempotency_key"]
-        or f"onceflow:{row['lineage_root']}:{row['step_key']}",
+        or idempotency_key(str(row["lineage_root"]), row["step_key"]),
         side_effect_started_at=row["side_effect_started_at"],
         output=row["output"],
         tenant_id=row["tenant_id"],

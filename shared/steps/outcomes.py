@@ -19,12 +19,11 @@ from shared.blocks.base import (
     BlockFailure,
     BlockKind,
     BlockResult,
-    ErrorClass,
     FanOut,
     ParkRequest,
     RetryPolicy,
 )
-from shared.core.errors import ConflictError, PermanentError, TransientError
+from shared.core.errors import ConflictError, ErrorClass, PermanentError, TransientError
 from shared.steps.states import StepStatus
 
 OUTCOME_OK = "OK"
@@ -57,15 +56,6 @@ OUTCOME_EVENT_RECEIVED = "EVENT_RECEIVED"
 OUTCOME_WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
 OUTCOME_APPROVED = "APPROVED"
 OUTCOME_REJECTED = "REJECTED"
-
-_TRANSIENT_HTTP = frozenset({408, 425, 429})
-
-
-def classify_status(status_code: int) -> ErrorClass:
-    """An HTTP status as a failure class: 5xx, 408, 425 and 429 are worth retrying."""
-    if status_code >= 500 or status_code in _TRANSIENT_HTTP:
-        return "transient"
-    return "permanent"
 
 
 def classify_exception(exc: BaseException) -> tuple[ErrorClass, str, float | None]:

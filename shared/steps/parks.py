@@ -186,7 +186,7 @@ def event_output(incoming: Occurrence) -> dict[str, Any]:
 
 
 def _matches(condition: str, incoming: Occurrence, waiting: Any, park_id: int) -> bool:
-    waiting = json.loads(waiting) if isinstance(waiting, str) else (waiting or {})
+    waiting = waiting or {}
     try:
         return evaluate_condition(condition, wait_scope(incoming, waiting))
     except ExpressionError as exc:

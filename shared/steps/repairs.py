@@ -67,7 +67,6 @@ def reclaim_rules() -> dict[str, Any]:
     from shared.blocks import registry
     from shared.blocks.base import RetryPolicy
 
-    registry.load_catalog()
     specs = registry.all_specs()
     return {
         "block_types": [spec.type_name for spec in specs],

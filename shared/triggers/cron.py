@@ -32,7 +32,6 @@ default dedup mode `once_per_record` each tick starts one run, and a tick refuse
 
 from __future__ import annotations
 
-import json
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -239,13 +238,12 @@ class ScheduleRow:
 def active_schedules(tx: Tx) -> list[ScheduleRow]:
     out = []
     for r in tx.all(SCHEDULES_ACTIVE):
-        trig = r["trigger"]
         out.append(
             ScheduleRow(
                 r["workflow_id"],
                 r["tenant_id"],
                 r["name"],
-                json.loads(trig) if isinstance(trig, str) else trig,
+                r["trigger"],
                 r["decided_until"],
             )
         )

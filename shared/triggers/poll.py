@@ -275,15 +275,7 @@ def _poll_page(
     row_of = {r["key"]: r["row"] for r in rows}
 
     def occurrence(key: str) -> Occurrence:
-        row = row_of[key]
-        return Occurrence(
-            source.name,
-            {
-                "table": source.name,
-                "key": key,
-                "row": json.loads(row) if isinstance(row, str) else row,
-            },
-        )
+        return Occurrence(source.name, {"table": source.name, "key": key, "row": row_of[key]})
 
     emitted = _emit_occurrences(tx, src, page.emit, occurrence)
     report.emitted += len(emitted)
@@ -508,7 +500,7 @@ def active_sources(tx: Tx) -> list[tuple[str, str, str, dict[str, Any]]]:
             r["workflow_id"],
             r["tenant_id"],
             r["name"],
-            json.loads(r["trigger"]) if isinstance(r["trigger"], str) else r["trigger"],
+            r["trigger"],
         )
         for r in tx.all(SOURCES_ACTIVE)
     ]
@@ -715,10 +707,9 @@ def check_activation(tx: Tx, t: Trigger, tenant_id: str) -> list[tuple[tuple[str
 def status(tx: Tx, _t: Trigger, workflow_id: str) -> dict[str, Any]:
     row = tx.one(SOURCE_STATUS, workflow_id=workflow_id)
     assert row is not None  # the query always answers one row
-    result = row["last_result"]
     return {
         "last_polled_at": row["last_polled_at"].isoformat() if row["last_polled_at"] else None,
-        "last_result": json.loads(result) if isinstance(result, str) else result,
+        "last_result": row["last_result"],
         "last_error": row["last_error"],
         "rows_open": int(row["open"]),
         "rows_stamped": int(row["stamped"]),

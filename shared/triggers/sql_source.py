@@ -24,7 +24,6 @@ reads and stamps with onceflow's own database role, which can read every schema.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -332,10 +331,9 @@ def _index_answers(tx: Tx, source: TableSource, batch: int, key_type: str) -> bo
     query = source.page_query(key_type, after=False)
     tx.execute("SET LOCAL enable_seqscan = off")
     try:
-        raw = tx.scalar("EXPLAIN (FORMAT JSON) " + query, limit=batch)
+        plan = tx.scalar("EXPLAIN (FORMAT JSON) " + query, limit=batch)
     finally:
         tx.execute("SET LOCAL enable_seqscan = on")
-    plan = json.loads(raw) if isinstance(raw, str) else raw
     stamp = re.compile(rf"\b{source.stamp}\b")
     for node in _nodes(plan[0]["Plan"]):
         if node.get("Node Type") == "Seq Scan" or stamp.search(str(node.get("Filter", ""))):

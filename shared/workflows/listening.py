@@ -19,7 +19,6 @@ The fields of a property-change listener:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -64,24 +63,18 @@ def wait_fields(config: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(read - RECORD_IDENTITY))
 
 
-def listeners(definition: Mapping[str, Any] | str) -> list[Listener]:
+def listeners(definition: Mapping[str, Any]) -> list[Listener]:
     """Every listener of one stored definition (or of its `trigger` and `steps` alone)."""
-    if isinstance(definition, str):
-        definition = json.loads(definition)
     if not isinstance(definition, Mapping):
         return []
     out: list[Listener] = []
     trigger = definition.get("trigger")
-    if isinstance(trigger, str):
-        trigger = json.loads(trigger)
     if isinstance(trigger, Mapping):
         watch = tuple(w for w in trigger.get("watch") or [] if isinstance(w, str))
         out.extend(
             Listener(e, watch, "trigger") for e in trigger.get("events") or [] if isinstance(e, str)
         )
     steps = definition.get("steps")
-    if isinstance(steps, str):
-        steps = json.loads(steps)
     for step in steps if isinstance(steps, list) else []:
         if not isinstance(step, Mapping) or step.get("type") != "wait_for":
             continue
@@ -92,7 +85,7 @@ def listeners(definition: Mapping[str, Any] | str) -> list[Listener]:
 
 
 def watched_by_object(
-    provider: str, definitions: Iterable[Mapping[str, Any] | str], into: dict[str, set[str]]
+    provider: str, definitions: Iterable[Mapping[str, Any]], into: dict[str, set[str]]
 ) -> None:
     """Add to `into` (object type -> fields, `ALL_FIELDS` for every field) what the property-change
     listeners of these definitions need from `provider`."""

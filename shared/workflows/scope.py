@@ -10,7 +10,6 @@ no HTTP client.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -80,11 +79,6 @@ def record_key(connection_id: str | None, object_type: str, object_id: str) -> s
     return f"{connection_id or 'app'}:{object_type}:{object_id}"
 
 
-def _json(value: Any) -> Any:
-    # jsonb columns arrive decoded from pg8000, text columns (and hand-made rows) as strings.
-    return json.loads(value) if isinstance(value, str | bytes) else value
-
-
 @dataclass(frozen=True)
 class Occurrence:
     """One trigger occurrence: the facts of a `workflow_trigger_events` row that expressions
@@ -116,8 +110,8 @@ class Occurrence:
             source_event_id=row.get("source_event_id"),
             occurred_at=row.get("occurred_at"),
             author_id=row.get("author_id"),
-            changed_fields=_json(row.get("changed_fields")) or {},
-            payload=_json(row.get("payload")) or {},
+            changed_fields=row.get("changed_fields") or {},
+            payload=row.get("payload") or {},
             record_object_type=row.get("record_object_type"),
             record_object_id=row.get("record_object_id"),
         )
