@@ -20,13 +20,13 @@ import flask
 import functions_framework
 
 from shared.accounts import oauth_install_http
-from shared.accounts.oauth_install import CALLBACK_PATH
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
 from shared.core.request_body import detached
-from shared.ingest import hubspot_app, nudge
+from shared.ingest import app_webhook, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
+from shared.providers.install import CALLBACK_PATH
 
 
 @functions_framework.http
@@ -43,8 +43,8 @@ def webhook(request: Any) -> flask.Response:
             return detached(handle_approval_link(default_api(), request), request)
     with traced(request.headers), labelled(function="webhook"):
         receive = (
-            hubspot_app.receive_app_webhook
-            if hubspot_app.is_app_path(request.path)
+            app_webhook.receive_app_webhook
+            if app_webhook.is_app_path(request.path)
             else receive_webhook
         )
         answer = receive(

@@ -31,7 +31,7 @@ from shared.admission import admit as admission
 from shared.blocks.base import BlockContext, BlockResult
 from shared.core.db import Database
 from shared.ingest.inbox import drain_inbox
-from shared.port import connect
+from shared.providers import connect
 from shared.publishing import subscriptions, versions
 from shared.publishing.validate import ValidationReport
 from shared.steps.sweep import SweepConfig, SweepReport, wake_due_steps

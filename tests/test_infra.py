@@ -981,7 +981,7 @@ def test_app_webhook_url_output_is_the_uri_the_app_path_verifies(tf: Terraform) 
     """The target URL infra tells the operator to register for an app is routed to the app
     path, and is exactly the URI the webhook rebuilds (PUBLIC_BASE_URL + the path it sees
     behind cloudfunctions.net) to check HubSpot's v3 signature."""
-    from shared.ingest.hubspot_app import APP_PATH
+    from shared.ingest.app_webhook import APP_PATH
     from shared.ingest.receive import WebhookRequest, public_uri
 
     output = tf.outputs["hubspot_app_webhook_urls"]["value"]
@@ -1024,7 +1024,7 @@ def test_oauth_redirect_url_ops_sends_is_where_the_webhook_function_serves_the_c
     from flask import Flask
 
     from functions.webhook import webhook
-    from shared.accounts.oauth_install import (
+    from shared.providers.install import (
         CALLBACK_PATH,
         REDIRECT_URL_ENV,
         configured_redirect_url,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from shared.ingest.signatures import verify_hubspot, verify_pipedrive, verify_standard
+from shared.providers.signatures import verify_hubspot, verify_pipedrive, verify_standard
 from tests.ingest_support import (
     HUBSPOT_SECRET,
     PIPEDRIVE_CREDENTIALS,

@@ -42,7 +42,7 @@ REROUTE_CLAIM = SQL["provider_app_reroute_claim"]
 # How long before a portal's connection was created an unrouted event of that portal may have
 # arrived and still be routed to it by the sweep (shared/ingest/inbox.py reroute_unrouted): HubSpot
 # installs the app at consent and sends the portal's events from then on, while the
-# connection appears when the install is confirmed, at most shared/accounts/oauth_install.py
+# connection appears when the install is confirmed, at most shared/providers/install.py
 # CONFIRM_TTL_SECONDS (30 min) after the callback. An hour covers that with room; an event
 # older than that predates the install (say, the portal kept the app after its previous
 # connection was disconnected) and is left for ops, never run late on a tenant's behalf.
@@ -93,7 +93,7 @@ class ProviderApp:
     developer_credential_env: str | None = None
     signature_versions: tuple[str, ...] = ("v3",)
     api_base_url: str | None = None
-    # The OAuth client a public app installs with (env var names; shared/accounts/oauth_install.py).
+    # The OAuth client a public app installs with (env var names; shared/providers/install.py).
     oauth_client_id_env: str | None = None
     oauth_scopes: tuple[str, ...] = ()
     oauth_authorize_url: str | None = None

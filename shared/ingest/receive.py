@@ -41,7 +41,8 @@ from shared.core import request_body
 from shared.core.db import Database, Tx, get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled
-from shared.ingest import drops, inbox, signatures
+from shared.ingest import drops, inbox
+from shared.providers import signatures
 from shared.triggers import webhook as webhook_trigger
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.normalize import hubspot, pipedrive, standard
 from shared.normalize.event import NormalizedEvent, UnparseableBody, snake
+from shared.providers.hubspot import normalize as hubspot
+from shared.providers.pipedrive import normalize as pipedrive
+from shared.providers.standard import normalize as standard
 
 __all__ = ["NormalizedEvent", "UnparseableBody", "known_event_types", "normalize", "snake"]
 

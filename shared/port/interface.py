@@ -1,6 +1,6 @@
 """The integration port: what onceflow needs from a CRM, in onceflow's own terms.
 
-No vendor type or error crosses this line. Adapters (shared/port/hubspot.py, …) raise
+No vendor type or error crosses this line. Adapters (shared/providers/hubspot/port.py, …) raise
 `PortError` with a vendor-neutral `code` and a classification, and declare their optional
 capabilities, so the engine never branches on a vendor's name.
 """

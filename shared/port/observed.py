@@ -2,7 +2,7 @@
 provider (the health view's "last provider call") and the names of the records it read or
 wrote (shared/port/record_labels.py).
 
-`ObservedPort` wraps the adapter `shared/port/connect.py` builds, so every caller of a port
+`ObservedPort` wraps the adapter `shared/providers/connect.py` builds, so every caller of a port
 (blocks, polling, the subscription reconcile) is observed without knowing it. Both notes are
 best effort and cheap: they never fail or slow the call beyond one small write, a call's
 outcome is written at most once a minute per instance and connection (at once when the

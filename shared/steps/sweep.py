@@ -44,12 +44,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.accounts.oauth_install import trim_install_states
 from shared.core import queries
 from shared.core.db import Database
 from shared.core.errors import TransientError
 from shared.core.logs import LogEvent, get_logger, log_event
 from shared.ingest.drops import trim_drops
+from shared.providers.install import trim_install_states
 from shared.sweep.backlog import read_backlog
 
 STEPS_SQL = queries.load("steps")
@@ -372,7 +372,7 @@ def reroute_unrouted_app_events(db: Database) -> dict[str, int]:
 
 def reconcile_subscriptions(db: Database) -> dict[str, int]:
     """Hourly provider subscription repair (the workflows issue's reconcile)."""
-    from shared.port.connect import port_for, port_for_app
+    from shared.providers.connect import port_for, port_for_app
     from shared.publishing.subscriptions import reconcile_all
 
     results = reconcile_all(db, port_for, port_for_app)

@@ -59,8 +59,8 @@ from shared.core.errors import TransientError
 from shared.core.logs import get_logger
 from shared.gates.throttle import claim_slot
 from shared.ingest.outbox import TriggerEvent, emit
-from shared.port import connect
 from shared.port.interface import CrmPort, SearchFilter
+from shared.providers import connect
 from shared.steps.crashpoints import crash_point
 from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind

@@ -7,7 +7,7 @@
         idempotency_ttl_seconds: 86400
 
 The request is verified exactly like a provider webhook on that connection (Standard Webhooks
-for a `standard` connection, `X-Signature-256` for an `hmac` one: shared/ingest/signatures.py),
+for a `standard` connection, `X-Signature-256` for an `hmac` one: shared/providers/signatures.py),
 then addressed to the tenant's
 active workflow of that name, which must have a webhook trigger. Unlike a CRM webhook it does
 not go through the inbox: the answer names the trigger event, so the event is emitted while

@@ -53,8 +53,8 @@ from shared.accounts import connections, oauth_tokens, provider_apps
 from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Database, Tx
-from shared.port import hubspot_oauth
 from shared.port.interface import PortError
+from shared.providers.hubspot import oauth as hubspot_oauth
 
 SQL = queries.load("oauth_install")
 STATE_INSERT = SQL["oauth_install_state_insert"]

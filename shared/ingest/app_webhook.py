@@ -33,7 +33,7 @@ from shared.core import request_body
 from shared.core.db import Database, get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled
-from shared.ingest import inbox, signatures
+from shared.ingest import inbox
 from shared.ingest.receive import (
     Answer,
     WebhookRequest,
@@ -42,6 +42,7 @@ from shared.ingest.receive import (
     public_uri,
     store_and_answer,
 )
+from shared.providers import signatures
 
 APP_PATH = re.compile(r"^/?(?P<provider>hubspot)/app/(?P<app_id>[^/]+)/?$")
 log = get_logger(__name__)

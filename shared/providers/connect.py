@@ -21,9 +21,9 @@ from shared.accounts.connections import is_connection_id
 from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Tx
-from shared.port.hubspot import HubSpotPort, singular_object_type
 from shared.port.interface import CrmPort, PortError
 from shared.port.observed import ObservedPort
+from shared.providers.hubspot.port import HubSpotPort, singular_object_type
 
 SQL = queries.load("port")
 GET = SQL["port_connection_get"]
@@ -153,7 +153,7 @@ def _env(name: str | None, what: str) -> str:
 def _oauth_port(settings: PortSettings) -> CrmPort:
     """The port of an OAuth connection: no token of its own, a token source instead."""
     from shared.core.db import get_database
-    from shared.port.hubspot_oauth import hubspot_refresher
+    from shared.providers.hubspot.oauth import hubspot_refresher
 
     if settings.provider != "hubspot":
         raise PortError(

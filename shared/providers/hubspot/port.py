@@ -49,7 +49,7 @@ DEFAULT_BASE_URL = "https://api.hubapi.com"
 DEFAULT_TIMEOUT_SECONDS = 10.0
 PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task": "tasks"}
 SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
-# Rejected token (or None) in, live token out; raises PortError (shared/port/connect.py).
+# Rejected token (or None) in, live token out; raises PortError (shared/providers/connect.py).
 TokenSource = Callable[[str | None], str]
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 # Codes whose request provably never changed anything at the provider.
@@ -235,7 +235,7 @@ class HubSpotPort:
     ) -> None:
         """`token`: a portal's CRM token (private-app token or OAuth access token), for records.
         `token_source`: instead of a fixed token, where each call gets a live one (an OAuth
-        connection: shared/port/connect.py); called with the token HubSpot just answered 401
+        connection: shared/providers/connect.py); called with the token HubSpot just answered 401
         to, it hands back a refreshed one.
         `developer_api_key`: the app's developer credential, which is what the webhooks v3
         subscriptions API takes (as `hapikey`), not a portal token

@@ -13,8 +13,8 @@ token's portal, and the refresh `Refresher` for shared/accounts/oauth_tokens.py.
 - `GET /oauth/v1/access-tokens/{token}` says which portal (`hub_id`) and app (`app_id`) a token
   acts for (https://developers.hubspot.com/docs/api-reference/legacy/authentication/
   oauth-tokens/v1/guide).
-Other failures are classified like every HubSpot answer (shared/port/hubspot.py). Tokens and
-codes are never put in an error message.
+Other failures are classified like every HubSpot answer (shared/providers/hubspot/port.py).
+Tokens and codes are never put in an error message.
 """
 
 from __future__ import annotations
@@ -27,8 +27,12 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
-from shared.port.hubspot import DEFAULT_BASE_URL, classify_response, classify_transport_error
 from shared.port.interface import PortError
+from shared.providers.hubspot.port import (
+    DEFAULT_BASE_URL,
+    classify_response,
+    classify_transport_error,
+)
 
 AUTHORIZE_URL = "https://app.hubspot.com/oauth/authorize"
 REVOKED_STATUSES = frozenset({"BAD_REFRESH_TOKEN", "invalid_grant"})

@@ -1,0 +1,1 @@
+"""HubSpot: everything onceflow knows about it (shared/providers/registry.py lists it)."""

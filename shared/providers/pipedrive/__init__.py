@@ -1,0 +1,1 @@
+"""Pipedrive: everything onceflow knows about it (shared/providers/registry.py lists it)."""

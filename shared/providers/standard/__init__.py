@@ -1,0 +1,1 @@
+"""Standard Webhooks senders (shared/providers/registry.py lists it)."""
