@@ -1,6 +1,6 @@
-"""`webhook` entry point: `POST /{provider}/{connection_id}` and, for a HubSpot app's one URL
-for all its portals, `POST /hubspot/app/{appId}` (public, no IAM). Also HubSpot's browser
-redirect back from an app install, `GET /oauth/hubspot/callback`, and signed approval links,
+"""`webhook` entry point: `POST /{provider}/{connection_id}` and, for a provider app's one URL
+for all its accounts, `POST /{provider}/app/{appId}` (public, no IAM). Also the provider's browser
+redirect back from an app install, `GET /oauth/{provider}/callback`, and signed approval links,
 `/ui/decide/...`: this is the one public function, and those pages are authenticated by what
 the browser brings (the install's single-use state, shared/accounts/oauth_install_http.py; the
 link's
@@ -26,12 +26,12 @@ from shared.core.request_body import detached
 from shared.ingest import app_webhook, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
-from shared.providers.install import CALLBACK_PATH
+from shared.providers.install import CALLBACK_PATHS
 
 
 @functions_framework.http
 def webhook(request: Any) -> flask.Response:
-    if request.path == CALLBACK_PATH:
+    if request.path in CALLBACK_PATHS:
         with traced(request.headers), labelled(function="webhook"):
             return oauth_install_http.callback(get_database(), request)
     if request.path.startswith(f"{APPROVAL_LINK_PREFIX}/"):

@@ -153,8 +153,8 @@ def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_ta
     `max_event_redeliveries` times, `redeliver_events_after_seconds` apart, before giving it up
     as undelivered. Each provider's grace must cover both, and a marker written for a
     connection of that provider must carry it."""
-    from shared.accounts.connections import PROVIDERS, REDELIVERY_HORIZON_SECONDS
     from shared.admission.echo import expiry_grace_seconds
+    from shared.providers.registry import PROVIDERS, REDELIVERY_HORIZON_SECONDS
     from shared.steps.sweep import SweepConfig
 
     config = SweepConfig()
@@ -224,9 +224,9 @@ def test_a_hubspot_redelivery_late_within_its_horizon_is_still_an_echo_then_trim
     refused as `echo_suppressed`, and the sweep must trim the marker once the horizon has
     passed. (The first release deleted markers an hour after expiry: the late echo started
     the workflow.)"""
-    from shared.accounts.connections import REDELIVERY_HORIZON_SECONDS
     from shared.admission import admit as admission
     from shared.ingest.inbox import drain_inbox
+    from shared.providers.registry import REDELIVERY_HORIZON_SECONDS
     from shared.steps import sweep
     from tests import ingest_support
     from tests.admission_support import bind_workflow

@@ -13,7 +13,7 @@ whole batch, including the events that were routed, for a day; dropping it silen
 a portal that installed the app but has no connection.
 
 Like connections, an app row names the environment variables that hold its secrets. Deployed,
-those are the names `secret_env` gives (`HUBSPOT_APP_<app id>_CLIENT_SECRET`, ...): infra/
+those are the names the provider's `secret_env` gives (shared/providers/<provider>/apps.py): infra/
 declares one Secret Manager secret per app and secret and hands it to the functions
 `APP_SECRET_READERS` lists, and only to those.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -73,11 +73,6 @@ APP_SECRET_READERS: dict[AppKind, dict[AppSecretName, tuple[str, ...]]] = {
     },
     "private": {"client_secret": ("webhook",)},
 }
-
-
-def secret_env(app_id: str, name: AppSecretName) -> str:
-    """The environment variable a deployed function finds the app's secret `name` in."""
-    return f"HUBSPOT_APP_{app_id}_{name.upper()}"
 
 
 class SecretUnavailable(RuntimeError):
@@ -187,21 +182,20 @@ class Routes:
     unrouted: list[Unrouted] = field(default_factory=list)
 
 
-def _field(payload: Mapping[str, Any], name: str) -> str | None:
-    value = payload.get(name)
-    return None if value is None else str(value)
+# (account id, app id) an event names, as its provider reads them (shared/providers/<provider>/
+# apps.py): None where the event names none.
+EventAccount = Callable[[NormalizedEvent], tuple[str | None, str | None]]
 
 
 def split_by_account(
-    app: ProviderApp, events: Sequence[NormalizedEvent]
+    app: ProviderApp, events: Sequence[NormalizedEvent], event_account: EventAccount
 ) -> tuple[dict[str, list[NormalizedEvent]], list[Unrouted]]:
     """Pure: events grouped by the account they name (keeping their order), and those that can't
     be routed by what they say alone."""
     by_account: dict[str, list[NormalizedEvent]] = {}
     unrouted: list[Unrouted] = []
     for event in events:
-        account = _field(event.payload, "portalId")
-        event_app = _field(event.payload, "appId")
+        account, event_app = event_account(event)
         if account is None or not is_app_id(account):  # portal ids are numeric like app ids
             unrouted.append(Unrouted(event, (account or "")[:40], "no_account"))
         elif event_app is not None and event_app != app.app_id:
@@ -211,9 +205,11 @@ def split_by_account(
     return by_account, unrouted
 
 
-def route_events(tx: Tx, app: ProviderApp, events: Sequence[NormalizedEvent]) -> Routes:
+def route_events(
+    tx: Tx, app: ProviderApp, events: Sequence[NormalizedEvent], event_account: EventAccount
+) -> Routes:
     """Each event to its live connection by (app, account); one lookup for the whole batch."""
-    by_account, unrouted = split_by_account(app, events)
+    by_account, unrouted = split_by_account(app, events, event_account)
     routes = Routes(unrouted=unrouted)
     if not by_account:
         return routes

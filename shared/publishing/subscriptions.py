@@ -43,6 +43,7 @@ from shared.core import queries
 from shared.core.db import Database
 from shared.core.logs import get_logger
 from shared.port.interface import CrmPort, PortError, Subscription
+from shared.providers import registry
 from shared.workflows import listening
 
 SQL = queries.load("workflows")
@@ -61,19 +62,12 @@ log = get_logger(__name__)
 
 SubscriptionKey = tuple[str, str, str | None]  # (object type, event kind, property)
 
-# onceflow event actions (shared/normalize/event.py naming) → provider event kinds, per
-# provider that supports subscription management.
-EVENT_KINDS: Mapping[str, Mapping[str, str]] = {
-    "hubspot": {
-        "created": "creation",
-        "property_changed": "propertyChange",
-        "deleted": "deletion",
-        "privacy_deleted": "privacyDeletion",
-        "merged": "merge",
-        "restored": "restore",
-        "association_changed": "associationChange",
-    }
-}
+
+def _event_kinds(provider: str) -> Mapping[str, str]:
+    """onceflow event actions (shared/normalize/event.py naming) -> the provider's subscription
+    event kinds; empty for a provider whose subscriptions are not managed through an API."""
+    found = registry.get(provider)
+    return found.subscription_event_kinds if found is not None else {}
 
 
 @dataclass(frozen=True)
@@ -133,7 +127,7 @@ def desired_subscriptions(
     """The union of what these stored definitions listen to from `provider` — their triggers
     and their waits (shared/workflows/listening.py). Events of other providers are not this
     connection's business."""
-    kinds = EVENT_KINDS.get(provider, {})
+    kinds = _event_kinds(provider)
     keys: set[SubscriptionKey] = set()
     unsupported: list[str] = []
     prefix = f"{provider}."

@@ -7,11 +7,11 @@
         idempotency_ttl_seconds: 86400
 
 The request is verified exactly like a provider webhook on that connection (Standard Webhooks
-for a `standard` connection, `X-Signature-256` for an `hmac` one: shared/providers/signatures.py),
-then addressed to the tenant's
-active workflow of that name, which must have a webhook trigger. Unlike a CRM webhook it does
-not go through the inbox: the answer names the trigger event, so the event is emitted while
-the sender waits (one short transaction).
+for a `standard` connection, `X-Signature-256` for an `hmac` one:
+shared/providers/<provider>/signature.py), then addressed to the tenant's active workflow of
+that name, which must have a webhook trigger. Unlike a CRM webhook it does not go through
+the inbox: the answer names the trigger event, so the event is emitted while the sender waits
+(one short transaction).
 
 Idempotency, declared, never implicit:
 - with `idempotency_key`, the expression is evaluated over `headers` (lower-case names; no
@@ -45,6 +45,7 @@ from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
 from shared.ingest.outbox import TriggerEvent, emit
+from shared.providers import registry
 from shared.steps.sweep import Duty
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import Trigger, WebhookTrigger
@@ -65,11 +66,6 @@ REFUSAL_INSERT = SQL["webhook_trigger_refusal_insert"]
 KEYS_EXPIRE = SQL["webhook_trigger_keys_expire"]
 REFUSALS_RECENT = SQL["webhook_trigger_refusals_recent"]
 
-# Connections whose verification suits a sender of the customer's choosing (Standard Webhooks,
-# or a shared HMAC secret); a CRM's own scheme (HubSpot, Pipedrive) only ever signs that CRM's
-# calls. An `hmac` connection has no CRM events to receive: it addresses webhook triggers only.
-PROVIDERS = ("standard", "hmac")
-TRIGGER_ONLY_PROVIDERS = ("hmac",)
 KEY_ROOTS = frozenset({"headers", "body"})
 MAX_KEY_LENGTH = 512
 REQUEST_OBJECT_TYPE = "webhook_request"
@@ -79,11 +75,8 @@ HIDDEN_HEADERS = frozenset(
         "authorization",
         "cookie",
         "proxy-authorization",
-        "webhook-signature",
-        "x-signature-256",
-        "x-hubspot-signature",
-        "x-hubspot-signature-v3",
     }
+    | registry.HIDDEN_HEADERS  # each provider's signature headers
 )
 log = get_logger(__name__)
 

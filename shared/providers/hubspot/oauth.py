@@ -28,6 +28,7 @@ import httpx
 
 from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
 from shared.port.interface import PortError
+from shared.providers.descriptor import CodeRefused, TokenAccount
 from shared.providers.hubspot.port import (
     DEFAULT_BASE_URL,
     classify_response,
@@ -36,14 +37,6 @@ from shared.providers.hubspot.port import (
 
 AUTHORIZE_URL = "https://app.hubspot.com/oauth/authorize"
 REVOKED_STATUSES = frozenset({"BAD_REFRESH_TOKEN", "invalid_grant"})
-
-
-class CodeRefused(Exception):
-    """HubSpot refused to exchange the code (used twice, expired, another redirect_uri...)."""
-
-    def __init__(self, status: str) -> None:
-        super().__init__(status)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -191,3 +184,9 @@ def hubspot_refresher(
         return _grant(response, refresh_token)
 
     return refresh
+
+
+def token_account(access_token: str, *, base_url: str | None = None) -> TokenAccount:
+    """`token_info` in the install flow's terms: the portal is the account."""
+    info = token_info(access_token, base_url=base_url)
+    return TokenAccount(account_id=info.hub_id, app_id=info.app_id)
