@@ -79,9 +79,9 @@ def callback_path(provider: str) -> str:
 
 
 def _install_provider() -> str:
-    """The provider whose apps ops installs (`/v1/apps/<provider>/...`): one today."""
-    (only,) = registry.oauth_providers()
-    return only
+    """The provider an install is for when the caller names none: ops' install routes and
+    `ONCEFLOW_OAUTH_REDIRECT_URL` name one provider today (the first with OAuth installs)."""
+    return registry.oauth_providers()[0]
 
 
 CALLBACK_PATH = callback_path(_install_provider())
@@ -196,10 +196,16 @@ def _oauth_app(tx: Tx, app_id: str, provider: str | None = None) -> ProviderApp:
 
 
 def start(
-    tx: Tx, *, tenant_id: str, app_id: str, redirect_uri: str, started_by: str | None
+    tx: Tx,
+    *,
+    tenant_id: str,
+    app_id: str,
+    redirect_uri: str,
+    started_by: str | None,
+    provider: str | None = None,
 ) -> Started:
     """A new install of `app_id` for `tenant_id`: the URL to send the operator's browser to."""
-    app = _oauth_app(tx, app_id)
+    app = _oauth_app(tx, app_id, provider)
     try:
         client_id, _ = app.oauth_client()
         oauth_tokens.key_from_env(oauth_tokens.TOKEN_KEK_ENV)  # the grant could not be kept
@@ -327,14 +333,21 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
     return Pending(tenant_id, app.app_id, info.account_id, confirm_code, confirm_by, started_by)
 
 
-def confirm(db: Database, *, app_id: str, confirm_code: str, token_id: str | None) -> Installed:
+def confirm(
+    db: Database,
+    *,
+    app_id: str,
+    confirm_code: str,
+    token_id: str | None,
+    provider: str | None = None,
+) -> Installed:
     """The confirmation: the ops token that started the install sends the code its callback
     page showed; the portal's connection is created or re-authorized. InstallRefused (404) for
     an unknown, wrong, late or used code or another token; nothing is connected then."""
     unknown = InstallRefused(404, "not_found", "no such install waiting for confirmation")
     if not _STATE.match(confirm_code):
         raise unknown
-    app = _oauth_app_outside(db, app_id)
+    app = _oauth_app_outside(db, app_id, provider)
     with db.transaction() as tx:
         row = tx.one(
             CONFIRM,
