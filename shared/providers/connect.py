@@ -130,6 +130,7 @@ def build_port(settings: PortSettings) -> CrmPort:
                 ),
                 settings.connection_id,
                 singular_object_type,
+                crm.label_properties,
             )
             _cache[key] = port
         return port
@@ -220,6 +221,7 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
                 ),
                 settings.connection_id,
                 singular_object_type,
+                crm.label_properties,
             )
             _cache[key] = port
         return port

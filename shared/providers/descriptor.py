@@ -101,6 +101,9 @@ class Crm:
     # The port's subscription API is the app's (one set per app), reached with the app's
     # developer credential rather than a portal's token.
     app_subscriptions: bool = False
+    # Per object type (singular), the properties that name a record (shared/port/
+    # record_labels.py): what the ops page shows beside a record key.
+    label_properties: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class CodeRefused(Exception):

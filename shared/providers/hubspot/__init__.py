@@ -28,7 +28,18 @@ PROVIDER = Provider(
     event_types=normalize.event_types,
     kept_headers=("x-hubspot-request-timestamp",),
     hidden_headers=("x-hubspot-signature", "x-hubspot-signature-v3"),
-    crm=Crm(port=HubSpotPort, capabilities=HubSpotPort.capabilities, app_subscriptions=True),
+    crm=Crm(
+        port=HubSpotPort,
+        capabilities=HubSpotPort.capabilities,
+        app_subscriptions=True,
+        label_properties={
+            "contact": ("firstname", "lastname"),
+            "company": ("name",),
+            "deal": ("dealname",),
+            "task": ("hs_task_subject",),
+            "ticket": ("subject",),
+        },
+    ),
     app=AppWebhooks(event_account=apps.event_account, secret_env=apps.secret_env),
     oauth=OAuth(
         authorize_url=oauth.authorize_url,
