@@ -26,7 +26,7 @@ from shared.core.db import Tx
 from shared.port.interface import CrmPort, PortError, singular_object_type
 from shared.port.observed import ObservedPort
 from shared.providers import registry
-from shared.providers.descriptor import Crm, OAuth
+from shared.providers.descriptor import Crm, OAuth, TokenSource
 
 SQL = queries.load("port")
 GET = SQL["port_connection_get"]
@@ -109,11 +109,23 @@ def build_port(settings: PortSettings) -> CrmPort:
             code="unauthorized",
             transient=False,
         )
+    return _cached_port(settings, token, token=token)
+
+
+def _cached_port(
+    settings: PortSettings,
+    credential: str,
+    *,
+    token: str | None = None,
+    token_source: TokenSource | None = None,
+) -> CrmPort:
+    """The connection's observed port, built on first use and reused while its base URL,
+    `credential` (its token, or its OAuth client), app id and key property stay the same."""
     key = (
         settings.connection_id,
         settings.provider,
         settings.api_base_url,
-        token,
+        credential,
         f"{settings.provider_app_id}|{settings.idempotency_property}",
     )
     with _cache_lock:
@@ -127,6 +139,7 @@ def build_port(settings: PortSettings) -> CrmPort:
                     base_url=settings.api_base_url,
                     app_id=settings.provider_app_id,
                     idempotency_property=settings.idempotency_property,
+                    token_source=token_source,
                 ),
                 settings.connection_id,
                 singular_object_type,
@@ -176,16 +189,10 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
     """The port of an OAuth connection: no token of its own, a token source instead."""
     from shared.core.db import get_database
 
-    crm, oauth = _crm(settings.provider), _oauth(settings.provider)
+    _crm(settings.provider)  # a provider without a CRM adapter is refused before secrets are read
+    oauth = _oauth(settings.provider)
     client_id = _env(settings.oauth_client_id_env, "the app's OAuth client id")
     client_secret = _env(settings.oauth_client_secret_env, "the app's OAuth client secret")
-    key = (
-        settings.connection_id,
-        settings.provider,
-        settings.api_base_url,
-        f"oauth:{client_id}:{client_secret}",
-        f"{settings.provider_app_id}|{settings.idempotency_property}",
-    )
     refresher = oauth.refresher(
         client_id=client_id, client_secret=client_secret, base_url=settings.api_base_url
     )
@@ -207,24 +214,7 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
         except oauth_tokens.TokenKeyUnavailable as exc:
             raise PortError(str(exc), code="unauthorized", transient=False) from None
 
-    with _cache_lock:
-        port = _cache.get(key)
-        if port is None:
-            _drop_cached(settings.connection_id)
-            port = ObservedPort(
-                crm.port(
-                    None,
-                    base_url=settings.api_base_url,
-                    app_id=settings.provider_app_id,
-                    idempotency_property=settings.idempotency_property,
-                    token_source=token_source,
-                ),
-                settings.connection_id,
-                singular_object_type,
-                crm.label_properties,
-            )
-            _cache[key] = port
-        return port
+    return _cached_port(settings, f"oauth:{client_id}:{client_secret}", token_source=token_source)
 
 
 def _drop_cached(connection_id: str) -> None:
