@@ -131,7 +131,7 @@ def _cached_port(
     with _cache_lock:
         port = _cache.get(key)
         if port is None:
-            crm = _crm(settings.provider)
+            crm, _ = _crm(settings.provider)
             _drop_cached(settings.connection_id)
             port = ObservedPort(
                 crm.port(
@@ -154,22 +154,14 @@ def _title(settings: PortSettings) -> str:
     return found.title if found is not None else settings.provider
 
 
-def _crm(provider: str) -> Crm:
+def _crm(provider: str, *, oauth: bool = False) -> tuple[Crm, OAuth | None]:
+    """The provider's CRM adapter (and its OAuth half, which `oauth` requires)."""
     found = registry.get(provider)
-    if found is None or found.crm is None:
+    if found is None or found.crm is None or (oauth and found.oauth is None):
         raise PortError(
             f"no CRM adapter for provider {provider!r}", code="invalid_request", transient=False
         )
-    return found.crm
-
-
-def _oauth(provider: str) -> OAuth:
-    found = registry.get(provider)
-    if found is None or found.oauth is None:
-        raise PortError(
-            f"no CRM adapter for provider {provider!r}", code="invalid_request", transient=False
-        )
-    return found.oauth
+    return found.crm, found.oauth
 
 
 def _env(name: str | None, what: str) -> str:
@@ -189,8 +181,8 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
     """The port of an OAuth connection: no token of its own, a token source instead."""
     from shared.core.db import get_database
 
-    _crm(settings.provider)  # a provider without a CRM adapter is refused before secrets are read
-    oauth = _oauth(settings.provider)
+    _, oauth = _crm(settings.provider, oauth=True)
+    assert oauth is not None  # _crm refused a provider without one
     client_id = _env(settings.oauth_client_id_env, "the app's OAuth client id")
     client_secret = _env(settings.oauth_client_secret_env, "the app's OAuth client secret")
     refresher = oauth.refresher(
