@@ -21,8 +21,8 @@ from urllib.parse import urlencode
 import httpx
 
 from shared.accounts import provider_apps
-from shared.accounts.oauth_install import CALLBACK_PATH
 from shared.ops.auth import mint_token
+from shared.providers.install import CALLBACK_PATH
 
 if TYPE_CHECKING:
     from devstack.demo import Scenario
@@ -216,7 +216,7 @@ class AppChapters:
         return True
 
     def union(self) -> None:
-        from shared.port.connect import port_for_app
+        from shared.providers.connect import port_for_app
         from shared.publishing import subscriptions, versions
 
         story = self.s.story

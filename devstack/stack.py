@@ -46,9 +46,9 @@ import pg8000.dbapi
 
 from devstack import emulator, function_process, postgres, scheduler
 from devstack.tools import MissingTool, free_port, pg_bindir, port_holder, pubsub_emulator
-from shared.accounts.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV
 from shared.core.deployables import DEPLOYABLES, by_name
 from shared.ops import approval_links
+from shared.providers.install import CALLBACK_PATH, REDIRECT_URL_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".local"

@@ -1,6 +1,6 @@
-"""`webhook` entry point: `POST /{provider}/{connection_id}` and, for a HubSpot app's one URL
-for all its portals, `POST /hubspot/app/{appId}` (public, no IAM). Also HubSpot's browser
-redirect back from an app install, `GET /oauth/hubspot/callback`, and signed approval links,
+"""`webhook` entry point: `POST /{provider}/{connection_id}` and, for a provider app's one URL
+for all its accounts, `POST /{provider}/app/{appId}` (public, no IAM). Also the provider's browser
+redirect back from an app install, `GET /oauth/{provider}/callback`, and signed approval links,
 `/ui/decide/...`: this is the one public function, and those pages are authenticated by what
 the browser brings (the install's single-use state, shared/accounts/oauth_install_http.py; the
 link's
@@ -20,18 +20,18 @@ import flask
 import functions_framework
 
 from shared.accounts import oauth_install_http
-from shared.accounts.oauth_install import CALLBACK_PATH
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
 from shared.core.request_body import detached
-from shared.ingest import hubspot_app, nudge
+from shared.ingest import app_webhook, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
+from shared.providers.install import CALLBACK_PATHS
 
 
 @functions_framework.http
 def webhook(request: Any) -> flask.Response:
-    if request.path == CALLBACK_PATH:
+    if request.path in CALLBACK_PATHS:
         with traced(request.headers), labelled(function="webhook"):
             return oauth_install_http.callback(get_database(), request)
     if request.path.startswith(f"{APPROVAL_LINK_PREFIX}/"):
@@ -43,8 +43,8 @@ def webhook(request: Any) -> flask.Response:
             return detached(handle_approval_link(default_api(), request), request)
     with traced(request.headers), labelled(function="webhook"):
         receive = (
-            hubspot_app.receive_app_webhook
-            if hubspot_app.is_app_path(request.path)
+            app_webhook.receive_app_webhook
+            if app_webhook.is_app_path(request.path)
             else receive_webhook
         )
         answer = receive(

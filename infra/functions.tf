@@ -213,7 +213,7 @@ resource "google_cloudfunctions2_function" "function" {
       # request path has no function-name prefix, so without this the signature base differs
       # and every delivery is refused 401 (shared/ingest/receive.py, public_uri).
       PUBLIC_BASE_URL = each.key == "webhook" ? local.webhook_public_base_url : ""
-      # The redirect URI an app install sends HubSpot (shared/accounts/oauth_install.py): the callback is
+      # The redirect URI an app install sends HubSpot (shared/providers/install.py): the callback is
       # served by webhook, the one public function, because ops is IAM-gated and HubSpot's
       # redirect is a browser without a Google identity token.
       ONCEFLOW_OAUTH_REDIRECT_URL = each.key == "ops" ? local.hubspot_oauth_redirect_url : ""

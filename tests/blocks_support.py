@@ -15,7 +15,7 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec
 from shared.core.db import Database
 from shared.gates.kind import WorkflowGates
-from shared.port import connect
+from shared.providers import connect
 from shared.steps.gated import run_gated, settle_gates
 from shared.steps.states import StepStatus
 from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of

@@ -32,7 +32,7 @@ from shared.blocks.base import BlockContext, BlockResult
 from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
 from shared.ingest.inbox import drain_inbox
-from shared.port import connect
+from shared.providers import connect
 from shared.publishing import subscriptions, versions
 from shared.publishing.validate import ValidationReport
 from shared.steps.repairs import wake_due_steps

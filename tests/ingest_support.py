@@ -1,5 +1,5 @@
 """Test helpers for the events-in path: tenants/connections rows, provider payloads, and
-signatures computed here with hmac/hashlib, independently of `shared.ingest.signatures`."""
+signatures computed here with hmac/hashlib, independently of shared/providers/*/signature.py."""
 
 from __future__ import annotations
 

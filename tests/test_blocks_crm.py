@@ -10,7 +10,7 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.blocks import crm
 from shared.blocks.base import BlockFailure
 from shared.core.db import Database
-from shared.port import connect
+from shared.providers import connect
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 
 

@@ -69,7 +69,7 @@ def test_every_drop_is_recorded_per_record_and_explained_to_its_tenant_only(
             " WHERE connection_id = :c ORDER BY id",
             c=acme,
         )
-    # HubSpot's own eventId ends the composite dedup key (shared/normalize/hubspot.py).
+    # HubSpot's own eventId ends the composite dedup key (shared/providers/hubspot/normalize.py).
     assert [(r["reason"], r["fields"], r["source_event_id"].rsplit(":", 1)[-1]) for r in rows] == [
         ("re_announced", {"lifecyclestage": "lead"}, "1"),
         # A body's events are applied in the order they occurred; a long value is cut.

@@ -153,9 +153,9 @@ def test_an_expired_marker_outlives_the_longest_path_an_undelivered_event_can_ta
     `max_event_redeliveries` times, `redeliver_events_after_seconds` apart, before giving it up
     as undelivered. Each provider's grace must cover both, and a marker written for a
     connection of that provider must carry it."""
-    from shared.accounts.connections import PROVIDERS, REDELIVERY_HORIZON_SECONDS
     from shared.core.duty import SweepConfig
     from shared.ingest.echo import expiry_grace_seconds
+    from shared.providers.registry import PROVIDERS, REDELIVERY_HORIZON_SECONDS
 
     config = SweepConfig()
     publisher_cadence = 60  # Cloud Scheduler's once a minute, the slowest publisher there is
@@ -224,10 +224,10 @@ def test_a_hubspot_redelivery_late_within_its_horizon_is_still_an_echo_then_trim
     refused as `echo_suppressed`, and the sweep must trim the marker once the horizon has
     passed. (The first release deleted markers an hour after expiry: the late echo started
     the workflow.)"""
-    from shared.accounts.connections import REDELIVERY_HORIZON_SECONDS
     from shared.admission import admit as admission
     from shared.ingest.echo import expire_markers_past_grace
     from shared.ingest.inbox import drain_inbox
+    from shared.providers.registry import REDELIVERY_HORIZON_SECONDS
     from tests import ingest_support
     from tests.admission_support import bind_workflow
 

@@ -16,8 +16,8 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.accounts import connections, oauth_tokens, provider_apps
 from shared.accounts.oauth_tokens import Grant
 from shared.core.db import Database
-from shared.port import connect
 from shared.port.interface import PortError
+from shared.providers import connect
 from tests.ingest_support import make_tenant
 
 APP_ID = "424242"

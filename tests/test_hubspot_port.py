@@ -11,9 +11,9 @@ import pytest
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.tools import free_port
 from shared.core.db import Database
-from shared.port import connect
-from shared.port.hubspot import NOT_APPLIED_CODES, HubSpotPort, classify_response
-from shared.port.interface import PortError, SearchFilter, Subscription
+from shared.port.interface import NOT_APPLIED_CODES, PortError, SearchFilter, Subscription
+from shared.providers import connect
+from shared.providers.hubspot.port import HubSpotPort, classify_response
 
 
 @pytest.fixture

@@ -928,8 +928,9 @@ def test_every_app_secret_the_code_reads_reaches_its_readers_and_no_other(tf: Te
     token-encryption key reaches exactly the functions that seal or refresh a grant (webhook at
     an install's callback, and the functions that use a connection's token)."""
     from shared.accounts.oauth_tokens import TOKEN_KEK_ENV
-    from shared.accounts.provider_apps import APP_SECRET_READERS, secret_env
+    from shared.accounts.provider_apps import APP_SECRET_READERS
     from shared.core.deployables import CRM_TOKEN_USERS, OAUTH_CLIENT_USERS
+    from shared.providers.hubspot.apps import secret_env
 
     readers = tf.locals["hubspot_app_secret_readers"]
     assert {k: {n: tuple(f) for n, f in v.items()} for k, v in readers.items()} == {
@@ -981,7 +982,7 @@ def test_app_webhook_url_output_is_the_uri_the_app_path_verifies(tf: Terraform) 
     """The target URL infra tells the operator to register for an app is routed to the app
     path, and is exactly the URI the webhook rebuilds (PUBLIC_BASE_URL + the path it sees
     behind cloudfunctions.net) to check HubSpot's v3 signature."""
-    from shared.ingest.hubspot_app import APP_PATH
+    from shared.ingest.app_webhook import APP_PATH
     from shared.ingest.receive import WebhookRequest, public_uri
 
     output = tf.outputs["hubspot_app_webhook_urls"]["value"]
@@ -1024,7 +1025,7 @@ def test_oauth_redirect_url_ops_sends_is_where_the_webhook_function_serves_the_c
     from flask import Flask
 
     from functions.webhook import webhook
-    from shared.accounts.oauth_install import (
+    from shared.providers.install import (
         CALLBACK_PATH,
         REDIRECT_URL_ENV,
         configured_redirect_url,
@@ -1063,6 +1064,7 @@ def test_readme_registers_the_app_under_the_names_infra_hands_out(tf: Terraform,
     Terraform gives the functions for that app; its `gcloud` lines add versions to the secrets
     Terraform declares for it."""
     from shared.accounts import provider_apps
+    from shared.providers.hubspot import apps as hubspot_apps
 
     section = _readme_section("Register the HubSpot app")
     sql = re.search(r"```sql\n(.*?)```", section, re.S)
@@ -1071,8 +1073,8 @@ def test_readme_registers_the_app_under_the_names_infra_hands_out(tf: Terraform,
         tx.execute(sql[1].strip().rstrip(";"))
         app = provider_apps.get_app(tx, "hubspot", "123")
     assert app is not None and app.kind == "public"
-    assert app.client_secret_env == provider_apps.secret_env("123", "client_secret")
-    assert app.developer_credential_env == provider_apps.secret_env("123", "developer_key")
+    assert app.client_secret_env == hubspot_apps.secret_env("123", "client_secret")
+    assert app.developer_credential_env == hubspot_apps.secret_env("123", "developer_key")
     tfvars = re.search(r'"123" = \{ kind = "public", versions = \{ (.*?) \} \}', section)
     assert tfvars
     versions = dict(re.findall(r'(\w+) = "(\d+)"', tfvars[1]))

@@ -7,7 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.normalize import UnparseableBody, normalize
+from shared.normalize import UnparseableBody
+from shared.providers.registry import normalize
 from tests.ingest_support import hubspot_body, hubspot_event
 
 
@@ -137,7 +138,7 @@ def test_standard_webhook_uses_type_and_webhook_id() -> None:
 
 
 def test_a_signed_body_nested_too_deeply_is_unparseable_not_a_crash() -> None:
-    from shared.normalize import normalize
+    from shared.providers.registry import normalize
 
     deep = b"[" * 100_000 + b"]" * 100_000
     for provider in ("hubspot", "standard", "pipedrive"):

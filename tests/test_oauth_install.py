@@ -22,10 +22,10 @@ import pytest
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.function_process import serve
 from shared.accounts import oauth_tokens, provider_apps
-from shared.accounts.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV, state_hash
 from shared.core.db import Database
 from shared.ops import cli
-from shared.port.hubspot_oauth import hubspot_refresher
+from shared.providers.hubspot.oauth import hubspot_refresher
+from shared.providers.install import CALLBACK_PATH, REDIRECT_URL_ENV, state_hash
 from tests.ops_support import (  # noqa: F401 - fixtures
     bearer,
     dispatched_fixture,
@@ -412,9 +412,9 @@ def test_two_confirmations_with_one_code_at_once_connect_the_portal_once(
 ) -> None:
     """A double submit: two confirmations of one install meet at a barrier; exactly one
     connects the portal, the other finds nothing waiting."""
-    from shared.accounts.oauth_install import InstallRefused
-    from shared.accounts.oauth_install import confirm as confirm_install
     from shared.ops.auth import hash_token
+    from shared.providers.install import InstallRefused
+    from shared.providers.install import confirm as confirm_install
 
     location = start(ops_server, setup).headers["Location"]
     page = httpx.get(consent(location, 2002), timeout=10)
@@ -456,7 +456,7 @@ def test_an_install_not_confirmed_in_time_connects_nothing(
     assert confirm(ops_server, setup, code.group(1)).status_code == 404
     assert connections_of(db) == []
     # The sweep drops the lapsed grant (the row stays until the day-old trim).
-    from shared.accounts.oauth_install import trim_install_states
+    from shared.providers.install import trim_install_states
 
     assert trim_install_states(db) == {"grants_dropped": 1, "deleted": 0}
     with db.transaction() as tx:
@@ -537,7 +537,7 @@ def test_an_install_without_the_redirect_url_configured_is_refused_before_any_st
 
 
 def test_the_sweep_forgets_install_states_a_day_after_they_expire(db: Database, setup: str) -> None:
-    from shared.accounts.oauth_install import trim_install_states
+    from shared.providers.install import trim_install_states
     from shared.sweep.catalog import default_duties
 
     with db.transaction() as tx:

@@ -16,7 +16,7 @@ from shared.accounts import oauth_tokens
 from shared.accounts.oauth_tokens import Grant, ReauthorizationNeeded
 from shared.admission.admit import provider_suppression
 from shared.core.db import Database
-from shared.port.hubspot_oauth import hubspot_refresher
+from shared.providers.hubspot.oauth import hubspot_refresher
 from tests.ingest_support import make_connection
 
 KEK_ENV = "ONCEFLOW_TOKEN_KEK"

@@ -39,7 +39,7 @@ def test_the_hubspot_port_classifies_statuses_by_the_one_rule() -> None:
     statuses (423 locked, 477 migration in progress)."""
     import httpx
 
-    from shared.port.hubspot import BUSY_STATUSES, classify_response
+    from shared.providers.hubspot.port import BUSY_STATUSES, classify_response
 
     request = httpx.Request("GET", "https://api.hubapi.com/crm/v3/objects/contacts/1")
     for status in range(400, 600):

@@ -11,8 +11,9 @@ import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.core.db import Database
-from shared.port import connect, observed
+from shared.port import observed
 from shared.port.interface import PortError
+from shared.providers import connect
 from tests.ops_support import (
     bearer,
     client_fixture,  # noqa: F401 - fixture `client`

@@ -15,8 +15,6 @@ from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.accounts import provider_apps
 from shared.accounts.connections import create_connection
 from shared.core.db import Database
-from shared.port import connect
-from shared.port.hubspot import HubSpotPort
 from shared.port.interface import (
     Capabilities,
     PortError,
@@ -24,6 +22,8 @@ from shared.port.interface import (
     SearchFilter,
     Subscription,
 )
+from shared.providers import connect
+from shared.providers.hubspot.port import HubSpotPort
 from shared.publishing import subscriptions as subs
 from shared.publishing import versions
 from tests.blocks_support import fake_crm

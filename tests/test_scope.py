@@ -234,7 +234,7 @@ RECORD_READ = re.compile(r"\brecord\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*[\"']([^\"']+)
 def _hubspot_property_change(event_type: str, prop: str) -> Occurrence:
     """The trigger occurrence a real HubSpot propertyChange webhook becomes: it carries the one
     property that changed, nothing else of the record."""
-    from shared.normalize.hubspot import normalize
+    from shared.providers.hubspot.normalize import normalize
 
     obj = event_type.split(".")[1]
     body = [

@@ -14,7 +14,7 @@ import pytest
 
 from devstack import stack
 from devstack.fakecrm.webhooks import signed_headers
-from shared.ingest import signatures
+from shared.providers.hubspot import signature as signatures
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 
-from shared.ingest.signatures import verify_hubspot, verify_pipedrive, verify_standard
+from shared.providers.hubspot.signature import verify_hubspot
+from shared.providers.pipedrive.signature import verify_pipedrive
+from shared.providers.standard.signature import verify_standard
 from tests.ingest_support import (
     HUBSPOT_SECRET,
     PIPEDRIVE_CREDENTIALS,

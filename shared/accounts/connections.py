@@ -35,29 +35,6 @@ GET_FOR_TENANT = SQL["connection_get_for_tenant"]
 INSERT = SQL["connection_insert"]
 ACTIVE_LISTENERS = SQL["connection_active_listeners"]
 
-PROVIDERS = ("hubspot", "standard", "pipedrive", "hmac")
-
-# How late each provider can still deliver an event after it occurred, through its own retries
-# of a failed delivery (our webhook down, slow or answering 5xx). Echo markers are kept this
-# long past their expiry (shared/ingest/echo.py `expiry_grace_seconds`), so the late echo of
-# one of
-# onceflow's own writes is still recognised (DESIGN invariant 17). Longer only costs rows.
-# - hubspot: "we will attempt to re-send failed notifications up to 10 times ... with an
-#   exponential backoff based on the next attemptNumber. So the first retry will happen in 2
-#   minutes, the second retry in 4 minutes, the third retry in 8 minutes, etc."
-#   (https://developers.hubspot.com/docs/methods/webhooks/webhooks-overview, "Retries"; the
-#   newer https://developers.hubspot.com/docs/api/webhooks says 10 retries over 24 hours).
-#   2 + 4 + ... + 1024 minutes = 2,046 minutes = 34.1 hours after the first attempt; 36 hours
-#   leaves room for the first attempt's own delay and the attempts' timeouts.
-# - pipedrive, standard, hmac: no schedule we can rely on is documented (Pipedrive says only
-#   that non-2xx deliveries are retried; Standard Webhooks and plain HMAC senders retry as
-#   their sender chooses, commonly within a day or two): three days.
-REDELIVERY_HORIZON_SECONDS: dict[str, int] = {
-    "hubspot": 36 * 3600,
-    "pipedrive": 72 * 3600,
-    "standard": 72 * 3600,
-    "hmac": 72 * 3600,
-}
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
 
 
@@ -141,8 +118,8 @@ def create_connection(
     watched_fields: Mapping[str, list[str]] | None = None,
     provider_app_id: str | None = None,
 ) -> str:
-    """Insert a connection; its id. With `provider_app_id` and `provider_account_id` (HubSpot
-    app id and portal id) it also receives the events its app's one URL routes to it."""
+    """Insert a connection; its id. With `provider_app_id` and `provider_account_id` (the
+    provider's app id and account id) it also receives the events its app's one URL routes to it."""
     return str(
         tx.scalar(
             INSERT,

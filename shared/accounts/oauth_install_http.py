@@ -7,7 +7,7 @@ not per path). What authenticates it is the install's single-use `state` (shared
 .py consumes it before anything else). The answer is a small HTML page rendered with the ops
 templates; every outcome, refused or pending, leaves an audit row naming who started the
 install. Nothing is connected here: the page shows the code with which the operator who started
-the install confirms it on ops (shared/accounts/oauth_install.py says why).
+the install confirms it on ops (shared/providers/install.py says why).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from typing import Any
 
 from flask import Request, Response
 
-from shared.accounts import oauth_install
-from shared.accounts.oauth_install import InstallRefused
 from shared.core.db import Database
 from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
 from shared.ops import auth
+from shared.providers import install as oauth_install
+from shared.providers.install import InstallRefused
 
 CALLBACK_ACTION = "apps.hubspot.callback"
 

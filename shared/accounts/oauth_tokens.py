@@ -17,8 +17,8 @@ A HubSpot public app acts on a portal with an OAuth access token that lives 30 m
   connection to `needs_reauthorization` (admission then refuses its events as
   `provider_suppressed`) and raises `ReauthorizationNeeded`.
 
-The first grant comes from the install flow (shared/accounts/oauth_install.py); CRM ports of OAuth
-connections read their token here (shared/port/connect.py).
+The first grant comes from the install flow (shared/providers/install.py); CRM ports of OAuth
+connections read their token here (shared/providers/connect.py).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def store_grant(tx: Tx, connection_id: str, grant: Grant, kek_env: str = TOKEN_K
 
 def seal_grant_for_later(grant: Grant, aad: bytes, kek_env: str = TOKEN_KEK_ENV) -> bytes:
     """`grant` sealed with the key in `kek_env`, bound to `aad`, for a grant that has no
-    connection yet (an install waiting for its confirmation, shared/accounts/oauth_install.py)."""
+    connection yet (an install waiting for its confirmation, shared/providers/install.py)."""
     plain = json.dumps(
         {
             "access_token": grant.access_token,

@@ -13,7 +13,7 @@ whole batch, including the events that were routed, for a day; dropping it silen
 a portal that installed the app but has no connection.
 
 Like connections, an app row names the environment variables that hold its secrets. Deployed,
-those are the names `secret_env` gives (`HUBSPOT_APP_<app id>_CLIENT_SECRET`, ...): infra/
+those are the names the provider's `secret_env` gives (shared/providers/<provider>/apps.py): infra/
 declares one Secret Manager secret per app and secret and hands it to the functions
 `APP_SECRET_READERS` lists, and only to those.
 """
@@ -21,7 +21,7 @@ declares one Secret Manager secret per app and secret and hands it to the functi
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,7 +42,7 @@ REROUTE_CLAIM = SQL["provider_app_reroute_claim"]
 # How long before a portal's connection was created an unrouted event of that portal may have
 # arrived and still be routed to it by the sweep (shared/ingest/inbox.py reroute_unrouted): HubSpot
 # installs the app at consent and sends the portal's events from then on, while the
-# connection appears when the install is confirmed, at most shared/accounts/oauth_install.py
+# connection appears when the install is confirmed, at most shared/providers/install.py
 # CONFIRM_TTL_SECONDS (30 min) after the callback. An hour covers that with room; an event
 # older than that predates the install (say, the portal kept the app after its previous
 # connection was disconnected) and is left for ops, never run late on a tenant's behalf.
@@ -75,11 +75,6 @@ APP_SECRET_READERS: dict[AppKind, dict[AppSecretName, tuple[str, ...]]] = {
 }
 
 
-def secret_env(app_id: str, name: AppSecretName) -> str:
-    """The environment variable a deployed function finds the app's secret `name` in."""
-    return f"HUBSPOT_APP_{app_id}_{name.upper()}"
-
-
 class SecretUnavailable(RuntimeError):
     """The environment variable an app names is not set in this process."""
 
@@ -93,7 +88,7 @@ class ProviderApp:
     developer_credential_env: str | None = None
     signature_versions: tuple[str, ...] = ("v3",)
     api_base_url: str | None = None
-    # The OAuth client a public app installs with (env var names; shared/accounts/oauth_install.py).
+    # The OAuth client a public app installs with (env var names; shared/providers/install.py).
     oauth_client_id_env: str | None = None
     oauth_scopes: tuple[str, ...] = ()
     oauth_authorize_url: str | None = None
@@ -187,21 +182,20 @@ class Routes:
     unrouted: list[Unrouted] = field(default_factory=list)
 
 
-def _field(payload: Mapping[str, Any], name: str) -> str | None:
-    value = payload.get(name)
-    return None if value is None else str(value)
+# (account id, app id) an event names, as its provider reads them (shared/providers/<provider>/
+# apps.py): None where the event names none.
+EventAccount = Callable[[NormalizedEvent], tuple[str | None, str | None]]
 
 
 def split_by_account(
-    app: ProviderApp, events: Sequence[NormalizedEvent]
+    app: ProviderApp, events: Sequence[NormalizedEvent], event_account: EventAccount
 ) -> tuple[dict[str, list[NormalizedEvent]], list[Unrouted]]:
     """Pure: events grouped by the account they name (keeping their order), and those that can't
     be routed by what they say alone."""
     by_account: dict[str, list[NormalizedEvent]] = {}
     unrouted: list[Unrouted] = []
     for event in events:
-        account = _field(event.payload, "portalId")
-        event_app = _field(event.payload, "appId")
+        account, event_app = event_account(event)
         if account is None or not is_app_id(account):  # portal ids are numeric like app ids
             unrouted.append(Unrouted(event, (account or "")[:40], "no_account"))
         elif event_app is not None and event_app != app.app_id:
@@ -211,9 +205,11 @@ def split_by_account(
     return by_account, unrouted
 
 
-def route_events(tx: Tx, app: ProviderApp, events: Sequence[NormalizedEvent]) -> Routes:
+def route_events(
+    tx: Tx, app: ProviderApp, events: Sequence[NormalizedEvent], event_account: EventAccount
+) -> Routes:
     """Each event to its live connection by (app, account); one lookup for the whole batch."""
-    by_account, unrouted = split_by_account(app, events)
+    by_account, unrouted = split_by_account(app, events, event_account)
     routes = Routes(unrouted=unrouted)
     if not by_account:
         return routes

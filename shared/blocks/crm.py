@@ -44,9 +44,17 @@ from shared.blocks.base import (
 from shared.core.db import get_database
 from shared.core.logs import get_logger
 from shared.ingest import echo
-from shared.port import connect
-from shared.port.hubspot import NOT_APPLIED_CODES, plural_object_type, singular_object_type
-from shared.port.interface import Association, CrmPort, PortError, Record, SearchFilter
+from shared.port.interface import (
+    NOT_APPLIED_CODES,
+    Association,
+    CrmPort,
+    PortError,
+    Record,
+    SearchFilter,
+    plural_object_type,
+    singular_object_type,
+)
+from shared.providers import connect
 
 Scalar = str | int | float | bool | None
 ECHO_TTL_SECONDS = 600

@@ -171,8 +171,8 @@ def landed(query: LandedQuery) -> bool:
     writes"); the duty only asks about reservations older than `RECONCILE_AFTER_SECONDS`
     (15 minutes), long after any write of the attempt could still be unindexed. Reading by
     `idProperty` instead of searching would not lag; the port has no such read yet."""
-    from shared.port.connect import port_for
     from shared.port.interface import SearchFilter
+    from shared.providers.connect import port_for
 
     port = port_for(query.connection_id)
     found = port.search(

@@ -32,7 +32,7 @@ Decisions:
   here (the one expiry statement): an event that occurred while its marker was alive but is
   admitted late is still recognised. Invariant 17: the grace must outlast the longest time an
   event can take from occurrence to admission, which is two legs: the provider's own retries
-  of a failed delivery (`REDELIVERY_HORIZON_SECONDS` in shared/accounts/connections.py, per
+  of a failed delivery (`REDELIVERY_HORIZON_SECONDS` in shared/providers/registry.py, per
   provider:
   HubSpot retries for about 34 hours), then onceflow's path from inbox to admission (Pub/Sub
   backoff, a publisher backlog, the sweep's re-publish until it gives an undecided event up as
@@ -59,10 +59,10 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from shared.accounts.connections import REDELIVERY_HORIZON_SECONDS
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
+from shared.providers.registry import REDELIVERY_HORIZON_SECONDS
 
 SQL = queries.load("echo")
 INSERT = SQL["echo_markers_insert"]

@@ -12,7 +12,7 @@ Row states (`webhook_inbox.status`):
   the error stays in `last_error` for a person to look at. Terminal.
 
 A row comes from a connection's own URL (`connection_id`) or from a provider app's URL
-(`app_provider`, `app_id`: one HubSpot app, many portals). An app's row is split when drained:
+(`app_provider`, `app_id`: one provider app, many accounts). An app's row is split when drained:
 each event goes to the connection of its (app, portal), in the same one transaction, and an
 event no live connection takes is recorded in `unrouted_provider_events` (see
 shared/accounts/provider_apps.py), counted as dropped `unrouted` in the row's outcome.
@@ -48,7 +48,8 @@ from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.ingest import drops, shadow
 from shared.ingest.outbox import TriggerEvent, emit
-from shared.normalize import NormalizedEvent, UnparseableBody, normalize
+from shared.normalize import NormalizedEvent, UnparseableBody
+from shared.providers import registry
 
 SQL = queries.load("inbox")
 STORE = SQL["inbox_store"]
@@ -243,7 +244,10 @@ def write_routed_events(
 ) -> Outcome:
     """An app's batch: each connection's events through `write_events`, the rest recorded as
     unrouted (kept for ops, never silently dropped), all in the caller's transaction."""
-    routes = provider_apps.route_events(tx, app, events)
+    provider = registry.get(app.provider)
+    if provider is None or provider.app is None:
+        raise UnparseableBody(f"provider {app.provider!r} has no app webhooks")
+    routes = provider_apps.route_events(tx, app, events, provider.app.event_account)
     outcome = Outcome()
     for connection_id, group in routes.by_connection.items():
         connection, watched = context.get(tx, connection_id)
@@ -281,7 +285,7 @@ def reroute_unrouted(db: Database, *, batch: int = REROUTE_BATCH) -> dict[str, i
             # The unrouted row keeps the normalized event's payload, which is the provider's
             # own event: normalized again exactly as the drain did it the first time.
             body = json.dumps([payload]).encode()
-            events = normalize(str(row["provider"]), body, {})
+            events = registry.normalize(str(row["provider"]), body, {})
             connection, watched = context.get(tx, str(row["connection_id"]))
             produced += write_events(tx, connection, int(row["inbox_id"]), events, watched).produced
     if rows:
@@ -358,7 +362,7 @@ def _process_fenced(
     else:
         provider = context.get(tx, str(row.connection_id))[0].provider
     try:
-        events = normalize(provider, row.body, row.headers)
+        events = registry.normalize(provider, row.body, row.headers)
     except UnparseableBody as exc:
         # Settled in this same transaction, under the lease we fenced on.
         log.warning("inbox row rejected: %s", exc)

@@ -41,17 +41,14 @@ from shared.core.db import Database, Tx, get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled
 from shared.core.settings import settings
-from shared.ingest import drops, inbox, signatures, webhook_trigger
+from shared.ingest import drops, inbox, webhook_trigger
+from shared.providers import registry
+from shared.providers.descriptor import SignedRequest, Verdict
 
-# Headers worth keeping with the body: what a normalizer or a person needs later. Never the
-# Authorization header (Pipedrive's Basic credentials) and no signatures.
-KEPT_HEADERS = (
-    "content-type",
-    "user-agent",
-    "webhook-id",
-    "webhook-timestamp",
-    "x-hubspot-request-timestamp",
-)
+# Headers worth keeping with the body: what a normalizer or a person needs later (each
+# provider declares its own). Never the Authorization header (a sender's Basic credentials)
+# and no signatures.
+KEPT_HEADERS = ("content-type", "user-agent", *registry.KEPT_HEADERS)
 log = get_logger(__name__)
 
 
@@ -62,7 +59,7 @@ def max_body_bytes() -> int:
 @dataclass(frozen=True)
 class WebhookRequest:
     method: str
-    path: str  # decoded path, e.g. /hubspot/5b0c…
+    path: str  # decoded path, e.g. /<provider>/5b0c…
     query_string: str  # raw, without the "?"
     scheme: str
     host: str
@@ -107,27 +104,19 @@ def _refuse(status: int, error: str, check: str, **labels: Any) -> Answer:
 
 def _verify(
     connection: connections.Connection, request: WebhookRequest, body: bytes, secret: str
-) -> signatures.Verdict:
-    now = time.time()
-    if connection.provider == "hubspot":
-        return signatures.verify_hubspot(
-            secret=secret,
-            method=request.method,
-            uri=public_uri(request),
-            body=body,
-            headers=request.headers,
-            now=now,
-            versions=connection.signature_versions,
-        )
-    if connection.provider == "standard":
-        return signatures.verify_standard(
-            secret=secret, body=body, headers=request.headers, now=now
-        )
-    if connection.provider == "pipedrive":
-        return signatures.verify_pipedrive(secret=secret, headers=request.headers)
-    if connection.provider == "hmac":
-        return signatures.verify_hmac(secret=secret, body=body, headers=request.headers)
-    return signatures.Verdict.refuse("provider_unsupported")
+) -> Verdict:
+    provider = registry.get(connection.provider)
+    if provider is None:
+        return Verdict.refuse("provider_unsupported")
+    signed = SignedRequest(
+        method=request.method,
+        uri=public_uri(request),
+        body=body,
+        headers=request.headers,
+        now=time.time(),
+        signature_versions=connection.signature_versions,
+    )
+    return provider.verify(secret, signed)
 
 
 def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
@@ -139,10 +128,10 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
     parts = request.path.strip("/").split("/")
     if (
         len(parts) not in (2, 3)
-        or parts[0] not in connections.PROVIDERS
+        or parts[0] not in registry.PROVIDERS
         or not connections.is_connection_id(parts[1])
-        or (len(parts) == 3 and parts[0] not in webhook_trigger.PROVIDERS)
-        or (len(parts) == 2 and parts[0] in webhook_trigger.TRIGGER_ONLY_PROVIDERS)
+        or (len(parts) == 3 and parts[0] not in registry.WEBHOOK_TRIGGER_PROVIDERS)
+        or (len(parts) == 2 and parts[0] in registry.TRIGGER_ONLY_PROVIDERS)
     ):
         return _refuse(404, "unknown_connection", "path")
     provider, connection_id = parts[:2]

@@ -5,8 +5,8 @@ its trigger event while the sender waits.
 
 shared/ingest/receive.py verifies the request exactly like a provider webhook on that
 connection (Standard Webhooks for a `standard` connection, `X-Signature-256` for an `hmac` one:
-shared/ingest/signatures.py) and hands it here (`receive_for_workflow`): addressed to the
-tenant's active workflow of that name, which must have a webhook trigger. Unlike a CRM webhook
+shared/providers/<provider>/signature.py) and hands it here (`receive_for_workflow`): addressed to
+the tenant's active workflow of that name, which must have a webhook trigger. Unlike a CRM webhook
 it does not go through the inbox: the answer names the trigger event, so the event is emitted
 (shared/ingest/outbox.py) in one short transaction.
 
@@ -46,6 +46,7 @@ from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
 from shared.ingest.outbox import TriggerEvent, emit
+from shared.providers import registry
 from shared.workflows.definition import WebhookTrigger
 from shared.workflows.expressions import (
     TEMPLATE,
@@ -63,11 +64,6 @@ KEY_SET_EVENT = SQL["webhook_trigger_key_set_event"]
 REFUSAL_INSERT = SQL["webhook_trigger_refusal_insert"]
 KEYS_EXPIRE = SQL["webhook_trigger_keys_expire"]
 
-# Connections whose verification suits a sender of the customer's choosing (Standard Webhooks,
-# or a shared HMAC secret); a CRM's own scheme (HubSpot, Pipedrive) only ever signs that CRM's
-# calls. An `hmac` connection has no CRM events to receive: it addresses webhook triggers only.
-PROVIDERS = ("standard", "hmac")
-TRIGGER_ONLY_PROVIDERS = ("hmac",)
 KEY_ROOTS = frozenset({"headers", "body"})
 MAX_KEY_LENGTH = 512
 REQUEST_OBJECT_TYPE = "webhook_request"
@@ -77,11 +73,8 @@ HIDDEN_HEADERS = frozenset(
         "authorization",
         "cookie",
         "proxy-authorization",
-        "webhook-signature",
-        "x-signature-256",
-        "x-hubspot-signature",
-        "x-hubspot-signature-v3",
     }
+    | registry.HIDDEN_HEADERS  # each provider's signature headers
 )
 log = get_logger(__name__)
 

@@ -753,7 +753,7 @@ def _reconcile_subscriptions_now(db: Database, tenant_id: str) -> None:
     """The provider subscriptions the change needs, at once (after the commit). Best effort:
     the activation stands either way, each outcome is recorded, and the hourly sweep repairs
     what failed here."""
-    from shared.port.connect import port_for, port_for_app
+    from shared.providers.connect import port_for, port_for_app
     from shared.publishing.subscriptions import reconcile_tenant
 
     try:

@@ -329,7 +329,7 @@ def _cancel(s: Session, args: argparse.Namespace) -> int:
 
 def _confirm_install(s: Session, args: argparse.Namespace) -> int:
     """Confirm a HubSpot app install with the code its callback page showed; only the token
-    that started the install may (shared/accounts/oauth_install.py says why)."""
+    that started the install may (shared/providers/install.py says why)."""
     result = s.client.call(
         "POST",
         f"/v1/apps/hubspot/{args.app}/installs/confirm",

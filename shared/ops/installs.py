@@ -1,5 +1,5 @@
 """App installs on the ops function: the operator's start and confirmation (ops API routes).
-The flow itself, and why an install needs both, is shared/accounts/oauth_install.py.
+The flow itself, and why an install needs both, is shared/providers/install.py.
 
 HubSpot's browser redirect back is not served here: ops is IAM-gated in the cloud (only
 `ops_invokers` may call it, and Cloud Run IAM is per service, not per path), so a browser
@@ -11,13 +11,13 @@ URL, which ops learns from `ONCEFLOW_OAUTH_REDIRECT_URL` (oauth_install.configur
 
 from __future__ import annotations
 
-from shared.accounts import oauth_install
-from shared.accounts.oauth_install import InstallRefused
 from shared.accounts.provider_apps import is_app_id
 from shared.core.db import Database
 from shared.ops import auth
 from shared.ops.errors import OpsError
 from shared.ops.models import InstallConfirm, InstallConfirmed, InstallRequest, InstallStarted
+from shared.providers import install as oauth_install
+from shared.providers.install import InstallRefused
 
 
 def start(

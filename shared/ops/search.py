@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 
 from shared.core import queries
 from shared.core.db import Tx
-from shared.normalize.hubspot import object_type_for, type_id_for
 from shared.ops.errors import OpsError
 from shared.ops.explain import parse_record_key
 from shared.ops.models import RecordMatch, RecordSearch
 from shared.port.record_labels import shown_for
+from shared.providers.hubspot.normalize import object_type_for, type_id_for
 from shared.workflows.scope import record_key as make_record_key
 
 SQL = queries.load("search")

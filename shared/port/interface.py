@@ -1,6 +1,6 @@
 """The integration port: what onceflow needs from a CRM, in onceflow's own terms.
 
-No vendor type or error crosses this line. Adapters (shared/port/hubspot.py, …) raise
+No vendor type or error crosses this line. Adapters (shared/providers/hubspot/port.py, …) raise
 `PortError` with a vendor-neutral `code` and a classification, and declare their optional
 capabilities, so the engine never branches on a vendor's name.
 """
@@ -12,6 +12,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 ObjectType = Literal["contacts", "companies", "deals", "tasks"]
+# onceflow's object kinds, singular and plural (a workflow may name either); an adapter maps
+# them to its provider's own names.
+PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task": "tasks"}
+SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
+# Codes whose request provably never changed anything at the provider.
+# `busy`: the provider said it would not act on the request now.
+NOT_APPLIED_CODES = frozenset(
+    {
+        "connect_failed",
+        "rate_limited",
+        "busy",
+        "unauthorized",
+        "invalid_request",
+        "not_found",
+        "conflict",
+    }
+)
 
 
 class PortError(Exception):
@@ -135,3 +152,18 @@ class RateLimitState:
     max: int | None = None
     interval_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def plural_object_type(object_type: str) -> str:
+    name = object_type.strip().lower()
+    if name in SINGULAR:
+        return name
+    if name in PLURAL:
+        return PLURAL[name]
+    raise PortError(
+        f"unsupported object type {object_type!r}", code="invalid_request", transient=False
+    )
+
+
+def singular_object_type(object_type: str) -> str:
+    return SINGULAR[plural_object_type(object_type)]

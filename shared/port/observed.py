@@ -2,7 +2,7 @@
 provider (the health view's "last provider call") and the names of the records it read or
 wrote (shared/port/record_labels.py).
 
-`ObservedPort` wraps the adapter `shared/port/connect.py` builds, so every caller of a port
+`ObservedPort` wraps the adapter `shared/providers/connect.py` builds, so every caller of a port
 (blocks, polling, the subscription reconcile) is observed without knowing it. Both notes are
 best effort and cheap: they never fail or slow the call beyond one small write, a call's
 outcome is written at most once a minute per instance and connection (at once when the
@@ -81,7 +81,10 @@ def note_call(connection_id: str, ok: bool, error: str | None) -> None:
 
 
 def note_records(
-    connection_id: str, records: Iterable[Record], singular: Callable[[str], str]
+    connection_id: str,
+    records: Iterable[Record],
+    singular: Callable[[str], str],
+    name_properties: record_labels.NameProperties,
 ) -> None:
     fresh: list[tuple[str, record_labels.Label]] = []
     with _lock:
@@ -90,7 +93,7 @@ def note_records(
                 object_type = singular(r.object_type)
             except PortError:
                 object_type = r.object_type
-            label = record_labels.label_of(object_type, r.properties)
+            label = record_labels.label_of(object_type, r.properties, name_properties)
             if label is None:
                 continue
             key = record_key(connection_id, object_type, r.id)
@@ -114,10 +117,17 @@ def note_records(
 class ObservedPort:
     """A `CrmPort` that notes its calls (module docstring); everything else is the adapter's."""
 
-    def __init__(self, inner: CrmPort, connection_id: str, singular: Callable[[str], str]) -> None:
+    def __init__(
+        self,
+        inner: CrmPort,
+        connection_id: str,
+        singular: Callable[[str], str],
+        name_properties: record_labels.NameProperties,
+    ) -> None:
         self._inner = inner
         self._connection_id = connection_id
         self._singular = singular
+        self._name_properties = name_properties  # the provider's (record_labels)
         # Fixed when the adapter is built (connect.py builds a new one when they change).
         self.capabilities: Capabilities = inner.capabilities
         self.idempotency_property: str | None = inner.idempotency_property
@@ -137,7 +147,7 @@ class ObservedPort:
         return result
 
     def _seen(self, records: Iterable[Record]) -> None:
-        note_records(self._connection_id, records, self._singular)
+        note_records(self._connection_id, records, self._singular, self._name_properties)
 
     def create(
         self,

@@ -7,9 +7,10 @@ can't name a contact from its events. Every record a port returns (a `crm.get`, 
 update, a search page) passes through `shared/port/observed.py`, which keeps the label here;
 the page shows it next to the key and the search finds a record by its email.
 
-The label is read from the properties that name each object type (HubSpot's names today; a
+The label is read from the properties that name each object type, which each provider
+declares (`NameProperties`, the `label_properties` of its registry entry: shared/providers/); a
 property the read did not ask for is simply absent, and the label then waits for a read that
-has it).
+has it.
 """
 
 from __future__ import annotations
@@ -28,13 +29,7 @@ GET_MANY = SQL["record_labels_get_many"]
 MAX_LABEL = 300
 
 # Per object type (singular): the properties whose values, joined by a space, name a record.
-NAME_PROPERTIES: dict[str, tuple[str, ...]] = {
-    "contact": ("firstname", "lastname"),
-    "company": ("name",),
-    "deal": ("dealname",),
-    "task": ("hs_task_subject",),
-    "ticket": ("subject",),
-}
+NameProperties = Mapping[str, tuple[str, ...]]
 EMAIL_PROPERTY = "email"
 
 
@@ -44,11 +39,13 @@ class Label:
     email: str | None
 
 
-def label_of(object_type: str, properties: Mapping[str, Any]) -> Label | None:
+def label_of(
+    object_type: str, properties: Mapping[str, Any], name_properties: NameProperties
+) -> Label | None:
     """The record's label from its properties, or None when they name nothing."""
     words = [
         str(properties[p]).strip()
-        for p in NAME_PROPERTIES.get(object_type, ())
+        for p in name_properties.get(object_type, ())
         if properties.get(p) not in (None, "")
     ]
     name = " ".join(w for w in words if w)[:MAX_LABEL] or None

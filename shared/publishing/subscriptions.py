@@ -44,6 +44,7 @@ from shared.core.db import Database
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
 from shared.port.interface import CrmPort, PortError, Subscription
+from shared.providers import registry
 from shared.workflows import listening
 
 SQL = queries.load("workflows")
@@ -62,19 +63,12 @@ log = get_logger(__name__)
 
 SubscriptionKey = tuple[str, str, str | None]  # (object type, event kind, property)
 
-# onceflow event actions (shared/normalize/event.py naming) → provider event kinds, per
-# provider that supports subscription management.
-EVENT_KINDS: Mapping[str, Mapping[str, str]] = {
-    "hubspot": {
-        "created": "creation",
-        "property_changed": "propertyChange",
-        "deleted": "deletion",
-        "privacy_deleted": "privacyDeletion",
-        "merged": "merge",
-        "restored": "restore",
-        "association_changed": "associationChange",
-    }
-}
+
+def _event_kinds(provider: str) -> Mapping[str, str]:
+    """onceflow event actions (shared/normalize/event.py naming) -> the provider's subscription
+    event kinds; empty for a provider whose subscriptions are not managed through an API."""
+    found = registry.get(provider)
+    return found.subscription_event_kinds if found is not None else {}
 
 
 @dataclass(frozen=True)
@@ -134,7 +128,7 @@ def desired_subscriptions(
     """The union of what these stored definitions listen to from `provider` — their triggers
     and their waits (shared/workflows/listening.py). Events of other providers are not this
     connection's business."""
-    kinds = EVENT_KINDS.get(provider, {})
+    kinds = _event_kinds(provider)
     keys: set[SubscriptionKey] = set()
     unsupported: list[str] = []
     prefix = f"{provider}."
@@ -415,7 +409,7 @@ def reconcile_all(
 
 def reconcile_subscriptions(db: Database) -> dict[str, int]:
     """The hourly sweep duty: `reconcile_all` with the ports the deployment builds."""
-    from shared.port.connect import port_for, port_for_app
+    from shared.providers.connect import port_for, port_for_app
 
     results = reconcile_all(db, port_for, port_for_app)
     return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}

@@ -1,4 +1,4 @@
--- Installing a provider app on a portal through OAuth (shared/accounts/oauth_install.py).
+-- Installing a provider app on a portal through OAuth (shared/providers/install.py).
 
 -- name: oauth_install_state_insert
 INSERT INTO oauth_install_states (state_sha256, tenant_id, provider, app_id, redirect_uri,

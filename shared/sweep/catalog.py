@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from shared import triggers
-from shared.accounts import oauth_install
 from shared.core.duty import Duty, Repair, SweepConfig
 from shared.gates import budgets, throttle
 from shared.ingest import drops, echo, inbox, outbox
+from shared.providers import install
 from shared.publishing import subscriptions
 from shared.steps import repairs
 from shared.sweep import backlog, retention
@@ -46,7 +46,7 @@ DUTIES: tuple[Callable[[SweepConfig], Sequence[Duty]], ...] = (
     subscriptions.sweep_duties,
     repairs.sweep_duties,
     drops.sweep_duties,
-    oauth_install.sweep_duties,
+    install.sweep_duties,
     retention.sweep_duties,
     triggers.sweep_duties,
 )

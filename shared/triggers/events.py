@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 
-from shared.normalize import known_event_types
+from shared.providers.registry import known_event_types
 from shared.triggers import AddProblem, TriggerKind
 from shared.workflows.definition import EVENT_TYPE_PATTERN, Trigger
 

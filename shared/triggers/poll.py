@@ -61,8 +61,8 @@ from shared.core.logs import get_logger
 from shared.gates.throttle import claim_slot
 from shared.ingest.echo import record_echo_marker
 from shared.ingest.outbox import TriggerEvent, emit
-from shared.port import connect
 from shared.port.interface import CrmPort, SearchFilter
+from shared.providers import connect, registry
 from shared.triggers import AddProblem, TriggerKind
 from shared.triggers.sql_source import (
     SourceInvalid,
@@ -675,6 +675,16 @@ def check_crm(crm: PollCrm, add: AddProblem) -> None:
             )
 
 
+def _searchable_providers() -> list[str]:
+    """The providers whose port can search records (a CRM adapter: `CrmPort.search_page`)."""
+    return [p.title for p in registry.ALL if p.crm is not None]
+
+
+def _searchable(provider: str) -> bool:
+    found = registry.get(provider)
+    return found is not None and found.crm is not None
+
+
 def check_activation(tx: Tx, t: Trigger, tenant_id: str) -> list[tuple[tuple[str | int, ...], str]]:
     """What only the database can say: the table and columns exist and an index answers; the
     CRM connection is the tenant's own and in use."""
@@ -683,12 +693,12 @@ def check_activation(tx: Tx, t: Trigger, tenant_id: str) -> list[tuple[tuple[str
         conn = get_connection(tx, t.poll.crm.connection)
         if conn is None or conn.tenant_id != tenant_id:
             return [(("trigger", "poll", "crm", "connection"), "no such connection")]
-        if conn.status != "active" or conn.provider != "hubspot":
+        if conn.status != "active" or not _searchable(conn.provider):
             return [
                 (
                     ("trigger", "poll", "crm", "connection"),
                     f"connection {conn.id} is a {conn.status} {conn.provider} connection; a CRM "
-                    "search needs an active HubSpot one",
+                    f"search needs an active {' or '.join(_searchable_providers())} one",
                 )
             ]
         return []

@@ -1,13 +1,15 @@
 """Building the CRM port for a connection row.
 
-This is the one place that maps a provider name to an adapter; everything above it sees only
-`CrmPort`. A private app's token comes from the environment variable the row names
-(`connections.api_credentials_env`, filled from Secret Manager in the cloud), read when the port
-is built and never stored. An OAuth connection (a public app installed on the portal) has a
-sealed grant instead: its port asks shared/oauth_tokens for a live access token on every call
-(refreshed before it expires, with the app's OAuth client) and, when HubSpot answers 401,
-refreshes once and retries once. Ports are cached per process so a warm instance keeps each
-connection's HTTP pool and rate-limit state; a change of base URL or credentials builds a new one.
+This is the one place that maps a provider name to an adapter (the `crm` part of its registry
+entry, shared/providers/registry.py); everything above it sees only `CrmPort`. A private app's
+token comes from the environment variable the row names (`connections.api_credentials_env`,
+filled from Secret Manager in the cloud), read when the port is built and never stored. An
+OAuth connection (a public app installed on the portal) has a sealed grant instead: its port
+asks shared/accounts/oauth_tokens.py for a live access token on every call (refreshed before it
+expires, with the app's OAuth client and the provider's refresher) and, when the provider
+answers 401, refreshes once and retries once. Ports are cached per process so a warm instance
+keeps each connection's HTTP pool and rate-limit state; a change of base URL or credentials
+builds a new one.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Tx
 from shared.core.settings import named_secret
-from shared.port.hubspot import HubSpotPort, singular_object_type
-from shared.port.interface import CrmPort, PortError
+from shared.port.interface import CrmPort, PortError, singular_object_type
 from shared.port.observed import ObservedPort
+from shared.providers import registry
+from shared.providers.descriptor import Crm, OAuth, TokenSource
 
 SQL = queries.load("port")
 GET = SQL["port_connection_get"]
@@ -42,7 +45,7 @@ class PortSettings:
     idempotency_property: str | None = None
     oauth: bool = False
     oauth_client_id_env: str | None = None
-    oauth_client_secret_env: str | None = None  # the app's client secret (HubSpot: one)
+    oauth_client_secret_env: str | None = None  # the app's OAuth client secret
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
@@ -80,8 +83,8 @@ def build_port(settings: PortSettings) -> CrmPort:
         )
     if settings.status == "needs_reauthorization":
         raise PortError(
-            f"connection {settings.connection_id} needs reauthorization: HubSpot revoked its "
-            "grant; install the app on the portal again",
+            f"connection {settings.connection_id} needs reauthorization: {_title(settings)} "
+            "revoked its grant; install the app on the portal again",
             code="unauthorized",
             transient=False,
         )
@@ -106,35 +109,59 @@ def build_port(settings: PortSettings) -> CrmPort:
             code="unauthorized",
             transient=False,
         )
+    return _cached_port(settings, token, token=token)
+
+
+def _cached_port(
+    settings: PortSettings,
+    credential: str,
+    *,
+    token: str | None = None,
+    token_source: TokenSource | None = None,
+) -> CrmPort:
+    """The connection's observed port, built on first use and reused while its base URL,
+    `credential` (its token, or its OAuth client), app id and key property stay the same."""
     key = (
         settings.connection_id,
         settings.provider,
         settings.api_base_url,
-        token,
+        credential,
         f"{settings.provider_app_id}|{settings.idempotency_property}",
     )
     with _cache_lock:
         port = _cache.get(key)
         if port is None:
-            if settings.provider != "hubspot":
-                raise PortError(
-                    f"no CRM adapter for provider {settings.provider!r}",
-                    code="invalid_request",
-                    transient=False,
-                )
+            crm, _ = _crm(settings.provider)
             _drop_cached(settings.connection_id)
             port = ObservedPort(
-                HubSpotPort(
+                crm.port(
                     token,
                     base_url=settings.api_base_url,
                     app_id=settings.provider_app_id,
                     idempotency_property=settings.idempotency_property,
+                    token_source=token_source,
                 ),
                 settings.connection_id,
                 singular_object_type,
+                crm.label_properties,
             )
             _cache[key] = port
         return port
+
+
+def _title(settings: PortSettings) -> str:
+    found = registry.get(settings.provider)
+    return found.title if found is not None else settings.provider
+
+
+def _crm(provider: str, *, oauth: bool = False) -> tuple[Crm, OAuth | None]:
+    """The provider's CRM adapter (and its OAuth half, which `oauth` requires)."""
+    found = registry.get(provider)
+    if found is None or found.crm is None or (oauth and found.oauth is None):
+        raise PortError(
+            f"no CRM adapter for provider {provider!r}", code="invalid_request", transient=False
+        )
+    return found.crm, found.oauth
 
 
 def _env(name: str | None, what: str) -> str:
@@ -153,24 +180,12 @@ def _env(name: str | None, what: str) -> str:
 def _oauth_port(settings: PortSettings) -> CrmPort:
     """The port of an OAuth connection: no token of its own, a token source instead."""
     from shared.core.db import get_database
-    from shared.port.hubspot_oauth import hubspot_refresher
 
-    if settings.provider != "hubspot":
-        raise PortError(
-            f"no CRM adapter for provider {settings.provider!r}",
-            code="invalid_request",
-            transient=False,
-        )
+    _, oauth = _crm(settings.provider, oauth=True)
+    assert oauth is not None  # _crm refused a provider without one
     client_id = _env(settings.oauth_client_id_env, "the app's OAuth client id")
     client_secret = _env(settings.oauth_client_secret_env, "the app's OAuth client secret")
-    key = (
-        settings.connection_id,
-        settings.provider,
-        settings.api_base_url,
-        f"oauth:{client_id}:{client_secret}",
-        f"{settings.provider_app_id}|{settings.idempotency_property}",
-    )
-    refresher = hubspot_refresher(
+    refresher = oauth.refresher(
         client_id=client_id, client_secret=client_secret, base_url=settings.api_base_url
     )
     connection_id = settings.connection_id
@@ -191,23 +206,7 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
         except oauth_tokens.TokenKeyUnavailable as exc:
             raise PortError(str(exc), code="unauthorized", transient=False) from None
 
-    with _cache_lock:
-        port = _cache.get(key)
-        if port is None:
-            _drop_cached(settings.connection_id)
-            port = ObservedPort(
-                HubSpotPort(
-                    None,
-                    base_url=settings.api_base_url,
-                    app_id=settings.provider_app_id,
-                    idempotency_property=settings.idempotency_property,
-                    token_source=token_source,
-                ),
-                settings.connection_id,
-                singular_object_type,
-            )
-            _cache[key] = port
-        return port
+    return _cached_port(settings, f"oauth:{client_id}:{client_secret}", token_source=token_source)
 
 
 def _drop_cached(connection_id: str) -> None:
@@ -227,10 +226,12 @@ def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
 def port_for_app(app: ProviderApp) -> CrmPort | None:
     """A port acting with the app's developer credential (for its webhook subscriptions); None
     when the app names none. A private app has no subscriptions API at all."""
-    if app.provider != "hubspot":
+    found = registry.get(app.provider)
+    if found is None or found.crm is None or not found.crm.app_subscriptions:
         raise PortError(
             f"no adapter for provider {app.provider!r}", code="invalid_request", transient=False
         )
+    crm = found.crm
     if not app.developer_credential_env:
         return None
     key = named_secret(app.developer_credential_env)
@@ -244,7 +245,7 @@ def port_for_app(app: ProviderApp) -> CrmPort | None:
     with _cache_lock:
         port = _cache.get(cache_key)
         if port is None:  # kept like a connection's, so a warm instance reuses its pool
-            port = HubSpotPort(
+            port = crm.port(
                 None, base_url=app.api_base_url, app_id=app.app_id, developer_api_key=key
             )
             _cache[cache_key] = port

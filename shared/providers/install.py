@@ -1,4 +1,5 @@
-"""Installing a HubSpot public app on a portal: authorize URL → browser redirect → code
+"""Installing a provider's public app on an account (a HubSpot portal, say), with the vendor's
+half of OAuth from its registry entry (`Provider.oauth`): authorize URL → browser redirect → code
 exchange → confirmation by the operator who started it → the portal's connection, with its
 grant sealed in shared/oauth_tokens.
 
@@ -54,8 +55,9 @@ from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
 from shared.core.settings import settings
-from shared.port import hubspot_oauth
 from shared.port.interface import PortError
+from shared.providers import registry
+from shared.providers.descriptor import CodeRefused, OAuth, Provider
 
 SQL = queries.load("oauth_install")
 STATE_INSERT = SQL["oauth_install_state_insert"]
@@ -70,9 +72,22 @@ LAPSED_GRANTS_CLEAR = SQL["oauth_install_lapsed_grants_clear"]
 CONNECTION_LOCK = SQL["oauth_install_connection_lock"]
 REAUTHORIZED = SQL["oauth_install_reauthorized"]
 
+
 # Served by the public `webhook` function (functions/webhook.py): HubSpot's redirect is a
 # person's browser, which carries no Google identity token, and ops is IAM-gated.
-CALLBACK_PATH = "/oauth/hubspot/callback"
+def callback_path(provider: str) -> str:
+    return f"/oauth/{provider}/callback"
+
+
+def _install_provider() -> str:
+    """The provider an install is for when the caller names none: ops' install routes and
+    `ONCEFLOW_OAUTH_REDIRECT_URL` name one provider today (the first with OAuth installs)."""
+    return registry.oauth_providers()[0]
+
+
+CALLBACK_PATH = callback_path(_install_provider())
+# Every callback the webhook function serves, one per provider with OAuth installs.
+CALLBACK_PATHS = frozenset(callback_path(p) for p in registry.oauth_providers())
 # The redirect URI an install sends: the webhook function's public URL + CALLBACK_PATH, given
 # to ops as a plain setting (infra/functions.tf; the local stack sets it to its webhook
 # process). Behind Cloud Functions' front end no request of ops could tell it.
@@ -159,25 +174,39 @@ def configured_redirect_url() -> str:
     return url
 
 
-def _oauth_app(tx: Tx, app_id: str) -> ProviderApp:
-    app = provider_apps.get_app(tx, "hubspot", app_id)
+def _oauth(provider: str) -> tuple[Provider, OAuth]:
+    found = registry.get(provider)
+    if found is None or found.oauth is None:
+        raise InstallRefused(404, "no_such_app", f"no {provider} app is installed with OAuth")
+    return found, found.oauth
+
+
+def _oauth_app(tx: Tx, app_id: str, provider: str | None = None) -> ProviderApp:
+    found, _ = _oauth(provider or _install_provider())
+    app = provider_apps.get_app(tx, found.name, app_id)
     if app is None:
-        raise InstallRefused(404, "no_such_app", f"no HubSpot app {app_id!r} is registered")
+        raise InstallRefused(404, "no_such_app", f"no {found.title} app {app_id!r} is registered")
     if app.kind != "public" or not app.oauth_client_id_env:
         raise InstallRefused(
             409,
             "not_installable",
-            f"HubSpot app {app_id} is not a public app with an OAuth client "
+            f"{found.title} app {app_id} is not a public app with an OAuth client "
             "(provider_apps.oauth_client_id_env)",
         )
     return app
 
 
 def start(
-    tx: Tx, *, tenant_id: str, app_id: str, redirect_uri: str, started_by: str | None
+    tx: Tx,
+    *,
+    tenant_id: str,
+    app_id: str,
+    redirect_uri: str,
+    started_by: str | None,
+    provider: str | None = None,
 ) -> Started:
     """A new install of `app_id` for `tenant_id`: the URL to send the operator's browser to."""
-    app = _oauth_app(tx, app_id)
+    app = _oauth_app(tx, app_id, provider)
     try:
         client_id, _ = app.oauth_client()
         oauth_tokens.key_from_env(oauth_tokens.TOKEN_KEK_ENV)  # the grant could not be kept
@@ -194,7 +223,8 @@ def start(
         started_by=started_by,
         ttl_seconds=STATE_TTL_SECONDS,
     )
-    url = hubspot_oauth.authorize_url(
+    _, oauth = _oauth(app.provider)
+    url = oauth.authorize_url(
         client_id=client_id,
         redirect_uri=redirect_uri,
         scopes=app.oauth_scopes,
@@ -239,13 +269,16 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
     def refused(status: int, code_: str, message: str) -> InstallRefused:
         return InstallRefused(status, code_, message, tenant_id=tenant_id, started_by=started_by)
 
+    found = registry.get(bound["provider"])
+    title = found.title if found is not None else bound["provider"]
     if error:
-        # HubSpot's own words are shown but bounded: the parameter is attacker-controlled text.
-        raise refused(400, "authorization_refused", f"HubSpot did not authorize: {error[:100]}")
+        # The provider's own words are shown but bounded: the parameter is attacker-controlled.
+        raise refused(400, "authorization_refused", f"{title} did not authorize: {error[:100]}")
     if not code or len(code) > 512:
-        raise refused(400, "no_code", "HubSpot's redirect carried no authorization code")
+        raise refused(400, "no_code", f"{title}'s redirect carried no authorization code")
     try:
-        app = _oauth_app_outside(db, bound["app_id"])
+        app = _oauth_app_outside(db, bound["app_id"], bound["provider"])
+        _, oauth = _oauth(app.provider)
     except InstallRefused as gone:  # the app was changed since the install started
         raise refused(gone.status, gone.code, gone.message) from None
     try:
@@ -254,32 +287,32 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
     except (provider_apps.SecretUnavailable, oauth_tokens.TokenKeyUnavailable) as exc:
         raise refused(409, "not_configured", str(exc)) from None
     try:
-        grant = hubspot_oauth.exchange_code(
+        grant = oauth.exchange_code(
             client_id=client_id,
             client_secret=client_secret,
             redirect_uri=bound["redirect_uri"],
             code=code,
             base_url=app.api_base_url,
         )
-        info = hubspot_oauth.token_info(grant.access_token, base_url=app.api_base_url)
-    except hubspot_oauth.CodeRefused as exc:
+        info = oauth.token_account(grant.access_token, base_url=app.api_base_url)
+    except CodeRefused as exc:
         raise refused(
             400,
             "code_refused",
-            f"HubSpot refused the authorization code ({exc.status}); start the install again",
+            f"{title} refused the authorization code ({exc.status}); start the install again",
         ) from None
     except PortError as exc:
         status = 502 if exc.transient else 400
         raise refused(status, "exchange_failed", f"the code exchange failed: {exc.code}") from None
     if info.app_id is not None and info.app_id != app.app_id:
-        raise refused(400, "other_app", "the token HubSpot gave is for another app")
+        raise refused(400, "other_app", f"the token {title} gave is for another app")
     digest = state_hash(state or "")
     # Hex, not urlsafe: a person passes it to `onceflow confirm-install`, where a code that
     # starts with "-" (1 in 64 urlsafe codes) would be read as an option.
     confirm_code = secrets.token_hex(16)
     with db.transaction() as tx:
         owner = tx.one(
-            PORTAL_OWNER, provider=app.provider, app_id=app.app_id, account_id=info.hub_id
+            PORTAL_OWNER, provider=app.provider, app_id=app.app_id, account_id=info.account_id
         )
         confirm_by = (
             None
@@ -287,7 +320,7 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
             else tx.scalar(
                 STATE_PEND,
                 state_sha256=digest,
-                portal_id=info.hub_id,
+                portal_id=info.account_id,
                 grant_sealed=oauth_tokens.seal_grant_for_later(grant, _grant_aad(digest)),
                 grant_kek_env=oauth_tokens.TOKEN_KEK_ENV,
                 confirm_code_sha256=state_hash(confirm_code),
@@ -298,19 +331,26 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
         raise refused(
             409,
             "portal_taken",
-            f"portal {info.hub_id} is already connected to another tenant for this app",
+            f"portal {info.account_id} is already connected to another tenant for this app",
         )
-    return Pending(tenant_id, app.app_id, info.hub_id, confirm_code, confirm_by, started_by)
+    return Pending(tenant_id, app.app_id, info.account_id, confirm_code, confirm_by, started_by)
 
 
-def confirm(db: Database, *, app_id: str, confirm_code: str, token_id: str | None) -> Installed:
+def confirm(
+    db: Database,
+    *,
+    app_id: str,
+    confirm_code: str,
+    token_id: str | None,
+    provider: str | None = None,
+) -> Installed:
     """The confirmation: the ops token that started the install sends the code its callback
     page showed; the portal's connection is created or re-authorized. InstallRefused (404) for
     an unknown, wrong, late or used code or another token; nothing is connected then."""
     unknown = InstallRefused(404, "not_found", "no such install waiting for confirmation")
     if not _STATE.match(confirm_code):
         raise unknown
-    app = _oauth_app_outside(db, app_id)
+    app = _oauth_app_outside(db, app_id, provider)
     with db.transaction() as tx:
         row = tx.one(
             CONFIRM,
@@ -327,11 +367,11 @@ def confirm(db: Database, *, app_id: str, confirm_code: str, token_id: str | Non
     return result
 
 
-def _oauth_app_outside(db: Database, app_id: str) -> ProviderApp:
+def _oauth_app_outside(db: Database, app_id: str, provider: str | None = None) -> ProviderApp:
     """`_oauth_app` in a transaction of its own, its refusal raised after it."""
     with db.transaction() as tx:
         try:
-            return _oauth_app(tx, app_id)
+            return _oauth_app(tx, app_id, provider)
         except InstallRefused as refused:
             refusal = refused
     raise refusal

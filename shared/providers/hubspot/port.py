@@ -43,28 +43,14 @@ from shared.port.interface import (
     SearchFilter,
     SearchPage,
     Subscription,
+    plural_object_type,
 )
 
 DEFAULT_BASE_URL = "https://api.hubapi.com"
 DEFAULT_TIMEOUT_SECONDS = 10.0
-PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task": "tasks"}
-SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
-# Rejected token (or None) in, live token out; raises PortError (shared/port/connect.py).
+# Rejected token (or None) in, live token out; raises PortError (shared/providers/connect.py).
 TokenSource = Callable[[str | None], str]
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
-# Codes whose request provably never changed anything at the provider.
-# `busy` (423/477) is HubSpot saying it would not act on the request now.
-NOT_APPLIED_CODES = frozenset(
-    {
-        "connect_failed",
-        "rate_limited",
-        "busy",
-        "unauthorized",
-        "invalid_request",
-        "not_found",
-        "conflict",
-    }
-)
 # 423: the record is locked by another sync; 477: the portal is being migrated between data
 # centres (Retry-After says when to come back). Both retryable per HubSpot's error handling.
 BUSY_STATUSES = frozenset({423, 477})
@@ -94,21 +80,6 @@ def association_input(object_type: str, association: Association) -> dict[str, A
         "to": {"id": _path_id(association.to_id)},
         "types": [{"associationCategory": "HUBSPOT_DEFINED", "associationTypeId": type_id}],
     }
-
-
-def plural_object_type(object_type: str) -> str:
-    name = object_type.strip().lower()
-    if name in SINGULAR:
-        return name
-    if name in PLURAL:
-        return PLURAL[name]
-    raise PortError(
-        f"unsupported object type {object_type!r}", code="invalid_request", transient=False
-    )
-
-
-def singular_object_type(object_type: str) -> str:
-    return SINGULAR[plural_object_type(object_type)]
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
@@ -235,7 +206,7 @@ class HubSpotPort:
     ) -> None:
         """`token`: a portal's CRM token (private-app token or OAuth access token), for records.
         `token_source`: instead of a fixed token, where each call gets a live one (an OAuth
-        connection: shared/port/connect.py); called with the token HubSpot just answered 401
+        connection: shared/providers/connect.py); called with the token HubSpot just answered 401
         to, it hands back a refreshed one.
         `developer_api_key`: the app's developer credential, which is what the webhooks v3
         subscriptions API takes (as `hapikey`), not a portal token

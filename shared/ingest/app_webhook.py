@@ -1,7 +1,9 @@
-"""The receive path of `POST /hubspot/app/{appId}`: one webhook URL per HubSpot app.
+"""The receive path of `POST /{provider}/app/{appId}`: one webhook URL per provider app, for the
+providers that declare app webhooks (shared/providers/registry.py `app_providers`).
 
-HubSpot calls one target URL per app, for every portal that installed it, and a batch can mix
-portals (https://developers.hubspot.com/docs/api/webhooks). This path verifies the delivery
+The provider calls one target URL per app, for every account that installed it, and a batch can
+mix accounts (shared/providers/<provider>/apps.py says how an event names its own). This path
+verifies the delivery
 with the APP's client secret, stores the batch once (`inbox.store_for_app`) and answers; the
 drain routes each event to its connection by (appId, portalId) and records the events of
 portals with no live connection (shared/accounts/provider_apps.py). Nothing about portals is decided
@@ -33,7 +35,7 @@ from shared.core import request_body
 from shared.core.db import Database, get_database
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger, labelled
-from shared.ingest import inbox, signatures
+from shared.ingest import inbox
 from shared.ingest.receive import (
     Answer,
     WebhookRequest,
@@ -42,8 +44,13 @@ from shared.ingest.receive import (
     public_uri,
     store_and_answer,
 )
+from shared.providers import registry
+from shared.providers.descriptor import SignedRequest
 
-APP_PATH = re.compile(r"^/?(?P<provider>hubspot)/app/(?P<app_id>[^/]+)/?$")
+APP_PATH = re.compile(
+    r"^/?(?P<provider>" + "|".join(map(re.escape, registry.app_providers())) + r")/app/"
+    r"(?P<app_id>[^/]+)/?$"
+)
 log = get_logger(__name__)
 
 
@@ -65,7 +72,7 @@ def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome ta
     match = APP_PATH.match(request.path)
     if match is None or not provider_apps.is_app_id(match["app_id"]):
         return _refuse(404, "unknown_app", "path", "")
-    provider, app_id = match["provider"], match["app_id"]
+    provider_name, app_id = match["provider"], match["app_id"]
     try:
         body = request_body.read_body(
             request.read,
@@ -78,7 +85,7 @@ def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome ta
     db = db or get_database()
     try:
         with db.transaction() as tx:
-            app = provider_apps.get_app(tx, provider, app_id)
+            app = provider_apps.get_app(tx, provider_name, app_id)
     except TransientError as exc:
         log.warning("app webhook: database unavailable: %s", exc)
         return Answer(503, {"error": "unavailable"})
@@ -90,15 +97,17 @@ def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome ta
         except provider_apps.SecretUnavailable as exc:
             log.error("app webhook: cannot verify: %s", exc)
             return Answer(503, {"error": "verification_unavailable"})
-        verdict = signatures.verify_hubspot(
-            secret=secret,
+        signed = SignedRequest(
             method=request.method,
             uri=public_uri(request),
             body=body,
             headers=request.headers,
             now=time.time(),
-            versions=app.signature_versions,
+            signature_versions=app.signature_versions,
         )
+        provider = registry.get(provider_name)
+        assert provider is not None  # APP_PATH matches only registered app providers
+        verdict = provider.verify(secret, signed)
         if not verdict.ok:
             return _refuse(401, "invalid_signature", verdict.check, app_id)
         kept = kept_headers(request.headers)

@@ -13,8 +13,8 @@ token's portal, and the refresh `Refresher` for shared/accounts/oauth_tokens.py.
 - `GET /oauth/v1/access-tokens/{token}` says which portal (`hub_id`) and app (`app_id`) a token
   acts for (https://developers.hubspot.com/docs/api-reference/legacy/authentication/
   oauth-tokens/v1/guide).
-Other failures are classified like every HubSpot answer (shared/port/hubspot.py). Tokens and
-codes are never put in an error message.
+Other failures are classified like every HubSpot answer (shared/providers/hubspot/port.py).
+Tokens and codes are never put in an error message.
 """
 
 from __future__ import annotations
@@ -27,19 +27,16 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
-from shared.port.hubspot import DEFAULT_BASE_URL, classify_response, classify_transport_error
 from shared.port.interface import PortError
+from shared.providers.descriptor import CodeRefused, TokenAccount
+from shared.providers.hubspot.port import (
+    DEFAULT_BASE_URL,
+    classify_response,
+    classify_transport_error,
+)
 
 AUTHORIZE_URL = "https://app.hubspot.com/oauth/authorize"
 REVOKED_STATUSES = frozenset({"BAD_REFRESH_TOKEN", "invalid_grant"})
-
-
-class CodeRefused(Exception):
-    """HubSpot refused to exchange the code (used twice, expired, another redirect_uri...)."""
-
-    def __init__(self, status: str) -> None:
-        super().__init__(status)
-        self.status = status
 
 
 @dataclass(frozen=True)
@@ -187,3 +184,9 @@ def hubspot_refresher(
         return _grant(response, refresh_token)
 
     return refresh
+
+
+def token_account(access_token: str, *, base_url: str | None = None) -> TokenAccount:
+    """`token_info` in the install flow's terms: the portal is the account."""
+    info = token_info(access_token, base_url=base_url)
+    return TokenAccount(account_id=info.hub_id, app_id=info.app_id)

@@ -1,0 +1,1 @@
+"""Providers: one folder per vendor, reached through shared/providers/registry.py."""

@@ -1,0 +1,159 @@
+"""What a provider is to onceflow: the `Provider` descriptor every vendor folder declares.
+
+Shaped like `TriggerKind` (shared/triggers/__init__.py): a frozen dataclass of callables and
+declared values, so the engine asks the registry (shared/providers/registry.py) what a provider
+does instead of branching on its name. A provider is a webhook scheme first (`verify`, and
+`normalize` for the events its bodies become); the optional parts say what else it offers:
+
+- `crm`: a CRM API behind the port (shared/port/interface.py), built per connection;
+- `app`: one webhook URL per app for every account that installed it, and how an event names
+  its account and app (shared/accounts/provider_apps.py routes by them);
+- `oauth`: the install flow's vendor half (authorize URL, code exchange, token's account,
+  refresh) for shared/providers/install.py and shared/providers/connect.py;
+- `subscription_event_kinds`: onceflow's event actions as the vendor's subscription event
+  kinds, for the subscriptions reconcile (shared/publishing/subscriptions.py).
+
+Adding a provider is a folder under shared/providers/ that builds one `Provider`, and its line
+in the registry.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from shared.accounts.oauth_tokens import Grant, Refresher
+from shared.normalize.event import NormalizedEvent
+from shared.port.interface import Capabilities, CrmPort
+
+TOLERANCE_SECONDS = 300  # how far a signed timestamp may be from now, either way
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    check: str  # which check decided: "hubspot_v3", "timestamp_stale", "signature_missing", …
+
+    @staticmethod
+    def accept(check: str) -> Verdict:
+        return Verdict(True, check)
+
+    @staticmethod
+    def refuse(check: str) -> Verdict:
+        return Verdict(False, check)
+
+
+def header(headers: Mapping[str, str], name: str) -> str | None:
+    """A request header by name, whatever its case."""
+    lowered = name.lower()
+    for key, value in headers.items():
+        if key.lower() == lowered:
+            return value
+    return None
+
+
+def same(a: str | bytes, b: str | bytes) -> bool:
+    """Constant-time equality of secret-derived values (`hmac.compare_digest`)."""
+    a_bytes = a.encode() if isinstance(a, str) else a
+    b_bytes = b.encode() if isinstance(b, str) else b
+    return hmac.compare_digest(a_bytes, b_bytes)
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    """What a signature check may look at: the request as the provider sent it."""
+
+    method: str
+    uri: str  # the full URI the provider called (shared/ingest/receive.py `public_uri`)
+    body: bytes
+    headers: Mapping[str, str]
+    now: float
+    signature_versions: tuple[str, ...] = ("v3",)  # the connection's or app's opt-ins
+
+
+Verify = Callable[[str, SignedRequest], Verdict]  # (secret, request) -> verdict
+Normalize = Callable[[bytes, Mapping[str, str]], list[NormalizedEvent]]
+TokenSource = Callable[[str | None], str]  # rejected token (or None) in, live token out
+
+
+class PortFactory(Protocol):
+    """Builds a provider's CRM port: with a portal `token`, a `token_source` (OAuth), or only a
+    `developer_api_key` (an app's subscriptions)."""
+
+    def __call__(
+        self,
+        token: str | None,
+        *,
+        base_url: str | None = None,
+        app_id: str | None = None,
+        developer_api_key: str | None = None,
+        idempotency_property: str | None = None,
+        token_source: TokenSource | None = None,
+    ) -> CrmPort: ...
+
+
+@dataclass(frozen=True)
+class Crm:
+    port: PortFactory
+    capabilities: Capabilities  # declared: what every port of this provider offers at least
+    # The port's subscription API is the app's (one set per app), reached with the app's
+    # developer credential rather than a portal's token.
+    app_subscriptions: bool = False
+    # Per object type (singular), the properties that name a record (shared/port/
+    # record_labels.py): what the ops page shows beside a record key.
+    label_properties: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+class CodeRefused(Exception):
+    """The provider refused to exchange an install's code (used twice, expired, …)."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class TokenAccount:
+    account_id: str  # the provider account (portal) a token acts for
+    app_id: str | None
+
+
+@dataclass(frozen=True)
+class OAuth:
+    authorize_url: Callable[..., str]  # client_id, redirect_uri, scopes, state, base
+    exchange_code: Callable[..., Grant]  # raises CodeRefused, PortError
+    token_account: Callable[..., TokenAccount]  # access token, base_url
+    refresher: Callable[..., Refresher]  # client_id, client_secret, base_url
+
+
+@dataclass(frozen=True)
+class AppWebhooks:
+    """A provider whose app has one webhook URL for every account that installed it."""
+
+    # (account id, app id) an event names; None where it names none.
+    event_account: Callable[[NormalizedEvent], tuple[str | None, str | None]]
+    # The environment variable a deployed function finds an app's secret in (infra/).
+    secret_env: Callable[[str, str], str]
+
+
+@dataclass(frozen=True)
+class Provider:
+    name: str  # as stored in connections.provider and in event types (`<name>.<object>.…`)
+    title: str  # as people write it, for messages
+    verify: Verify
+    # How late the provider can still deliver an event after it occurred, through its own
+    # retries (echo markers are kept this long: shared/ingest/echo.py, DESIGN invariant 17).
+    redelivery_horizon_seconds: int
+    normalize: Normalize | None = None  # None: its requests address webhook triggers only
+    # Every event type its webhooks can become, when they form a closed set.
+    event_types: Callable[[], frozenset[str]] | None = None
+    kept_headers: tuple[str, ...] = ()  # request headers its normalizer or a person needs later
+    hidden_headers: tuple[str, ...] = ()  # credentials and signatures: never kept nor shown
+    # A generic webhook scheme rather than a vendor: a webhook trigger may be signed with it.
+    generic: bool = False
+    crm: Crm | None = None
+    app: AppWebhooks | None = None
+    oauth: OAuth | None = None
+    subscription_event_kinds: Mapping[str, str] = field(default_factory=dict)

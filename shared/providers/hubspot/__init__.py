@@ -1,0 +1,60 @@
+"""HubSpot: everything onceflow knows about it, declared as one `Provider`.
+
+Its webhook signatures (`signature.py`), the events its bodies become (`normalize.py`), its
+apps' one URL for all their portals (`apps.py`), the OAuth install and refresh (`oauth.py`) and
+the CRM adapter with its subscriptions, error classes and rate-limit headers (`port.py`).
+shared/providers/registry.py lists it; nothing outside shared/providers/ names it.
+"""
+
+from __future__ import annotations
+
+from shared.providers.descriptor import AppWebhooks, Crm, OAuth, Provider
+from shared.providers.hubspot import apps, normalize, oauth, signature
+from shared.providers.hubspot.port import HubSpotPort
+
+PROVIDER = Provider(
+    name="hubspot",
+    title="HubSpot",
+    verify=signature.verify,
+    # "we will attempt to re-send failed notifications up to 10 times ... with an exponential
+    # backoff based on the next attemptNumber. So the first retry will happen in 2 minutes, the
+    # second retry in 4 minutes, the third retry in 8 minutes, etc."
+    # (https://developers.hubspot.com/docs/methods/webhooks/webhooks-overview, "Retries"; the
+    # newer https://developers.hubspot.com/docs/api/webhooks says 10 retries over 24 hours).
+    # 2 + 4 + ... + 1024 minutes = 2,046 minutes = 34.1 hours after the first attempt; 36 hours
+    # leaves room for the first attempt's own delay and the attempts' timeouts.
+    redelivery_horizon_seconds=36 * 3600,
+    normalize=lambda body, _headers: normalize.normalize(body),
+    event_types=normalize.event_types,
+    kept_headers=("x-hubspot-request-timestamp",),
+    hidden_headers=("x-hubspot-signature", "x-hubspot-signature-v3"),
+    crm=Crm(
+        port=HubSpotPort,
+        capabilities=HubSpotPort.capabilities,
+        app_subscriptions=True,
+        label_properties={
+            "contact": ("firstname", "lastname"),
+            "company": ("name",),
+            "deal": ("dealname",),
+            "task": ("hs_task_subject",),
+            "ticket": ("subject",),
+        },
+    ),
+    app=AppWebhooks(event_account=apps.event_account, secret_env=apps.secret_env),
+    oauth=OAuth(
+        authorize_url=oauth.authorize_url,
+        exchange_code=oauth.exchange_code,
+        token_account=oauth.token_account,
+        refresher=oauth.hubspot_refresher,
+    ),
+    # onceflow event actions (shared/normalize/event.py naming) -> webhooks v3 event kinds.
+    subscription_event_kinds={
+        "created": "creation",
+        "property_changed": "propertyChange",
+        "deleted": "deletion",
+        "privacy_deleted": "privacyDeletion",
+        "merged": "merge",
+        "restored": "restore",
+        "association_changed": "associationChange",
+    },
+)

@@ -1,0 +1,18 @@
+"""Pipedrive: its webhooks (v2) as events, declared as one `Provider` (registry.py lists it).
+No CRM adapter yet (issue 28)."""
+
+from __future__ import annotations
+
+from shared.providers.descriptor import Provider
+from shared.providers.pipedrive import normalize, signature
+
+PROVIDER = Provider(
+    name="pipedrive",
+    title="Pipedrive",
+    verify=signature.verify,
+    # No retry schedule we can rely on is documented (Pipedrive says only that non-2xx
+    # deliveries are retried): three days. Longer only costs echo-marker rows.
+    redelivery_horizon_seconds=72 * 3600,
+    normalize=lambda body, _headers: normalize.normalize(body),
+    event_types=normalize.event_types,
+)
