@@ -2,9 +2,8 @@
 for all its portals, `POST /hubspot/app/{appId}` (public, no IAM). Also HubSpot's browser
 redirect back from an app install, `GET /oauth/hubspot/callback`, and signed approval links,
 `/ui/decide/...`: this is the one public function, and those pages are authenticated by what
-the browser brings (the install's single-use state, shared/accounts/oauth_install_http.py; the
-link's
-signature, shared/ops/approval_links.py). Nothing else of the ops page is served here.
+the browser brings (the install's single-use state, shared/ops/install_callback.py; the
+link's signature, shared/ops/approval_links.py). Nothing else of the ops page is served here.
 
 Thin: turn the Flask request into a `WebhookRequest`, let `shared.ingest.receive` decide,
 answer with its JSON, then nudge the drain (after the response is decided; never fails it).
@@ -19,13 +18,13 @@ from typing import Any
 import flask
 import functions_framework
 
-from shared.accounts import oauth_install_http
 from shared.accounts.oauth_install import CALLBACK_PATH
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
 from shared.core.request_body import detached
 from shared.ingest import hubspot_app, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
+from shared.ops import install_callback
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
 
 
@@ -33,7 +32,7 @@ from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
 def webhook(request: Any) -> flask.Response:
     if request.path == CALLBACK_PATH:
         with traced(request.headers), labelled(function="webhook"):
-            return oauth_install_http.callback(get_database(), request)
+            return install_callback.callback(get_database(), request)
     if request.path.startswith(f"{APPROVAL_LINK_PREFIX}/"):
         # Imported here: the page's templates are not what a CRM delivery should wait for.
         from shared.ops.api import default_api

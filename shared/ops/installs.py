@@ -4,9 +4,9 @@ The flow itself, and why an install needs both, is shared/accounts/oauth_install
 HubSpot's browser redirect back is not served here: ops is IAM-gated in the cloud (only
 `ops_invokers` may call it, and Cloud Run IAM is per service, not per path), so a browser
 without a Google identity token could never reach it. The callback is on the public `webhook`
-function (shared/accounts/oauth_install_http.py); the redirect URI an install sends is that
-function's
-URL, which ops learns from `ONCEFLOW_OAUTH_REDIRECT_URL` (oauth_install.configured_redirect_url).
+function (shared/ops/install_callback.py); the redirect URI an install sends is that
+function's URL, which ops learns from `ONCEFLOW_OAUTH_REDIRECT_URL`
+(oauth_install.configured_redirect_url).
 """
 
 from __future__ import annotations

@@ -3,11 +3,12 @@ by the public `webhook` function (functions/webhook.py).
 
 Public on purpose: the redirect is a person's browser, carrying no ops login and no Google
 identity token, and the ops function is IAM-gated in the cloud (Cloud Run IAM is per service,
-not per path). What authenticates it is the install's single-use `state` (shared/oauth_install
-.py consumes it before anything else). The answer is a small HTML page rendered with the ops
-templates; every outcome, refused or pending, leaves an audit row naming who started the
-install. Nothing is connected here: the page shows the code with which the operator who started
-the install confirms it on ops (shared/accounts/oauth_install.py says why).
+not per path). What authenticates it is the install's single-use `state`
+(shared/accounts/oauth_install.py consumes it before anything else). The answer is a small HTML
+page rendered with the ops templates; every outcome, refused or pending, leaves an audit row
+naming who started the install. Nothing is connected here: the page shows the code with which
+the operator who started the install confirms it on ops (shared/accounts/oauth_install.py says
+why).
 """
 
 from __future__ import annotations
