@@ -51,7 +51,7 @@ def callback(db: Database, request: Request) -> Response:
     """`GET /oauth/hubspot/callback?code=...&state=...` (or `?error=...&state=...`)."""
     # Jinja and the page's templates load when a callback arrives, not on every cold start
     # of the webhook function.
-    from shared.ops.page import render
+    from shared.ops.html import render
 
     if request.method != "GET":
         return render("error.html", "Install", message="use GET", status=405)

@@ -1,7 +1,7 @@
 """The page for people: find a record or a run, see what happened and why, replay a failed run.
 
-Server-rendered HTML from Jinja2 templates in shared/ops/templates (autoescaped: every value a
-tenant or a provider chose is escaped by the template engine, not by hand), CSS inline, no
+Server-rendered HTML from the Jinja2 templates of shared/ops/html.py (autoescaped: every value
+a tenant or a provider chose is escaped by the template engine, not by hand), CSS inline, no
 scripts and no front-end build. The page reads through the API's own handlers (`Call` and
 `OpsApi.run_route`), so it shows exactly what the API would answer to the same token, scoped
 the same way.
@@ -16,19 +16,14 @@ can't replay a run even if a browser ignored SameSite.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 from flask import Request, Response
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from werkzeug.datastructures import MultiDict
@@ -38,6 +33,7 @@ from shared.core.errors import TransientError
 from shared.ops import auth
 from shared.ops.approval_links import PATH_PREFIX
 from shared.ops.errors import OpsError
+from shared.ops.html import Notice, Viewer, csrf_value, render
 from shared.ops.models import (
     ApprovalList,
     CancelRequest,
@@ -69,8 +65,6 @@ MAX_FORM_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 210
 MAX_RUNS_SHOWN = 25
 FAILED_ON_HOME = 10
-# A step's input or output is shown up to this many bytes of pretty JSON; the API has the rest.
-MAX_JSON_SHOWN = 4096
 RUN_STATUSES = ("running", "succeeded", "failed", "cancelled")
 OUTCOME_WORDS = {
     "admitted": "ran",
@@ -78,80 +72,6 @@ OUTCOME_WORDS = {
     "undecided": "not decided yet",
     "undelivered": "never decided",
 }
-HEADERS = {
-    "Cache-Control": "no-store",
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
-
-
-@dataclass(frozen=True)
-class ShownJson:
-    text: str
-    size: int
-    omitted: int
-
-
-def shown_json(value: Any, cap: int = MAX_JSON_SHOWN) -> ShownJson:
-    """Pretty JSON cut at `cap` bytes (a step's output can be a whole CRM record list)."""
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-    raw = text.encode()
-    if len(raw) <= cap:
-        return ShownJson(text, len(raw), 0)
-    return ShownJson(raw[:cap].decode(errors="ignore") + "\n…", len(raw), len(raw) - cap)
-
-
-TEMPLATES = Environment(
-    loader=FileSystemLoader(Path(__file__).parent / "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-TEMPLATES.filters["shown_json"] = shown_json
-
-
-def csrf_value(token: str) -> str:
-    return hmac.new(token.encode(), b"onceflow-ops-csrf", hashlib.sha256).hexdigest()
-
-
-@dataclass(frozen=True)
-class Notice:
-    text: str
-    error: bool = False
-
-
-@dataclass(frozen=True)
-class Viewer:
-    """Who is looking, for the header and the forms."""
-
-    principal: auth.Principal
-    token: str
-
-    @property
-    def csrf(self) -> str:
-        return csrf_value(self.token)
-
-
-def render(
-    template: str,
-    title: str,
-    *,
-    viewer: Viewer | None = None,
-    notices: list[Notice] | None = None,
-    status: int = 200,
-    **context: Any,
-) -> Response:
-    html = TEMPLATES.get_template(template).render(
-        title=title,
-        principal=viewer.principal if viewer else None,
-        csrf=viewer.csrf if viewer else "",
-        notices=notices or [],
-        **context,
-    )
-    return Response(html, status=status, mimetype="text/html", headers=HEADERS)
 
 
 def _redirect(location: str) -> Response:
