@@ -35,7 +35,7 @@ def webhook(request: Any) -> flask.Response:
             return install_callback.callback(get_database(), request)
     if request.path.startswith(f"{APPROVAL_LINK_PREFIX}/"):
         # Imported here: the page's templates are not what a CRM delivery should wait for.
-        from shared.ops.api import default_api
+        from shared.ops.api.app import default_api
         from shared.ops.page import handle_approval_link
 
         with traced(request.headers), labelled(function="webhook"):

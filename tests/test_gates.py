@@ -24,7 +24,7 @@ from shared.core.db import Database
 from shared.core.netguard import NetPolicy
 from shared.gates import credits
 from shared.ops import replay
-from shared.ops.api import run_detail
+from shared.ops.api.runs import run_detail
 from shared.steps.advance import advance_step
 from shared.steps.sweep import SweepConfig, SweepReport, reclaim_expired_leases, wake_due_steps
 from shared.workflows.definition import WorkflowDefinition

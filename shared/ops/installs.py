@@ -23,7 +23,7 @@ from shared.ops.models import InstallConfirm, InstallConfirmed, InstallRequest, 
 def start(
     db: Database, principal: auth.Principal, app_id: str, body: InstallRequest
 ) -> InstallStarted:
-    """The ops API handler's work (shared/ops/api.py routes `apps.hubspot.install` here)."""
+    """The ops API handler's work (shared/ops/api/apps.py routes `apps.hubspot.install` here)."""
     tenant_id = body.tenant_id or principal.tenant_id
     if principal.tenant_id is not None and tenant_id != principal.tenant_id:
         raise OpsError(404, "not_found", "no such tenant")  # another tenant reads as unknown

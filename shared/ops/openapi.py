@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from shared.ops.api import ROUTES, EmptyQuery
+from shared.ops.api.http import EmptyQuery
+from shared.ops.api.routes import ROUTES
 from shared.ops.models import ErrorBody
 
 REF = "#/components/schemas/{model}"

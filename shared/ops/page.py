@@ -53,7 +53,7 @@ from shared.ops.models import (
 from shared.workflows.definition import WorkflowDefinition
 
 if TYPE_CHECKING:
-    from shared.ops.api import OpsApi
+    from shared.ops.api.http import OpsApi
 
 VERSION_DEFINITION = queries.load("ops")["ops_version_definition"]
 COOKIE = "onceflow_ops"
@@ -293,7 +293,8 @@ def _call(
     body: BaseModel | None = None,
 ) -> BaseModel:
     """A route of the API, answered for the signed-in token (scoped and audited the same)."""
-    from shared.ops.api import ROUTE_BY_NAME, Call, EmptyQuery
+    from shared.ops.api.http import Call, EmptyQuery
+    from shared.ops.api.routes import ROUTE_BY_NAME
 
     call = Call(
         db=api.db,
@@ -373,7 +374,7 @@ def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
 def _record_page(
     api: OpsApi, viewer: Viewer, record_key: str, q: str, notices: list[Notice]
 ) -> Response:
-    from shared.ops.api import run_detail
+    from shared.ops.api.runs import run_detail
     from shared.ops.search import record_url
 
     try:

@@ -1,0 +1,252 @@
+"""Workflows: `/v1/workflows…` — definitions validated, published and activated; versions,
+cron ticks, the trigger's state, the circuit breaker and the spend budget."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from shared import triggers
+from shared.core import queries
+from shared.core.db import Database
+from shared.core.logs import get_logger
+from shared.ops import explain
+from shared.ops.api.http import Call, uuid_param
+from shared.ops.errors import OpsError, not_found
+from shared.ops.models import (
+    ActivateRequest,
+    ActivationResult,
+    BreakerStatus,
+    BudgetStatus,
+    CronTick,
+    CronTickList,
+    DefinitionProblem,
+    FieldProblem,
+    PublishResult,
+    ResumeRequest,
+    TriggerStatus,
+    ValidationResult,
+    VersionList,
+    VersionSummary,
+    WorkflowList,
+    WorkflowSource,
+    WorkflowSummary,
+)
+from shared.publishing import versions
+from shared.publishing.validate import DefinitionInvalid, ValidationReport, validate_text
+from shared.triggers import cron
+
+log = get_logger(__name__)
+
+SQL = queries.load("ops")
+SOURCE_NAME = "source"
+
+
+WORKFLOWS_LIST = SQL["ops_workflows_list"]
+WORKFLOW_GET = SQL["ops_workflow_get"]
+WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
+
+
+def list_workflows(call: Call) -> WorkflowList:
+    with call.db.transaction() as tx:
+        rows = tx.all(WORKFLOWS_LIST, tenant_id=call.scope)
+    return WorkflowList(items=[WorkflowSummary.model_validate(r) for r in rows])
+
+
+def list_versions(call: Call) -> VersionList:
+    workflow_id = uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        rows = tx.all(WORKFLOW_VERSIONS, workflow_id=workflow_id)
+    return VersionList(
+        workflow_id=UUID(workflow_id), items=[VersionSummary.model_validate(r) for r in rows]
+    )
+
+
+def list_cron_ticks(call: Call) -> CronTickList:
+    workflow_id = uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        rows = cron.list_ticks(tx, workflow_id, status=call.query.status, limit=call.query.limit)
+    return CronTickList(
+        workflow_id=UUID(workflow_id), items=[CronTick.model_validate(r) for r in rows]
+    )
+
+
+def trigger_status(call: Call) -> TriggerStatus:
+    workflow_id = uuid_param(call, "workflow_id", "workflow")
+    with call.db.transaction() as tx:
+        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
+            raise not_found("workflow")
+        definition = versions.active_definition(tx, workflow_id)
+        if definition is None:
+            return TriggerStatus(workflow_id=UUID(workflow_id), active=False, kind=None, detail={})
+        kind, detail = triggers.status(tx, definition.trigger, workflow_id)
+    return TriggerStatus(workflow_id=UUID(workflow_id), active=True, kind=kind, detail=detail)
+
+
+def _problems_of(report: ValidationReport) -> list[DefinitionProblem]:
+    return [
+        DefinitionProblem(
+            severity=p.severity, path=p.where, message=p.message, line=p.line, column=p.column
+        )
+        for p in report.problems
+    ]
+
+
+def validate_workflow(call: Call) -> ValidationResult:
+    body: WorkflowSource = call.body
+    report = validate_text(body.source, SOURCE_NAME)
+    problems = _problems_of(report)
+    if (
+        report.definition is not None
+        and call.scope is not None
+        and report.definition.tenant != call.scope
+    ):
+        problems.insert(
+            0,
+            DefinitionProblem(
+                severity="error",
+                path="tenant",
+                line=None,
+                column=None,
+                message=f"this definition is for tenant {report.definition.tenant!r}, not yours",
+            ),
+        )
+    return ValidationResult(
+        valid=not any(p.severity == "error" for p in problems), problems=problems
+    )
+
+
+def _definition_invalid(report: ValidationReport) -> OpsError:
+    return OpsError(
+        422,
+        "definition_invalid",
+        str(DefinitionInvalid(report)),
+        [
+            FieldProblem(
+                location=f"body.source:{p.line or 0}:{p.column or 0} {p.where}".rstrip(),
+                problem=p.message,
+            )
+            for p in report.errors
+        ],
+    )
+
+
+def publish_workflow(call: Call) -> PublishResult:
+    body: WorkflowSource = call.body
+    # Checked before the transaction too, so that YAML the reader refuses outright is a 422.
+    checked = validate_text(body.source, SOURCE_NAME)
+    if not checked.ok:
+        raise _definition_invalid(checked)
+    try:
+        with call.db.transaction() as tx:
+            published = versions.publish(
+                tx, body.source, tenant_id=call.scope, filename=SOURCE_NAME
+            )
+    except DefinitionInvalid as exc:
+        raise _definition_invalid(exc.report) from None
+    return PublishResult(
+        workflow_id=UUID(published.workflow_id),
+        version_id=UUID(published.version_id),
+        number=published.number,
+        content_hash=published.content_hash,
+        created=published.created,
+        warnings=_problems_of(published.report),
+    )
+
+
+def owned_workflow(call: Call, workflow_id: str) -> dict[str, Any]:
+    with call.db.transaction() as tx:
+        row = tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope)
+    if row is None:
+        raise not_found("workflow")
+    return row
+
+
+def activate_workflow(call: Call) -> ActivationResult:
+    body: ActivateRequest = call.body
+    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    try:
+        with call.db.transaction() as tx:
+            activation = versions.activate(
+                tx,
+                tenant_id=workflow["tenant_id"],
+                workflow_id=str(workflow["id"]),
+                version_id=str(body.version_id),
+            )
+    except versions.WorkflowNotFound:
+        raise not_found("workflow") from None
+    except versions.VersionNotFound:
+        raise not_found("version") from None
+    except DefinitionInvalid as exc:  # the database refuses its trigger (e.g. no index)
+        raise _definition_invalid(exc.report) from None
+    _reconcile_subscriptions_now(call.db, workflow["tenant_id"])
+    return ActivationResult(
+        workflow_id=UUID(activation.workflow_id), active_version_id=UUID(activation.version_id)
+    )
+
+
+def _breaker_status(call: Call, workflow_id: str) -> BreakerStatus:
+    from shared.gates import breaker
+
+    with call.db.transaction() as tx:
+        row = breaker.status(tx, workflow_id)
+    return BreakerStatus.model_validate(
+        {**row, "explanation": explain.explain_breaker(row["state"], row["reason"])}
+    )
+
+
+def get_breaker(call: Call) -> BreakerStatus:
+    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    return _breaker_status(call, str(workflow["id"]))
+
+
+def get_budget(call: Call) -> BudgetStatus:
+    from shared.gates import budgets
+
+    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    with call.db.transaction() as tx:
+        return BudgetStatus.model_validate(budgets.workflow_summary(tx, str(workflow["id"])))
+
+
+def resume_workflow(call: Call) -> BreakerStatus:
+    """Close (or half-open) a workflow's open circuit breaker; 409 when it is not open."""
+    from shared.gates import breaker
+
+    body: ResumeRequest = call.body
+    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    workflow_id = str(workflow["id"])
+    with call.db.transaction() as tx:
+        moved = breaker.resume(tx, workflow_id, half_open=body.half_open)
+    if moved is None:
+        raise OpsError(409, "not_paused", f"workflow {workflow_id}'s circuit breaker is not open")
+    return _breaker_status(call, workflow_id)
+
+
+def deactivate_workflow(call: Call) -> ActivationResult:
+    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    try:
+        with call.db.transaction() as tx:
+            versions.deactivate(
+                tx, tenant_id=workflow["tenant_id"], workflow_id=str(workflow["id"])
+            )
+    except versions.WorkflowNotFound:
+        raise not_found("workflow") from None
+    _reconcile_subscriptions_now(call.db, workflow["tenant_id"])
+    return ActivationResult(workflow_id=workflow["id"], active_version_id=None)
+
+
+def _reconcile_subscriptions_now(db: Database, tenant_id: str) -> None:
+    """The provider subscriptions the change needs, at once (after the commit). Best effort:
+    the activation stands either way, each outcome is recorded, and the hourly sweep repairs
+    what failed here."""
+    from shared.port.connect import port_for, port_for_app
+    from shared.publishing.subscriptions import reconcile_tenant
+
+    try:
+        reconcile_tenant(db, tenant_id, port_for, port_for_app)
+    except Exception:
+        log.warning("subscription reconcile after an activation failed", exc_info=True)
