@@ -131,6 +131,10 @@ class Session:
     def __init__(self, client: OpsClient, as_json: bool, out: TextIO, err: TextIO) -> None:
         self.client, self.as_json, self.out, self.err = client, as_json, out, err
 
+    def say(self, data: Any, line: Callable[[], str]) -> None:
+        """`data` as JSON, or the one line a person reads."""
+        self.emit(data, lambda: print(line(), file=self.out))
+
     def emit(self, data: Any, readable: Callable[[], None]) -> None:
         if self.as_json:
             json.dump(data, self.out, indent=2)
@@ -302,15 +306,13 @@ def _activate(s: Session, args: argparse.Namespace) -> int:
     result = s.client.call(
         "POST", f"/v1/workflows/{args.workflow}/activate", body={"version_id": version}
     )
-    s.emit(
-        result, lambda: print(f"workflow {args.workflow}: version {version} is active", file=s.out)
-    )
+    s.say(result, lambda: f"workflow {args.workflow}: version {version} is active")
     return EXIT_OK
 
 
 def _deactivate(s: Session, args: argparse.Namespace) -> int:
     result = s.client.call("POST", f"/v1/workflows/{args.workflow}/deactivate", body={})
-    s.emit(result, lambda: print(f"workflow {args.workflow}: deactivated", file=s.out))
+    s.say(result, lambda: f"workflow {args.workflow}: deactivated")
     return EXIT_OK
 
 
@@ -319,10 +321,7 @@ def _cancel(s: Session, args: argparse.Namespace) -> int:
     with who ended it and when."""
     result = s.client.call("POST", f"/v1/runs/{args.run}/cancel", body={"reason": args.reason})
     skipped = ", ".join(result["skipped_steps"]) or "none"
-    s.emit(
-        result,
-        lambda: print(f"run {args.run}: cancelled; skipped steps: {skipped}", file=s.out),
-    )
+    s.say(result, lambda: f"run {args.run}: cancelled; skipped steps: {skipped}")
     return EXIT_OK
 
 
@@ -334,12 +333,11 @@ def _confirm_install(s: Session, args: argparse.Namespace) -> int:
         f"/v1/apps/hubspot/{args.app}/installs/confirm",
         body={"confirm_code": args.code},
     )
-    s.emit(
+    s.say(
         result,
-        lambda: print(
+        lambda: (
             f"portal {result['portal_id']}: {result['outcome']} for tenant "
-            f"{result['tenant_id']} (connection {result['connection_id']})",
-            file=s.out,
+            f"{result['tenant_id']} (connection {result['connection_id']})"
         ),
     )
     return EXIT_OK
@@ -370,12 +368,11 @@ def _decide(s: Session, args: argparse.Namespace, decision: str) -> int:
     """Approve or reject one approval; a second decision is refused with who decided first."""
     body = {"comment": args.comment} if args.comment else {}
     result = s.client.call("POST", f"/v1/approvals/{args.approval}/{decision}", body=body)
-    s.emit(
+    s.say(
         result,
-        lambda: print(
+        lambda: (
             f"approval {args.approval}: {result['decision']} by {result['decided_by']} "
-            f"(run {result['run_id']}, step {result['step_key']})",
-            file=s.out,
+            f"(run {result['run_id']}, step {result['step_key']})"
         ),
     )
     return EXIT_OK
@@ -494,12 +491,11 @@ def _budget(s: Session, args: argparse.Namespace) -> int:
     workflow = _workflow_id(s, args.workflow)
     b = s.client.call("GET", f"/v1/workflows/{workflow}/budget")
     cap = "no cap" if b["credits"] is None else f"cap {b['credits']}"
-    s.emit(
+    s.say(
         b,
-        lambda: print(
+        lambda: (
             f"workflow {workflow}: {cap} per {b['per']}; reserved {b['reserved']}, "
-            f"spent {b['spent']}, released {b['released']}",
-            file=s.out,
+            f"spent {b['spent']}, released {b['released']}"
         ),
     )
     return EXIT_OK
@@ -535,7 +531,7 @@ def _breaker(s: Session, args: argparse.Namespace) -> int:
 def _tenants_create(s: Session, args: argparse.Namespace) -> int:
     body = {"id": args.tenant, "name": args.name, "credits": args.credits}
     t = s.client.call("POST", "/v1/tenants", body={k: v for k, v in body.items() if v is not None})
-    s.emit(t, lambda: print(f"tenant {t['id']} created, {t['credit_balance']} credits", file=s.out))
+    s.say(t, lambda: f"tenant {t['id']} created, {t['credit_balance']} credits")
     return EXIT_OK
 
 
@@ -580,12 +576,11 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
     c = s.client.call(
         "POST", "/v1/connections", body={k: v for k, v in body.items() if v is not None}
     )
-    s.emit(
+    s.say(
         c,
-        lambda: print(
+        lambda: (
             f"connection {c['id']}: {c['provider']} account {c['provider_account_id'] or '-'}"
-            f" for tenant {c['tenant_id']}",
-            file=s.out,
+            f" for tenant {c['tenant_id']}"
         ),
     )
     return EXIT_OK
@@ -678,7 +673,7 @@ def _tokens_list(s: Session, args: argparse.Namespace) -> int:
 
 def _tokens_revoke(s: Session, args: argparse.Namespace) -> int:
     t = s.client.call("POST", f"/v1/tokens/{args.token_id}/revoke", body={})
-    s.emit(t, lambda: print(f"token {t['id']} ({t['label']}): revoked", file=s.out))
+    s.say(t, lambda: f"token {t['id']} ({t['label']}): revoked")
     return EXIT_OK
 
 

@@ -26,6 +26,9 @@ from shared.core import queries
 from shared.core.db import Database
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import RehearsalRequest, RehearsalResult, RehearsalStep
+from shared.steps.advance import advance_step
+from shared.steps.journal import insert_steps
+from shared.steps.outcomes import DELAY_UNTIL_KEY
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import ExpressionError, compile_expression
 from shared.workflows.scope import Occurrence, trigger_record
@@ -55,8 +58,6 @@ def start_rehearsal(
     db: Database, request: RehearsalRequest, tenant_scope: str | None
 ) -> RehearsalStart:
     """Create the rehearsal run and its entry step (committed, never dispatched)."""
-    from shared.steps.journal import insert_steps
-
     with db.transaction() as tx:
         workflow = tx.one(
             WORKFLOW_GET, workflow_id=str(request.workflow_id), tenant_id=tenant_scope
@@ -170,9 +171,6 @@ def drive_rehearsal(db: Database, run_id: str) -> None:
     """Run the rehearsal's steps in-process, through the step engine in namespace
     'rehearsal' (which sets `dry_run` on every block), until none is left or the budget is
     spent. Next steps are never published: this loop is their only executor."""
-    from shared.steps.advance import advance_step
-    from shared.steps.outcomes import DELAY_UNTIL_KEY
-
     clock = RehearsalClock()
     executed = 0
     reason = "a step would have waited for a retry"

@@ -11,10 +11,20 @@ from werkzeug.exceptions import MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 
 from shared.core import request_body
-from shared.ops.api.http import MAX_BODY_BYTES, Call, OpsApi, error_response, parse_query, read_body
+from shared.ops import page
+from shared.ops.api.http import (
+    MAX_BODY_BYTES,
+    Call,
+    OpsApi,
+    error_response,
+    parse_query,
+    read_body,
+    refusal,
+)
 from shared.ops.api.routes import ROUTE_BY_NAME, ROUTES
 from shared.ops.api.tokens import bootstrap, bootstrap_token
 from shared.ops.errors import OpsError
+from shared.ops.openapi import openapi_document
 
 _URL_MAP = Map(
     [
@@ -39,7 +49,7 @@ def _answer(api: OpsApi, request: Request) -> Response:
         # Before the token lookup and before a byte is read, as the webhook does.
         request_body.refuse_declared_length(request.content_length, MAX_BODY_BYTES)
     except request_body.BodyRefused as refused:
-        raise OpsError(refused.status, refused.code, refused.message) from None
+        raise refusal(refused) from None
     adapter = _URL_MAP.bind("ops", "/")
     try:
         endpoint, params = adapter.match(request.path, method=request.method)
@@ -50,9 +60,7 @@ def _answer(api: OpsApi, request: Request) -> Response:
     except NotFound:
         raise OpsError(404, "no_such_route", f"nothing is served at {request.path}") from None
     if endpoint == "openapi":
-        from shared.ops.openapi import openapi_document
-
-        return Response(json.dumps(openapi_document()), mimetype="application/json")
+        return Response(json.dumps(openapi_document(ROUTES)), mimetype="application/json")
     route = ROUTE_BY_NAME[endpoint]
     if route.handler is bootstrap_token:
         return bootstrap(api, request, route)
@@ -83,7 +91,5 @@ def default_api() -> OpsApi:
 def handle_request(request: Request) -> Response:
     """The `ops` function's whole job: the JSON API, the page, and /openapi.json."""
     if request.path == "/ui" or request.path.startswith("/ui/"):
-        from shared.ops import page
-
         return page.handle(default_api(), request)
     return answer(default_api(), request)

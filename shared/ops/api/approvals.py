@@ -7,6 +7,7 @@ from uuid import UUID
 from shared.core import queries
 from shared.ops import replay
 from shared.ops.api.http import Call, int_param
+from shared.ops.approval_links import make_link, public_url
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
     ApprovalLink,
@@ -16,6 +17,7 @@ from shared.ops.models import (
     DecisionResult,
     LinkRequest,
 )
+from shared.steps.parks import NotAllowed, decide_approval, may_decide, park_row
 
 SQL = queries.load("ops")
 APPROVALS_OPEN = SQL["ops_approvals_open"]
@@ -24,8 +26,6 @@ MAX_APPROVALS_LISTED = 500
 
 def list_approvals(call: Call) -> ApprovalList:
     """The approvals waiting for a decision that the caller may decide."""
-    from shared.steps.parks import may_decide
-
     with call.db.transaction() as tx:
         rows = tx.all(APPROVALS_OPEN, tenant_id=call.scope, limit=MAX_APPROVALS_LISTED)
     mine = [r for r in rows if may_decide(r, user=call.principal.label, roles=call.principal.roles)]
@@ -38,8 +38,6 @@ def list_approvals(call: Call) -> ApprovalList:
 
 
 def _decide(call: Call, decision: str) -> DecisionResult:
-    from shared.steps.parks import NotAllowed, decide_approval, park_row
-
     body: DecisionRequest = call.body
     approval_id = int_param(call, "approval_id", "approval")
     try:
@@ -77,9 +75,6 @@ def _decide(call: Call, decision: str) -> DecisionResult:
 
 def approval_link(call: Call) -> ApprovalLink:
     """A signed link for one of the users an approval names, to decide it without a token."""
-    from shared.ops.approval_links import make_link, public_url
-    from shared.steps.parks import park_row
-
     body: LinkRequest = call.body
     approval_id = int_param(call, "approval_id", "approval")
     with call.db.transaction() as tx:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from shared.accounts import provider_apps
+from shared.ops import installs
 from shared.ops.api.http import Call
 from shared.ops.errors import not_found
 from shared.ops.models import InstallConfirmed, InstallStarted, ProviderAppReport, UnroutedPortal
+from shared.publishing.subscriptions import last_app_reconcile
 
 
 def provider_app_report(call: Call) -> ProviderAppReport:
     """An app spans tenants (one URL for every portal that installed it): operator only; a
     tenant's token gets the 404 an unknown app gets."""
-    from shared.accounts import provider_apps
-    from shared.publishing.subscriptions import last_app_reconcile
-
     if call.scope is not None:
         raise not_found("provider app")
     with call.db.transaction() as tx:
@@ -32,13 +32,9 @@ def provider_app_report(call: Call) -> ProviderAppReport:
 
 def install_app(call: Call) -> InstallStarted:
     """Start installing the HubSpot app on a portal for a tenant (shared/ops/installs.py)."""
-    from shared.ops import installs
-
     return installs.start(call.db, call.principal, call.path["app_id"], call.body)
 
 
 def confirm_app_install(call: Call) -> InstallConfirmed:
     """Confirm an install with the code its callback page showed (shared/ops/installs.py)."""
-    from shared.ops import installs
-
     return installs.confirm(call.db, call.principal, call.path["app_id"], call.body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from shared.core import queries
+from shared.ingest import outbox
 from shared.ops import explain
 from shared.ops.api.http import Call, int_param
 from shared.ops.errors import not_found
@@ -14,11 +15,9 @@ INBOX_REQUEUE_DEAD = queries.load("inbox")["inbox_requeue_dead"]
 def requeue_event(call: Call) -> RequeueResult:
     """An undelivered (or still undecided) trigger event back into the outbox, its redelivery
     budget reset. Repeating it is harmless: admission decides each pairing once."""
-    from shared.ingest.outbox import requeue_event as requeue
-
     event_id = int_param(call, "event_id", "undecided event")
     with call.db.transaction() as tx:
-        if not requeue(tx, event_id=event_id, tenant_id=call.scope):
+        if not outbox.requeue_event(tx, event_id=event_id, tenant_id=call.scope):
             raise not_found("undecided event")
     return RequeueResult(id=event_id)
 

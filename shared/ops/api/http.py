@@ -82,6 +82,17 @@ def uuid_param(call: Call, name: str, what: str) -> str:
         raise not_found(what) from None
 
 
+def named_tenant(call: Call, named: str | None) -> str:
+    """The tenant a request names: a tenant token's own (naming another is a 404, as for any
+    id of another tenant); an admin token must name one."""
+    tenant_id = named or call.scope
+    if tenant_id is None:
+        raise OpsError(422, "tenant_required", "an admin token must name the tenant_id")
+    if call.scope is not None and tenant_id != call.scope:
+        raise not_found("tenant")
+    return tenant_id
+
+
 def int_param(call: Call, name: str, what: str) -> int:
     """A numeric path id; anything else names nothing (404)."""
     raw = call.path[name]
@@ -113,6 +124,37 @@ def _problems(exc: ValidationError, where: str) -> list[FieldProblem]:
     ]
 
 
+def refusal(refused: request_body.BodyRefused) -> OpsError:
+    """A body `shared.core.request_body` refused (too large, malformed, stalled), as the
+    API's error."""
+    return OpsError(refused.status, refused.code, refused.message)
+
+
+def read_bounded(request: Request, cap: int) -> bytes:
+    """A request's body, read boundedly: oversize 413 before reading, malformed framing 400,
+    a stalled body 408. The API's bodies and the page's forms are read this way."""
+    try:
+        return request_body.read_body(
+            request.stream.read,
+            declared_length=request.content_length,
+            cap=cap,
+            environ=request.environ,
+        )
+    except request_body.BodyRefused as refused:
+        raise refusal(refused) from None
+
+
+def _validated(
+    model: type[BaseModel], data: Any, where: str, *, status: int, code: str, message: str
+) -> Any:
+    """`data` as the route's model, or the refusal listing every problem located under
+    `where` (query.x, body.y.z)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise OpsError(status, code, message, _problems(exc, where)) from None
+
+
 def parse_query(request: Request, model: type[BaseModel]) -> Any:
     raw: dict[str, str] = {}
     for key in request.args:
@@ -120,35 +162,34 @@ def parse_query(request: Request, model: type[BaseModel]) -> Any:
         if len(values) != 1:
             raise OpsError(400, "invalid_query", f"query parameter {key!r} is given twice")
         raw[key] = values[0]
-    try:
-        return model.model_validate(raw)
-    except ValidationError as exc:
-        raise OpsError(
-            400, "invalid_query", "the query parameters are not valid", _problems(exc, "query")
-        ) from None
+    return _validated(
+        model,
+        raw,
+        "query",
+        status=400,
+        code="invalid_query",
+        message="the query parameters are not valid",
+    )
 
 
 def read_body(request: Request, model: type[BaseModel]) -> Any:
-    """The route's body model from a bounded read (`shared.core.request_body`): oversize 413 before
-    reading, malformed framing or JSON and too deep nesting 400, a stalled body 408."""
+    """The route's body model from a bounded read (`read_bounded`); malformed JSON and too
+    deep nesting 400, anything but a JSON object 422."""
+    raw = read_bounded(request, MAX_BODY_BYTES)
     try:
-        raw = request_body.read_body(
-            request.stream.read,
-            declared_length=request.content_length,
-            cap=MAX_BODY_BYTES,
-            environ=request.environ,
-        )
         data = request_body.parse_json(raw) if raw.strip() else {}
     except request_body.BodyRefused as refused:
-        raise OpsError(refused.status, refused.code, refused.message) from None
+        raise refusal(refused) from None
     if not isinstance(data, dict):
         raise OpsError(422, "invalid_body", "the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise OpsError(
-            422, "invalid_body", "the request body is not valid", _problems(exc, "body")
-        ) from None
+    return _validated(
+        model,
+        data,
+        "body",
+        status=422,
+        code="invalid_body",
+        message="the request body is not valid",
+    )
 
 
 class OpsApi:

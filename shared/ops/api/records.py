@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from shared.core import queries
-from shared.ops import explain
+from shared.ops import explain, search
 from shared.ops.api.http import Call
-from shared.ops.cursor import decode_cursor, encode_cursor
+from shared.ops.cursor import BY_ID
 from shared.ops.models import (
     RecordExplanation,
     RecordQuery,
@@ -15,6 +15,7 @@ from shared.ops.models import (
     RefusalPage,
     RefusalsQuery,
 )
+from shared.port.record_labels import shown_for
 
 SQL = queries.load("ops")
 REFUSALS_LIST = SQL["ops_refusals_list"]
@@ -22,31 +23,24 @@ REFUSALS_LIST = SQL["ops_refusals_list"]
 
 def list_refusals(call: Call) -> RefusalPage:
     q: RefusalsQuery = call.query
-    cur = decode_cursor(q.cursor, {"id": int})
-    with call.db.transaction() as tx:
-        rows = tx.all(
-            REFUSALS_LIST,
-            tenant_id=call.scope,
-            workflow_id=str(q.workflow_id) if q.workflow_id else None,
-            record_key=q.record_key,
-            event_id=q.event_id,
-            cursor_id=cur["id"] if cur else None,
-            limit=q.limit + 1,
-        )
-    more = len(rows) > q.limit
-    rows = rows[: q.limit]
+    rows, next_cursor = BY_ID.read(
+        call.db,
+        REFUSALS_LIST,
+        q.cursor,
+        q.limit,
+        tenant_id=call.scope,
+        workflow_id=str(q.workflow_id) if q.workflow_id else None,
+        record_key=q.record_key,
+        event_id=q.event_id,
+    )
     items = [
         Refusal.model_validate({**r, "explanation": explain.explain_reason(r["reason"])})
         for r in rows
     ]
-    return RefusalPage(
-        items=items, next_cursor=encode_cursor({"id": rows[-1]["id"]}) if more else None
-    )
+    return RefusalPage(items=items, next_cursor=next_cursor)
 
 
 def explain_record(call: Call) -> RecordExplanation:
-    from shared.port.record_labels import shown_for
-
     q: RecordQuery = call.query
     with call.db.transaction() as tx:
         found = explain.explain_record(tx, record_key=q.record_key, tenant_scope=call.scope)
@@ -55,8 +49,6 @@ def explain_record(call: Call) -> RecordExplanation:
 
 
 def search_records(call: Call) -> RecordSearch:
-    from shared.ops import search
-
     q: RecordSearchQuery = call.query
     with call.db.transaction() as tx:
         return search.search(tx, q.q, tenant_scope=call.scope)

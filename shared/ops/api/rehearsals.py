@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from shared.ops import rehearsal
 from shared.ops.api.http import Call
 from shared.ops.api.workflows import owned_workflow
 from shared.ops.models import RehearsalRequest, RehearsalResult
 
 
 def rehearse(call: Call) -> RehearsalResult:
-    from shared.ops import rehearsal
-
     body: RehearsalRequest = call.body
     owned_workflow(call, str(body.workflow_id))
     start = rehearsal.start_rehearsal(call.db, body, call.scope)

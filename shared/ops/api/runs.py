@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from uuid import UUID
 
 from shared.core import queries
 from shared.core.db import Database
 from shared.ops import replay
 from shared.ops.api.http import Call, uuid_param
-from shared.ops.cursor import decode_cursor, encode_cursor
+from shared.ops.cursor import BY_CREATED
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import (
     CancelRequest,
@@ -25,6 +24,7 @@ from shared.ops.models import (
     RunSummary,
     StepView,
 )
+from shared.steps.cancel import cancel_run
 
 SQL = queries.load("ops")
 RUNS_LIST = SQL["ops_runs_list"]
@@ -35,29 +35,24 @@ RUN_CHARGES = SQL["ops_run_charges"]
 LINEAGE_RUNS = SQL["ops_lineage_runs"]
 
 
+def _path_run(call: Call) -> str:
+    return uuid_param(call, "run_id", "run")
+
+
 def list_runs(call: Call) -> RunPage:
     q: RunsQuery = call.query
-    cur = decode_cursor(q.cursor, {"at": datetime, "id": UUID})
-    with call.db.transaction() as tx:
-        rows = tx.all(
-            RUNS_LIST,
-            tenant_id=call.scope,
-            workflow_id=str(q.workflow_id) if q.workflow_id else None,
-            status=q.status,
-            record_key=q.record_key,
-            created_after=q.created_after,
-            created_before=q.created_before,
-            event_type=q.event_type,
-            cursor_at=cur["at"] if cur else None,
-            cursor_id=cur["id"] if cur else None,
-            limit=q.limit + 1,
-        )
-    more = len(rows) > q.limit
-    rows = rows[: q.limit]
-    next_cursor = (
-        encode_cursor({"at": rows[-1]["created_at"].isoformat(), "id": str(rows[-1]["id"])})
-        if more
-        else None
+    rows, next_cursor = BY_CREATED.read(
+        call.db,
+        RUNS_LIST,
+        q.cursor,
+        q.limit,
+        tenant_id=call.scope,
+        workflow_id=str(q.workflow_id) if q.workflow_id else None,
+        status=q.status,
+        record_key=q.record_key,
+        created_after=q.created_after,
+        created_before=q.created_before,
+        event_type=q.event_type,
     )
     return RunPage(items=[RunSummary.model_validate(r) for r in rows], next_cursor=next_cursor)
 
@@ -88,15 +83,13 @@ def run_detail(db: Database, run_id: str, scope: str | None, namespace: str = "l
 
 
 def get_run(call: Call) -> RunDetail:
-    return run_detail(call.db, uuid_param(call, "run_id", "run"), call.scope)
+    return run_detail(call.db, _path_run(call), call.scope)
 
 
 def replay_failed_run(call: Call) -> ReplayResult:
+    run_id = _path_run(call)
     outcome = replay.replay_run(
-        call.db,
-        run_id=uuid_param(call, "run_id", "run"),
-        tenant_scope=call.scope,
-        dispatch=call.dispatch,
+        call.db, run_id=run_id, tenant_scope=call.scope, dispatch=call.dispatch
     )
     detail = run_detail(call.db, outcome.run_id, call.scope)
     return ReplayResult(
@@ -110,10 +103,8 @@ def replay_failed_run(call: Call) -> ReplayResult:
 def cancel_live_run(call: Call) -> CancelResult:
     """Stop a running run (shared/steps/cancel.py). A run that already ended is a 409 that
     says how and when ("already cancelled by X at T")."""
-    from shared.steps.cancel import cancel_run
-
     body: CancelRequest = call.body
-    run_id = uuid_param(call, "run_id", "run")
+    run_id = _path_run(call)
     outcome = cancel_run(
         call.db, run_id, by=call.principal.label, reason=body.reason, tenant_scope=call.scope
     )
@@ -129,11 +120,9 @@ def cancel_live_run(call: Call) -> CancelResult:
 
 
 def retry_failed_run(call: Call) -> RetryResult:
+    run_id = _path_run(call)
     outcome = replay.retry_run(
-        call.db,
-        run_id=uuid_param(call, "run_id", "run"),
-        tenant_scope=call.scope,
-        dispatch=call.dispatch,
+        call.db, run_id=run_id, tenant_scope=call.scope, dispatch=call.dispatch
     )
     return RetryResult(
         run_id=UUID(outcome.run_id), restarted_steps=[s.step_key for s in outcome.plan.restart]

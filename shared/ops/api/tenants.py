@@ -5,7 +5,7 @@ from __future__ import annotations
 from shared.core import queries
 from shared.gates import credits as credit_ledger
 from shared.ops import auth
-from shared.ops.api.http import Call
+from shared.ops.api.http import Call, named_tenant
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import Tenant, TenantCreate, TenantList
 
@@ -22,11 +22,7 @@ def admin_only(call: Call, what: str) -> None:
 def tenant_of(call: Call, named: str | None) -> str:
     """The tenant a create names: a tenant token's own (naming another is a 404, as for any
     id of another tenant); an admin token must name one, and it must exist."""
-    tenant_id = named or call.scope
-    if tenant_id is None:
-        raise OpsError(422, "tenant_required", "an admin token must name the tenant_id")
-    if call.scope is not None and tenant_id != call.scope:
-        raise not_found("tenant")
+    tenant_id = named_tenant(call, named)
     with call.db.transaction() as tx:
         if tx.one(auth.TENANT_EXISTS, tenant_id=tenant_id) is None:
             raise not_found("tenant")

@@ -3,13 +3,15 @@ cron ticks, the trigger's state, the circuit breaker and the spend budget."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 from uuid import UUID
 
 from shared import triggers
 from shared.core import queries
-from shared.core.db import Database
+from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
+from shared.gates import breaker, budgets
 from shared.ops import explain
 from shared.ops.api.http import Call, uuid_param
 from shared.ops.errors import OpsError, not_found
@@ -24,6 +26,7 @@ from shared.ops.models import (
     FieldProblem,
     PublishResult,
     ResumeRequest,
+    TicksQuery,
     TriggerStatus,
     ValidationResult,
     VersionList,
@@ -32,11 +35,14 @@ from shared.ops.models import (
     WorkflowSource,
     WorkflowSummary,
 )
+from shared.port.connect import port_for, port_for_app
 from shared.publishing import versions
+from shared.publishing.subscriptions import reconcile_tenant
 from shared.publishing.validate import DefinitionInvalid, ValidationReport, validate_text
 from shared.triggers import cron
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 SQL = queries.load("ops")
 SOURCE_NAME = "source"
@@ -47,44 +53,60 @@ WORKFLOW_GET = SQL["ops_workflow_get"]
 WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
 
 
+def _owned_in(tx: Tx, call: Call, workflow_id: str) -> dict[str, Any]:
+    """The workflow, read in `tx`; one of another tenant is a 404 like an unknown id."""
+    row = tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope)
+    if row is None:
+        raise not_found("workflow")
+    return row
+
+
 def list_workflows(call: Call) -> WorkflowList:
     with call.db.transaction() as tx:
         rows = tx.all(WORKFLOWS_LIST, tenant_id=call.scope)
     return WorkflowList(items=[WorkflowSummary.model_validate(r) for r in rows])
 
 
-def list_versions(call: Call) -> VersionList:
+def _read_owned(call: Call, read: Callable[[Tx, str], T]) -> tuple[UUID, T]:
+    """What `read` finds about the workflow the path names, in the transaction that checks
+    the caller may see it."""
     workflow_id = uuid_param(call, "workflow_id", "workflow")
     with call.db.transaction() as tx:
-        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
-            raise not_found("workflow")
-        rows = tx.all(WORKFLOW_VERSIONS, workflow_id=workflow_id)
+        _owned_in(tx, call, workflow_id)
+        return UUID(workflow_id), read(tx, workflow_id)
+
+
+def list_versions(call: Call) -> VersionList:
+    workflow_id, rows = _read_owned(
+        call, lambda tx, workflow_id: tx.all(WORKFLOW_VERSIONS, workflow_id=workflow_id)
+    )
     return VersionList(
-        workflow_id=UUID(workflow_id), items=[VersionSummary.model_validate(r) for r in rows]
+        workflow_id=workflow_id, items=[VersionSummary.model_validate(r) for r in rows]
     )
 
 
 def list_cron_ticks(call: Call) -> CronTickList:
-    workflow_id = uuid_param(call, "workflow_id", "workflow")
-    with call.db.transaction() as tx:
-        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
-            raise not_found("workflow")
-        rows = cron.list_ticks(tx, workflow_id, status=call.query.status, limit=call.query.limit)
-    return CronTickList(
-        workflow_id=UUID(workflow_id), items=[CronTick.model_validate(r) for r in rows]
+    q: TicksQuery = call.query
+    workflow_id, rows = _read_owned(
+        call,
+        lambda tx, workflow_id: cron.list_ticks(tx, workflow_id, status=q.status, limit=q.limit),
     )
+    return CronTickList(workflow_id=workflow_id, items=[CronTick.model_validate(r) for r in rows])
+
+
+def _trigger_state(tx: Tx, workflow_id: str) -> tuple[str, dict[str, Any]] | None:
+    definition = versions.active_definition(tx, workflow_id)
+    if definition is None:
+        return None
+    return triggers.status(tx, definition.trigger, workflow_id)
 
 
 def trigger_status(call: Call) -> TriggerStatus:
-    workflow_id = uuid_param(call, "workflow_id", "workflow")
-    with call.db.transaction() as tx:
-        if tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope) is None:
-            raise not_found("workflow")
-        definition = versions.active_definition(tx, workflow_id)
-        if definition is None:
-            return TriggerStatus(workflow_id=UUID(workflow_id), active=False, kind=None, detail={})
-        kind, detail = triggers.status(tx, definition.trigger, workflow_id)
-    return TriggerStatus(workflow_id=UUID(workflow_id), active=True, kind=kind, detail=detail)
+    workflow_id, state = _read_owned(call, _trigger_state)
+    if state is None:
+        return TriggerStatus(workflow_id=workflow_id, active=False, kind=None, detail={})
+    kind, detail = state
+    return TriggerStatus(workflow_id=workflow_id, active=True, kind=kind, detail=detail)
 
 
 def _problems_of(report: ValidationReport) -> list[DefinitionProblem]:
@@ -160,15 +182,17 @@ def publish_workflow(call: Call) -> PublishResult:
 
 def owned_workflow(call: Call, workflow_id: str) -> dict[str, Any]:
     with call.db.transaction() as tx:
-        row = tx.one(WORKFLOW_GET, workflow_id=workflow_id, tenant_id=call.scope)
-    if row is None:
-        raise not_found("workflow")
-    return row
+        return _owned_in(tx, call, workflow_id)
+
+
+def _path_workflow(call: Call) -> dict[str, Any]:
+    """The workflow the path names, if the caller may see it."""
+    return owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
 
 
 def activate_workflow(call: Call) -> ActivationResult:
     body: ActivateRequest = call.body
-    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    workflow = _path_workflow(call)
     try:
         with call.db.transaction() as tx:
             activation = versions.activate(
@@ -190,8 +214,6 @@ def activate_workflow(call: Call) -> ActivationResult:
 
 
 def _breaker_status(call: Call, workflow_id: str) -> BreakerStatus:
-    from shared.gates import breaker
-
     with call.db.transaction() as tx:
         row = breaker.status(tx, workflow_id)
     return BreakerStatus.model_validate(
@@ -200,24 +222,20 @@ def _breaker_status(call: Call, workflow_id: str) -> BreakerStatus:
 
 
 def get_breaker(call: Call) -> BreakerStatus:
-    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    workflow = _path_workflow(call)
     return _breaker_status(call, str(workflow["id"]))
 
 
 def get_budget(call: Call) -> BudgetStatus:
-    from shared.gates import budgets
-
-    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    workflow = _path_workflow(call)
     with call.db.transaction() as tx:
         return BudgetStatus.model_validate(budgets.workflow_summary(tx, str(workflow["id"])))
 
 
 def resume_workflow(call: Call) -> BreakerStatus:
     """Close (or half-open) a workflow's open circuit breaker; 409 when it is not open."""
-    from shared.gates import breaker
-
     body: ResumeRequest = call.body
-    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    workflow = _path_workflow(call)
     workflow_id = str(workflow["id"])
     with call.db.transaction() as tx:
         moved = breaker.resume(tx, workflow_id, half_open=body.half_open)
@@ -227,7 +245,7 @@ def resume_workflow(call: Call) -> BreakerStatus:
 
 
 def deactivate_workflow(call: Call) -> ActivationResult:
-    workflow = owned_workflow(call, uuid_param(call, "workflow_id", "workflow"))
+    workflow = _path_workflow(call)
     try:
         with call.db.transaction() as tx:
             versions.deactivate(
@@ -243,9 +261,6 @@ def _reconcile_subscriptions_now(db: Database, tenant_id: str) -> None:
     """The provider subscriptions the change needs, at once (after the commit). Best effort:
     the activation stands either way, each outcome is recorded, and the hourly sweep repairs
     what failed here."""
-    from shared.port.connect import port_for, port_for_app
-    from shared.publishing.subscriptions import reconcile_tenant
-
     try:
         reconcile_tenant(db, tenant_id, port_for, port_for_app)
     except Exception:
