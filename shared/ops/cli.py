@@ -715,7 +715,12 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--half-open", action="store_true", help="resume on trial")
     p.add_argument("--reason", help="kept in the audit log")
+    _tenant_parsers(sub, remote)
+    _connection_parsers(sub, remote)
+    _token_parsers(sub, remote)
 
+
+def _tenant_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     tenants = sub.add_parser("tenants", help="tenants: create (admin token), list")
     tsub = tenants.add_subparsers(dest="action", required=True)
     p = tsub.add_parser("create", parents=[remote], help="create a tenant (admin token)")
@@ -724,6 +729,8 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("--credits", type=int, help="credits it starts with")
     tsub.add_parser("list", parents=[remote], help="tenants you can see")
 
+
+def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     conns = sub.add_parser("connections", help="CRM connections: create, list")
     csub = conns.add_subparsers(dest="action", required=True)
     p = csub.add_parser("create", parents=[remote], help="connect a tenant's CRM account")
@@ -746,6 +753,9 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     )
     csub.add_parser("list", parents=[remote], help="connections you can see")
 
+
+def _token_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`tokens` and `bootstrap`, the deployment's first admin token."""
     tokens = sub.add_parser("tokens", help="ops tokens: create (admin token), list, revoke")
     ksub = tokens.add_subparsers(dest="action", required=True)
     p = ksub.add_parser("create", parents=[remote], help="mint a token, printed once")
