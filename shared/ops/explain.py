@@ -29,14 +29,15 @@ from shared.ops.models import (
     StuckInboxRow,
     WebhookRefusalCount,
 )
+from shared.ops.statements import (
+    BINDINGS_FOR_TENANT,
+    CONNECTION_TENANT,
+    RECORD_CLAIMS,
+    RECORD_EVENTS,
+    RECORD_REFUSALS,
+    RECORD_RUNS,
+)
 
-SQL = queries.load("ops")
-CONNECTION_TENANT = SQL["ops_connection_tenant"]
-RECORD_EVENTS = SQL["ops_record_events"]
-RECORD_RUNS = SQL["ops_record_runs"]
-RECORD_REFUSALS = SQL["ops_record_refusals"]
-RECORD_CLAIMS = SQL["ops_record_claims"]
-BINDINGS_FOR_TENANT = SQL["ops_bindings_for_tenant"]
 STUCK_INBOX = queries.load("inbox")["inbox_dead_list"]
 STUCK_INBOX_SHOWN = 20
 RECORD_DROPS = queries.load("drops")["drops_for_record"]

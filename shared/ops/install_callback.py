@@ -24,7 +24,7 @@ from shared.accounts.oauth_install import InstallRefused
 from shared.core.db import Database
 from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
-from shared.ops import auth
+from shared.ops.statements import AUDIT_INSERT
 
 CALLBACK_ACTION = "apps.hubspot.callback"
 
@@ -38,7 +38,7 @@ def _audit(
     token came with the redirect). Never the code, the state or a token."""
     with db.transaction() as tx:
         tx.execute(
-            auth.AUDIT_INSERT,
+            AUDIT_INSERT,
             token_id=started_by,
             tenant_id=tenant_id,
             action=CALLBACK_ACTION,

@@ -18,6 +18,7 @@ from shared.core.db import Database
 from shared.ops import auth
 from shared.ops.errors import OpsError
 from shared.ops.models import InstallConfirm, InstallConfirmed, InstallRequest, InstallStarted
+from shared.ops.statements import TENANT_EXISTS
 
 
 def start(
@@ -36,7 +37,7 @@ def start(
     except InstallRefused as refused:
         raise OpsError(refused.status, refused.code, refused.message) from None
     with db.transaction() as tx:
-        if tx.one(auth.TENANT_EXISTS, tenant_id=tenant_id) is None:
+        if tx.one(TENANT_EXISTS, tenant_id=tenant_id) is None:
             raise OpsError(404, "not_found", "no such tenant")
         try:
             started = oauth_install.start(

@@ -28,7 +28,6 @@ from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from werkzeug.datastructures import MultiDict
 
-from shared.core import queries
 from shared.core.errors import TransientError
 from shared.ops import auth, bulk, redrive, search
 from shared.ops.api.http import Call, EmptyQuery, OpsApi, read_bounded
@@ -57,10 +56,10 @@ from shared.ops.models import (
 )
 from shared.ops.replay import dispatch_committed
 from shared.ops.search import record_url
+from shared.ops.statements import VERSION_DEFINITION
 from shared.steps.parks import NotAllowed, decide_approval, park_row
 from shared.workflows.definition import WorkflowDefinition
 
-VERSION_DEFINITION = queries.load("ops")["ops_version_definition"]
 COOKIE = "onceflow_ops"
 COOKIE_PATH = "/ui"
 COOKIE_MAX_AGE = 8 * 3600

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from shared.core import queries
 from shared.ops import replay
 from shared.ops.api.http import Call, int_param
 from shared.ops.approval_links import make_link, public_url
@@ -17,10 +16,9 @@ from shared.ops.models import (
     DecisionResult,
     LinkRequest,
 )
+from shared.ops.statements import APPROVALS_OPEN
 from shared.steps.parks import NotAllowed, decide_approval, may_decide, park_row
 
-SQL = queries.load("ops")
-APPROVALS_OPEN = SQL["ops_approvals_open"]
 MAX_APPROVALS_LISTED = 500
 
 

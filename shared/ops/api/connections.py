@@ -4,13 +4,10 @@ variables that hold their secrets."""
 from __future__ import annotations
 
 from shared.accounts import connections
-from shared.core import queries
 from shared.ops.api.http import Call
 from shared.ops.api.tenants import tenant_of
 from shared.ops.models import ConnectionCreate, ConnectionList, ConnectionSummary
-
-SQL = queries.load("ops")
-CONNECTIONS_LIST = SQL["ops_connections_list"]
+from shared.ops.statements import CONNECTIONS_LIST
 
 
 def create_connection(call: Call) -> ConnectionSummary:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from shared.core import queries
 from shared.ops.api.http import Call, named_tenant
 from shared.ops.cursor import BY_ID
 from shared.ops.errors import not_found
 from shared.ops.models import Credits, LedgerEntry, PageQuery
-
-SQL = queries.load("ops")
-CREDIT_BALANCE = SQL["ops_credit_balance"]
-CREDIT_LEDGER = SQL["ops_credit_ledger"]
+from shared.ops.statements import CREDIT_BALANCE, CREDIT_LEDGER
 
 
 class CreditsQuery(PageQuery):

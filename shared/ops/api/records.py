@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from shared.core import queries
 from shared.ops import explain, search
 from shared.ops.api.http import Call
 from shared.ops.cursor import BY_ID
@@ -15,10 +14,8 @@ from shared.ops.models import (
     RefusalPage,
     RefusalsQuery,
 )
+from shared.ops.statements import REFUSALS_LIST
 from shared.port.record_labels import shown_for
-
-SQL = queries.load("ops")
-REFUSALS_LIST = SQL["ops_refusals_list"]
 
 
 def list_refusals(call: Call) -> RefusalPage:

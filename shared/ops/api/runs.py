@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from shared.core import queries
 from shared.core.db import Database
 from shared.ops import replay
 from shared.ops.api.http import Call, uuid_param
@@ -24,15 +23,15 @@ from shared.ops.models import (
     RunSummary,
     StepView,
 )
+from shared.ops.statements import (
+    LINEAGE_RUNS,
+    RUN_CHARGES,
+    RUN_GET,
+    RUN_LEASES,
+    RUN_STEPS,
+    RUNS_LIST,
+)
 from shared.steps.cancel import cancel_run
-
-SQL = queries.load("ops")
-RUNS_LIST = SQL["ops_runs_list"]
-RUN_GET = SQL["ops_run_get"]
-RUN_STEPS = SQL["ops_run_steps"]
-RUN_LEASES = SQL["ops_run_leases"]
-RUN_CHARGES = SQL["ops_run_charges"]
-LINEAGE_RUNS = SQL["ops_lineage_runs"]
 
 
 def _path_run(call: Call) -> str:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from shared.core import queries
 from shared.gates import credits as credit_ledger
-from shared.ops import auth
 from shared.ops.api.http import Call, named_tenant
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import Tenant, TenantCreate, TenantList
-
-SQL = queries.load("ops")
-TENANT_INSERT = SQL["ops_tenant_insert"]
-TENANTS_LIST = SQL["ops_tenants_list"]
+from shared.ops.statements import TENANT_EXISTS, TENANT_INSERT, TENANTS_LIST
 
 
 def admin_only(call: Call, what: str) -> None:
@@ -24,7 +19,7 @@ def tenant_of(call: Call, named: str | None) -> str:
     id of another tenant); an admin token must name one, and it must exist."""
     tenant_id = named_tenant(call, named)
     with call.db.transaction() as tx:
-        if tx.one(auth.TENANT_EXISTS, tenant_id=tenant_id) is None:
+        if tx.one(TENANT_EXISTS, tenant_id=tenant_id) is None:
             raise not_found("tenant")
     return tenant_id
 

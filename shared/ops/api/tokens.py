@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 
 from flask import Request, Response
 
-from shared.core import queries
 from shared.core.errors import TransientError
 from shared.ops import auth
 from shared.ops.api.http import (
@@ -23,11 +22,7 @@ from shared.ops.api.http import (
 from shared.ops.api.tenants import admin_only, tenant_of
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import BootstrapRequest, TokenCreate, TokenList, TokenMinted, TokenSummary
-
-SQL = queries.load("ops")
-TOKENS_LIST = SQL["ops_tokens_list"]
-TOKEN_GET = SQL["ops_token_get"]
-TOKEN_REVOKE = SQL["ops_token_revoke"]
+from shared.ops.statements import TOKEN_GET, TOKEN_REVOKE, TOKENS_LIST
 
 
 def create_token(call: Call) -> TokenMinted:

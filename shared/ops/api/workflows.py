@@ -8,7 +8,6 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from shared import triggers
-from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
 from shared.gates import breaker, budgets
@@ -35,6 +34,7 @@ from shared.ops.models import (
     WorkflowSource,
     WorkflowSummary,
 )
+from shared.ops.statements import WORKFLOW_GET, WORKFLOW_VERSIONS, WORKFLOWS_LIST
 from shared.port.connect import port_for, port_for_app
 from shared.publishing import versions
 from shared.publishing.subscriptions import reconcile_tenant
@@ -44,13 +44,7 @@ from shared.triggers import cron
 log = get_logger(__name__)
 T = TypeVar("T")
 
-SQL = queries.load("ops")
 SOURCE_NAME = "source"
-
-
-WORKFLOWS_LIST = SQL["ops_workflows_list"]
-WORKFLOW_GET = SQL["ops_workflow_get"]
-WORKFLOW_VERSIONS = SQL["ops_workflow_versions"]
 
 
 def _owned_in(tx: Tx, call: Call, workflow_id: str) -> dict[str, Any]:
