@@ -269,21 +269,9 @@ def _event_decisions(
 
 
 def _event_view(e: dict[str, Any], decisions: list[Decision]) -> EventDecisions:
-    return EventDecisions(
-        event_id=int(e["id"]),
-        event_type=e["event_type"],
-        source_event_id=e["source_event_id"],
-        author_id=e["author_id"],
-        changed_fields=e["changed_fields"],
-        occurred_at=e["occurred_at"],
-        received_at=e["created_at"],
-        published_at=e["published_at"],
-        payload_truncated=e["payload_truncated"],
-        decided_at=e["decided_at"],
-        redeliveries=e["redeliveries"],
-        undelivered_at=e["undelivered_at"],
-        undelivered_reason=e["undelivered_reason"],
-        decisions=decisions,
+    # The row's id is the event's; its created_at is when onceflow received it.
+    return EventDecisions.model_validate(
+        {**e, "event_id": e["id"], "received_at": e["created_at"], "decisions": decisions}
     )
 
 
