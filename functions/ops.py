@@ -1,11 +1,11 @@
-"""`ops` entry point: the HTTP request goes to shared.ops.api, which answers it whole."""
+"""`ops` entry point: the HTTP request goes to shared.ops.api.app, which answers it whole."""
 
 from typing import Any
 
 import functions_framework
 
 from shared.core.request_body import detached
-from shared.ops.api import handle_request
+from shared.ops.api.app import handle_request
 
 
 @functions_framework.http

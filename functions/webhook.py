@@ -19,12 +19,12 @@ from typing import Any
 import flask
 import functions_framework
 
-from shared.accounts import oauth_install_http
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
 from shared.core.request_body import detached
 from shared.ingest import app_webhook, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
+from shared.ops import install_callback
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
 from shared.providers.install import CALLBACK_PATHS
 
@@ -33,10 +33,10 @@ from shared.providers.install import CALLBACK_PATHS
 def webhook(request: Any) -> flask.Response:
     if request.path in CALLBACK_PATHS:
         with traced(request.headers), labelled(function="webhook"):
-            return oauth_install_http.callback(get_database(), request)
+            return install_callback.callback(get_database(), request)
     if request.path.startswith(f"{APPROVAL_LINK_PREFIX}/"):
         # Imported here: the page's templates are not what a CRM delivery should wait for.
-        from shared.ops.api import default_api
+        from shared.ops.api.app import default_api
         from shared.ops.page import handle_approval_link
 
         with traced(request.headers), labelled(function="webhook"):

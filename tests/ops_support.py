@@ -15,7 +15,7 @@ import functions_framework
 import pytest
 
 from shared.core.db import Database
-from shared.ops import api as ops_api
+from shared.ops.api import app as ops_api
 from shared.ops.auth import mint_token
 from shared.workflows.definition import WorkflowDefinition
 

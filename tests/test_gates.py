@@ -27,7 +27,7 @@ from shared.core.netguard import NetPolicy
 from shared.gates import credits
 from shared.gates.catalog import GATES
 from shared.ops import replay
-from shared.ops.api import run_detail
+from shared.ops.api.runs import run_detail
 from shared.steps.advance import advance_step
 from shared.steps.repairs import reclaim_expired_leases, wake_due_steps
 from shared.workflows.definition import WorkflowDefinition

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from shared.core.db import Database
-from shared.ops import api as ops_api
+from shared.ops.api import app as ops_api
 from tests.ops_support import (
     ROOT_MAIN,
     Dispatched,

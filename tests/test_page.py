@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from shared.core.db import Database
-from shared.ops.page import COOKIE, csrf_value
+from shared.ops.html import csrf_value
+from shared.ops.page import COOKIE
 from tests.ops_support import (
     Dispatched,
     JournalRow,

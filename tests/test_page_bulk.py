@@ -9,7 +9,7 @@ from typing import Any
 
 from shared.core.db import Database
 from shared.ingest import inbox
-from shared.ops.page import csrf_value
+from shared.ops.html import csrf_value
 from tests.ingest_support import hubspot_body, hubspot_event, make_connection
 from tests.ops_support import (
     Dispatched,

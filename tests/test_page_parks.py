@@ -9,7 +9,7 @@ import re
 from typing import Any
 
 from shared.core.db import Database
-from shared.ops.page import csrf_value
+from shared.ops.html import csrf_value
 from shared.steps import parks
 from tests.ops_support import (
     Dispatched,

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.core.db import Database
-from shared.ops.page import MAX_JSON_SHOWN
+from shared.ops.html import MAX_JSON_SHOWN
 from tests.ops_support import (
     JournalRow,
     client_fixture,  # noqa: F401 - fixture `client`

@@ -12,7 +12,7 @@ import pytest
 
 from devstack.emulator import declared_layout
 from shared.core.db import Database
-from shared.ops.page import csrf_value
+from shared.ops.html import csrf_value
 from shared.ops.redrive import DEAD_LETTER_HOLDS
 from tests.ops_support import (
     client_fixture,  # noqa: F401 - fixture `client`

@@ -56,7 +56,7 @@ TOPICS: tuple[str, ...] = ("trigger-events", "step-ready")
 CRM_TOKEN_USERS: tuple[str, ...] = ("advance_step", "sweep", "ops")
 # Who uses a public app's OAuth client and the token-encryption key: the token users, which
 # refresh grants, and `webhook`, the one public function, which serves HubSpot's redirect back
-# from an install (shared/accounts/oauth_install_http.py): it exchanges the code and seals the
+# from an install (shared/ops/install_callback.py): it exchanges the code and seals the
 # grant.
 OAUTH_CLIENT_USERS: tuple[str, ...] = ("webhook", *CRM_TOKEN_USERS)
 

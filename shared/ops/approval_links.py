@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 
 from shared.core.db import Database
 from shared.core.settings import settings
-from shared.ops import auth
 from shared.ops.errors import OpsError
+from shared.ops.statements import AUDIT_INSERT
 
 SECRET_ENV = "ONCEFLOW_APPROVAL_LINK_SECRET"  # noqa: S105 - a variable name
 PATH_PREFIX = "/ui/decide"
@@ -87,7 +87,7 @@ def record_use(
     """The audit row of a link's use (there is no token to name: the link's user is)."""
     with db.transaction() as tx:
         tx.execute(
-            auth.AUDIT_INSERT,
+            AUDIT_INSERT,
             token_id=None,
             tenant_id=tenant_id,
             action="approvals.link_decide",

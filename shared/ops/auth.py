@@ -18,17 +18,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.errors import OnceflowError
 from shared.core.settings import settings
-
-SQL = queries.load("ops")
-TOKEN_INSERT = SQL["ops_token_insert"]
-TOKEN_FIND = SQL["ops_token_find"]
-AUDIT_INSERT = SQL["ops_audit_insert"]
-TENANT_EXISTS = SQL["ops_tenant_exists"]
-BOOTSTRAP_CLAIM = SQL["ops_bootstrap_claim"]
+from shared.ops.statements import (
+    AUDIT_INSERT,
+    BOOTSTRAP_CLAIM,
+    TOKEN_FIND,
+    TOKEN_INSERT,
+)
 
 # The first admin token of a deployment, without a database session: the `ops` function
 # accepts this secret (Secret Manager `onceflow-ops-bootstrap`) at POST /v1/bootstrap exactly

@@ -132,6 +132,10 @@ class Session:
     def __init__(self, client: OpsClient, as_json: bool, out: TextIO, err: TextIO) -> None:
         self.client, self.as_json, self.out, self.err = client, as_json, out, err
 
+    def say(self, data: Any, line: Callable[[], str]) -> None:
+        """`data` as JSON, or the one line a person reads."""
+        self.emit(data, lambda: print(line(), file=self.out))
+
     def emit(self, data: Any, readable: Callable[[], None]) -> None:
         if self.as_json:
             json.dump(data, self.out, indent=2)
@@ -303,15 +307,13 @@ def _activate(s: Session, args: argparse.Namespace) -> int:
     result = s.client.call(
         "POST", f"/v1/workflows/{args.workflow}/activate", body={"version_id": version}
     )
-    s.emit(
-        result, lambda: print(f"workflow {args.workflow}: version {version} is active", file=s.out)
-    )
+    s.say(result, lambda: f"workflow {args.workflow}: version {version} is active")
     return EXIT_OK
 
 
 def _deactivate(s: Session, args: argparse.Namespace) -> int:
     result = s.client.call("POST", f"/v1/workflows/{args.workflow}/deactivate", body={})
-    s.emit(result, lambda: print(f"workflow {args.workflow}: deactivated", file=s.out))
+    s.say(result, lambda: f"workflow {args.workflow}: deactivated")
     return EXIT_OK
 
 
@@ -320,10 +322,7 @@ def _cancel(s: Session, args: argparse.Namespace) -> int:
     with who ended it and when."""
     result = s.client.call("POST", f"/v1/runs/{args.run}/cancel", body={"reason": args.reason})
     skipped = ", ".join(result["skipped_steps"]) or "none"
-    s.emit(
-        result,
-        lambda: print(f"run {args.run}: cancelled; skipped steps: {skipped}", file=s.out),
-    )
+    s.say(result, lambda: f"run {args.run}: cancelled; skipped steps: {skipped}")
     return EXIT_OK
 
 
@@ -335,12 +334,11 @@ def _confirm_install(s: Session, args: argparse.Namespace) -> int:
         f"/v1/apps/hubspot/{args.app}/installs/confirm",
         body={"confirm_code": args.code},
     )
-    s.emit(
+    s.say(
         result,
-        lambda: print(
+        lambda: (
             f"portal {result['portal_id']}: {result['outcome']} for tenant "
-            f"{result['tenant_id']} (connection {result['connection_id']})",
-            file=s.out,
+            f"{result['tenant_id']} (connection {result['connection_id']})"
         ),
     )
     return EXIT_OK
@@ -371,12 +369,11 @@ def _decide(s: Session, args: argparse.Namespace, decision: str) -> int:
     """Approve or reject one approval; a second decision is refused with who decided first."""
     body = {"comment": args.comment} if args.comment else {}
     result = s.client.call("POST", f"/v1/approvals/{args.approval}/{decision}", body=body)
-    s.emit(
+    s.say(
         result,
-        lambda: print(
+        lambda: (
             f"approval {args.approval}: {result['decision']} by {result['decided_by']} "
-            f"(run {result['run_id']}, step {result['step_key']})",
-            file=s.out,
+            f"(run {result['run_id']}, step {result['step_key']})"
         ),
     )
     return EXIT_OK
@@ -495,12 +492,11 @@ def _budget(s: Session, args: argparse.Namespace) -> int:
     workflow = _workflow_id(s, args.workflow)
     b = s.client.call("GET", f"/v1/workflows/{workflow}/budget")
     cap = "no cap" if b["credits"] is None else f"cap {b['credits']}"
-    s.emit(
+    s.say(
         b,
-        lambda: print(
+        lambda: (
             f"workflow {workflow}: {cap} per {b['per']}; reserved {b['reserved']}, "
-            f"spent {b['spent']}, released {b['released']}",
-            file=s.out,
+            f"spent {b['spent']}, released {b['released']}"
         ),
     )
     return EXIT_OK
@@ -536,7 +532,7 @@ def _breaker(s: Session, args: argparse.Namespace) -> int:
 def _tenants_create(s: Session, args: argparse.Namespace) -> int:
     body = {"id": args.tenant, "name": args.name, "credits": args.credits}
     t = s.client.call("POST", "/v1/tenants", body={k: v for k, v in body.items() if v is not None})
-    s.emit(t, lambda: print(f"tenant {t['id']} created, {t['credit_balance']} credits", file=s.out))
+    s.say(t, lambda: f"tenant {t['id']} created, {t['credit_balance']} credits")
     return EXIT_OK
 
 
@@ -581,12 +577,11 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
     c = s.client.call(
         "POST", "/v1/connections", body={k: v for k, v in body.items() if v is not None}
     )
-    s.emit(
+    s.say(
         c,
-        lambda: print(
+        lambda: (
             f"connection {c['id']}: {c['provider']} account {c['provider_account_id'] or '-'}"
-            f" for tenant {c['tenant_id']}",
-            file=s.out,
+            f" for tenant {c['tenant_id']}"
         ),
     )
     return EXIT_OK
@@ -679,7 +674,7 @@ def _tokens_list(s: Session, args: argparse.Namespace) -> int:
 
 def _tokens_revoke(s: Session, args: argparse.Namespace) -> int:
     t = s.client.call("POST", f"/v1/tokens/{args.token_id}/revoke", body={})
-    s.emit(t, lambda: print(f"token {t['id']} ({t['label']}): revoked", file=s.out))
+    s.say(t, lambda: f"token {t['id']} ({t['label']}): revoked")
     return EXIT_OK
 
 
@@ -721,7 +716,12 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--half-open", action="store_true", help="resume on trial")
     p.add_argument("--reason", help="kept in the audit log")
+    _tenant_parsers(sub, remote)
+    _connection_parsers(sub, remote)
+    _token_parsers(sub, remote)
 
+
+def _tenant_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     tenants = sub.add_parser("tenants", help="tenants: create (admin token), list")
     tsub = tenants.add_subparsers(dest="action", required=True)
     p = tsub.add_parser("create", parents=[remote], help="create a tenant (admin token)")
@@ -730,6 +730,8 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("--credits", type=int, help="credits it starts with")
     tsub.add_parser("list", parents=[remote], help="tenants you can see")
 
+
+def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     conns = sub.add_parser("connections", help="CRM connections: create, list")
     csub = conns.add_subparsers(dest="action", required=True)
     p = csub.add_parser("create", parents=[remote], help="connect a tenant's CRM account")
@@ -752,6 +754,9 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     )
     csub.add_parser("list", parents=[remote], help="connections you can see")
 
+
+def _token_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`tokens` and `bootstrap`, the deployment's first admin token."""
     tokens = sub.add_parser("tokens", help="ops tokens: create (admin token), list, revoke")
     ksub = tokens.add_subparsers(dest="action", required=True)
     p = ksub.add_parser("create", parents=[remote], help="mint a token, printed once")

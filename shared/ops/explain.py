@@ -14,6 +14,7 @@ concerned the record.
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Any
 
 from shared.core import queries
@@ -28,14 +29,15 @@ from shared.ops.models import (
     StuckInboxRow,
     WebhookRefusalCount,
 )
+from shared.ops.statements import (
+    BINDINGS_FOR_TENANT,
+    CONNECTION_TENANT,
+    RECORD_CLAIMS,
+    RECORD_EVENTS,
+    RECORD_REFUSALS,
+    RECORD_RUNS,
+)
 
-SQL = queries.load("ops")
-CONNECTION_TENANT = SQL["ops_connection_tenant"]
-RECORD_EVENTS = SQL["ops_record_events"]
-RECORD_RUNS = SQL["ops_record_runs"]
-RECORD_REFUSALS = SQL["ops_record_refusals"]
-RECORD_CLAIMS = SQL["ops_record_claims"]
-BINDINGS_FOR_TENANT = SQL["ops_bindings_for_tenant"]
 STUCK_INBOX = queries.load("inbox")["inbox_dead_list"]
 STUCK_INBOX_SHOWN = 20
 RECORD_DROPS = queries.load("drops")["drops_for_record"]
@@ -198,23 +200,44 @@ def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> Reco
     tenant_id = tx.scalar(CONNECTION_TENANT, connection_id=connection_id)
     if tenant_id is None or (tenant_scope is not None and tenant_id != tenant_scope):
         raise not_found("record")
-    events = tx.all(
-        RECORD_EVENTS,
-        tenant_id=tenant_id,
-        connection_id=connection_id,
-        object_type=object_type,
-        object_id=object_id,
-        limit=MAX_EVENTS,
-    )
+    record = {
+        "tenant_id": tenant_id,
+        "connection_id": connection_id,
+        "object_type": object_type,
+        "object_id": object_id,
+    }
+    events = tx.all(RECORD_EVENTS, **record, limit=MAX_EVENTS)
     event_ids = [int(e["id"]) for e in events]
     runs = tx.all(RECORD_RUNS, tenant_id=tenant_id, record_key=record_key, event_ids=event_ids)
-    refusals = tx.all(RECORD_REFUSALS, tenant_id=tenant_id, event_ids=event_ids)
-    claims = tx.all(RECORD_CLAIMS, tenant_id=tenant_id, event_ids=event_ids)
-    bindings = tx.all(BINDINGS_FOR_TENANT, tenant_id=tenant_id)
+    decided = _event_decisions(tx, tenant_id, events, runs)
     stuck = tx.all(
         STUCK_INBOX, tenant_id=tenant_id, connection_id=connection_id, limit=STUCK_INBOX_SHOWN
     )
+    drops = tx.all(RECORD_DROPS, **record, limit=DROPS_SHOWN)
+    refused = tx.all(CONNECTION_REFUSALS, connection_id=connection_id)
+    return RecordExplanation(
+        record_key=record_key,
+        webhook_refusals=[
+            WebhookRefusalCount.model_validate(
+                {**r, "explanation": explain_webhook_refusal(r["check_name"])}
+            )
+            for r in refused
+        ],
+        events=decided,
+        drops=[_drop(d, object_type) for d in drops],
+        runs=[RunSummary.model_validate(r) for r in runs],
+        stuck_inbox=stuck_inbox_rows(stuck),
+    )
 
+
+def _event_decisions(
+    tx: Tx, tenant_id: str, events: list[dict[str, Any]], runs: list[dict[str, Any]]
+) -> list[EventDecisions]:
+    """Each event with what every workflow that decided, or is bound to decide, made of it."""
+    event_ids = [int(e["id"]) for e in events]
+    refusals = tx.all(RECORD_REFUSALS, tenant_id=tenant_id, event_ids=event_ids)
+    claims = tx.all(RECORD_CLAIMS, tenant_id=tenant_id, event_ids=event_ids)
+    bindings = tx.all(BINDINGS_FOR_TENANT, tenant_id=tenant_id)
     runs_by_event: dict[tuple[int, str], dict[str, Any]] = {}
     for r in runs:
         if r["event_id"] is not None and r["replay_of"] is None:
@@ -228,72 +251,33 @@ def explain_record(tx: Tx, *, record_key: str, tenant_scope: str | None) -> Reco
     for rows in (runs, refusals, claims):
         for row in rows:
             names.setdefault(str(row["workflow_id"]), row["workflow_name"])
-
     out: list[EventDecisions] = []
     for e in events:
         eid = int(e["id"])
-        workflow_ids = list(
-            dict.fromkeys(
-                [w for (ev, w) in runs_by_event if ev == eid]
-                + [w for (ev, w) in refusals_by_event if ev == eid]
-                + [str(c["workflow_id"]) for c in claims if int(c["event_id"]) == eid]
-                + bound.get(e["event_type"], [])
-            )
+        workflow_ids = dict.fromkeys(
+            [w for (ev, w) in runs_by_event if ev == eid]
+            + [w for (ev, w) in refusals_by_event if ev == eid]
+            + [str(c["workflow_id"]) for c in claims if int(c["event_id"]) == eid]
+            + bound.get(e["event_type"], [])
         )
         decisions = [
             _decision(eid, wid, names[wid], runs_by_event, refusals_by_event, e)
             for wid in workflow_ids
         ]
-        out.append(
-            EventDecisions(
-                event_id=eid,
-                event_type=e["event_type"],
-                source_event_id=e["source_event_id"],
-                author_id=e["author_id"],
-                changed_fields=e["changed_fields"],
-                occurred_at=e["occurred_at"],
-                received_at=e["created_at"],
-                published_at=e["published_at"],
-                payload_truncated=e["payload_truncated"],
-                decided_at=e["decided_at"],
-                redeliveries=e["redeliveries"],
-                undelivered_at=e["undelivered_at"],
-                undelivered_reason=e["undelivered_reason"],
-                decisions=decisions,
-            )
-        )
-    drops = tx.all(
-        RECORD_DROPS,
-        tenant_id=tenant_id,
-        connection_id=connection_id,
-        object_type=object_type,
-        object_id=object_id,
-        limit=DROPS_SHOWN,
+        out.append(_event_view(e, decisions))
+    return out
+
+
+def _event_view(e: dict[str, Any], decisions: list[Decision]) -> EventDecisions:
+    # The row's id is the event's; its created_at is when onceflow received it.
+    return EventDecisions.model_validate(
+        {**e, "event_id": e["id"], "received_at": e["created_at"], "decisions": decisions}
     )
-    refused = tx.all(CONNECTION_REFUSALS, connection_id=connection_id)
-    return RecordExplanation(
-        record_key=record_key,
-        webhook_refusals=[
-            WebhookRefusalCount.model_validate(
-                {**r, "explanation": explain_webhook_refusal(r["check_name"])}
-            )
-            for r in refused
-        ],
-        events=out,
-        drops=[
-            RecordDrop.model_validate(
-                {
-                    **d,
-                    "explanation": explain_drop(
-                        d["reason"], d["fields"] or {}, object_type, d["source_event_id"]
-                    ),
-                }
-            )
-            for d in drops
-        ],
-        runs=[RunSummary.model_validate(r) for r in runs],
-        stuck_inbox=stuck_inbox_rows(stuck),
-    )
+
+
+def _drop(d: dict[str, Any], object_type: str) -> RecordDrop:
+    why = explain_drop(d["reason"], d["fields"] or {}, object_type, d["source_event_id"])
+    return RecordDrop.model_validate({**d, "explanation": why})
 
 
 def _decision(  # noqa: PLR0917 - one call site, positional reads best
@@ -304,11 +288,10 @@ def _decision(  # noqa: PLR0917 - one call site, positional reads best
     refusals: dict[tuple[int, str], dict[str, Any]],
     event: dict[str, Any],
 ) -> Decision:
+    decision = partial(Decision, workflow_id=workflow_id, workflow_name=name)
     run = runs.get((event_id, workflow_id))
     if run is not None:
-        return Decision(
-            workflow_id=workflow_id,
-            workflow_name=name,
+        return decision(
             outcome="admitted",
             run_id=run["id"],
             run_status=run["status"],
@@ -316,18 +299,14 @@ def _decision(  # noqa: PLR0917 - one call site, positional reads best
         )
     refusal = refusals.get((event_id, workflow_id))
     if refusal is not None:
-        return Decision(
-            workflow_id=workflow_id,
-            workflow_name=name,
+        return decision(
             outcome="refused",
             reason=refusal["reason"],
             detail=refusal["detail"],
             explanation=explain_reason(refusal["reason"]),
         )
     if event["undelivered_at"] is not None:
-        return Decision(
-            workflow_id=workflow_id,
-            workflow_name=name,
+        return decision(
             outcome="undelivered",
             detail=event["undelivered_reason"],
             explanation=(
@@ -347,6 +326,4 @@ def _decision(  # noqa: PLR0917 - one call site, positional reads best
         waiting = "Admission has not decided about this event yet."
         if event["redeliveries"]:
             waiting += f" (published again {event['redeliveries']} time(s) so far)"
-    return Decision(
-        workflow_id=workflow_id, workflow_name=name, outcome="undecided", explanation=waiting
-    )
+    return decision(outcome="undecided", explanation=waiting)

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from markupsafe import Markup
 
+from shared.ops.html import TEMPLATES
 from shared.ops.models import StepView
 from shared.steps.states import PARKED, StepStatus
 from shared.workflows.definition import Step, WorkflowDefinition
@@ -224,8 +225,6 @@ def _waterfall(steps: Sequence[StepView], now: datetime, top: int) -> tuple[list
 def render_picture(
     definition: WorkflowDefinition, steps: Sequence[StepView], now: datetime
 ) -> Markup:
-    from shared.ops.page import TEMPLATES
-
     drawn = picture(definition, steps, now)
     return Markup(  # noqa: S704 - rendered by the autoescaping template environment
         TEMPLATES.get_template("run_picture.svg").render(

@@ -18,7 +18,6 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from shared.core import queries
 from shared.core.db import Database
 from shared.core.deployables import DEPLOYABLES
 from shared.core.logs import get_logger
@@ -34,14 +33,12 @@ from shared.ops.models import (
     SchedulerHealth,
     SweepDutyHealth,
 )
+from shared.ops.statements import CONNECTION_HEALTH, SWEEP_DUTIES
 from shared.sweep.backlog import read_backlog, read_dead_letters
 
 if TYPE_CHECKING:
     from google.cloud.scheduler_v1 import CloudSchedulerClient, Job
 
-SQL = queries.load("ops")
-CONNECTION_HEALTH = SQL["ops_connection_health"]
-SWEEP_DUTIES = SQL["ops_sweep_duties"]
 
 # Cloud Scheduler job names: one per scheduled function, named as infra/scheduler.tf names them.
 SCHEDULED_JOBS = tuple(d.name.replace("_", "-") for d in DEPLOYABLES if d.trigger == "schedule")

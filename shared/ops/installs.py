@@ -4,9 +4,9 @@ The flow itself, and why an install needs both, is shared/providers/install.py.
 HubSpot's browser redirect back is not served here: ops is IAM-gated in the cloud (only
 `ops_invokers` may call it, and Cloud Run IAM is per service, not per path), so a browser
 without a Google identity token could never reach it. The callback is on the public `webhook`
-function (shared/accounts/oauth_install_http.py); the redirect URI an install sends is that
-function's
-URL, which ops learns from `ONCEFLOW_OAUTH_REDIRECT_URL` (oauth_install.configured_redirect_url).
+function (shared/ops/install_callback.py); the redirect URI an install sends is that
+function's URL, which ops learns from `ONCEFLOW_OAUTH_REDIRECT_URL`
+(oauth_install.configured_redirect_url).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from shared.core.db import Database
 from shared.ops import auth
 from shared.ops.errors import OpsError
 from shared.ops.models import InstallConfirm, InstallConfirmed, InstallRequest, InstallStarted
+from shared.ops.statements import TENANT_EXISTS
 from shared.providers import install as oauth_install
 from shared.providers.install import InstallRefused
 
@@ -23,7 +24,7 @@ from shared.providers.install import InstallRefused
 def start(
     db: Database, principal: auth.Principal, app_id: str, body: InstallRequest
 ) -> InstallStarted:
-    """The ops API handler's work (shared/ops/api.py routes `apps.hubspot.install` here)."""
+    """The ops API handler's work (shared/ops/api/apps.py routes `apps.hubspot.install` here)."""
     tenant_id = body.tenant_id or principal.tenant_id
     if principal.tenant_id is not None and tenant_id != principal.tenant_id:
         raise OpsError(404, "not_found", "no such tenant")  # another tenant reads as unknown
@@ -36,7 +37,7 @@ def start(
     except InstallRefused as refused:
         raise OpsError(refused.status, refused.code, refused.message) from None
     with db.transaction() as tx:
-        if tx.one(auth.TENANT_EXISTS, tenant_id=tenant_id) is None:
+        if tx.one(TENANT_EXISTS, tenant_id=tenant_id) is None:
             raise OpsError(404, "not_found", "no such tenant")
         try:
             started = oauth_install.start(

@@ -1,5 +1,6 @@
-"""`/openapi.json`, generated from the route table and the pydantic models that validate
-requests, so the document and the handlers can't disagree."""
+"""`/openapi.json`, generated from the route table it is given (the app passes its one
+`ROUTES`) and the pydantic models that validate requests, so the document and the handlers
+can't disagree."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from shared.ops.api import ROUTES, EmptyQuery
+from shared.ops.api.http import EmptyQuery, Route
 from shared.ops.models import ErrorBody
 
 REF = "#/components/schemas/{model}"
@@ -51,70 +52,79 @@ def _query_parameters(model: type[BaseModel]) -> list[dict[str, Any]]:
     return params
 
 
+def _error_response(code: int) -> dict[str, Any]:
+    return {
+        "description": STATUS_WORDS.get(code, ""),
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="ErrorBody")}}},
+    }
+
+
+def _operation(r: Route) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": r.name,
+        "summary": r.summary,
+        "parameters": [
+            {
+                "name": p,
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string", "format": "uuid"},
+            }
+            for p in r.path_params
+        ]
+        + _query_parameters(r.query),
+        "responses": {
+            str(r.status): {
+                "description": STATUS_WORDS.get(r.status, ""),
+                "content": {
+                    "application/json": {"schema": {"$ref": REF.format(model=r.response.__name__)}}
+                },
+            },
+            **{
+                str(code): _error_response(code)
+                # Any route that reads a body can time out reading it (request_body).
+                for code in sorted({*r.errors, *((408,) if r.body is not None else ())})
+            },
+        },
+    }
+    if r.body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": REF.format(model=r.body.__name__)}}
+            },
+        }
+    return op
+
+
+# The document's own route: served without a token, so it says so.
+OPENAPI_PATH = {
+    "get": {
+        "operationId": "openapi",
+        "summary": "This document",
+        "security": [],
+        "responses": {
+            "200": {
+                "description": "OK",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }
+        },
+    }
+}
+
+
 @cache
-def openapi_document() -> dict[str, Any]:
-    bodies = {r.body for r in ROUTES if r.body is not None}
-    responses = {r.response for r in ROUTES} | {ErrorBody}
+def openapi_document(routes: tuple[Route, ...]) -> dict[str, Any]:
+    """The document for `routes` (shared/ops/api/routes.py ROUTES, as the app serves it)."""
+    bodies = {r.body for r in routes if r.body is not None}
+    responses = {r.response for r in routes} | {ErrorBody}
     keyed: list[tuple[type[BaseModel], Any]] = [(m, "validation") for m in bodies]
     keyed += [(m, "serialization") for m in responses]
     _, top = models_json_schema(keyed, ref_template=REF)
     paths: dict[str, dict[str, Any]] = {}
-    for r in ROUTES:
-        op: dict[str, Any] = {
-            "operationId": r.name,
-            "summary": r.summary,
-            "parameters": [
-                {
-                    "name": p,
-                    "in": "path",
-                    "required": True,
-                    "schema": {"type": "string", "format": "uuid"},
-                }
-                for p in r.path_params
-            ]
-            + _query_parameters(r.query),
-            "responses": {
-                str(r.status): {
-                    "description": STATUS_WORDS.get(r.status, ""),
-                    "content": {
-                        "application/json": {
-                            "schema": {"$ref": REF.format(model=r.response.__name__)}
-                        }
-                    },
-                },
-                **{
-                    str(code): {
-                        "description": STATUS_WORDS.get(code, ""),
-                        "content": {
-                            "application/json": {"schema": {"$ref": REF.format(model="ErrorBody")}}
-                        },
-                    }
-                    # Any route that reads a body can time out reading it (request_body).
-                    for code in sorted({*r.errors, *((408,) if r.body is not None else ())})
-                },
-            },
-        }
-        if r.body is not None:
-            op["requestBody"] = {
-                "required": True,
-                "content": {
-                    "application/json": {"schema": {"$ref": REF.format(model=r.body.__name__)}}
-                },
-            }
-        paths.setdefault(r.path, {})[r.method.lower()] = op
-    paths["/openapi.json"] = {
-        "get": {
-            "operationId": "openapi",
-            "summary": "This document",
-            "security": [],
-            "responses": {
-                "200": {
-                    "description": "OK",
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                }
-            },
-        }
-    }
+    for r in routes:
+        paths.setdefault(r.path, {})[r.method.lower()] = _operation(r)
+    paths["/openapi.json"] = OPENAPI_PATH
     return {
         "openapi": "3.1.0",
         "info": {

@@ -1,7 +1,7 @@
 """The page for people: find a record or a run, see what happened and why, replay a failed run.
 
-Server-rendered HTML from Jinja2 templates in shared/ops/templates (autoescaped: every value a
-tenant or a provider chose is escaped by the template engine, not by hand), CSS inline, no
+Server-rendered HTML from the Jinja2 templates of shared/ops/html.py (autoescaped: every value
+a tenant or a provider chose is escaped by the template engine, not by hand), CSS inline, no
 scripts and no front-end build. The page reads through the API's own handlers (`Call` and
 `OpsApi.run_route`), so it shows exactly what the API would answer to the same token, scoped
 the same way.
@@ -16,28 +16,28 @@ can't replay a run even if a browser ignored SameSite.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 from flask import Request, Response
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from werkzeug.datastructures import MultiDict
 
-from shared.core import queries, request_body
 from shared.core.errors import TransientError
 from shared.core.settings import settings
-from shared.ops import auth
-from shared.ops.approval_links import PATH_PREFIX
+from shared.ops import auth, bulk, redrive, search
+from shared.ops.api.http import Call, EmptyQuery, OpsApi, read_bounded
+from shared.ops.api.routes import ROUTE_BY_NAME
+from shared.ops.api.runs import run_detail
+from shared.ops.approval_links import PATH_PREFIX, Link, record_use, verified
 from shared.ops.errors import OpsError
+from shared.ops.graph_svg import render_picture
+from shared.ops.health import health_report
+from shared.ops.html import Notice, Viewer, csrf_value, render
 from shared.ops.models import (
     ApprovalList,
     CancelRequest,
@@ -54,13 +54,13 @@ from shared.ops.models import (
     VersionList,
     WorkflowList,
 )
+from shared.ops.replay import dispatch_committed
+from shared.ops.search import record_url
+from shared.ops.statements import VERSION_DEFINITION
+from shared.steps.parks import NotAllowed, decide_approval, park_row
 from shared.steps.states import RunStatus
 from shared.workflows.definition import WorkflowDefinition
 
-if TYPE_CHECKING:
-    from shared.ops.api import OpsApi
-
-VERSION_DEFINITION = queries.load("ops")["ops_version_definition"]
 COOKIE = "onceflow_ops"
 COOKIE_PATH = "/ui"
 COOKIE_MAX_AGE = 8 * 3600
@@ -70,8 +70,6 @@ MAX_FORM_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 210
 MAX_RUNS_SHOWN = 25
 FAILED_ON_HOME = 10
-# A step's input or output is shown up to this many bytes of pretty JSON; the API has the rest.
-MAX_JSON_SHOWN = 4096
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 OUTCOME_WORDS = {
     "admitted": "ran",
@@ -79,80 +77,6 @@ OUTCOME_WORDS = {
     "undecided": "not decided yet",
     "undelivered": "never decided",
 }
-HEADERS = {
-    "Cache-Control": "no-store",
-    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
-    "form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
-
-
-@dataclass(frozen=True)
-class ShownJson:
-    text: str
-    size: int
-    omitted: int
-
-
-def shown_json(value: Any, cap: int = MAX_JSON_SHOWN) -> ShownJson:
-    """Pretty JSON cut at `cap` bytes (a step's output can be a whole CRM record list)."""
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
-    raw = text.encode()
-    if len(raw) <= cap:
-        return ShownJson(text, len(raw), 0)
-    return ShownJson(raw[:cap].decode(errors="ignore") + "\n…", len(raw), len(raw) - cap)
-
-
-TEMPLATES = Environment(
-    loader=FileSystemLoader(Path(__file__).parent / "templates"),
-    autoescape=True,
-    undefined=StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-)
-TEMPLATES.filters["shown_json"] = shown_json
-
-
-def csrf_value(token: str) -> str:
-    return hmac.new(token.encode(), b"onceflow-ops-csrf", hashlib.sha256).hexdigest()
-
-
-@dataclass(frozen=True)
-class Notice:
-    text: str
-    error: bool = False
-
-
-@dataclass(frozen=True)
-class Viewer:
-    """Who is looking, for the header and the forms."""
-
-    principal: auth.Principal
-    token: str
-
-    @property
-    def csrf(self) -> str:
-        return csrf_value(self.token)
-
-
-def render(
-    template: str,
-    title: str,
-    *,
-    viewer: Viewer | None = None,
-    notices: list[Notice] | None = None,
-    status: int = 200,
-    **context: Any,
-) -> Response:
-    html = TEMPLATES.get_template(template).render(
-        title=title,
-        principal=viewer.principal if viewer else None,
-        csrf=viewer.csrf if viewer else "",
-        notices=notices or [],
-        **context,
-    )
-    return Response(html, status=status, mimetype="text/html", headers=HEADERS)
 
 
 def _redirect(location: str) -> Response:
@@ -164,15 +88,7 @@ def _form(request: Request) -> MultiDict[str, str]:
     parsed here rather than by `request.form`, which would read a chunked body of any size and
     let the framing errors of a malformed one escape as a 500. A key may repeat (a bulk
     confirmation lists its targets)."""
-    try:
-        raw = request_body.read_body(
-            request.stream.read,
-            declared_length=request.content_length,
-            cap=MAX_FORM_BYTES,
-            environ=request.environ,
-        )
-    except request_body.BodyRefused as refused:
-        raise OpsError(refused.status, refused.code, refused.message) from None
+    raw = read_bounded(request, MAX_FORM_BYTES)
     try:
         pairs = parse_qsl(
             raw.decode("utf-8"),
@@ -270,37 +186,46 @@ def _decide_by_link(api: OpsApi, request: Request, parts: list[str]) -> Response
     """A signed approval link (shared/ops/approval_links.py), no token: GET shows the approval
     and its form (opening a link decides nothing: mail scanners fetch links), POST decides as
     the link's user, once, through the guarded resume."""
-    from shared.ops.approval_links import record_use, verified
-    from shared.ops.replay import dispatch_committed
-    from shared.steps.parks import NotAllowed, decide_approval, park_row
-
     link = verified(parts)
     with api.db.transaction() as tx:
         park = park_row(tx, link.approval_id)
     if park is None or park["kind"] != "approval":
         raise OpsError(404, "not_found", "there is no such approval")
-    tenant = park["tenant_id"]
-
-    def page(
-        message: str | None, *, error: bool = False, status: int = 200, form: bool = False
-    ) -> Response:
-        return render(
-            "decide.html",
-            f"Approval for {link.user}",
-            user=link.user,
-            message=message,
-            error=error,
-            summary=park["summary"] if form else None,
-            expires_at=f"{park['deadline']:%Y-%m-%d %H:%M %Z}",
-            status=status,
-        )
-
     if request.method == "GET":
         if park["resumed_at"] is not None:
-            return page(f"This approval is no longer waiting ({park['resumed_by']}).")
-        return page(None, form=True)
+            return _link_page(
+                link, park, f"This approval is no longer waiting ({park['resumed_by']})."
+            )
+        return _link_page(link, park, None, form=True)
     if request.method != "POST":
         raise OpsError(405, "method_not_allowed", "use the form")
+    return _link_decision(api, request, link, park)
+
+
+def _link_page(
+    link: Link,
+    park: dict[str, Any],
+    message: str | None,
+    *,
+    error: bool = False,
+    status: int = 200,
+    form: bool = False,
+) -> Response:
+    return render(
+        "decide.html",
+        f"Approval for {link.user}",
+        user=link.user,
+        message=message,
+        error=error,
+        summary=park["summary"] if form else None,
+        expires_at=f"{park['deadline']:%Y-%m-%d %H:%M %Z}",
+        status=status,
+    )
+
+
+def _link_decision(api: OpsApi, request: Request, link: Link, park: dict[str, Any]) -> Response:
+    """The link's user decides; every outcome, refused ones included, is recorded."""
+    tenant = park["tenant_id"]
     form = _form(request)
     decision = {"approve": "approved", "reject": "rejected"}.get(form.get("decision", ""))
     if decision is None:
@@ -322,14 +247,15 @@ def _decide_by_link(api: OpsApi, request: Request, parts: list[str]) -> Response
     assert outcome is not None  # the park row exists (read above)
     if outcome.expired is not None:  # by the database's clock, though the link's still held
         record_use(api.db, link, tenant, {"outcome": "refused", "why": outcome.expired})
-        return page(f"{outcome.expired}; no decision is taken.", error=True, status=410)
+        message = f"{outcome.expired}; no decision is taken."
+        return _link_page(link, park, message, error=True, status=410)
     if not outcome.moved:
         record_use(api.db, link, tenant, {"outcome": "refused", "why": outcome.why_not})
-        return page(outcome.why_not, error=True, status=409)
+        return _link_page(link, park, outcome.why_not, error=True, status=409)
     record_use(api.db, link, tenant, {"outcome": "done", "decision": decision, "comment": comment})
     if outcome.step_id is not None:
         dispatch_committed(api.dispatch, (outcome.step_id,))
-    return page(f"Thank you: {decision}.")
+    return _link_page(link, park, f"Thank you: {decision}.")
 
 
 def _login(api: OpsApi, request: Request) -> Response:
@@ -374,8 +300,6 @@ def _call(
     body: BaseModel | None = None,
 ) -> BaseModel:
     """A route of the API, answered for the signed-in token (scoped and audited the same)."""
-    from shared.ops.api import ROUTE_BY_NAME, Call, EmptyQuery
-
     call = Call(
         db=api.db,
         principal=viewer.principal,
@@ -421,9 +345,6 @@ def _action_notices(request: Request) -> list[Notice]:
 
 
 def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
-    from shared.ops import search
-    from shared.ops.health import health_report
-
     notices = _action_notices(request)
     q = (request.args.get("q") or request.args.get("record_key") or "").strip()
     matches = None
@@ -454,9 +375,6 @@ def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
 def _record_page(
     api: OpsApi, viewer: Viewer, record_key: str, q: str, notices: list[Notice]
 ) -> Response:
-    from shared.ops.api import run_detail
-    from shared.ops.search import record_url
-
     try:
         query = RecordQuery(record_key=record_key)
     except ValidationError:
@@ -556,58 +474,45 @@ def _runs_page(api: OpsApi, request: Request, viewer: Viewer) -> Response:
 
 
 def _bulk_preview(api: OpsApi, request: Request, viewer: Viewer) -> Response:
-    from shared.ops import bulk
-
     action = request.args.get("action", "")
     spec = bulk.action_named(action)
     _, query, notices = _run_filters(request)
     if notices:
         raise OpsError(400, "invalid_query", notices[0].text)
     targets, more = bulk.preview(_caller(api, viewer), action, query)
-    return render(
-        "bulk.html",
-        f"{spec.verb.capitalize()}: preview",
-        viewer=viewer,
-        action=action,
-        verb=spec.verb,
-        past=spec.past,
-        what=spec.what,
-        consequence=spec.consequence,
-        targets=targets,
-        more=more,
-        results=None,
-        done=0,
-    )
+    return _bulk_page(viewer, action, spec, "preview", targets=targets, more=more, results=None)
 
 
 def _bulk_confirmed(api: OpsApi, request: Request, viewer: Viewer) -> Response:
-    from shared.ops import bulk
-
     form = _check_csrf(request, viewer.token)
     action = form.get("action", "")
     spec = bulk.action_named(action)
     results = bulk.perform(_caller(api, viewer), action, form.getlist("target"))
+    return _bulk_page(viewer, action, spec, "done", targets=[], more=False, results=results)
+
+
+def _bulk_page(
+    viewer: Viewer, action: str, spec: bulk.BulkAction, stage: str, **shown: Any
+) -> Response:
+    """The bulk page: what an action will touch (preview), or how each target went (done)."""
+    results = shown["results"]
     return render(
         "bulk.html",
-        f"{spec.verb.capitalize()}: done",
+        f"{spec.verb.capitalize()}: {stage}",
         viewer=viewer,
         action=action,
         verb=spec.verb,
         past=spec.past,
         what=spec.what,
         consequence=spec.consequence,
-        targets=[],
-        more=False,
-        results=results,
-        done=sum(1 for r in results if r.ok),
+        done=sum(1 for r in results if r.ok) if results is not None else 0,
+        **shown,
     )
 
 
 def _redrive(api: OpsApi, request: Request, viewer: Viewer, *, confirmed: bool) -> Response:
     """Pub/Sub dead letters (shared/ops/redrive.py): machinery, so admins only; a tenant
     token is told there is no such page, as for anything not theirs."""
-    from shared.ops import redrive
-
     if not viewer.principal.is_admin:
         raise OpsError(404, "not_found", "there is no such page")
     if confirmed:
@@ -684,8 +589,6 @@ def _run_page(
     notices: list[Notice] | None = None,
     status: int = 200,
 ) -> Response:
-    from shared.ops.search import record_url
-
     detail = _call(api, viewer, "runs.get", path={"run_id": run_id})
     assert isinstance(detail, RunDetail)
     r = detail.run
@@ -755,8 +658,6 @@ def _decide(api: OpsApi, request: Request, viewer: Viewer, approval_id: str, ver
 
 
 def _picture(definition: Any, detail: RunDetail) -> Markup | None:
-    from shared.ops.graph_svg import render_picture
-
     try:
         parsed = WorkflowDefinition.model_validate(definition)
     except ValidationError:

@@ -22,25 +22,27 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.core import queries
 from shared.core.db import Database
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import RehearsalRequest, RehearsalResult, RehearsalStep
+from shared.ops.statements import (
+    ACTIVE_VERSION,
+    EVENT_GET,
+    REHEARSAL_PENDING,
+    REHEARSAL_RESULT,
+    REHEARSAL_RUN_INSERT,
+    REHEARSAL_SERVE_DELAYS,
+    REHEARSAL_STATUS,
+    REHEARSAL_STOP,
+    VERSION_GET,
+    WORKFLOW_GET,
+)
+from shared.steps.advance import advance_step
+from shared.steps.journal import insert_steps
+from shared.steps.outcomes import DELAY_UNTIL_KEY
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import ExpressionError, compile_expression
 from shared.workflows.scope import Occurrence, trigger_record
-
-SQL = queries.load("ops")
-WORKFLOW_GET = SQL["ops_workflow_get"]
-ACTIVE_VERSION = SQL["ops_active_version"]
-VERSION_GET = SQL["ops_version_get"]
-EVENT_GET = SQL["ops_event_get"]
-RUN_INSERT = SQL["ops_rehearsal_run_insert"]
-PENDING = SQL["ops_rehearsal_pending"]
-SERVE_DELAYS = SQL["ops_rehearsal_serve_delays"]
-STOP = SQL["ops_rehearsal_stop"]
-RESULT = SQL["ops_rehearsal_result"]
-STATUS = SQL["ops_rehearsal_status"]
 
 MAX_REHEARSAL_STEPS = 200
 
@@ -55,8 +57,6 @@ def start_rehearsal(
     db: Database, request: RehearsalRequest, tenant_scope: str | None
 ) -> RehearsalStart:
     """Create the rehearsal run and its entry step (committed, never dispatched)."""
-    from shared.steps.journal import insert_steps
-
     with db.transaction() as tx:
         workflow = tx.one(
             WORKFLOW_GET, workflow_id=str(request.workflow_id), tenant_id=tenant_scope
@@ -83,7 +83,7 @@ def start_rehearsal(
         )
         run_id = str(uuid.uuid4())
         tx.execute(
-            RUN_INSERT,
+            REHEARSAL_RUN_INSERT,
             run_id=run_id,
             tenant_id=workflow["tenant_id"],
             workflow_id=str(request.workflow_id),
@@ -170,19 +170,16 @@ def drive_rehearsal(db: Database, run_id: str) -> None:
     """Run the rehearsal's steps in-process, through the step engine in namespace
     'rehearsal' (which sets `dry_run` on every block), until none is left or the budget is
     spent. Next steps are never published: this loop is their only executor."""
-    from shared.steps.advance import advance_step
-    from shared.steps.outcomes import DELAY_UNTIL_KEY
-
     clock = RehearsalClock()
     executed = 0
     reason = "a step would have waited for a retry"
     while True:
         with db.transaction() as tx:
-            for woken in tx.all(SERVE_DELAYS, run_id=run_id):
+            for woken in tx.all(REHEARSAL_SERVE_DELAYS, run_id=run_id):
                 until = (woken["output"] or {}).get(DELAY_UNTIL_KEY)
                 if until:
                     clock.skip_to(datetime.fromisoformat(str(until)))
-            pending = [r["id"] for r in tx.all(PENDING, run_id=run_id)]
+            pending = [r["id"] for r in tx.all(REHEARSAL_PENDING, run_id=run_id)]
         if not pending:
             break
         progressed = False
@@ -200,7 +197,7 @@ def drive_rehearsal(db: Database, run_id: str) -> None:
         if not progressed:
             break
     with db.transaction() as tx:
-        tx.execute(STOP, run_id=run_id, error=f"rehearsal {reason}")
+        tx.execute(REHEARSAL_STOP, run_id=run_id, error=f"rehearsal {reason}")
 
 
 def _nowhere(step_ids: Sequence[str]) -> None:
@@ -209,7 +206,7 @@ def _nowhere(step_ids: Sequence[str]) -> None:
 
 def rehearsal_result(db: Database, run_id: str) -> RehearsalResult:
     with db.transaction() as tx:
-        steps = tx.all(RESULT, run_id=run_id)
+        steps = tx.all(REHEARSAL_RESULT, run_id=run_id)
         status = _run_status(tx, run_id)
     would_send = [
         s["output"]
@@ -225,4 +222,4 @@ def rehearsal_result(db: Database, run_id: str) -> RehearsalResult:
 
 
 def _run_status(tx: Any, run_id: str) -> Any:
-    return tx.scalar(STATUS, run_id=run_id)
+    return tx.scalar(REHEARSAL_STATUS, run_id=run_id)

@@ -26,29 +26,29 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from shared.core import pubsub, queries
+from shared.core import pubsub
 from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
 from shared.ops.errors import OpsError, not_found
 from shared.ops.replay_plan import JournalStep, ReplayPlan, plan_replay
+from shared.ops.statements import (
+    EVENT_GET,
+    LINEAGE_OLDEST_KEYS,
+    LINEAGE_ROOT_CREATED,
+    REPLAY_RUN_INSERT,
+    REPLAY_STEP_RESTART,
+    REPLAY_STEPS_COPY,
+    REPLAYS_OF,
+    RETRY_RUN_REOPEN,
+    RETRY_STEP_RESET,
+    RUN_GET,
+    RUN_LOCK,
+    RUN_STEPS,
+    VERSION_DEFINITION,
+)
 from shared.steps.journal import idempotency_key
 from shared.workflows.definition import WorkflowDefinition
-
-SQL = queries.load("ops")
-RUN_GET = SQL["ops_run_get"]
-RUN_LOCK = SQL["ops_run_lock"]
-RUN_STEPS = SQL["ops_run_steps"]
-LINEAGE_ROOT_CREATED = SQL["ops_lineage_root_created"]
-REPLAYS_OF = SQL["ops_lineage_replays_of"]
-LINEAGE_OLDEST_KEYS = SQL["ops_lineage_oldest_keys"]
-VERSION_DEFINITION = SQL["ops_version_definition"]
-EVENT_TRUNCATED = SQL["ops_event_get"]
-REPLAY_RUN_INSERT = SQL["ops_replay_run_insert"]
-REPLAY_STEPS_COPY = SQL["ops_replay_steps_copy"]
-REPLAY_STEP_RESTART = SQL["ops_replay_step_restart"]
-RETRY_RUN_REOPEN = SQL["ops_retry_run_reopen"]
-RETRY_STEP_RESET = SQL["ops_retry_step_reset"]
 
 REPLAY_WINDOW = timedelta(days=60)
 PAYLOAD_LIMIT_TEXT = "64 KiB"
@@ -130,7 +130,7 @@ def _checked_failed_run(
         )
     truncated = bool(run["payload_truncated"])
     if not truncated and run["event_id"] is not None:
-        event = tx.one(EVENT_TRUNCATED, event_id=run["event_id"], tenant_id=run["tenant_id"])
+        event = tx.one(EVENT_GET, event_id=run["event_id"], tenant_id=run["tenant_id"])
         truncated = bool(event and event["payload_truncated"])
     if truncated:
         raise OpsError(

@@ -17,7 +17,8 @@ import sys
 
 from shared.core.db import get_database
 from shared.core.errors import OnceflowError
-from shared.ops.auth import TENANT_EXISTS, mint_token
+from shared.ops.auth import mint_token
+from shared.ops.statements import TENANT_EXISTS
 
 
 def main(argv: list[str] | None = None) -> int:

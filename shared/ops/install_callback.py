@@ -3,11 +3,12 @@ by the public `webhook` function (functions/webhook.py).
 
 Public on purpose: the redirect is a person's browser, carrying no ops login and no Google
 identity token, and the ops function is IAM-gated in the cloud (Cloud Run IAM is per service,
-not per path). What authenticates it is the install's single-use `state` (shared/oauth_install
-.py consumes it before anything else). The answer is a small HTML page rendered with the ops
-templates; every outcome, refused or pending, leaves an audit row naming who started the
-install. Nothing is connected here: the page shows the code with which the operator who started
-the install confirms it on ops (shared/providers/install.py says why).
+not per path). What authenticates it is the install's single-use `state`
+(shared/providers/install.py consumes it before anything else). The answer is a small HTML
+page rendered with the ops templates; every outcome, refused or pending, leaves an audit row
+naming who started the install. Nothing is connected here: the page shows the code with which
+the operator who started the install confirms it on ops (shared/providers/install.py says
+why).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from flask import Request, Response
 from shared.core.db import Database
 from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
-from shared.ops import auth
+from shared.ops.statements import AUDIT_INSERT
 from shared.providers import install as oauth_install
 from shared.providers.install import InstallRefused
 
@@ -37,7 +38,7 @@ def _audit(
     token came with the redirect). Never the code, the state or a token."""
     with db.transaction() as tx:
         tx.execute(
-            auth.AUDIT_INSERT,
+            AUDIT_INSERT,
             token_id=started_by,
             tenant_id=tenant_id,
             action=CALLBACK_ACTION,
@@ -50,7 +51,7 @@ def callback(db: Database, request: Request) -> Response:
     """`GET /oauth/hubspot/callback?code=...&state=...` (or `?error=...&state=...`)."""
     # Jinja and the page's templates load when a callback arrives, not on every cold start
     # of the webhook function.
-    from shared.ops.page import render
+    from shared.ops.html import render
 
     if request.method != "GET":
         return render("error.html", "Install", message="use GET", status=405)

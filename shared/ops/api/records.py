@@ -1,0 +1,51 @@
+"""Records and refusals: `/v1/refusals`, `/v1/records/…` — "why didn't it run?" and search."""
+
+from __future__ import annotations
+
+from shared.ops import explain, search
+from shared.ops.api.http import Call
+from shared.ops.cursor import BY_ID
+from shared.ops.models import (
+    RecordExplanation,
+    RecordQuery,
+    RecordSearch,
+    RecordSearchQuery,
+    Refusal,
+    RefusalPage,
+    RefusalsQuery,
+)
+from shared.ops.statements import REFUSALS_LIST
+from shared.port.record_labels import shown_for
+
+
+def list_refusals(call: Call) -> RefusalPage:
+    q: RefusalsQuery = call.query
+    rows, next_cursor = BY_ID.read(
+        call.db,
+        REFUSALS_LIST,
+        q.cursor,
+        q.limit,
+        tenant_id=call.scope,
+        workflow_id=str(q.workflow_id) if q.workflow_id else None,
+        record_key=q.record_key,
+        event_id=q.event_id,
+    )
+    items = [
+        Refusal.model_validate({**r, "explanation": explain.explain_reason(r["reason"])})
+        for r in rows
+    ]
+    return RefusalPage(items=items, next_cursor=next_cursor)
+
+
+def explain_record(call: Call) -> RecordExplanation:
+    q: RecordQuery = call.query
+    with call.db.transaction() as tx:
+        found = explain.explain_record(tx, record_key=q.record_key, tenant_scope=call.scope)
+        shown = shown_for(tx, [found.record_key])
+    return found.model_copy(update={"record_label": shown.get(found.record_key)})
+
+
+def search_records(call: Call) -> RecordSearch:
+    q: RecordSearchQuery = call.query
+    with call.db.transaction() as tx:
+        return search.search(tx, q.q, tenant_scope=call.scope)
