@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from devstack import floorplan
 from devstack.fakecrm import FakeCrm
 from shared.blocks import http as http_block
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, RetryPolicy
@@ -442,12 +441,3 @@ def test_every_gate_a_block_can_declare_is_one_module_of_the_catalog() -> None:
     module behind it would be a gate nobody runs."""
     assert sorted(k.gate for k in GATES) == sorted(Gate)
     assert len({k.gate for k in GATES}) == len(GATES)
-
-
-def test_the_gates_import_no_wing_above_them() -> None:
-    """Gates sit above blocks and below the executor (devstack/floorplan.py's WINGS): the walk
-    that knows step statuses is shared/steps/gated.py, not a gate."""
-    arrows = floorplan.upward_arrows(floorplan.import_graph())
-    assert [
-        a for a in arrows if "gates" in (floorplan.wing_of(a[0]), floorplan.wing_of(a[1]))
-    ] == []

@@ -60,29 +60,3 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "redispatch_lost_steps",
         "requeue_undecided_events",
     ]
-
-
-def test_nothing_below_the_sweep_imports_the_loop_or_the_catalog() -> None:
-    importers = []
-    for path in (ROOT / "shared").rglob("*.py"):
-        if path.relative_to(ROOT / "shared").parts[0] in ("sweep", "ops"):
-            continue  # the sweep wing itself, and ops above it
-        for node in ast.walk(ast.parse(path.read_text("utf-8"))):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("shared.sweep"):
-                importers.append(f"{path.relative_to(ROOT)}: {node.module}")
-    assert importers == []
-
-
-def test_no_circle_or_upward_arrow_through_the_sweep_steps_triggers_or_echo() -> None:
-    """What item 2 of issue 25 took apart stays apart: the circle steps.sweep ↔ triggers ↔
-    sweep.retention (through `Duty`), and the arrows up from triggers, steps, blocks,
-    admission and ingest (`make floorplan` prints the whole house; the wings not listed here
-    are other items')."""
-    from devstack import floorplan
-
-    graph = floorplan.import_graph()
-    mine = ("shared.sweep", "shared.steps", "shared.triggers", "shared.ingest", "shared.admission")
-    assert [c for c in floorplan.circles(graph) if any(m.startswith(mine) for m in c)] == []
-    upward = floorplan.upward_arrows(graph)
-    from_mine = ("shared.triggers", "shared.steps", "shared.blocks", "shared.admission")
-    assert [a for a in upward if a[0].startswith((*from_mine, "shared.ingest"))] == []
