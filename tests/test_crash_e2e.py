@@ -65,6 +65,9 @@ def test_every_crash_point_recovers_without_duplicate_effects_or_lost_runs(
             pubsub_emulator.host,
             db=db,
             extra_env={"ONCEFLOW_HTTP_ALLOW_LOOPBACK": "1"},
+            lease_seconds=2.0,
+            heartbeat_seconds=0.5,
+            redispatch_after_seconds=1.0,
         ) as harness,
     ):
         version = publish_version(db, definition(workflow(receiver), name="crashy"))
