@@ -31,7 +31,7 @@ sweep = pytest.importorskip("shared.steps.sweep", reason="step engine not writte
 crashpoints = pytest.importorskip("shared.steps.crashpoints")
 
 NODES = ("create_task", "update_contact", "notify")
-REPEATS = 2
+REPEATS = 1
 LEASE = {"ONCEFLOW_STEP_LEASE_SECONDS": "1.5", "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "0.5"}
 CHILD = (
     "import sys\n"
