@@ -20,6 +20,11 @@ from shared.core.db import Database, connector_from_env
 
 os.environ.setdefault("NO_GCE_CHECK", "true")
 
+# Fixtures that live next to the helpers they serve, registered once for every test here and
+# in e2e/: the ops app (`dispatched`, `client`, `ops_server`), the Pub/Sub emulator
+# (`pubsub_emulator`, `pubsub`) and the examples' webhook (`webhook_url`).
+pytest_plugins = ("tests.ops_support", "tests.pubsub_emulator", "tests.examples_support")
+
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "onceflow_template"
 

@@ -1,10 +1,7 @@
 """The real Pub/Sub emulator for tests: one process per test session, one project per test.
 
-Use from a test module (importing the fixtures is enough for pytest to find them):
-
-    # The fixtures are registered as `pubsub_emulator` and `pubsub`; the module-level names
-    # differ so that a test's `pubsub` parameter doesn't shadow an import (ruff F811).
-    from tests.pubsub_emulator import pubsub_emulator_fixture, pubsub_fixture  # noqa: F401
+tests/conftest.py registers this module as a plugin, so any test asks for the fixtures by
+name (`pubsub_emulator`, `pubsub`) without importing them:
 
     def test_something(pubsub):
         ...publish through shared.core.pubsub.get_publisher()...

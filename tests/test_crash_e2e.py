@@ -21,7 +21,6 @@ from shared.core.db import Database
 from tests.e2e.crash_harness import EXIT_CODE, CrashHarness, Receiver
 from tests.pubsub_emulator import (
     Emulator,
-    pubsub_emulator_fixture,  # noqa: F401
 )
 from tests.steps_support import definition, publish_version, start_run
 

@@ -26,11 +26,9 @@ from shared.accounts.oauth_install import CALLBACK_PATH, REDIRECT_URL_ENV, state
 from shared.core.db import Database
 from shared.ops import cli
 from shared.port.hubspot_oauth import hubspot_refresher
-from tests.ops_support import (  # noqa: F401 - fixtures
+from tests.ops_support import (
     bearer,
-    dispatched_fixture,
     mint,
-    ops_server_fixture,
     seed_tenant,
 )
 

@@ -15,8 +15,6 @@ from shared.port import connect, observed
 from shared.port.interface import PortError
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_run,
     seed_tenant,

@@ -19,8 +19,6 @@ from shared.steps.states import StepStatus
 from shared.steps.sweep import SweepConfig, default_duties, run_sweep, trim_lease_history
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_connection,
     seed_tenant,
