@@ -53,3 +53,11 @@ SELECT refreshed_at FROM connection_oauth_tokens WHERE connection_id = CAST(:con
 
 -- name: demo_app_inbox_rows
 SELECT count(*) FROM webhook_inbox WHERE app_id = :app_id AND received_at >= :since
+
+-- name: demo_retry_now
+-- The demo does not sit out the step's 60 s backoff: the tenant's parked retry wakes on the
+-- sweep's next pass instead (the tests skip it the same way). Only a step still waiting for
+-- its retry moves; zero rows means it already woke.
+UPDATE workflow_steps s SET wake_at = now()
+FROM workflow_runs r
+WHERE r.id = s.run_id AND r.tenant_id = :tenant_id AND s.status = 'waiting_for_retry'

@@ -307,7 +307,8 @@ class AppChapters:
                 if first
                 else "the step did not start"
             )
-            + ". A lost response is retried after the step's backoff (60 s); meanwhile:"
+            + ". A lost response is retried after the step's backoff (60 s; the demo wakes it"
+            " early, after what follows); meanwhile:"
         )
         before = int(self._state()["oauth"]["refreshes"])
         with self.s.db.transaction() as tx:
@@ -334,6 +335,8 @@ class AppChapters:
             f"{step['status'] if step else 'did not settle'}: HubSpot answered 401 to the "
             f"expired token, the port refreshed it ({after - before} refresh) and retried once.",
         )
+        with self.s.db.transaction() as tx:
+            tx.execute(self.sql["demo_retry_now"], tenant_id=lead.tenant_id)
         steps = self._run_steps(
             lead.tenant_id, lambda steps: all(s["status"] in settled for s in steps), 120.0
         )

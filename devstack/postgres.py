@@ -124,9 +124,10 @@ def start(root: Path, port: int, *, fast: bool = False) -> Cluster:
 
 
 @contextmanager
-def throwaway(prefix: str, *, fast: bool) -> Iterator[Cluster]:
-    """A cluster in a new temporary folder on a free port, stopped and removed afterwards."""
-    parent = Path(tempfile.mkdtemp(prefix=prefix))
+def throwaway(prefix: str, *, fast: bool, under: Path | None = None) -> Iterator[Cluster]:
+    """A cluster in a new temporary folder (in `under` when given) on a free port, stopped and
+    removed afterwards."""
+    parent = Path(tempfile.mkdtemp(prefix=prefix, dir=under))
     parent.chmod(0o755)  # as root the server runs as `postgres`, which must reach <parent>/pg
     cluster = start(parent / "pg", free_port(), fast=fast)
     try:

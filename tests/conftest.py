@@ -1,9 +1,11 @@
 """Shared fixtures: a real PostgreSQL server for the whole test session, and a fresh database
-per test cloned from a migrated template (CREATE DATABASE … TEMPLATE takes milliseconds)."""
+per test cloned from a migrated template (CREATE DATABASE … TEMPLATE takes milliseconds on the
+RAM disk the cluster lives on when the machine has one)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +21,11 @@ from shared.core.db import Database, connector_from_env
 from shared.core.settings import settings
 
 os.environ.setdefault("NO_GCE_CHECK", "true")
+
+# Fixtures that live next to the helpers they serve, registered once for every test here and
+# in e2e/: the ops app (`dispatched`, `client`, `ops_server`), the Pub/Sub emulator
+# (`pubsub_emulator`, `pubsub`) and the examples' webhook (`webhook_url`).
+pytest_plugins = ("tests.ops_support", "tests.pubsub_emulator", "tests.examples_support")
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "onceflow_template"
@@ -41,9 +48,24 @@ def _settings_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(pytest.MonkeyPatch, name, change_and_forget)
 
 
+# The cluster's files go to a RAM disk when there is one with room: on a virtual disk every
+# CREATE DATABASE … TEMPLATE (one per test) copies ~560 files and took 0.1-0.6 s, on tmpfs
+# 0.02 s. The suite's peak is the template, a few live test databases and the WAL (fsync off).
+RAM_DISK = Path("/dev/shm")
+RAM_DISK_ROOM = 2 * 1024**3
+
+
+def _ram_disk() -> Path | None:
+    try:
+        room = shutil.disk_usage(RAM_DISK).free
+    except OSError:
+        return None
+    return RAM_DISK if room >= RAM_DISK_ROOM and os.access(RAM_DISK, os.W_OK) else None
+
+
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[postgres.Cluster]:
-    with postgres.throwaway("onceflow-test-pg-", fast=True) as cluster:
+    with postgres.throwaway("onceflow-test-pg-", fast=True, under=_ram_disk()) as cluster:
         yield cluster
 
 

@@ -1,10 +1,7 @@
 """The real Pub/Sub emulator for tests: one process per test session, one project per test.
 
-Use from a test module (importing the fixtures is enough for pytest to find them):
-
-    # The fixtures are registered as `pubsub_emulator` and `pubsub`; the module-level names
-    # differ so that a test's `pubsub` parameter doesn't shadow an import (ruff F811).
-    from tests.pubsub_emulator import pubsub_emulator_fixture, pubsub_fixture  # noqa: F401
+tests/conftest.py registers this module as a plugin, so any test asks for the fixtures by
+name (`pubsub_emulator`, `pubsub`) without importing them:
 
     def test_something(pubsub):
         ...publish through shared.core.pubsub.get_publisher()...
@@ -31,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.api_core.exceptions import DeadlineExceeded
 
 from devstack import emulator
 from shared.core import pubsub as pubsub_mod
@@ -90,10 +88,18 @@ class PubsubProject:
         subscriber = self._subscriber()
         out: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
-        while len(out) < count and time.monotonic() < deadline:
-            response = subscriber.pull(
-                request={"subscription": path, "max_messages": 1000}, timeout=5
-            )
+        while len(out) < count and (left := deadline - time.monotonic()) > 0:
+            # The emulator holds a pull that finds nothing open for ~4 s whatever is asked
+            # for; the call's own deadline is what keeps `timeout` (and `drain`'s quiet
+            # seconds) the caller's.
+            try:
+                response = subscriber.pull(
+                    request={"subscription": path, "max_messages": 1000},
+                    timeout=min(left, 5.0),
+                    retry=None,
+                )
+            except DeadlineExceeded:
+                continue
             acks = []
             for received in response.received_messages:
                 out.append(json.loads(received.message.data))

@@ -16,10 +16,8 @@ from shared.admission.admit import admit_event
 from shared.core import pubsub as pubsub_mod
 from shared.core.db import Database
 from tests.admission_support import bind_workflow, count, emit_event, make_connection, make_tenant
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+from tests.pubsub_emulator import (
     PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

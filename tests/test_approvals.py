@@ -18,10 +18,7 @@ from shared.sweep.loop import run_sweep
 from tests.ops_support import (
     Dispatched,
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
-    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
 )
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import TENANT, definition, publish_version, run_row, start_run

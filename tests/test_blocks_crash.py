@@ -32,7 +32,7 @@ repairs = pytest.importorskip("shared.steps.repairs", reason="step engine not wr
 crashpoints = pytest.importorskip("shared.core.crashpoints")
 
 NODES = ("create_task", "update_contact", "notify")
-REPEATS = 2
+REPEATS = 1
 LEASE = {"ONCEFLOW_STEP_LEASE_SECONDS": "1.5", "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "0.5"}
 CHILD = (
     "import sys\n"

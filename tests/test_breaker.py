@@ -29,10 +29,7 @@ from shared.sweep.loop import run_sweep
 from tests.admission_support import Published, emit_event, make_connection, make_tenant, refusals
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
-    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
 )
 from tests.steps_support import start_run, steps_of
 

@@ -25,8 +25,6 @@ from shared.workflows.definition import Budget, WorkflowDefinition
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
 )
 from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of

@@ -22,10 +22,7 @@ from shared.sweep.loop import run_sweep
 from tests.ops_support import (
     Dispatched,
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
-    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
     seed_tenant,
 )
 from tests.steps_blocks import Recorder, block_lookup, spec

@@ -35,10 +35,8 @@ from tests.ops_support import (
     seed_tenant,
     seed_workflow,
 )
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+from tests.pubsub_emulator import (
     PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
 )
 
 ROOT = Path(__file__).resolve().parent.parent

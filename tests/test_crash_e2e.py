@@ -21,7 +21,6 @@ from shared.core.db import Database
 from tests.e2e.crash_harness import EXIT_CODE, CrashHarness, Receiver
 from tests.pubsub_emulator import (
     Emulator,
-    pubsub_emulator_fixture,  # noqa: F401
 )
 from tests.steps_support import definition, publish_version, start_run
 
@@ -65,6 +64,9 @@ def test_every_crash_point_recovers_without_duplicate_effects_or_lost_runs(
             pubsub_emulator.host,
             db=db,
             extra_env={"ONCEFLOW_HTTP_ALLOW_LOOPBACK": "1"},
+            lease_seconds=2.0,
+            heartbeat_seconds=0.5,
+            redispatch_after_seconds=1.0,
         ) as harness,
     ):
         version = publish_version(db, definition(workflow(receiver), name="crashy"))

@@ -26,8 +26,6 @@ from tests.ingest_support import (
 from tests.ops_support import (
     ROOT_MAIN,
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
 )
 

@@ -21,7 +21,6 @@ from tests.examples_support import (
     STANDARD_SECRET_ENV,
     ExampleStack,
     unexplained_problems,
-    webhook_url,  # noqa: F401 - fixture
 )
 from tests.ingest_support import STANDARD_SECRET
 
@@ -42,7 +41,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
 def stack(
     db: Database,
     fake: FakeCrm,
-    webhook_url: str,  # noqa: F811
+    webhook_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> ExampleStack:
     monkeypatch.setenv(STANDARD_SECRET_ENV, STANDARD_SECRET)  # generic webhooks' sender

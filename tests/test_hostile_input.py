@@ -17,8 +17,6 @@ from shared.core.request_body import BodyRefused, json_depth_exceeds, parse_json
 from shared.publishing.validate import MAX_YAML_DEPTH, validate_text
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_tenant,
 )

@@ -28,7 +28,6 @@ from tests.ingest_support import (
 )
 from tests.ops_support import (
     bearer,
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     install_ops_api,
     mint,
 )

@@ -23,10 +23,6 @@ import yaml
 from devstack.bundle import parse_terraform
 from shared.core.db import BACKGROUND_HOLDERS, pool_size_for
 from shared.core.deployables import DEPLOYABLES, TOPICS
-from tests.ops_support import (
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
-    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
-)
 
 ROOT = Path(__file__).resolve().parent.parent
 INFRA = ROOT / "infra"

@@ -26,11 +26,9 @@ from shared.core.db import Database
 from shared.ops import cli
 from shared.providers.hubspot.oauth import hubspot_refresher
 from shared.providers.install import CALLBACK_PATH, REDIRECT_URL_ENV, state_hash
-from tests.ops_support import (  # noqa: F401 - fixtures
+from tests.ops_support import (
     bearer,
-    dispatched_fixture,
     mint,
-    ops_server_fixture,
     seed_tenant,
 )
 

@@ -11,8 +11,6 @@ from shared.core.db import Database
 from tests.ops_support import (
     JournalRow,
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_connection,
     seed_event,

@@ -26,8 +26,6 @@ from shared.ops.models import (
 )
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_connection,
     seed_tenant,

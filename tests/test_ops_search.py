@@ -14,8 +14,6 @@ from shared.ops.search import classify, hubspot_location
 from tests.ops_support import (
     JournalRow,
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_connection,
     seed_event,

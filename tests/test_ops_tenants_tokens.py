@@ -14,8 +14,6 @@ from shared.core.db import Database
 from shared.ops.auth import BOOTSTRAP_SECRET_ENV, mint_bootstrap_token
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_tenant,
 )

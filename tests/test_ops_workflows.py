@@ -8,8 +8,6 @@ from typing import Any
 from shared.core.db import Database
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_tenant,
 )

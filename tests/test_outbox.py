@@ -23,10 +23,8 @@ from shared.ingest.outbox import (
     publish_outbox,
 )
 from tests.ingest_support import make_tenant, trigger_events
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+from tests.pubsub_emulator import (
     PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
 )
 
 

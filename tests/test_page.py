@@ -18,10 +18,7 @@ from shared.ops.page import COOKIE
 from tests.ops_support import (
     Dispatched,
     JournalRow,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
-    ops_server_fixture,  # noqa: F401 - fixture `ops_server`
     seed_connection,
     seed_event,
     seed_run,

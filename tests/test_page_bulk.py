@@ -14,8 +14,6 @@ from tests.ingest_support import hubspot_body, hubspot_event, make_connection
 from tests.ops_support import (
     Dispatched,
     JournalRow,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_run,
     seed_tenant,

@@ -13,8 +13,6 @@ from shared.ops.html import csrf_value
 from shared.steps import parks
 from tests.ops_support import (
     Dispatched,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_tenant,
 )

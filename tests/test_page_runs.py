@@ -14,8 +14,6 @@ from shared.core.db import Database
 from shared.ops.html import MAX_JSON_SHOWN
 from tests.ops_support import (
     JournalRow,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_connection,
     seed_event,

@@ -16,8 +16,6 @@ from shared.port.interface import PortError
 from shared.providers import connect
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_run,
     seed_tenant,

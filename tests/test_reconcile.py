@@ -30,7 +30,6 @@ from tests.blocks_support import fake_crm
 from tests.examples_support import CRM_EVENT_EXAMPLES
 from tests.ops_support import (
     bearer,
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     install_ops_api,
     mint,
 )

@@ -15,15 +15,11 @@ from shared.core.db import Database
 from shared.ops.html import csrf_value
 from shared.ops.redrive import DEAD_LETTER_HOLDS
 from tests.ops_support import (
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_tenant,
 )
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+from tests.pubsub_emulator import (
     PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
 )
 
 pytestmark = pytest.mark.e2e

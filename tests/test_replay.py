@@ -16,8 +16,6 @@ from tests.ops_support import (
     Dispatched,
     JournalRow,
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_connection,
     seed_event,

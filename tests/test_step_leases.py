@@ -22,8 +22,6 @@ from shared.sweep.catalog import default_duties
 from shared.sweep.loop import run_sweep
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
     seed_connection,
     seed_tenant,

@@ -19,8 +19,6 @@ from tests.admission_support import (
 )
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
 )
 

@@ -24,8 +24,6 @@ from tests.admission_support import bind_workflow, emit_event, make_connection, 
 from tests.ops_support import (
     Dispatched,
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
 )
 from tests.steps_blocks import Recorder, block_lookup

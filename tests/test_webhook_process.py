@@ -23,10 +23,8 @@ from tests.ingest_support import (
     make_connection,
     trigger_events,
 )
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+from tests.pubsub_emulator import (
     PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
 )
 
 pytestmark = pytest.mark.e2e

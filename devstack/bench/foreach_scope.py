@@ -141,6 +141,10 @@ def counting_proxy(port: int, counter: Counter) -> Iterator[int]:
             except TimeoutError:
                 continue
             upstream = socket.create_connection(("127.0.0.1", port))
+            # Without TCP_NODELAY the proxy's writes wait on delayed ACKs (Nagle): every
+            # round-trip through it would cost tens of milliseconds that the engine never pays.
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sockets.extend((client, upstream))
             for a, b, up in ((client, upstream, True), (upstream, client, False)):
                 thread = threading.Thread(target=pump, args=(a, b, up), daemon=True)
