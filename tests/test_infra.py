@@ -228,17 +228,22 @@ def test_pubsub_functions_are_invokable_by_the_push_identity_only(tf: Terraform)
 
 
 def test_every_scheduled_function_has_a_job_with_oidc(tf: Terraform) -> None:
-    jobs = tf.of_type("google_cloud_scheduler_job")
+    # One for_each job over local.scheduled_functions, keyed by the function it calls.
+    assert set(tf.of_type("google_cloud_scheduler_job")) == {"function"}
+    job = tf.resources[("google_cloud_scheduler_job", "function")]
+    assert job["for_each"] == "${local.scheduled_functions}"
     scheduled = {d.name for d in DEPLOYABLES if d.trigger == "schedule"}
-    assert set(jobs) == scheduled, "one job per scheduled function, named after it"
-    for name, job in jobs.items():
+    assert set(tf.locals["scheduled_functions"]) == scheduled, "one job per scheduled function"
+    for entry in tf.locals["scheduled_functions"].values():
         # devstack's local scheduler reads this literal; an expression would break it.
-        assert re.fullmatch(r"[\d*/,-]+( [\d*/,-]+){4}", job["schedule"]), job["schedule"]
-        target = one(job["http_target"])
-        assert function_ref(target["uri"]) == name
-        oidc = one(target["oidc_token"])
-        assert ref_to("google_service_account", oidc["service_account_email"]) == "scheduler"
-        assert function_ref(oidc["audience"]) == name
+        assert re.fullmatch(r"[\d*/,-]+( [\d*/,-]+){4}", entry["schedule"]), entry["schedule"]
+    assert job["schedule"] == "${each.value.schedule}"
+    target = one(job["http_target"])
+    own_uri = "${google_cloudfunctions2_function.function[each.key].service_config[0].uri}"
+    assert target["uri"] == own_uri
+    oidc = one(target["oidc_token"])
+    assert ref_to("google_service_account", oidc["service_account_email"]) == "scheduler"
+    assert oidc["audience"] == own_uri
     invoker = tf.resources[("google_cloud_run_service_iam_member", "scheduler_invoker")]
     assert ref_to("google_service_account", invoker["member"]) == "scheduler"
 
@@ -723,12 +728,12 @@ def test_internal_only_functions_are_called_at_their_run_app_url(tf: Terraform) 
                 match = run_app.fullmatch(value)
                 assert match, value
                 called.add(match[1])
-    for job in tf.of_type("google_cloud_scheduler_job").values():
-        target = one(job["http_target"])
-        for value in (target["uri"], one(target["oidc_token"])["audience"]):
-            match = run_app.fullmatch(value)
-            assert match, value
-            called.add(match[1])
+    job = tf.resources[("google_cloud_scheduler_job", "function")]
+    target = one(job["http_target"])
+    for value in (target["uri"], one(target["oidc_token"])["audience"]):
+        # The jobs' for_each keys are the functions they call.
+        assert run_app.fullmatch(value.replace("[each.key]", '["each"]')), value
+    called |= set(tf.locals["scheduled_functions"])
     assert called == internal
 
 
