@@ -26,7 +26,7 @@ A rehearsal runs no gate. Then, in a writing block:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -60,6 +60,7 @@ from shared.providers import connect
 Scalar = str | int | float | bool | None
 ECHO_TTL_SECONDS = 600
 log = get_logger(__name__)
+_T = TypeVar("_T")
 ACTION_RETRY = RetryPolicy()
 
 # Same code as shared.steps.outcomes.OUTCOME_UNKNOWN: the step engine's word for "a side effect
@@ -415,6 +416,14 @@ def _record_create_echo(
         log.warning("crm.create: echo markers for record %s not recorded", record.id, exc_info=True)
 
 
+def _calling(what: str, call: Callable[[], _T]) -> _T:
+    """The port call's answer; a PortError becomes the step's failure (failure_from_port)."""
+    try:
+        return call()
+    except PortError as exc:
+        raise failure_from_port(exc, what=what) from exc
+
+
 # --- crm.update ---------------------------------------------------------------------------------
 def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, UpdateConfig)
@@ -437,10 +446,9 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
         config.properties,
         ttl_seconds=config.echo_ttl_seconds,
     )
-    try:
-        record = port.update(object_type, config.object_id, config.properties)
-    except PortError as exc:
-        raise failure_from_port(exc, what="crm.update") from exc
+    record = _calling(
+        "crm.update", lambda: port.update(object_type, config.object_id, config.properties)
+    )
     return BlockResult(output=_output(record))
 
 
@@ -449,10 +457,7 @@ def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, GetConfig)
     object_type = _object_type(config.object_type)
     _, port = _connect(ctx, config)
-    try:
-        record = port.get(object_type, config.object_id, config.properties)
-    except PortError as exc:
-        raise failure_from_port(exc, what="crm.get") from exc
+    record = _calling("crm.get", lambda: port.get(object_type, config.object_id, config.properties))
     return BlockResult(output=_output(record))
 
 
@@ -461,10 +466,7 @@ def execute_search(ctx: BlockContext, config: BaseModel) -> BlockResult:
     object_type = _object_type(config.object_type)
     _, port = _connect(ctx, config)
     filters = [SearchFilter(f.property, f.operator.upper(), f.value) for f in config.filters]
-    try:
-        records = port.search(object_type, filters, config.limit)
-    except PortError as exc:
-        raise failure_from_port(exc, what="crm.search") from exc
+    records = _calling("crm.search", lambda: port.search(object_type, filters, config.limit))
     return BlockResult(output={"count": len(records), "results": [_output(r) for r in records]})
 
 
