@@ -4,11 +4,11 @@ The local stack needs three facts the cloud deployment also depends on: which Pu
 and push subscriptions exist (with their retry and dead-letter policies), and at which cron
 cadence Cloud Scheduler calls each scheduled function. They are read from `infra/*.tf` with
 python-hcl2 and a deliberately small evaluator: literals, `var.x` defaults, `local.x`,
-`each.key`/`each.value` of a literal `for_each`, string interpolation, and references to other
-resources. A reference to a function resource resolves to the function's name (its
-`entry_point`, or the `for_each` key), which is how a push endpoint or a scheduler target
-names the function it calls. Anything the evaluator cannot read raises `InfraUnreadable`
-naming the file and the expression, instead of guessing.
+`each.key`/`each.value` of a literal `for_each` (also as an index, `x[each.key]`), string
+interpolation, and references to other resources. A reference to a function resource
+resolves to the function's name (its `entry_point`, or the `for_each` key), which is how a push
+endpoint or a scheduler target names the function it calls. Anything the evaluator cannot read
+raises `InfraUnreadable` naming the file and the expression, instead of guessing.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _expand(
 
 
 _INTERP = re.compile(r"\$\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
-_SEGMENT = re.compile(r'\.([A-Za-z_][A-Za-z0-9_-]*)|\[\s*(?:"([^"]*)"|(\d+))\s*\]')
+_SEGMENT = re.compile(r'\.([A-Za-z_][A-Za-z0-9_-]*)|\[\s*(?:"([^"]*)"|(\d+)|(each\.key))\s*\]')
 
 
 class Evaluator:
@@ -192,7 +192,12 @@ class Evaluator:
             m = _SEGMENT.match(rest)
             if m is None:
                 raise InfraUnreadable(f"{self.file}: cannot read the expression `{expr}`")
-            path.append(m[1] if m[1] is not None else (m[2] if m[2] is not None else int(m[3])))
+            if m[4] is not None:  # an index by the instance's own for_each key
+                if self.each is None:
+                    raise InfraUnreadable(f"{self.file}: `{expr}` outside a for_each")
+                path.append(self.each[0])
+            else:
+                path.append(m[1] if m[1] is not None else (m[2] if m[2] is not None else int(m[3])))
             rest = rest[m.end() :]
         return self._path(expr, path)
 

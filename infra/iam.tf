@@ -130,8 +130,8 @@ resource "google_pubsub_topic_iam_member" "dead_letter_publisher" {
 
 resource "google_pubsub_subscription_iam_member" "dead_letter_subscriber" {
   for_each = {
-    admit_event  = google_pubsub_subscription.admit_event_push.name
-    advance_step = google_pubsub_subscription.advance_step_push.name
+    admit_event  = google_pubsub_subscription.push["admit_event"].name
+    advance_step = google_pubsub_subscription.push["advance_step"].name
   }
   subscription = each.value
   role         = "roles/pubsub.subscriber"

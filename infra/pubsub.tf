@@ -73,18 +73,40 @@ resource "google_pubsub_subscription" "step_ready_dead_letter" {
 # not their cloudfunctions.net `url`: Cloud Run counts Pub/Sub push as internal traffic only
 # when it calls the default run.app URL, and admit_event/advance_step are ALLOW_INTERNAL_ONLY.
 #
-# trigger-events -> admit_event. For push, the ack deadline is the request timeout: it must
-# cover admit_event's timeout_seconds (120) or Pub/Sub redelivers a message still being admitted.
-resource "google_pubsub_subscription" "admit_event_push" {
-  name                 = "admit-event-push"
-  topic                = google_pubsub_topic.trigger_events.id
-  ack_deadline_seconds = 120
+# One push subscription per Pub/Sub-fed function, keyed by the function. For push, the ack
+# deadline is the request timeout: it must cover the function's timeout_seconds or Pub/Sub
+# redelivers a message still being handled.
+locals {
+  push_subscriptions = {
+    # trigger-events -> admit_event (timeout_seconds 120).
+    admit_event = {
+      name                 = "admit-event-push"
+      topic                = google_pubsub_topic.trigger_events.id
+      dead_letter_topic    = google_pubsub_topic.trigger_events_dead_letter.id
+      ack_deadline_seconds = 120
+    }
+    # step-ready -> advance_step (timeout_seconds 300).
+    advance_step = {
+      name                 = "advance-step-push"
+      topic                = google_pubsub_topic.step_ready.id
+      dead_letter_topic    = google_pubsub_topic.step_ready_dead_letter.id
+      ack_deadline_seconds = 300
+    }
+  }
+}
+
+resource "google_pubsub_subscription" "push" {
+  for_each = local.push_subscriptions
+
+  name                 = each.value.name
+  topic                = each.value.topic
+  ack_deadline_seconds = each.value.ack_deadline_seconds
 
   push_config {
-    push_endpoint = google_cloudfunctions2_function.function["admit_event"].service_config[0].uri
+    push_endpoint = google_cloudfunctions2_function.function[each.key].service_config[0].uri
     oidc_token {
       service_account_email = google_service_account.pubsub_push.email
-      audience              = google_cloudfunctions2_function.function["admit_event"].service_config[0].uri
+      audience              = google_cloudfunctions2_function.function[each.key].service_config[0].uri
     }
   }
 
@@ -94,7 +116,7 @@ resource "google_pubsub_subscription" "admit_event_push" {
   }
 
   dead_letter_policy {
-    dead_letter_topic     = google_pubsub_topic.trigger_events_dead_letter.id
+    dead_letter_topic     = each.value.dead_letter_topic
     max_delivery_attempts = 10
   }
 
@@ -110,38 +132,13 @@ resource "google_pubsub_subscription" "admit_event_push" {
   ]
 }
 
-# step-ready -> advance_step. Ack deadline covers advance_step's timeout_seconds (300).
-resource "google_pubsub_subscription" "advance_step_push" {
-  name                 = "advance-step-push"
-  topic                = google_pubsub_topic.step_ready.id
-  ack_deadline_seconds = 300
+# The push subscriptions were two resources before: a deployed project keeps them.
+moved {
+  from = google_pubsub_subscription.admit_event_push
+  to   = google_pubsub_subscription.push["admit_event"]
+}
 
-  push_config {
-    push_endpoint = google_cloudfunctions2_function.function["advance_step"].service_config[0].uri
-    oidc_token {
-      service_account_email = google_service_account.pubsub_push.email
-      audience              = google_cloudfunctions2_function.function["advance_step"].service_config[0].uri
-    }
-  }
-
-  retry_policy {
-    minimum_backoff = "10s"
-    maximum_backoff = "600s"
-  }
-
-  dead_letter_policy {
-    dead_letter_topic     = google_pubsub_topic.step_ready_dead_letter.id
-    max_delivery_attempts = 10
-  }
-
-  expiration_policy {
-    ttl = "" # never expire for inactivity
-  }
-
-  labels = local.labels
-
-  depends_on = [
-    google_cloud_run_service_iam_member.pubsub_push_invoker,
-    google_pubsub_topic_iam_member.dead_letter_publisher,
-  ]
+moved {
+  from = google_pubsub_subscription.advance_step_push
+  to   = google_pubsub_subscription.push["advance_step"]
 }

@@ -162,41 +162,42 @@ def test_every_pubsub_function_has_a_push_subscription_with_dead_letter_and_retr
         ("google_pubsub_subscription_iam_member", "dead_letter_subscriber")
     ]
 
+    # One for_each push subscription over local.push_subscriptions, keyed by the function.
+    assert [n for n, body in subscriptions.items() if "push_config" in body] == ["push"]
+    sub = subscriptions["push"]
+    assert sub["for_each"] == "${local.push_subscriptions}"
+    own_uri = "${google_cloudfunctions2_function.function[each.key].service_config[0].uri}"
+    push = one(sub["push_config"])
+    oidc = one(push["oidc_token"])
+    assert push["push_endpoint"] == own_uri and oidc["audience"] == own_uri
+    assert ref_to("google_service_account", oidc["service_account_email"]) == "pubsub_push"
+    assert sub["topic"] == "${each.value.topic}"
+    assert sub["ack_deadline_seconds"] == "${each.value.ack_deadline_seconds}"
+    retry = one(sub["retry_policy"])
+    assert retry["minimum_backoff"].endswith("s") and retry["maximum_backoff"].endswith("s")
+    assert int(retry["minimum_backoff"][:-1]) <= int(retry["maximum_backoff"][:-1]) <= 600
+    dead = one(sub["dead_letter_policy"])
+    assert dead["dead_letter_topic"] == "${each.value.dead_letter_topic}"
+    assert 5 <= dead["max_delivery_attempts"] <= 100
+
     pubsub = [d for d in DEPLOYABLES if d.trigger == "pubsub"]
     assert pubsub
+    assert set(tf.locals["push_subscriptions"]) == {d.name for d in pubsub}
     for d in pubsub:
         assert d.topic is not None
-        pushing = [
-            (name, body)
-            for name, body in subscriptions.items()
-            if "push_config" in body
-            and function_ref(one(body["push_config"])["push_endpoint"]) == d.name
-        ]
-        assert len(pushing) == 1, f"{d.name}: want exactly one push subscription"
-        name, sub = pushing[0]
-        assert ref_to("google_pubsub_topic", sub["topic"]) == topics[d.topic]
-        assert sub["name"] == f"{d.name.replace('_', '-')}-push"
-
-        push = one(sub["push_config"])
-        oidc = one(push["oidc_token"])
-        assert ref_to("google_service_account", oidc["service_account_email"]) == "pubsub_push"
-        assert function_ref(oidc["audience"]) == d.name
-
-        retry = one(sub["retry_policy"])
-        assert retry["minimum_backoff"].endswith("s") and retry["maximum_backoff"].endswith("s")
-        assert int(retry["minimum_backoff"][:-1]) <= int(retry["maximum_backoff"][:-1]) <= 600
-
-        dead = one(sub["dead_letter_policy"])
-        dead_topic = ref_to("google_pubsub_topic", dead["dead_letter_topic"])
+        entry = tf.locals["push_subscriptions"][d.name]
+        assert ref_to("google_pubsub_topic", entry["topic"]) == topics[d.topic]
+        assert entry["name"] == f"{d.name.replace('_', '-')}-push"
+        dead_topic = ref_to("google_pubsub_topic", entry["dead_letter_topic"])
         assert tf.resources[("google_pubsub_topic", dead_topic)]["name"] == f"{d.topic}-dead-letter"
-        assert 5 <= dead["max_delivery_attempts"] <= 100
         # For push the ack deadline is the request timeout: shorter than the function's
         # timeout would redeliver a message that is still being handled.
-        assert timeouts[d.name] <= sub["ack_deadline_seconds"] <= 600
+        assert timeouts[d.name] <= entry["ack_deadline_seconds"] <= 600
 
         # The Pub/Sub service agent may publish to the dead-letter topic and ack the source.
         assert f"google_pubsub_topic.{dead_topic}.name" in str(dl_publishers["for_each"])
-        assert f"google_pubsub_subscription.{name}.name" in str(dl_subscribers["for_each"])
+        own = f'google_pubsub_subscription.push["{d.name}"].name'
+        assert own in str(dl_subscribers["for_each"])
         assert "gcp-sa-pubsub" in tf.locals["pubsub_service_agent"]
 
 
@@ -224,17 +225,22 @@ def test_pubsub_functions_are_invokable_by_the_push_identity_only(tf: Terraform)
 
 
 def test_every_scheduled_function_has_a_job_with_oidc(tf: Terraform) -> None:
-    jobs = tf.of_type("google_cloud_scheduler_job")
+    # One for_each job over local.scheduled_functions, keyed by the function it calls.
+    assert set(tf.of_type("google_cloud_scheduler_job")) == {"function"}
+    job = tf.resources[("google_cloud_scheduler_job", "function")]
+    assert job["for_each"] == "${local.scheduled_functions}"
     scheduled = {d.name for d in DEPLOYABLES if d.trigger == "schedule"}
-    assert set(jobs) == scheduled, "one job per scheduled function, named after it"
-    for name, job in jobs.items():
+    assert set(tf.locals["scheduled_functions"]) == scheduled, "one job per scheduled function"
+    for entry in tf.locals["scheduled_functions"].values():
         # devstack's local scheduler reads this literal; an expression would break it.
-        assert re.fullmatch(r"[\d*/,-]+( [\d*/,-]+){4}", job["schedule"]), job["schedule"]
-        target = one(job["http_target"])
-        assert function_ref(target["uri"]) == name
-        oidc = one(target["oidc_token"])
-        assert ref_to("google_service_account", oidc["service_account_email"]) == "scheduler"
-        assert function_ref(oidc["audience"]) == name
+        assert re.fullmatch(r"[\d*/,-]+( [\d*/,-]+){4}", entry["schedule"]), entry["schedule"]
+    assert job["schedule"] == "${each.value.schedule}"
+    target = one(job["http_target"])
+    own_uri = "${google_cloudfunctions2_function.function[each.key].service_config[0].uri}"
+    assert target["uri"] == own_uri
+    oidc = one(target["oidc_token"])
+    assert ref_to("google_service_account", oidc["service_account_email"]) == "scheduler"
+    assert oidc["audience"] == own_uri
     invoker = tf.resources[("google_cloud_run_service_iam_member", "scheduler_invoker")]
     assert ref_to("google_service_account", invoker["member"]) == "scheduler"
 
@@ -546,7 +552,7 @@ def test_every_subscription_never_expires_or_says_why(tf: Terraform) -> None:
     dead-letter hold that is its normal state, and later dead letters would be lost."""
     allowed = tf.locals["subscriptions_allowed_to_expire"]
     subscriptions = tf.of_type("google_pubsub_subscription")
-    assert len(subscriptions) >= 4
+    assert len(subscriptions) >= 3  # the two dead-letter holds and the push for_each
     for name, sub in subscriptions.items():
         if name in allowed:
             assert isinstance(allowed[name], str) and len(allowed[name]) > 20, name
@@ -712,19 +718,18 @@ def test_internal_only_functions_are_called_at_their_run_app_url(tf: Terraform) 
         r"\.service_config\[0\]\.uri\}"
     )
     called: set[str] = set()
-    for sub in tf.of_type("google_pubsub_subscription").values():
-        if "push_config" in sub:
-            push = one(sub["push_config"])
-            for value in (push["push_endpoint"], one(push["oidc_token"])["audience"]):
-                match = run_app.fullmatch(value)
-                assert match, value
-                called.add(match[1])
-    for job in tf.of_type("google_cloud_scheduler_job").values():
-        target = one(job["http_target"])
-        for value in (target["uri"], one(target["oidc_token"])["audience"]):
-            match = run_app.fullmatch(value)
-            assert match, value
-            called.add(match[1])
+    sub = tf.resources[("google_pubsub_subscription", "push")]
+    push = one(sub["push_config"])
+    for value in (push["push_endpoint"], one(push["oidc_token"])["audience"]):
+        # The subscriptions' for_each keys are the functions they push to.
+        assert run_app.fullmatch(value.replace("[each.key]", '["each"]')), value
+    called |= set(tf.locals["push_subscriptions"])
+    job = tf.resources[("google_cloud_scheduler_job", "function")]
+    target = one(job["http_target"])
+    for value in (target["uri"], one(target["oidc_token"])["audience"]):
+        # The jobs' for_each keys are the functions they call.
+        assert run_app.fullmatch(value.replace("[each.key]", '["each"]')), value
+    called |= set(tf.locals["scheduled_functions"])
     assert called == internal
 
 

@@ -25,8 +25,8 @@ A rehearsal runs no gate. Then, in a writing block:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,6 +38,7 @@ from shared.blocks.base import (
     BlockSpec,
     LandedQuery,
     RetryPolicy,
+    SideEffect,
     Target,
     dry_run_result,
 )
@@ -59,6 +60,7 @@ from shared.providers import connect
 Scalar = str | int | float | bool | None
 ECHO_TTL_SECONDS = 600
 log = get_logger(__name__)
+_T = TypeVar("_T")
 ACTION_RETRY = RetryPolicy()
 
 # Same code as shared.steps.outcomes.OUTCOME_UNKNOWN: the step engine's word for "a side effect
@@ -414,6 +416,14 @@ def _record_create_echo(
         log.warning("crm.create: echo markers for record %s not recorded", record.id, exc_info=True)
 
 
+def _calling(what: str, call: Callable[[], _T]) -> _T:
+    """The port call's answer; a PortError becomes the step's failure (failure_from_port)."""
+    try:
+        return call()
+    except PortError as exc:
+        raise failure_from_port(exc, what=what) from exc
+
+
 # --- crm.update ---------------------------------------------------------------------------------
 def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, UpdateConfig)
@@ -436,10 +446,9 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
         config.properties,
         ttl_seconds=config.echo_ttl_seconds,
     )
-    try:
-        record = port.update(object_type, config.object_id, config.properties)
-    except PortError as exc:
-        raise failure_from_port(exc, what="crm.update") from exc
+    record = _calling(
+        "crm.update", lambda: port.update(object_type, config.object_id, config.properties)
+    )
     return BlockResult(output=_output(record))
 
 
@@ -448,10 +457,7 @@ def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, GetConfig)
     object_type = _object_type(config.object_type)
     _, port = _connect(ctx, config)
-    try:
-        record = port.get(object_type, config.object_id, config.properties)
-    except PortError as exc:
-        raise failure_from_port(exc, what="crm.get") from exc
+    record = _calling("crm.get", lambda: port.get(object_type, config.object_id, config.properties))
     return BlockResult(output=_output(record))
 
 
@@ -460,65 +466,65 @@ def execute_search(ctx: BlockContext, config: BaseModel) -> BlockResult:
     object_type = _object_type(config.object_type)
     _, port = _connect(ctx, config)
     filters = [SearchFilter(f.property, f.operator.upper(), f.value) for f in config.filters]
-    try:
-        records = port.search(object_type, filters, config.limit)
-    except PortError as exc:
-        raise failure_from_port(exc, what="crm.search") from exc
+    records = _calling("crm.search", lambda: port.search(object_type, filters, config.limit))
     return BlockResult(output={"count": len(records), "results": [_output(r) for r in records]})
 
 
-CREATE = BlockSpec(
-    type_name="crm.create",
-    config_model=CreateConfig,
-    kind="action",
-    side_effect="at_most_once",
-    price=2,
-    retry=ACTION_RETRY,
-    gates=PROVIDER_GATES,
-    target=connection_target,
-    execute=execute_create,
+def _action(
+    type_name: str,
+    config_model: type[BaseModel],
+    side_effect: SideEffect,
+    price: int,
+    execute: Callable[[BlockContext, BaseModel], BlockResult],
+    *,
+    description: str,
+    **more: Any,
+) -> BlockSpec:
+    """A CRM block: an action against the step's connection, behind the provider's gates."""
+    return BlockSpec(
+        type_name=type_name,
+        config_model=config_model,
+        kind="action",
+        side_effect=side_effect,
+        price=price,
+        retry=ACTION_RETRY,
+        gates=PROVIDER_GATES,
+        target=connection_target,
+        execute=execute,
+        description=description,
+        **more,
+    )
+
+
+CREATE = _action(
+    "crm.create",
+    CreateConfig,
+    "at_most_once",
+    2,
+    execute_create,
+    description="Create a CRM record. At most once: a lost response fails OUTCOME_UNKNOWN,"
+    " unless the connection has a unique-value key property (then it is adopted).",
     landed_query=create_landed_query,
     creates=True,
     # With the connection's unique-value key property a lost response is retried and adopted;
     # without it the block refuses the retry as OUTCOME_UNKNOWN (execute_create).
     decides_ambiguous_retry=True,
-    description="Create a CRM record. At most once: a lost response fails OUTCOME_UNKNOWN,"
-    " unless the connection has a unique-value key property (then it is adopted).",
 )
-UPDATE = BlockSpec(
-    type_name="crm.update",
-    config_model=UpdateConfig,
-    kind="action",
-    side_effect="idempotent",
-    price=1,
-    retry=ACTION_RETRY,
-    gates=PROVIDER_GATES,
-    target=connection_target,
-    execute=execute_update,
+UPDATE = _action(
+    "crm.update",
+    UpdateConfig,
+    "idempotent",
+    1,
+    execute_update,
     description="Update CRM record properties (idempotent; the echo webhook is suppressed).",
 )
-GET = BlockSpec(
-    type_name="crm.get",
-    config_model=GetConfig,
-    kind="action",
-    side_effect="none",
-    price=1,
-    retry=ACTION_RETRY,
-    gates=PROVIDER_GATES,
-    target=connection_target,
-    execute=execute_get,
-    description="Read one CRM record.",
-)
-SEARCH = BlockSpec(
-    type_name="crm.search",
-    config_model=SearchConfig,
-    kind="action",
-    side_effect="none",
-    price=1,
-    retry=ACTION_RETRY,
-    gates=PROVIDER_GATES,
-    target=connection_target,
-    execute=execute_search,
+GET = _action("crm.get", GetConfig, "none", 1, execute_get, description="Read one CRM record.")
+SEARCH = _action(
+    "crm.search",
+    SearchConfig,
+    "none",
+    1,
+    execute_search,
     description="Search CRM records by property filters (AND).",
 )
 SPECS = (CREATE, UPDATE, GET, SEARCH)

@@ -28,7 +28,6 @@ connection path's (shared/ingest/receive.py), so both paths verify the same way.
 from __future__ import annotations
 
 import re
-import time
 
 from shared.accounts import provider_apps
 from shared.core import request_body
@@ -40,12 +39,11 @@ from shared.ingest.receive import (
     Answer,
     WebhookRequest,
     kept_headers,
-    max_body_bytes,
-    public_uri,
+    read_webhook_body,
+    signed_request,
     store_and_answer,
 )
 from shared.providers import registry
-from shared.providers.descriptor import SignedRequest
 
 APP_PATH = re.compile(
     r"^/?(?P<provider>" + "|".join(map(re.escape, registry.app_providers())) + r")/app/"
@@ -74,12 +72,7 @@ def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome ta
         return _refuse(404, "unknown_app", "path", "")
     provider_name, app_id = match["provider"], match["app_id"]
     try:
-        body = request_body.read_body(
-            request.read,
-            declared_length=request.content_length,
-            cap=max_body_bytes(),
-            environ=request.environ,
-        )
+        body = read_webhook_body(request)
     except request_body.BodyRefused as refused:
         return _refuse(refused.status, refused.code, refused.check, app_id)
     db = db or get_database()
@@ -97,14 +90,7 @@ def receive_app_webhook(  # noqa: PLR0911 - one return per row of the outcome ta
         except provider_apps.SecretUnavailable as exc:
             log.error("app webhook: cannot verify: %s", exc)
             return Answer(503, {"error": "verification_unavailable"})
-        signed = SignedRequest(
-            method=request.method,
-            uri=public_uri(request),
-            body=body,
-            headers=request.headers,
-            now=time.time(),
-            signature_versions=app.signature_versions,
-        )
+        signed = signed_request(request, body, app.signature_versions)
         provider = registry.get(provider_name)
         assert provider is not None  # APP_PATH matches only registered app providers
         verdict = provider.verify(secret, signed)

@@ -52,8 +52,15 @@ KEPT_HEADERS = ("content-type", "user-agent", *registry.KEPT_HEADERS)
 log = get_logger(__name__)
 
 
-def max_body_bytes() -> int:
-    return settings().webhook_max_body_bytes
+def read_webhook_body(request: WebhookRequest) -> bytes:
+    """The request's body, read under the webhook size cap and body deadline; raises
+    request_body.BodyRefused with the status and check to answer."""
+    return request_body.read_body(
+        request.read,
+        declared_length=request.content_length,
+        cap=settings().webhook_max_body_bytes,
+        environ=request.environ,
+    )
 
 
 @dataclass(frozen=True)
@@ -108,15 +115,21 @@ def _verify(
     provider = registry.get(connection.provider)
     if provider is None:
         return Verdict.refuse("provider_unsupported")
-    signed = SignedRequest(
+    return provider.verify(secret, signed_request(request, body, connection.signature_versions))
+
+
+def signed_request(
+    request: WebhookRequest, body: bytes, signature_versions: tuple[str, ...]
+) -> SignedRequest:
+    """What a provider's signature check reads: the request as the provider sent it, now."""
+    return SignedRequest(
         method=request.method,
         uri=public_uri(request),
         body=body,
         headers=request.headers,
         now=time.time(),
-        signature_versions=connection.signature_versions,
+        signature_versions=signature_versions,
     )
-    return provider.verify(secret, signed)
 
 
 def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
@@ -137,12 +150,7 @@ def receive_webhook(  # noqa: PLR0911 - one return per row of the outcome table
     provider, connection_id = parts[:2]
     workflow_name = parts[2] if len(parts) == 3 else None
     try:
-        body = request_body.read_body(
-            request.read,
-            declared_length=request.content_length,
-            cap=max_body_bytes(),
-            environ=request.environ,
-        )
+        body = read_webhook_body(request)
     except request_body.BodyRefused as refused:
         return _refuse(refused.status, refused.code, refused.check, connection_id=connection_id)
     db = db or get_database()

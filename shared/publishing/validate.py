@@ -378,25 +378,27 @@ class _Validation:
     def check_trigger(self, t: Trigger) -> None:
         triggers.check_trigger(t, self.add)
         if t.rule is not None:
-            compiled = self.expression(("trigger", "rule"), t.rule)
-            step_only = sorted(compiled.variables - RULE_ROOTS) if compiled is not None else []
-            if step_only:
-                self.add(
-                    "error",
-                    ("trigger", "rule"),
-                    f"a trigger rule runs before the run exists: it cannot read `{step_only[0]}` "
-                    "(a rule reads event, trigger and record)",
-                )
+            self.check_before_the_run(
+                ("trigger", "rule"),
+                t.rule,
+                "a trigger rule runs before the run exists: it cannot read",
+                "a rule reads event, trigger and record",
+            )
         if t.record != "event":
-            compiled = self.expression(("trigger", "record"), t.record)
-            step_only = sorted(compiled.variables - RULE_ROOTS) if compiled is not None else []
-            if step_only:
-                self.add(
-                    "error",
-                    ("trigger", "record"),
-                    f"the record identity cannot read `{step_only[0]}` "
-                    "(it reads event, trigger and record)",
-                )
+            self.check_before_the_run(
+                ("trigger", "record"),
+                t.record,
+                "the record identity cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_before_the_run(self, path: PathT, text: str, cannot: str, reads: str) -> None:
+        """An expression evaluated before the run exists reads only RULE_ROOTS: the first other
+        variable it reads is an error, "<cannot> `<variable>` (<reads>)"."""
+        compiled = self.expression(path, text)
+        step_only = sorted(compiled.variables - RULE_ROOTS) if compiled is not None else []
+        if step_only:
+            self.add("error", path, f"{cannot} `{step_only[0]}` ({reads})")
 
     def check_ids(self, d: WorkflowDefinition) -> set[str]:
         ids: set[str] = set()

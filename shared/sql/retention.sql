@@ -9,8 +9,10 @@
 -- (the reconcile settles it from the step) and no unexpired echo marker on any step. Whole
 -- lineages only: a replay names its original (replay_of), and a lineage with a replay still
 -- running or pending keeps every run of it, so the replay's copied steps and provider keys
--- ('onceflow:<lineage_root>:<step>') keep their history. The scan walks workflow_runs_finished
--- oldest first and skips the blocked lineages (few: the next pass sees them again).
+-- ('onceflow:<lineage_root>:<step>') keep their history. The rule has one home, the SQL
+-- function retention_lineage_needed (migrations/0350_retention_lineage_needed_function.sql).
+-- The scan walks workflow_runs_finished oldest first and skips the blocked lineages (few: the
+-- next pass sees them again).
 -- Locks the lineages' roots, skipping any an ops replay holds (ops_replay locks the root
 -- first): the delete below runs in the same transaction after this lock, in a fresh snapshot,
 -- and checks again, so a replay committed meanwhile is seen and its lineage kept.
@@ -22,16 +24,7 @@ WHERE root.id IN (
     WHERE c.namespace = CAST(:namespace AS text)
       AND c.finished_at IS NOT NULL
       AND c.finished_at < now() - make_interval(days => CAST(:days AS integer))
-      AND NOT EXISTS (
-          SELECT 1 FROM workflow_runs o
-          WHERE o.lineage_root = c.lineage_root
-            AND (o.finished_at IS NULL
-                 OR o.finished_at >= now() - make_interval(days => CAST(:days AS integer))
-                 OR EXISTS (SELECT 1 FROM budget_reservations b
-                            WHERE b.run_id = o.id AND b.status = 'reserved')
-                 OR EXISTS (SELECT 1 FROM workflow_steps s
-                            JOIN echo_markers m ON m.step_id = s.id
-                            WHERE s.run_id = o.id AND m.keep_until >= now())))
+      AND NOT retention_lineage_needed(c.lineage_root, CAST(:days AS integer))
     ORDER BY c.finished_at
     LIMIT CAST(:batch AS integer))
 ORDER BY root.id
@@ -51,16 +44,7 @@ WITH runs AS (
     FROM workflow_runs r
     WHERE r.lineage_root = ANY(CAST(:roots AS uuid[]))
       AND r.namespace = CAST(:namespace AS text)
-      AND NOT EXISTS (
-          SELECT 1 FROM workflow_runs o
-          WHERE o.lineage_root = r.lineage_root
-            AND (o.finished_at IS NULL
-                 OR o.finished_at >= now() - make_interval(days => CAST(:days AS integer))
-                 OR EXISTS (SELECT 1 FROM budget_reservations b
-                            WHERE b.run_id = o.id AND b.status = 'reserved')
-                 OR EXISTS (SELECT 1 FROM workflow_steps s
-                            JOIN echo_markers m ON m.step_id = s.id
-                            WHERE s.run_id = o.id AND m.keep_until >= now())))
+      AND NOT retention_lineage_needed(r.lineage_root, CAST(:days AS integer))
 ), steps AS (
     SELECT s.id FROM workflow_steps s WHERE s.run_id IN (SELECT id FROM runs)
 ), gone_markers AS (
