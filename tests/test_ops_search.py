@@ -10,7 +10,8 @@ import pytest
 
 from shared.core.db import Database
 from shared.ops.errors import OpsError
-from shared.ops.search import classify, hubspot_location
+from shared.ops.search import classify
+from shared.ops.search import record_location as hubspot_location
 from tests.ops_support import (
     JournalRow,
     bearer,

@@ -24,24 +24,22 @@ import ast
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shared.core.db import Database
 from shared.providers import registry
 from shared.providers.install import CALLBACK_PATH, CALLBACK_PATHS, callback_path
+from tests.ops_support import (
+    bearer,
+    client_fixture,  # noqa: F401 - fixture `client`
+    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
+    mint,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDORS = tuple(p.name for p in registry.ALL if not p.generic)
-
-# Still naming a vendor, each with the reason; the test fails when one no longer does, so the
-# list only shrinks. Matched against the path relative to the repository.
-ALLOWED: dict[str, str] = {
-    "shared/ops/": "the ops API's app routes (`/v1/apps/hubspot/...`, part of the published "
-    "API), HubSpot record URLs in search, the provider lists of the request models and the "
-    "install callback's audit action: still to move behind the registry (a `record_url` and "
-    "`/v1/apps/{provider}/...` routes)",
-}
 
 
 def _checked_files() -> list[Path]:
@@ -123,27 +121,13 @@ def vendor_mentions(path: Path) -> list[str]:
     return found
 
 
-def _allowed_by(rel: str) -> str | None:
-    return next((k for k in ALLOWED if rel.startswith(k) or rel.endswith(k)), None)
-
-
 def test_no_module_outside_the_providers_names_a_vendor() -> None:
-    offending: dict[str, list[str]] = {}
-    used: set[str] = set()
-    for path in _checked_files():
-        mentions = vendor_mentions(path)
-        if not mentions:
-            continue
-        rel = str(path.relative_to(ROOT))
-        allowed = _allowed_by(rel)
-        if allowed is None:
-            offending[rel] = mentions
-        else:
-            used.add(allowed)
+    offending = {
+        str(path.relative_to(ROOT)): mentions
+        for path in _checked_files()
+        if (mentions := vendor_mentions(path))
+    }
     assert offending == {}, "name a vendor outside shared/providers/ (ask the registry)"
-    assert used == set(ALLOWED), (
-        f"no longer naming a vendor, drop from ALLOWED: {set(ALLOWED) - used}"
-    )
 
 
 def test_the_check_catches_each_way_of_naming_a_vendor(tmp_path: Path) -> None:
@@ -199,6 +183,41 @@ def test_routes_come_from_the_registry() -> None:
             assert not app_webhook.is_app_path(f"/{provider.name}/app/123")
     assert {callback_path(p) for p in registry.oauth_providers()} == CALLBACK_PATHS
     assert CALLBACK_PATH in CALLBACK_PATHS
+
+
+def test_the_ops_app_routes_take_the_providers_the_registry_gives_apps(
+    db: Database, client: Any
+) -> None:
+    """`/v1/apps/{provider}/...`: the document lists the registry's app (OAuth) providers, and
+    any other provider is a 404 that says why, whether it is known without apps or unknown."""
+    spec = client.get("/openapi.json").get_json()
+    for path, offered in (
+        ("/v1/apps/{provider}/{app_id}", registry.app_providers()),
+        ("/v1/apps/{provider}/{app_id}/installs", registry.oauth_providers()),
+        ("/v1/apps/{provider}/{app_id}/installs/confirm", registry.oauth_providers()),
+    ):
+        (op,) = spec["paths"][path].values()
+        (param,) = [p for p in op["parameters"] if p["name"] == "provider"]
+        assert param["schema"]["enum"] == list(offered)
+    admin = bearer(mint(db, None))
+    without_apps = [p.name for p in registry.ALL if p.app is None and p.oauth is None]
+    assert without_apps
+    for name in without_apps:
+        for r in (
+            client.get(f"/v1/apps/{name}/123", headers=admin),
+            client.post(f"/v1/apps/{name}/123/installs", json={"tenant_id": "acme"}, headers=admin),
+            client.post(
+                f"/v1/apps/{name}/123/installs/confirm",
+                json={"confirm_code": "x" * 43},
+                headers=admin,
+            ),
+        ):
+            assert r.status_code == 404
+            assert r.get_json()["code"] == "not_found"
+            assert f"provider {name!r} has no" in r.get_json()["message"]
+    r = client.get("/v1/apps/nosuchvendor/123", headers=admin)
+    assert r.status_code == 404
+    assert "no such provider 'nosuchvendor'" in r.get_json()["message"]
 
 
 @pytest.mark.parametrize(

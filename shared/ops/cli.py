@@ -35,6 +35,7 @@ from typing import Any, TextIO
 
 from shared.ops import terminal
 from shared.ops.client import ApiError, Credentials, OpsClient
+from shared.providers import registry
 from shared.publishing.schema import render_schema
 from shared.publishing.validate import validate_file
 from shared.steps.states import RunStatus
@@ -327,11 +328,11 @@ def _cancel(s: Session, args: argparse.Namespace) -> int:
 
 
 def _confirm_install(s: Session, args: argparse.Namespace) -> int:
-    """Confirm a HubSpot app install with the code its callback page showed; only the token
-    that started the install may (shared/providers/install.py says why)."""
+    """Confirm an app install with the code its callback page showed; only the token that
+    started the install may (shared/providers/install.py says why)."""
     result = s.client.call(
         "POST",
-        f"/v1/apps/hubspot/{args.app}/installs/confirm",
+        f"/v1/apps/{args.provider}/{args.app}/installs/confirm",
         body={"confirm_code": args.code},
     )
     s.say(
@@ -736,9 +737,7 @@ def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     csub = conns.add_subparsers(dest="action", required=True)
     p = csub.add_parser("create", parents=[remote], help="connect a tenant's CRM account")
     p.add_argument("--tenant", help="required with an admin token")
-    p.add_argument(
-        "--provider", required=True, choices=("hubspot", "standard", "pipedrive", "hmac")
-    )
+    p.add_argument("--provider", required=True, choices=registry.PROVIDERS)
     p.add_argument(
         "--webhook-secret-env",
         required=True,
@@ -823,6 +822,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("app", metavar="APP_ID")
     p.add_argument("code", metavar="CODE")
+    oauth_providers = registry.oauth_providers()
+    p.add_argument(
+        "--provider",
+        choices=oauth_providers,
+        default=oauth_providers[0],
+        help=f"whose app (default: {oauth_providers[0]})",
+    )
     sub.add_parser("approvals", parents=[remote], help="approvals you may decide")
     for decision in ("approve", "reject"):
         p = sub.add_parser(decision, parents=[remote], help=f"{decision} a waiting approval")

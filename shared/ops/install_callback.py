@@ -1,5 +1,6 @@
-"""HubSpot's browser redirect back from an app install: `GET /oauth/hubspot/callback`, served
-by the public `webhook` function (functions/webhook.py).
+"""A vendor's browser redirect back from an app install: `GET /oauth/<provider>/callback`
+(`CALLBACK_PATHS`, one per provider with OAuth installs), served by the public `webhook`
+function (functions/webhook.py).
 
 Public on purpose: the redirect is a person's browser, carrying no ops login and no Google
 identity token, and the ops function is IAM-gated in the cloud (Cloud Run IAM is per service,
@@ -24,15 +25,32 @@ from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
 from shared.ops.statements import AUDIT_INSERT
 from shared.providers import install as oauth_install
-from shared.providers.install import InstallRefused
+from shared.providers import registry
+from shared.providers.install import InstallRefused, callback_path
 
-CALLBACK_ACTION = "apps.hubspot.callback"
+
+def callback_action(provider: str) -> str:
+    """The callback's audit action, beside the ops routes' `apps.<provider>.install`."""
+    return f"apps.{provider}.callback"
+
+
+def _provider_of(path: str) -> str:
+    """The provider whose callback `path` is (functions/webhook.py only routes those here)."""
+    return next(
+        (p for p in registry.oauth_providers() if callback_path(p) == path),
+        registry.oauth_providers()[0],
+    )
+
 
 log = get_logger(__name__)
 
 
 def _audit(
-    db: Database, tenant_id: str | None, started_by: str | None, detail: Mapping[str, Any]
+    db: Database,
+    provider: str,
+    tenant_id: str | None,
+    started_by: str | None,
+    detail: Mapping[str, Any],
 ) -> None:
     """The callback's audit row, in its own transaction; it names who started the install (no
     token came with the redirect). Never the code, the state or a token."""
@@ -41,14 +59,14 @@ def _audit(
             AUDIT_INSERT,
             token_id=started_by,
             tenant_id=tenant_id,
-            action=CALLBACK_ACTION,
+            action=callback_action(provider),
             target=detail.get("app_id"),
             detail=json.dumps(dict(detail), default=str),
         )
 
 
 def callback(db: Database, request: Request) -> Response:
-    """`GET /oauth/hubspot/callback?code=...&state=...` (or `?error=...&state=...`)."""
+    """`GET /oauth/<provider>/callback?code=...&state=...` (or `?error=...&state=...`)."""
     # Jinja and the page's templates load when a callback arrives, not on every cold start
     # of the webhook function.
     from shared.ops.html import render
@@ -56,6 +74,7 @@ def callback(db: Database, request: Request) -> Response:
     if request.method != "GET":
         return render("error.html", "Install", message="use GET", status=405)
     args = request.args
+    provider = _provider_of(request.path)
     try:
         done = oauth_install.finish(
             db, state=args.get("state"), code=args.get("code"), error=args.get("error")
@@ -64,6 +83,7 @@ def callback(db: Database, request: Request) -> Response:
         try:
             _audit(
                 db,
+                provider,
                 refused.tenant_id,
                 refused.started_by,
                 {"outcome": "refused", "code": refused.code, "status": refused.status},
@@ -98,6 +118,7 @@ def callback(db: Database, request: Request) -> Response:
     try:
         _audit(
             db,
+            done.provider,
             done.tenant_id,
             done.started_by,
             {"outcome": "pending_confirmation", "app_id": done.app_id, "portal_id": done.portal_id},
@@ -107,10 +128,10 @@ def callback(db: Database, request: Request) -> Response:
     page = render(
         "install.html",
         "Confirm the install",
-        message=f"HubSpot portal {done.portal_id} asks to be connected to onceflow tenant "
-        f"{done.tenant_id}. Nothing is connected yet.",
+        message=f"{_title(done.provider)} portal {done.portal_id} asks to be connected to "
+        f"onceflow tenant {done.tenant_id}. Nothing is connected yet.",
         confirm_code=done.confirm_code,
-        confirm_path=f"/v1/apps/hubspot/{done.app_id}/installs/confirm",
+        confirm_path=f"/v1/apps/{done.provider}/{done.app_id}/installs/confirm",
         confirm_by=done.confirm_by,
         tenant_id=done.tenant_id,
         app_id=done.app_id,
@@ -119,3 +140,8 @@ def callback(db: Database, request: Request) -> Response:
     )
     page.headers["Cache-Control"] = "no-store"  # the code is for this browser, this once
     return page
+
+
+def _title(provider: str) -> str:
+    found = registry.get(provider)
+    return found.title if found is not None else provider

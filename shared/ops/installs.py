@@ -1,7 +1,7 @@
 """App installs on the ops function: the operator's start and confirmation (ops API routes).
 The flow itself, and why an install needs both, is shared/providers/install.py.
 
-HubSpot's browser redirect back is not served here: ops is IAM-gated in the cloud (only
+The vendor's browser redirect back is not served here: ops is IAM-gated in the cloud (only
 `ops_invokers` may call it, and Cloud Run IAM is per service, not per path), so a browser
 without a Google identity token could never reach it. The callback is on the public `webhook`
 function (shared/ops/install_callback.py); the redirect URI an install sends is that
@@ -22,9 +22,9 @@ from shared.providers.install import InstallRefused
 
 
 def start(
-    db: Database, principal: auth.Principal, app_id: str, body: InstallRequest
+    db: Database, principal: auth.Principal, provider: str, app_id: str, body: InstallRequest
 ) -> InstallStarted:
-    """The ops API handler's work (shared/ops/api/apps.py routes `apps.hubspot.install` here)."""
+    """The ops API handler's work (shared/ops/api/apps.py routes `apps.install` here)."""
     tenant_id = body.tenant_id or principal.tenant_id
     if principal.tenant_id is not None and tenant_id != principal.tenant_id:
         raise OpsError(404, "not_found", "no such tenant")  # another tenant reads as unknown
@@ -46,6 +46,7 @@ def start(
                 app_id=app_id,
                 redirect_uri=redirect_uri,
                 started_by=principal.token_id,
+                provider=provider,
             )
         except InstallRefused as refused:
             raise OpsError(refused.status, refused.code, refused.message) from None
@@ -59,15 +60,19 @@ def start(
 
 
 def confirm(
-    db: Database, principal: auth.Principal, app_id: str, body: InstallConfirm
+    db: Database, principal: auth.Principal, provider: str, app_id: str, body: InstallConfirm
 ) -> InstallConfirmed:
-    """The ops API handler of `apps.hubspot.install.confirm`: the token that started the
-    install sends the code its callback page showed."""
+    """The ops API handler of `apps.install.confirm`: the token that started the install sends
+    the code its callback page showed."""
     if not is_app_id(app_id):
         raise OpsError(404, "not_found", "no such install waiting for confirmation")
     try:
         done = oauth_install.confirm(
-            db, app_id=app_id, confirm_code=body.confirm_code, token_id=principal.token_id
+            db,
+            app_id=app_id,
+            confirm_code=body.confirm_code,
+            token_id=principal.token_id,
+            provider=provider,
         )
     except InstallRefused as refused:
         raise OpsError(refused.status, refused.code, refused.message) from None

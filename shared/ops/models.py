@@ -8,12 +8,13 @@ refuses NUL characters (Postgres can't store them in text; they are bad input, n
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from shared.admission.admit import Reason
+from shared.providers import registry
 from shared.workflows.definition import EVENT_TYPE_PATTERN
 
 
@@ -36,6 +37,23 @@ StepStatus = Literal[
     "skipped",
     "failed",
 ]
+# Values the registry lists (shared/providers/registry.py), as the closed sets the API
+# validates and documents: a provider's name, and what search read a query as (a record key, a
+# provider's record page `<provider>_url`, an email, an object id). mypy sees plain strings.
+if TYPE_CHECKING:
+    ProviderName = str
+    SearchKind = str
+else:
+    ProviderName = Literal[registry.PROVIDERS]
+    SearchKind = Literal[
+        (
+            "record_key",
+            *(registry.record_url_kind(p) for p in registry.record_page_providers()),
+            "email",
+            "object_id",
+        )
+    ]
+
 # The refusal reasons, written once (shared/admission/admit.py) and imported.
 RefusalReason = Reason
 RECORD_KEY_DESCRIPTION = "`<connection id>:<object type>:<object id>`, as runs record it."
@@ -509,7 +527,7 @@ class RecordMatch(_Response):
 
 class RecordSearch(_Response):
     query: str
-    interpreted_as: Literal["record_key", "hubspot_url", "email", "object_id"]
+    interpreted_as: SearchKind
     items: list[RecordMatch] = Field(description="Newest first, within your connections.")
 
 
@@ -887,7 +905,7 @@ class ConnectionCreate(_Request):
     tenant_id: Text | None = Field(
         default=None, description="Required with an admin token; a tenant token's own tenant."
     )
-    provider: Literal["hubspot", "standard", "pipedrive", "hmac"]
+    provider: ProviderName
     webhook_secret_env: Text = Field(
         pattern=ENV_NAME_PATTERN,
         max_length=100,

@@ -68,7 +68,11 @@ def _operation(r: Route) -> dict[str, Any]:
                 "name": p,
                 "in": "path",
                 "required": True,
-                "schema": {"type": "string", "format": "uuid"},
+                "schema": (
+                    {"type": "string", "enum": list(dict(r.path_choices)[p])}
+                    if p in dict(r.path_choices)
+                    else {"type": "string", "format": "uuid"}
+                ),
             }
             for p in r.path_params
         ]

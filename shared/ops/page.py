@@ -55,7 +55,7 @@ from shared.ops.models import (
     WorkflowList,
 )
 from shared.ops.replay import dispatch_committed
-from shared.ops.search import record_url
+from shared.ops.search import record_page
 from shared.ops.statements import VERSION_DEFINITION
 from shared.steps.parks import NotAllowed, decide_approval, park_row
 from shared.steps.states import RunStatus
@@ -386,7 +386,7 @@ def _record_page(
         for r in story.runs[-MAX_RUNS_SHOWN:]
     ]
     with api.db.transaction() as tx:
-        hubspot_url = record_url(tx, record_key)
+        page = record_page(tx, record_key)
     return render(
         "record.html",
         f"Record {record_key}",
@@ -396,7 +396,7 @@ def _record_page(
         story=story,
         details=list(reversed(details)),
         outcome_words=OUTCOME_WORDS,
-        hubspot_url=hubspot_url,
+        record_page=page,
     )
 
 
@@ -592,10 +592,10 @@ def _run_page(
     detail = _call(api, viewer, "runs.get", path={"run_id": run_id})
     assert isinstance(detail, RunDetail)
     r = detail.run
-    hubspot_url = None
+    page = None
     if r.record_key:
         with api.db.transaction() as tx:
-            hubspot_url = record_url(tx, r.record_key)
+            page = record_page(tx, r.record_key)
     replayable = r.status == "failed" and not any(x.replay_of == r.id for x in detail.lineage)
     with api.db.transaction() as tx:
         definition = tx.scalar(VERSION_DEFINITION, version_id=str(r.version_id))
@@ -606,7 +606,7 @@ def _run_page(
         notices=(notices or []) + _action_notices(request),
         status=status,
         d=detail,
-        hubspot_url=hubspot_url,
+        record_page=page,
         logs_url=logs_url(str(r.id)),
         replayable=replayable,
         picture=_picture(definition, detail),

@@ -1,30 +1,31 @@
-"""Find a record the way people name it: a HubSpot record URL, an object id, an email, or a
-record key, within the caller's own connections.
+"""Find a record the way people name it: a record page's URL in the vendor's UI, an object id, an
+email, or a record key, within the caller's own connections.
 
-Support people paste what they have in front of them: the address bar of the HubSpot record,
+Support people paste what they have in front of them: the address bar of the CRM's record page,
 the id a colleague sent, the lead's email. Each is turned into record keys
 (`<connection id>:<object type>:<object id>`, shared/workflows/scope.py) that the timeline
 explains. Every lookup is confined to the connections of the caller's tenant (all of them for
 an admin token), so another tenant's records are never found, nor counted.
 
-The same module knows the opposite direction: the HubSpot address of a record, for the
-"open in HubSpot" links.
+The same module knows the opposite direction: a record's page in its vendor's UI, for the
+"open in ..." links. What a record page looks like is each provider's (`Crm.record_pages`).
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from shared.core import queries
 from shared.core.db import Tx
 from shared.ops.errors import OpsError
 from shared.ops.explain import parse_record_key
-from shared.ops.models import RecordMatch, RecordSearch
+from shared.ops.models import RecordMatch, RecordSearch, SearchKind
 from shared.port.record_labels import shown_for
-from shared.providers.hubspot.normalize import object_type_for, type_id_for
+from shared.providers import registry
+from shared.providers.descriptor import Provider, RecordPages
 from shared.workflows.scope import record_key as make_record_key
 
 SQL = queries.load("search")
@@ -34,39 +35,53 @@ BY_OBJECT_ID = SQL["search_records_by_object_id"]
 BY_EMAIL = SQL["search_records_by_email"]
 
 MAX_MATCHES = 50
-Kind = Literal["record_key", "hubspot_url", "email", "object_id"]
-
-_HUBSPOT_HOST = re.compile(r"^app(-[a-z0-9]+)?\.hubspot\.com$")
-# /contacts/<portal>/record/<type id>/<object id>, and the older /contacts/<portal>/<type>/<id>.
-_RECORD_PATH = re.compile(r"^/contacts/(\d{1,20})/record/(\d+-\d+)/(\d{1,30})(?:/.*)?$")
-_LEGACY_PATH = re.compile(
-    r"^/contacts/(\d{1,20})/(contact|company|deal|ticket)/(\d{1,30})(?:/.*)?$"
+Kind = SearchKind
+# Providers whose record pages search reads (their UI's addresses: `Crm.record_pages`).
+_PAGES: tuple[tuple[Provider, RecordPages], ...] = tuple(
+    (p, p.crm.record_pages)
+    for p in registry.record_page_providers()
+    if p.crm is not None and p.crm.record_pages is not None
 )
+_PAGE_NAMES = " or ".join(f"{p.title} record URLs ({pages.site})" for p, pages in _PAGES)
+_URL_TITLES = " or ".join(p.title for p, _ in _PAGES)
 _EMAIL = re.compile(r"^[^@\s]{1,200}@[^@\s]{1,200}\.[^@\s]{1,50}$")
 _OBJECT_ID = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 
 
-def hubspot_location(url: str) -> tuple[str, str, str]:
-    """(portal id, object type, object id) of a HubSpot record URL; 422 for any other URL."""
+def _owner(url: str) -> tuple[Provider, RecordPages] | None:
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not _HUBSPOT_HOST.match(parts.hostname or ""):
-        raise OpsError(422, "unknown_url", "only HubSpot record URLs (app.hubspot.com) are read")
-    found = _RECORD_PATH.match(parts.path)
-    if found:
-        return found[1], object_type_for(found[2]), found[3]
-    legacy = _LEGACY_PATH.match(parts.path)
-    if legacy:
-        return legacy[1], legacy[2], legacy[3]
-    raise OpsError(
-        422,
-        "unknown_url",
-        "that HubSpot address is not a record page (/contacts/<portal>/record/<type>/<id>)",
-    )
+    if parts.scheme not in ("http", "https"):
+        return None
+    return next(((p, pages) for p, pages in _PAGES if pages.owns(parts.hostname or "")), None)
+
+
+def _locate(url: str) -> tuple[Provider, tuple[str, str, str]]:
+    """The provider whose record page `url` is, and (account id, object type, object id);
+    422 for any other URL."""
+    owner = _owner(url)
+    if owner is None:
+        raise OpsError(422, "unknown_url", f"only {_PAGE_NAMES} are read")
+    provider, pages = owner
+    found = pages.locate(urlsplit(url).path)
+    if found is None:
+        raise OpsError(
+            422,
+            "unknown_url",
+            f"that {provider.title} address is not a record page ({pages.page_shape})",
+        )
+    return provider, found
+
+
+def record_location(url: str) -> tuple[str, str, str]:
+    """(account id, object type, object id) of a record page's URL; 422 for any other URL."""
+    return _locate(url)[1]
 
 
 def classify(q: str) -> Kind:
     if q.startswith(("http://", "https://")):
-        return "hubspot_url"
+        # A URL no provider owns is still read as one, and refused as one by `_locate`.
+        owner = _owner(q)
+        return registry.record_url_kind(owner[0] if owner else _PAGES[0][0])
     if "@" in q:
         if not _EMAIL.match(q):
             raise OpsError(422, "invalid_search", "that does not look like an email address")
@@ -78,7 +93,7 @@ def classify(q: str) -> Kind:
     raise OpsError(
         422,
         "invalid_search",
-        "search with a HubSpot record URL, an object id, an email or a record key",
+        f"search with a {_URL_TITLES} record URL, an object id, an email or a record key",
     )
 
 
@@ -91,23 +106,19 @@ def search(tx: Tx, q: str, *, tenant_scope: str | None, limit: int = MAX_MATCHES
     kind = classify(q)
     if kind == "record_key":
         items = _by_record_key(tx, q, tenant_scope)
-    elif kind == "hubspot_url":
-        portal, object_type, object_id = hubspot_location(q)
-        conns = tx.all(CONNECTIONS, tenant_id=tenant_scope, account_id=portal)
-        conns = [c for c in conns if c["provider"] == "hubspot"]
+    elif kind not in ("email", "object_id"):
+        provider, (account, object_type, object_id) = _locate(q)
+        conns = tx.all(CONNECTIONS, tenant_id=tenant_scope, account_id=account)
+        conns = [c for c in conns if c["provider"] == provider.name]
+        matched_on = f"{provider.title} record URL"
         items = _by_object_id(
-            tx,
-            conns,
-            object_id,
-            object_type=object_type,
-            limit=limit,
-            matched_on="HubSpot record URL",
+            tx, conns, object_id, object_type=object_type, limit=limit, matched_on=matched_on
         )
         if not items and len(conns) == 1:
-            # The portal is one of the caller's connections, and nothing was ever received
+            # The account is one of the caller's connections, and nothing was ever received
             # for the record: that itself answers "why didn't it run?".
             key = make_record_key(str(conns[0]["id"]), object_type, object_id)
-            items = [_match(key, "HubSpot record URL (nothing received for it yet)", None)]
+            items = [_match(key, f"{matched_on} (nothing received for it yet)", None)]
     elif kind == "email":
         conns = tx.all(CONNECTIONS, tenant_id=tenant_scope, account_id=None)
         items = _by_email(tx, conns, q, limit)
@@ -195,23 +206,17 @@ def _by_email(tx: Tx, conns: list[dict[str, Any]], email: str, limit: int) -> li
     return _rows_to_matches(rows, "email")
 
 
-def record_url(tx: Tx, record_key: str) -> str | None:
-    """The record's page in HubSpot, when its connection is a HubSpot portal we know."""
+def record_page(tx: Tx, record_key: str) -> tuple[str, str] | None:
+    """(vendor title, URL) of the record's page in its vendor's UI, when its connection names
+    the account and the provider has record pages: the ops page's "open in ..." link."""
     try:
         connection_id, object_type, object_id = parse_record_key(record_key)
     except OpsError:
         return None
     conn = tx.one(CONNECTION_GET, connection_id=connection_id)
-    if conn is None or conn["provider"] != "hubspot" or not conn["provider_account_id"]:
+    if conn is None or not conn["provider_account_id"]:
         return None
-    type_id = type_id_for(object_type) or (
-        object_type.removeprefix("object_").replace("_", "-")
-        if object_type.startswith("object_")
-        else None
-    )
-    if type_id is None:
-        return None
-    return (
-        f"https://app.hubspot.com/contacts/{conn['provider_account_id']}/record/"
-        f"{type_id}/{object_id}"
-    )
+    provider = registry.get(conn["provider"])
+    pages = provider.crm.record_pages if provider and provider.crm else None
+    url = pages.url(conn["provider_account_id"], object_type, object_id) if pages else None
+    return (provider.title, url) if provider and url else None

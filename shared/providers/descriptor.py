@@ -95,6 +95,20 @@ class PortFactory(Protocol):
 
 
 @dataclass(frozen=True)
+class RecordPages:
+    """Where people see a record in the vendor's own UI: support pastes those addresses into
+    search (shared/ops/search.py), and the ops page links back to them."""
+
+    site: str  # the UI's host as people know it, for messages ("app.example.com")
+    page_shape: str  # a record page's path, for messages ("/records/<account>/<id>")
+    owns: Callable[[str], bool]  # a URL's hostname -> whether it is this vendor's UI
+    # A URL path on that host -> (account id, object type, object id); None: not a record page.
+    locate: Callable[[str], tuple[str, str, str] | None]
+    # (account id, object type, object id) -> the record's page; None: no page for that type.
+    url: Callable[[str, str, str], str | None]
+
+
+@dataclass(frozen=True)
 class Crm:
     port: PortFactory
     capabilities: Capabilities  # declared: what every port of this provider offers at least
@@ -104,6 +118,7 @@ class Crm:
     # Per object type (singular), the properties that name a record (shared/port/
     # record_labels.py): what the ops page shows beside a record key.
     label_properties: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    record_pages: RecordPages | None = None
 
 
 class CodeRefused(Exception):

@@ -135,6 +135,7 @@ class Pending:
     confirm_code: str  # shown on the page, once; only its hash is kept
     confirm_by: datetime
     started_by: str | None
+    provider: str  # whose app it is: the confirmation's route names it
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,9 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
             "portal_taken",
             f"portal {info.account_id} is already connected to another tenant for this app",
         )
-    return Pending(tenant_id, app.app_id, info.account_id, confirm_code, confirm_by, started_by)
+    return Pending(
+        tenant_id, app.app_id, info.account_id, confirm_code, confirm_by, started_by, app.provider
+    )
 
 
 def confirm(

@@ -69,3 +69,13 @@ def normalize(provider: str, body: bytes, headers: Mapping[str, str]) -> list[No
     # Stable sort: within one delivery an older change is applied before a newer one, so the
     # shadow record doesn't call the older one out of order just because of array position.
     return sorted(events, key=lambda e: e.occurred_at)
+
+
+def record_page_providers() -> tuple[Provider, ...]:
+    """Providers whose UI shows a record at an address people can paste into search."""
+    return tuple(p for p in ALL if p.crm is not None and p.crm.record_pages is not None)
+
+
+def record_url_kind(provider: Provider) -> str:
+    """How search reports a query it read as the provider's record page (`<name>_url`)."""
+    return f"{provider.name}_url"

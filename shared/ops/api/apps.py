@@ -1,13 +1,28 @@
-"""A provider app and its installs: `/v1/apps/hubspot/{app_id}…`."""
+"""A provider app and its installs: `/v1/apps/{provider}/{app_id}…`, for the providers the
+registry gives apps (shared/providers/registry.py); any other provider is a 404 that says so."""
 
 from __future__ import annotations
 
 from shared.accounts import provider_apps
 from shared.ops import installs
 from shared.ops.api.http import Call
-from shared.ops.errors import not_found
+from shared.ops.errors import OpsError, not_found
 from shared.ops.models import InstallConfirmed, InstallStarted, ProviderAppReport, UnroutedPortal
+from shared.providers import registry
 from shared.publishing.subscriptions import last_app_reconcile
+
+
+def _provider(call: Call, offered: tuple[str, ...], what: str) -> str:
+    """The path's provider, when the registry gives it `what`; a 404 naming the reason if not."""
+    name = call.path["provider"]
+    if name not in offered:
+        known = registry.get(name) is not None
+        raise OpsError(
+            404,
+            "not_found",
+            f"provider {name!r} has no {what}" if known else f"no such provider {name!r}",
+        )
+    return name
 
 
 def provider_app_report(call: Call) -> ProviderAppReport:
@@ -16,7 +31,9 @@ def provider_app_report(call: Call) -> ProviderAppReport:
     if call.scope is not None:
         raise not_found("provider app")
     with call.db.transaction() as tx:
-        app = provider_apps.get_app(tx, "hubspot", call.path["app_id"])
+        app = provider_apps.get_app(
+            tx, _provider(call, registry.app_providers(), "apps"), call.path["app_id"]
+        )
         if app is None:
             raise not_found("provider app")
         unrouted = provider_apps.unrouted_summary(tx, app.provider, app.app_id)
@@ -31,10 +48,12 @@ def provider_app_report(call: Call) -> ProviderAppReport:
 
 
 def install_app(call: Call) -> InstallStarted:
-    """Start installing the HubSpot app on a portal for a tenant (shared/ops/installs.py)."""
-    return installs.start(call.db, call.principal, call.path["app_id"], call.body)
+    """Start installing a provider's app on an account for a tenant (shared/ops/installs.py)."""
+    provider = _provider(call, registry.oauth_providers(), "app installed with OAuth")
+    return installs.start(call.db, call.principal, provider, call.path["app_id"], call.body)
 
 
 def confirm_app_install(call: Call) -> InstallConfirmed:
     """Confirm an install with the code its callback page showed (shared/ops/installs.py)."""
-    return installs.confirm(call.db, call.principal, call.path["app_id"], call.body)
+    provider = _provider(call, registry.oauth_providers(), "app installed with OAuth")
+    return installs.confirm(call.db, call.principal, provider, call.path["app_id"], call.body)

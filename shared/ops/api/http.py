@@ -65,7 +65,14 @@ class Route:
     body: type[BaseModel] | None = None
     status: int = 200
     errors: tuple[int, ...] = ()
-    path_params: tuple[str, ...] = field(default=())
+    path_params: tuple[str, ...] = field(default=())  # the first is the audit row's target
+    # Path parameters that are not ids but one of a closed set (a provider's name): documented
+    # as that set rather than as a uuid. Pairs, not a dict: a route is hashable (the OpenAPI
+    # document is cached per route table).
+    path_choices: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # The audit action when it is not the route's name: a template filled from the path
+    # (`apps.{provider}.install`), so one route per provider audits as it did per provider.
+    action: str | None = None
     # For a 303: where the answer sends the client, taken from the result.
     location: Callable[[Any], str] | None = None
 
@@ -258,7 +265,8 @@ class OpsApi:
         return result
 
     def _audit(self, call: Call, route: Route, target: str | None, detail: dict[str, Any]) -> None:
-        auth.record_audit(call.db, call.principal, action=route.name, target=target, detail=detail)
+        action = route.action.format(**call.path) if route.action else route.name
+        auth.record_audit(call.db, call.principal, action=action, target=target, detail=detail)
 
 
 def _audited_body(body: BaseModel | None) -> Any:

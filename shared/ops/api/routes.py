@@ -94,6 +94,7 @@ from shared.ops.models import (
     WorkflowList,
     WorkflowSource,
 )
+from shared.providers import registry
 
 ROUTES: tuple[Route, ...] = (
     Route(
@@ -256,19 +257,20 @@ ROUTES: tuple[Route, ...] = (
         path_params=("inbox_id",),
     ),
     Route(
-        "apps.hubspot.get",
+        "apps.get",
         "GET",
-        "/v1/apps/hubspot/{app_id}",
+        "/v1/apps/{provider}/{app_id}",
         provider_app_report,
         ProviderAppReport,
         "A HubSpot app: portals it hears from that no connection takes, and its subscriptions",
         errors=(401, 404),
-        path_params=("app_id",),
+        path_params=("app_id", "provider"),
+        path_choices=(("provider", registry.app_providers()),),
     ),
     Route(
-        "apps.hubspot.install",
+        "apps.install",
         "POST",
-        "/v1/apps/hubspot/{app_id}/installs",
+        "/v1/apps/{provider}/{app_id}/installs",
         install_app,
         InstallStarted,
         "Start installing the HubSpot app on a portal for a tenant: a 303 to HubSpot's authorize"
@@ -277,20 +279,24 @@ ROUTES: tuple[Route, ...] = (
         body=InstallRequest,
         status=303,
         errors=(400, 401, 404, 409, 413, 422),
-        path_params=("app_id",),
+        path_params=("app_id", "provider"),
+        path_choices=(("provider", registry.oauth_providers()),),
+        action="apps.{provider}.install",
         location=lambda started: str(started.authorize_url),
     ),
     Route(
-        "apps.hubspot.install.confirm",
+        "apps.install.confirm",
         "POST",
-        "/v1/apps/hubspot/{app_id}/installs/confirm",
+        "/v1/apps/{provider}/{app_id}/installs/confirm",
         confirm_app_install,
         InstallConfirmed,
         "Confirm an install with the code the callback page showed: only the ops token that"
         " started it, once, within 30 minutes; creates or re-authorizes the portal's connection",
         body=InstallConfirm,
         errors=(400, 401, 404, 409, 413, 422),
-        path_params=("app_id",),
+        path_params=("app_id", "provider"),
+        path_choices=(("provider", registry.oauth_providers()),),
+        action="apps.{provider}.install.confirm",
     ),
     Route(
         "credits.get",

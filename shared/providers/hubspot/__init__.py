@@ -1,15 +1,16 @@
 """HubSpot: everything onceflow knows about it, declared as one `Provider`.
 
 Its webhook signatures (`signature.py`), the events its bodies become (`normalize.py`), its
-apps' one URL for all their portals (`apps.py`), the OAuth install and refresh (`oauth.py`) and
-the CRM adapter with its subscriptions, error classes and rate-limit headers (`port.py`).
+apps' one URL for all their portals (`apps.py`), the OAuth install and refresh (`oauth.py`),
+its record pages in the UI (`records.py`) and the CRM adapter with its subscriptions, error
+classes and rate-limit headers (`port.py`).
 shared/providers/registry.py lists it; nothing outside shared/providers/ names it.
 """
 
 from __future__ import annotations
 
 from shared.providers.descriptor import AppWebhooks, Crm, OAuth, Provider
-from shared.providers.hubspot import apps, normalize, oauth, signature
+from shared.providers.hubspot import apps, normalize, oauth, records, signature
 from shared.providers.hubspot.port import HubSpotPort
 
 PROVIDER = Provider(
@@ -39,6 +40,7 @@ PROVIDER = Provider(
             "task": ("hs_task_subject",),
             "ticket": ("subject",),
         },
+        record_pages=records.RECORD_PAGES,
     ),
     app=AppWebhooks(event_account=apps.event_account, secret_env=apps.secret_env),
     oauth=OAuth(
