@@ -1,6 +1,9 @@
-"""`drain_inbox` entry point (Cloud Scheduler, once a minute; loops inside its invocation).
+"""`drain_inbox` entry point (Cloud Scheduler, once a minute): the safety net of the inbox.
 
-`DRAIN_BUDGET_SECONDS` (default 50, for a 60 s schedule and timeout) bounds the loop.
+It drains until nothing is claimable and ends, so an idle tick lasts one claim query; stored
+webhooks are drained at once by the webhook's nudge, and this tick takes what that missed (a
+row whose nudge died, a row whose retry backoff came due). `DRAIN_BUDGET_SECONDS` (default
+50, under the 60 s schedule and timeout) bounds a tick that finds a backlog.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def drain_inbox(request: Any) -> tuple[str, int, dict[str, str]]:
     budget = settings().drain_budget_seconds
     with traced(request.headers), labelled(function="drain_inbox"):
         try:
-            report = drain(get_database(), budget_seconds=budget)
+            report = drain(get_database(), budget_seconds=budget, until_empty=True)
         except TransientError as exc:
             log.warning("drain_inbox stopped early: %s", exc)
             return json.dumps({"error": "unavailable"}), 503, {"Content-Type": "application/json"}

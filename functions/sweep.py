@@ -1,6 +1,7 @@
-"""`sweep` entry point (Cloud Scheduler, once a minute; loops inside its invocation).
+"""`sweep` entry point (Cloud Scheduler, once a minute).
 
-`SWEEP_BUDGET_SECONDS` (default 50, for a 60 s schedule and timeout) bounds the loop.
+It passes while work is due and ends when nothing is due before `SWEEP_BUDGET_SECONDS`
+(default 50, under the 60 s schedule and timeout) runs out (shared/sweep/loop.py).
 """
 
 from __future__ import annotations

@@ -263,3 +263,18 @@ def test_drain_inbox_entry_point_drains_within_its_budget(
     assert response.status_code == 200
     assert response.json["processed"] == 1 and response.json["rejected"] == 1
     assert [r["status"] for r in inbox_rows(db)] == ["processed", "rejected"]
+
+
+def test_an_idle_scheduled_drain_ends_at_once(db: Database) -> None:
+    # With its default 50 s budget, a tick that finds nothing claimable ends (issue 27).
+    import time
+
+    import functions_framework
+
+    from tests.test_webhook import ROOT
+
+    app = functions_framework.create_app("drain_inbox", str(ROOT / "main.py"), "http")
+    started = time.monotonic()
+    response = app.test_client().post("/")
+    assert response.status_code == 200 and response.json["processed"] == 0
+    assert time.monotonic() - started < 5

@@ -517,8 +517,8 @@ def drain_inbox(
 ) -> DrainReport:
     """Drain until the budget is spent (or, with `until_empty`, until nothing is claimable).
 
-    Cloud Scheduler fires at most once a minute; the inbox should drain every few seconds,
-    so one invocation keeps claiming and polling until shortly before its deadline."""
+    The webhook's nudge and the scheduled tick (once a minute, the safety net) both use
+    `until_empty`, so an idle tick is one claim query; without it the loop polls."""
     policy = policy or DrainPolicy()
     report = DrainReport()
     deadline = clock() + budget_seconds
