@@ -39,6 +39,27 @@ def default_dispatch(step_ids: Sequence[str]) -> None:
     publish_step_ready(step_ids)
 
 
+# Publishes the outbox after a pass (the entry point's choice; tests that inspect the outbox
+# leave it out). Its budget: a pass's events are few; a backlog is the scheduled publisher's.
+PUBLISH_AFTER_PASS_SECONDS = 10.0
+
+
+def publish_committed_events(db: Database) -> None:
+    """Send, right after the pass that committed them, the trigger events a pass put in the
+    outbox: cron ticks, poll hits, undecided events re-queued. Without it they would wait for
+    the next scheduled `publish_outbox` tick; it stays the safety net when this fails."""
+    from shared.ingest.outbox import publish_outbox
+
+    try:
+        publish_outbox(db, budget_seconds=PUBLISH_AFTER_PASS_SECONDS, until_empty=True)
+    except Exception:
+        # The events are committed: the scheduled publisher sends them. A publisher that
+        # can't start must not stop the repairs.
+        log.warning(
+            "publishing after the sweep pass failed; the scheduled publisher will", exc_info=True
+        )
+
+
 def next_due_seconds(db: Database, config: SweepConfig) -> float | None:
     """Seconds until a repair next has work by time alone (<= 0: now); None when nothing will."""
     with db.transaction() as tx:
@@ -57,6 +78,7 @@ def sweep_once(
     dispatch: Dispatch,
     duties: Sequence[Duty],
     report: SweepReport,
+    publish_events: Callable[[Database], None] | None = None,
 ) -> bool:
     """One pass; True when a repair filled its batch (a backlog: go again at once)."""
     backlog = False
@@ -67,6 +89,8 @@ def sweep_once(
         result = run_duty(db, duty)
         if result is not None:
             report.duties[duty.name] = result
+    if publish_events is not None:
+        publish_events(db)
     report.passes += 1
     return backlog
 
@@ -78,11 +102,14 @@ def run_sweep(
     config: SweepConfig | None = None,
     dispatch: Dispatch | None = None,
     duties: Sequence[Duty] | None = None,
+    publish_events: Callable[[Database], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> SweepReport:
     """Sweep while there is work due within `budget_seconds` (at least one pass).
 
+    `publish_events` runs after each pass (the entry point passes `publish_committed_events`;
+    None leaves what a pass committed to the outbox to the scheduled publisher).
     A transient database error ends the invocation early with what was done (the next
     scheduled sweep carries on); anything else is a bug and propagates."""
     config = config or SweepConfig.from_env()
@@ -92,7 +119,14 @@ def run_sweep(
     deadline = clock() + max(budget_seconds, 0.0)
     while True:
         try:
-            backlog = sweep_once(db, config=config, dispatch=dispatch, duties=duties, report=report)
+            backlog = sweep_once(
+                db,
+                config=config,
+                dispatch=dispatch,
+                duties=duties,
+                report=report,
+                publish_events=publish_events,
+            )
         except TransientError as exc:
             log.warning("sweep pass stopped by a transient error: %s", exc)
             break
