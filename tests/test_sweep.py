@@ -518,3 +518,22 @@ def test_a_step_the_reclaim_skipped_in_a_failed_run_runs_again_when_the_run_is_r
     journal = steps_of(db, run_id)
     assert journal["s0"]["status"] == "pending" and journal["x"]["status"] == "pending"
     assert run_row(db, run_id)["status"] == "running"
+
+
+def test_a_minute_duty_runs_on_every_tick_of_a_minute_schedule_despite_jitter(
+    db: Database,
+) -> None:
+    # The sweep ends when nothing is due, so a 60 s duty runs once per scheduler tick; a tick
+    # a little under 60 s after the previous one (scheduler jitter) must not skip it.
+    calls: list[int] = []
+    duty = Duty("test_minute", 60, lambda _: calls.append(1))
+    assert run_duty(db, duty) is None and calls == [1]
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE sweep_duties SET last_started_at = now() - interval '58 seconds'"
+            " WHERE name = 'test_minute'"
+        )
+    run_duty(db, duty)
+    assert calls == [1, 1]
+    run_duty(db, duty)  # but not twice within one tick
+    assert calls == [1, 1]
