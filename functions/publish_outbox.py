@@ -1,6 +1,10 @@
-"""`publish_outbox` entry point (Cloud Scheduler, once a minute; loops inside its invocation).
+"""`publish_outbox` entry point (Cloud Scheduler, once a minute): the safety net of the outbox.
 
-`PUBLISH_BUDGET_SECONDS` (default 50, for a 60 s schedule and timeout) bounds the loop.
+It publishes until nothing is claimable and ends, so an idle tick lasts one claim query.
+Whoever commits events publishes them right after the commit; this tick sends what a crash
+between that commit and its publish left behind (and events the sweep put back).
+`PUBLISH_BUDGET_SECONDS` (default 50, under the 60 s schedule and timeout) bounds a tick
+that finds a backlog.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ def publish_outbox(request: Any) -> tuple[str, int, dict[str, str]]:
     budget = settings().publish_budget_seconds
     with traced(request.headers), labelled(function="publish_outbox"):
         try:
-            report = publish(get_database(), budget_seconds=budget)
+            report = publish(get_database(), budget_seconds=budget, until_empty=True)
         except TransientError as exc:
             log.warning("publish_outbox stopped early: %s", exc)
             return json.dumps({"error": "unavailable"}), 503, {"Content-Type": "application/json"}

@@ -21,6 +21,11 @@ from tests.ingest_support import (
     make_connection,
     trigger_events,
 )
+from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+    PubsubProject,
+    pubsub_emulator_fixture,
+    pubsub_fixture,
+)
 
 
 def store(db: Database, connection_id: str, body: bytes) -> int:
@@ -263,3 +268,75 @@ def test_drain_inbox_entry_point_drains_within_its_budget(
     assert response.status_code == 200
     assert response.json["processed"] == 1 and response.json["rejected"] == 1
     assert [r["status"] for r in inbox_rows(db)] == ["processed", "rejected"]
+
+
+def test_an_idle_scheduled_drain_ends_at_once(db: Database) -> None:
+    # With its default 50 s budget, a tick that finds nothing claimable ends (issue 27).
+    import time
+
+    import functions_framework
+
+    from tests.test_webhook import ROOT
+
+    app = functions_framework.create_app("drain_inbox", str(ROOT / "main.py"), "http")
+    started = time.monotonic()
+    response = app.test_client().post("/")
+    assert response.status_code == 200 and response.json["processed"] == 0
+    assert time.monotonic() - started < 5
+
+
+def test_the_scheduled_drain_publishes_the_events_it_committed(
+    db: Database, pubsub: PubsubProject
+) -> None:
+    # Push, not poll (issue 27): the drain's events don't wait for the next publish_outbox tick.
+    import functions_framework
+
+    from shared.core.pubsub import TRIGGER_EVENTS
+    from tests.test_webhook import ROOT
+
+    store(db, make_connection(db), created(1))
+    app = functions_framework.create_app("drain_inbox", str(ROOT / "main.py"), "http")
+    assert app.test_client().post("/").json["events"] == 1
+    (event,) = trigger_events(db)
+    assert event["published_at"] is not None
+    assert pubsub.pull_ids(TRIGGER_EVENTS, count=1) == [event["id"]]
+
+
+def test_a_drain_killed_between_its_commit_and_its_publish_is_published_by_the_schedule(
+    db: Database, database_url: str, pubsub: PubsubProject
+) -> None:
+    # The safety net: a drain process dies after committing its events, before publishing
+    # them (a SIGKILL, an instance reclaimed); the scheduled publisher sends them.
+    import os
+    import subprocess
+    import sys
+
+    import functions_framework
+
+    from shared.core.crashpoints import EXIT_CODE
+    from shared.core.pubsub import TRIGGER_EVENTS
+    from tests.test_webhook import ROOT
+
+    store(db, make_connection(db), created(1))
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        NO_GCE_CHECK="true",
+        ONCEFLOW_ENABLE_CRASH_POINTS="1",
+        ONCEFLOW_CRASH_POINTS="drain_after_commit_before_publish",
+    )
+    script = (
+        "from shared.core.db import get_database\n"
+        "from shared.ingest.inbox import drain_and_publish\n"
+        "drain_and_publish(get_database(), budget_seconds=30)\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], check=False, env=env, cwd=ROOT, capture_output=True
+    )
+    assert child.returncode == EXIT_CODE, child.stderr.decode()[-2000:]
+    (event,) = trigger_events(db)
+    assert inbox_rows(db)[0]["status"] == "processed" and event["published_at"] is None
+    app = functions_framework.create_app("publish_outbox", str(ROOT / "main.py"), "http")
+    assert app.test_client().post("/").json["published"] == 1
+    assert pubsub.pull_ids(TRIGGER_EVENTS, count=1) == [event["id"]]
+    assert trigger_events(db)[0]["published_at"] is not None

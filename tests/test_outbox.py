@@ -263,3 +263,18 @@ def test_publish_many_splits_at_the_request_limit_and_loses_nothing(pubsub: Pubs
     assert len(ids) == count and len(set(ids)) == count
     received = pubsub.drain(TRIGGER_EVENTS)
     assert sorted(m["event_id"] for m in received) == list(range(count))
+
+
+def test_an_idle_scheduled_publish_ends_at_once(db: Database, pubsub: PubsubProject) -> None:
+    # With its default 50 s budget, a tick that finds nothing unpublished ends (issue 27).
+    import time
+
+    import functions_framework
+
+    from tests.test_webhook import ROOT
+
+    app = functions_framework.create_app("publish_outbox", str(ROOT / "main.py"), "http")
+    started = time.monotonic()
+    response = app.test_client().post("/")
+    assert response.status_code == 200 and response.json["claimed"] == 0
+    assert time.monotonic() - started < 5

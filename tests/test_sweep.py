@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -246,19 +247,59 @@ def test_duties_run_once_per_period_and_failures_are_recorded(db: Database) -> N
     assert "provider down" in rows["test_broken"]["last_error"]
 
 
-def test_sweep_loops_within_its_budget(db: Database) -> None:
-    ticks = iter(range(100))
+def test_an_idle_sweep_is_one_pass_and_ends_at_once(db: Database) -> None:
+    # Nothing will come due: the sweep doesn't poll out its 50 s budget (issue 27: scale to zero).
     slept: list[float] = []
+    started = time.monotonic()
     report = run_sweep(
-        db,
-        3,
-        config=SweepConfig(poll_seconds=1),
-        dispatch=Sent(),
-        duties=[],
-        clock=lambda: float(next(ticks)),
-        sleep=slept.append,
+        db, 50, config=SweepConfig(poll_seconds=1), dispatch=Sent(), duties=[], sleep=slept.append
     )
-    assert report.passes >= 2 and slept and all(s == 1 for s in slept)
+    assert report.passes == 1 and slept == []
+    assert time.monotonic() - started < 5
+
+
+class FakeTime:
+    """A clock that a sleep moves forward (the database's clock doesn't move with it)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_the_sweep_sleeps_until_a_wake_up_due_within_its_budget_and_no_longer(
+    db: Database,
+) -> None:
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    _, (later,) = start_run(db, version)
+    set_step(
+        db, later, "status = 'waiting_for_delay', attempt = 1, wake_at = now() + interval '20 s'"
+    )
+    short = FakeTime()
+    report = run_sweep(
+        db, 10, config=CFG, dispatch=Sent(), duties=[], clock=short.clock, sleep=short.sleep
+    )
+    assert report.passes == 1 and short.slept == []  # due after the budget: the next tick's
+    long = FakeTime()
+    run_sweep(db, 50, config=CFG, dispatch=Sent(), duties=[], clock=long.clock, sleep=long.sleep)
+    assert long.slept and 18 < long.slept[0] <= 20
+
+
+def test_the_sweep_wakes_a_step_it_slept_for(db: Database) -> None:
+    version = publish_version(db, definition(chain(1, "test.noop")))
+    _, (soon,) = start_run(db, version)
+    set_step(
+        db, soon, "status = 'waiting_for_delay', attempt = 1, wake_at = now() + interval '1 s'"
+    )
+    sent = Sent()
+    report = run_sweep(db, 10, config=CFG, dispatch=sent, duties=[])
+    assert report.woken == 1 and sent.ids == [soon]
 
 
 def test_the_sweeps_echo_duty_keeps_markers_for_their_grace(db: Database) -> None:
@@ -477,3 +518,22 @@ def test_a_step_the_reclaim_skipped_in_a_failed_run_runs_again_when_the_run_is_r
     journal = steps_of(db, run_id)
     assert journal["s0"]["status"] == "pending" and journal["x"]["status"] == "pending"
     assert run_row(db, run_id)["status"] == "running"
+
+
+def test_a_minute_duty_runs_on_every_tick_of_a_minute_schedule_despite_jitter(
+    db: Database,
+) -> None:
+    # The sweep ends when nothing is due, so a 60 s duty runs once per scheduler tick; a tick
+    # a little under 60 s after the previous one (scheduler jitter) must not skip it.
+    calls: list[int] = []
+    duty = Duty("test_minute", 60, lambda _: calls.append(1))
+    assert run_duty(db, duty) is None and calls == [1]
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE sweep_duties SET last_started_at = now() - interval '58 seconds'"
+            " WHERE name = 'test_minute'"
+        )
+    run_duty(db, duty)
+    assert calls == [1, 1]
+    run_duty(db, duty)  # but not twice within one tick
+    assert calls == [1, 1]

@@ -21,6 +21,11 @@ from tests.ops_support import (
     bearer,
     mint,
 )
+from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+    PubsubProject,
+    pubsub_emulator_fixture,
+    pubsub_fixture,
+)
 
 CFG = SweepConfig(batch=50, redeliver_events_after_seconds=60, max_event_redeliveries=2)
 
@@ -167,3 +172,28 @@ def test_dead_inbox_rows_are_listed_explained_and_requeued(
     assert row == {"status": "pending", "attempts": 0, "finished_at": None}
     assert client.post(f"/v1/inbox/{dead}/requeue", headers=bearer(token)).status_code == 404
     assert client.post("/v1/inbox/abc/requeue", headers=bearer(token)).status_code == 404
+
+
+def test_the_sweep_publishes_a_requeued_event_right_after_its_pass(
+    db: Database, pubsub: PubsubProject
+) -> None:
+    # Push, not poll (issue 27): what the sweep put back in the outbox goes out in the same
+    # invocation, not at the next publish_outbox tick.
+    from shared.core.pubsub import TRIGGER_EVENTS
+    from shared.sweep.loop import publish_committed_events
+
+    make_tenant(db)
+    lost = emit_event(db, connection_id=make_connection(db))
+    published_long_ago(db, lost)
+    report = run_sweep(
+        db,
+        0,
+        config=CFG,
+        dispatch=lambda ids: None,
+        duties=[],
+        publish_events=publish_committed_events,
+    )
+    assert report.events_requeued == 1
+    row = event_row(db, lost)
+    assert row["published_at"] is not None and row["redeliveries"] == 1
+    assert pubsub.pull_ids(TRIGGER_EVENTS, count=1) == [lost]

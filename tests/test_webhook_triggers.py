@@ -24,6 +24,11 @@ from shared.publishing.validate import validate_text
 from tests.admission_support import count
 from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers
 from tests.ops_support import Dispatched, bearer, install_ops_api, mint
+from tests.pubsub_emulator import (  # noqa: F401 - fixtures
+    PubsubProject,
+    pubsub_emulator_fixture,
+    pubsub_fixture,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER_KEY = "\"${{ headers['x-idempotency-key'] }}\""
@@ -279,3 +284,28 @@ def test_a_shared_hmac_secret_connection_addresses_webhook_triggers_only(
         ).status_code
         == 404
     )
+
+
+def test_an_accepted_post_is_published_by_the_nudge_right_after_its_commit(
+    client: Any,
+    db: Database,
+    connection: str,
+    pubsub: PubsubProject,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The trigger's event skips the inbox, so the nudge's drain finds nothing: it must still
+    # publish (issue 27: whoever committed an event publishes it, not the next scheduled tick).
+    from shared.core.pubsub import TRIGGER_EVENTS
+    from shared.ingest import nudge
+
+    monkeypatch.setenv("WEBHOOK_NUDGE", "on")
+    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    answer = post(client, connection, {"invoice": 7}, key="inv-7").get_json()
+    assert answer["status"] == "accepted"
+    assert nudge.wait_idle(30)
+    assert pubsub.pull_ids(TRIGGER_EVENTS, count=1, timeout=20) == [answer["event_id"]]
+    with db.transaction() as tx:
+        published = tx.scalar(
+            "SELECT published_at FROM workflow_trigger_events WHERE id = :i", i=answer["event_id"]
+        )
+    assert published is not None and events(db, workflow_id)

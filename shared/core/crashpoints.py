@@ -27,7 +27,9 @@ CRASH_POINTS = (
 POLL_CRASH_POINTS = (
     "poll_mid_page",  # a poll page's events are being emitted; its transaction isn't committed
 )
-KNOWN_POINTS = CRASH_POINTS + POLL_CRASH_POINTS
+# Between a drain's commit of trigger events and its publish of them (the nudge, the tick).
+DRAIN_CRASH_POINTS = ("drain_after_commit_before_publish",)
+KNOWN_POINTS = CRASH_POINTS + POLL_CRASH_POINTS + DRAIN_CRASH_POINTS
 EXIT_CODE = 137
 
 _hits: dict[str, int] = {}

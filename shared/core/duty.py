@@ -121,6 +121,13 @@ class SweepReport:
 Repair = Callable[[Database, SweepConfig, Dispatch, SweepReport], int]
 
 
+# A duty is due a little before its period has passed: the sweep ends when nothing is due, so
+# a 60 s duty runs once per scheduler tick, and a tick that fires slightly under 60 s after the
+# previous one (scheduler jitter, a slower first pass) must not skip it to the tick after.
+# Concurrent sweeps still run it once: they race for the same row inside one tick.
+SCHEDULE_JITTER_SECONDS = 5.0
+
+
 @functools.cache
 def _statements() -> tuple[queries.Query, queries.Query]:
     # Loaded on first use: every owner imports this module for `Duty`, and the functions that
@@ -133,7 +140,11 @@ def run_duty(db: Database, duty: Duty) -> Any:
     """Run `duty` if no invocation ran it within its period; its summary, or None if skipped."""
     claim, record = _statements()
     with db.transaction() as tx:
-        owned = tx.one(claim, name=duty.name, every_seconds=duty.every_seconds)
+        owned = tx.one(
+            claim,
+            name=duty.name,
+            every_seconds=max(duty.every_seconds - SCHEDULE_JITTER_SECONDS, 0.0),
+        )
     if owned is None:
         return None
     ok, result, error = True, None, None

@@ -283,19 +283,22 @@ class Settings:
     drain_budget_seconds: float = _setting(
         "DRAIN_BUDGET_SECONDS",
         50.0,
-        "How long one `drain_inbox` invocation keeps draining.",
+        "Upper bound of one scheduled `drain_inbox` invocation: it drains until nothing is"
+        " claimable and ends (an idle tick takes one query), or stops here with a backlog.",
         _seconds(),
     )
     publish_budget_seconds: float = _setting(
         "PUBLISH_BUDGET_SECONDS",
         50.0,
-        "How long one `publish_outbox` invocation keeps publishing.",
+        "Upper bound of one scheduled `publish_outbox` invocation: it publishes until nothing"
+        " is claimable and ends (an idle tick takes one query), or stops here with a backlog.",
         _seconds(),
     )
     sweep_budget_seconds: float = _setting(
         "SWEEP_BUDGET_SECONDS",
         50.0,
-        "How long one `sweep` invocation keeps sweeping.",
+        "Upper bound of one `sweep` invocation: it passes while work is due and ends when"
+        " nothing comes due before this (an idle tick is one pass).",
         _seconds(),
     )
 
@@ -360,7 +363,8 @@ class Settings:
     sweep_poll_seconds: float = _setting(
         "ONCEFLOW_SWEEP_POLL_SECONDS",
         2.0,
-        "Pause between sweep passes when there is no backlog.",
+        "Shortest pause between two sweep passes without a backlog (the sweep sleeps until"
+        " the next due row, at least this).",
         _seconds(),
     )
     lease_history_days: int = _setting(

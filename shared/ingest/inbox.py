@@ -42,12 +42,13 @@ from typing import Any, Literal, cast
 
 from shared.accounts import connections, provider_apps
 from shared.core import queries
+from shared.core.crashpoints import crash_point
 from shared.core.db import Database, TransactionLost, Tx
 from shared.core.duty import Duty, SweepConfig
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.ingest import drops, shadow
-from shared.ingest.outbox import TriggerEvent, emit
+from shared.ingest.outbox import PublishReport, TriggerEvent, emit, publish_outbox
 from shared.normalize import NormalizedEvent, UnparseableBody
 from shared.providers import registry
 
@@ -517,8 +518,8 @@ def drain_inbox(
 ) -> DrainReport:
     """Drain until the budget is spent (or, with `until_empty`, until nothing is claimable).
 
-    Cloud Scheduler fires at most once a minute; the inbox should drain every few seconds,
-    so one invocation keeps claiming and polling until shortly before its deadline."""
+    The webhook's nudge and the scheduled tick (once a minute, the safety net) both use
+    `until_empty`, so an idle tick is one claim query; without it the loop polls."""
     policy = policy or DrainPolicy()
     report = DrainReport()
     deadline = clock() + budget_seconds
@@ -543,6 +544,29 @@ def drain_inbox(
             report.count(result)
             report.events += produced
     return report
+
+
+def drain_and_publish(
+    db: Database, *, budget_seconds: float
+) -> tuple[DrainReport, PublishReport | None]:
+    """Drain until nothing is claimable, then publish until the outbox is empty, each within
+    `budget_seconds`: what the drain committed goes out right after its commit instead of
+    waiting for the scheduled publisher (push, not poll). The publish runs even when this
+    drain emitted nothing, since a generic webhook trigger emits without the inbox and
+    nudges this same pass. The scheduled `publish_outbox` and the sweep stay the safety net
+    for a crash between the commit and the publish (`drain_after_commit_before_publish`)."""
+    drained = drain_inbox(db, budget_seconds=budget_seconds, until_empty=True)
+    crash_point("drain_after_commit_before_publish")
+    try:
+        published = publish_outbox(db, budget_seconds=budget_seconds, until_empty=True)
+    except Exception:
+        # Committed either way: the scheduled publisher sends what this pass couldn't, so a
+        # publisher that can't even start must not turn a finished drain into a failure.
+        log.warning(
+            "publishing after the drain failed; the scheduled publisher will", exc_info=True
+        )
+        published = None
+    return drained, published
 
 
 def get_row(tx: Tx, inbox_id: int) -> dict[str, Any] | None:

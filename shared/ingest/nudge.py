@@ -1,10 +1,11 @@
 """The fast path: after a webhook commits, drain and publish now instead of at the next tick.
 
 Choice: an in-process background thread, not a message. It starts only after the inbox row
-committed and the answer is ready, never raises, and runs one bounded pass (drain until the
-inbox is empty, then publish until the outbox is empty, each within `NUDGE_BUDGET_SECONDS`,
-default 5). One nudge thread runs per process at a time; webhooks arriving meanwhile ask it
-for one more pass instead of starting threads of their own.
+committed and the answer is ready, never raises, and runs one bounded pass
+(`inbox.drain_and_publish`: drain until the inbox is empty, then publish until the outbox is
+empty — a generic webhook trigger's event too, which skips the inbox — each within
+`NUDGE_BUDGET_SECONDS`, default 5). One nudge thread runs per process at a time; webhooks
+arriving meanwhile ask it for one more pass instead of starting threads of their own.
 
 Why not a Pub/Sub nudge: it would need another topic, subscription and push endpoint for a
 hint whose loss changes nothing — the scheduled drain and publisher are the guarantee. On
@@ -70,10 +71,6 @@ def _run() -> None:
 
 def _one_pass() -> None:
     from shared.core.db import get_database
-    from shared.ingest import inbox, outbox
+    from shared.ingest import inbox
 
-    budget = settings().nudge_budget_seconds
-    db = get_database()
-    drained = inbox.drain_inbox(db, budget_seconds=budget, until_empty=True)
-    if drained.events:
-        outbox.publish_outbox(db, budget_seconds=budget, until_empty=True)
+    inbox.drain_and_publish(get_database(), budget_seconds=settings().nudge_budget_seconds)

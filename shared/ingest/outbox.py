@@ -214,8 +214,8 @@ def publish_outbox(
     clock: Callable[[], float] = time.monotonic,
 ) -> PublishReport:
     """Publish unpublished events until the budget is spent (or, with `until_empty`, until
-    nothing is left). Scheduled once a minute, it keeps polling inside its invocation so
-    events go out within about a second even without a nudge."""
+    nothing is left). The scheduled tick and every publish right after a commit use
+    `until_empty`: nothing polls for events that whoever committed them already sent."""
     policy = policy or PublishPolicy()
     publisher = publisher or get_publisher()
     report = PublishReport()

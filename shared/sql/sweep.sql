@@ -29,3 +29,40 @@ WHERE lease_id IN (
     WHERE l.claimed_at < now() - make_interval(days => CAST(:days AS integer))
       AND r.finished_at < now() - make_interval(days => CAST(:days AS integer))
     LIMIT CAST(:batch AS integer))
+
+-- name: sweep_next_due
+-- Seconds until the earliest row one of the sweep's repairs would take (0 or less: due now),
+-- NULL when no row will ever come due by time alone. Read-only; each part mirrors its
+-- repair's filter (steps_reclaim_expired, steps_wake_due, steps_redispatch_lost,
+-- outbox_requeue_undecided) and reads the head of that repair's index (ORDER BY … LIMIT 1),
+-- so an idle sweep asks it once and ends instead of polling. A part that filtered less than
+-- its repair would make the sweep wait for a row the repair never takes.
+SELECT EXTRACT(EPOCH FROM least(
+    (SELECT s.lease_expires_at
+     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
+     WHERE s.status = 'running' AND r.namespace = 'live'
+     ORDER BY s.lease_expires_at LIMIT 1),
+    (SELECT s.wake_at
+     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
+     WHERE s.status IN ('waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                        'waiting_for_approval')
+       AND s.wake_at IS NOT NULL AND r.status = 'running' AND r.namespace = 'live'
+     ORDER BY s.wake_at LIMIT 1),
+    (SELECT s.dispatched_at
+            + make_interval(secs => CAST(:redispatch_after_seconds AS double precision))
+     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
+     WHERE s.status = 'pending' AND s.dispatched_at IS NOT NULL
+       AND r.status = 'running' AND r.namespace = 'live'
+     ORDER BY s.dispatched_at LIMIT 1),
+    (SELECT s.created_at
+            + make_interval(secs => CAST(:redispatch_after_seconds AS double precision))
+     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
+     WHERE s.status = 'pending' AND s.dispatched_at IS NULL
+       AND r.status = 'running' AND r.namespace = 'live'
+     ORDER BY s.created_at LIMIT 1),
+    (SELECT published_at
+            + make_interval(secs => CAST(:redeliver_after_seconds AS double precision))
+     FROM workflow_trigger_events
+     WHERE decided_at IS NULL AND undelivered_at IS NULL AND published_at IS NOT NULL
+     ORDER BY published_at LIMIT 1)
+) - now()) AS seconds
