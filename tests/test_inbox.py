@@ -206,6 +206,9 @@ def test_two_drainers_at_a_barrier_never_process_a_row_twice(db: Database) -> No
         store(db, conn, created(i, i))
     policy = DrainPolicy(batch_size=7)
     barrier = threading.Barrier(2)
+    # Both drainers hold a claimed batch before either processes anything: the claims really
+    # overlap in time on every run, however the machine schedules the two threads.
+    first_claims = threading.Barrier(2)
     claimed: list[list[int]] = [[], []]
     results: list[list[str]] = [[], []]
     errors: list[BaseException] = []
@@ -213,9 +216,13 @@ def test_two_drainers_at_a_barrier_never_process_a_row_twice(db: Database) -> No
     def drainer(n: int) -> None:
         try:
             barrier.wait(timeout=10)
+            first = True
             while True:
                 lease = str(uuid.uuid4())
                 rows = claim_rows(db, lease, policy)
+                if first:
+                    first_claims.wait(timeout=10)
+                    first = False
                 if not rows:
                     return
                 claimed[n].extend(r.id for r in rows)
