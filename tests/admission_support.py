@@ -4,13 +4,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from devstack import seed
 from shared.core.db import Database
 from shared.ingest.outbox import TriggerEvent, emit
-from shared.publishing import versions
 
 EVENT_TYPE = "hubspot.contact.property_changed"
 
@@ -19,30 +18,14 @@ def make_tenant(
     db: Database, tenant_id: str = "acme", *, balance: int = 1000, excluded: Sequence[str] = ()
 ) -> str:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance, excluded_authors) "
-            "VALUES (:t, :t, :b, CAST(:x AS text[]))",
-            t=tenant_id,
-            b=balance,
-            x=list(excluded),
-        )
-    return tenant_id
+        return seed.tenant(tx, tenant_id, credits=balance, excluded_authors=excluded)
 
 
 def make_connection(
     db: Database, tenant_id: str = "acme", *, status: str = "active", excluded: Sequence[str] = ()
 ) -> str:
     with db.transaction() as tx:
-        return str(
-            tx.scalar(
-                "INSERT INTO connections (tenant_id, provider, webhook_secret_env, status, "
-                "excluded_authors) VALUES (:t, 'hubspot', 'HUBSPOT_SECRET', :s, "
-                "CAST(:x AS text[])) RETURNING id",
-                t=tenant_id,
-                s=status,
-                x=list(excluded),
-            )
-        )
+        return seed.connection(tx, tenant_id, status=status, excluded_authors=excluded)
 
 
 def bind_workflow(
@@ -63,21 +46,10 @@ def bind_workflow(
         trigger["rule"] = rule
     if watch:
         trigger["watch"] = list(watch)
-    source = {
-        "name": name,
-        "tenant": tenant_id,
-        "trigger": trigger,
-        "steps": list(steps or [{"id": "start", "type": "end"}]),
-    }
     with db.transaction() as tx:
-        published = versions.publish(tx, json.dumps(source), tenant_id=tenant_id)
-        versions.activate(
-            tx,
-            tenant_id=tenant_id,
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
+        return seed.workflow(
+            tx, tenant_id, name, trigger, steps or [{"id": "start", "type": "end"}]
         )
-    return str(published.workflow_id)
 
 
 def emit_event(

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from shared.accounts.connections import create_connection
+from devstack import seed
 from shared.core.db import Database
 
 HUBSPOT_SECRET = "hs-app-secret-0123456789"
@@ -21,10 +21,7 @@ PIPEDRIVE_CREDENTIALS = "onceflow:pd-pass-word"
 
 def make_tenant(db: Database, tenant_id: str = "acme") -> str:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name) VALUES (:id, :id) ON CONFLICT DO NOTHING", id=tenant_id
-        )
-    return tenant_id
+        return seed.tenant(tx, tenant_id, existing="keep")
 
 
 def make_connection(
@@ -40,9 +37,9 @@ def make_connection(
 ) -> str:
     make_tenant(db, tenant_id)
     with db.transaction() as tx:
-        return create_connection(
+        return seed.connection(
             tx,
-            tenant_id=tenant_id,
+            tenant_id,
             provider=provider,
             webhook_secret_env=secret_env,
             signature_versions=signature_versions,

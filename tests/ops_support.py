@@ -14,6 +14,7 @@ from typing import Any
 import functions_framework
 import pytest
 
+from devstack import seed
 from shared.core.db import Database
 from shared.ops.api import app as ops_api
 from shared.ops.auth import mint_token
@@ -24,22 +25,12 @@ ROOT_MAIN = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "
 
 def seed_tenant(db: Database, tenant: str, balance: int = 1000) -> None:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, :b)",
-            t=tenant,
-            b=balance,
-        )
+        seed.tenant(tx, tenant, credits=balance)
 
 
 def seed_connection(db: Database, tenant: str) -> str:
     with db.transaction() as tx:
-        return str(
-            tx.scalar(
-                "INSERT INTO connections (tenant_id, provider, webhook_secret_env)"
-                " VALUES (:t, 'hubspot', 'HUBSPOT_SECRET') RETURNING id",
-                t=tenant,
-            )
-        )
+        return seed.connection(tx, tenant)
 
 
 def seed_workflow(
