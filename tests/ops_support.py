@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import functions_framework
 import pytest
@@ -31,6 +31,34 @@ def seed_tenant(db: Database, tenant: str, balance: int = 1000) -> None:
 def seed_connection(db: Database, tenant: str) -> str:
     with db.transaction() as tx:
         return seed.connection(tx, tenant)
+
+
+class Scene(NamedTuple):
+    """What `seed_scene` made: the connection, the bound workflow and its version, the event
+    and the record key of its contact."""
+
+    connection: str
+    workflow: str
+    version: str
+    event: int
+    record_key: str
+
+
+def seed_scene(
+    db: Database,
+    tenant: str,
+    steps: list[dict[str, Any]],
+    object_id: str,
+    *,
+    balance: int = 1000,
+) -> Scene:
+    """The setup most ops tests start from: `tenant` with `balance` credits and one HubSpot
+    connection, a bound workflow running `steps`, and one event about contact `object_id`."""
+    seed_tenant(db, tenant, balance=balance)
+    conn = seed_connection(db, tenant)
+    wf, ver = seed_workflow(db, tenant, steps)
+    event = seed_event(db, tenant, conn, object_id)
+    return Scene(conn, wf, ver, event, f"{conn}:contacts:{object_id}")
 
 
 def seed_workflow(
