@@ -115,15 +115,21 @@ def workflow(
     trigger: Mapping[str, Any],
     steps: Sequence[Mapping[str, Any]] = ({"id": "done", "type": "end"},),
 ) -> str:
-    """Publish workflow `name` of `tenant_id` and activate that version, through
-    `shared.publishing.versions` (so its bindings are the real ones); the workflow id."""
+    """Publish workflow `name` of `tenant_id` and activate that version; the workflow id."""
     source: dict[str, Sequence[Any] | Mapping[str, Any] | str] = {
         "name": name,
         "tenant": tenant_id,
         "trigger": dict(trigger),
         "steps": [dict(step) for step in steps],
     }
-    published = versions.publish(tx, json.dumps(source), tenant_id=tenant_id)
+    return activate_source(tx, json.dumps(source), tenant_id=tenant_id)
+
+
+def activate_source(tx: Tx, source_text: str, *, tenant_id: str) -> str:
+    """Publish the definition `source_text` (YAML or JSON) of `tenant_id` and activate that
+    version, through `shared.publishing.versions` (so its bindings are the real ones); the
+    workflow id."""
+    published = versions.publish(tx, source_text, tenant_id=tenant_id)
     versions.activate(
         tx, tenant_id=tenant_id, workflow_id=published.workflow_id, version_id=published.version_id
     )

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devstack import seed
+from shared.admission.admit import admit_event
 from shared.core.db import Database
 from shared.ingest.outbox import TriggerEvent, emit
 
@@ -52,6 +53,12 @@ def bind_workflow(
         )
 
 
+def activate_text(db: Database, source_text: str, *, tenant_id: str = "acme") -> str:
+    """Publish the definition `source_text` (YAML or JSON) and activate it; the workflow id."""
+    with db.transaction() as tx:
+        return seed.activate_source(tx, source_text, tenant_id=tenant_id)
+
+
 def emit_event(
     db: Database,
     *,
@@ -84,12 +91,26 @@ def emit_event(
     return event_id
 
 
-def finish_run(db: Database, run_id: str) -> None:
+def finish_run(db: Database, run_id: str | None, status: str = "succeeded") -> None:
+    """End the run as the engine would."""
     with db.transaction() as tx:
         tx.execute(
-            "UPDATE workflow_runs SET status = 'succeeded', finished_at = now() WHERE id = :r",
+            "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
+            s=status,
             r=run_id,
         )
+
+
+def admit(db: Database, event_id: int) -> str | None:
+    """Admit the event as the engine would; the run it started, None when it was refused."""
+    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).outcomes
+    return outcome.run_id if outcome.outcome == "admitted" else None
+
+
+def settle(db: Database, event_id: int, status: str) -> None:
+    """Admit the event and end its run as the engine would."""
+    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
+    finish_run(db, outcome.run_id, status)
 
 
 def count(db: Database, query: str, **params: Any) -> int:

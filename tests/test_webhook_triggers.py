@@ -19,9 +19,8 @@ from shared.admission.admit import admit_event
 from shared.core.db import Database
 from shared.ingest import webhook_trigger
 from shared.ingest.receive import WebhookRequest, receive_webhook
-from shared.publishing import versions
 from shared.publishing.validate import validate_text
-from tests.admission_support import count
+from tests.admission_support import activate_text, count
 from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers
 from tests.ops_support import Dispatched, bearer, install_ops_api, mint
 
@@ -53,18 +52,6 @@ def source(webhook: str, name: str = "billing") -> str:
     )
 
 
-def activate(db: Database, text: str) -> str:
-    with db.transaction() as tx:
-        published = versions.publish(tx, text)
-        versions.activate(
-            tx,
-            tenant_id="acme",
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
-        )
-    return published.workflow_id
-
-
 def post(
     client: Any,
     connection: str,
@@ -93,7 +80,7 @@ def events(db: Database, workflow_id: str) -> list[dict[str, Any]]:
 def test_a_duplicate_within_the_ttl_starts_nothing_and_gets_the_first_event_id(
     client: Any, db: Database, connection: str
 ) -> None:
-    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    workflow_id = activate_text(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     first = post(client, connection, {"invoice": 1}, key="inv-1")
     assert first.status_code == 200, first.get_json()
     event_id = first.get_json()["event_id"]
@@ -118,7 +105,7 @@ def test_a_duplicate_within_the_ttl_starts_nothing_and_gets_the_first_event_id(
 def test_after_the_ttl_the_same_key_is_a_new_occurrence(
     client: Any, db: Database, connection: str
 ) -> None:
-    workflow_id = activate(
+    workflow_id = activate_text(
         db, source("{idempotency_key: " + HEADER_KEY + ", idempotency_ttl_seconds: 60}")
     )
     first = post(client, connection, {"n": 1}, key="k").get_json()["event_id"]
@@ -137,7 +124,7 @@ def test_after_the_ttl_the_same_key_is_a_new_occurrence(
 
 
 def test_a_key_from_the_body(client: Any, db: Database, connection: str) -> None:
-    workflow_id = activate(db, source('{idempotency_key: "${{ body.event_id }}"}'))
+    workflow_id = activate_text(db, source('{idempotency_key: "${{ body.event_id }}"}'))
     a = post(client, connection, {"event_id": "evt_9", "amount": 3}).get_json()
     b = post(client, connection, {"event_id": "evt_9", "amount": 3}, msg_id="m2").get_json()
     assert (a["status"], b["status"]) == ("accepted", "duplicate")
@@ -150,7 +137,7 @@ def test_without_a_key_each_accepted_post_is_a_new_occurrence(
     text = source("{}")
     warnings = [p.message for p in validate_text(text).warnings]
     assert any("at-least-once" in w for w in warnings), warnings
-    workflow_id = activate(db, text)
+    workflow_id = activate_text(db, text)
     ids = {post(client, connection, {"same": True}).get_json()["event_id"] for _ in range(2)}
     assert len(ids) == 2 and len(events(db, workflow_id)) == 2
 
@@ -158,7 +145,7 @@ def test_without_a_key_each_accepted_post_is_a_new_occurrence(
 def test_a_key_expression_failing_on_a_request_is_a_422_with_a_recorded_reason(
     client: Any, db: Database, connection: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    workflow_id = activate_text(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     answer = post(client, connection, {"no": "key header"})
     assert answer.status_code == 422
     assert answer.get_json()["error"] == "idempotency_key_failed"
@@ -181,8 +168,8 @@ def test_a_key_expression_failing_on_a_request_is_a_422_with_a_recorded_reason(
 def test_requests_no_webhook_workflow_answers_are_refused_and_start_nothing(
     client: Any, db: Database, connection: str
 ) -> None:
-    activate(db, source("{}"))
-    activate(
+    activate_text(db, source("{}"))
+    activate_text(
         db,
         "name: crm\ntenant: acme\ntrigger: {events: [standard.invoice.paid]}\n"
         "steps:\n  - {id: done, type: end}\n",
@@ -199,7 +186,7 @@ def test_requests_no_webhook_workflow_answers_are_refused_and_start_nothing(
 
 
 def test_two_duplicates_racing_start_one_occurrence(db: Database, connection: str) -> None:
-    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    workflow_id = activate_text(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     raw = b'{"x": 1}'
     barrier = threading.Barrier(2)
     answers: list[dict[str, Any]] = []
@@ -258,7 +245,7 @@ def test_a_shared_hmac_secret_connection_addresses_webhook_triggers_only(
 ) -> None:
     monkeypatch.setenv("BILLING_SECRET_ACME", "s3cret")
     hmac_connection = make_connection(db, provider="hmac", secret_env="BILLING_SECRET_ACME")
-    workflow_id = activate(db, source('{idempotency_key: "${{ body.invoice }}"}'))
+    workflow_id = activate_text(db, source('{idempotency_key: "${{ body.invoice }}"}'))
     raw = b'{"invoice": "inv_7"}'
     good = "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()
     path = f"/hmac/{hmac_connection}/billing"
