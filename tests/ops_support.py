@@ -9,16 +9,20 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import functions_framework
 import pytest
 
 from devstack import seed
+from devstack.function_process import serve
 from shared.core.db import Database
 from shared.ops.api import app as ops_api
 from shared.ops.auth import mint_token
 from shared.workflows.definition import WorkflowDefinition
+
+if TYPE_CHECKING:  # a type only: importing the plugin here would load it before pytest does
+    from tests.pubsub_emulator import PubsubProject
 
 ROOT_MAIN = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "main.py")
 
@@ -281,3 +285,12 @@ def ops_server_fixture(
         server.shutdown()
         thread.join(10)
         server.server_close()
+
+
+@pytest.fixture(name="ops_process")
+def ops_process_fixture(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
+    """The `ops` function as a real functions-framework process on the test database, its
+    replays dispatched to the Pub/Sub emulator; its base URL."""
+    env = {"DATABASE_URL": database_url, "GOOGLE_CLOUD_PROJECT": pubsub.project}
+    with serve("ops", env) as base:
+        yield base

@@ -46,13 +46,6 @@ ID_TOKEN = "google-identity-token-for-tests"
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(name="ops_process")
-def ops_process_fixture(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
-    env = {"DATABASE_URL": database_url, "GOOGLE_CLOUD_PROJECT": pubsub.project}
-    with serve("ops", env) as base:
-        yield base
-
-
 def onceflow(*argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = cli.main(list(argv), out=out, err=err)
