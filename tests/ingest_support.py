@@ -8,7 +8,10 @@ import hashlib
 import hmac
 import json
 import time
+from pathlib import Path
 from typing import Any
+
+import functions_framework
 
 from devstack import seed
 from shared.core.db import Database
@@ -17,6 +20,14 @@ HUBSPOT_SECRET = "hs-app-secret-0123456789"
 STANDARD_KEY = b"standard-webhooks-key-bytes-32!!"
 STANDARD_SECRET = "whsec_" + base64.b64encode(STANDARD_KEY).decode()
 PIPEDRIVE_CREDENTIALS = "onceflow:pd-pass-word"
+
+
+MAIN = str(Path(__file__).resolve().parent.parent / "main.py")
+
+
+def webhook_client() -> Any:
+    """The `webhook` entry point of main.py as functions-framework serves it; a test client."""
+    return functions_framework.create_app("webhook", MAIN, "http").test_client()
 
 
 def make_tenant(db: Database, tenant_id: str = "acme") -> str:

@@ -9,10 +9,8 @@ import hashlib
 import hmac
 import json
 import threading
-from pathlib import Path
 from typing import Any
 
-import functions_framework
 import pytest
 
 from shared.admission.admit import admit_event
@@ -21,17 +19,15 @@ from shared.ingest import webhook_trigger
 from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.publishing.validate import validate_text
 from tests.admission_support import activate_text, count
-from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers
+from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers, webhook_client
 from tests.ops_support import Dispatched, bearer, install_ops_api, mint
 
-ROOT = Path(__file__).resolve().parent.parent
 HEADER_KEY = "\"${{ headers['x-idempotency-key'] }}\""
 
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
-    return app.test_client()
+    return webhook_client()
 
 
 @pytest.fixture(autouse=True)
