@@ -5,10 +5,13 @@ committed), so these tests build exactly the states they need."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from http.server import HTTPServer
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import functions_framework
@@ -271,12 +274,17 @@ def ops_server_fixture(
     db: Database, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
     """The ops app served over real HTTP on 127.0.0.1; yields its base URL."""
-    import threading
-
     from werkzeug.serving import make_server
 
     app = install_ops_api(db, dispatched, monkeypatch)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    with serving(make_server("127.0.0.1", 0, app, threaded=True)) as base:
+        yield base
+
+
+@contextmanager
+def serving(server: HTTPServer) -> Iterator[str]:
+    """Serve `server` (bound to a free port on 127.0.0.1) from a thread; its base URL. Shut
+    down and closed on the way out."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
