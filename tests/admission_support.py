@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
 from devstack import seed
 from shared.admission.admit import admit_event
-from shared.core.db import Database
+from shared.core.db import Database, connector_from_env
 from shared.ingest.outbox import TriggerEvent, emit
 
 EVENT_TYPE = "hubspot.contact.property_changed"
@@ -136,3 +137,36 @@ class Published:
 
     def __call__(self, step_ids: Any) -> None:
         self.ids.extend(step_ids)
+
+
+T = TypeVar("T")
+
+
+def at_barrier(database_url: str, jobs: Sequence[Callable[[Database], T]]) -> list[T]:
+    """Run each job on its own connection (a pool of one, opened before the barrier so no job
+    starts late), all released at once by one `threading.Barrier`; their results in job
+    order. Fails on any job's error or a job still running after two minutes."""
+    barrier = threading.Barrier(len(jobs))
+    results: list[T | None] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        own = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
+        try:
+            with own.transaction() as warm:
+                warm.scalar("SELECT 1")
+            barrier.wait(timeout=60)
+            results[i] = jobs[i](own)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert not any(t.is_alive() for t in threads)
+    return cast(list[T], results)
