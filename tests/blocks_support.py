@@ -13,8 +13,10 @@ import pytest
 
 from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared.blocks import http as http_block
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec
 from shared.core.db import Database
+from shared.core.netguard import NetPolicy
 from shared.gates.kind import WorkflowGates
 from shared.providers import connect
 from shared.steps.gated import run_gated, settle_gates
@@ -59,6 +61,18 @@ def seed_connection(
             provider_app_id="424242",
             connection_id=connection_id,
         )
+
+
+@contextmanager
+def http_target(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    """A fake CRM that `http.request` blocks may call: the block's network policy allows
+    loopback for the test, so a URL on 127.0.0.1 is let through."""
+    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
+    crm = FakeCrm().start()
+    try:
+        yield crm
+    finally:
+        crm.stop()
 
 
 @contextmanager

@@ -13,7 +13,6 @@ from devstack.fakecrm import FakeCrm
 from shared.blocks import http as http_block
 from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
-from shared.core.netguard import NetPolicy
 from shared.gates import budgets
 from shared.gates.kind import WorkflowGates
 from shared.ops import replay
@@ -23,7 +22,7 @@ from shared.steps.repairs import wake_due_steps
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Budget, WorkflowDefinition
 from tests.admission_support import at_barrier
-from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
+from tests.blocks_support import StepRunner, fake_crm, http_target, seed_connection, seed_tenant
 from tests.ops_support import (
     bearer,
     mint,
@@ -35,12 +34,8 @@ CAP = Budget(credits=20, per="1d")
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
-    crm = FakeCrm().start()
-    try:
+    with http_target(monkeypatch) as crm:
         yield crm
-    finally:
-        crm.stop()
 
 
 def _reservations(db: Database) -> list[dict[str, Any]]:
