@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.core.db import Database
 from shared.port.interface import PortError
@@ -184,7 +185,7 @@ def test_activation_refuses_a_connection_that_is_not_the_tenants(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     with db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('globex', 'globex')")
+        seed.tenant(tx, "globex")
         theirs = str(
             tx.scalar(
                 "INSERT INTO connections (tenant_id, provider, webhook_secret_env) VALUES"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from devstack import seed
 from shared.admission.admit import admit_event
 from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database, Tx
@@ -201,7 +202,7 @@ def test_one_tenants_workflow_cannot_read_another_tenants_table(signups: Databas
     is refused by validate, by activation, and (activated before the rule) by every pass."""
     with signups.transaction() as tx:
         tx.execute(INDEX)
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('globex', 'globex')")
+        seed.tenant(tx, "globex")
         tx.execute("CREATE SCHEMA globex")
         tx.execute(
             "CREATE TABLE globex.signups (id bigint PRIMARY KEY, email text NOT NULL,"
