@@ -1,4 +1,7 @@
-"""Seeding for the end-to-end tests and benches that drive the local stack with HubSpot
+"""The one home for seeding tenants, connections and workflows (`tenant`, `connection`,
+`workflow`), used by the tests' support modules, the end-to-end tests and the benches.
+
+Also seeding for the end-to-end tests and benches that drive the local stack with HubSpot
 webhooks: a tenant with credits, one HubSpot connection watching `lifecyclestage` (on a portal
 of a HubSpot app, when given one), and workflows triggered by its property changes, published
 and activated; and the app the stack's fake CRM plays. Test and bench setup, written through
@@ -11,21 +14,132 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from shared.accounts import connections, provider_apps
-from shared.core.db import Database
+from shared.core.db import Database, Tx
 from shared.publishing import versions
 
 PROPERTY_CHANGED = "hubspot.contact.property_changed"
+
+# What `tenant` does when the id exists: raise (a test that means to make a new one), keep the
+# row as it is (several helpers each make sure of one tenant), or overwrite what was given
+# (a test that re-seeds the same tenant with other credits or signing secret).
+Existing = Literal["fail", "keep", "update"]
+
+_ON_CONFLICT: dict[Existing, str] = {
+    "fail": "",
+    "keep": " ON CONFLICT (id) DO NOTHING",
+    "update": " ON CONFLICT (id) DO UPDATE SET credit_balance = EXCLUDED.credit_balance, "
+    "excluded_authors = EXCLUDED.excluded_authors, "
+    "signing_secret_env = EXCLUDED.signing_secret_env",
+}
+
+
+def tenant(
+    tx: Tx,
+    tenant_id: str,
+    *,
+    name: str | None = None,
+    credits: int = 0,
+    excluded_authors: Sequence[str] = (),
+    signing_secret_env: str | None = None,
+    existing: Existing = "fail",
+) -> str:
+    """Insert tenant `tenant_id` (named after its id unless `name`); its id. The defaults are
+    the table's: no credits, no excluded authors, no signing secret."""
+    tx.execute(
+        "INSERT INTO tenants (id, name, credit_balance, excluded_authors, signing_secret_env) "
+        "VALUES (:t, :n, :c, CAST(:x AS text[]), :s)" + _ON_CONFLICT[existing],
+        t=tenant_id,
+        n=name or tenant_id,
+        c=credits,
+        x=list(excluded_authors),
+        s=signing_secret_env,
+    )
+    return tenant_id
+
+
+def connection(
+    tx: Tx,
+    tenant_id: str,
+    *,
+    provider: str = "hubspot",
+    webhook_secret_env: str = "HUBSPOT_SECRET",  # noqa: S107 - a variable name, not a secret
+    api_credentials_env: str | None = None,
+    api_base_url: str | None = None,
+    provider_account_id: str | None = None,
+    provider_app_id: str | None = None,
+    signature_versions: tuple[str, ...] = ("v3",),
+    watched_fields: Mapping[str, list[str]] | None = None,
+    status: str = "active",
+    excluded_authors: Sequence[str] = (),
+    connection_id: str | None = None,
+) -> str:
+    """A connection of `tenant_id`, made by `connections.create_connection` as the ops API
+    makes it; its id. What an operator changes later (a status other than active, excluded
+    authors) and a fixed id (a definition that names its connection) are set after."""
+    made = connections.create_connection(
+        tx,
+        tenant_id=tenant_id,
+        provider=provider,
+        webhook_secret_env=webhook_secret_env,
+        api_credentials_env=api_credentials_env,
+        signature_versions=signature_versions,
+        api_base_url=api_base_url,
+        provider_account_id=provider_account_id,
+        watched_fields=watched_fields,
+        provider_app_id=provider_app_id,
+    )
+    if status == "active" and not excluded_authors and connection_id is None:
+        return made
+    return str(
+        tx.scalar(
+            "UPDATE connections SET status = :s, excluded_authors = CAST(:x AS text[]), "
+            "id = COALESCE(CAST(:new AS uuid), id) WHERE id = CAST(:id AS uuid) "
+            "RETURNING id::text",
+            s=status,
+            x=list(excluded_authors),
+            new=connection_id,
+            id=made,
+        )
+    )
+
+
+def workflow(
+    tx: Tx,
+    tenant_id: str,
+    name: str,
+    trigger: Mapping[str, Any],
+    steps: Sequence[Mapping[str, Any]] = ({"id": "done", "type": "end"},),
+) -> str:
+    """Publish workflow `name` of `tenant_id` and activate that version; the workflow id."""
+    source: dict[str, Sequence[Any] | Mapping[str, Any] | str] = {
+        "name": name,
+        "tenant": tenant_id,
+        "trigger": dict(trigger),
+        "steps": [dict(step) for step in steps],
+    }
+    return activate_source(tx, json.dumps(source), tenant_id=tenant_id)
+
+
+def activate_source(tx: Tx, source_text: str, *, tenant_id: str) -> str:
+    """Publish the definition `source_text` (YAML or JSON) of `tenant_id` and activate that
+    version, through `shared.publishing.versions` (so its bindings are the real ones); the
+    workflow id."""
+    published = versions.publish(tx, source_text, tenant_id=tenant_id)
+    versions.activate(
+        tx, tenant_id=tenant_id, workflow_id=published.workflow_id, version_id=published.version_id
+    )
+    return str(published.workflow_id)
 
 
 def hubspot_tenant(
     db: Database,
     *,
-    tenant: str,
+    tenant_id: str,
     portal: int,
     secret_env: str,
     credits: int,
@@ -38,22 +152,17 @@ def hubspot_tenant(
     (one `end` step unless the caller gives its own graph). With `app_id` the connection is
     the app's for `portal`: the app's one webhook URL routes that portal's events to it."""
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, :c)",
-            t=tenant,
-            c=credits,
-        )
-        connection_id = connections.create_connection(
+        tenant(tx, tenant_id, credits=credits)
+        connection_id = connection(
             tx,
-            tenant_id=tenant,
-            provider="hubspot",
+            tenant_id,
             webhook_secret_env=secret_env,
             provider_account_id=str(portal),
             watched_fields={"contact": ["lifecyclestage"]},
             provider_app_id=app_id,
         )
         workflow_ids = [
-            _activate(tx, tenant, name, {"events": [PROPERTY_CHANGED], **trigger}, steps)
+            workflow(tx, tenant_id, name, {"events": [PROPERTY_CHANGED], **trigger}, steps)
             for name, trigger in triggers.items()
         ]
     return connection_id, workflow_ids
@@ -67,26 +176,6 @@ def hubspot_app(db: Database, *, app_id: str, secret_env: str) -> str:
             tx, provider="hubspot", app_id=app_id, client_secret_env=secret_env
         )
     return f"hubspot/app/{app_id}"
-
-
-def _activate(
-    tx: Any,
-    tenant: str,
-    name: str,
-    trigger: Mapping[str, Any],
-    steps: Sequence[Mapping[str, Any]],
-) -> str:
-    source: dict[str, Sequence[Any] | Mapping[str, Any] | str] = {
-        "name": name,
-        "tenant": tenant,
-        "trigger": dict(trigger),
-        "steps": [dict(step) for step in steps],
-    }
-    published = versions.publish(tx, json.dumps(source), tenant_id=tenant)
-    versions.activate(
-        tx, tenant_id=tenant, workflow_id=published.workflow_id, version_id=published.version_id
-    )
-    return str(published.workflow_id)
 
 
 # ---- the README's first path ----------------------------------------------------------------

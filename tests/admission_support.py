@@ -4,13 +4,14 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar, cast
 
-from shared.core.db import Database
+from devstack import seed
+from shared.admission.admit import admit_event
+from shared.core.db import Database, connector_from_env
 from shared.ingest.outbox import TriggerEvent, emit
-from shared.publishing import versions
 
 EVENT_TYPE = "hubspot.contact.property_changed"
 
@@ -19,30 +20,14 @@ def make_tenant(
     db: Database, tenant_id: str = "acme", *, balance: int = 1000, excluded: Sequence[str] = ()
 ) -> str:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance, excluded_authors) "
-            "VALUES (:t, :t, :b, CAST(:x AS text[]))",
-            t=tenant_id,
-            b=balance,
-            x=list(excluded),
-        )
-    return tenant_id
+        return seed.tenant(tx, tenant_id, credits=balance, excluded_authors=excluded)
 
 
 def make_connection(
     db: Database, tenant_id: str = "acme", *, status: str = "active", excluded: Sequence[str] = ()
 ) -> str:
     with db.transaction() as tx:
-        return str(
-            tx.scalar(
-                "INSERT INTO connections (tenant_id, provider, webhook_secret_env, status, "
-                "excluded_authors) VALUES (:t, 'hubspot', 'HUBSPOT_SECRET', :s, "
-                "CAST(:x AS text[])) RETURNING id",
-                t=tenant_id,
-                s=status,
-                x=list(excluded),
-            )
-        )
+        return seed.connection(tx, tenant_id, status=status, excluded_authors=excluded)
 
 
 def bind_workflow(
@@ -63,21 +48,16 @@ def bind_workflow(
         trigger["rule"] = rule
     if watch:
         trigger["watch"] = list(watch)
-    source = {
-        "name": name,
-        "tenant": tenant_id,
-        "trigger": trigger,
-        "steps": list(steps or [{"id": "start", "type": "end"}]),
-    }
     with db.transaction() as tx:
-        published = versions.publish(tx, json.dumps(source), tenant_id=tenant_id)
-        versions.activate(
-            tx,
-            tenant_id=tenant_id,
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
+        return seed.workflow(
+            tx, tenant_id, name, trigger, steps or [{"id": "start", "type": "end"}]
         )
-    return str(published.workflow_id)
+
+
+def activate_text(db: Database, source_text: str, *, tenant_id: str = "acme") -> str:
+    """Publish the definition `source_text` (YAML or JSON) and activate it; the workflow id."""
+    with db.transaction() as tx:
+        return seed.activate_source(tx, source_text, tenant_id=tenant_id)
 
 
 def emit_event(
@@ -112,12 +92,26 @@ def emit_event(
     return event_id
 
 
-def finish_run(db: Database, run_id: str) -> None:
+def finish_run(db: Database, run_id: str | None, status: str = "succeeded") -> None:
+    """End the run as the engine would."""
     with db.transaction() as tx:
         tx.execute(
-            "UPDATE workflow_runs SET status = 'succeeded', finished_at = now() WHERE id = :r",
+            "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
+            s=status,
             r=run_id,
         )
+
+
+def admit(db: Database, event_id: int) -> str | None:
+    """Admit the event as the engine would; the run it started, None when it was refused."""
+    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).outcomes
+    return outcome.run_id if outcome.outcome == "admitted" else None
+
+
+def settle(db: Database, event_id: int, status: str) -> None:
+    """Admit the event and end its run as the engine would."""
+    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
+    finish_run(db, outcome.run_id, status)
 
 
 def count(db: Database, query: str, **params: Any) -> int:
@@ -143,3 +137,36 @@ class Published:
 
     def __call__(self, step_ids: Any) -> None:
         self.ids.extend(step_ids)
+
+
+T = TypeVar("T")
+
+
+def at_barrier(database_url: str, jobs: Sequence[Callable[[Database], T]]) -> list[T]:
+    """Run each job on its own connection (a pool of one, opened before the barrier so no job
+    starts late), all released at once by one `threading.Barrier`; their results in job
+    order. Fails on any job's error or a job still running after two minutes."""
+    barrier = threading.Barrier(len(jobs))
+    results: list[T | None] = [None] * len(jobs)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        own = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
+        try:
+            with own.transaction() as warm:
+                warm.scalar("SELECT 1")
+            barrier.wait(timeout=60)
+            results[i] = jobs[i](own)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert not any(t.is_alive() for t in threads)
+    return cast(list[T], results)

@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared.blocks import http as http_block
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec
 from shared.core.db import Database
+from shared.core.netguard import NetPolicy
 from shared.gates.kind import WorkflowGates
 from shared.providers import connect
 from shared.steps.gated import run_gated, settle_gates
@@ -34,14 +37,8 @@ def seed_tenant(
     db: Database, *, credits: int = 1000, signing_secret_env: str | None = None
 ) -> None:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance, signing_secret_env) "
-            "VALUES (:t, :t, :c, :s) ON CONFLICT (id) DO UPDATE SET "
-            "credit_balance = EXCLUDED.credit_balance, "
-            "signing_secret_env = EXCLUDED.signing_secret_env",
-            t=TENANT,
-            c=credits,
-            s=signing_secret_env,
+        seed.tenant(
+            tx, TENANT, credits=credits, signing_secret_env=signing_secret_env, existing="update"
         )
 
 
@@ -55,18 +52,27 @@ def seed_connection(
     """A HubSpot connection of TENANT to the fake at `base_url`; `connection_id` fixes its id
     (a definition that names its connection, e.g. a CRM poll example), else a random one."""
     with db.transaction() as tx:
-        return str(
-            tx.scalar(
-                "INSERT INTO connections (id, tenant_id, provider, webhook_secret_env, "
-                "api_credentials_env, api_base_url, provider_app_id) VALUES "
-                "(COALESCE(CAST(:id AS uuid), gen_random_uuid()), :t, 'hubspot', "
-                "'FAKECRM_APP_SECRET', :e, :u, '424242') RETURNING id::text",
-                id=connection_id,
-                t=TENANT,
-                e=token_env,
-                u=base_url,
-            )
+        return seed.connection(
+            tx,
+            TENANT,
+            webhook_secret_env="FAKECRM_APP_SECRET",
+            api_credentials_env=token_env,
+            api_base_url=base_url,
+            provider_app_id="424242",
+            connection_id=connection_id,
         )
+
+
+@contextmanager
+def http_target(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    """A fake CRM that `http.request` blocks may call: the block's network policy allows
+    loopback for the test, so a URL on 127.0.0.1 is let through."""
+    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
+    crm = FakeCrm().start()
+    try:
+        yield crm
+    finally:
+        crm.stop()
 
 
 @contextmanager

@@ -8,9 +8,12 @@ import hashlib
 import hmac
 import json
 import time
+from pathlib import Path
 from typing import Any
 
-from shared.accounts.connections import create_connection
+import functions_framework
+
+from devstack import seed
 from shared.core.db import Database
 
 HUBSPOT_SECRET = "hs-app-secret-0123456789"
@@ -19,12 +22,17 @@ STANDARD_SECRET = "whsec_" + base64.b64encode(STANDARD_KEY).decode()
 PIPEDRIVE_CREDENTIALS = "onceflow:pd-pass-word"
 
 
+MAIN = str(Path(__file__).resolve().parent.parent / "main.py")
+
+
+def webhook_client() -> Any:
+    """The `webhook` entry point of main.py as functions-framework serves it; a test client."""
+    return functions_framework.create_app("webhook", MAIN, "http").test_client()
+
+
 def make_tenant(db: Database, tenant_id: str = "acme") -> str:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name) VALUES (:id, :id) ON CONFLICT DO NOTHING", id=tenant_id
-        )
-    return tenant_id
+        return seed.tenant(tx, tenant_id, existing="keep")
 
 
 def make_connection(
@@ -40,9 +48,9 @@ def make_connection(
 ) -> str:
     make_tenant(db, tenant_id)
     with db.transaction() as tx:
-        return create_connection(
+        return seed.connection(
             tx,
-            tenant_id=tenant_id,
+            tenant_id,
             provider=provider,
             webhook_secret_env=secret_env,
             signature_versions=signature_versions,

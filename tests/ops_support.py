@@ -5,41 +5,67 @@ committed), so these tests build exactly the states they need."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from http.server import HTTPServer
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import functions_framework
 import pytest
 
+from devstack import seed
+from devstack.function_process import serve
 from shared.core.db import Database
 from shared.ops.api import app as ops_api
 from shared.ops.auth import mint_token
 from shared.workflows.definition import WorkflowDefinition
+
+if TYPE_CHECKING:  # a type only: importing the plugin here would load it before pytest does
+    from tests.pubsub_emulator import PubsubProject
 
 ROOT_MAIN = str(__import__("pathlib").Path(__file__).resolve().parent.parent / "main.py")
 
 
 def seed_tenant(db: Database, tenant: str, balance: int = 1000) -> None:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, :b)",
-            t=tenant,
-            b=balance,
-        )
+        seed.tenant(tx, tenant, credits=balance)
 
 
 def seed_connection(db: Database, tenant: str) -> str:
     with db.transaction() as tx:
-        return str(
-            tx.scalar(
-                "INSERT INTO connections (tenant_id, provider, webhook_secret_env)"
-                " VALUES (:t, 'hubspot', 'HUBSPOT_SECRET') RETURNING id",
-                t=tenant,
-            )
-        )
+        return seed.connection(tx, tenant)
+
+
+class Scene(NamedTuple):
+    """What `seed_scene` made: the connection, the bound workflow and its version, the event
+    and the record key of its contact."""
+
+    connection: str
+    workflow: str
+    version: str
+    event: int
+    record_key: str
+
+
+def seed_scene(
+    db: Database,
+    tenant: str,
+    steps: list[dict[str, Any]],
+    object_id: str,
+    *,
+    balance: int = 1000,
+) -> Scene:
+    """The setup most ops tests start from: `tenant` with `balance` credits and one HubSpot
+    connection, a bound workflow running `steps`, and one event about contact `object_id`."""
+    seed_tenant(db, tenant, balance=balance)
+    conn = seed_connection(db, tenant)
+    wf, ver = seed_workflow(db, tenant, steps)
+    event = seed_event(db, tenant, conn, object_id)
+    return Scene(conn, wf, ver, event, f"{conn}:contacts:{object_id}")
 
 
 def seed_workflow(
@@ -248,12 +274,17 @@ def ops_server_fixture(
     db: Database, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[str]:
     """The ops app served over real HTTP on 127.0.0.1; yields its base URL."""
-    import threading
-
     from werkzeug.serving import make_server
 
     app = install_ops_api(db, dispatched, monkeypatch)
-    server = make_server("127.0.0.1", 0, app, threaded=True)
+    with serving(make_server("127.0.0.1", 0, app, threaded=True)) as base:
+        yield base
+
+
+@contextmanager
+def serving(server: HTTPServer) -> Iterator[str]:
+    """Serve `server` (bound to a free port on 127.0.0.1) from a thread; its base URL. Shut
+    down and closed on the way out."""
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -262,3 +293,12 @@ def ops_server_fixture(
         server.shutdown()
         thread.join(10)
         server.server_close()
+
+
+@pytest.fixture(name="ops_process")
+def ops_process_fixture(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
+    """The `ops` function as a real functions-framework process on the test database, its
+    replays dispatched to the Pub/Sub emulator; its base URL."""
+    env = {"DATABASE_URL": database_url, "GOOGLE_CLOUD_PROJECT": pubsub.project}
+    with serve("ops", env) as base:
+        yield base

@@ -9,6 +9,7 @@ import json
 import uuid
 from typing import Any
 
+from devstack import seed
 from shared.core.db import Database
 from shared.steps.journal import insert_steps
 from shared.workflows.definition import WorkflowDefinition
@@ -38,9 +39,7 @@ def chain(n: int, block_type: str = "end") -> list[dict[str, Any]]:
 def publish_version(db: Database, wf: WorkflowDefinition, workflow_id: str | None = None) -> str:
     """Insert (tenant,) workflow and a new version row; returns the version id."""
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name) VALUES (:t, :t) ON CONFLICT DO NOTHING", t=TENANT
-        )
+        seed.tenant(tx, TENANT, existing="keep")
         if workflow_id is None:
             workflow_id = str(
                 tx.scalar(

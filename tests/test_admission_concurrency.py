@@ -3,15 +3,13 @@ from a barrier (real Postgres; the advisory locks and unique indexes do the work
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-
 import pytest
 
 from shared.admission.admit import AdmissionResult, admit_event
-from shared.core.db import Database, connector_from_env
+from shared.core.db import Database
 from tests.admission_support import (
     Published,
+    at_barrier,
     bind_workflow,
     count,
     emit_event,
@@ -22,37 +20,6 @@ from tests.admission_support import (
 )
 
 CONSUMERS = 32
-
-
-def at_barrier(
-    database_url: str, jobs: list[Callable[[Database], AdmissionResult]]
-) -> list[AdmissionResult]:
-    """Run each job on its own warmed-up pool, all released at once; their results."""
-    barrier = threading.Barrier(len(jobs))
-    results: list[AdmissionResult | None] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        # One connection per consumer, all admission uses, opened before the barrier.
-        own = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
-        try:
-            with own.transaction() as a:
-                a.scalar("SELECT 1")
-            barrier.wait(timeout=60)
-            results[i] = jobs[i](own)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            own.close()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors[:3]
-    assert all(r is not None for r in results)
-    return [r for r in results if r is not None]
 
 
 @pytest.mark.parametrize("dedup", ["once_per_record", "not_while_running", "every_time"])

@@ -18,18 +18,13 @@ from devstack.fakecrm import FakeCrm
 from shared.blocks import http as http_block
 from shared.blocks.base import BlockFailure
 from shared.core.db import Database
-from shared.core.netguard import NetPolicy
-from tests.blocks_support import StepRunner, seed_tenant
+from tests.blocks_support import StepRunner, http_target, seed_tenant
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
-    crm = FakeCrm().start()
-    try:
+    with http_target(monkeypatch) as crm:
         yield crm
-    finally:
-        crm.stop()
 
 
 def test_retries_send_the_same_idempotency_key_signed_and_charge_once(

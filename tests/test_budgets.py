@@ -11,9 +11,8 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.blocks import http as http_block
-from shared.core.db import Database, connector_from_env
+from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
-from shared.core.netguard import NetPolicy
 from shared.gates import budgets
 from shared.gates.kind import WorkflowGates
 from shared.ops import replay
@@ -22,7 +21,8 @@ from shared.steps.gated import open_gates, settle_gates
 from shared.steps.repairs import wake_due_steps
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Budget, WorkflowDefinition
-from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
+from tests.admission_support import at_barrier
+from tests.blocks_support import StepRunner, fake_crm, http_target, seed_connection, seed_tenant
 from tests.ops_support import (
     bearer,
     mint,
@@ -34,38 +34,8 @@ CAP = Budget(credits=20, per="1d")
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
-    crm = FakeCrm().start()
-    try:
+    with http_target(monkeypatch) as crm:
         yield crm
-    finally:
-        crm.stop()
-
-
-def _race(database_url: str, jobs: list[Callable[[Database], Any]]) -> list[Any]:
-    """Each job on its own warmed-up connection, all released at once; their results."""
-    barrier = threading.Barrier(len(jobs))
-    results: list[Any] = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def worker(i: int) -> None:
-        own = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
-        try:
-            own.run(lambda tx: tx.scalar("SELECT 1"))
-            barrier.wait(timeout=60)
-            results[i] = jobs[i](own)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            own.close()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    return results
 
 
 def _reservations(db: Database) -> list[dict[str, Any]]:
@@ -100,7 +70,7 @@ def test_fifty_racing_reservations_against_a_cap_of_twenty_admit_exactly_twenty(
 
         return job
 
-    results = _race(database_url, [reserve(i) for i in range(50)])
+    results = at_barrier(database_url, [reserve(i) for i in range(50)])
     assert results.count("reserved") == 20 and results.count("exceeded") == 30
     assert len(_reservations(db)) == 20
 
@@ -230,7 +200,7 @@ def test_a_crash_between_reserve_and_settle_is_reconciled_once(
             s=step.step_id,
         )
     # Two sweeps reconcile at once: the row is settled once.
-    settled = _race(
+    settled = at_barrier(
         database_url,
         [lambda own: budgets.reconcile(own, older_than_seconds=0)["settled"] for _ in range(2)],
     )

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -34,6 +33,7 @@ from tests.ops_support import (
     seed_run,
     seed_tenant,
     seed_workflow,
+    serving,
 )
 from tests.pubsub_emulator import (
     PubsubProject,
@@ -44,13 +44,6 @@ EXAMPLE = ROOT / "examples" / "workflows" / "enroll-new-lead.yaml"
 CHAIN = [{"id": "a", "type": "http.request", "next": "b"}, {"id": "b", "type": "crm.create"}]
 ID_TOKEN = "google-identity-token-for-tests"
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture(name="ops_process")
-def ops_process_fixture(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
-    env = {"DATABASE_URL": database_url, "GOOGLE_CLOUD_PROJECT": pubsub.project}
-    with serve("ops", env) as base:
-        yield base
 
 
 def onceflow(*argv: str) -> tuple[int, str, str]:
@@ -211,15 +204,8 @@ class _IamFront(BaseHTTPRequestHandler):
 @pytest.fixture(name="iam_front")
 def iam_front_fixture(ops_process: str) -> Iterator[str]:
     handler = type("Front", (_IamFront,), {"upstream": ops_process, "seen": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(10)
-        server.server_close()
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as base:
+        yield base
 
 
 def test_both_credentials_behind_iam(

@@ -5,15 +5,14 @@ from __future__ import annotations
 import threading
 import uuid
 
+from devstack import seed
 from shared.core.db import Database
 from shared.gates import credits
 
 
 def _tenant(db: Database, balance: int) -> None:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance) VALUES ('acme', 'Acme', :b)", b=balance
-        )
+        seed.tenant(tx, "acme", name="Acme", credits=balance)
 
 
 def _charge(db: Database, key: str, amount: int = 1) -> credits.Charge:

@@ -19,7 +19,7 @@ from shared.publishing import versions
 from shared.publishing.validate import validate_text
 from shared.sweep.catalog import default_duties
 from shared.triggers import cron
-from tests.admission_support import count, make_tenant
+from tests.admission_support import activate_text, count, make_tenant
 from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint
 
 __all__ = ["client_fixture", "dispatched_fixture"]
@@ -143,15 +143,7 @@ def test_a_good_schedule_validates_and_an_event_definition_keeps_its_hash() -> N
 
 
 def activate(db: Database, trigger: str, name: str = "daily") -> str:
-    with db.transaction() as tx:
-        published = versions.publish(tx, source(trigger, name))
-        versions.activate(
-            tx,
-            tenant_id="acme",
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
-        )
-    return published.workflow_id
+    return activate_text(db, source(trigger, name))
 
 
 def activated_at(db: Database, workflow_id: str) -> datetime:

@@ -22,7 +22,6 @@ from shared.blocks.base import BlockContext, BlockResult, BlockSpec, Gate, Retry
 from shared.blocks.registry import RegistryError, check_spec
 from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
-from shared.core.netguard import NetPolicy
 from shared.gates import credits
 from shared.gates.catalog import GATES
 from shared.ops import replay
@@ -30,18 +29,14 @@ from shared.ops.api.runs import run_detail
 from shared.steps.advance import advance_step
 from shared.steps.repairs import reclaim_expired_leases, wake_due_steps
 from shared.workflows.definition import WorkflowDefinition
-from tests.blocks_support import StepRunner, seed_tenant
+from tests.blocks_support import StepRunner, http_target, seed_tenant
 from tests.steps_support import TENANT, publish_version, start_run, steps_of
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
-    monkeypatch.setattr(http_block, "net_policy", lambda: NetPolicy(allow_loopback=True))
-    crm = FakeCrm().start()
-    try:
+    with http_target(monkeypatch) as crm:
         yield crm
-    finally:
-        crm.stop()
 
 
 def _http_workflow(url: str, **limits: Any) -> WorkflowDefinition:

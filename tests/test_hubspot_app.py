@@ -8,10 +8,8 @@ carries `portalId` and `appId` (https://developers.hubspot.com/docs/api/webhooks
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import functions_framework
 import pytest
 
 from shared.accounts import provider_apps
@@ -25,6 +23,7 @@ from tests.ingest_support import (
     inbox_rows,
     make_connection,
     trigger_events,
+    webhook_client,
 )
 from tests.ops_support import (
     bearer,
@@ -32,7 +31,6 @@ from tests.ops_support import (
     mint,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE = "https://hooks.example.com"
 APP_ID = "77"
 APP_SECRET = "app-77-client-secret"
@@ -42,8 +40,7 @@ PATH = f"/hubspot/app/{APP_ID}"
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
-    return app.test_client()
+    return webhook_client()
 
 
 @pytest.fixture

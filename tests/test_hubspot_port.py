@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.tools import free_port
 from shared.core.db import Database
@@ -181,7 +182,7 @@ def test_port_for_connection_reads_token_from_named_env(
     db: Database, fake: FakeCrm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'Acme')")
+        seed.tenant(tx, "acme", name="Acme")
         cid = tx.scalar(
             "INSERT INTO connections (tenant_id, provider, webhook_secret_env, "
             "api_credentials_env, api_base_url, provider_app_id) VALUES "

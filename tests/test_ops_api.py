@@ -15,6 +15,7 @@ from tests.ops_support import (
     seed_connection,
     seed_event,
     seed_run,
+    seed_scene,
     seed_tenant,
     seed_workflow,
 )
@@ -26,11 +27,7 @@ def _world(db: Database) -> dict[str, Any]:
     """Two tenants, each with a workflow, an event, a failed run and a refusal."""
     out: dict[str, Any] = {}
     for tenant in ("acme", "globex"):
-        seed_tenant(db, tenant, balance=500)
-        conn = seed_connection(db, tenant)
-        wf, ver = seed_workflow(db, tenant, CHAIN)
-        event = seed_event(db, tenant, conn, "101")
-        record_key = f"{conn}:contacts:101"
+        conn, wf, ver, event, record_key = seed_scene(db, tenant, CHAIN, "101", balance=500)
         run = seed_run(
             db,
             tenant,

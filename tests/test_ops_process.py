@@ -7,22 +7,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from devstack.function_process import serve
 from shared.core.db import Database
 from shared.core.pubsub import STEP_READY
 from tests.ops_support import (
     JournalRow,
-    seed_connection,
-    seed_event,
     seed_run,
-    seed_tenant,
-    seed_workflow,
+    seed_scene,
 )
 from tests.pubsub_emulator import (
     PubsubProject,
@@ -32,24 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(name="ops_process")
-def ops_process_fixture(db: Database, database_url: str, pubsub: PubsubProject) -> Iterator[str]:
-    env = {"DATABASE_URL": database_url, "GOOGLE_CLOUD_PROJECT": pubsub.project}
-    with serve("ops", env) as base:
-        yield base
-
-
 def test_cli_token_and_a_replay_dispatched_through_the_emulator(
     db: Database, database_url: str, ops_process: str, pubsub: PubsubProject
 ) -> None:
-    seed_tenant(db, "acme")
-    conn = seed_connection(db, "acme")
-    wf, ver = seed_workflow(
+    _, wf, ver, event, record_key = seed_scene(
         db,
         "acme",
         [{"id": "a", "type": "http.request", "next": "b"}, {"id": "b", "type": "crm.create"}],
+        "1",
     )
-    event = seed_event(db, "acme", conn, "1")
     run = seed_run(
         db,
         "acme",
@@ -60,7 +46,7 @@ def test_cli_token_and_a_replay_dispatched_through_the_emulator(
             JournalRow("b", "failed", block_type="crm.create", outcome_code="OUTCOME_UNKNOWN"),
         ],
         event_id=event,
-        record_key=f"{conn}:contacts:1",
+        record_key=record_key,
     )
 
     minted = subprocess.run(

@@ -15,9 +15,8 @@ from tests.ops_support import (
     JournalRow,
     bearer,
     mint,
-    seed_connection,
-    seed_event,
     seed_run,
+    seed_scene,
     seed_tenant,
     seed_workflow,
 )
@@ -40,11 +39,7 @@ def _counts(db: Database) -> dict[str, int]:
 
 
 def test_a_live_run_and_a_rehearsal_of_the_same_event_coexist(db: Database, client: Any) -> None:
-    seed_tenant(db, "acme")
-    conn = seed_connection(db, "acme")
-    wf, ver = seed_workflow(db, "acme", CHAIN)
-    event = seed_event(db, "acme", conn, "5")
-    record_key = f"{conn}:contacts:5"
+    _, wf, ver, event, record_key = seed_scene(db, "acme", CHAIN, "5")
     live = seed_run(
         db,
         "acme",

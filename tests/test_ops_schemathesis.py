@@ -19,11 +19,8 @@ from tests.ops_support import (
     Dispatched,
     JournalRow,
     mint,
-    seed_connection,
-    seed_event,
     seed_run,
-    seed_tenant,
-    seed_workflow,
+    seed_scene,
 )
 
 APP = functions_framework.create_app("ops", ROOT_MAIN, "http")
@@ -39,10 +36,7 @@ MAX_EXAMPLES = 12
 @pytest.fixture(name="ops_token")
 def ops_token_fixture(db: Database, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(ops_api, "_default_api", ops_api.OpsApi(db, dispatch=Dispatched()))
-    seed_tenant(db, "acme")
-    conn = seed_connection(db, "acme")
-    wf, ver = seed_workflow(db, "acme", [{"id": "a", "type": "http.request"}])
-    event = seed_event(db, "acme", conn, "1")
+    conn, wf, ver, event, _ = seed_scene(db, "acme", [{"id": "a", "type": "http.request"}], "1")
     seed_run(
         db,
         "acme",

@@ -10,15 +10,14 @@ from typing import Any
 
 import pytest
 
+from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
-from shared.admission.admit import admit_event
 from shared.core.db import Database
 from shared.port.interface import PortError
-from shared.publishing import versions
 from shared.publishing.validate import DefinitionInvalid, validate_text
 from shared.steps.cancel import cancel_run
 from shared.triggers import poll
-from tests.admission_support import count
+from tests.admission_support import activate_text, admit, count, finish_run, settle
 from tests.blocks_support import TENANT, fake_crm, seed_connection, seed_tenant
 
 # A pass's time budget is tested in test_poll_triggers.py; here a slow machine must not end a
@@ -67,18 +66,6 @@ def source(connection: str, policy: str = "on_success", *, object_type: str = "c
     )
 
 
-def activate(db: Database, text: str) -> str:
-    with db.transaction() as tx:
-        published = versions.publish(tx, text)
-        versions.activate(
-            tx,
-            tenant_id=TENANT,
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
-        )
-    return published.workflow_id
-
-
 def contacts(fake: FakeCrm, n: int, stage: str) -> list[str]:
     return [
         fake.create_record(
@@ -107,33 +94,12 @@ def stamped(fake: FakeCrm) -> set[str]:
     return {r["id"] for r in fake.records("contacts") if r["properties"].get(STAMP)}
 
 
-def admit(db: Database, event_id: int) -> str | None:
-    """Admit the event as the engine would; the run it started, None when it was refused."""
-    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).outcomes
-    return outcome.run_id if outcome.outcome == "admitted" else None
-
-
-def finish(db: Database, run_id: str | None, status: str) -> None:
-    """End the run as the engine would."""
-    with db.transaction() as tx:
-        tx.execute(
-            "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
-            s=status,
-            r=run_id,
-        )
-
-
-def settle(db: Database, event_id: int, status: str) -> None:
-    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
-    finish(db, outcome.run_id, status)
-
-
 def test_each_lead_enrolled_once_while_stamps_land_late(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     leads = contacts(fake, 150, "lead")
     contacts(fake, 40, "customer")
-    workflow_id = activate(db, source(connection))
+    workflow_id = activate_text(db, source(connection))
     src = source_of(db, workflow_id)
     first = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (first.rows, first.emitted, first.pages) == (150, 150, 2)
@@ -157,7 +123,7 @@ def test_on_attempt_stamps_after_paging_and_a_cleared_stamp_starts_a_new_run(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     leads = contacts(fake, 120, "lead")
-    workflow_id = activate(db, source(connection, "on_attempt"))
+    workflow_id = activate_text(db, source(connection, "on_attempt"))
     src = source_of(db, workflow_id)
     report = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     # Stamping after the paging means no page was shifted: every lead was seen and started.
@@ -172,7 +138,7 @@ def test_on_attempt_stamps_after_paging_and_a_cleared_stamp_starts_a_new_run(
     (run,) = [
         r for e, r in zip(events(db, workflow_id), first_runs, strict=True) if e["key"] == leads[5]
     ]
-    finish(db, run, "succeeded")
+    finish_run(db, run, "succeeded")
     again = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)
     assert (again.emitted, again.stamped) == (1, 1)
     last = events(db, workflow_id)[-1]
@@ -186,7 +152,7 @@ def test_a_stamp_the_crm_refused_is_owed_and_written_on_the_next_pass(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     (lead,) = contacts(fake, 1, "lead")
-    workflow_id = activate(db, source(connection, "on_attempt"))
+    workflow_id = activate_text(db, source(connection, "on_attempt"))
     src = source_of(db, workflow_id)
     fake.add_fault(action="rate_limit", method="PATCH", times=5)
     with pytest.raises(PortError):
@@ -202,7 +168,7 @@ def test_a_record_whose_run_a_person_cancelled_is_stamped_not_started_again(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     (lead,) = contacts(fake, 1, "lead")
-    workflow_id = activate(db, source(connection, "on_success"))
+    workflow_id = activate_text(db, source(connection, "on_success"))
     src = source_of(db, workflow_id)
     assert poll.poll_pass(db, src, budget_seconds=UNBOUNDED).emitted == 1
     (event,) = events(db, workflow_id)
@@ -219,7 +185,7 @@ def test_activation_refuses_a_connection_that_is_not_the_tenants(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     with db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('globex', 'globex')")
+        seed.tenant(tx, "globex")
         theirs = str(
             tx.scalar(
                 "INSERT INTO connections (tenant_id, provider, webhook_secret_env) VALUES"
@@ -227,7 +193,7 @@ def test_activation_refuses_a_connection_that_is_not_the_tenants(
             )
         )
     with pytest.raises(DefinitionInvalid) as refused:
-        activate(db, source(theirs))
+        activate_text(db, source(theirs))
     (problem,) = refused.value.report.errors
     assert (
         problem.where == "trigger.poll.crm.connection" and "no such connection" in problem.message
@@ -261,7 +227,7 @@ def test_the_poll_keeps_within_the_connections_throttle_window(
     db: Database, fake: FakeCrm, connection: str
 ) -> None:
     contacts(fake, 150, "lead")
-    workflow_id = activate(db, source(connection, "on_attempt"))
+    workflow_id = activate_text(db, source(connection, "on_attempt"))
     src = source_of(db, workflow_id)
     set_window(db, connection, 1)  # one call this window: the first search page
     first = poll.poll_pass(db, src, budget_seconds=UNBOUNDED)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from devstack import seed
 from shared.admission.admit import admit_event
 from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database, Tx
@@ -22,7 +23,7 @@ from shared.publishing import versions
 from shared.publishing.validate import DefinitionInvalid, validate_text
 from shared.steps.cancel import cancel_run
 from shared.triggers import poll
-from tests.admission_support import count, make_tenant
+from tests.admission_support import activate_text, admit, count, finish_run, make_tenant, settle
 from tests.ops_support import bearer, client_fixture, dispatched_fixture, mint
 
 __all__ = ["client_fixture", "dispatched_fixture"]
@@ -82,18 +83,6 @@ def add_rows(db: Database, n: int, *, start: int = 1, plan: str = "pro") -> None
         )
 
 
-def activate(db: Database, text: str) -> str:
-    with db.transaction() as tx:
-        published = versions.publish(tx, text)
-        versions.activate(
-            tx,
-            tenant_id="acme",
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
-        )
-    return published.workflow_id
-
-
 def source_of(db: Database, workflow_id: str) -> poll.PollSource:
     with db.transaction() as tx:
         (row,) = [r for r in poll.active_sources(tx) if r[0] == workflow_id]
@@ -113,22 +102,6 @@ def stamped(db: Database) -> int:
     return count(db, "SELECT count(*) FROM acme.signups WHERE enrolled_at IS NOT NULL")
 
 
-def finish(db: Database, run_id: str | None, status: str) -> None:
-    """End the run as the engine would."""
-    with db.transaction() as tx:
-        tx.execute(
-            "UPDATE workflow_runs SET status = :s, finished_at = now() WHERE id = :r",
-            s=status,
-            r=run_id,
-        )
-
-
-def settle(db: Database, event_id: int, status: str) -> None:
-    """Admit the event and finish its run as the engine would."""
-    (outcome,) = admit_event(db, event_id, publish=lambda ids: None).admitted
-    finish(db, outcome.run_id, status)
-
-
 # ------------------------------------------------------------------ the index check
 
 
@@ -136,7 +109,7 @@ def test_activation_refuses_an_unindexed_source_and_shows_the_index_to_add(
     signups: Database,
 ) -> None:
     with pytest.raises(DefinitionInvalid) as refused:
-        activate(signups, source())
+        activate_text(signups, source())
     (problem,) = refused.value.report.errors
     assert problem.where == "trigger.poll.table"
     assert "no index answers the poll query on acme.signups" in problem.message
@@ -149,13 +122,13 @@ def test_activation_refuses_an_unindexed_source_and_shows_the_index_to_add(
     with signups.transaction() as tx:
         tx.execute("CREATE INDEX signups_plan ON acme.signups (plan)")
     with pytest.raises(DefinitionInvalid):
-        activate(signups, source())
+        activate_text(signups, source())
     # The suggestion, as given (outside a transaction block, as CONCURRENTLY requires).
     with signups.transaction() as tx:
         tx.execute("COMMIT")
         tx.execute(suggested)
         tx.execute("BEGIN")
-    assert activate(signups, source())
+    assert activate_text(signups, source())
 
 
 def test_activation_accepts_a_small_source_whose_partial_index_exists(signups: Database) -> None:
@@ -178,7 +151,7 @@ def test_activation_accepts_a_small_source_whose_partial_index_exists(signups: D
             " ORDER BY id LIMIT 1000"
         )
     assert "signups_pkey" in str(plan)
-    workflow_id = activate(signups, source())
+    workflow_id = activate_text(signups, source())
     assert poll.poll_pass(signups, source_of(signups, workflow_id)).emitted == 3
     # An index that does not answer the query is still refused: a partial index on another
     # condition, or one whose first column is not the key.
@@ -191,7 +164,7 @@ def test_activation_accepts_a_small_source_whose_partial_index_exists(signups: D
         )
         tx.execute("ANALYZE acme.signups")
     with pytest.raises(DefinitionInvalid) as refused:
-        activate(signups, source().replace("name: enroll", "name: enroll-2"))
+        activate_text(signups, source().replace("name: enroll", "name: enroll-2"))
     assert "no index answers the poll query" in refused.value.report.errors[0].message
 
 
@@ -207,7 +180,7 @@ def test_activation_refuses_a_missing_table_or_column(
     signups: Database, kwargs: dict[str, str], words: str
 ) -> None:
     with pytest.raises(DefinitionInvalid) as refused:
-        activate(signups, source(**kwargs))  # type: ignore[arg-type]
+        activate_text(signups, source(**kwargs))  # type: ignore[arg-type]
     assert words in refused.value.report.errors[0].message
 
 
@@ -229,7 +202,7 @@ def test_one_tenants_workflow_cannot_read_another_tenants_table(signups: Databas
     is refused by validate, by activation, and (activated before the rule) by every pass."""
     with signups.transaction() as tx:
         tx.execute(INDEX)
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('globex', 'globex')")
+        seed.tenant(tx, "globex")
         tx.execute("CREATE SCHEMA globex")
         tx.execute(
             "CREATE TABLE globex.signups (id bigint PRIMARY KEY, email text NOT NULL,"
@@ -262,7 +235,7 @@ def test_one_tenants_workflow_cannot_read_another_tenants_table(signups: Databas
         assert problem.where == "trigger.poll.table.table"
         assert "polls only its own tables" in problem.message
     # A definition activated before the rule: the pass refuses it, reads and stamps nothing.
-    workflow_id = activate(signups, source())
+    workflow_id = activate_text(signups, source())
     with signups.transaction() as tx:
         point_at(tx, workflow_id, "globex.signups")
     result = poll.poll_due_sources(signups)
@@ -334,7 +307,7 @@ def test_ten_thousand_rows_each_enrolled_once_while_stamps_land_late(signups: Da
         tx.execute(INDEX)
     add_rows(signups, 10_000)
     add_rows(signups, 50, start=20_001, plan="free")  # not in the source's `where`
-    workflow_id = activate(signups, source())
+    workflow_id = activate_text(signups, source())
     src = source_of(signups, workflow_id)
     # The whole table in one pass, however slow the machine: the pass's time budget is
     # another test's subject.
@@ -362,7 +335,7 @@ def test_a_pass_stops_at_its_time_budget_and_the_next_pass_carries_on(signups: D
     with signups.transaction() as tx:
         tx.execute(INDEX)
     add_rows(signups, 30)
-    workflow_id = activate(signups, source(batch=10))
+    workflow_id = activate_text(signups, source(batch=10))
     src = source_of(signups, workflow_id)
     ticks = iter(range(1000))  # a clock that moves a second per reading
 
@@ -377,20 +350,13 @@ def test_a_pass_stops_at_its_time_budget_and_the_next_pass_carries_on(signups: D
     assert len(poll_events(signups, workflow_id)) == 30
 
 
-def admit(db: Database, event_id: int) -> str | None:
-    """Admit the event as the engine would; the run it started, None when it was refused."""
-    result = admit_event(db, event_id, publish=lambda ids: None)
-    (outcome,) = result.outcomes
-    return outcome.run_id if outcome.outcome == "admitted" else None
-
-
 def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_starts_a_new_run(
     signups: Database,
 ) -> None:
     with signups.transaction() as tx:
         tx.execute(INDEX)
     add_rows(signups, 20)
-    workflow_id = activate(signups, source("on_attempt", dedup="once_per_record"))
+    workflow_id = activate_text(signups, source("on_attempt", dedup="once_per_record"))
     src = source_of(signups, workflow_id)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 20
     assert stamped(signups) == 20
@@ -401,7 +367,7 @@ def test_on_attempt_stamps_with_the_event_and_a_cleared_stamp_starts_a_new_run(
         tx.execute("UPDATE acme.signups SET enrolled_at = NULL WHERE id = 7")
     # While generation 1's run is still going, the row is left alone.
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).waiting == 1
-    finish(signups, first_runs[6], "succeeded")
+    finish_run(signups, first_runs[6], "succeeded")
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
     last = poll_events(signups, workflow_id)[-1]
     assert (last["key"], last["payload"]["generation"]) == ("7", 2)
@@ -419,7 +385,7 @@ def test_after_attempts_gives_up_and_stamps_after_n_failures(signups: Database) 
     with signups.transaction() as tx:
         tx.execute(INDEX)
     add_rows(signups, 1)
-    workflow_id = activate(signups, source("{after_attempts: 2}"))
+    workflow_id = activate_text(signups, source("{after_attempts: 2}"))
     src = source_of(signups, workflow_id)
     for attempt in (1, 2):
         assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
@@ -436,7 +402,7 @@ def test_on_success_never_restarts_a_run_a_person_cancelled(signups: Database) -
     with signups.transaction() as tx:
         tx.execute(INDEX)
     add_rows(signups, 2)
-    workflow_id = activate(signups, source("on_success"))
+    workflow_id = activate_text(signups, source("on_success"))
     src = source_of(signups, workflow_id)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 2
     first, second = poll_events(signups, workflow_id)
@@ -461,7 +427,7 @@ def test_an_event_given_up_as_undelivered_is_tried_again_not_left_pending(
     with signups.transaction() as tx:
         tx.execute(INDEX)
     add_rows(signups, 1)
-    workflow_id = activate(signups, source("on_success"))
+    workflow_id = activate_text(signups, source("on_success"))
     src = source_of(signups, workflow_id)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == 1
     (lost,) = poll_events(signups, workflow_id)
@@ -485,7 +451,7 @@ def test_two_pollers_racing_emit_each_row_once(signups: Database) -> None:
     with signups.transaction() as tx:
         tx.execute(INDEX)
     add_rows(signups, 2_000)
-    workflow_id = activate(signups, source(batch=500))
+    workflow_id = activate_text(signups, source(batch=500))
     src = source_of(signups, workflow_id)
     barrier = threading.Barrier(2)
     reports: list[poll.PassReport] = []
@@ -514,7 +480,7 @@ def test_two_passes_overlapping_while_they_stamp_start_no_second_generation(
         tx.execute(INDEX)
     rows = 500
     add_rows(signups, rows)
-    workflow_id = activate(signups, source("on_success", batch=10))
+    workflow_id = activate_text(signups, source("on_success", batch=10))
     src = source_of(signups, workflow_id)
     assert poll.poll_pass(signups, src, budget_seconds=UNBOUNDED).emitted == rows
     for event in poll_events(signups, workflow_id):  # every run succeeded
@@ -546,7 +512,7 @@ def test_a_poll_killed_mid_page_loses_and_duplicates_nothing(
     with signups.transaction() as tx:
         tx.execute(INDEX)
     add_rows(signups, 3_000)
-    workflow_id = activate(signups, source("on_attempt", dedup="once_per_record", batch=1000))
+    workflow_id = activate_text(signups, source("on_attempt", dedup="once_per_record", batch=1000))
     env = dict(
         os.environ,
         DATABASE_URL=database_url,
@@ -588,14 +554,14 @@ def test_a_source_broken_after_activation_is_recorded_and_the_others_still_poll(
         tx.execute("CREATE INDEX orders_pending ON acme.orders (id) WHERE enrolled_at IS NULL")
         tx.execute("INSERT INTO acme.orders (id) VALUES (1), (2)")
     add_rows(signups, 2)
-    broken = activate(signups, source())
+    broken = activate_text(signups, source())
     orders = (
         source()
         .replace("name: enroll", "name: orders")
         .replace("acme.signups", "acme.orders")
         .replace(WHERE, "enrolled_at is null")
     )
-    healthy = activate(signups, orders)
+    healthy = activate_text(signups, orders)
     with signups.transaction() as tx:
         tx.execute("DROP INDEX acme.signups_pending")
     result = poll.poll_due_sources(signups)

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.accounts import provider_apps
 from shared.accounts.connections import create_connection
@@ -214,7 +215,7 @@ def test_a_provider_without_subscription_api_is_skipped() -> None:
 
 def _seed(db: Database, base_url: str = "http://127.0.0.1:9") -> str:
     with db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'Acme') ON CONFLICT DO NOTHING")
+        seed.tenant(tx, "acme", name="Acme", existing="keep")
         connection_id = str(
             tx.scalar(
                 "INSERT INTO connections (tenant_id, provider, webhook_secret_env, "
@@ -352,9 +353,7 @@ def _seed_app(db: Database, fake_url: str, *, kind: str = "public") -> tuple[str
         )
         ids = []
         for tenant, portal in (("acme", "1001"), ("globex", "2002")):
-            tx.execute(
-                "INSERT INTO tenants (id, name) VALUES (:t, :t) ON CONFLICT DO NOTHING", t=tenant
-            )
+            seed.tenant(tx, tenant, existing="keep")
             ids.append(
                 create_connection(
                     tx,

@@ -17,11 +17,9 @@ from tests.ops_support import (
     JournalRow,
     bearer,
     mint,
-    seed_connection,
     seed_event,
     seed_run,
-    seed_tenant,
-    seed_workflow,
+    seed_scene,
 )
 
 CHAIN = [
@@ -53,10 +51,7 @@ def _run(db: Database, run_id: str) -> dict[str, Any]:
 
 
 def _setup(db: Database, steps: list[dict[str, Any]] = CHAIN) -> dict[str, Any]:
-    seed_tenant(db, "acme", balance=100)
-    conn = seed_connection(db, "acme")
-    wf, ver = seed_workflow(db, "acme", steps)
-    event = seed_event(db, "acme", conn, "7")
+    conn, wf, ver, event, _ = seed_scene(db, "acme", steps, "7", balance=100)
     return {
         "conn": conn,
         "wf": wf,

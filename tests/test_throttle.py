@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from devstack import seed
 from shared.blocks.base import BlockFailure
 from shared.core.db import Database
 from shared.gates import throttle
@@ -57,7 +58,7 @@ def _hammer(database_url: str, args: list[str], processes: int) -> list[int]:
 
 def _connection(db: Database, limit: int, window: int) -> str:
     with db.transaction() as tx:
-        tx.execute("INSERT INTO tenants (id, name) VALUES ('acme', 'Acme')")
+        seed.tenant(tx, "acme", name="Acme")
         return str(
             tx.scalar(
                 "INSERT INTO connections (tenant_id, provider, webhook_secret_env, "

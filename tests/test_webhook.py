@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-import functions_framework
 import pytest
 
 from shared.accounts.connections import get_connection, get_connection_for_tenant
@@ -25,16 +23,15 @@ from tests.ingest_support import (
     inbox_rows,
     make_connection,
     standard_headers,
+    webhook_client,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE = "https://hooks.example.com"
 
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
-    return app.test_client()
+    return webhook_client()
 
 
 @pytest.fixture(autouse=True)

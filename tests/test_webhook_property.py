@@ -3,18 +3,15 @@ unverified body."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import functions_framework
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.core.db import Database
-from tests.ingest_support import HUBSPOT_SECRET, STANDARD_SECRET, make_connection
+from tests.ingest_support import HUBSPOT_SECRET, STANDARD_SECRET, make_connection, webhook_client
 
-ROOT = Path(__file__).resolve().parent.parent
 HEADER_NAMES = st.sampled_from(
     [
         "X-HubSpot-Signature-v3",
@@ -40,8 +37,7 @@ HEADER_VALUES = st.one_of(
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
-    return app.test_client()
+    return webhook_client()
 
 
 @settings(

@@ -9,20 +9,17 @@ import hashlib
 import hmac
 import json
 import threading
-from pathlib import Path
 from typing import Any
 
-import functions_framework
 import pytest
 
 from shared.admission.admit import admit_event
 from shared.core.db import Database
 from shared.ingest import webhook_trigger
 from shared.ingest.receive import WebhookRequest, receive_webhook
-from shared.publishing import versions
 from shared.publishing.validate import validate_text
-from tests.admission_support import count
-from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers
+from tests.admission_support import activate_text, count
+from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers, webhook_client
 from tests.ops_support import Dispatched, bearer, install_ops_api, mint
 from tests.pubsub_emulator import (  # noqa: F401 - fixtures
     PubsubProject,
@@ -30,14 +27,12 @@ from tests.pubsub_emulator import (  # noqa: F401 - fixtures
     pubsub_fixture,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 HEADER_KEY = "\"${{ headers['x-idempotency-key'] }}\""
 
 
 @pytest.fixture(scope="module")
 def client() -> Any:
-    app = functions_framework.create_app("webhook", str(ROOT / "main.py"), "http")
-    return app.test_client()
+    return webhook_client()
 
 
 @pytest.fixture(autouse=True)
@@ -56,18 +51,6 @@ def source(webhook: str, name: str = "billing") -> str:
         f"name: {name}\ntenant: acme\ntrigger:\n  webhook: {webhook}\n"
         "steps:\n  - {id: done, type: end}\n"
     )
-
-
-def activate(db: Database, text: str) -> str:
-    with db.transaction() as tx:
-        published = versions.publish(tx, text)
-        versions.activate(
-            tx,
-            tenant_id="acme",
-            workflow_id=published.workflow_id,
-            version_id=published.version_id,
-        )
-    return published.workflow_id
 
 
 def post(
@@ -98,7 +81,7 @@ def events(db: Database, workflow_id: str) -> list[dict[str, Any]]:
 def test_a_duplicate_within_the_ttl_starts_nothing_and_gets_the_first_event_id(
     client: Any, db: Database, connection: str
 ) -> None:
-    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    workflow_id = activate_text(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     first = post(client, connection, {"invoice": 1}, key="inv-1")
     assert first.status_code == 200, first.get_json()
     event_id = first.get_json()["event_id"]
@@ -123,7 +106,7 @@ def test_a_duplicate_within_the_ttl_starts_nothing_and_gets_the_first_event_id(
 def test_after_the_ttl_the_same_key_is_a_new_occurrence(
     client: Any, db: Database, connection: str
 ) -> None:
-    workflow_id = activate(
+    workflow_id = activate_text(
         db, source("{idempotency_key: " + HEADER_KEY + ", idempotency_ttl_seconds: 60}")
     )
     first = post(client, connection, {"n": 1}, key="k").get_json()["event_id"]
@@ -142,7 +125,7 @@ def test_after_the_ttl_the_same_key_is_a_new_occurrence(
 
 
 def test_a_key_from_the_body(client: Any, db: Database, connection: str) -> None:
-    workflow_id = activate(db, source('{idempotency_key: "${{ body.event_id }}"}'))
+    workflow_id = activate_text(db, source('{idempotency_key: "${{ body.event_id }}"}'))
     a = post(client, connection, {"event_id": "evt_9", "amount": 3}).get_json()
     b = post(client, connection, {"event_id": "evt_9", "amount": 3}, msg_id="m2").get_json()
     assert (a["status"], b["status"]) == ("accepted", "duplicate")
@@ -155,7 +138,7 @@ def test_without_a_key_each_accepted_post_is_a_new_occurrence(
     text = source("{}")
     warnings = [p.message for p in validate_text(text).warnings]
     assert any("at-least-once" in w for w in warnings), warnings
-    workflow_id = activate(db, text)
+    workflow_id = activate_text(db, text)
     ids = {post(client, connection, {"same": True}).get_json()["event_id"] for _ in range(2)}
     assert len(ids) == 2 and len(events(db, workflow_id)) == 2
 
@@ -163,7 +146,7 @@ def test_without_a_key_each_accepted_post_is_a_new_occurrence(
 def test_a_key_expression_failing_on_a_request_is_a_422_with_a_recorded_reason(
     client: Any, db: Database, connection: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    workflow_id = activate_text(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     answer = post(client, connection, {"no": "key header"})
     assert answer.status_code == 422
     assert answer.get_json()["error"] == "idempotency_key_failed"
@@ -186,8 +169,8 @@ def test_a_key_expression_failing_on_a_request_is_a_422_with_a_recorded_reason(
 def test_requests_no_webhook_workflow_answers_are_refused_and_start_nothing(
     client: Any, db: Database, connection: str
 ) -> None:
-    activate(db, source("{}"))
-    activate(
+    activate_text(db, source("{}"))
+    activate_text(
         db,
         "name: crm\ntenant: acme\ntrigger: {events: [standard.invoice.paid]}\n"
         "steps:\n  - {id: done, type: end}\n",
@@ -204,7 +187,7 @@ def test_requests_no_webhook_workflow_answers_are_refused_and_start_nothing(
 
 
 def test_two_duplicates_racing_start_one_occurrence(db: Database, connection: str) -> None:
-    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    workflow_id = activate_text(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     raw = b'{"x": 1}'
     barrier = threading.Barrier(2)
     answers: list[dict[str, Any]] = []
@@ -263,7 +246,7 @@ def test_a_shared_hmac_secret_connection_addresses_webhook_triggers_only(
 ) -> None:
     monkeypatch.setenv("BILLING_SECRET_ACME", "s3cret")
     hmac_connection = make_connection(db, provider="hmac", secret_env="BILLING_SECRET_ACME")
-    workflow_id = activate(db, source('{idempotency_key: "${{ body.invoice }}"}'))
+    workflow_id = activate_text(db, source('{idempotency_key: "${{ body.invoice }}"}'))
     raw = b'{"invoice": "inv_7"}'
     good = "sha256=" + hmac.new(b"s3cret", raw, hashlib.sha256).hexdigest()
     path = f"/hmac/{hmac_connection}/billing"

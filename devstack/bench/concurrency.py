@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from devstack import postgres
+from devstack import postgres, seed
 from devstack.bench.baseline import bench_cluster, emit, percentile
 from devstack.bench.steps import seed_running_runs
 from devstack.function_process import serve_process
@@ -108,11 +108,7 @@ class Receiver:
 
 def seed_tenant(db: Database) -> None:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO tenants (id, name, credit_balance) VALUES (:t, :t, 100000000) "
-            "ON CONFLICT (id) DO NOTHING",
-            t=TENANT,
-        )
+        seed.tenant(tx, TENANT, credits=100_000_000, existing="keep")
 
 
 def seed_runs(db: Database, runs: int, url: str) -> list[str]:

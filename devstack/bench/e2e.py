@@ -334,7 +334,7 @@ def main() -> int:
         db = Database(connector_from_env({"DATABASE_URL": running.database_url}), pool_size=1)
         connection_id, _ = hubspot_tenant(
             db,
-            tenant=TENANT,
+            tenant_id=TENANT,
             portal=PORTAL,
             secret_env=SECRET_ENV,
             credits=10_000_000,

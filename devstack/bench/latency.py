@@ -37,7 +37,7 @@ PORTAL = 7373
 def _seed(db: Database) -> str:
     connection_id, _ = hubspot_tenant(
         db,
-        tenant=TENANT,
+        tenant_id=TENANT,
         portal=PORTAL,
         secret_env=SECRET_ENV,
         credits=10_000_000,

@@ -45,7 +45,7 @@ def test_a_change_delivered_realistically_admits_one_run_and_its_retry_none(
 ) -> None:
     connection_id, _ = hubspot_tenant(
         stack_db,
-        tenant=TENANT,
+        tenant_id=TENANT,
         portal=PORTAL,
         secret_env=SECRET_ENV,
         credits=100,

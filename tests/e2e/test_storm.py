@@ -52,7 +52,7 @@ def setup(db: Database) -> dict[str, tuple[str, str]]:
     for tenant, portal in TENANTS.items():
         _, (lead_wf, every_wf) = hubspot_tenant(
             db,
-            tenant=tenant,
+            tenant_id=tenant,
             portal=portal,
             secret_env=SECRET_ENV,
             credits=100_000,
