@@ -21,11 +21,7 @@ from tests.ingest_support import (
     make_connection,
     trigger_events,
 )
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
-    PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
-)
+from tests.pubsub_emulator import PubsubProject
 
 
 def store(db: Database, connection_id: str, body: bytes) -> int:
@@ -264,7 +260,7 @@ def test_drain_inbox_entry_point_drains_within_its_budget(
 ) -> None:
     import functions_framework
 
-    from tests.test_webhook import ROOT
+    from tests.conftest import ROOT
 
     conn = make_connection(db)
     store(db, conn, created(1))
@@ -283,7 +279,7 @@ def test_an_idle_scheduled_drain_ends_at_once(db: Database) -> None:
 
     import functions_framework
 
-    from tests.test_webhook import ROOT
+    from tests.conftest import ROOT
 
     app = functions_framework.create_app("drain_inbox", str(ROOT / "main.py"), "http")
     started = time.monotonic()
@@ -299,7 +295,7 @@ def test_the_scheduled_drain_publishes_the_events_it_committed(
     import functions_framework
 
     from shared.core.pubsub import TRIGGER_EVENTS
-    from tests.test_webhook import ROOT
+    from tests.conftest import ROOT
 
     store(db, make_connection(db), created(1))
     app = functions_framework.create_app("drain_inbox", str(ROOT / "main.py"), "http")
@@ -322,7 +318,7 @@ def test_a_drain_killed_between_its_commit_and_its_publish_is_published_by_the_s
 
     from shared.core.crashpoints import EXIT_CODE
     from shared.core.pubsub import TRIGGER_EVENTS
-    from tests.test_webhook import ROOT
+    from tests.conftest import ROOT
 
     store(db, make_connection(db), created(1))
     env = dict(

@@ -243,7 +243,7 @@ def test_publish_outbox_entry_point_publishes_within_its_budget(
 ) -> None:
     import functions_framework
 
-    from tests.test_webhook import ROOT
+    from tests.conftest import ROOT
 
     ids = emit_many(db, 3)
     monkeypatch.setenv("PUBLISH_BUDGET_SECONDS", "0.3")
@@ -271,7 +271,7 @@ def test_an_idle_scheduled_publish_ends_at_once(db: Database, pubsub: PubsubProj
 
     import functions_framework
 
-    from tests.test_webhook import ROOT
+    from tests.conftest import ROOT
 
     app = functions_framework.create_app("publish_outbox", str(ROOT / "main.py"), "http")
     started = time.monotonic()

@@ -33,8 +33,6 @@ from shared.providers import registry
 from shared.providers.install import CALLBACK_PATH, CALLBACK_PATHS, callback_path
 from tests.ops_support import (
     bearer,
-    client_fixture,  # noqa: F401 - fixture `client`
-    dispatched_fixture,  # noqa: F401 - fixture `dispatched`
     mint,
 )
 

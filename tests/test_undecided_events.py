@@ -21,11 +21,7 @@ from tests.ops_support import (
     bearer,
     mint,
 )
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
-    PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
-)
+from tests.pubsub_emulator import PubsubProject
 
 CFG = SweepConfig(batch=50, redeliver_events_after_seconds=60, max_event_redeliveries=2)
 

@@ -21,11 +21,7 @@ from shared.publishing.validate import validate_text
 from tests.admission_support import activate_text, count
 from tests.ingest_support import STANDARD_SECRET, make_connection, standard_headers, webhook_client
 from tests.ops_support import Dispatched, bearer, install_ops_api, mint
-from tests.pubsub_emulator import (  # noqa: F401 - fixtures
-    PubsubProject,
-    pubsub_emulator_fixture,
-    pubsub_fixture,
-)
+from tests.pubsub_emulator import PubsubProject
 
 HEADER_KEY = "\"${{ headers['x-idempotency-key'] }}\""
 
@@ -282,7 +278,7 @@ def test_an_accepted_post_is_published_by_the_nudge_right_after_its_commit(
     from shared.ingest import nudge
 
     monkeypatch.setenv("WEBHOOK_NUDGE", "on")
-    workflow_id = activate(db, source("{idempotency_key: " + HEADER_KEY + "}"))
+    workflow_id = activate_text(db, source("{idempotency_key: " + HEADER_KEY + "}"))
     answer = post(client, connection, {"invoice": 7}, key="inv-7").get_json()
     assert answer["status"] == "accepted"
     assert nudge.wait_idle(30)
