@@ -21,34 +21,31 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
 from devstack import scheduler
 from devstack import stack as devstack
+from devstack.demo_story import SQL, WAIT_SECONDS, Story, wait_for
 from devstack.fakecrm.webhooks import signed_headers
 from devstack.tools import MissingTool
 from shared.accounts import connections
 from shared.core.db import Database, connector_from_env
-from shared.core.queries import parse_blocks
 
-SQL = parse_blocks((Path(__file__).with_name("demo.sql")).read_text("utf-8"))
 SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name, not a secret
 TOKEN_ENV = "ONCEFLOW_DEMO_HUBSPOT_TOKEN"  # noqa: S105 - a variable name, not a secret
 PORTAL_ID = 62515
 APP_ID = 424242
-WAIT_SECONDS = float(os.environ.get("ONCEFLOW_DEMO_WAIT_SECONDS", "20"))
 # When the demo starts the stack itself, the scheduler runs 12x faster (every 5 s), so a
 # step that waits for a scheduled function does not wait a minute.
 DEMO_SCHEDULER_SPEEDUP = "12"
 
-T = TypeVar("T")
 
 # The example workflow `examples/workflows/enroll-new-lead.yaml`, for the demo's tenant, with its
 # notification sent to a receiver the demo runs on 127.0.0.1 (loopback HTTP is allowed in the
@@ -147,37 +144,6 @@ class NotifyReceiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-@dataclass
-class Story:
-    """What happened, chapter by chapter, plus a one-line verdict per chapter for the end."""
-
-    chapter: int = 0
-    verdicts: list[tuple[bool, str]] = field(default_factory=list)
-
-    def title(self, text: str) -> None:
-        self.chapter += 1
-        print(f"\n{self.chapter}. {text}", flush=True)
-
-    def say(self, text: str) -> None:
-        print(textwrap.fill(text, 96, initial_indent="   ", subsequent_indent="   "), flush=True)
-
-    def verdict(self, ok: bool, text: str) -> None:
-        self.verdicts.append((ok, text))
-        self.say(("→ " if ok else "✗ ") + text)
-
-
-def wait_for(probe: Callable[[], T | None], seconds: float = WAIT_SECONDS) -> T | None:
-    """Poll `probe` until it returns something truthy or the time is up."""
-    deadline = time.monotonic() + seconds
-    while True:
-        got = probe()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.2)
 
 
 @dataclass

@@ -15,17 +15,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import httpx
 
+from devstack.demo_story import SQL, WAIT_SECONDS, Story, wait_for
+from devstack.stack import RunningStack
 from shared.accounts import provider_apps
+from shared.core.db import Database
 from shared.ops.auth import mint_token
 from shared.providers.install import CALLBACK_PATH
-
-if TYPE_CHECKING:
-    from devstack.demo import Scenario
 
 APP_ID = "424242"  # the fake's app (its subscriptions API answers for this id only)
 APP_SECRET_ENV = "ONCEFLOW_DEMO_HUBSPOT_APP_SECRET"  # noqa: S105 - a variable name
@@ -83,10 +83,19 @@ class Portal:
     connection_id: str = ""
 
 
-class AppChapters:
-    def __init__(self, scenario: Scenario) -> None:
-        from devstack.demo import SQL
+class Scene(Protocol):
+    """What the app chapters need of the demo's scenario (devstack/demo.py `Scenario`)."""
 
+    stack: RunningStack
+    db: Database
+    story: Story
+    tenant_id: str
+
+    def _fakecrm_url(self) -> str | None: ...
+
+
+class AppChapters:
+    def __init__(self, scenario: Scene) -> None:
         self.s = scenario
         self.sql = SQL
         self.fake = scenario._fakecrm_url() or ""
@@ -260,7 +269,6 @@ class AppChapters:
         self, tenant_id: str, done: Callable[[list[dict[str, Any]]], bool], seconds: float
     ) -> list[dict[str, Any]] | None:
         """The steps of the tenant's first run once `done` holds for them (None on time-out)."""
-        from devstack.demo import wait_for
 
         def probe() -> list[dict[str, Any]] | None:
             with self.s.db.transaction() as tx:
@@ -278,8 +286,6 @@ class AppChapters:
         return str(made.json().get("id", "?"))
 
     def deliveries(self) -> None:
-        from devstack.demo import WAIT_SECONDS
-
         story = self.s.story
         story.title("Both portals change records; HubSpot sends them to the app's one URL")
         url = f"{self.s.stack.url('webhook')}/hubspot/app/{APP_ID}"

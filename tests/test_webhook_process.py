@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from devstack.demo import wait_for
+from devstack.demo_story import wait_for
 from devstack.function_process import serve
 from shared.core.db import Database
 from shared.core.pubsub import TRIGGER_EVENTS
