@@ -577,3 +577,24 @@ def test_a_source_broken_after_activation_is_recorded_and_the_others_still_poll(
     shown = client.get(f"/v1/workflows/{broken}/trigger", headers=bearer(mint(signups, "acme")))
     assert shown.get_json()["kind"] == "poll"
     assert "CREATE INDEX" in shown.get_json()["detail"]["last_error"]
+
+
+def test_a_minute_source_is_polled_on_every_tick_of_a_minute_schedule_despite_jitter(
+    signups: Database,
+) -> None:
+    """The sweep ends when nothing is due, so a source polled every 60 s is polled once per
+    scheduler tick; a tick a little under 60 s after the previous one (scheduler jitter) must
+    not skip it to the tick after — the rule the sweep's duties follow (shared/core/duty.py)."""
+    with signups.transaction() as tx:
+        tx.execute(INDEX)
+    add_rows(signups, 1)
+    workflow_id = activate_text(signups, source())
+    assert poll.poll_due_sources(signups)["polled"] == 1
+    with signups.transaction() as tx:
+        tx.execute(
+            "UPDATE poll_sources SET last_polled_at = now() - interval '58 seconds'"
+            " WHERE workflow_id = :w",
+            w=workflow_id,
+        )
+    assert poll.poll_due_sources(signups)["polled"] == 1
+    assert poll.poll_due_sources(signups)["polled"] == 0  # but not twice within one tick

@@ -128,6 +128,12 @@ Repair = Callable[[Database, SweepConfig, Dispatch, SweepReport], int]
 SCHEDULE_JITTER_SECONDS = 5.0
 
 
+def claim_period(every_seconds: float) -> float:
+    """How long after its last run a periodic job may be claimed again: its period less the
+    scheduler's jitter (sweep duties here, poll sources in shared/triggers/poll.py)."""
+    return max(every_seconds - SCHEDULE_JITTER_SECONDS, 0.0)
+
+
 @functools.cache
 def _statements() -> tuple[queries.Query, queries.Query]:
     # Loaded on first use: every owner imports this module for `Duty`, and the functions that
@@ -143,7 +149,7 @@ def run_duty(db: Database, duty: Duty) -> Any:
         owned = tx.one(
             claim,
             name=duty.name,
-            every_seconds=max(duty.every_seconds - SCHEDULE_JITTER_SECONDS, 0.0),
+            every_seconds=claim_period(duty.every_seconds),
         )
     if owned is None:
         return None

@@ -55,7 +55,7 @@ from shared.accounts.connections import get_connection, is_connection_id
 from shared.core import queries
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
-from shared.core.duty import Duty
+from shared.core.duty import Duty, claim_period
 from shared.core.errors import TransientError
 from shared.core.logs import get_logger
 from shared.gates.throttle import claim_slot
@@ -527,7 +527,11 @@ def poll_due_sources(db: Database) -> dict[str, Any]:
     for workflow_id, tenant_id, name, trigger in sources:
         every = max(float(trigger["poll"].get("every_seconds", 0)), MIN_EVERY_SECONDS)
         with db.transaction() as tx:
-            claimed = tx.one(SOURCE_CLAIM, workflow_id=workflow_id, every_seconds=every)
+            # Claimable a little before its period ends, like a sweep duty: a source polled
+            # every minute is polled on every tick of a minute schedule despite its jitter.
+            claimed = tx.one(
+                SOURCE_CLAIM, workflow_id=workflow_id, every_seconds=claim_period(every)
+            )
         if claimed is None:
             continue
         result: dict[str, Any] | None = None
