@@ -41,11 +41,19 @@ def connection(db: Database, fake: FakeCrm) -> str:
     return connection_id
 
 
+# Windows are fixed and aligned to the epoch (shared/sql/throttle.sql): with the default 10 s a
+# pass that straddles a boundary gets a fresh window mid-pass (the CI run that failed this
+# test). A window of 10^6 s makes that a 1-in-500,000 chance for a 2 s pass.
+WIDE_WINDOW_SECONDS = 1_000_000
+
+
 def set_window(db: Database, connection_id: str, calls: int) -> None:
     with db.transaction() as tx:
         tx.execute(
-            "UPDATE connections SET rate_limit_per_window = :n WHERE id = :c",
+            "UPDATE connections SET rate_limit_per_window = :n, rate_limit_window_seconds = :w"
+            " WHERE id = :c",
             n=calls,
+            w=WIDE_WINDOW_SECONDS,
             c=connection_id,
         )
         tx.execute(
