@@ -139,7 +139,7 @@ class TokenAccount:
 class OAuth:
     authorize_url: Callable[..., str]  # client_id, redirect_uri, scopes, state, base
     exchange_code: Callable[..., Grant]  # raises CodeRefused, PortError
-    token_account: Callable[..., TokenAccount]  # access token, base_url
+    token_account: Callable[..., TokenAccount]  # access token, client_id, client_secret, base_url
     refresher: Callable[..., Refresher]  # client_id, client_secret, base_url
 
 

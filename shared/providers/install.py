@@ -295,7 +295,12 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
             code=code,
             base_url=app.api_base_url,
         )
-        info = oauth.token_account(grant.access_token, base_url=app.api_base_url)
+        info = oauth.token_account(
+            grant.access_token,
+            client_id=client_id,
+            client_secret=client_secret,
+            base_url=app.api_base_url,
+        )
     except CodeRefused as exc:
         raise refused(
             400,
