@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 
+from devstack.fakecrm.journal import FakeJournal, JournalRefusal
 from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
     OBJECT_TYPES,
@@ -134,6 +135,10 @@ class FakeCrm:
             client_secret=self.config.oauth_client_secret,
             access_seconds=self.config.access_token_seconds,
             app_id=self.config.app_id,
+        )
+        # The webhooks journal (devstack/fakecrm/journal.py), same OAuth client as the app.
+        self.journal = FakeJournal(
+            client_id=self.config.oauth_client_id, client_secret=self.config.oauth_client_secret
         )
         self.webhooks = WebhookSender(
             self.store,
@@ -354,6 +359,7 @@ class FakeCrm:
                         rid,
                         "creation",
                         portal,
+                        occurredAt=ms,
                         changeFlag="CREATED",
                         changeSource=source[0],
                         sourceId=source[1],
@@ -366,12 +372,14 @@ class FakeCrm:
                             rid,
                             "propertyChange",
                             portal,
+                            occurredAt=ms,
                             propertyName=name,
                             propertyValue=None if value is None else str(value),
                             changeSource=source[0],
                             sourceId=source[1],
                         )
                     )
+            self.journal.record(events)
             events = self._subscribed(events)
         self.webhooks.enqueue(events)
         return rec
@@ -401,6 +409,7 @@ class FakeCrm:
                             record_id,
                             "propertyChange",
                             portal,
+                            occurredAt=ms,
                             propertyName=name,
                             propertyValue=new,
                             changeSource=source[0],
@@ -417,6 +426,7 @@ class FakeCrm:
                     "properties": dict(properties),
                 }
             )
+            self.journal.record(events)
             events = self._subscribed(events)
         self.webhooks.enqueue(events)
         return rec
@@ -560,7 +570,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise _error(400, "Invalid input JSON", "VALIDATION_ERROR") from None
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        payload = b"" if body is None else json.dumps(body).encode()
+        payload = (
+            b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        )
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -649,6 +661,11 @@ class _Handler(BaseHTTPRequestHandler):
                 entry["status"] = 200
                 self._send(200, {"ok": True})
                 return
+            journal_reply = self._journal(method, url.path, url.query, raw)
+            if journal_reply is not None:
+                entry["status"] = journal_reply[0]
+                self._send(*journal_reply)
+                return
             if path == "/oauth/v1/token" and method == "POST":
                 form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
                 try:
@@ -707,6 +724,25 @@ class _Handler(BaseHTTPRequestHandler):
         except _Drop as drop:
             entry["status"] = "dropped"
             self._drop(drop.reset)
+
+    def _journal(
+        self, method: str, path: str, query: str, raw: bytes
+    ) -> tuple[int, Any, dict[str, str]] | None:
+        """The webhooks journal's answer (devstack/fakecrm/journal.py), or None."""
+        form = {}
+        if method == "POST":
+            form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+        try:
+            return self.fake.journal.serve(
+                method,
+                path,
+                query=parse_qs(query),
+                form=form,
+                authorization=self.headers.get("Authorization"),
+                base_url=self.fake.url,
+            )
+        except JournalRefusal as refused:
+            return refused.status, refused.body, {}
 
     def _authorize(self, path: str, query: dict[str, list[str]]) -> int:
         """The portal the request acts for (its bearer token says which), or a 401."""
@@ -848,6 +884,11 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, fake.state()
         if path == "/_admin/health":
             return 200, {"ok": True}
+        if path.startswith("/_admin/journal"):
+            try:
+                return fake.journal.admin(method, path, body)
+            except JournalRefusal as refused:
+                raise _Reply(refused.status, refused.body) from None
         if path == "/_admin/reset" and method == "POST":
             fake.store.reset()
             return 200, {"ok": True}

@@ -1,0 +1,328 @@
+"""HubSpot's webhooks journal (developer platform 2026.03): an app's events read by offset.
+
+What HubSpot says (docs/vendors/hubspot-2026.md section 2, with its sources):
+- Paths (version 2026-03): the global journal (every install of the app)
+  `GET /webhooks-journal/journal/2026-03/earliest` and `…/offset/{offset}/next`; the local
+  journal of one portal `GET /webhooks-journal/journal-local/2026-03/…?installPortalId=`
+  (https://developers.hubspot.com/docs/api-reference/latest/webhooks-journal/journal-entries/guide;
+  HubSpot/hubspot-sdk-python `src/hubspot_sdk/resources/webhooks/api.md`).
+- An answer is `{"url", "expiresAt", "currentOffset"}`: `currentOffset` a UUID, `url` "a
+  temporary, pre-signed URL for downloading this entry's JSON file. Request it without an
+  Authorization header" (2027-03-beta local-next reference).
+- A 404 on `…/offset/{offset}/next`: "the offset has expired or doesn't exist" (2027-03-beta
+  wording; not confirmed for 2026-03) — read as `OffsetGone`, a gap, never skipped silently.
+- The end of the journal is not documented: HubSpot's advocate's sample CLI
+  (sejal27/sej-webhooks-journal `src/utils/journal-api.ts`) takes HTTP 204 or an answer without
+  `url` as "already on the latest offset"; so do we (`JournalEnd`).
+- Entries are kept 3 days ("query for changes that occurred for your subscriptions over the past
+  3 days", journal-entries guide).
+- Authorised by a client-credentials token (`POST /oauth/2026-03/token`,
+  `grant_type=client_credentials`, scope `developer.webhooks_journal.read`; the response's
+  `access_token` and `expires_in`, no refresh token: HubSpot/hubspot-sdk-python
+  `types/auth/oauth_create_token_params.py`, `client_credentials_token_response.py`), cached
+  and fetched again before expiry (shared/accounts/client_credentials.py).
+
+What an entry's file contains is NOT documented. The advocate's sample types it as
+`{offset, journalEvents: [{type, portalId, occurredAt, action, objectTypeId, objectId,
+propertyChanges?, associatedObjectId?, …}], publishedAt}` (sejal27/sej-webhooks-journal
+`src/types/api.ts`, "allow for unknown structure"). So the reader keeps the file as downloaded
+(the inbox row's body) and `webhook_body` reads it defensively into the webhook events
+shared/providers/hubspot/normalize.py already understands: one per change (a created record,
+each changed property, …), in the same fields a webhook names the same change by — which is
+what makes a change that came both ways ONE event (normalize.py `dedup_key`). A file that
+yields no event is rejected by the drain, visibly, with the file kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from shared.accounts.client_credentials import ClientToken, ClientTokenCache
+from shared.accounts.provider_apps import ProviderApp
+from shared.normalize.event import UnparseableBody, snake
+from shared.port.interface import PortError
+from shared.providers.descriptor import (
+    JOURNAL_NAME_HEADER,
+    JOURNAL_OFFSET_HEADER,
+    Journal,
+    JournalEnd,
+    JournalEntry,
+    JournalRead,
+    OffsetGone,
+)
+from shared.providers.hubspot.port import (
+    DEFAULT_BASE_URL,
+    DEFAULT_TIMEOUT_SECONDS,
+    classify_response,
+    classify_transport_error,
+)
+
+# The journal's and the token's API version, pinned here with the date it names.
+API_VERSION = "2026-03"
+TOKEN_PATH = f"/oauth/{API_VERSION}/token"
+READ_SCOPES = ("developer.webhooks_journal.read",)
+RETENTION_SECONDS = 3 * 24 * 3600
+# A pre-signed link that expired between the `next` answer and the download is asked for again
+# (the same `next` gives a fresh link), this many times.
+LINK_ATTEMPTS = 2
+
+TOKENS = ClientTokenCache()
+
+# Journal actions (docs/vendors/hubspot-2026.md 2.3 `actions`) -> the webhook verb of the same
+# change (normalize.py `_ACTIONS`).
+_VERBS = {
+    "CREATE": "creation",
+    "UPDATE": "propertyChange",
+    "DELETE": "deletion",
+    "MERGE": "merge",
+    "RESTORE": "restore",
+    "ASSOCIATION_ADDED": "associationChange",
+    "ASSOCIATION_REMOVED": "associationChange",
+    "GDPR_DELETE": "privacyDeletion",
+}
+
+
+def journal_path(journal: str, tail: str) -> tuple[str, dict[str, str]]:
+    """The path and query of a journal call: the global journal, or one portal's local one."""
+    if journal == "global":
+        return f"/webhooks-journal/journal/{API_VERSION}/{tail}", {}
+    return f"/webhooks-journal/journal-local/{API_VERSION}/{tail}", {"installPortalId": journal}
+
+
+def fetch_client_token(
+    base_url: str, client_id: str, client_secret: str, scopes: tuple[str, ...]
+) -> ClientToken:
+    form = {
+        "grant_type": "client_credentials",
+        "client_id": client_id,
+        "client_secret": client_secret,
+        "scope": " ".join(scopes),
+    }
+    try:
+        with httpx.Client(timeout=DEFAULT_TIMEOUT_SECONDS, trust_env=False) as client:
+            response = client.post(base_url.rstrip("/") + TOKEN_PATH, data=form)
+    except httpx.HTTPError as exc:
+        raise classify_transport_error(exc) from exc
+    if response.status_code != 200:
+        raise classify_response(response)
+    body = response.json()
+    try:
+        return ClientToken(str(body["access_token"]), float(body["expires_in"]))
+    except (KeyError, TypeError, ValueError):
+        raise PortError(
+            "HubSpot's token answer has no access_token/expires_in", code="unknown", transient=True
+        ) from None
+
+
+def app_token(app: ProviderApp, scopes: tuple[str, ...] = READ_SCOPES) -> tuple[str, Any]:
+    """A client-credentials token of the app (cached), and its cache key (to `forget` it)."""
+    base = app.api_base_url or DEFAULT_BASE_URL
+    client_id, secret = app.oauth_client()
+    key = (base, app.app_id, client_id, scopes)
+    token = TOKENS.token(key, lambda: fetch_client_token(base, client_id, secret, scopes))
+    return token, key
+
+
+def _get(client: httpx.Client, url: str, **kwargs: Any) -> httpx.Response:
+    try:
+        return client.get(url, **kwargs)
+    except httpx.HTTPError as exc:
+        raise classify_transport_error(exc) from exc
+
+
+def next_entry(app: ProviderApp, journal: str, after: str | None) -> JournalRead:
+    """The entry after offset `after` (None: the earliest kept) of the app's journal."""
+    base = (app.api_base_url or DEFAULT_BASE_URL).rstrip("/")
+    path, params = journal_path(journal, "earliest" if after is None else f"offset/{after}/next")
+    with httpx.Client(timeout=DEFAULT_TIMEOUT_SECONDS, trust_env=False) as client:
+        for _ in range(LINK_ATTEMPTS):
+            response = _authorized_get(client, app, base + path, params)
+            if response.status_code == 204 or not response.content:
+                return JournalEnd()
+            if response.status_code == 404:
+                if after is None:  # an empty journal may answer 404 to "earliest"
+                    return JournalEnd()
+                return OffsetGone(f"HubSpot answered 404 to the entry after offset {after}")
+            if response.status_code != 200:
+                raise classify_response(response)
+            try:
+                answer = response.json()
+            except ValueError:
+                raise PortError(
+                    "HubSpot's journal answer is not JSON", code="unknown", transient=True
+                ) from None
+            url, offset = answer.get("url"), answer.get("currentOffset")
+            if not url:
+                return JournalEnd()
+            if not isinstance(offset, str) or not offset:
+                raise PortError(
+                    "HubSpot's journal answer has no currentOffset", code="unknown", transient=True
+                )
+            # Pre-signed: no Authorization header (it would be sent to a storage host).
+            file = _get(client, str(url))
+            if file.status_code == 200:
+                return JournalEntry(offset=offset, body=file.content)
+            if file.status_code not in (403, 404, 410):
+                raise classify_response(file)
+            # The link expired before we used it: the same call gives a fresh one.
+    raise PortError(
+        "the journal entry's download link kept expiring", code="timeout", transient=True
+    )
+
+
+def _authorized_get(
+    client: httpx.Client, app: ProviderApp, url: str, params: Mapping[str, str]
+) -> httpx.Response:
+    """A journal call with the app's token; a 401 drops the token and tries once more."""
+    token, key = app_token(app)
+    response = _get(client, url, params=params, headers={"Authorization": f"Bearer {token}"})
+    if response.status_code == 401:
+        TOKENS.forget(key, token)
+        token, key = app_token(app)
+        response = _get(client, url, params=params, headers={"Authorization": f"Bearer {token}"})
+    return response
+
+
+# --- an entry's file -> webhook events ------------------------------------------------------
+
+
+def _ms(value: Any) -> int | None:
+    """occurredAt as epoch ms: a number (ms) or an ISO-8601 string, whichever the file has."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, str):
+        if value.isdigit():
+            return int(value)
+        try:
+            return round(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+        except ValueError:
+            return None
+    return None
+
+
+def _value(value: Any) -> Any:
+    """A property's new value as a webhook gives it (a string), from whatever the file holds."""
+    if isinstance(value, Mapping):
+        for name in ("value", "newValue", "propertyValue"):
+            if name in value:
+                return _value(value[name])
+        return json.dumps(value, sort_keys=True)
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _changes(raw: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    changes = raw.get("propertyChanges")
+    if isinstance(changes, Mapping):
+        return [(str(k), _value(v)) for k, v in changes.items()]
+    out: list[tuple[str, Any]] = []
+    if isinstance(changes, list):
+        for item in changes:
+            if isinstance(item, Mapping):
+                name = item.get("propertyName") or item.get("name")
+                if name:
+                    out.append((str(name), _value(item)))
+    if not out and raw.get("propertyName"):
+        out.append((str(raw["propertyName"]), _value(raw.get("propertyValue"))))
+    return out
+
+
+def _from_journal_event(
+    raw: Mapping[str, Any], ref: str, default_portal: str | None
+) -> list[dict[str, Any]]:
+    action = str(raw.get("action") or "").upper()
+    type_id = raw.get("objectTypeId")
+    verb = _VERBS.get(action) or _camel(action) or "change"
+    kind = "object" if type_id else snake(str(raw.get("type") or raw.get("subscriptionType") or ""))
+    base: dict[str, Any] = {
+        "eventId": ref,
+        "portalId": raw.get("portalId", default_portal),
+        "occurredAt": _ms(raw.get("occurredAt", raw.get("timestamp"))),
+        "objectId": raw.get("objectId"),
+        "changeSource": raw.get("changeSource"),
+        "sourceId": raw.get("sourceId"),
+        "appId": raw.get("appId"),
+        "journal": {"ref": ref, "action": action, "type": raw.get("type")},
+    }
+    if type_id:
+        base["objectTypeId"] = str(type_id)
+    for name in ("associatedObjectId", "associatedObjectTypeId", "associationType", "listId"):
+        if name in raw:
+            base[name] = raw[name]
+    base = {k: v for k, v in base.items() if v is not None}
+    changes = _changes(raw)
+    events: list[dict[str, Any]] = []
+    if verb != "propertyChange" or not changes:
+        events.append({**base, "subscriptionType": f"{kind or 'journal'}.{verb}"})
+    if verb in ("creation", "propertyChange"):
+        events.extend(
+            {
+                **base,
+                "subscriptionType": f"{kind or 'journal'}.propertyChange",
+                "propertyName": name,
+                "propertyValue": value,
+            }
+            for name, value in changes
+        )
+    if verb == "propertyChange" and not changes:
+        events[-1]["subscriptionType"] = f"{kind or 'journal'}.update"
+    return events
+
+
+def _camel(action: str) -> str:
+    head, *rest = action.lower().split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _events_of(data: Any) -> tuple[list[Any], str | None]:
+    if isinstance(data, list):
+        return data, None
+    if isinstance(data, Mapping):
+        offset = data.get("offset") or data.get("currentOffset")
+        for name in ("journalEvents", "events", "results"):
+            if isinstance(data.get(name), list):
+                return list(data[name]), None if offset is None else str(offset)
+        return [data], None if offset is None else str(offset)
+    raise UnparseableBody("a journal entry that is neither an object nor a list")
+
+
+def webhook_events(body: bytes, headers: Mapping[str, str]) -> list[dict[str, Any]]:
+    """A journal entry's file (an inbox row's body) as webhook events, one per change."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise UnparseableBody("a journal entry that is not JSON") from None
+    items, file_offset = _events_of(data)
+    offset = headers.get(JOURNAL_OFFSET_HEADER) or file_offset or "-"
+    journal = headers.get(JOURNAL_NAME_HEADER)
+    portal = journal if journal and journal != "global" else None
+    out: list[dict[str, Any]] = []
+    for index, raw in enumerate(items):
+        if not isinstance(raw, Mapping):
+            raise UnparseableBody(f"journal event {index} is not an object")
+        if "subscriptionType" in raw and "action" not in raw:  # already a webhook event
+            out.append({"eventId": f"{offset}#{index}", **raw})
+        else:
+            out.extend(_from_journal_event(raw, f"{offset}#{index}", portal))
+    return out
+
+
+def webhook_body(body: bytes, headers: Mapping[str, str]) -> bytes:
+    return json.dumps(webhook_events(body, headers)).encode()
+
+
+def is_journal_row(headers: Mapping[str, str]) -> bool:
+    return JOURNAL_OFFSET_HEADER in headers
+
+
+JOURNAL = Journal(next_entry=next_entry, retention_seconds=RETENTION_SECONDS)
