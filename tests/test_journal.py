@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devstack import seed
 from devstack.fakecrm.server import FakeCrm, FakeCrmConfig
 from shared.accounts import provider_apps
 from shared.core.crashpoints import EXIT_CODE
@@ -24,8 +25,10 @@ from shared.ingest import inbox, journal
 from shared.ops.auth import Principal
 from shared.ops.health import health_report
 from shared.ops.models import SchedulerHealth
+from shared.providers import connect
 from shared.providers.descriptor import JournalEntry
 from shared.providers.hubspot import journal as hubspot_journal
+from shared.publishing import subscriptions, versions
 from tests.ingest_support import (
     hubspot_v3_headers,
     inbox_rows,
@@ -326,3 +329,53 @@ def test_the_journal_refuses_a_token_without_its_scope(fake: FakeCrm) -> None:
     )
     assert answer.status_code == 403
     assert httpx.get(f"{fake.url}/webhooks-journal/journal/2026-03/earliest").status_code == 401
+
+
+def test_journal_subscriptions_follow_the_active_workflows_per_portal(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    """Journal subscriptions are per install: the reconcile keeps, in every portal with an
+    active connection of the app, exactly what the active workflows need — through the journal's
+    management API with a client-credentials token, never the legacy webhooks v3 API — and the
+    journal then carries only those changes."""
+    make_connection(db, tenant_id="globex", app_id=APP_ID, portal_id="7007")
+    with db.transaction() as tx:
+        wf = seed.workflow(
+            tx,
+            "acme",
+            "stage",
+            {"events": ["hubspot.contact.property_changed"], "watch": ["lifecyclestage"]},
+        )
+        seed.workflow(tx, "globex", "new-deals", {"events": ["hubspot.deal.created"]})
+    results = subscriptions.reconcile_apps(db, connect.port_for_app)
+    assert [(r.connection_id, r.ok, r.errors) for r in results] == [
+        (f"hubspot-app:{APP_ID}", True, ())
+    ]
+    held = {
+        (s["portalId"], s["objectTypeId"], tuple(s["actions"]), tuple(s["properties"]))
+        for s in fake.journal.subscriptions.values()
+    }
+    assert held == {
+        (portal, *key)
+        for portal in (PORTAL, 7007)
+        for key in (("0-1", ("UPDATE",), ("lifecyclestage",)), ("0-3", ("CREATE",), ()))
+    }
+    assert not any(r["path"].startswith("/webhooks/v3") for r in fake.store.requests)
+    again = subscriptions.reconcile_apps(db, connect.port_for_app)[0]
+    assert (again.created, again.deleted, again.kept) == ((), (), 2)
+
+    # Only the subscribed change is journaled: the stage, not the email.
+    (contact,) = contacts(fake, 1)
+    fake.update_record("contacts", contact, {"lifecyclestage": "customer"}, USER)
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert [(e["event_type"], e["changed_fields"]) for e in trigger_events(db)] == [
+        ("hubspot.contact.property_changed", {"lifecyclestage": "customer"})
+    ]
+
+    # A workflow deactivated: what only it needed goes, in every portal.
+    with db.transaction() as tx:
+        versions.deactivate(tx, tenant_id="acme", workflow_id=wf)
+    after = subscriptions.reconcile_apps(db, connect.port_for_app)[0]
+    assert after.deleted == (("contact", "propertyChange", "lifecyclestage"),)
+    assert {s["objectTypeId"] for s in fake.journal.subscriptions.values()} == {"0-3"}

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs
 
 from devstack.fakecrm.store import now_ms
 
@@ -45,6 +46,9 @@ JOURNAL_PREFIXES = {
 }
 FILES_PREFIX = "/_journal-files/"
 READ_SCOPE = "developer.webhooks_journal.read"
+SUBS_READ_SCOPE = "developer.webhooks_journal.subscriptions.read"
+SUBS_WRITE_SCOPE = "developer.webhooks_journal.subscriptions.write"
+SUBSCRIPTIONS_PATH = "/webhooks-journal/subscriptions/2026-03"
 KNOWN_SCOPES = frozenset(
     {
         READ_SCOPE,
@@ -92,9 +96,11 @@ class FakeJournal:
     entries: list[Entry] = field(default_factory=list)
     tokens: dict[str, tuple[int, frozenset[str]]] = field(default_factory=dict)
     links: dict[str, tuple[str, int]] = field(default_factory=dict)  # link -> (offset, expiry)
+    subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     token_grants: int = 0
     downloads: int = 0
     _written: int = 0
+    _deleted: int = 0
 
     def now(self) -> int:
         return now_ms() + self.clock_offset_ms
@@ -104,11 +110,11 @@ class FakeJournal:
         """A write's webhook events (devstack/fakecrm/server.py) as one journal entry per
         portal that reads the journal; the creation and its properties are one CREATE."""
         by_portal: dict[int, list[dict[str, Any]]] = {}
-        for event in events:
-            portal = int(event["portalId"])
-            if self.all_portals or portal in self.portals:
-                by_portal.setdefault(portal, []).append(event)
         with self.lock:
+            for event in events:
+                portal = int(event["portalId"])
+                if (self.all_portals or portal in self.portals) and self._wanted(event):
+                    by_portal.setdefault(portal, []).append(event)
             for portal, group in by_portal.items():
                 journal_events = _journal_events(group)
                 copies = 1
@@ -131,11 +137,16 @@ class FakeJournal:
         path: str,
         *,
         query: dict[str, list[str]],
-        form: dict[str, str],
+        raw: bytes,
         authorization: str | None,
         base_url: str,
     ) -> Reply | None:
         """The journal's answer to a request, or None when it is not the journal's."""
+        if path == SUBSCRIPTIONS_PATH or path.startswith(SUBSCRIPTIONS_PATH + "/"):
+            return self._subscriptions(method, path[len(SUBSCRIPTIONS_PATH) :], raw, authorization)
+        form: dict[str, str] = {}
+        if method == "POST":
+            form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
         if path in TOKEN_PATHS and method == "POST":
             if form.get("grant_type") != "client_credentials":
                 return None  # an install's code or refresh: the OAuth server's
@@ -177,14 +188,80 @@ class FakeJournal:
             {},
         )
 
-    def _authorize(self, authorization: str | None) -> None:
+    def _authorize(self, authorization: str | None, scope: str = READ_SCOPE) -> None:
         token = (authorization or "").removeprefix("Bearer ")
         with self.lock:
             found = self.tokens.get(token)
         if found is None or found[0] <= self.now():
             raise JournalRefusal(401, "INVALID_AUTHENTICATION", "missing or expired token")
-        if READ_SCOPE not in found[1]:
-            raise JournalRefusal(403, "MISSING_SCOPES", f"the token lacks {READ_SCOPE}")
+        if scope not in found[1]:
+            raise JournalRefusal(403, "MISSING_SCOPES", f"the token lacks {scope}")
+
+    def _subscriptions(
+        self, method: str, tail: str, raw: bytes, authorization: str | None
+    ) -> Reply:
+        """`/webhooks-journal/subscriptions/2026-03`: list (GET), create or update (POST),
+        delete one (DELETE /{id}), delete a portal's (DELETE /portals/{portalId})."""
+        write = method != "GET"
+        self._authorize(authorization, SUBS_WRITE_SCOPE if write else SUBS_READ_SCOPE)
+        with self.lock:
+            if method == "GET" and tail == "":
+                return 200, {"results": list(self.subscriptions.values())}, {}
+            if method == "POST" and tail == "":
+                try:
+                    body = json.loads(raw or b"{}")
+                    sub = {
+                        "subscriptionType": str(body["subscriptionType"]),
+                        "portalId": int(body["portalId"]),
+                        "actions": [str(a) for a in body["actions"]],
+                        "objectTypeId": str(body["objectTypeId"]),
+                        "objectIds": list(body.get("objectIds") or []),
+                        "properties": list(body.get("properties") or []),
+                    }
+                except (ValueError, KeyError, TypeError):
+                    raise JournalRefusal(
+                        400,
+                        "VALIDATION_ERROR",
+                        "subscriptionType, portalId, actions and objectTypeId are required",
+                    ) from None
+                sub_id = str(len(self.subscriptions) + self._deleted + 7001)
+                stamp = iso(self.now())
+                sub.update(id=sub_id, appId=0, createdAt=stamp, updatedAt=stamp)
+                self.subscriptions[sub_id] = sub
+                return 200, sub, {}
+            if method == "DELETE" and tail.startswith("/portals/"):
+                portal = int(tail[len("/portals/") :])
+                for sub_id in [k for k, v in self.subscriptions.items() if v["portalId"] == portal]:
+                    del self.subscriptions[sub_id]
+                    self._deleted += 1
+                return 204, None, {}
+            if method == "DELETE" and tail.startswith("/"):
+                if self.subscriptions.pop(tail[1:], None) is None:
+                    raise JournalRefusal(404, "OBJECT_NOT_FOUND", "subscription not found")
+                self._deleted += 1
+                return 204, None, {}
+        raise JournalRefusal(405, "VALIDATION_ERROR", "method not allowed")
+
+    def _wanted(self, event: dict[str, Any]) -> bool:
+        """Whether the portal subscribed to this change; a portal without any journal
+        subscription gets every change (friendlier before a reconcile ran, like the webhooks'
+        `require_subscriptions` off)."""
+        portal = int(event["portalId"])
+        subs = [s for s in self.subscriptions.values() if s["portalId"] == portal]
+        if not subs:
+            return True
+        obj, _, verb = str(event["subscriptionType"]).partition(".")
+        action = ACTIONS.get(verb, verb.upper())
+        return any(
+            s["objectTypeId"] == TYPE_IDS.get(obj, obj)
+            and action in s["actions"]
+            and (
+                action != "UPDATE"
+                or not s["properties"]
+                or event.get("propertyName") in s["properties"]
+            )
+            for s in subs
+        )
 
     def _kept(self, portal: int | None) -> list[Entry]:
         oldest = self.now() - RETENTION_MS
@@ -267,6 +344,7 @@ class FakeJournal:
                 for e in self.entries
             ],
             "clock_offset_ms": self.clock_offset_ms,
+            "subscriptions": list(self.subscriptions.values()),
             "token_grants": self.token_grants,
             "downloads": self.downloads,
         }

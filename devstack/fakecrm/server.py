@@ -729,15 +729,12 @@ class _Handler(BaseHTTPRequestHandler):
         self, method: str, path: str, query: str, raw: bytes
     ) -> tuple[int, Any, dict[str, str]] | None:
         """The webhooks journal's answer (devstack/fakecrm/journal.py), or None."""
-        form = {}
-        if method == "POST":
-            form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
         try:
             return self.fake.journal.serve(
                 method,
                 path,
                 query=parse_qs(query),
-                form=form,
+                raw=raw,
                 authorization=self.headers.get("Authorization"),
                 base_url=self.fake.url,
             )

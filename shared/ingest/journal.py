@@ -61,6 +61,8 @@ RESET = SQL["journal_reset"]
 NOTE_PASS = SQL["journal_note_pass"]
 RECORD_GAP = SQL["journal_record_gap"]
 RECENT_GAPS = SQL["journal_recent_gaps"]
+OF_APP = SQL["journal_of_app"]
+APP_ACCOUNTS = SQL["journal_app_accounts"]
 
 log = get_logger(__name__)
 
@@ -103,6 +105,19 @@ def state(tx: Tx, provider: str, app_id: str, journal: str = "global") -> dict[s
 def recent_gaps(tx: Tx, days: int = GAP_REPORT_DAYS) -> list[dict[str, Any]]:
     """Support: the gaps detected in the last `days` days, newest first."""
     return tx.all(RECENT_GAPS, days=days)
+
+
+def journal_accounts(tx: Tx, app: provider_apps.ProviderApp) -> tuple[str, ...] | None:
+    """The accounts whose changes the app's journals carry (an account's local journal: that
+    account; the global one: every account with an active connection of the app); None when
+    the app reads no journal."""
+    journals = [str(r["journal"]) for r in tx.all(OF_APP, provider=app.provider, app_id=app.app_id)]
+    if not journals:
+        return None
+    if "global" in journals:
+        rows = tx.all(APP_ACCOUNTS, provider=app.provider, app_id=app.app_id)
+        return tuple(str(r["account_id"]) for r in rows)
+    return tuple(journals)
 
 
 def _headers(entry: JournalEntry, journal: str) -> dict[str, str]:

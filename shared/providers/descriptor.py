@@ -29,7 +29,7 @@ from typing import Protocol
 from shared.accounts.oauth_tokens import Grant, Refresher
 from shared.accounts.provider_apps import ProviderApp
 from shared.normalize.event import NormalizedEvent
-from shared.port.interface import Capabilities, CrmPort
+from shared.port.interface import Capabilities, CrmPort, SubscriptionApi
 
 TOLERANCE_SECONDS = 300  # how far a signed timestamp may be from now, either way
 
@@ -197,6 +197,10 @@ class Journal:
     next_entry: Callable[[ProviderApp, str, str | None], JournalRead]
     # How long the vendor keeps entries: a reader away longer has a gap.
     retention_seconds: int
+    # (app, the accounts that installed it) -> the journal's subscription API, which the
+    # subscriptions reconcile keeps equal to what the active workflows need; None: the
+    # journal's subscriptions are not managed through an API.
+    subscriptions: Callable[[ProviderApp, tuple[str, ...]], SubscriptionApi] | None = None
 
 
 @dataclass(frozen=True)

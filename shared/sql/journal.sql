@@ -62,3 +62,18 @@ UPDATE provider_journals
  WHERE provider = :provider AND app_id = :app_id AND journal = :journal
    AND last_offset IS NOT DISTINCT FROM :expected
 RETURNING journal
+
+-- name: journal_of_app
+-- The journals an app reads (none: its events come by webhook only).
+SELECT journal FROM provider_journals
+ WHERE provider = :provider AND app_id = :app_id
+ ORDER BY journal
+
+-- name: journal_app_accounts
+-- The accounts (portals) with an active connection of the app: whose journal subscriptions
+-- the reconcile keeps (shared/publishing/subscriptions.py).
+SELECT DISTINCT provider_account_id AS account_id
+  FROM connections
+ WHERE provider = :provider AND provider_app_id = :app_id AND status = 'active'
+   AND provider_account_id IS NOT NULL
+ ORDER BY provider_account_id

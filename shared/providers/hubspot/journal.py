@@ -45,7 +45,7 @@ import httpx
 from shared.accounts.client_credentials import ClientToken, ClientTokenCache
 from shared.accounts.provider_apps import ProviderApp
 from shared.normalize.event import UnparseableBody, snake
-from shared.port.interface import PortError
+from shared.port.interface import Capabilities, PortError, Subscription
 from shared.providers.descriptor import (
     JOURNAL_NAME_HEADER,
     JOURNAL_OFFSET_HEADER,
@@ -55,6 +55,7 @@ from shared.providers.descriptor import (
     JournalRead,
     OffsetGone,
 )
+from shared.providers.hubspot.normalize import object_type_for, type_id_for
 from shared.providers.hubspot.port import (
     DEFAULT_BASE_URL,
     DEFAULT_TIMEOUT_SECONDS,
@@ -325,4 +326,135 @@ def is_journal_row(headers: Mapping[str, str]) -> bool:
     return JOURNAL_OFFSET_HEADER in headers
 
 
-JOURNAL = Journal(next_entry=next_entry, retention_seconds=RETENTION_SECONDS)
+# --- subscriptions of a journal app (the management API) ------------------------------------
+
+SUBSCRIPTION_SCOPES = (
+    "developer.webhooks_journal.subscriptions.read",
+    "developer.webhooks_journal.subscriptions.write",
+)
+SUBSCRIPTIONS_PATH = f"/webhooks-journal/subscriptions/{API_VERSION}"
+# Webhook verbs (the reconcile's event kinds, PROVIDER.subscription_event_kinds) -> the
+# journal's `actions` (docs/vendors/hubspot-2026.md 2.3).
+_ACTIONS = {verb: action for action, verb in _VERBS.items() if action != "ASSOCIATION_REMOVED"}
+
+
+class JournalSubscriptions:
+    """The reconcile's subscription API (shared/port/interface.py `SubscriptionApi`) over
+    HubSpot's journal subscription management API, for one app and the portals that installed
+    it. Journal subscriptions are per install (`portalId` in each, "install-specific", journal
+    guide), while the reconcile thinks in one desired set per app: a key (object, event kind,
+    property) is listed as present only when EVERY portal has it, a create adds it to the
+    portals that lack it, a delete removes it from all. Each key is one subscription
+    (`subscriptionType` OBJECT, one action, at most one property): HubSpot's semantics of an
+    empty `properties` / `objectIds` are not documented, so onceflow never relies on them for a
+    property change and sends `objectIds: []` ("all records", as the advocate's sample treats
+    it — not confirmed). A subscription of another shape is listed by each key it covers;
+    deleting one of its keys deletes it whole (the next reconcile re-creates what is still
+    needed)."""
+
+    capabilities = Capabilities(subscription_management=True)
+
+    def __init__(self, app: ProviderApp, portals: tuple[str, ...]) -> None:
+        self.app = app
+        self.portals = portals
+        self.base = (app.api_base_url or DEFAULT_BASE_URL).rstrip("/")
+
+    def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        token, key = app_token(self.app, SUBSCRIPTION_SCOPES)
+        try:
+            with httpx.Client(timeout=DEFAULT_TIMEOUT_SECONDS, trust_env=False) as client:
+                response = client.request(
+                    method,
+                    self.base + path,
+                    json=body,
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                if response.status_code == 401:
+                    TOKENS.forget(key, token)
+                    token, key = app_token(self.app, SUBSCRIPTION_SCOPES)
+                    response = client.request(
+                        method,
+                        self.base + path,
+                        json=body,
+                        headers={"Authorization": f"Bearer {token}"},
+                    )
+        except httpx.HTTPError as exc:
+            raise classify_transport_error(exc) from exc
+        if response.status_code >= 300:
+            raise classify_response(response)
+        return response
+
+    def _by_key(self) -> dict[tuple[str, str, str | None], dict[str, set[str]]]:
+        """{key: {portal: {subscription ids}}} of the app's portals' live subscriptions."""
+        results = self._call("GET", SUBSCRIPTIONS_PATH).json().get("results") or []
+        found: dict[tuple[str, str, str | None], dict[str, set[str]]] = {}
+        for sub in results:
+            if not isinstance(sub, Mapping) or sub.get("deletedAt"):
+                continue
+            portal = str(sub.get("portalId"))
+            if portal not in self.portals or not sub.get("objectTypeId"):
+                continue
+            object_type = object_type_for(str(sub["objectTypeId"]))
+            for action in sub.get("actions") or ():
+                verb = _VERBS.get(str(action))
+                if verb is None:
+                    continue
+                names: list[str | None] = (
+                    list(sub.get("properties") or []) if verb == "propertyChange" else [None]
+                )
+                for name in names or [None]:
+                    key = (object_type, verb, name)
+                    found.setdefault(key, {}).setdefault(portal, set()).add(str(sub["id"]))
+        return found
+
+    def list_subscriptions(self) -> list[Subscription]:
+        return [
+            Subscription(o, k, p, id=json.dumps([o, k, p]))
+            for (o, k, p), portals in self._by_key().items()
+            if all(portal in portals for portal in self.portals)
+        ]
+
+    def create_subscription(self, subscription: Subscription) -> Subscription:
+        type_id = type_id_for(subscription.object_type)
+        action = _ACTIONS.get(subscription.event_kind)
+        if type_id is None or action is None:
+            raise PortError(
+                f"the journal has no subscription for {subscription.object_type}"
+                f".{subscription.event_kind}",
+                code="invalid_request",
+                transient=False,
+            )
+        have = self._by_key().get(subscription.key(), {})
+        for portal in self.portals:
+            if portal in have:
+                continue
+            self._call(
+                "POST",
+                SUBSCRIPTIONS_PATH,
+                {
+                    "subscriptionType": "OBJECT",
+                    "portalId": int(portal),
+                    "actions": [action],
+                    "objectTypeId": type_id,
+                    "objectIds": [],
+                    "properties": [subscription.property_name]
+                    if subscription.property_name
+                    else [],
+                },
+            )
+        return subscription
+
+    def delete_subscription(self, subscription_id: str) -> None:
+        o, k, p = json.loads(subscription_id)
+        ids = {i for portal in self._by_key().get((o, k, p), {}).values() for i in portal}
+        for sub_id in sorted(ids):
+            try:
+                self._call("DELETE", f"{SUBSCRIPTIONS_PATH}/{sub_id}")
+            except PortError as exc:
+                if exc.code != "not_found":
+                    raise
+
+
+JOURNAL = Journal(
+    next_entry=next_entry, retention_seconds=RETENTION_SECONDS, subscriptions=JournalSubscriptions
+)
