@@ -43,7 +43,8 @@ from shared.core import queries
 from shared.core.db import Database
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
-from shared.port.interface import CrmPort, PortError, Subscription
+from shared.ingest import journal
+from shared.port.interface import CrmPort, PortError, Subscription, SubscriptionApi
 from shared.providers import registry
 from shared.workflows import listening
 
@@ -174,7 +175,9 @@ def plan_reconcile(
     return ReconcilePlan(tuple(create), tuple(delete), kept=len(seen))
 
 
-def apply_plan(connection_id: str, port: CrmPort, desired: DesiredSubscriptions) -> ReconcileResult:
+def apply_plan(
+    connection_id: str, port: SubscriptionApi, desired: DesiredSubscriptions
+) -> ReconcileResult:
     """List, diff and apply against the provider. Each change is tried on its own: one
     refused create does not stop the deletes, and the result says which failed."""
     if not port.capabilities.subscription_management:
@@ -340,8 +343,44 @@ PortForConnection = Callable[[str], CrmPort]
 PortForApp = Callable[[ProviderApp], CrmPort | None]
 
 
+def reconcile_journal_app(
+    db: Database, app: ProviderApp, accounts: tuple[str, ...]
+) -> ReconcileResult:
+    """An app whose events come from its provider's journal (shared/ingest/journal.py): the
+    same desired set and plan, applied through the journal's own subscription API, per account
+    that installed the app (journal subscriptions are per install). The legacy per-app webhook
+    subscriptions API is not called: HubSpot says it "can only be used with legacy public
+    apps" (issue 26)."""
+    desired = desired_for_app(db, app)
+    found = registry.get(app.provider)
+    make = found.journal.subscriptions if found is not None and found.journal else None
+    if make is None:
+        result = ReconcileResult(
+            app_key(app), True, skipped="the journal's subscriptions have no API", desired=desired
+        )
+    else:
+        try:
+            result = apply_plan(app_key(app), make(app, accounts), desired)
+        except Exception as exc:  # a token or secret that can't be had: recorded, not raised
+            result = ReconcileResult(app_key(app), False, errors=(f"{exc}",), desired=desired)
+    record_app_result(db, app, result)
+    return result
+
+
 def reconcile_app_with(db: Database, app: ProviderApp, port_for_app: PortForApp) -> ReconcileResult:
-    """One app, building its port first; a port that cannot be built is a recorded failure."""
+    """One app, building its port first; a port that cannot be built is a recorded failure.
+    An app that reads a journal is reconciled through the journal's API instead."""
+    with db.transaction() as tx:
+        accounts = journal.journal_accounts(tx, app)
+    if accounts is not None:
+        result = reconcile_journal_app(db, app, accounts)
+        if not result.ok:
+            log.warning(
+                "journal subscription reconcile failed: %s",
+                "; ".join(result.errors),
+                extra={"labels": {"app": app.app_id}},
+            )
+        return result
     try:
         port = None if app.kind == "private" else port_for_app(app)
     except PortError as exc:
