@@ -34,6 +34,7 @@ from shared.ops.models import (
     SweepDutyHealth,
 )
 from shared.ops.statements import CONNECTION_HEALTH, SWEEP_DUTIES
+from shared.publishing.subscriptions import project_drift
 from shared.sweep.backlog import read_backlog, read_dead_letters
 
 if TYPE_CHECKING:
@@ -221,7 +222,12 @@ def health_report(
         )
     return HealthReport(
         checked_at=datetime.now(UTC),
-        problems=_problems(machinery, connections),
+        problems=[
+            *_problems(machinery, connections),
+            # Drift is a person's to fix (write the project files, upload them): a problem
+            # to show, where the hourly reconcile of a legacy app would have repaired it.
+            *(d.message() for d in project_drift(db, principal.tenant_id)),
+        ],
         machinery=machinery,
         connections=connections,
     )

@@ -433,12 +433,58 @@ class UnroutedPortal(_Response):
     last_seen_at: datetime
 
 
+class ProjectSubscription(BaseModel):
+    """One webhook subscription: (object type, the provider's event kind, property)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    object_type: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
+    event_kind: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_]+$")
+    property_name: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class ProjectDeclaration(_Request):
+    subscriptions: list[ProjectSubscription] = Field(
+        max_length=5000,
+        description="What the app's project files declare, read back from them after writing.",
+    )
+
+
+class AppProjectReport(_Response):
+    """What a project-based app's files should say, what they last said, and the drift."""
+
+    provider: str
+    app_id: str
+    platform: Literal["legacy", "project"]
+    scopes: list[str]
+    redirect_urls: list[str] = Field(
+        description="The install's redirect URLs: ONCEFLOW_OAUTH_REDIRECT_URL (installs started"
+        " in ops) and the app's own callback (installs that start at the provider)."
+    )
+    target_url: str | None = Field(
+        description="The app's webhook URL (ONCEFLOW_PUBLIC_URL + /<provider>/app/<app id>);"
+        " null when ONCEFLOW_PUBLIC_URL is not set."
+    )
+    needed: list[ProjectSubscription] = Field(
+        description="The union of what the active workflows of the app's tenants listen to."
+    )
+    unsupported: list[str]
+    declared: list[ProjectSubscription] | None = Field(
+        description="What the project files declared when last written; null: never written."
+    )
+    declared_at: datetime | None
+    missing: list[ProjectSubscription] = Field(description="Needed and not declared: the drift.")
+
+
 class ProviderAppReport(_Response):
     """A provider app (one webhook URL for every portal that installed it), for the operator."""
 
     provider: str
     app_id: str
     kind: Literal["public", "private"]
+    platform: Literal["legacy", "project"] = Field(
+        description="Where its subscriptions are kept: legacy (the provider's API, or its UI for"
+        " a private app) or project (its project files: `GET .../project` shows the drift)."
+    )
     unrouted: list[UnroutedPortal]
     subscriptions: dict[str, Any] | None = Field(
         description="The last subscription reconcile: `desired` (for a private app, what the "
@@ -714,6 +760,11 @@ class BudgetStatus(_Response):
 class ActivationResult(_Response):
     workflow_id: UUID
     active_version_id: UUID | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What stands but needs a person: e.g. a subscription the workflows need"
+        " that a project app's deployed files don't declare.",
+    )
 
 
 class RehearsalStep(_Response):
