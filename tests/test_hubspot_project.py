@@ -119,7 +119,8 @@ def test_the_project_command_writes_the_apps_files_for_its_tenants_active_workfl
     assert app["type"] == "app" and app["uid"] == f"onceflow_app_{APP}"
     assert app["config"]["auth"] == {
         "type": "oauth",
-        "redirectUrls": [REDIRECT],
+        # The app's own callback (installs that start at HubSpot) and ops-started installs'.
+        "redirectUrls": [f"{REDIRECT}/{APP}", REDIRECT],
         "requiredScopes": list(SCOPES),
         "optionalScopes": [],
         "conditionallyRequiredScopes": [],
@@ -209,7 +210,11 @@ def test_updating_the_project_keeps_what_a_person_added(
     config = read(root / "src/app/app-hsmeta.json")["config"]
     assert config["name"] == "Their name" and config["distribution"] == "marketplace"
     assert config["support"] == {"supportEmail": "help@example.com"}
-    assert config["auth"]["redirectUrls"] == [REDIRECT, "https://theirs.example.com/cb"]
+    assert config["auth"]["redirectUrls"] == [
+        f"{REDIRECT}/{APP}",
+        REDIRECT,
+        "https://theirs.example.com/cb",
+    ]
     assert config["auth"]["requiredScopes"] == list(SCOPES)  # what onceflow's installs ask
     assert config["auth"]["optionalScopes"] == ["crm.objects.owners.read"]
     hooks = read(root / "src/app/webhooks/my-hooks-hsmeta.json")

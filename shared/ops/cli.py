@@ -412,6 +412,23 @@ def _project(s: Session, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _claim_install(s: Session, args: argparse.Namespace) -> int:
+    """Claim an install that started at the provider, with the portal and code the app's own
+    callback page showed (shared/providers/install.py `finish_unclaimed` says why)."""
+    body = {"portal_id": args.portal, "claim_code": args.code}
+    if args.tenant:
+        body["tenant_id"] = args.tenant
+    result = s.client.call("POST", f"/v1/apps/{args.provider}/{args.app}/installs/claim", body=body)
+    s.say(
+        result,
+        lambda: (
+            f"portal {result['portal_id']}: {result['outcome']} for tenant "
+            f"{result['tenant_id']} (connection {result['connection_id']})"
+        ),
+    )
+    return EXIT_OK
+
+
 def _approvals(s: Session, args: argparse.Namespace) -> int:
     """The approvals the caller's token may decide, oldest deadline first."""
     result = s.client.call("GET", "/v1/approvals")
@@ -821,6 +838,40 @@ def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     csub.add_parser("list", parents=[remote], help="connections you can see")
 
 
+def _install_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`confirm-install` (an install started in ops) and `claim-install` (one that started at
+    the provider)."""
+    p = sub.add_parser(
+        "confirm-install",
+        parents=[remote],
+        help="confirm a HubSpot app install with the code its callback page showed",
+    )
+    p.add_argument("app", metavar="APP_ID")
+    p.add_argument("code", metavar="CODE")
+    oauth_providers = registry.oauth_providers()
+    p.add_argument(
+        "--provider",
+        choices=oauth_providers,
+        default=oauth_providers[0],
+        help=f"whose app (default: {oauth_providers[0]})",
+    )
+    p = sub.add_parser(
+        "claim-install",
+        parents=[remote],
+        help="claim an app install that started at the provider, with its page's code",
+    )
+    p.add_argument("app", metavar="APP_ID")
+    p.add_argument("portal", metavar="PORTAL_ID", help="the portal the page named")
+    p.add_argument("code", metavar="CODE")
+    p.add_argument("--tenant", help="required with an admin token")
+    p.add_argument(
+        "--provider",
+        choices=oauth_providers,
+        default=oauth_providers[0],
+        help=f"whose app (default: {oauth_providers[0]})",
+    )
+
+
 def _project_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     """`onceflow <provider> project DIR`, for each provider whose apps can be projects."""
     for provider in registry.project_providers():
@@ -904,20 +955,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
-    p = sub.add_parser(
-        "confirm-install",
-        parents=[remote],
-        help="confirm a HubSpot app install with the code its callback page showed",
-    )
-    p.add_argument("app", metavar="APP_ID")
-    p.add_argument("code", metavar="CODE")
-    oauth_providers = registry.oauth_providers()
-    p.add_argument(
-        "--provider",
-        choices=oauth_providers,
-        default=oauth_providers[0],
-        help=f"whose app (default: {oauth_providers[0]})",
-    )
+    _install_parsers(sub, remote)
     _project_parsers(sub, remote)
     sub.add_parser("approvals", parents=[remote], help="approvals you may decide")
     for decision in ("approve", "reject"):
@@ -959,6 +997,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "explain": _explain,
     "cancel": _cancel,
     "confirm-install": _confirm_install,
+    "claim-install": _claim_install,
     "approvals": _approvals,
     **{f"{p} project": _project for p in registry.project_providers()},
     "approve": lambda s, a: _decide(s, a, "approve"),

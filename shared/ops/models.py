@@ -915,6 +915,31 @@ class InstallConfirm(_Request):
     )
 
 
+class InstallClaim(_Request):
+    tenant_id: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The tenant that claims the portal; a tenant token's own tenant when"
+        " omitted (an admin token must name one).",
+    )
+    portal_id: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=r"^[0-9]+$",
+        description="The portal the callback page named: the claimer says which portal it"
+        " expects, so a code for another portal is refused.",
+    )
+    # exclude=True: never dumped, so never written to the audit with the request body.
+    claim_code: str = Field(
+        min_length=20,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        exclude=True,
+        description="The code the app's own callback page showed to the browser that installed"
+        " the app at the provider; accepted once, within 24 hours.",
+    )
+
+
 class InstallConfirmed(_Response):
     """The confirmed install: the portal's connection, created or re-authorized."""
 

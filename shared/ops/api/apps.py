@@ -21,7 +21,9 @@ from shared.ops.models import (
     ProviderAppReport,
     UnroutedPortal,
 )
+from shared.providers import install as oauth_install
 from shared.providers import registry
+from shared.providers.install import InstallRefused
 from shared.publishing import subscriptions
 from shared.publishing.subscriptions import SubscriptionKey, last_app_reconcile
 
@@ -74,6 +76,12 @@ def confirm_app_install(call: Call) -> InstallConfirmed:
     return installs.confirm(call.db, call.principal, provider, call.path["app_id"], call.body)
 
 
+def claim_app_install(call: Call) -> InstallConfirmed:
+    """Claim an install that started at the provider (shared/ops/installs.py)."""
+    provider = _provider(call, registry.oauth_providers(), "app installed with OAuth")
+    return installs.claim(call.db, call.principal, provider, call.path["app_id"], call.body)
+
+
 def _project_app(call: Call) -> ProviderApp:
     """The path's app, of a provider whose apps can be projects; operator only (an app spans
     tenants), a tenant's token gets the 404 an unknown app gets."""
@@ -105,7 +113,10 @@ def _project_report(call: Call, app: ProviderApp) -> AppProjectReport:
         app_id=app.app_id,
         platform=app.platform,
         scopes=list(app.oauth_scopes),
-        redirect_urls=[u for u in (redirect,) if u],
+        # The app's own callback first: HubSpot's install URL and Marketplace installs come
+        # back to a redirect URL of the app with no state of ours (docs do not say which one
+        # when several are listed; not confirmed), and only that path names the app.
+        redirect_urls=[u for u in (_own_callback(app), redirect) if u],
         target_url=(public + app_path(app.provider, app.app_id)) if public else None,
         needed=_subscriptions(desired.keys),
         unsupported=list(desired.unsupported),
@@ -113,6 +124,13 @@ def _project_report(call: Call, app: ProviderApp) -> AppProjectReport:
         declared_at=app.project_declared_at,
         missing=_subscriptions(desired.keys - declared),
     )
+
+
+def _own_callback(app: ProviderApp) -> str | None:
+    try:
+        return oauth_install.app_callback_url(app.app_id, app.provider)
+    except InstallRefused:  # ONCEFLOW_OAUTH_REDIRECT_URL not set: no install can come back
+        return None
 
 
 def app_project(call: Call) -> AppProjectReport:

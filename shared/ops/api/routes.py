@@ -7,6 +7,7 @@ from __future__ import annotations
 from shared.ops.api.approvals import approval_link, approve, list_approvals, reject
 from shared.ops.api.apps import (
     app_project,
+    claim_app_install,
     confirm_app_install,
     declare_app_project,
     install_app,
@@ -61,6 +62,7 @@ from shared.ops.models import (
     DecisionRequest,
     DecisionResult,
     HealthReport,
+    InstallClaim,
     InstallConfirm,
     InstallConfirmed,
     InstallRequest,
@@ -332,6 +334,21 @@ ROUTES: tuple[Route, ...] = (
         path_params=("app_id", "provider"),
         path_choices=(("provider", registry.oauth_providers()),),
         action="apps.{provider}.install.confirm",
+    ),
+    Route(
+        "apps.install.claim",
+        "POST",
+        "/v1/apps/{provider}/{app_id}/installs/claim",
+        claim_app_install,
+        InstallConfirmed,
+        "Claim an install that started at the provider (the app's install URL, a Marketplace"
+        " listing) for a tenant, with the portal and the code the app's own callback page"
+        " showed: once, within 24 hours; creates or re-authorizes the portal's connection",
+        body=InstallClaim,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("app_id", "provider"),
+        path_choices=(("provider", registry.oauth_providers()),),
+        action="apps.{provider}.install.claim",
     ),
     Route(
         "credits.get",
