@@ -15,6 +15,7 @@ import base64
 import re
 import threading
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import httpx
@@ -291,3 +292,20 @@ def test_a_refusal_at_the_apps_callback_keeps_nothing(
     assert replay.status_code == 400 and CLAIM_CODE.search(replay.text) is None
     assert [p["portal_id"] for p in pending(db)] == ["3008"]
     assert connections_of(db) == []
+
+
+def test_an_install_waiting_for_a_claim_is_a_line_on_the_operators_page_only(
+    db: Database, fake: FakeCrm, webhook: str, client: Any
+) -> None:
+    page_code(install_at_hubspot(fake, webhook, 3009))
+    admin = mint(db, None)
+    (waiting,) = client.get("/v1/health", headers=bearer(admin)).get_json()["waiting_claims"]
+    assert (waiting["app_id"], waiting["portal_id"]) == (APP_ID, "3009")
+    assert client.post("/ui/login", data={"token": admin}).status_code == 303
+    page = client.get("/ui").get_data(as_text=True)
+    assert f"onceflow claim-install {APP_ID} 3009 CODE --tenant TENANT" in page
+    # The portal is nobody's yet: a tenant's token sees nothing of it.
+    acme = mint(db, "acme")
+    assert client.get("/v1/health", headers=bearer(acme)).get_json()["waiting_claims"] == []
+    client.post("/ui/login", data={"token": acme})
+    assert "3009" not in client.get("/ui").get_data(as_text=True)

@@ -32,8 +32,10 @@ from shared.ops.models import (
     ScheduledJobHealth,
     SchedulerHealth,
     SweepDutyHealth,
+    WaitingClaim,
 )
 from shared.ops.statements import CONNECTION_HEALTH, SWEEP_DUTIES
+from shared.providers.install import waiting_claims
 from shared.publishing.subscriptions import project_drift
 from shared.sweep.backlog import read_backlog, read_dead_letters
 
@@ -212,6 +214,7 @@ def health_report(
             backlog = read_backlog(tx)
             dead = read_dead_letters(tx)
             duties = tx.all(SWEEP_DUTIES)
+            waiting = waiting_claims(tx)
     connections = [_connection(r) for r in rows]
     if principal.is_admin:
         machinery = MachineryHealth(
@@ -230,4 +233,7 @@ def health_report(
         ],
         machinery=machinery,
         connections=connections,
+        waiting_claims=(
+            [WaitingClaim.model_validate(w) for w in waiting] if principal.is_admin else []
+        ),
     )

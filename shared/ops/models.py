@@ -870,6 +870,16 @@ class ConnectionHealth(_Response):
     last_reconcile_errors: list[str]
 
 
+class WaitingClaim(_Response):
+    """An install that started at the provider, waiting for a tenant's operator to claim it."""
+
+    provider: str
+    app_id: str
+    portal_id: str
+    created_at: datetime
+    claim_by: datetime
+
+
 class HealthReport(_Response):
     checked_at: datetime
     problems: list[str] = Field(description="What looks stuck or broken, in plain words.")
@@ -877,6 +887,11 @@ class HealthReport(_Response):
         description="Scheduler, queues and dead letters: admin tokens only (null otherwise)."
     )
     connections: list[ConnectionHealth]
+    waiting_claims: list[WaitingClaim] = Field(
+        default_factory=list,
+        description="Installs that started at the provider and wait for a claim"
+        " (`POST /v1/apps/{provider}/{app_id}/installs/claim`): admin tokens only.",
+    )
 
 
 # ---- app installs (OAuth) -----------------------------------------------------------------

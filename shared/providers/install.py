@@ -82,6 +82,7 @@ PENDING_INSERT = SQL["pending_install_insert"]
 PENDING_LOCK = SQL["pending_install_lock"]
 PENDING_CLAIM = SQL["pending_install_claim"]
 PENDING_DONE = SQL["pending_install_done"]
+PENDING_WAITING = SQL["pending_installs_waiting"]
 PENDING_TRIM = SQL["pending_installs_trim"]
 PENDING_GRANTS_CLEAR = SQL["pending_lapsed_grants_clear"]
 
@@ -453,6 +454,12 @@ def finish_unclaimed(
             claim_ttl_seconds=CLAIM_TTL_SECONDS,
         )
     return Unclaimed(app.provider, app.app_id, info.account_id, claim_code, claim_by)
+
+
+def waiting_claims(tx: Tx) -> list[dict[str, Any]]:
+    """Installs that started at the provider and wait for a claim (at most 50, newest first):
+    for the operator's health page, never a tenant's (the portals are nobody's yet)."""
+    return tx.all(PENDING_WAITING)
 
 
 def claim(

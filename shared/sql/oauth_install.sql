@@ -132,6 +132,15 @@ UPDATE pending_app_installs
  WHERE id = :id AND claimed_at IS NULL AND claim_by > now()
 RETURNING id
 
+-- name: pending_installs_waiting
+-- Ops (operators only: the portals are no tenant's yet): installs that started at the provider
+-- and wait for a claim, newest first, through the partial index on unclaimed rows.
+SELECT provider, app_id, portal_id, created_at, claim_by
+  FROM pending_app_installs
+ WHERE claimed_at IS NULL AND claim_by > now()
+ ORDER BY created_at DESC
+ LIMIT 50
+
 -- name: pending_install_done
 UPDATE pending_app_installs SET connection_id = CAST(:connection_id AS uuid)
  WHERE id = :id AND claimed_at IS NOT NULL
