@@ -13,7 +13,9 @@ does instead of branching on its name. A provider is a webhook scheme first (`ve
 - `subscription_event_kinds`: onceflow's event actions as the vendor's subscription event
   kinds, for the subscriptions reconcile (shared/publishing/subscriptions.py);
 - `journal`: an app's events kept by the vendor in a journal read by offset, a pull source
-  beside (or instead of) webhooks (shared/ingest/journal.py reads it).
+  beside (or instead of) webhooks (shared/ingest/journal.py reads it);
+- `project`: an app built as files the vendor's own CLI deploys (a HubSpot project-based app),
+  which `onceflow <provider> project DIR` writes and updates (shared/ops/cli.py).
 
 Adding a provider is a folder under shared/providers/ that builds one `Provider`, and its line
 in the registry.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from shared.accounts.oauth_tokens import Grant, Refresher
@@ -203,6 +206,37 @@ class Journal:
     subscriptions: Callable[[ProviderApp, tuple[str, ...]], SubscriptionApi] | None = None
 
 
+# (object type, provider event kind, property): one webhook subscription, as
+# shared/publishing/subscriptions.py computes them and shared/port/interface.py `Subscription.key`.
+SubscriptionKey = tuple[str, str, str | None]
+
+
+@dataclass(frozen=True)
+class ProjectSpec:
+    """What onceflow asks of an app's project files: its OAuth client (scopes, where the
+    install comes back) and its webhooks (where they go, which subscriptions)."""
+
+    app_id: str
+    name: str  # the app's name for a new project; an existing one keeps its own
+    scopes: tuple[str, ...]
+    redirect_urls: tuple[str, ...]
+    target_url: str | None  # None: keep the one the files hold
+    subscriptions: frozenset[SubscriptionKey]
+
+
+@dataclass(frozen=True)
+class AppProject:
+    """An app whose configuration and webhook subscriptions are files deployed with the
+    vendor's CLI, not settings an API changes."""
+
+    # Writes or updates the project under the directory, keeping what a person added there;
+    # returns the subscriptions the files declare afterwards (read back from them).
+    write: Callable[[Path, ProjectSpec], frozenset[SubscriptionKey]]
+    # The subscriptions the project under the directory declares.
+    read_declared: Callable[[Path], frozenset[SubscriptionKey]]
+    deploy_hint: str  # what a person runs after writing, e.g. the vendor CLI's upload command
+
+
 @dataclass(frozen=True)
 class Provider:
     name: str  # as stored in connections.provider and in event types (`<name>.<object>.…`)
@@ -223,3 +257,4 @@ class Provider:
     oauth: OAuth | None = None
     subscription_event_kinds: Mapping[str, str] = field(default_factory=dict)
     journal: Journal | None = None
+    project: AppProject | None = None

@@ -10,7 +10,7 @@ shared/providers/registry.py lists it; nothing outside shared/providers/ names i
 from __future__ import annotations
 
 from shared.providers.descriptor import AppWebhooks, Crm, OAuth, Provider
-from shared.providers.hubspot import apps, journal, normalize, oauth, records, signature
+from shared.providers.hubspot import apps, journal, normalize, oauth, project, records, signature
 from shared.providers.hubspot.port import HubSpotPort
 
 PROVIDER = Provider(
@@ -63,4 +63,6 @@ PROVIDER = Provider(
         "association_changed": "associationChange",
     },
     journal=journal.JOURNAL,
+    # Project-based apps: webhooks declared in the project's files (project.py).
+    project=project.PROJECT,
 )
