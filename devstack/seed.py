@@ -108,6 +108,16 @@ def connection(
     )
 
 
+def connection_user(tx: Tx, connection_id: str, user_id: str) -> None:
+    """Record the provider user `connection_id`'s writes act as (what install learns from the
+    provider: shared/ingest/echo.py tells its own writes' echoes by it)."""
+    tx.execute(
+        "UPDATE connections SET provider_user_id = :u WHERE id = CAST(:id AS uuid)",
+        u=user_id,
+        id=connection_id,
+    )
+
+
 def workflow(
     tx: Tx,
     tenant_id: str,

@@ -172,3 +172,9 @@ class Provider:
     app: AppWebhooks | None = None
     oauth: OAuth | None = None
     subscription_event_kinds: Mapping[str, str] = field(default_factory=dict)
+    # The `author_source` its events carry for a change made through its API, when they name
+    # who made each change (`Capabilities.event_author_identity`) and a connection's writes
+    # act as one user (`connections.provider_user_id`): an event from another source or user
+    # is then not onceflow's echo, whatever the markers say (shared/ingest/echo.py
+    # `authored_elsewhere`). None: the echo-marker rule decides alone.
+    api_author_source: str | None = None
