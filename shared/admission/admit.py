@@ -97,6 +97,7 @@ from shared.ingest.echo import (
     is_echo,
     markers_from_json,
 )
+from shared.providers import registry
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
@@ -345,6 +346,11 @@ class EventFacts:
     def scope(self) -> PreparedScope:
         return PreparedScope(rule_scope(self.occurrence, self.occurrence.record()))
 
+    def object_kind(self, name: str) -> str | None:
+        """The neutral kind a record expression's `object_type` means on the event's
+        connection (Pipedrive's `person` is a `contact`): shared/providers/registry.py."""
+        return registry.object_kind(name, self.connection_provider)
+
     @cached_property
     def refusal(self) -> tuple[Reason, str] | None:
         return event_refusal(self)
@@ -399,7 +405,9 @@ def resolve_record(
     if trigger.record_expression is None:
         key, _, missing = trigger_record(event.occurrence, None)
         return key, event.scope.values["record"], missing
-    return record_from_expression(trigger.record_expression, event.scope, event.occurrence)
+    return record_from_expression(
+        trigger.record_expression, event.scope, event.occurrence, event.object_kind
+    )
 
 
 def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:

@@ -46,6 +46,7 @@ from shared.core.logs import get_logger
 from shared.port.interface import CrmPort, PortError, Subscription
 from shared.providers import registry
 from shared.workflows import listening
+from shared.workflows.definition import ANY_CRM
 
 SQL = queries.load("workflows")
 ACTIVE_DEFINITIONS = SQL["workflows_active_definitions"]
@@ -133,7 +134,11 @@ def desired_subscriptions(
     unsupported: list[str] = []
     prefix = f"{provider}."
     for listener in (x for d in definitions for x in listening.listeners(d)):
-        if not listener.event.startswith(prefix):
+        if listener.event.startswith(f"{ANY_CRM}."):
+            # Any CRM's event: this provider's part of it, when it sends that event at all.
+            if not any(t.startswith(prefix) for t in registry.event_types_for(listener.event)):
+                continue
+        elif not listener.event.startswith(prefix):
             continue
         parsed = listener.object_and_action(provider)
         if parsed is None:

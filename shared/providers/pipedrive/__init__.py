@@ -20,4 +20,14 @@ PROVIDER = Provider(
     # v2 guide; docs/vendors/pipedrive.md §5). Not unique to onceflow (the same user's other
     # integrations write as `api` too), so it only rules echoes out; markers rule them in.
     api_author_source="api",
+    # onceflow's neutral kinds in Pipedrive's names: its webhook `meta.entity` and API paths
+    # (/api/v2/persons, /organizations, /deals, /activities; notes are v1 only: /v1/notes),
+    # docs/vendors/pipedrive.md "Mapping to onceflow's port".
+    object_kinds={
+        "contact": "person",
+        "company": "organization",
+        "deal": "deal",
+        "task": "activity",
+        "note": "note",
+    },
 )

@@ -1,7 +1,8 @@
 """Pipedrive webhooks (v2): `{"meta": {...}, "data": {...}, "previous": {...}}`.
 
-`meta.action` is `create`, `change` or `delete`; `meta.entity` the object (`person` and
-`organization` become onceflow's singular `contact` and `company`); `meta.entity_id` the
+`meta.action` is `create`, `change` or `delete`; `meta.entity` the object, in Pipedrive's own
+name (the registry names it by onceflow's neutral kind: `person` becomes `contact`, from the
+provider's declared `object_kinds`, shared/providers/registry.py); `meta.entity_id` the
 record; `meta.id` the event id; `meta.timestamp` when it happened; `meta.change_source`
 (`app`, `api`) and `meta.user_id` who did it (webhooks v2 guide, "Webhook's meta block",
 https://pipedrive.readme.io/docs/guide-for-webhooks-v2).
@@ -31,11 +32,10 @@ from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationErro
 
 from shared.normalize.event import Kind, NormalizedEvent, UnparseableBody, snake
 
-_ENTITIES = {"person": "contact", "organization": "company"}
 # The entities Pipedrive sends webhooks for (its webhooks guide: activity, deal, lead, note,
-# organization, person, pipeline, product, stage, user), as onceflow names them.
+# organization, person, pipeline, product, stage, user).
 OBJECTS: tuple[str, ...] = (
-    *("activity", "deal", "lead", "note", "company", "contact"),
+    *("activity", "deal", "lead", "note", "organization", "person"),
     *("pipeline", "product", "stage", "user"),
 )
 _ACTIONS: dict[str, tuple[str, Kind]] = {
@@ -120,7 +120,7 @@ def normalize(body: bytes) -> list[NormalizedEvent]:
         where = ".".join(str(p) for p in first.get("loc", ()))
         raise UnparseableBody(f"not a Pipedrive webhook: {where}: {first['msg']}") from None
     meta = event.meta
-    object_type = _ENTITIES.get(meta.entity, snake(meta.entity))
+    object_type = snake(meta.entity)
     action, kind = _ACTIONS.get(meta.action, (snake(meta.action), "other"))
     if not object_type or not action:
         raise UnparseableBody("unusable meta.entity or meta.action")
