@@ -286,3 +286,16 @@ def test_a_wait_on_any_crms_event_waits_for_its_connections() -> None:
     assert on("hubspot", "crm.contact.property_changed") == "hubspot.contact.property_changed"
     assert on("standard", "crm.contact.created") == "crm.contact.created"  # no CRM: as written
     assert on("pipedrive", "hubspot.deal.created") == "hubspot.deal.created"
+
+
+@pytest.mark.parametrize(("kind", "ok"), [("person", True), ("companies", True), ("widget", False)])
+def test_a_crm_poll_source_takes_neutral_kinds_and_a_crms_own(kind: str, ok: bool) -> None:
+    text = (
+        "trigger:\n  dedup: every_time\n  poll:\n    every_seconds: 600\n"
+        "    stamp_policy: on_success\n    crm:\n"
+        "      connection: 0c0ffee0-5a1e-4000-8000-00000000a11c\n"
+        f"      object_type: {kind}\n      stamp: onceflow_routed_at\n"
+        "steps:\n  - {id: a, type: end}\n"
+    )
+    report = validate_text(HEAD + text, "w.yaml")
+    assert [p.where for p in report.errors] == ([] if ok else ["trigger.poll.crm.object_type"])
