@@ -77,6 +77,7 @@ def connection(
     status: str = "active",
     excluded_authors: Sequence[str] = (),
     connection_id: str | None = None,
+    provider_user_id: str | None = None,
 ) -> str:
     """A connection of `tenant_id`, made by `connections.create_connection` as the ops API
     makes it; its id. What an operator changes later (a status other than active, excluded
@@ -92,6 +93,7 @@ def connection(
         provider_account_id=provider_account_id,
         watched_fields=watched_fields,
         provider_app_id=provider_app_id,
+        provider_user_id=provider_user_id,
     )
     if status == "active" and not excluded_authors and connection_id is None:
         return made
@@ -105,16 +107,6 @@ def connection(
             new=connection_id,
             id=made,
         )
-    )
-
-
-def connection_user(tx: Tx, connection_id: str, user_id: str) -> None:
-    """Record the provider user `connection_id`'s writes act as (what install learns from the
-    provider: shared/ingest/echo.py tells its own writes' echoes by it)."""
-    tx.execute(
-        "UPDATE connections SET provider_user_id = :u WHERE id = CAST(:id AS uuid)",
-        u=user_id,
-        id=connection_id,
     )
 
 

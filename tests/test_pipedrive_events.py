@@ -27,30 +27,34 @@ from tests.ingest_support import (
     PIPEDRIVE_CREDENTIALS,
     basic_auth,
     inbox_rows,
-    make_connection,
+    make_tenant,
     trigger_events,
     webhook_client,
 )
+from tests.ops_support import bearer, mint
 
 OUR_USER = "12415231"  # the Pipedrive user onceflow's connection acts as (GET /v1/users/me)
 T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
 
 
 @pytest.fixture
-def client(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The webhook function (functions-framework's test client)."""
     monkeypatch.setenv("WEBHOOK_NUDGE", "off")  # the tests drain the inbox themselves
     monkeypatch.setenv("PIPEDRIVE_CREDENTIALS_ACME", PIPEDRIVE_CREDENTIALS)
     yield webhook_client()
 
 
 def pipedrive_connection(db: Database, *, user_id: str | None = OUR_USER) -> str:
-    connection_id = make_connection(
-        db, provider="pipedrive", secret_env="PIPEDRIVE_CREDENTIALS_ACME"
-    )
-    if user_id is not None:
-        with db.transaction() as tx:
-            seed.connection_user(tx, connection_id, user_id)
-    return connection_id
+    make_tenant(db)
+    with db.transaction() as tx:
+        return seed.connection(
+            tx,
+            "acme",
+            provider="pipedrive",
+            webhook_secret_env="PIPEDRIVE_CREDENTIALS_ACME",
+            provider_user_id=user_id,
+        )
 
 
 def watching(db: Database, watch: list[str]) -> str:
@@ -97,9 +101,9 @@ def person_change(
     ).encode()
 
 
-def deliver(client: Any, db: Database, connection_id: str, body: bytes) -> dict[str, Any]:
+def deliver(hooks: Any, db: Database, connection_id: str, body: bytes) -> dict[str, Any]:
     """POST the body as Pipedrive would (HTTP Basic), drain the inbox; the body's inbox row."""
-    response = client.post(f"/pipedrive/{connection_id}", data=body, headers=basic_auth())
+    response = hooks.post(f"/pipedrive/{connection_id}", data=body, headers=basic_auth())
     assert response.status_code == 200, response.data
     drain_inbox(db, budget_seconds=10, until_empty=True)
     return inbox_rows(db)[-1]
@@ -111,19 +115,19 @@ def admit_last(db: Database) -> list[str | None]:
     return [o.reason for o in result.outcomes]
 
 
-def test_a_change_of_only_update_time_is_dropped_as_unchanged(client: Any, db: Database) -> None:
+def test_a_change_of_only_update_time_is_dropped_as_unchanged(hooks: Any, db: Database) -> None:
     """Every v2 change carries `update_time` in `previous`; a change where nothing else
     changed (a note re-saved, a custom field set to what it was) is no change of any field a
     workflow can watch, even one watching every field."""
     connection_id = pipedrive_connection(db)
     watching(db, [])
-    row = deliver(client, db, connection_id, person_change("e-1", data={}, previous={}))
+    row = deliver(hooks, db, connection_id, person_change("e-1", data={}, previous={}))
     assert row["outcome"] == {"produced": 0, "dropped": {"unchanged": 1}}
     assert trigger_events(db) == []
 
 
 def test_a_change_reports_the_fields_that_changed_custom_fields_by_key(
-    client: Any, db: Database
+    hooks: Any, db: Database
 ) -> None:
     connection_id = pipedrive_connection(db)
     watching(db, [])
@@ -133,14 +137,14 @@ def test_a_change_reports_the_fields_that_changed_custom_fields_by_key(
         data={"email": "ada@x.io", "custom_fields": {hashed: {"type": "varchar", "value": "VIP"}}},
         previous={"email": "old@x.io", "custom_fields": {hashed: None}},
     )
-    row = deliver(client, db, connection_id, body)
+    row = deliver(hooks, db, connection_id, body)
     assert row["outcome"] == {"produced": 1, "dropped": {}}
     (event,) = trigger_events(db)
     assert event["changed_fields"] == {"email": "ada@x.io", hashed: "VIP"}
     assert event["event_type"] == "pipedrive.contact.property_changed"
 
 
-def test_a_stale_change_is_dropped_and_a_retry_is_re_announced(client: Any, db: Database) -> None:
+def test_a_stale_change_is_dropped_and_a_retry_is_re_announced(hooks: Any, db: Database) -> None:
     """Retries (3, 30, 150 s) can overtake a later first attempt: the older change arrives
     after the newer one and must not move the field back. A retry of the same event
     (`attempt` + 1, same `meta.id`, so a different body) is the same event again."""
@@ -153,15 +157,15 @@ def test_a_stale_change_is_dropped_and_a_retry_is_re_announced(client: Any, db: 
         previous={"email": "old@x.io"},
         at=T0 - timedelta(seconds=5),
     )
-    assert deliver(client, db, connection_id, newer)["outcome"] == {"produced": 1, "dropped": {}}
-    assert deliver(client, db, connection_id, older)["outcome"] == {
+    assert deliver(hooks, db, connection_id, newer)["outcome"] == {"produced": 1, "dropped": {}}
+    assert deliver(hooks, db, connection_id, older)["outcome"] == {
         "produced": 0,
         "dropped": {"out_of_order": 1},
     }
     retry = person_change(
         "e-2", data={"email": "new@x.io"}, previous={"email": "mid@x.io"}, at=T0, attempt=2
     )
-    assert deliver(client, db, connection_id, retry)["outcome"] == {
+    assert deliver(hooks, db, connection_id, retry)["outcome"] == {
         "produced": 0,
         "dropped": {"re_announced": 1},
     }
@@ -183,7 +187,7 @@ def _mark_written(db: Database, connection_id: str, fields: dict[str, Any]) -> N
 
 
 def test_onceflows_own_api_write_comes_back_and_is_refused_as_an_echo(
-    client: Any, db: Database
+    hooks: Any, db: Database
 ) -> None:
     """Our write comes back as `change_source: api` by the connection's user, with
     `update_time` in `previous`: the marker rule must see only the field onceflow wrote."""
@@ -198,7 +202,7 @@ def test_onceflows_own_api_write_comes_back_and_is_refused_as_an_echo(
         change_source="api",
         user_id=OUR_USER,
     )
-    deliver(client, db, connection_id, body)
+    deliver(hooks, db, connection_id, body)
     assert admit_last(db) == ["echo_suppressed"]
 
 
@@ -208,12 +212,26 @@ def test_onceflows_own_api_write_comes_back_and_is_refused_as_an_echo(
     ids=["our-user-in-the-web-app", "another-integration"],
 )
 def test_a_change_not_made_by_onceflows_api_user_is_never_an_echo(
-    client: Any, db: Database, change_source: str, user_id: str
+    hooks: Any, client: Any, db: Database, change_source: str, user_id: str
 ) -> None:
     """The author says who made the change: the connection's user editing in the web app, or
     another user's API integration, setting the very value onceflow wrote within the
-    marker's TTL, is a real change (the marker rule alone would take it for an echo)."""
-    connection_id = pipedrive_connection(db)
+    marker's TTL, is a real change (the marker rule alone would take it for an echo). The
+    operator names the connection's user when making it (ops API)."""
+    make_tenant(db)
+    made = client.post(
+        "/v1/connections",
+        headers=bearer(mint(db, None, label="ops-admin")),
+        json={
+            "tenant_id": "acme",
+            "provider": "pipedrive",
+            "webhook_secret_env": "PIPEDRIVE_CREDENTIALS_ACME",
+            "provider_user_id": OUR_USER,
+        },
+    )
+    assert made.status_code == 201, made.get_json()
+    assert made.get_json()["provider_user_id"] == OUR_USER
+    connection_id = made.get_json()["id"]
     watching(db, ["email"])
     _mark_written(db, connection_id, {"email": "ada@x.io"})
     body = person_change(
@@ -224,12 +242,12 @@ def test_a_change_not_made_by_onceflows_api_user_is_never_an_echo(
         change_source=change_source,
         user_id=user_id,
     )
-    deliver(client, db, connection_id, body)
+    deliver(hooks, db, connection_id, body)
     assert admit_last(db) == [None]
 
 
 def test_without_the_connections_user_the_marker_rule_decides_alone(
-    client: Any, db: Database
+    hooks: Any, db: Database
 ) -> None:
     """A connection whose user onceflow never learnt (made before install recorded it) falls
     back to the marker rule: an (app) change matching a live marker is taken for an echo."""
@@ -243,5 +261,5 @@ def test_without_the_connections_user_the_marker_rule_decides_alone(
         at=datetime.now(UTC),
         change_source="app",
     )
-    deliver(client, db, connection_id, body)
+    deliver(hooks, db, connection_id, body)
     assert admit_last(db) == ["echo_suppressed"]
