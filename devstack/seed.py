@@ -78,6 +78,7 @@ def connection(
     status: str = "active",
     excluded_authors: Sequence[str] = (),
     connection_id: str | None = None,
+    provider_user_id: str | None = None,
 ) -> str:
     """A connection of `tenant_id`, made by `connections.create_connection` as the ops API
     makes it; its id. What an operator changes later (a status other than active, excluded
@@ -93,6 +94,7 @@ def connection(
         provider_account_id=provider_account_id,
         watched_fields=watched_fields,
         provider_app_id=provider_app_id,
+        provider_user_id=provider_user_id,
     )
     if status == "active" and not excluded_authors and connection_id is None:
         return made

@@ -1010,6 +1010,14 @@ class ConnectionCreate(_Request):
         default=None, max_length=100, description="HubSpot's portal id."
     )
     provider_app_id: Text | None = Field(default=None, pattern=r"^[0-9]{1,20}$")
+    provider_user_id: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The provider user the connection's API token acts as (Pipedrive: `id` "
+        "of GET /v1/users/me). Events by another user, or not made through the API, are then "
+        "never taken for onceflow's own echo.",
+    )
     watched_fields: dict[Text, list[Text]] = Field(default_factory=dict)
 
 
@@ -1020,6 +1028,7 @@ class ConnectionSummary(_Response):
     status: str
     provider_account_id: str | None
     provider_app_id: str | None
+    provider_user_id: str | None = None
     api_base_url: str | None
     webhook_secret_env: str
     api_credentials_env: str | None

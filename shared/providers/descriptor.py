@@ -15,7 +15,10 @@ does instead of branching on its name. A provider is a webhook scheme first (`ve
 - `journal`: an app's events kept by the vendor in a journal read by offset, a pull source
   beside (or instead of) webhooks (shared/ingest/journal.py reads it);
 - `project`: an app built as files the vendor's own CLI deploys (a HubSpot project-based app),
-  which `onceflow <provider> project DIR` writes and updates (shared/ops/cli.py).
+  which `onceflow <provider> project DIR` writes and updates (shared/ops/cli.py);
+- `object_kinds`: its own name for each of onceflow's neutral object kinds (contact, company,
+  deal, task, note: shared/port/interface.py `KINDS`), which makes it a CRM whose events
+  `crm.<kind>.<action>` triggers hear (shared/providers/registry.py `event_types_for`).
 
 Adding a provider is a folder under shared/providers/ that builds one `Provider`, and its line
 in the registry.
@@ -32,7 +35,14 @@ from typing import Protocol
 from shared.accounts.oauth_tokens import Grant, Refresher
 from shared.accounts.provider_apps import ProviderApp
 from shared.normalize.event import NormalizedEvent
-from shared.port.interface import Capabilities, CrmPort, SubscriptionApi
+from shared.port.interface import (
+    KINDS,
+    Capabilities,
+    CrmPort,
+    SubscriptionApi,
+    neutral_object_kind,
+    plural_of,
+)
 
 TOLERANCE_SECONDS = 300  # how far a signed timestamp may be from now, either way
 
@@ -258,3 +268,39 @@ class Provider:
     subscription_event_kinds: Mapping[str, str] = field(default_factory=dict)
     journal: Journal | None = None
     project: AppProject | None = None
+    # The `author_source` its events carry for a change made through its API, when they name
+    # who made each change (`Capabilities.event_author_identity`) and a connection's writes
+    # act as one user (`connections.provider_user_id`): an event from another source or user
+    # is then not onceflow's echo, whatever the markers say (shared/ingest/echo.py
+    # `authored_elsewhere`). None: the echo-marker rule decides alone.
+    api_author_source: str | None = None
+    # Its own (singular) name for each neutral object kind it has: {"contact": "person"}. A
+    # workflow may name a kind either way (`object_kind`); its events are normalized to the
+    # neutral kind (registry.normalize), and its adapter turns the neutral kind the port is
+    # given back into its own name (`own_object_kind`). Declared here, not on `Crm`: its
+    # webhooks name records whether or not onceflow can call its API.
+    object_kinds: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.object_kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"{self.name}: object_kinds maps no neutral kind {sorted(unknown)}")
+
+    def object_kind(self, name: str) -> str | None:
+        """The neutral kind (singular) `name` means on this provider: a neutral kind, or its
+        own name of one, singular or plural, any case (`person`, `Organizations`); None when
+        it is neither."""
+        kind = neutral_object_kind(name)
+        if kind is not None:
+            return kind
+        word = name.strip().lower()
+        for neutral, own in self.object_kinds.items():
+            if word in (own, plural_of(own)):
+                return neutral
+        return None
+
+    def own_object_kind(self, name: str) -> str | None:
+        """Its own (singular) name for the kind `name` means (`object_kind`): contact ->
+        person; None when `name` means no kind it has."""
+        kind = self.object_kind(name)
+        return None if kind is None else self.object_kinds.get(kind)

@@ -55,6 +55,7 @@ from shared.ingest import journal
 from shared.port.interface import CrmPort, PortError, Subscription, SubscriptionApi
 from shared.providers import registry
 from shared.workflows import listening
+from shared.workflows.definition import ANY_CRM
 
 SQL = queries.load("workflows")
 ACTIVE_DEFINITIONS = SQL["workflows_active_definitions"]
@@ -145,7 +146,11 @@ def desired_subscriptions(
     unsupported: list[str] = []
     prefix = f"{provider}."
     for listener in (x for d in definitions for x in listening.listeners(d)):
-        if not listener.event.startswith(prefix):
+        if listener.event.startswith(f"{ANY_CRM}."):
+            # Any CRM's event: this provider's part of it, when it sends that event at all.
+            if not any(t.startswith(prefix) for t in registry.event_types_for(listener.event)):
+                continue
+        elif not listener.event.startswith(prefix):
             continue
         parsed = listener.object_and_action(provider)
         if parsed is None:

@@ -53,6 +53,9 @@ PROVIDER = Provider(
         refresher=oauth.hubspot_refresher,
     ),
     # onceflow event actions (shared/normalize/event.py naming) -> webhooks v3 event kinds.
+    # HubSpot's CRM objects are named as onceflow names them (/crm/v3/objects/contacts, …,
+    # /crm/v3/objects/tasks and /notes: https://developers.hubspot.com/docs/api/crm/understanding-the-crm).
+    object_kinds={k: k for k in ("contact", "company", "deal", "task", "note")},
     subscription_event_kinds={
         "created": "creation",
         "property_changed": "propertyChange",
