@@ -1,9 +1,9 @@
 """The Pipedrive adapter against the fake Pipedrive over real HTTP: records through API v2 (v1
 notes), errors classified into PortError, the burst limit's 429 waited out for the time its
-headers give, creates kept at most once through crm.create (a lost answer is OUTCOME_UNKNOWN,
-never sent again: Pipedrive has no idempotent create), API-token and OAuth connections built
-by shared/providers/connect.py, an expired OAuth token refreshed once under concurrency, and
-webhooks managed as subscriptions."""
+headers give, API-token and OAuth connections built by shared/providers/connect.py, an expired
+OAuth token refreshed once under concurrency, and webhooks managed as subscriptions. Creates
+kept at most once (a lost answer OUTCOME_UNKNOWN, never sent again: Pipedrive has no
+idempotent create) are proven for both CRMs in tests/test_blocks_crm.py (`crm_under_test`)."""
 
 from __future__ import annotations
 
@@ -203,25 +203,6 @@ def test_a_spent_daily_budget_waits_until_midnight(
     other.close()
     assert err.value.code == "rate_limited" and err.value.retry_after is not None
     assert err.value.retry_after > 2  # not the burst window: until the daily reset
-
-
-def test_a_create_whose_answer_is_lost_is_not_repeated_and_is_outcome_unknown(
-    db: Database, fake: FakePipedrive
-) -> None:
-    """Pipedrive makes a second record for a create sent again (tests/test_fakepipedrive.py):
-    through onceflow, the lost answer leaves one record and the step OUTCOME_UNKNOWN."""
-    connection_id = api_connection(db, fake)
-    fake.add_fault("drop_after_commit", method="POST", path="/api/v2/deals$")
-    step = StepRunner(db, "crm.create", connection_id=connection_id)
-    config = {"object_type": "deals", "properties": {"title": "Once"}}
-    with pytest.raises(BlockFailure) as err:
-        step.run(crm.CREATE, config)
-    assert err.value.outcome_code == "OUTCOME_UNKNOWN" and err.value.error_class == "permanent"
-    with pytest.raises(BlockFailure) as again:
-        step.run(crm.CREATE, config)
-    assert again.value.outcome_code == "OUTCOME_UNKNOWN"
-    assert len(fake.stored("deal")) == 1
-    assert len([r for r in fake.requests if r["method"] == "POST"]) == 1
 
 
 def oauth_connection(db: Database, fake: FakePipedrive) -> str:
