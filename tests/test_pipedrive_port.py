@@ -8,6 +8,7 @@ idempotent create) are proven for both CRMs in tests/test_blocks_crm.py (`crm_un
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -26,7 +27,9 @@ from shared.core.db import Database
 from shared.port.interface import Association, PortError, SearchFilter, Subscription
 from shared.providers import connect, registry
 from shared.providers.pipedrive import oauth
-from shared.providers.pipedrive.port import PipedrivePort
+from shared.providers.pipedrive.port import EVENT_OBJECTS, PipedrivePort
+from shared.publishing import subscriptions as subs
+from shared.publishing import versions
 from tests.blocks_support import StepRunner, seed_tenant
 from tests.steps_support import TENANT
 
@@ -292,7 +295,7 @@ def test_webhooks_are_subscriptions_of_this_ports_url(fake: FakePipedrive) -> No
         webhook_auth=("onceflow", "s3cret"),
     )
     made = port.create_subscription(Subscription("contact", "change", "email"))
-    assert (made.object_type, made.event_kind) == ("person", "change")
+    assert (made.object_type, made.event_kind) == ("contact", "change")  # as events name it
     [hook] = fake.webhooks.values()
     assert hook["http_auth_user"] == "onceflow" and hook["version"] == "2.0"
     httpx.post(
@@ -308,3 +311,70 @@ def test_webhooks_are_subscriptions_of_this_ports_url(fake: FakePipedrive) -> No
     port.delete_subscription(str(made.id))
     assert port.list_subscriptions() == []
     port.close()
+
+
+RECONCILED = """
+name: pd-reconcile
+tenant: acme
+trigger:
+  events: [pipedrive.contact.property_changed, pipedrive.deal.created]
+  watch: [name, email]
+steps:
+  - id: s0
+    type: end
+"""
+
+
+def test_the_reconcile_creates_and_repairs_the_connections_webhooks(
+    db: Database, fake: FakePipedrive, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through shared/publishing/subscriptions.py with the port connect.py builds: one webhook
+    per (object, action) — no per-field subscriptions — delivering to the connection's own URL
+    with its webhook secret as HTTP Basic; a second reconcile has nothing to do; a webhook
+    Pipedrive deleted (3 days without a successful delivery) is created again."""
+    monkeypatch.setenv("PUBLIC_BASE_URL", "https://hooks.example.com/webhook")
+    monkeypatch.setenv("PIPEDRIVE_CREDENTIALS", "onceflow:s3cret")
+    connection_id = api_connection(db, fake)
+    with db.transaction() as tx:
+        published = versions.publish(tx, RECONCILED, filename="pd-reconcile.yaml")
+        versions.activate(
+            tx,
+            tenant_id=TENANT,
+            workflow_id=published.workflow_id,
+            version_id=published.version_id,
+        )
+    first = subs.reconcile_connection_with(db, connection_id, connect.port_for)
+    assert first.ok, first.errors
+    assert sorted(first.created) == [("contact", "change", None), ("deal", "create", None)]
+    hooks = sorted(fake.webhooks.values(), key=lambda w: str(w["event_object"]))
+    assert [(w["event_object"], w["event_action"]) for w in hooks] == [
+        ("deal", "create"),
+        ("person", "change"),
+    ]
+    assert {w["subscription_url"] for w in hooks} == {
+        f"https://hooks.example.com/webhook/pipedrive/{connection_id}"
+    }
+    assert {(w["http_auth_user"], w["http_auth_password"]) for w in hooks} == {
+        ("onceflow", "s3cret")
+    }
+    again = subs.reconcile_connection_with(db, connection_id, connect.port_for)
+    assert (again.created, again.deleted, again.kept) == ((), (), 2)
+    with fake.lock:  # Pipedrive deletes a webhook after 3 days without a successful delivery
+        del fake.webhooks[hooks[1]["id"]]
+    repaired = subs.reconcile_connection_with(db, connection_id, connect.port_for)
+    assert repaired.created == (("contact", "change", None),) and repaired.kept == 1
+    assert len(fake.webhooks) == 2
+
+
+def test_listed_webhooks_name_their_object_as_the_events_do() -> None:
+    """The port's EVENT_OBJECTS and the normaliser agree, or the reconcile would never
+    converge (desired keys come from event types, listed ones from the port)."""
+    for entity in ("person", "organization", "deal", "activity", "note"):
+        body = {
+            "meta": {"action": "create", "entity": entity, "entity_id": "1", "id": "e"}
+            | {"timestamp": "2026-12-03T10:00:00.000Z"},
+            "data": {"id": 1},
+            "previous": None,
+        }
+        (event,) = registry.normalize("pipedrive", json.dumps(body).encode(), {})
+        assert event.object_type == EVENT_OBJECTS.get(entity, entity)

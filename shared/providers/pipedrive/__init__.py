@@ -50,4 +50,12 @@ PROVIDER = Provider(
         token_account=oauth.token_account,
         refresher=oauth.pipedrive_refresher,
     ),
+    # onceflow event actions -> webhook `event_action`s (/v1/webhooks, docs/vendors/
+    # pipedrive.md §1.4). No per-field subscriptions: a property change is one `change`
+    # webhook per object, whatever fields are watched (the normaliser names them).
+    subscription_event_kinds={
+        "created": "create",
+        "property_changed": "change",
+        "deleted": "delete",
+    },
 )

@@ -104,8 +104,10 @@ SEARCH_FIELDS = {
     "organization": {"name": "name", "address": "address", "notes": "notes"},
     "deal": {"title": "title", "notes": "notes"},
 }
-# onceflow's subscription event kinds are Pipedrive's `event_action`s (§1.4).
-EVENT_ACTIONS = ("create", "change", "delete")
+# A webhook's `event_object` as the events it delivers name their object (normalize.py:
+# `pipedrive.contact.…` for a person), so listed subscriptions compare with the reconcile's
+# desired ones (tests/test_pipedrive_port.py holds the two tables together).
+EVENT_OBJECTS = {"person": "contact", "organization": "company"}
 
 
 def _number(value: str | None) -> int | None:
@@ -493,9 +495,20 @@ class PipedrivePort:
         return SearchPage(records, None if nxt is None else str(nxt))
 
     # --- webhook subscriptions (used by reconcile) -------------------------------------------
+    def target_webhooks(self, url: str, credential: str | None) -> None:
+        """Where this port's webhooks deliver (the connection's URL) and the `user:password`
+        they present there with HTTP Basic (shared/providers/pipedrive/signature.py checks
+        it): shared/providers/connect.py calls this (`WebhookTargeted`)."""
+        self.webhook_url = url
+        if credential:
+            user, _, password = credential.partition(":")
+            self.webhook_auth = (user, password)
+
     def list_subscriptions(self) -> list[Subscription]:
-        """The active webhooks of this port's URL (an app sees only its own, §1.4); one
-        `Subscription` per (object, action) a webhook covers: `*` stands for all of them."""
+        """The active webhooks of this port's URL (an app sees only its own, §1.4), one
+        `Subscription` each, its object named as the events name it (`EVENT_OBJECTS`). A
+        webhook Pipedrive deleted (3 days without a successful delivery, §1.3) is simply gone
+        from the list, so the reconcile creates it again."""
         answer = self._request("GET", WEBHOOKS_PATH)
         out: list[Subscription] = []
         for hook in answer.get("data") or []:
@@ -503,9 +516,10 @@ class PipedrivePort:
                 continue
             if self.webhook_url and hook.get("subscription_url") != self.webhook_url:
                 continue  # another integration's webhook: not ours to delete
+            entity = str(hook.get("event_object"))
             out.append(
                 Subscription(
-                    object_type=str(hook.get("event_object")),
+                    object_type=EVENT_OBJECTS.get(entity, entity),
                     event_kind=str(hook.get("event_action")),
                     id=str(hook["id"]) if hook.get("id") is not None else None,
                 )
@@ -534,7 +548,7 @@ class PipedrivePort:
             request["http_auth_user"], request["http_auth_password"] = self.webhook_auth
         hook = self._request("POST", WEBHOOKS_PATH, json=request).get("data") or {}
         return Subscription(
-            object_type=entity,
+            object_type=EVENT_OBJECTS.get(entity, entity),
             event_kind=subscription.event_kind,
             id=str(hook["id"]) if isinstance(hook, dict) and hook.get("id") is not None else None,
         )
