@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +18,7 @@ import httpx
 import pytest
 
 from devstack.fakepipedrive import DeliveryPolicy, FakePipedrive, FakePipedriveConfig
+from devstack.tools import free_port
 
 TOKEN = {"x-api-token": "pd-api-token"}
 HASH = "3d0fa3b1c2d4e5f60718293a4b5c6d7e8f901234"  # a 40-character custom field key
@@ -110,22 +114,28 @@ def test_a_create_whose_answer_was_lost_and_is_sent_again_makes_two_records(
 
 
 def test_the_burst_limit_is_per_token_in_a_rolling_two_second_window(fake: FakePipedrive) -> None:
-    answers = [httpx.get(f"{fake.url}/v1/users/me", headers=TOKEN) for _ in range(21)]
-    assert [a.status_code for a in answers[:20]] == [200] * 20
-    limited = answers[20]
-    assert limited.status_code == 429 and limited.json()["success"] is False
-    assert limited.headers["x-ratelimit-limit"] == "20"
-    assert limited.headers["x-ratelimit-remaining"] == "0"
-    assert 1 <= int(limited.headers["x-ratelimit-reset"]) <= 2
-    assert "retry-after" not in limited.headers  # not confirmed today: off by default
-    assert answers[0].headers["x-daily-requests-left"] == "10000"
-    time.sleep(int(limited.headers["x-ratelimit-reset"]))
-    assert httpx.get(f"{fake.url}/v1/users/me", headers=TOKEN).status_code == 200
+    fake.config.burst_api_token = 5  # Lite's 20, made small so the calls surely fit one window
+    with httpx.Client(base_url=fake.url, headers=TOKEN) as client:
+        answers = [client.get("/v1/users/me") for _ in range(6)]
+        assert [a.status_code for a in answers[:5]] == [200] * 5
+        limited = answers[5]
+        assert limited.status_code == 429 and limited.json()["success"] is False
+        assert limited.headers["x-ratelimit-limit"] == "5"
+        assert limited.headers["x-ratelimit-remaining"] == "0"
+        assert 1 <= int(limited.headers["x-ratelimit-reset"]) <= 2
+        assert "retry-after" not in limited.headers  # not confirmed today: off by default
+        assert answers[0].headers["x-daily-requests-left"] == "10000"
+        fake.config.api_tokens["second-token"] = 7  # another user's token: its own window
+        other = client.get("/v1/users/me", headers={"x-api-token": "second-token"})
+        assert other.status_code == 200
+        time.sleep(int(limited.headers["x-ratelimit-reset"]))
+        assert client.get("/v1/users/me").status_code == 200
 
 
 def test_searches_have_their_own_limit_of_ten(fake: FakePipedrive) -> None:
-    url = f"{fake.url}/api/v2/persons/search?term=ada&exact_match=true"
-    statuses = [httpx.get(url, headers=TOKEN).status_code for _ in range(11)]
+    with httpx.Client(base_url=fake.url, headers=TOKEN) as client:
+        url = "/api/v2/persons/search?term=ada&exact_match=true"
+        statuses = [client.get(url).status_code for _ in range(11)]
     assert statuses == [200] * 10 + [429]
 
 
@@ -258,3 +268,41 @@ def test_at_most_forty_webhooks_per_user_and_an_app_sees_only_its_own(
     assert mine["type"] == "application" and mine["version"] == "2.0"
     listed = httpx.get(f"{fake.url}/v1/webhooks", headers=bearer).json()["data"]
     assert [w["id"] for w in listed] == [mine["id"]]
+
+
+def test_cli_starts_with_the_api_token_from_the_environment() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devstack.fakepipedrive",
+            "--port",
+            str(port),
+            "--api-token-env",
+            "FAKE_PD_TOKEN",
+        ],
+        stdout=subprocess.PIPE,
+        env=dict(os.environ, FAKE_PD_TOKEN="from-env"),
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        url = json.loads(proc.stdout.readline())["fakepipedrive"]
+        assert url == f"http://127.0.0.1:{port}"
+        me = httpx.get(f"{url}/v1/users/me", headers={"x-api-token": "from-env"})
+        assert me.json()["data"]["id"] == 12415231
+        assert httpx.get(f"{url}/v1/users/me", headers=TOKEN).status_code == 401
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+        assert proc.stdout is not None
+        proc.stdout.close()
+    missing = subprocess.run(
+        [sys.executable, "-m", "devstack.fakepipedrive", "--api-token-env", "NOT_SET_ANYWHERE"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "NOT_SET_ANYWHERE"},
+    )
+    assert missing.returncode == 2 and "NOT_SET_ANYWHERE" in missing.stderr
