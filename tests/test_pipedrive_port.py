@@ -264,6 +264,55 @@ def test_an_expired_oauth_token_is_refreshed_once_under_concurrency(
     assert changes  # the app acts as the installing user
 
 
+def deal_calls(fake: FakePipedrive) -> list[tuple[str, object]]:
+    with fake.lock:
+        return [(r["method"], r["status"]) for r in fake.requests if "/deals" in r["path"]]
+
+
+def test_a_token_that_expires_mid_run_is_refreshed_once_and_the_call_retried_once(
+    db: Database, fake: FakePipedrive
+) -> None:
+    connection_id = oauth_connection(db, fake)
+    port = connect.port_for(connection_id)
+    port.create("deal", {"title": "before"})
+    httpx.post(f"{fake.url}/_admin/oauth/expire")
+    port.create("deal", {"title": "after"})
+    assert fake.oauth.refreshes == 1
+    assert deal_calls(fake) == [("POST", 200), ("POST", 401), ("POST", 200)]
+    assert [d["title"] for d in fake.stored("deal")] == ["before", "after"]  # one each
+
+
+def test_a_second_401_fails_clearly_instead_of_looping(db: Database, fake: FakePipedrive) -> None:
+    connection_id = oauth_connection(db, fake)
+    fake.oauth.access_seconds = 0  # every token it issues from now on is dead on arrival
+    httpx.post(f"{fake.url}/_admin/oauth/expire")
+    with pytest.raises(PortError) as failed:
+        connect.port_for(connection_id).create("deal", {"title": "x"})
+    assert (failed.value.code, failed.value.transient, failed.value.status) == (
+        "unauthorized",
+        False,
+        401,
+    )
+    assert deal_calls(fake) == [("POST", 401), ("POST", 401)]
+    assert fake.stored("deal") == []
+
+
+def test_an_uninstalled_app_fails_with_needs_reauthorization(
+    db: Database, fake: FakePipedrive
+) -> None:
+    connection_id = oauth_connection(db, fake)
+    port = connect.port_for(connection_id)
+    httpx.post(f"{fake.url}/_admin/oauth/uninstall")  # Pipedrive: "Invalid grant" from now on
+    with pytest.raises(PortError) as failed:
+        port.create("deal", {"title": "x"})
+    assert failed.value.code == "unauthorized" and "install the app again" in str(failed.value)
+    with db.transaction() as tx:
+        status = tx.scalar(
+            "SELECT status FROM connections WHERE id = CAST(:c AS uuid)", c=connection_id
+        )
+    assert status == "needs_reauthorization"
+
+
 def test_the_install_exchange_and_a_revoked_refresh(fake: FakePipedrive) -> None:
     url = oauth.authorize_url(client_id="cid", redirect_uri=REDIRECT, scopes=["x"], state="s")
     assert url.startswith("https://oauth.pipedrive.com/oauth/authorize?") and "scope" not in url
