@@ -306,3 +306,18 @@ def test_cli_starts_with_the_api_token_from_the_environment() -> None:
         env={k: v for k, v in os.environ.items() if k != "NOT_SET_ANYWHERE"},
     )
     assert missing.returncode == 2 and "NOT_SET_ANYWHERE" in missing.stderr
+
+
+def test_a_webhook_failing_for_three_days_is_deleted(fake: FakePipedrive) -> None:
+    fake.config.delivery.time_factor = 0.00001  # 3 days: 2.6 s; retries: milliseconds
+    failing = Receiver(fail=1000)
+    try:
+        hook(fake, failing.url)
+        httpx.post(f"{fake.url}/api/v2/persons", json={"name": "Ada"}, headers=TOKEN)
+        failing.wait(4)
+        listed = httpx.get(f"{fake.url}/v1/webhooks", headers=TOKEN).json()["data"]
+        assert listed[0]["last_http_status"] == 500
+        time.sleep(3)
+        assert httpx.get(f"{fake.url}/v1/webhooks", headers=TOKEN).json()["data"] == []
+    finally:
+        failing.close()

@@ -509,6 +509,7 @@ class FakePipedrive:
             data = None if action == "delete" else record.webhook_data(config)
             if action == "delete":
                 previous = record.webhook_data(config)
+            self._drop_dead_webhooks()
             targets = [
                 w
                 for w in self.webhooks.values()
@@ -589,16 +590,26 @@ class FakePipedrive:
             self.webhooks[webhook["id"]] = webhook
             return public_webhook(webhook)
 
+    def _drop_dead_webhooks(self) -> None:
+        """Delete webhooks that failed for 3 (scaled) days (caller holds the lock): they are
+        gone from the API, and a reconcile must create them again."""
+        with self.sender.lock:
+            dead = [i for i, w in self.webhooks.items() if self.sender.gone(w)]
+        for hook_id in dead:
+            del self.webhooks[hook_id]
+
     def visible_webhooks(self, caller: Caller) -> list[dict[str, Any]]:
         """An app sees only the webhooks it created (WA; changelog 5 May 2021)."""
         with self.lock:
+            self._drop_dead_webhooks()
             return [
                 w for w in self.webhooks.values() if not caller.oauth or w["type"] == "application"
             ]
 
 
 def public_webhook(webhook: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in webhook.items() if not k.startswith("_")}
+    """As `/v1/webhooks` shows it. Copied first in one step (delivery threads update the dict)."""
+    return {k: v for k, v in dict(webhook).items() if not k.startswith("_")}
 
 
 class _Handler(BaseHTTPRequestHandler):

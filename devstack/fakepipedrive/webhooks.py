@@ -15,6 +15,8 @@
 - Deliveries run concurrently, each on its own thread, so retries overtake newer first
   attempts and two webhooks covering one change (`*.person` and `change.person`) both get it.
   No order is documented (§1.3: UNCONFIRMED).
+- A webhook with no successful delivery for 3 days is deleted (W2 "Webhooks policy"):
+  `gone` says so, and the fake drops it from `/v1/webhooks` (scaled by `time_factor`).
 - A lost acknowledgement is imitated with `duplicate_every`: every Nth acknowledged delivery is
   sent once more with `attempt` + 1 (§1.3 inference). Whether `meta.id` stays the same across
   attempts is not confirmed: `same_event_id_on_retry` (default on) decides.
@@ -37,6 +39,8 @@ RETRY_DELAYS_SECONDS = (3.0, 30.0, 150.0)
 TIMEOUT_SECONDS = 10.0
 BAN_AFTER_FAILED_FIRST_ATTEMPTS = 10
 BAN_SECONDS = 30 * 60.0
+# "Webhooks with no successful deliveries on 3 consecutive days are deleted" (W2 policy).
+DELETE_AFTER_FAILING_SECONDS = 3 * 24 * 3600.0
 
 
 @dataclass
@@ -105,6 +109,11 @@ class WebhookSender:
         with self.lock:
             self.journal.append(entry)
             webhook["last_http_status"] = entry["status"] if isinstance(entry["status"], int) else 0
+            now = time.monotonic()
+            webhook.setdefault("_since_success", now)  # the first attempt starts the clock
+            if ok:
+                webhook["_since_success"] = now
+            webhook["_failing"] = not ok
             webhook["last_delivery_time"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
         return ok
 
@@ -146,6 +155,17 @@ class WebhookSender:
             due = self._acks % every == 0
         if due and int(meta["attempt"]) < 4:
             self._post(webhook, self._retry_meta(meta, int(meta["attempt"]) + 1), body)
+
+    def gone(self, webhook: dict[str, Any]) -> bool:
+        """Whether Pipedrive would have deleted the webhook by now: it has been failing, with no
+        successful delivery for 3 (scaled) days. Caller holds `lock`."""
+        since = webhook.get("_since_success")
+        limit = DELETE_AFTER_FAILING_SECONDS * self.policy.time_factor
+        return (
+            bool(webhook.get("_failing"))
+            and since is not None
+            and (time.monotonic() - since > limit)
+        )
 
     def wait_idle(self, timeout: float = 10.0, until: Callable[[], bool] | None = None) -> None:
         """Wait until every delivery thread has finished (or `until` holds)."""
