@@ -196,6 +196,19 @@ def test_the_port_refuses_locally_while_the_headers_say_the_window_is_spent(
     assert port.rate_limit.max == 2 and port.rate_limit.extra["daily_requests_left"] is not None
 
 
+def test_a_spent_search_window_holds_back_searches_only(
+    fake: FakePipedrive, port: PipedrivePort
+) -> None:
+    fake.config.burst_search = 1
+    fake.config.burst_window_seconds = 10
+    person = port.create("person", {"name": "Ada"})
+    port.search("person", [SearchFilter("name", "EQ", "Ada")])  # search's window: spent
+    with pytest.raises(PortError) as err:
+        port.search("person", [SearchFilter("name", "EQ", "Ada")])
+    assert err.value.code == "rate_limited"
+    assert port.get("person", person.id).id == person.id  # other calls go on
+
+
 def test_a_spent_daily_budget_waits_until_midnight(
     fake: FakePipedrive, port: PipedrivePort
 ) -> None:

@@ -311,7 +311,8 @@ class PipedrivePort:
         self.webhook_url = webhook_url
         self.webhook_auth = webhook_auth
         self.rate_limit = RateLimitState(interval_ms=BURST_WINDOW_MS)
-        self._spent_until = 0.0
+        # When the token's window (and search's own, 10 per 2 s) is spent, from the headers.
+        self._spent_until = {"all": 0.0, "search": 0.0}
         self._lock = threading.Lock()
         self._client = httpx.Client(
             base_url=self.base_url,
@@ -333,8 +334,10 @@ class PipedrivePort:
         json: Any = None,
         params: Mapping[str, str] | None = None,
     ) -> Any:
+        search = path.endswith("/search")
         with self._lock:
-            wait = self._spent_until - time.monotonic()
+            until = max(self._spent_until["all"], self._spent_until["search"] if search else 0.0)
+            wait = until - time.monotonic()
         if wait > 0:
             raise PortError(
                 "Pipedrive's burst window is spent (from its x-ratelimit headers)",
@@ -350,7 +353,7 @@ class PipedrivePort:
             rejected = response.request.headers.get("Authorization", "").removeprefix("Bearer ")
             token = self._token_source(rejected or None)
             response = self._send(method, path, json, params, token)
-        self._read_rate_limit(response.headers)
+        self._read_rate_limit(response.headers, "search" if search else "all")
         if response.status_code >= 300:
             raise classify_response(response)
         body = _body(response)
@@ -378,7 +381,9 @@ class PipedrivePort:
         except httpx.HTTPError as exc:
             raise classify_transport_error(exc) from exc
 
-    def _read_rate_limit(self, headers: httpx.Headers) -> None:
+    def _read_rate_limit(self, headers: httpx.Headers, window: str) -> None:
+        """`window`: which limit the answer's headers are about — a search's are the tighter
+        of the token's and search's own, so a spent one holds back searches only."""
         remaining = _number(headers.get("x-ratelimit-remaining"))
         state = RateLimitState(
             remaining=remaining,
@@ -396,7 +401,7 @@ class PipedrivePort:
                 # until the reset the same answer names (seconds), else a whole window.
                 reset = _number(headers.get("x-ratelimit-reset"))
                 seconds = reset if reset is not None and reset > 0 else BURST_WINDOW_MS / 1000
-                self._spent_until = time.monotonic() + math.ceil(seconds)
+                self._spent_until[window] = time.monotonic() + math.ceil(seconds)
 
     # --- records -----------------------------------------------------------------------------
     def create(
