@@ -321,3 +321,25 @@ def test_a_webhook_failing_for_three_days_is_deleted(fake: FakePipedrive) -> Non
         assert httpx.get(f"{fake.url}/v1/webhooks", headers=TOKEN).json()["data"] == []
     finally:
         failing.close()
+
+
+def test_a_merge_is_a_delete_and_a_change_naming_each_other(
+    fake: FakePipedrive, receiver: Receiver
+) -> None:
+    hook(fake, receiver.url)
+    ids = [
+        httpx.post(f"{fake.url}/api/v2/persons", json={"name": n}, headers=TOKEN).json()["data"][
+            "id"
+        ]
+        for n in ("Ada", "Ada L")
+    ]
+    httpx.post(
+        f"{fake.url}/_admin/merge", json={"entity": "person", "from_id": ids[0], "to_id": ids[1]}
+    )
+    got = [g["body"] for g in receiver.wait(4)]
+    merged = {b["meta"]["action"]: b for b in got if b["meta"]["action"] != "create"}
+    assert merged["delete"]["meta"]["merged_to_id"] == str(ids[1])
+    assert merged["delete"]["data"] is None and merged["delete"]["previous"]["name"] == "Ada"
+    assert merged["change"]["meta"]["merged_from_id"] == str(ids[0])
+    assert merged["change"]["meta"]["change_source"] == "app"
+    assert [p["id"] for p in fake.stored("person")] == [ids[1]]

@@ -25,7 +25,8 @@ for both ways.
 - **Webhooks** (devstack/fakepipedrive/webhooks.py): v2 bodies for every change, with
   `change_source: api` and the token's user for API writes and `app` for `/_admin/ui` edits
   (a person in the web app); `previous` holds only the changed fields' old values plus
-  `update_time`, custom fields nested under `custom_fields`. `/v1/webhooks` makes at most 40
+  `update_time`, custom fields nested under `custom_fields`; a merge (`/_admin/merge`) is a
+  `delete` with `merged_to_id` and a `change` with `merged_from_id`. `/v1/webhooks` makes at most 40
   per user (the 41st: 422); an OAuth app lists and deletes only its own (`type: application`).
 """
 
@@ -501,6 +502,7 @@ class FakePipedrive:
         record: StoredRecord,
         previous: dict[str, Any] | None,
         who: tuple[str, int],
+        extra_meta: dict[str, Any] | None = None,
     ) -> None:
         """The change as a v2 event, sent to every active webhook that covers it."""
         source, user_id = who
@@ -540,8 +542,29 @@ class FakePipedrive:
                 "change_source": source,
                 "attempt": 1,
                 "host": f"{config.company_domain}.pipedrive.com",
+                **(extra_meta or {}),
             }
             self.sender.send(webhook, meta, {"data": data, "previous": previous})
+
+    def merge(self, entity: str, from_id: str, to_id: str, who: tuple[str, int]) -> None:
+        """Two records become one: v2 has no `merged` action, so the absorbed record's
+        `delete` carries `merged_to_id` and the survivor's `change` `merged_from_id`
+        (WM "Critical things" 6)."""
+        absorbed = self.get(entity, from_id)
+        survivor = self.get(entity, to_id)
+        ident = str if self.config.delivery.string_ids else int
+        with self.lock:
+            absorbed.is_deleted = True
+            old_update = iso(survivor.update_time)
+            survivor.update_time = max(time.time(), survivor.update_time + 0.001)
+        self._emit("delete", absorbed, None, who, {"merged_to_id": ident(survivor.id)})
+        self._emit(
+            "change",
+            survivor,
+            {"update_time": old_update},
+            who,
+            {"merged_from_id": ident(absorbed.id)},
+        )
 
     # --- webhooks API (v1 only) ------------------------------------------------------------
     def add_webhook(self, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
@@ -915,6 +938,14 @@ class _Handler(BaseHTTPRequestHandler):
             except (TypeError, ValueError) as exc:
                 return 400, {"error": str(exc)}
             return 201, {"ok": True}
+        if path == "/_admin/merge" and method == "POST":  # a person merges two in the app
+            pd.merge(
+                str(body["entity"]),
+                str(body["from_id"]),
+                str(body["to_id"]),
+                ("app", pd.config.ui_user_id),
+            )
+            return 200, {"ok": True}
         if path == "/_admin/midnight" and method == "POST":
             pd.midnight()
             return 200, {"ok": True}
