@@ -374,6 +374,9 @@ def test_webhooks_are_subscriptions_of_this_ports_url(fake: FakePipedrive) -> No
     assert [s.id for s in port.list_subscriptions()] == [made.id]  # not the other integration's
     port.delete_subscription(str(made.id))
     assert port.list_subscriptions() == []
+    port.target_webhooks("https://hooks.example.com/webhook/pipedrive/c1", "no-colon-secret")
+    with pytest.raises(PortError, match="user:password"):  # Basic could never verify it
+        port.create_subscription(Subscription("deal", "create"))
     port.close()
 
 

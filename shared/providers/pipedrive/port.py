@@ -505,9 +505,13 @@ class PipedrivePort:
         they present there with HTTP Basic (shared/providers/pipedrive/signature.py checks
         it): shared/providers/connect.py calls this (`WebhookTargeted`)."""
         self.webhook_url = url
-        if credential:
+        if credential and ":" in credential:
             user, _, password = credential.partition(":")
             self.webhook_auth = (user, password)
+        else:
+            # signature.py compares the Basic credential with the whole secret, which Basic
+            # can only carry as `user:password`: without one, no webhook could be verified.
+            self.webhook_auth = None
 
     def list_subscriptions(self) -> list[Subscription]:
         """The active webhooks of this port's URL (an app sees only its own, §1.4), one
@@ -538,6 +542,13 @@ class PipedrivePort:
         if not self.webhook_url:
             raise PortError(
                 "this Pipedrive port has no webhook URL to subscribe",
+                code="invalid_request",
+                transient=False,
+            )
+        if self.webhook_auth is None:
+            raise PortError(
+                "the connection's webhook secret must be `user:password`: Pipedrive's webhooks "
+                "carry it as HTTP Basic, their only credential",
                 code="invalid_request",
                 transient=False,
             )
