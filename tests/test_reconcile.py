@@ -119,7 +119,8 @@ def test_desired_is_the_union_of_active_triggers_for_the_provider() -> None:
         "hubspot.company.teleported: hubspot has no subscription for 'teleported'",
         "hubspot.contact.property_changed (trigger): no fields to subscribe to (`watch`)",
     )
-    assert subs.desired_subscriptions("pipedrive", DEFINITIONS).keys == frozenset()
+    # One webhook per (object, action) at Pipedrive: no per-field subscriptions.
+    assert subs.desired_subscriptions("pipedrive", DEFINITIONS).keys == {("deal", "create", None)}
 
 
 def test_plan_creates_missing_and_deletes_unneeded_and_duplicates() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 ObjectType = Literal["contacts", "companies", "deals", "tasks", "notes"]
 
@@ -181,6 +181,15 @@ class CrmPort(Protocol):
     def create_subscription(self, subscription: Subscription) -> Subscription: ...
 
     def delete_subscription(self, subscription_id: str) -> None: ...
+
+
+@runtime_checkable
+class WebhookTargeted(Protocol):
+    """A port whose subscriptions are webhooks it creates itself, each naming where to deliver
+    and the credential to present there (a vendor without app-level subscriptions). The port's
+    builder (shared/providers/connect.py) tells it the connection's own webhook URL and secret."""
+
+    def target_webhooks(self, url: str, credential: str | None) -> None: ...
 
 
 @dataclass
