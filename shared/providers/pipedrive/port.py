@@ -268,8 +268,8 @@ def record_of(entity: str, data: Any) -> Record:
         if isinstance(items, list) and items and name not in props:
             primary = next((i for i in items if isinstance(i, dict) and i.get("primary")), None)
             first = primary or items[0]
-            if isinstance(first, dict):
-                props[name] = first.get("value")
+            # Objects in a record; a search item's may be plain strings (not confirmed).
+            props[name] = first.get("value") if isinstance(first, dict) else first
     return Record(object_type=entity, id=str(data["id"]), properties=props)
 
 
