@@ -24,9 +24,9 @@ become `PortError` with a vendor-neutral code, classified once (`classify_respon
   lost stays OUTCOME_UNKNOWN in shared/blocks/crm.py — never sent again.
 
 Object names: the port takes Pipedrive's own (`person`, `organization`, `deal`, `activity`,
-`note`, singular or plural) and answers with them. `KINDS` below also takes onceflow's
-neutral names (the crm blocks pass `contacts`, `companies`, `deals`, `tasks`) — that table is
-the mapping hook issue 28 item 2 (neutral object kinds) replaces with its own.
+`note`) or onceflow's neutral kinds (the crm blocks pass `contacts`, `companies`, `deals`,
+`tasks`), singular or plural, and answers with the neutral kind, as record keys and events
+name records: one table, kinds.py, which the `Provider` declares as its `object_kinds`.
 
 Auth (§2): an API token goes in the `x-api-token` header (never `?api_token=`, which leaks into
 logs); an OAuth connection sends `Authorization: Bearer` from its token source and, on a 401,
@@ -251,8 +251,8 @@ def record_of(entity: str, data: Any) -> Record:
         if isinstance(items, list) and items and name not in props:
             primary = next((i for i in items if isinstance(i, dict) and i.get("primary")), None)
             first = primary or items[0]
-            if isinstance(first, dict):
-                props[name] = first.get("value")
+            # Objects in a record; a search item's may be plain strings (not confirmed).
+            props[name] = first.get("value") if isinstance(first, dict) else first
     # Named as onceflow names it (contact, not person): record keys and labels are neutral.
     return Record(
         object_type=EVENT_OBJECTS.get(entity, entity), id=str(data["id"]), properties=props
