@@ -92,6 +92,7 @@ from shared.core.errors import ConflictError, PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.core.pubsub import decode_push_message, publish_step_ready
 from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
+from shared.steps import awaits
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
@@ -628,9 +629,11 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         # Claimed by an earlier delivery (claims are final): their pending steps go out again.
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
     open_waits = row["open_waits"]
+    await_keys, awaiting = _open_awaits(tx, event, row)
     # The decision is the transaction's last statement, and commits in its own round trip,
     # unless open waits are offered the event after it (or a test seam runs before commit).
-    last = tx.commit_with if not open_waits and seams.before_commit is None else tx.all
+    offers = open_waits or awaiting
+    last = tx.commit_with if not offers and seams.before_commit is None else tx.all
     late_resume: list[str] = []
     if plans:
         rows = last(
@@ -671,7 +674,22 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         # guarded, so a concurrent or redelivered admission resumes a wait at most once.
         # onceflow's own echo is no answer to a wait, as it is no trigger.
         dispatch += offer_event(tx, event.occurrence, open_waits)
+    if awaiting:
+        dispatch += awaits.offer_event(tx, event.occurrence, await_keys, awaiting)
     return _Attempt(outcomes, refusals, dispatch, event.tenant_id, late_resume)
+
+
+def _open_awaits(
+    tx: Tx, event: EventFacts, row: Mapping[str, Any]
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The waits of several events, or correlated beyond their record, that this event may
+    answer (shared/steps/awaits.py): only on its first decision, only when its type is awaited
+    so in its tenant (`wait_correlations` of statement 1: then one more statement, by index),
+    and never for onceflow's own echo, which is no answer to a wait."""
+    expressions = row.get("wait_correlations") or []
+    if not expressions or event.echo:
+        return {}, []
+    return awaits.open_awaits(tx, event.occurrence, expressions)
 
 
 def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:

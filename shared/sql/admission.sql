@@ -105,7 +105,16 @@ SELECT ev.*,
                    AND p.deadline > statement_timestamp()
                    AND r.status = 'running' AND r.namespace = 'live'
                  ORDER BY p.id
-                 LIMIT CAST(:max_waits AS integer)) w) AS open_waits
+                 LIMIT CAST(:max_waits AS integer)) w) AS open_waits,
+       -- Waits of several events or correlated beyond their record (shared/steps/awaits.py):
+       -- the correlation expressions this event's type is awaited with in its tenant, by
+       -- primary key; admission computes the event's key for each and looks the waits up by
+       -- index in one more statement — none when nothing of the kind waits for this type.
+       (SELECT coalesce(jsonb_agg(wc.expression ORDER BY wc.expression), '[]'::jsonb)
+          FROM wait_correlations wc
+         WHERE ev.decided_at IS NULL
+           AND wc.tenant_id = ev.tenant_id AND wc.event_type = ev.event_type)
+           AS wait_correlations
 FROM ev
 
 -- name: admission_lock_records

@@ -18,6 +18,7 @@ from typing import Any
 from shared.core import queries
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database
+from shared.steps import awaits
 from shared.steps.claim import ClaimedStep
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
@@ -141,7 +142,9 @@ def _settle_in_transaction(
         elif park is not None and opened is not None:
             # Parked: an event noted on the park before now, or found by the lookback,
             # resumes the wait at once (shared/steps/parks.py).
-            resumed = parked(tx, opened, park, tenant_id=step.tenant_id)
+            # A wait of several events or correlated beyond its record: shared/steps/awaits.py.
+            settle_park = parked if park.mode is None else awaits.parked
+            resumed = settle_park(tx, opened, park, tenant_id=step.tenant_id)
             if resumed is not None:
                 dispatch.append(resumed)
         crash_point("before_settle_commit")

@@ -81,6 +81,12 @@ def listeners(definition: Mapping[str, Any]) -> list[Listener]:
         config = step.get("config")
         if isinstance(config, Mapping) and isinstance(config.get("event"), str):
             out.append(Listener(config["event"], wait_fields(config), f"steps.{step.get('id')}"))
+        events = config.get("events") if isinstance(config, Mapping) else None
+        for awaited in events if isinstance(events, list) else []:
+            # A wait of several events: each listens with its own `watch` / `when`.
+            if isinstance(awaited, Mapping) and isinstance(awaited.get("event"), str):
+                where = f"steps.{step.get('id')}"
+                out.append(Listener(awaited["event"], wait_fields(awaited), where))
     return out
 
 
