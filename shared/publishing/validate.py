@@ -373,6 +373,7 @@ class _Validation:
             self.check_shape(d, graph)
         for index, step in enumerate(d.steps):
             self.check_step(d, index, step, graph)
+        self.check_stops(d)
         self.check_risks(d)
 
     def check_trigger(self, t: Trigger) -> None:
@@ -389,6 +390,27 @@ class _Validation:
                 ("trigger", "record"),
                 t.record,
                 "the record identity cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_stops(self, d: WorkflowDefinition) -> None:
+        """`cancel_on` and `goal` are judged on an admitted event, as a trigger rule is: they
+        read event, trigger and record, nothing of the run (shared/admission/stops.py)."""
+        for j, entry in enumerate(d.cancel_on or []):
+            unknown = unknown_event_type(entry.event)
+            if unknown is not None:
+                self.add("error", ("cancel_on", j, "event"), unknown)
+            self.check_before_the_run(
+                ("cancel_on", j, "when"),
+                entry.when,
+                "cancel_on is judged on the incoming event: it cannot read",
+                "it reads event, trigger and record",
+            )
+        if d.goal is not None:
+            self.check_before_the_run(
+                ("goal",),
+                d.goal,
+                "a goal is judged on an admitted event about the run's record: it cannot read",
                 "it reads event, trigger and record",
             )
 

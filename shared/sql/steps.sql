@@ -146,7 +146,7 @@ WITH run AS (
            OR (NOT EXISTS (SELECT 1 FROM workflow_steps o
                             WHERE o.run_id = run.id AND o.id <> CAST(:step_id AS uuid)
                               AND o.status NOT IN ('succeeded', 'skipped', 'failed'))
-               AND NOT (run.status = 'cancelled'
+               AND NOT (run.status IN ('cancelled', 'goal_met')
                         AND CAST(:status AS text) IN ('waiting_for_delay', 'waiting_for_retry',
                                                       'waiting_for_event',
                                                       'waiting_for_approval'))) AS folded,
@@ -477,21 +477,69 @@ SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
                 CAST(ARRAY[] AS text[])) AS running_steps
 FROM run LEFT JOIN cancelled c ON c.id = run.id
 
+-- name: runs_end_goal_met
+-- A live run's goal was met by an admitted event about its record (shared/steps/cancel.py
+-- end_run_goal_met): the run ends `goal_met` and its pending and parked steps become `skipped`
+-- (GOAL_MET), their parks closed by the goal, in one statement. The cancel's shape exactly:
+-- it runs after `runs_cancel_lock` in the same transaction, so its snapshot is newer than
+-- every settle of the run, and a step in flight keeps its lease, finishes its attempt, and its
+-- settle creates nothing after it (the run is no longer running). The row returned is the
+-- newest whether or not this moved it: a loser (the run already ended: a cancel, another
+-- goal event, its last step) says how. No row: no such live run.
+WITH run AS (
+    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    FROM workflow_runs
+    WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
+    FOR UPDATE
+), ended AS (
+    UPDATE workflow_runs r
+    SET status = 'goal_met', finished_at = now(), error = NULL
+    FROM run
+    WHERE r.id = run.id AND r.status = 'running'
+    RETURNING r.id, r.status, r.finished_at
+), skipped AS (
+    UPDATE workflow_steps s
+    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'GOAL_MET'
+    FROM ended e
+    WHERE s.run_id = e.id
+      AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.step_key, s.park_id
+), parks_closed AS (
+    UPDATE step_parks p SET resumed_at = now(), resumed_by = 'goal'
+    FROM skipped k
+    WHERE p.id = k.park_id AND p.resumed_at IS NULL
+)
+SELECT CAST(run.id AS text) AS run_id, e.id IS NOT NULL AS moved,
+       coalesce(e.status, run.status) AS status,
+       coalesce(e.finished_at, run.finished_at) AS finished_at,
+       run.cancelled_by, run.cancel_reason,
+       coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
+                CAST(ARRAY[] AS text[])) AS skipped_steps,
+       coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
+                  WHERE run_id = run.id AND status = 'running'),
+                CAST(ARRAY[] AS text[])) AS running_steps
+FROM run LEFT JOIN ended e ON e.id = run.id
+
 -- name: steps_skip_parked_of_ended_run
--- A step that was running when its run was cancelled settled into a wait (a retry, a delay, an
--- event, a decision): nothing would ever wake it (the sweep wakes steps of running runs only),
--- so it is skipped in the settle's transaction, its park row closed as cancelled. Zero rows:
--- the run is still running, or the step did not park.
+-- A step that was running when its run was cancelled (or met its goal) settled into a wait (a
+-- retry, a delay, an event, a decision): nothing would ever wake it (the sweep wakes steps of
+-- running runs only), so it is skipped in the settle's transaction, its park row closed as
+-- cancelled (or by the goal). Zero rows: the run is still running, or the step did not park.
 WITH skipped AS (
     UPDATE workflow_steps s
-    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
+    SET status = 'skipped', finished_at = now(), wake_at = NULL,
+        outcome_code = CASE r.status WHEN 'goal_met' THEN 'GOAL_MET' ELSE 'CANCELLED' END
     FROM workflow_runs r
-    WHERE s.id = CAST(:step_id AS uuid) AND r.id = s.run_id AND r.status = 'cancelled'
+    WHERE s.id = CAST(:step_id AS uuid) AND r.id = s.run_id
+      AND r.status IN ('cancelled', 'goal_met')
       AND s.status IN ('waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
                        'waiting_for_approval')
-    RETURNING s.park_id
+    RETURNING s.park_id, r.status AS run_status
 )
-UPDATE step_parks p SET resumed_at = now(), resumed_by = 'cancel'
+UPDATE step_parks p
+SET resumed_at = now(),
+    resumed_by = CASE k.run_status WHEN 'goal_met' THEN 'goal' ELSE 'cancel' END
 FROM skipped k
 WHERE p.id = k.park_id AND p.resumed_at IS NULL
 

@@ -155,6 +155,7 @@ class Resumed:
             "decision": f"already decided by {p['decided_by']} at {at} ({p['decision']})",
             "deadline": f"already resumed by its deadline at {at}",
             "cancel": f"its run was cancelled at {at}",
+            "goal": f"its run met its goal at {at}",
         }.get(p["resumed_by"])
         if said is not None:
             return said

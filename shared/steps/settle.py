@@ -32,6 +32,8 @@ SETTLE = SQL["steps_settle"]
 FINISH_IF_DONE = SQL["runs_finish_if_done"]
 FAIL_RUN = SQL["runs_fail"]
 SKIP_PARKED_OF_ENDED_RUN = SQL["steps_skip_parked_of_ended_run"]
+# Run ends that stop a run while its steps may still be in flight (a cancel, a goal met).
+STOPPED = frozenset({"cancelled", "goal_met"})
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def _settle_in_transaction(
                 )
             if not dispatch and tx.execute(FINISH_IF_DONE, run_id=step.run_id):
                 run_status = "succeeded"
-        elif settlement.status.parked and run_status == "cancelled":
+        elif settlement.status.parked and run_status in STOPPED:
             # Cancelled while this attempt ran: the attempt is recorded (lease history), but
             # nothing would ever wake the wait it asked for.
             tx.execute(SKIP_PARKED_OF_ENDED_RUN, step_id=step.id)

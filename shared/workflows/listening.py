@@ -74,6 +74,12 @@ def listeners(definition: Mapping[str, Any]) -> list[Listener]:
         out.extend(
             Listener(e, watch, "trigger") for e in trigger.get("events") or [] if isinstance(e, str)
         )
+    cancel_on = definition.get("cancel_on")
+    for entry in cancel_on if isinstance(cancel_on, list) else []:
+        # A `cancel_on` event listens like a wait: its `when`'s fields (shared/admission/stops.py).
+        if isinstance(entry, Mapping) and isinstance(entry.get("event"), str):
+            out.append(Listener(entry["event"], wait_fields(entry), "cancel_on"))
+    out.extend(_goal_listeners(definition))
     steps = definition.get("steps")
     for step in steps if isinstance(steps, list) else []:
         if not isinstance(step, Mapping) or step.get("type") != "wait_for":
@@ -88,6 +94,22 @@ def listeners(definition: Mapping[str, Any]) -> list[Listener]:
                 where = f"steps.{step.get('id')}"
                 out.append(Listener(awaited["event"], wait_fields(awaited), where))
     return out
+
+
+def _goal_listeners(definition: Mapping[str, Any]) -> list[Listener]:
+    """A `goal` is judged on every admitted event about the run's record: it hears the
+    property changes of the fields it reads on the object types the trigger starts on."""
+    goal = definition.get("goal")
+    trigger = definition.get("trigger")
+    if not isinstance(goal, str) or not isinstance(trigger, Mapping):
+        return []
+    fields = wait_fields({"when": goal})
+    kinds: dict[str, None] = {}
+    for event in trigger.get("events") or []:
+        parts = event.split(".") if isinstance(event, str) else []
+        if len(parts) == 3 and all(parts):
+            kinds[f"{parts[0]}.{parts[1]}.{PROPERTY_CHANGED}"] = None
+    return [Listener(kind, fields, "goal") for kind in kinds]
 
 
 def watched_by_object(
