@@ -25,6 +25,7 @@ from shared.steps.advance import advance_step
 from shared.steps.cancel import cancel_run
 from shared.steps.repairs import wake_due_steps
 from tests.admission_support import emit_event, make_connection, make_tenant
+from tests.ops_support import bearer, mint
 from tests.steps_blocks import Recorder, block_lookup, spec
 from tests.test_steps_engine import LEASE, Queue, make_past
 
@@ -50,7 +51,9 @@ class Stoppable:
     """A workflow with `cancel_on` and a `goal`, its http.request steps run by `touch` (a
     test block) instead of the network."""
 
-    def __init__(self, db: Database, touch: Any = None) -> None:
+    def __init__(
+        self, db: Database, touch: Any = None, steps: list[dict[str, Any]] | None = None
+    ) -> None:
         self.db = db
         self.q = Queue()
         make_tenant(db)
@@ -69,7 +72,7 @@ class Stoppable:
                 "trigger": {"events": [STARTS], "dedup": "every_time"},
                 "cancel_on": [{"event": CHANGED, "when": UNQUALIFIED}],
                 "goal": CUSTOMER,
-                "steps": _steps_with_delay(),
+                "steps": steps or _steps_with_delay(),
             }
             self.workflow_id = seed.activate_source(tx, json.dumps(source), tenant_id="acme")
 
@@ -166,6 +169,37 @@ def test_a_goal_met_ends_the_run_goal_met_and_skips_what_is_left(db: Database) -
         journal["pause"]["status"] == "skipped" and journal["pause"]["outcome_code"] == "GOAL_MET"
     )
     assert "again" not in journal
+
+
+def test_the_run_card_says_the_goal_ended_the_run_and_closed_its_wait(
+    db: Database, client: Any
+) -> None:
+    wait = {
+        "id": "wait",
+        "type": "wait_for",
+        "config": {
+            "mode": "all",
+            "events": [
+                {"name": "reply", "event": CHANGED, "when": UNQUALIFIED.replace("UN", "")},
+                {"name": "meeting", "event": "hubspot.contact.association_changed"},
+            ],
+            "timeout": {"days": 3},
+        },
+    }
+    flow = Stoppable(db, steps=[wait])
+    run_id = flow.run()
+    flow.admit(flow.change({"hs_lead_status": "QUALIFIED"}))
+    token = mint(db, "acme", label="carol")
+    card = client.get(f"/v1/runs/{run_id}", headers=bearer(token)).get_json()
+    (step,) = card["steps"]
+    assert step["waits_for"]["mode"] == "all" and step["waits_for"]["matched"] == ["reply"]
+    assert [a["name"] for a in step["waits_for"]["awaits"]] == ["reply", "meeting"]
+    flow.admit(flow.change({"lifecyclestage": "customer"}))
+    card = client.get(f"/v1/runs/{run_id}", headers=bearer(token)).get_json()
+    assert card["run"]["status"] == "goal_met"
+    (step,) = card["steps"]
+    assert step["status"] == "skipped" and step["outcome_code"] == "GOAL_MET"
+    assert step["waits_for"]["resumed_by"] == "goal"
 
 
 def test_onceflows_own_echo_cancels_nothing(db: Database) -> None:
