@@ -340,3 +340,40 @@ def test_cancel_on_and_goal_validate_and_cancel_on_is_listened_to() -> None:
     assert report.ok, [str(p) for p in report.problems]
     (listener,) = [x for x in listening.listeners(yaml.safe_load(text)) if x.where == "cancel_on"]
     assert listener.event == CHANGED and listener.fields == ("hs_lead_status",)
+
+
+def test_the_runs_an_event_may_stop_are_found_through_the_running_runs_index(
+    db: Database,
+) -> None:
+    """A record with thousands of finished runs: admission reads its running ones through the
+    partial index (the plan names it), so a record's history costs nothing per event."""
+    from shared.core import queries
+
+    flow = Stoppable(db)
+    run_id = flow.run()
+    customer = flow.change({"lifecyclestage": "customer"})
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key,"
+            " event_id, record_key, dedup_mode, namespace, trigger_payload, payload_truncated,"
+            " lineage_root, trigger_record, status, finished_at)"
+            " SELECT g.id, r.tenant_id, r.workflow_id, r.version_id, 'old:' || g.i, r.event_id,"
+            " r.record_key, r.dedup_mode, r.namespace, r.trigger_payload, r.payload_truncated,"
+            " g.id, r.trigger_record, 'succeeded', now()"
+            " FROM workflow_runs r,"
+            " LATERAL (SELECT gen_random_uuid() AS id, i FROM generate_series(1, 5000) AS i) g"
+            " WHERE r.id = :r",
+            r=run_id,
+        )
+        tx.execute("ANALYZE workflow_runs")
+        rows = tx.all(
+            "EXPLAIN " + queries.load("admission")["admission_context"].text,
+            event_id=customer,
+            start_key="x",
+            cached_versions=[],
+            take_locks=False,
+            echo_skew_seconds=5.0,
+            max_waits=1000,
+        )
+    plan = "\n".join(str(next(iter(r.values()))) for r in rows)
+    assert "workflow_runs_running_record" in plan, plan

@@ -379,3 +379,63 @@ def test_the_single_event_form_keeps_its_park(db: Database) -> None:
     assert park["event_type"] == REPLIED and park["record_key"].endswith(":contact:101")
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM wait_correlations") == 0
+
+
+def test_a_crash_after_the_park_row_keeps_its_matches_and_the_next_attempt_completes_it(
+    db: Database,
+) -> None:
+    """The rows a crash leaves between an `all` wait's park row and its parking: the park row
+    committed, both events admitted and noted on it while the step ran, the step still running
+    under a lease that expires. The sweep reclaims the step; its next attempt gets the same
+    park row back, with its matches, and parking completes the wait at once."""
+    from datetime import UTC, datetime, timedelta
+
+    from shared.blocks.base import AwaitedEvent, ParkRequest
+    from shared.steps.claim import claim_step
+    from shared.sweep.loop import run_sweep
+    from tests.test_steps_engine import LEASE
+
+    flow = Flow(db, ALL)
+    event = emit_event(db, connection_id=flow.conn, event_type=STARTS, object_id="101", changed={})
+    (step_id,) = admit_event(db, event, publish=lambda _: None).dispatched
+    step = claim_step(db, step_id, LEASE)
+    assert step is not None
+    key = step.trigger_record["key"]
+    first = parks.open_park(
+        db,
+        step_id=step.id,
+        run_id=step.run_id,
+        tenant_id=step.tenant_id,
+        park=ParkRequest(
+            kind="event",
+            deadline=datetime.now(UTC) + timedelta(days=3),
+            on_timeout="goto",
+            timeout_goto="nudge",
+            scope={},
+            mode="all",
+            awaits=(
+                AwaitedEvent("reply", REPLIED, REPLY, "", key),
+                AwaitedEvent("meeting", ASSOCIATED, "true", "", key),
+            ),
+        ),
+    )
+    assert flow.admit(flow.event({"hs_lead_status": "CONNECTED"})) == []
+    assert flow.admit(_associated(flow)) == []
+    run_id = step.run_id
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET lease_expires_at = now() - interval '1 second'"
+            " WHERE run_id = :r AND status = 'running'",
+            r=run_id,
+        )
+    run_sweep(db, 0, duties=[], dispatch=flow.q)
+    flow.drain()
+    journal = _steps(db, run_id)
+    assert set(journal) == {"wait", "thank"}, journal
+    # Attempt 2 parked on the first park row and was resumed at once; attempt 3 settled it.
+    assert journal["wait"]["attempt"] == 3
+    park = _park(db, run_id)
+    assert park["id"] == first.id and park["resumed_by"] == "event"
+    assert set(journal["wait"]["output"]["events"]) == {"reply", "meeting"}
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM step_parks WHERE run_id = :r", r=run_id) == 1
