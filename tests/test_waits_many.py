@@ -439,3 +439,37 @@ def test_a_crash_after_the_park_row_keeps_its_matches_and_the_next_attempt_compl
     assert set(journal["wait"]["output"]["events"]) == {"reply", "meeting"}
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM step_parks WHERE run_id = :r", r=run_id) == 1
+
+
+def test_a_wait_correlates_on_an_id_a_step_returned(db: Database) -> None:
+    """`correlate.run` reads an earlier step's output (loaded for the wait like any step's
+    reference): the deal the run created is the one whose event answers it."""
+    from shared.blocks.base import BlockContext, BlockResult
+    from tests.steps_blocks import block_lookup, spec
+
+    steps = [
+        {
+            "id": "create",
+            "type": "http.request",
+            "config": {"url": "https://hooks.example.com/deals", "method": "POST"},
+            "next": "wait",
+        },
+        *_wait(
+            event=DEAL_CHANGED,
+            when='has(record.dealstage) && record.dealstage == "closedwon"',
+            correlate={"event": "record.id", "run": "steps.create.output.deal.id"},
+        ),
+    ]
+
+    def create(ctx: BlockContext, config: Any) -> BlockResult:
+        return BlockResult(output={"deal": {"id": 4242}})
+
+    flow = Flow(db, steps)
+    flow.lookup = block_lookup(flow.rec, **{"http.request": spec("http.request", create)})
+    run_id = flow.start()
+    wait = _steps(db, run_id)["wait"]
+    assert wait["status"] == "waiting_for_event", wait
+    assert flow.admit(_deal_won(flow, "4243")) == []
+    assert flow.admit(_deal_won(flow, "4242")) == [str(wait["id"])]
+    flow.drain()
+    assert set(_steps(db, run_id)) == {"create", "wait", "thank"}
