@@ -156,6 +156,16 @@ def watched_fields(tx: Tx, connection: Connection) -> WatchedFields:
     union: dict[str, set[str]] = {k: set(v) for k, v in connection.watched_fields.items()}
     rows = tx.all(ACTIVE_LISTENERS, tenant_id=connection.tenant_id)
     listening.watched_by_object(
-        connection.provider, ({"trigger": r["trigger"], "steps": r["waits"]} for r in rows), union
+        connection.provider,
+        (
+            {
+                "trigger": r["trigger"],
+                "steps": r["waits"],
+                "cancel_on": r["cancel_on"],
+                "goal": r["goal"],
+            }
+            for r in rows
+        ),
+        union,
     )
     return WatchedFields({k: frozenset(v) for k, v in union.items()})

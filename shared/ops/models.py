@@ -25,7 +25,7 @@ def _no_nul(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
-RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+RunStatus = Literal["running", "succeeded", "failed", "cancelled", "goal_met"]
 StepStatus = Literal[
     "pending",
     "running",
@@ -248,6 +248,16 @@ class LeaseView(_Response):
     ended_at: datetime | None
 
 
+class AwaitedView(_Response):
+    """One event a wait of several (or a correlated wait) waits for."""
+
+    name: str = Field(description="Its name in the step's output.")
+    event_type: str
+    condition: str
+    on: str = Field(description="The correlation over the incoming event ('' = its record).")
+    value: str = Field(description="What `on` must equal, computed when the wait parked.")
+
+
 class WaitView(_Response):
     """What a parked step waits (or waited) for: its park row (shared/steps/parks.py)."""
 
@@ -263,8 +273,17 @@ class WaitView(_Response):
     approver_role: str | None
     approver_users: list[str]
     resumed_at: datetime | None
-    resumed_by: Literal["event", "decision", "deadline", "cancel"] | None
+    resumed_by: Literal["event", "decision", "deadline", "cancel", "goal"] | None
     resumed_event_id: int | None
+    mode: Literal["any", "all"] | None = Field(
+        default=None, description="A wait of several events: `any` or `all` of `awaits`."
+    )
+    awaits: list[AwaitedView] | None = Field(
+        default=None, description="What a wait of several events, or a correlated one, awaits."
+    )
+    matched: list[str] = Field(
+        default_factory=list, description="The names of the awaited events matched so far."
+    )
     decision: Literal["approved", "rejected"] | None
     decided_by: str | None
     decision_comment: str | None

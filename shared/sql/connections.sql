@@ -23,12 +23,13 @@ VALUES (:tenant_id, :provider, :webhook_secret_env, :api_credentials_env,
 RETURNING id::text AS id
 
 -- name: connection_active_listeners
--- What ACTIVE versions of the tenant's workflows listen to: each trigger and its wait_for
--- steps (a wait can listen to a field no trigger watches); shared/workflows/listening.py keeps
+-- What ACTIVE versions of the tenant's workflows listen to: each trigger, its wait_for
+-- steps (a wait can listen to a field no trigger watches), its cancel_on and goal; shared/workflows/listening.py keeps
 -- the property changes of this provider. Read straight from the tables the workflows engine
 -- owns, so a newly activated version counts on the next drained row.
 SELECT v.definition -> 'trigger' AS trigger,
-       jsonb_path_query_array(v.definition, '$.steps[*] ? (@.type == "wait_for")') AS waits
+       jsonb_path_query_array(v.definition, '$.steps[*] ? (@.type == "wait_for")') AS waits,
+       v.definition -> 'cancel_on' AS cancel_on, v.definition -> 'goal' AS goal
   FROM workflow_activations a
   JOIN workflow_versions v ON v.id = a.version_id
   JOIN workflows w ON w.id = a.workflow_id

@@ -137,7 +137,10 @@ SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_i
            'approver_role', p.approver_role, 'approver_users', to_jsonb(p.approver_users),
            'resumed_at', p.resumed_at, 'resumed_by', p.resumed_by,
            'resumed_event_id', p.resumed_event_id, 'decision', p.decision,
-           'decided_by', p.decided_by, 'decision_comment', p.decision_comment) END AS waits_for
+           'decided_by', p.decided_by, 'decision_comment', p.decision_comment,
+           'mode', p.mode, 'awaits', p.awaits,
+           'matched', (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]'::jsonb)
+                         FROM jsonb_object_keys(p.matched) AS k)) END AS waits_for
 FROM workflow_steps s
 LEFT JOIN step_parks p ON p.id = s.park_id
 WHERE s.run_id = CAST(:run_id AS uuid)

@@ -314,6 +314,17 @@ class Step(_Strict):
         return found
 
 
+class CancelOn(_Strict):
+    event: str = Field(
+        pattern=EVENT_TYPE_PATTERN, description="The trigger event type that cancels the run."
+    )
+    when: str = Field(
+        default="true",
+        description=f"CEL condition over the event as a trigger rule reads it ({SCOPE_REF}: "
+        "`event`, `trigger`, `record`).",
+    )
+
+
 class WorkflowDefinition(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,99}$")
     tenant: str
@@ -340,6 +351,19 @@ class WorkflowDefinition(_Strict):
         default=None,
         description="The circuit breaker; omitted means the defaults (pause after "
         f"{DEFAULT_BREAKER_AFTER_FAILURES} consecutive failed runs, no notify URL).",
+    )
+    cancel_on: list[CancelOn] | None = Field(
+        default=None,
+        min_length=1,
+        description="Events that cancel a running run about the same record (the first that "
+        "matches; `cancelled_by: event <id>`). A step in flight finishes; nothing starts after.",
+    )
+    goal: str | None = Field(
+        default=None,
+        min_length=1,
+        description="CEL condition over an admitted event about the run's record, as a trigger "
+        "rule reads it (`event`, `trigger`, `record`): the first time it holds, the run ends "
+        "`goal_met`. A step in flight finishes; nothing starts after.",
     )
 
     def step(self, step_id: str) -> Step:

@@ -212,6 +212,32 @@ def step_expressions(step: Step) -> list[tuple[tuple[str | int, ...], str]]:
         for key in CONDITION_KEYS.get(step.type, ())
         if isinstance(step.config.get(key), str)
     ]
+    if step.type == "wait_for":
+        found += wait_expressions(step.config)
+    return found
+
+
+def wait_expressions(config: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """A wait's expressions beyond its top-level `when`: each of its `events`' `when`, and
+    both sides of each `correlate` (the wait's and an event's own)."""
+    found: list[tuple[tuple[str | int, ...], str]] = []
+
+    def correlate(at: tuple[str | int, ...], value: Any) -> None:
+        if isinstance(value, Mapping):
+            found.extend(
+                ((*at, side), value[side])
+                for side in ("event", "run")
+                if isinstance(value.get(side), str)
+            )
+
+    correlate(("config", "correlate"), config.get("correlate"))
+    events = config.get("events")
+    for j, awaited in enumerate(events if isinstance(events, list) else []):
+        if not isinstance(awaited, Mapping):
+            continue
+        if isinstance(awaited.get("when"), str):
+            found.append((("config", "events", j, "when"), awaited["when"]))
+        correlate(("config", "events", j, "correlate"), awaited.get("correlate"))
     return found
 
 
