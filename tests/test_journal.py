@@ -19,8 +19,10 @@ import pytest
 from devstack import seed
 from devstack.fakecrm.server import FakeCrm, FakeCrmConfig
 from shared.accounts import provider_apps
+from shared.accounts.client_credentials import ClientToken, ClientTokenCache
 from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.ingest import inbox, journal
 from shared.ops.auth import Principal
 from shared.ops.health import health_report
@@ -29,6 +31,7 @@ from shared.providers import connect
 from shared.providers.descriptor import JournalEntry
 from shared.providers.hubspot import journal as hubspot_journal
 from shared.publishing import subscriptions, versions
+from shared.sweep.catalog import default_duties
 from tests.ingest_support import (
     hubspot_v3_headers,
     inbox_rows,
@@ -379,3 +382,78 @@ def test_journal_subscriptions_follow_the_active_workflows_per_portal(
     after = subscriptions.reconcile_apps(db, connect.port_for_app)[0]
     assert after.deleted == (("contact", "propertyChange", "lifecyclestage"),)
     assert {s["objectTypeId"] for s in fake.journal.subscriptions.values()} == {"0-3"}
+
+
+def test_a_portals_local_journal_is_read_by_its_own_offset(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    """`journal-local/2026-03/…?installPortalId=`: only that portal's entries."""
+    with db.transaction() as tx:
+        tx.execute("DELETE FROM provider_journals")
+        journal.enable(tx, "hubspot", APP_ID, str(PORTAL))
+    fake.journal.portals = {PORTAL, 7007}
+    contacts(fake, 2)
+    fake.create_record("contacts", {"email": "other@x.io"}, USER, portal_id=7007)
+    report = journal.read_journal(db, "hubspot", APP_ID, str(PORTAL))
+    assert (report.stored, report.error) == (2, None)
+    mine = [e.offset for e in fake.journal.entries if e.portal == PORTAL]
+    assert stored_offsets(db) == mine
+    assert any("journal-local/2026-03" in r["path"] for r in fake.store.requests)
+
+
+def test_an_expired_token_or_download_link_skips_nothing(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    contacts(fake, 1)
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    # HubSpot expired the token before our cache thought it would: a 401, a new token, on.
+    fake.journal.token_seconds = 600
+    fake.journal.tokens.clear()
+    contacts(fake, 1)
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    assert fake.journal.token_grants == 2
+    # Links that are already expired when fetched: the pass fails, the offset stays.
+    fake.journal.link_seconds = 0
+    contacts(fake, 1)
+    stuck = journal.read_journal(db, "hubspot", APP_ID)
+    assert stuck.stored == 0 and stuck.error is not None and "link" in stuck.error
+    with db.transaction() as tx:
+        row = journal.state(tx, "hubspot", APP_ID)
+    assert row is not None and row["last_error"] == stuck.error
+    fake.journal.link_seconds = 300
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    assert stored_offsets(db) == offsets(fake)
+
+
+def test_client_tokens_are_fetched_again_before_they_expire() -> None:
+    now = [0.0]
+    cache = ClientTokenCache(margin_seconds=300, clock=lambda: now[0])
+    issued: list[str] = []
+
+    def fetch() -> ClientToken:
+        issued.append(f"t{len(issued)}")
+        return ClientToken(issued[-1], 1800)
+
+    assert cache.token("app", fetch) == "t0"
+    now[0] = 1499.0  # 301 s left: still used
+    assert cache.token("app", fetch) == "t0"
+    now[0] = 1501.0  # less than the margin left: a new one before it expires
+    assert cache.token("app", fetch) == "t1"
+    cache.forget("app", "t0")  # an old token refused: the current one stays
+    assert cache.token("app", fetch) == "t1"
+    cache.forget("app", "t1")
+    assert cache.token("app", fetch) == "t2"
+
+
+def test_the_sweep_duty_reads_every_journal_and_drains_what_it_stored(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (duty,) = [d for d in default_duties(SweepConfig()) if d.name == "read_provider_journals"]
+    contacts(fake, 2)
+    summary = duty.run(db)
+    assert (summary["journals"], summary["stored"], summary["failed"]) == (1, 2, 0)
+    assert [r["status"] for r in inbox_rows(db)] == ["processed", "processed"]
+    assert len(trigger_events(db)) == 4
+    calls = len(fake.store.requests)
+    assert duty.run(db)["stored"] == 0
+    assert len(fake.store.requests) == calls + 1  # idle: one cheap call
