@@ -39,6 +39,7 @@ from tests.ingest_support import (
     trigger_events,
     webhook_client,
 )
+from tests.ops_support import Dispatched, bearer, install_ops_api, mint
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_ID = "424242"
@@ -289,7 +290,11 @@ def advance(fake: FakeCrm, seconds: float) -> None:
 
 
 def test_a_gap_longer_than_three_days_is_reported_and_reading_resumes_at_the_earliest(
-    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+    db: Database,
+    fake: FakeCrm,
+    app: provider_apps.ProviderApp,
+    dispatched: Dispatched,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     contacts(fake, 1)
     assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
@@ -313,6 +318,17 @@ def test_a_gap_longer_than_three_days_is_reported_and_reading_resumes_at_the_ear
         scheduler=lambda: SchedulerHealth(available=True, detail=None, jobs=[]),
     )
     assert any(f"app {APP_ID} journal global: gap detected" in p for p in health.problems)
+    # Support sees it on the app: the journal's state and the gap.
+    ops = install_ops_api(db, dispatched, monkeypatch).test_client()
+    answer = ops.get(f"/v1/apps/hubspot/{APP_ID}", headers=bearer(mint(db, None)))
+    assert answer.status_code == 200, answer.json
+    (state,) = answer.json["journals"]
+    assert (state["journal"], state["last_offset"], state["last_error"]) == (
+        "global",
+        offsets(fake)[-1],
+        None,
+    )
+    assert [(g["lost_after"], g["resumed_at"]) for g in state["gaps"]] == [(lost, offsets(fake)[1])]
 
 
 def test_the_journal_refuses_a_token_without_its_scope(fake: FakeCrm) -> None:

@@ -4,10 +4,18 @@ registry gives apps (shared/providers/registry.py); any other provider is a 404 
 from __future__ import annotations
 
 from shared.accounts import provider_apps
+from shared.ingest import journal
 from shared.ops import installs
 from shared.ops.api.http import Call
 from shared.ops.errors import OpsError, not_found
-from shared.ops.models import InstallConfirmed, InstallStarted, ProviderAppReport, UnroutedPortal
+from shared.ops.models import (
+    InstallConfirmed,
+    InstallStarted,
+    JournalGap,
+    JournalState,
+    ProviderAppReport,
+    UnroutedPortal,
+)
 from shared.providers import registry
 from shared.publishing.subscriptions import last_app_reconcile
 
@@ -37,6 +45,7 @@ def provider_app_report(call: Call) -> ProviderAppReport:
         if app is None:
             raise not_found("provider app")
         unrouted = provider_apps.unrouted_summary(tx, app.provider, app.app_id)
+        journals = journal.app_journals(tx, app.provider, app.app_id)
     last = last_app_reconcile(call.db, app.provider, app.app_id)
     return ProviderAppReport(
         provider=app.provider,
@@ -44,6 +53,12 @@ def provider_app_report(call: Call) -> ProviderAppReport:
         kind=app.kind,
         unrouted=[UnroutedPortal.model_validate(row) for row in unrouted],
         subscriptions=dict(last) if last else None,
+        journals=[
+            JournalState.model_validate(
+                {**j, "gaps": [JournalGap.model_validate(g) for g in j["gaps"]]}
+            )
+            for j in journals
+        ],
     )
 
 
