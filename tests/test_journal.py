@@ -473,3 +473,27 @@ def test_the_sweep_duty_reads_every_journal_and_drains_what_it_stored(
     calls = len(fake.store.requests)
     assert duty.run(db)["stored"] == 0
     assert len(fake.store.requests) == calls + 1  # idle: one cheap call
+
+
+def test_journal_events_of_a_portal_not_connected_yet_are_rerouted_once_it_is(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    """The unrouted path of app webhooks serves the journal too: its events are kept in the
+    webhook shape, so the sweep's re-route normalizes them as the drain did."""
+    fake.journal.portals = {PORTAL, 7007}
+    fake.create_record("contacts", {"email": "early@x.io"}, USER, portal_id=7007)
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert trigger_events(db) == []
+    globex = make_connection(
+        db,
+        tenant_id="globex",
+        app_id=APP_ID,
+        portal_id="7007",
+        watched_fields={"contact": ["email"]},
+    )
+    assert inbox.reroute_unrouted(db) == {"rerouted": 2, "events": 2}
+    assert sorted((str(e["connection_id"]), e["event_type"]) for e in trigger_events(db)) == [
+        (globex, "hubspot.contact.created"),
+        (globex, "hubspot.contact.property_changed"),
+    ]
