@@ -6,11 +6,13 @@ journal is one event, and a gap longer than the journal's 3 days is reported, no
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -24,12 +26,14 @@ from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database
 from shared.core.duty import SweepConfig
 from shared.ingest import inbox, journal
+from shared.normalize import UnparseableBody
 from shared.ops.auth import Principal
 from shared.ops.health import health_report
 from shared.ops.models import SchedulerHealth
 from shared.providers import connect
 from shared.providers.descriptor import JournalEntry
 from shared.providers.hubspot import journal as hubspot_journal
+from shared.providers.registry import normalize
 from shared.publishing import subscriptions, versions
 from shared.sweep.catalog import default_duties
 from tests.ingest_support import (
@@ -497,3 +501,52 @@ def test_journal_events_of_a_portal_not_connected_yet_are_rerouted_once_it_is(
         (globex, "hubspot.contact.created"),
         (globex, "hubspot.contact.property_changed"),
     ]
+
+
+def test_entry_files_of_other_shapes_are_read_defensively() -> None:
+    """The file's contents are not documented (docs/vendors/hubspot-2026.md 2.5): a list or an
+    object, changes as a map or a list, times as ISO or ms, values wrapped or bare; the portal
+    of a local journal when the event names none; an unknown action kept under its own name."""
+    headers = {"x-onceflow-journal-offset": "off-1", "x-onceflow-journal": "555"}
+    body = json.dumps(
+        [
+            {
+                "action": "UPDATE",
+                "objectTypeId": "0-3",
+                "objectId": 9,
+                "occurredAt": 1_700_000_000_123,
+                "propertyChanges": [
+                    {"propertyName": "amount", "value": 10},
+                    {"name": "dealstage", "newValue": "won"},
+                ],
+            },
+            {
+                "action": "MERGE",
+                "objectTypeId": "0-1",
+                "objectId": 4,
+                "occurredAt": "2023-11-14T22:13:20.5Z",
+                "portalId": 556,
+            },
+            {"action": "APP_INSTALL", "type": "APP_LIFECYCLE_EVENT", "occurredAt": 5},
+        ]
+    ).encode()
+    events = normalize("hubspot", body, headers)  # in the order they occurred
+    assert [(e.event_type, dict(e.changed_fields)) for e in events] == [
+        ("hubspot.app_lifecycle_event.app_install", {}),
+        ("hubspot.deal.property_changed", {"amount": "10"}),
+        ("hubspot.deal.property_changed", {"dealstage": "won"}),
+        ("hubspot.contact.merged", {}),
+    ]
+    assert [e.payload.get("portalId") for e in events] == ["555", "555", "555", 556]
+    assert events[3].occurred_at == datetime(2023, 11, 14, 22, 13, 20, 500000, tzinfo=UTC)
+    assert events[1].payload["eventId"] == "off-1#0"
+    # A webhook-shaped file and a wrapped one read the same.
+    wrapped = json.dumps(
+        {"offset": "off-2", "journalEvents": [json.loads(body)[0]], "publishedAt": "x"}
+    ).encode()
+    again = normalize("hubspot", wrapped, {**headers, "x-onceflow-journal-offset": "off-2"})
+    assert [e.source_event_id for e in again] == [e.source_event_id for e in events[1:3]]
+    with pytest.raises(UnparseableBody):
+        normalize("hubspot", b"not json", headers)
+    with pytest.raises(UnparseableBody):
+        normalize("hubspot", b'{"journalEvents": []}', headers)
