@@ -11,6 +11,7 @@ from shared.blocks import crm
 from shared.blocks.base import BlockFailure
 from shared.core.db import Database
 from shared.providers import connect
+from shared.providers.hubspot import versions
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
 
 
@@ -38,7 +39,9 @@ def test_dropped_create_response_gives_one_record_and_outcome_unknown(
 ) -> None:
     """The vendor replay test, through onceflow: the same fault that made two records when the
     identical request was replayed now makes exactly one, and the step says OUTCOME_UNKNOWN."""
-    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    fake.add_fault(
+        action="drop_after_commit", method="POST", path=versions.crm_objects("tasks") + "$"
+    )
     step = StepRunner(db, "crm.create", connection_id=connection_id)
     with pytest.raises(BlockFailure) as err:
         step.run(crm.CREATE, TASK)
@@ -279,7 +282,9 @@ def test_a_lost_create_response_is_adopted_when_the_portal_has_a_key_property(
     """Issue 13, item 6: the same lost response that gives OUTCOME_UNKNOWN without a key
     property is, with one, retried and resolved by HubSpot's 409 "Existing ID: N"."""
     connection_id = _keyed_connection(db, keyed_fake)
-    keyed_fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    keyed_fake.add_fault(
+        action="drop_after_commit", method="POST", path=versions.crm_objects("tasks") + "$"
+    )
     step = StepRunner(db, "crm.create", connection_id=connection_id)
     with pytest.raises(BlockFailure) as err:
         step.run(crm.CREATE, KEYED_TASK)

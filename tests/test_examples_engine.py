@@ -296,6 +296,20 @@ def _invoice_paid_webhook(stack: ExampleStack, workflow_id: str) -> None:
     assert [(r["window_seconds"], r["used"]) for r in used] == [(60, 1)]
 
 
+def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
+    """The vendor-neutral example on the HubSpot fake: `crm.company.created` bound to HubSpot's
+    company creation (subscribed by reconcile), `company` read and searched as HubSpot's
+    companies. (Its Pipedrive side: tests/test_object_kinds.py.)"""
+    stack.fake.create_record("companies", {"name": "Acme"}, PERSON)
+    stack.pump()
+    company = stack.fake.create_record("companies", {"name": "Acme"}, PERSON)
+    stack.pump()
+    notes = [s["body"] for s in stack.sent if s["step"] == "notify_sales"]
+    assert [n["name"] for n in notes] == ["Acme", "Acme"]
+    assert notes[-1]["company_id"] == company.id
+    assert [n["sharing_its_name"] for n in notes] == [1, 2]
+
+
 PERSON = ("CRM_UI", "userId:7")
 # What an example needs to exist before it can be activated.
 BEFORE_ACTIVATION = {"enroll-pro-signups": _signups_table}
@@ -309,6 +323,7 @@ SCENARIOS = {
     "enroll-pro-signups": _enroll_pro_signups,
     "route-new-mqls": _route_new_mqls,
     "invoice-paid-webhook": _invoice_paid_webhook,
+    "new-company-any-crm": _new_company_any_crm,
 }
 
 

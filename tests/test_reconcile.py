@@ -24,6 +24,7 @@ from shared.port.interface import (
     Subscription,
 )
 from shared.providers import connect
+from shared.providers.hubspot import versions as hubspot_versions
 from shared.providers.hubspot.port import HubSpotPort
 from shared.publishing import subscriptions as subs
 from shared.publishing import versions
@@ -313,7 +314,7 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
     assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), len(EXAMPLE_KEYS))
 
     # Drift at the provider, behind onceflow's back.
-    base = f"{fake.url}/webhooks/v3/424242/subscriptions"
+    base = fake.url + hubspot_versions.webhook_subscriptions("424242")
     headers = {"Authorization": "Bearer tok"}
     with httpx.Client(headers=headers, timeout=5) as client:
         listed = client.get(base).json()["results"]

@@ -91,7 +91,13 @@ from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.core.pubsub import decode_push_message, publish_step_ready
-from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
+from shared.ingest.echo import (
+    ECHO_CLOCK_SKEW_SECONDS,
+    authored_elsewhere,
+    is_echo,
+    markers_from_json,
+)
+from shared.providers import registry
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
@@ -313,6 +319,9 @@ class EventFacts:
     excluded_authors: tuple[str, ...]
     connection_status: str | None
     echo_markers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
+    author_source: str | None = None
+    connection_provider: str | None = None
+    connection_user_id: str | None = None  # the provider user the connection's writes act as
 
     @cached_property
     def occurrence(self) -> Occurrence:
@@ -337,15 +346,26 @@ class EventFacts:
     def scope(self) -> PreparedScope:
         return PreparedScope(rule_scope(self.occurrence, self.occurrence.record()))
 
+    def object_kind(self, name: str) -> str | None:
+        """The neutral kind a record expression's `object_type` means on the event's
+        connection (Pipedrive's `person` is a `contact`): shared/providers/registry.py."""
+        return registry.object_kind(name, self.connection_provider)
+
     @cached_property
     def refusal(self) -> tuple[Reason, str] | None:
         return event_refusal(self)
 
     @cached_property
     def echo(self) -> bool:
-        """Every changed field is explained by a write of onceflow's own
-        (shared/ingest/echo.py)."""
-        return is_echo(self.changed_fields, self.echo_markers)
+        """Every changed field is explained by a write of onceflow's own, and the event's
+        author doesn't rule that out (shared/ingest/echo.py)."""
+        elsewhere = authored_elsewhere(
+            self.connection_provider,
+            author_source=self.author_source,
+            author_id=self.author_id,
+            connection_user_id=self.connection_user_id,
+        )
+        return is_echo(self.changed_fields, self.echo_markers, elsewhere=elsewhere)
 
 
 def provider_suppression(event: EventFacts) -> str | None:
@@ -385,7 +405,9 @@ def resolve_record(
     if trigger.record_expression is None:
         key, _, missing = trigger_record(event.occurrence, None)
         return key, event.scope.values["record"], missing
-    return record_from_expression(trigger.record_expression, event.scope, event.occurrence)
+    return record_from_expression(
+        trigger.record_expression, event.scope, event.occurrence, event.object_kind
+    )
 
 
 def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
@@ -470,6 +492,9 @@ def _facts(row: Mapping[str, Any]) -> EventFacts:
         excluded_authors=tuple(row["excluded_authors"] or ()),
         connection_status=row["connection_status"],
         echo_markers=markers_from_json(row["echo_markers"]),
+        author_source=row["author_source"],
+        connection_provider=row["connection_provider"],
+        connection_user_id=row["connection_user_id"],
     )
 
 

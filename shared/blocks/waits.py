@@ -36,6 +36,7 @@ from shared.blocks.base import (
     ParkRequest,
     flow_block,
 )
+from shared.providers import kinds, registry
 from shared.workflows.expressions import ExpressionError, compile_expression
 from shared.workflows.scope import kept_for_wait
 
@@ -130,7 +131,8 @@ def execute_wait_for(ctx: BlockContext, config: BaseModel) -> BlockResult:
             deadline=deadline,
             on_timeout="goto" if goto else str(config.on_timeout),
             timeout_goto=goto,
-            event_type=config.event,
+            # A wait on any CRM's event waits for the one the run's connection sends.
+            event_type=registry.event_type_on(kinds.provider_of(ctx.connection_id), config.event),
             record_key=key,
             condition=config.when,
             scope=kept_for_wait(ctx.scope),

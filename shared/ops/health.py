@@ -33,8 +33,11 @@ from shared.ops.models import (
     ScheduledJobHealth,
     SchedulerHealth,
     SweepDutyHealth,
+    WaitingClaim,
 )
 from shared.ops.statements import CONNECTION_HEALTH, SWEEP_DUTIES
+from shared.providers.install import waiting_claims
+from shared.publishing.subscriptions import project_drift
 from shared.sweep.backlog import read_backlog, read_dead_letters
 
 if TYPE_CHECKING:
@@ -214,6 +217,7 @@ def health_report(
             dead = read_dead_letters(tx)
             duties = tx.all(SWEEP_DUTIES)
             gaps = journal.recent_gaps(tx)
+            waiting = waiting_claims(tx)
     connections = [_connection(r) for r in rows]
     if principal.is_admin:
         machinery = MachineryHealth(
@@ -233,7 +237,15 @@ def health_report(
         )
     return HealthReport(
         checked_at=datetime.now(UTC),
-        problems=problems,
+        problems=[
+            *problems,
+            # Drift is a person's to fix (write the project files, upload them): a problem
+            # to show, where the hourly reconcile of a legacy app would have repaired it.
+            *(d.message() for d in project_drift(db, principal.tenant_id)),
+        ],
         machinery=machinery,
         connections=connections,
+        waiting_claims=(
+            [WaitingClaim.model_validate(w) for w in waiting] if principal.is_admin else []
+        ),
     )

@@ -25,9 +25,11 @@ from pydantic import ValidationError
 from shared import triggers
 from shared.blocks import registry
 from shared.core.errors import PermanentError
+from shared.providers import registry as providers
 from shared.triggers.events import unknown_event_type
 from shared.workflows import listening
 from shared.workflows.definition import (
+    ANY_CRM,
     JUMP_KEYS,
     Step,
     Trigger,
@@ -373,7 +375,38 @@ class _Validation:
             self.check_shape(d, graph)
         for index, step in enumerate(d.steps):
             self.check_step(d, index, step, graph)
+        self.check_object_kinds(d)
         self.check_risks(d)
+
+    def check_object_kinds(self, d: WorkflowDefinition) -> None:
+        """A step's `object_type` names a kind on the CRM the trigger's events come from.
+        The block's own config check accepts a neutral kind or any CRM's name for one
+        (shared/blocks/crm.py); a trigger on one CRM's events (`hubspot.…` only) runs its
+        steps on that CRM, whose names alone are then right (`person` is Pipedrive's)."""
+        vendors = {e.split(".", 1)[0] for e in d.trigger.events} - {ANY_CRM}
+        found = providers.get(vendors.pop()) if len(vendors) == 1 else None
+        if found is None or not found.object_kinds:
+            return
+        for i, step in enumerate(d.steps):
+            named: list[tuple[PathT, Any]] = [
+                (("config", "object_type"), step.config.get("object_type"))
+            ]
+            associations = step.config.get("associations")
+            for j, a in enumerate(associations if isinstance(associations, list) else []):
+                if isinstance(a, Mapping):
+                    named.append(
+                        (("config", "associations", j, "object_type"), a.get("object_type"))
+                    )
+            for where, name in named:
+                if not isinstance(name, str) or "${{" in name or not step.type.startswith("crm."):
+                    continue
+                if providers.object_kind(name) is not None and found.object_kind(name) is None:
+                    self.add(
+                        "error",
+                        ("steps", i, *where),
+                        f"{name!r} is no object kind on {found.title}, whose events start "
+                        f"this workflow: use contact, company, deal, task or note",
+                    )
 
     def check_trigger(self, t: Trigger) -> None:
         triggers.check_trigger(t, self.add)

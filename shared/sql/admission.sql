@@ -20,7 +20,7 @@
 WITH ev AS (
     SELECT e.id, e.tenant_id, CAST(e.connection_id AS text) AS connection_id, e.event_type,
            e.source_event_id, e.record_object_type, e.record_object_id, e.author_id,
-           e.changed_fields, e.occurred_at, e.payload, e.payload_truncated,
+           e.author_source, e.changed_fields, e.occurred_at, e.payload, e.payload_truncated,
            CASE WHEN e.record_object_id IS NOT NULL
                 THEN coalesce(CAST(e.connection_id AS text), 'app') || ':'
                      || e.record_object_type || ':' || e.record_object_id
@@ -28,6 +28,8 @@ WITH ev AS (
            t.credit_balance,
            t.excluded_authors || coalesce(c.excluded_authors, '{}') AS excluded_authors,
            c.status AS connection_status,
+           -- Who the event's author must be to be onceflow's echo (shared/ingest/echo.py).
+           c.provider AS connection_provider, c.provider_user_id AS connection_user_id,
            (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
                             '[]'::jsonb)
               FROM echo_markers_alive(

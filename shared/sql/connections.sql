@@ -16,10 +16,10 @@ SELECT id::text AS id, tenant_id, provider, status, webhook_secret_env, api_cred
 -- name: connection_insert
 INSERT INTO connections (tenant_id, provider, webhook_secret_env, api_credentials_env,
                          signature_versions, api_base_url, provider_account_id, watched_fields,
-                         provider_app_id)
+                         provider_app_id, provider_user_id)
 VALUES (:tenant_id, :provider, :webhook_secret_env, :api_credentials_env,
         CAST(:signature_versions AS text[]), :api_base_url, :provider_account_id,
-        CAST(:watched_fields AS jsonb), :provider_app_id)
+        CAST(:watched_fields AS jsonb), :provider_app_id, :provider_user_id)
 RETURNING id::text AS id
 
 -- name: connection_active_listeners

@@ -64,8 +64,9 @@ ORDER BY t.id
 
 -- name: ops_connections_list
 -- Names of environment variables only; the values never leave the functions' environment.
-SELECT id, tenant_id, provider, status, provider_account_id, provider_app_id, api_base_url,
-       webhook_secret_env, api_credentials_env, watched_fields, created_at
+SELECT id, tenant_id, provider, status, provider_account_id, provider_app_id,
+       provider_user_id, api_base_url, webhook_secret_env, api_credentials_env, watched_fields,
+       created_at
 FROM connections
 WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
 ORDER BY tenant_id, created_at, id

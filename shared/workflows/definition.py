@@ -69,6 +69,10 @@ from pydantic import (
 DedupMode = Literal["once_per_record", "not_while_running", "every_time"]
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 EVENT_TYPE_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)+$"
+# The provider part of an event type that means "whichever CRM sends it": `crm.contact.created`
+# is `hubspot.contact.created` on a HubSpot connection, `pipedrive.contact.created` on a
+# Pipedrive one (shared/providers/registry.py `event_types_for`, ANY_CRM there too).
+ANY_CRM = "crm"
 # Where the JSON Schema describes what expressions read (shared/publishing/schema.py).
 SCOPE_REF = "#/$defs/ExpressionScope"
 

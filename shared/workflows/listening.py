@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from shared.workflows.definition import ANY_CRM
 from shared.workflows.expressions import ExpressionError, record_fields
 
 # Fields of `record` that name the record rather than a property of it.
@@ -38,9 +39,12 @@ class Listener:
     where: str  # "trigger" or "steps.<id>", for messages
 
     def object_and_action(self, provider: str) -> tuple[str, str] | None:
-        """(object type, action) when this listener's event is `provider`'s, else None."""
-        prefix = f"{provider}."
-        if not self.event.startswith(prefix):
+        """(object type, action) when this listener's event is `provider`'s, or any CRM's
+        (`crm.<kind>.<action>`, shared/triggers/events.py), else None."""
+        prefix = next(
+            (p for p in (f"{provider}.", f"{ANY_CRM}.") if self.event.startswith(p)), None
+        )
+        if prefix is None:
             return None
         parts = self.event[len(prefix) :].split(".")
         if len(parts) != 2 or not all(parts):

@@ -10,7 +10,7 @@ shared/providers/registry.py lists it; nothing outside shared/providers/ names i
 from __future__ import annotations
 
 from shared.providers.descriptor import AppWebhooks, Crm, OAuth, Provider
-from shared.providers.hubspot import apps, journal, normalize, oauth, records, signature
+from shared.providers.hubspot import apps, journal, normalize, oauth, project, records, signature
 from shared.providers.hubspot.port import HubSpotPort
 
 PROVIDER = Provider(
@@ -53,6 +53,9 @@ PROVIDER = Provider(
         refresher=oauth.hubspot_refresher,
     ),
     # onceflow event actions (shared/normalize/event.py naming) -> webhooks v3 event kinds.
+    # HubSpot's CRM objects are named as onceflow names them (/crm/v3/objects/contacts, …,
+    # /crm/v3/objects/tasks and /notes: https://developers.hubspot.com/docs/api/crm/understanding-the-crm).
+    object_kinds={k: k for k in ("contact", "company", "deal", "task", "note")},
     subscription_event_kinds={
         "created": "creation",
         "property_changed": "propertyChange",
@@ -63,4 +66,6 @@ PROVIDER = Provider(
         "association_changed": "associationChange",
     },
     journal=journal.JOURNAL,
+    # Project-based apps: webhooks declared in the project's files (project.py).
+    project=project.PROJECT,
 )

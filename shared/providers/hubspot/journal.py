@@ -56,6 +56,7 @@ from shared.providers.descriptor import (
     JournalRead,
     OffsetGone,
 )
+from shared.providers.hubspot import versions
 from shared.providers.hubspot.normalize import object_type_for, type_id_for
 from shared.providers.hubspot.port import (
     DEFAULT_BASE_URL,
@@ -64,9 +65,6 @@ from shared.providers.hubspot.port import (
     classify_transport_error,
 )
 
-# The journal's and the token's API version, pinned here with the date it names.
-API_VERSION = "2026-03"
-TOKEN_PATH = f"/oauth/{API_VERSION}/token"
 READ_SCOPES = ("developer.webhooks_journal.read",)
 RETENTION_SECONDS = 3 * 24 * 3600
 # A pre-signed link that expired between the `next` answer and the download is asked for again
@@ -106,8 +104,8 @@ _VERBS = {
 def journal_path(journal: str, tail: str) -> tuple[str, dict[str, str]]:
     """The path and query of a journal call: the global journal, or one portal's local one."""
     if journal == "global":
-        return f"/webhooks-journal/journal/{API_VERSION}/{tail}", {}
-    return f"/webhooks-journal/journal-local/{API_VERSION}/{tail}", {"installPortalId": journal}
+        return versions.journal(tail, local=False), {}
+    return versions.journal(tail, local=True), {"installPortalId": journal}
 
 
 def fetch_client_token(
@@ -120,7 +118,7 @@ def fetch_client_token(
         "scope": " ".join(scopes),
     }
     try:
-        response = _client().post(base_url.rstrip("/") + TOKEN_PATH, data=form)
+        response = _client().post(base_url.rstrip("/") + versions.oauth_token(), data=form)
     except httpx.HTTPError as exc:
         raise classify_transport_error(exc) from exc
     if response.status_code != 200:
@@ -346,7 +344,7 @@ SUBSCRIPTION_SCOPES = (
     "developer.webhooks_journal.subscriptions.read",
     "developer.webhooks_journal.subscriptions.write",
 )
-SUBSCRIPTIONS_PATH = f"/webhooks-journal/subscriptions/{API_VERSION}"
+SUBSCRIPTIONS_PATH = versions.journal_subscriptions()
 # Webhook verbs (the reconcile's event kinds, PROVIDER.subscription_event_kinds) -> the
 # journal's `actions` (docs/vendors/hubspot-2026.md 2.3).
 _ACTIONS = {verb: action for action, verb in _VERBS.items() if action != "ASSOCIATION_REMOVED"}
