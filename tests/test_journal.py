@@ -550,3 +550,27 @@ def test_entry_files_of_other_shapes_are_read_defensively() -> None:
         normalize("hubspot", b"not json", headers)
     with pytest.raises(UnparseableBody):
         normalize("hubspot", b'{"journalEvents": []}', headers)
+
+
+def test_a_project_app_reading_the_journal_has_no_project_drift(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    """Journal subscriptions are made per install through the management API and "don't work
+    with the feature component functionality" (docs/vendors/hubspot-2026.md 2.1): a project
+    app that reads the journal declares no webhook components, so what its workflows need is
+    not drift — the journal reconcile creates it."""
+    with db.transaction() as tx:
+        provider_apps.register_app(
+            tx,
+            provider="hubspot",
+            app_id=APP_ID,
+            client_secret_env="HUBSPOT_APP_424242_CLIENT_SECRET",
+            oauth_client_id_env="HUBSPOT_APP_424242_CLIENT_ID",
+            api_base_url=fake.url,
+            platform="project",
+        )
+        seed.workflow(tx, "acme", "new-deals", {"events": ["hubspot.deal.created"]})
+    assert subscriptions.project_drift(db, None) == []
+    assert subscriptions.project_drift(db, "acme") == []
+    (result,) = subscriptions.reconcile_apps(db, connect.port_for_app)
+    assert result.ok and result.created == (("deal", "creation", None),)
