@@ -452,6 +452,32 @@ class UnroutedPortal(_Response):
     last_seen_at: datetime
 
 
+class JournalGap(_Response):
+    """The reader found its offset gone (away longer than the journal keeps entries): entries
+    between `lost_after` and `resumed_at` may never have been read."""
+
+    id: int
+    lost_after: str
+    resumed_at: str | None = Field(description="The earliest offset read instead; null: none.")
+    last_entry_at: datetime | None = Field(
+        description="When the entry at `lost_after` was stored: the gap starts after it."
+    )
+    detected_at: datetime
+    detail: str
+
+
+class JournalState(_Response):
+    """A provider journal the app's events are read from (shared/ingest/journal.py)."""
+
+    journal: str = Field(description='"global" (every install) or the account of a local one.')
+    last_offset: str | None = Field(description="The last entry stored; null: none yet.")
+    entries_read: int
+    last_entry_at: datetime | None
+    last_pass_at: datetime | None
+    last_error: str | None = Field(description="The last pass's error; null when it ended well.")
+    gaps: list[JournalGap] = Field(description="Gaps detected in the last 7 days, newest first.")
+
+
 class ProjectSubscription(BaseModel):
     """One webhook subscription: (object type, the provider's event kind, property)."""
 
@@ -508,6 +534,9 @@ class ProviderAppReport(_Response):
     subscriptions: dict[str, Any] | None = Field(
         description="The last subscription reconcile: `desired` (for a private app, what the "
         "operator must create in HubSpot's UI), `result`, `ok`, `reconciled_at`."
+    )
+    journals: list[JournalState] = Field(
+        default_factory=list, description="The journals its events are read from, if any."
     )
 
 

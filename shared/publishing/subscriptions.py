@@ -602,6 +602,14 @@ def project_drift(
         else:
             rows = [r for r in tx.all(TENANT_TARGETS, tenant_id=tenant_id) if r["app_id"]]
         apps = {(r["provider"], r["app_id"]): get_app(tx, r["provider"], r["app_id"]) for r in rows}
+        # An app that reads a journal declares no webhook components: its subscriptions are
+        # made per install through the journal's API ("don't work with the feature component
+        # functionality", docs/vendors/hubspot-2026.md 2.1) by `reconcile_journal_app`.
+        apps = {
+            key: app
+            for key, app in apps.items()
+            if app is not None and journal.journal_accounts(tx, app) is None
+        }
         definitions = (
             [r["definition"] for r in tx.all(ACTIVE_DEFINITIONS, tenant_id=tenant_id)]
             if tenant_id is not None
