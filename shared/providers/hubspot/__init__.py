@@ -41,6 +41,12 @@ PROVIDER = Provider(
             "ticket": ("subject",),
         },
         record_pages=records.RECORD_PAGES,
+        # A private app's access token (legacy private apps: existing ones keep working) or a
+        # service key, their replacement for single-portal integrations: both static bearers
+        # with the same REST scopes and limits; a service key cannot be used for webhooks
+        # (https://developers.hubspot.com/changelog/service-keys,
+        # https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/account-service-keys).
+        credential_kinds=("token", "service_key"),
     ),
     app=AppWebhooks(event_account=apps.event_account, secret_env=apps.secret_env),
     oauth=OAuth(
