@@ -120,6 +120,9 @@ class FakeCrmConfig:
     # Service keys (a portal admin's static key, HubSpot's replacement for private-app
     # tokens): key -> portal. A revoked or rotated-away key is a 401.
     service_keys: dict[str, int] = field(default_factory=dict)
+    # How the token endpoint words a refusal: "status" (v1: {"status": "BAD_REFRESH_TOKEN"})
+    # or "category" (the standard error body, the reason in `subCategory`); see OAuthRefused.
+    oauth_error_style: str = "status"
 
 
 class _Drop(Exception):
@@ -768,7 +771,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     granted = self.fake.oauth.token(form)
                 except OAuthRefused as refused:
-                    raise _Reply(refused.status, refused.body) from None
+                    raise _Reply(refused.status, self._oauth_error(refused)) from None
                 entry["status"] = 200
                 self._send(200, granted)
                 return
@@ -777,7 +780,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     info = self.fake.oauth.introspect(form)
                 except OAuthRefused as refused:
-                    raise _Reply(refused.status, refused.body) from None
+                    raise _Reply(refused.status, self._oauth_error(refused)) from None
                 entry["status"] = 200
                 self._send(200, info)
                 return
@@ -787,7 +790,7 @@ class _Handler(BaseHTTPRequestHandler):
                         parse_qs(url.query), self.fake.config.portal_id
                     )
                 except OAuthRefused as refused:
-                    raise _Reply(refused.status, refused.body) from None
+                    raise _Reply(refused.status, self._oauth_error(refused)) from None
                 entry["status"] = 302
                 self._send(302, None, {"Location": location})
                 return
@@ -864,6 +867,9 @@ class _Handler(BaseHTTPRequestHandler):
                 "INVALID_AUTHENTICATION",
             )
         return config.portal_id
+
+    def _oauth_error(self, refused: OAuthRefused) -> dict[str, Any]:
+        return refused.body_in(self.fake.config.oauth_error_style)
 
     def _service_key(self, path: str, bearer: str | None) -> int | None:
         """The portal of a live service key; a 401 for one revoked or rotated away. "You cannot
@@ -1047,6 +1053,8 @@ class _Handler(BaseHTTPRequestHandler):
             for flag in ("unique_event_ids", "rate_limit_retry_after", "new_app"):
                 if flag in body:
                     setattr(fake.config, flag, bool(body[flag]))
+            if body.get("oauth_error_style") in ("status", "category"):
+                fake.config.oauth_error_style = body["oauth_error_style"]
             if "developer_api_key" in body:  # the demo turns HubSpot's rule on for its app
                 fake.config.developer_api_key = body["developer_api_key"] or None
             if "unique_properties" in body:
