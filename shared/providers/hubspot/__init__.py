@@ -55,7 +55,8 @@ PROVIDER = Provider(
         token_account=oauth.token_account,
         refresher=oauth.hubspot_refresher,
     ),
-    # onceflow event actions (shared/normalize/event.py naming) -> webhooks v3 event kinds.
+    # onceflow event actions (shared/normalize/event.py naming) -> a legacy app's webhook
+    # subscription event kinds (the same names as the v3 API had).
     subscription_event_kinds={
         "created": "creation",
         "property_changed": "propertyChange",
