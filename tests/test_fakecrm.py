@@ -594,3 +594,28 @@ def test_the_2026_03_token_endpoint_and_introspection() -> None:
             assert gone == {"active": False}
     finally:
         fake.stop()
+
+
+def test_service_keys_act_for_their_portal_until_rotated_and_never_on_webhooks() -> None:
+    fake = FakeCrm(FakeCrmConfig(token="tok")).start()
+    body = {"properties": {"dealname": "x"}}
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            key = c.post("/_admin/service-keys", json={"portal_id": 3003}).json()["key"]
+            auth = {"Authorization": f"Bearer {key}"}
+            assert c.post(versions.crm_objects("deals"), json=body, headers=auth).status_code == 201
+            assert fake.records("deals")[0]["portalId"] == 3003
+            subs = c.get(versions.webhook_subscriptions("424242"), headers=auth)
+            assert subs.status_code == 403  # "Service keys do not support webhooks"
+            new = c.post("/_admin/service-keys/rotate", json={"key": key}).json()["key"]
+            refused = c.post(versions.crm_objects("deals"), json=body, headers=auth)
+            assert (refused.status_code, refused.json()["category"]) == (
+                401,
+                "INVALID_AUTHENTICATION",
+            )
+            fresh = {"Authorization": f"Bearer {new}"}
+            assert (
+                c.post(versions.crm_objects("deals"), json=body, headers=fresh).status_code == 201
+            )
+    finally:
+        fake.stop()
