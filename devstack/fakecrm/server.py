@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 
+from devstack.fakecrm.journal import FakeJournal, JournalRefusal
 from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
     OBJECT_TYPES,
@@ -165,6 +166,10 @@ class FakeCrm:
             client_secret=self.config.oauth_client_secret,
             access_seconds=self.config.access_token_seconds,
             app_id=self.config.app_id,
+        )
+        # The webhooks journal (devstack/fakecrm/journal.py), same OAuth client as the app.
+        self.journal = FakeJournal(
+            client_id=self.config.oauth_client_id, client_secret=self.config.oauth_client_secret
         )
         self.webhooks = WebhookSender(
             self.store,
@@ -395,6 +400,7 @@ class FakeCrm:
                         rid,
                         "creation",
                         portal,
+                        occurredAt=ms,
                         changeFlag="CREATED",
                         changeSource=source[0],
                         sourceId=source[1],
@@ -407,12 +413,14 @@ class FakeCrm:
                             rid,
                             "propertyChange",
                             portal,
+                            occurredAt=ms,
                             propertyName=name,
                             propertyValue=None if value is None else str(value),
                             changeSource=source[0],
                             sourceId=source[1],
                         )
                     )
+            self.journal.record(events)
             events = self._subscribed(events)
         self.webhooks.enqueue(events)
         return rec
@@ -442,6 +450,7 @@ class FakeCrm:
                             record_id,
                             "propertyChange",
                             portal,
+                            occurredAt=ms,
                             propertyName=name,
                             propertyValue=new,
                             changeSource=source[0],
@@ -458,6 +467,7 @@ class FakeCrm:
                     "properties": dict(properties),
                 }
             )
+            self.journal.record(events)
             events = self._subscribed(events)
         self.webhooks.enqueue(events)
         return rec
@@ -668,7 +678,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise _error(400, "Invalid input JSON", "VALIDATION_ERROR") from None
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        payload = b"" if body is None else json.dumps(body).encode()
+        payload = (
+            b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        )
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -699,6 +711,25 @@ class _Handler(BaseHTTPRequestHandler):
                 retry_after=int(self.headers.get("X-Fakecrm-Retry-After", "1")),
             )
         return self.fake.store.take_fault(method, path)
+
+    def _sink(
+        self, method: str, path: str, raw: bytes, fault: Any
+    ) -> tuple[int, dict[str, Any]] | None:
+        """`/_sink…`: a receiver for http.request steps, keeping what it was sent."""
+        if not path.startswith("/_sink"):
+            return None
+        with self.fake.store.lock:
+            self.fake.store.sink.append(
+                {
+                    "method": method,
+                    "path": path,
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body": raw.decode("utf-8", "replace"),
+                }
+            )
+        if fault and fault.action == "drop_after_commit":
+            raise _Drop(reset=False)
+        return 200, {"ok": True}
 
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -749,20 +780,12 @@ class _Handler(BaseHTTPRequestHandler):
                     "date-based paths",
                     "OBJECT_NOT_FOUND",
                 )
-            if path.startswith("/_sink"):
-                with self.fake.store.lock:
-                    self.fake.store.sink.append(
-                        {
-                            "method": method,
-                            "path": path,
-                            "headers": {k.lower(): v for k, v in self.headers.items()},
-                            "body": raw.decode("utf-8", "replace"),
-                        }
-                    )
-                if fault and fault.action == "drop_after_commit":
-                    raise _Drop(reset=False)
-                entry["status"] = 200
-                self._send(200, {"ok": True})
+            reply = self._sink(method, path, raw, fault) or self._journal(
+                method, url.path, url.query, raw
+            )
+            if reply is not None:
+                entry["status"] = reply[0]
+                self._send(*reply)
                 return
             if path in (versions.oauth_token(), LEGACY_TOKEN_PATH) and method == "POST":
                 if url.query:  # 2026-03: "all parameters in the form body, none in the query"
@@ -833,6 +856,22 @@ class _Handler(BaseHTTPRequestHandler):
         except _Drop as drop:
             entry["status"] = "dropped"
             self._drop(drop.reset)
+
+    def _journal(
+        self, method: str, path: str, query: str, raw: bytes
+    ) -> tuple[int, Any, dict[str, str]] | None:
+        """The webhooks journal's answer (devstack/fakecrm/journal.py), or None."""
+        try:
+            return self.fake.journal.serve(
+                method,
+                path,
+                query=parse_qs(query),
+                raw=raw,
+                authorization=self.headers.get("Authorization"),
+                base_url=self.fake.url,
+            )
+        except JournalRefusal as refused:
+            return refused.status, refused.body, {}
 
     def _authorize(self, path: str, query: dict[str, list[str]]) -> int:
         """The portal the request acts for (its bearer token says which), or a 401."""
@@ -1024,6 +1063,11 @@ class _Handler(BaseHTTPRequestHandler):
             return 200, fake.state()
         if path == "/_admin/health":
             return 200, {"ok": True}
+        if path.startswith("/_admin/journal"):
+            try:
+                return fake.journal.admin(method, path, body)
+            except JournalRefusal as refused:
+                raise _Reply(refused.status, refused.body) from None
         if path == "/_admin/reset" and method == "POST":
             fake.store.reset()
             return 200, {"ok": True}

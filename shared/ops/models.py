@@ -433,12 +433,58 @@ class UnroutedPortal(_Response):
     last_seen_at: datetime
 
 
+class ProjectSubscription(BaseModel):
+    """One webhook subscription: (object type, the provider's event kind, property)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    object_type: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
+    event_kind: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_]+$")
+    property_name: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class ProjectDeclaration(_Request):
+    subscriptions: list[ProjectSubscription] = Field(
+        max_length=5000,
+        description="What the app's project files declare, read back from them after writing.",
+    )
+
+
+class AppProjectReport(_Response):
+    """What a project-based app's files should say, what they last said, and the drift."""
+
+    provider: str
+    app_id: str
+    platform: Literal["legacy", "project"]
+    scopes: list[str]
+    redirect_urls: list[str] = Field(
+        description="The install's redirect URLs: ONCEFLOW_OAUTH_REDIRECT_URL (installs started"
+        " in ops) and the app's own callback (installs that start at the provider)."
+    )
+    target_url: str | None = Field(
+        description="The app's webhook URL (ONCEFLOW_PUBLIC_URL + /<provider>/app/<app id>);"
+        " null when ONCEFLOW_PUBLIC_URL is not set."
+    )
+    needed: list[ProjectSubscription] = Field(
+        description="The union of what the active workflows of the app's tenants listen to."
+    )
+    unsupported: list[str]
+    declared: list[ProjectSubscription] | None = Field(
+        description="What the project files declared when last written; null: never written."
+    )
+    declared_at: datetime | None
+    missing: list[ProjectSubscription] = Field(description="Needed and not declared: the drift.")
+
+
 class ProviderAppReport(_Response):
     """A provider app (one webhook URL for every portal that installed it), for the operator."""
 
     provider: str
     app_id: str
     kind: Literal["public", "private"]
+    platform: Literal["legacy", "project"] = Field(
+        description="Where its subscriptions are kept: legacy (the provider's API, or its UI for"
+        " a private app) or project (its project files: `GET .../project` shows the drift)."
+    )
     unrouted: list[UnroutedPortal]
     subscriptions: dict[str, Any] | None = Field(
         description="The last subscription reconcile: `desired` (for a private app, what the "
@@ -714,6 +760,11 @@ class BudgetStatus(_Response):
 class ActivationResult(_Response):
     workflow_id: UUID
     active_version_id: UUID | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What stands but needs a person: e.g. a subscription the workflows need"
+        " that a project app's deployed files don't declare.",
+    )
 
 
 class RehearsalStep(_Response):
@@ -820,6 +871,16 @@ class ConnectionHealth(_Response):
     last_reconcile_errors: list[str]
 
 
+class WaitingClaim(_Response):
+    """An install that started at the provider, waiting for a tenant's operator to claim it."""
+
+    provider: str
+    app_id: str
+    portal_id: str
+    created_at: datetime
+    claim_by: datetime
+
+
 class HealthReport(_Response):
     checked_at: datetime
     problems: list[str] = Field(description="What looks stuck or broken, in plain words.")
@@ -827,6 +888,11 @@ class HealthReport(_Response):
         description="Scheduler, queues and dead letters: admin tokens only (null otherwise)."
     )
     connections: list[ConnectionHealth]
+    waiting_claims: list[WaitingClaim] = Field(
+        default_factory=list,
+        description="Installs that started at the provider and wait for a claim"
+        " (`POST /v1/apps/{provider}/{app_id}/installs/claim`): admin tokens only.",
+    )
 
 
 # ---- app installs (OAuth) -----------------------------------------------------------------
@@ -862,6 +928,31 @@ class InstallConfirm(_Request):
         exclude=True,
         description="The code the install's callback page showed; accepted only from the ops "
         "token that started the install, once, within 30 minutes of the callback.",
+    )
+
+
+class InstallClaim(_Request):
+    tenant_id: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The tenant that claims the portal; a tenant token's own tenant when"
+        " omitted (an admin token must name one).",
+    )
+    portal_id: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=r"^[0-9]+$",
+        description="The portal the callback page named: the claimer says which portal it"
+        " expects, so a code for another portal is refused.",
+    )
+    # exclude=True: never dumped, so never written to the audit with the request body.
+    claim_code: str = Field(
+        min_length=20,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        exclude=True,
+        description="The code the app's own callback page showed to the browser that installed"
+        " the app at the provider; accepted once, within 24 hours.",
     )
 
 

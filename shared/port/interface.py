@@ -106,6 +106,21 @@ class SearchPage:
     next_after: str | None  # the cursor of the next page; None on the last one
 
 
+class SubscriptionApi(Protocol):
+    """What the subscriptions reconcile (shared/publishing/subscriptions.py) needs of a
+    provider: a CRM port, or another subscription API of the same shape (a webhooks journal's,
+    shared/providers/hubspot/journal.py)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def list_subscriptions(self) -> list[Subscription]: ...
+
+    def create_subscription(self, subscription: Subscription) -> Subscription: ...
+
+    def delete_subscription(self, subscription_id: str) -> None: ...
+
+
 class CrmPort(Protocol):
     capabilities: Capabilities
     # With `capabilities.write_idempotency`: the property a create stamps its idempotency key

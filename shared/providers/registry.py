@@ -55,6 +55,11 @@ def oauth_providers() -> tuple[str, ...]:
     return tuple(p.name for p in ALL if p.oauth is not None)
 
 
+def project_providers() -> tuple[str, ...]:
+    """Providers whose apps can be projects of files the vendor's CLI deploys."""
+    return tuple(p.name for p in ALL if p.project is not None)
+
+
 def known_event_types() -> dict[str, frozenset[str]]:
     """Per provider whose events form a closed set, every event type its webhooks can become.
     A generic sender's types are its own names, and events onceflow makes for cron, webhook

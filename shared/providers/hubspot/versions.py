@@ -81,3 +81,14 @@ def webhook_subscriptions(app_id: str, subscription_id: str | None = None) -> st
     """A legacy public app's webhook subscriptions (and one of them)."""
     base = f"/webhooks/{WEBHOOKS_VERSION}/{app_id}/subscriptions"
     return base if subscription_id is None else f"{base}/{subscription_id}"
+
+
+def journal(tail: str, *, local: bool) -> str:
+    """The webhooks journal: the global one (every install of the app) or one portal's."""
+    name = "journal-local" if local else "journal"
+    return f"/webhooks-journal/{name}/{WEBHOOKS_JOURNAL_VERSION}/{tail}"
+
+
+def journal_subscriptions() -> str:
+    """The journal's per-install subscriptions (create or update, list, delete)."""
+    return f"/webhooks-journal/subscriptions/{WEBHOOKS_JOURNAL_VERSION}"
