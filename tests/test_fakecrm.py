@@ -562,6 +562,8 @@ def test_a_new_app_gets_404_on_numbered_paths_and_a_legacy_app_is_served() -> No
             "POST /webhooks/v3/424242/subscriptions",
             "POST /oauth/v1/token",
         ]
+        assert httpx.post(new.url + "/_sink/v1/hooks", json={}).status_code == 200  # not HubSpot
+        assert len(new.numbered_requests()) == 4
         new.store.requests.clear()  # called on purpose: not a port's mistake
         assert httpx.post(legacy.url + "/crm/v3/objects/deals", json=body).status_code == 201
         assert httpx.post(legacy.url + versions.crm_objects("deals"), json=body).status_code == 201

@@ -64,6 +64,7 @@ ASSOCIATION_TYPES = {
     279: ("contacts", "companies"),
 }
 ACCESS_TOKENS_PREFIX = "/oauth/v1/access-tokens/"  # a legacy app's token metadata
+SINK_PREFIX = "/_sink"  # not HubSpot: a receiver for http.request calls (module docstring)
 LEGACY_TOKEN_PATH = "/oauth/v1/token"  # noqa: S105 - a path, not a secret
 ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
 
@@ -228,7 +229,7 @@ class FakeCrm:
             return [
                 f"{r['method']} {r['path']}"
                 for r in self.store.requests
-                if versions.is_numbered(r["path"])
+                if versions.is_numbered(r["path"]) and not r["path"].startswith(SINK_PREFIX)
             ]
 
     def sink_requests(self) -> list[dict[str, Any]]:
@@ -716,7 +717,7 @@ class _Handler(BaseHTTPRequestHandler):
         self, method: str, path: str, raw: bytes, fault: Any
     ) -> tuple[int, dict[str, Any]] | None:
         """`/_sink…`: a receiver for http.request steps, keeping what it was sent."""
-        if not path.startswith("/_sink"):
+        if not path.startswith(SINK_PREFIX):
             return None
         with self.fake.store.lock:
             self.fake.store.sink.append(
@@ -773,7 +774,11 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                     {"Retry-After": str(fault.retry_after)},
                 )
-            if versions.is_numbered(path) and self.fake.config.new_app:
+            if (
+                versions.is_numbered(path)
+                and self.fake.config.new_app
+                and not path.startswith(SINK_PREFIX)  # any URL a test's http.request calls
+            ):
                 raise _error(
                     404,
                     f"{path}: numbered API versions are not available to this app; use the "
