@@ -126,7 +126,13 @@ def test_a_second_401_fails_clearly_instead_of_looping(db: Database, fake: FakeC
     assert fake.records("deals") == []
 
 
-def test_a_revoked_grant_fails_with_needs_reauthorization(db: Database, fake: FakeCrm) -> None:
+@pytest.mark.parametrize("error_style", ["status", "category"])
+def test_a_revoked_grant_fails_with_needs_reauthorization(
+    db: Database, fake: FakeCrm, error_style: str
+) -> None:
+    """Both ways the token endpoint may say the refresh token is revoked: v1's `status`, or the
+    standard error body's `subCategory` (which the 2026-03 endpoint sends is not documented)."""
+    fake.config.oauth_error_style = error_style
     connection_id, grant = installed(db, fake)
     port = connect.port_for(connection_id)
     httpx.post(f"{fake.url}/_admin/oauth/revoke", json={"refresh_token": grant.refresh_token})

@@ -167,14 +167,16 @@ def test_a_429_is_retried_after_the_time_its_burst_headers_give(
     fake.config.burst_api_token = 3
     fake.config.burst_window_seconds = 4  # Pipedrive's is 2 s: wider, so a slow machine can't
     connection_id = api_connection(db, fake)  # let the window roll before the step's call
-    for _ in range(3):  # another instance, same token
-        httpx.get(f"{fake.url}/v1/users/me", headers={"x-api-token": "pd-api-token"})
     step = StepRunner(db, "crm.create", connection_id=connection_id)
     config = {"object_type": "deals", "properties": {"title": "Big"}}
+    # Spent right before the step's call (not before the setup above), so a loaded machine's
+    # slow setup can't let the window roll first.
+    for _ in range(3):  # another instance, same token
+        httpx.get(f"{fake.url}/v1/users/me", headers={"x-api-token": "pd-api-token"})
     with pytest.raises(BlockFailure) as err:
         step.run(crm.CREATE, config)
     limited = [r for r in fake.requests if r["status"] == 429]
-    assert len(limited) == 1
+    assert len(limited) == 1, err.value
     assert err.value.error_class == "transient"
     assert err.value.retry_after is not None and 1 <= err.value.retry_after <= 4
     assert not step.side_effect_started()  # a 429 is provably not applied

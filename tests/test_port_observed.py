@@ -96,7 +96,11 @@ def test_an_oauth_connection_is_credentialed_by_its_grant_and_its_sealing_key(
 ) -> None:
     cid = _connection(db, fake)
     with db.transaction() as tx:
-        tx.execute("UPDATE connections SET api_credentials_env = NULL WHERE id = :c", c=cid)
+        tx.execute(
+            "UPDATE connections SET api_credentials_env = NULL, credential_kind = 'oauth'"
+            " WHERE id = :c",
+            c=cid,
+        )
         tx.execute(
             "INSERT INTO connection_oauth_tokens (connection_id, kek_env, data_key_sealed,"
             " refresh_token_sealed, access_token_sealed, access_expires_at)"

@@ -337,6 +337,21 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
     assert last["ok"] is True
 
 
+def test_a_service_key_connection_has_no_subscriptions_to_reconcile(
+    db: Database, fake: FakeCrm
+) -> None:
+    """Service keys "do not support webhooks": the hourly reconcile leaves such a connection
+    alone instead of calling the subscriptions API with its key (refused, every hour)."""
+    connection_id = _seed(db, fake.url)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET credential_kind = 'service_key' WHERE id = CAST(:c AS uuid)",
+            c=connection_id,
+        )
+    assert subs.reconcile_all(db, connect.port_for) == []
+    assert fake.state()["requests"] == []
+
+
 # ---------------------------------------------------------------- per provider app
 
 

@@ -572,7 +572,8 @@ NAMED_SECRETS: tuple[Documented, ...] = (
         "*named by a connection row*",
         "—",
         "`connections.webhook_secret_env` and `api_credentials_env` name the variables holding"
-        " each connection's webhook secret and API token (Secret Manager in the cloud). A"
+        " each connection's webhook secret and its API token or service key (its"
+        " `credential_kind`; Secret Manager in the cloud). A"
         " tenant's `signing_secret_env` names the HMAC key for outbound `http.request`"
         " signatures.",
     ),

@@ -654,6 +654,7 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
         "provider": args.provider,
         "webhook_secret_env": args.webhook_secret_env,
         "api_credentials_env": args.api_credentials_env,
+        "credential_kind": args.credential_kind,
         "api_base_url": args.api_base_url,
         "provider_account_id": args.account,
         "provider_app_id": args.app,
@@ -666,7 +667,8 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
         c,
         lambda: (
             f"connection {c['id']}: {c['provider']} account {c['provider_account_id'] or '-'}"
-            f" for tenant {c['tenant_id']}"
+            f" for tenant {c['tenant_id']} ({c['credential_kind']}"
+            f" in {c['api_credentials_env'] or '-'})"
         ),
     )
     return EXIT_OK
@@ -684,11 +686,12 @@ def _connections_list(s: Session, args: argparse.Namespace) -> int:
                     c["provider"],
                     c["provider_account_id"],
                     c["status"],
+                    c["credential_kind"],
                     c["api_base_url"] or "(vendor)",
                 )
                 for c in result["items"]
             ],
-            ("connection", "tenant", "provider", "account", "status", "api"),
+            ("connection", "tenant", "provider", "account", "status", "credential", "api"),
             s.out,
         ),
     )
@@ -828,7 +831,14 @@ def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
         metavar="VAR",
         help="the NAME of the env var holding the webhook secret (never the secret)",
     )
-    p.add_argument("--api-credentials-env", metavar="VAR", help="env var holding the API token")
+    p.add_argument(
+        "--api-credentials-env", metavar="VAR", help="env var holding the API token or service key"
+    )
+    p.add_argument(
+        "--credential-kind",
+        choices=("token", "service_key"),
+        help="what that variable holds (default: token; a HubSpot private app's token is one)",
+    )
     p.add_argument("--api-base-url", metavar="URL", help="the CRM's API (default: the vendor's)")
     p.add_argument("--account", metavar="ID", help="the provider account (HubSpot portal id)")
     p.add_argument("--app", metavar="APP_ID", help="the HubSpot app it was installed through")

@@ -891,13 +891,14 @@ class ConnectionHealth(_Response):
     tenant_id: str
     provider: str
     status: str
-    credentials: Literal["token", "oauth"] = Field(
+    credentials: Literal["token", "service_key", "oauth"] = Field(
         default="token",
-        description="A token in an environment variable, or an OAuth grant (an app install).",
+        description="A token or a service key in an environment variable, or an OAuth grant"
+        " (an app install).",
     )
     credentials_configured: bool = Field(
-        description="A token connection: the variable it names is set in this function. An"
-        " OAuth connection: its grant exists and the key that seals it is set here."
+        description="A token or service-key connection: the variable it names is set in this"
+        " function. An OAuth connection: its grant exists and the key that seals it is set here."
     )
     oauth_refreshed_at: datetime | None = Field(
         default=None, description="When the OAuth access token was last issued or refreshed."
@@ -1051,6 +1052,14 @@ class ConnectionCreate(_Request):
         description="The *name* of the environment variable holding the webhook secret.",
     )
     api_credentials_env: Text | None = Field(default=None, pattern=ENV_NAME_PATTERN, max_length=100)
+    credential_kind: Literal["token", "service_key"] = Field(
+        default="token",
+        description="What the variable `api_credentials_env` names holds: an API `token` (e.g."
+        " a HubSpot private app's access token) or a `service_key` (HubSpot's replacement for"
+        " private apps). Both are used as they are: they neither expire nor refresh, and a"
+        " revoked or rotated one fails the calls until the variable holds the new one. (An"
+        " OAuth connection is made by installing an app, `/v1/oauth/...`.)",
+    )
     api_base_url: Text | None = Field(
         default=None, max_length=500, description="The CRM's API; null: the vendor's."
     )
@@ -1080,6 +1089,10 @@ class ConnectionSummary(_Response):
     api_base_url: str | None
     webhook_secret_env: str
     api_credentials_env: str | None
+    credential_kind: Literal["token", "service_key", "oauth"] = Field(
+        description="The credential it calls its provider with: a `token` or `service_key` in"
+        " the variable `api_credentials_env` names, or an app install's `oauth` grant."
+    )
     watched_fields: dict[str, Any]
     created_at: datetime
 

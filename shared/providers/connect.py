@@ -1,9 +1,12 @@
 """Building the CRM port for a connection row.
 
 This is the one place that maps a provider name to an adapter (the `crm` part of its registry
-entry, shared/providers/registry.py); everything above it sees only `CrmPort`. A private app's
-token comes from the environment variable the row names (`connections.api_credentials_env`,
-filled from Secret Manager in the cloud), read when the port is built and never stored. An
+entry, shared/providers/registry.py); everything above it sees only `CrmPort`. A static
+credential — a token (a private app's) or a service key, `connections.credential_kind` says
+which — comes from the environment variable the row names (`connections.api_credentials_env`,
+filled from Secret Manager in the cloud), read when the port is built and never stored; it
+neither expires nor refreshes, so a 401 for it is final and says which connection's credential
+was refused and which variable to put the current one in (`_static_credential`). An
 OAuth connection (a public app installed on the portal) has a sealed grant instead: its port
 asks shared/accounts/oauth_tokens.py for a live access token on every call (refreshed before it
 expires, with the app's OAuth client and the provider's refresher) and, when the provider
@@ -18,7 +21,7 @@ import threading
 from dataclasses import dataclass
 
 from shared.accounts import oauth_tokens
-from shared.accounts.connections import is_connection_id
+from shared.accounts.connections import CREDENTIAL_KINDS, is_connection_id
 from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Tx
@@ -48,6 +51,7 @@ class PortSettings:
     oauth_client_id_env: str | None = None
     oauth_client_secret_env: str | None = None  # the app's OAuth client secret
     webhook_secret_env: str | None = None  # the connection's webhook credential
+    credential_kind: str = "token"  # shared/accounts/connections.py CREDENTIAL_KINDS
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
@@ -69,6 +73,7 @@ def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
         oauth_client_id_env=row["oauth_client_id_env"],
         oauth_client_secret_env=row["oauth_client_secret_env"],
         webhook_secret_env=row["webhook_secret_env"],
+        credential_kind=row["credential_kind"],
     )
 
 
@@ -112,7 +117,33 @@ def build_port(settings: PortSettings) -> CrmPort:
             code="unauthorized",
             transient=False,
         )
-    return _cached_port(settings, token, token=token)
+    # The token itself (each adapter sends it its vendor's way: a Bearer, Pipedrive's
+    # x-api-token), and what a 401 on it means.
+    return _cached_port(
+        settings, token, token=token, token_source=_static_credential(settings, token)
+    )
+
+
+def _static_credential(settings: PortSettings, token: str) -> TokenSource:
+    """Every call's token; the port asks again only after a 401, and a static credential has
+    nothing to refresh: the key was revoked or rotated (a HubSpot service key "can be managed
+    or rotated" by the portal's admins,
+    https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/account-service-keys),
+    so the call fails for good, naming the connection and the variable (never the value)."""
+
+    def source(rejected: str | None) -> str:
+        if rejected is None:
+            return token
+        what = CREDENTIAL_KINDS.get(settings.credential_kind, "credential")
+        raise PortError(
+            f"connection {settings.connection_id}: {_title(settings)} refused its {what} "
+            f"(revoked or rotated?); put the current one in {settings.api_credentials_env}",
+            code="unauthorized",
+            transient=False,
+            status=401,
+        )
+
+    return source
 
 
 def _cached_port(
