@@ -44,6 +44,10 @@ EXAMPLE_KEYS = {
     ("contact", "propertyChange", "hs_sales_email_last_replied"),
     # lead-replied-reengage's wait_for reads hs_lead_status: no trigger watches it.
     ("contact", "propertyChange", "hs_lead_status"),
+    # sync-edited-contact's debounced trigger.
+    ("contact", "propertyChange", "phone"),
+    ("contact", "propertyChange", "jobtitle"),
+    ("contact", "propertyChange", "company"),
 }
 
 

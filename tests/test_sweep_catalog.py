@@ -59,4 +59,5 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "wake_due_steps",
         "redispatch_lost_steps",
         "requeue_undecided_events",
+        "fire_due_bursts",
     ]

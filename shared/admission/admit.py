@@ -86,14 +86,17 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from shared.admission import debounce
+from shared.admission.debounce import BurstJoin
 from shared.core import queries
+from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.core.pubsub import decode_push_message, publish_step_ready
 from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
-from shared.workflows.definition import WorkflowDefinition
+from shared.workflows.definition import Debounce, WorkflowDefinition
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
@@ -122,9 +125,12 @@ Reason = Literal[
     "missing_record_identity",
     "workflow_paused",
     "definition_unreadable",
+    "superseded",
 ]
 REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
-Outcome = Literal["admitted", "refused", "handled"]
+# `debounced`: the event joined a burst (shared/admission/debounce.py); the burst's fire
+# decides the pairing later (its run, or `superseded`).
+Outcome = Literal["admitted", "refused", "handled", "debounced"]
 
 # Attempts of the whole admission when a unique index, a deadlock or a dropped connection
 # interrupts it. Every attempt decides from scratch, so repeating is safe.
@@ -210,6 +216,9 @@ class _Trigger:
     entry_price: int
     # The trigger's `watch` list (empty: every field).
     watch: frozenset[str] = frozenset()
+    # `debounce` (shared/admission/debounce.py) and its compiled `key`, when declared.
+    debounce: Debounce | None = None
+    debounce_key: CompiledExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -236,6 +245,8 @@ class _Plan:
     # The record the trigger named by expression, as JSON; None for the event's own record
     # (sent once per statement, not once per binding).
     record: str | None
+    # The binding's parsed trigger (None for an unreadable definition).
+    trigger: _Trigger | None = None
 
 
 _triggers: dict[str, _Trigger] = {}
@@ -256,6 +267,12 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         record_expr = (
             None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
         )
+        debouncing = parsed.trigger.debounce
+        debounce_key = (
+            compile_expression(debouncing.key)
+            if debouncing is not None and debouncing.key is not None
+            else None
+        )
     except (ValidationError, ExpressionError) as exc:
         # Publishing validates definitions, so this is a row another release wrote or a
         # damaged one, not a customer error; it concerns this binding only.
@@ -271,6 +288,8 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         entry_type=entry.type,
         entry_price=_block_price(entry.type),
         watch=frozenset(parsed.trigger.watch),
+        debounce=debouncing,
+        debounce_key=debounce_key,
     )
     with _triggers_lock:
         if len(_triggers) >= _TRIGGER_CACHE_SIZE:
@@ -540,6 +559,7 @@ def _plan_bindings(
                 record=None
                 if record is event.scope.values["record"]
                 else json.dumps(record, default=str),
+                trigger=trigger,
             )
         )
     return outcomes, resume, plans, extra_locks
@@ -617,6 +637,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
     if extra_locks:
         tx.one(LOCK_RECORDS, lock_keys=extra_locks)
+    plans, joins = _debounced(event, plans)
     half_open = {str(b["workflow_id"]) for b in bindings if b.get("breaker_state") == "half_open"}
     probe_ids: list[str] = []
     if half_open:
@@ -627,6 +648,12 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     if resume:
         # Claimed by an earlier delivery (claims are final): their pending steps go out again.
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
+    # Before the decision statement, which stays the transaction's last (it or MARK_DECIDED
+    # stamps the event decided: from then on its burst row holds it).
+    outcomes += [
+        BindingOutcome(j.workflow_id, "handled" if j.held else "debounced", detail=j.detail)
+        for j in debounce.join_bursts(tx, event_id=event_id, tenant_id=event.tenant_id, joins=joins)
+    ]
     open_waits = row["open_waits"]
     # The decision is the transaction's last statement, and commits in its own round trip,
     # unless open waits are offered the event after it (or a test seam runs before commit).
@@ -674,6 +701,50 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     return _Attempt(outcomes, refusals, dispatch, event.tenant_id, late_resume)
 
 
+def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list[BurstJoin]]:
+    """The plans that would start a run of a debounced trigger join a burst instead
+    (shared/admission/debounce.py); one whose burst key can't be had is refused
+    `missing_record_identity`. (The plans left for the decision statement, the joins.)"""
+    kept: list[_Plan] = []
+    joins: list[BurstJoin] = []
+    for p in plans:
+        trigger = p.trigger
+        if p.refusal is not None or trigger is None or trigger.debounce is None:
+            kept.append(p)
+            continue
+        record = event.scope.values["record"] if p.record is None else json.loads(p.record)
+        scope: PreparedScope | dict[str, Any] = (
+            event.scope if p.record is None else {**event.scope.values, "record": record}
+        )
+        key, missing = debounce.burst_key(
+            trigger.debounce, trigger.debounce_key, p.record_key, scope
+        )
+        if key is None:
+            refusal = _Refusal(
+                p.workflow_id,
+                p.version_id,
+                p.record_key,
+                "missing_record_identity",
+                missing or "no burst key",
+            )
+            kept.append(replace(p, refusal=refusal))
+            continue
+        joins.append(
+            BurstJoin(
+                workflow_id=p.workflow_id,
+                version_id=p.version_id,
+                dedup_mode=p.dedup_mode,
+                record_key=p.record_key,
+                burst_key=key,
+                trigger_record=p.record or debounce.record_json(record),
+                entry_node=p.entry_node,
+                entry_type=p.entry_type,
+                debounce=trigger.debounce,
+            )
+        )
+    return kept, joins
+
+
 def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:
     """One binding's row of the admit statement, which also wrote its refusal (the details
     that depend on other runs, duplicate and already_running, are worded there)."""
@@ -712,6 +783,9 @@ def admit_event(
                     done = _admit_in_transaction(tx, event_id, seams)
                     if seams.before_commit is not None:
                         seams.before_commit()
+                if any(o.outcome == "debounced" for o in done.outcomes):
+                    # Joined and committed; the burst's fire is the sweep's (kill tests).
+                    crash_point("admission_after_debounce_join")
                 if done.late_resume:
                     with db.transaction() as tx:
                         done.dispatch += [

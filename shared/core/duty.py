@@ -99,6 +99,8 @@ class SweepReport:
     publish_failures: int = 0
     events_requeued: int = 0
     events_undelivered: int = 0
+    # Debounce bursts fired (shared/admission/debounce_fire.py).
+    bursts_fired: int = 0
     duties: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,6 +114,7 @@ class SweepReport:
             "publish_failures": self.publish_failures,
             "events_requeued": self.events_requeued,
             "events_undelivered": self.events_undelivered,
+            "bursts_fired": self.bursts_fired,
             "duties": self.duties,
         }
 

@@ -28,6 +28,8 @@ from shared.core.errors import PermanentError
 from shared.triggers.events import unknown_event_type
 from shared.workflows import listening
 from shared.workflows.definition import (
+    DEBOUNCE_MAX_PERIOD_SECONDS,
+    DEBOUNCE_MAX_WAIT_SECONDS,
     JUMP_KEYS,
     Step,
     Trigger,
@@ -389,6 +391,45 @@ class _Validation:
                 ("trigger", "record"),
                 t.record,
                 "the record identity cannot read",
+                "it reads event, trigger and record",
+            )
+        if t.debounce is not None:
+            self.check_debounce(t)
+
+    def check_debounce(self, t: Trigger) -> None:
+        """`debounce`: bounded durations, max_wait no shorter than period, a key that reads
+        only what a rule reads; and a trigger whose events are CRM or application events (a
+        cron tick or a poll hit is one occurrence per key by construction: nothing to fold)."""
+        d = t.debounce
+        assert d is not None
+        where = ("trigger", "debounce")
+        if t.cron is not None or t.poll is not None:
+            self.add(
+                "error",
+                where,
+                "debounce folds bursts of events for one record; a cron or poll trigger makes "
+                "one occurrence per tick or row",
+                at_key=True,
+            )
+        if d.period_seconds > DEBOUNCE_MAX_PERIOD_SECONDS:
+            self.add("error", (*where, "period"), f"period is at most 1h; found {d.period!r}")
+        if d.max_wait is not None:
+            if d.max_wait_seconds < d.period_seconds:
+                self.add(
+                    "error",
+                    (*where, "max_wait"),
+                    f"max_wait ({d.max_wait}) is shorter than period ({d.period}): a burst "
+                    "would always fire before its quiet time",
+                )
+            elif d.max_wait_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+                self.add(
+                    "error", (*where, "max_wait"), f"max_wait is at most 1d; found {d.max_wait!r}"
+                )
+        if d.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                d.key,
+                "a debounce key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
 

@@ -8,7 +8,8 @@ is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
 
 - `REPAIRS` run on every pass (a `Repair`, shared/core/duty.py): the step engine's reclaim of
   expired leases, wake-ups and re-dispatch of lost step-ready messages, then the re-publish of
-  trigger events admission never decided.
+  trigger events admission never decided, then the debounce bursts due now
+  (shared/admission/debounce_fire.py).
 - `DUTIES` each give the periodic `Duty`s of one owner, each claimed once per period across
   all sweep instances: the backlog report the alerts read (every minute), echo marker expiry,
   app events routed once their portal connects, ended throttle windows, budget reservations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from shared import triggers
+from shared.admission import debounce_fire
 from shared.core.duty import Duty, Repair, SweepConfig
 from shared.gates import budgets, throttle
 from shared.ingest import drops, echo, inbox, outbox
@@ -35,6 +37,7 @@ REPAIRS: tuple[Repair, ...] = (
     repairs.wake_due_steps,
     repairs.redispatch_lost_steps,
     outbox.requeue_undecided_events,
+    debounce_fire.fire_due_bursts,
 )
 
 DUTIES: tuple[Callable[[SweepConfig], Sequence[Duty]], ...] = (
