@@ -60,4 +60,5 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "redispatch_lost_steps",
         "requeue_undecided_events",
         "fire_due_bursts",
+        "start_due_runs",
     ]

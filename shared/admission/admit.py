@@ -86,7 +86,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from shared.admission import debounce
+from shared.admission import debounce, run_throttle
 from shared.admission.debounce import BurstJoin
 from shared.core import queries
 from shared.core.crashpoints import crash_point
@@ -96,7 +96,7 @@ from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.core.pubsub import decode_push_message, publish_step_ready
 from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
-from shared.workflows.definition import Debounce, WorkflowDefinition
+from shared.workflows.definition import Debounce, RunThrottle, WorkflowDefinition
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
@@ -130,7 +130,9 @@ Reason = Literal[
 REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
 # `debounced`: the event joined a burst (shared/admission/debounce.py); the burst's fire
 # decides the pairing later (its run, or `superseded`).
-Outcome = Literal["admitted", "refused", "handled", "debounced"]
+# `queued`: the trigger's throttle on starting runs is full (shared/admission/run_throttle.py);
+# the pairing waits in order and the sweep starts its run when a window has room.
+Outcome = Literal["admitted", "refused", "handled", "debounced", "queued"]
 
 # Attempts of the whole admission when a unique index, a deadlock or a dropped connection
 # interrupts it. Every attempt decides from scratch, so repeating is safe.
@@ -219,6 +221,9 @@ class _Trigger:
     # `debounce` (shared/admission/debounce.py) and its compiled `key`, when declared.
     debounce: Debounce | None = None
     debounce_key: CompiledExpression | None = None
+    # `throttle` (shared/admission/run_throttle.py) and its compiled `key`, when declared.
+    throttle: RunThrottle | None = None
+    throttle_key: CompiledExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,8 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         entry_node=entry.id,
         entry_type=entry.type,
         entry_price=_block_price(entry.type),
+        throttle=parsed.trigger.throttle,
+        throttle_key=_compiled_key(parsed.trigger.throttle),
         watch=frozenset(parsed.trigger.watch),
         debounce=debouncing,
         debounce_key=debounce_key,
@@ -296,6 +303,10 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
             _triggers.clear()
         _triggers[version_id] = trigger
     return trigger
+
+
+def _compiled_key(limited: RunThrottle | None) -> CompiledExpression | None:
+    return None if limited is None or limited.key is None else compile_expression(limited.key)
 
 
 def _block_price(block_type: str) -> int:
@@ -638,6 +649,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     if extra_locks:
         tx.one(LOCK_RECORDS, lock_keys=extra_locks)
     plans, joins = _debounced(event, plans)
+    plans, waiting = _throttled(tx, event, plans)
     half_open = {str(b["workflow_id"]) for b in bindings if b.get("breaker_state") == "half_open"}
     probe_ids: list[str] = []
     if half_open:
@@ -648,6 +660,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     if resume:
         # Claimed by an earlier delivery (claims are final): their pending steps go out again.
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
+    outcomes += waiting
     # Before the decision statement, which stays the transaction's last (it or MARK_DECIDED
     # stamps the event decided: from then on its burst row holds it).
     outcomes += [
@@ -745,6 +758,57 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
     return kept, joins
 
 
+def _throttled(
+    tx: Tx, event: EventFacts, plans: list[_Plan]
+) -> tuple[list[_Plan], list[BindingOutcome]]:
+    """The plans that would start a run of a throttled trigger claim a slot of its window
+    (shared/admission/run_throttle.py): granted, they are admitted as usual; otherwise they
+    wait in order, not refused. (The plans left for the decision statement, the waiting.)"""
+    kept: list[_Plan] = []
+    waiting: list[BindingOutcome] = []
+    for p in plans:
+        trigger = p.trigger
+        if p.refusal is not None or trigger is None or trigger.throttle is None:
+            kept.append(p)
+            continue
+        record = event.scope.values["record"] if p.record is None else json.loads(p.record)
+        scope: PreparedScope | dict[str, Any] = (
+            event.scope if p.record is None else {**event.scope.values, "record": record}
+        )
+        key, missing = run_throttle.throttle_key(trigger.throttle, trigger.throttle_key, scope)
+        if key is None:
+            refusal = _Refusal(
+                p.workflow_id,
+                p.version_id,
+                p.record_key,
+                "missing_record_identity",
+                missing or "no throttle key",
+            )
+            kept.append(replace(p, refusal=refusal))
+            continue
+        item = run_throttle.Throttled(
+            workflow_id=p.workflow_id,
+            version_id=p.version_id,
+            dedup_mode=p.dedup_mode,
+            record_key=p.record_key,
+            throttle_key=key,
+            trigger_record=p.record or json.dumps(record, default=str),
+            entry_node=p.entry_node,
+            entry_type=p.entry_type,
+            throttle=trigger.throttle,
+            run_id=p.run_id,
+        )
+        queued = run_throttle.admit_or_queue(
+            tx, event_id=event.id, tenant_id=event.tenant_id, item=item
+        )
+        if queued is None:
+            kept.append(p)  # a slot of this window: the run starts now
+        else:
+            outcome: Outcome = "queued" if queued.queued_now else "handled"
+            waiting.append(BindingOutcome(p.workflow_id, outcome, detail=queued.detail))
+    return kept, waiting
+
+
 def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:
     """One binding's row of the admit statement, which also wrote its refusal (the details
     that depend on other runs, duplicate and already_running, are worded there)."""
@@ -816,6 +880,44 @@ def admit_event(
             or "no workflow bound",
         )
         return AdmissionResult(event_id, tuple(done.outcomes), tuple(done.dispatch))
+
+
+def decide_held_pairing(
+    tx: Tx,
+    *,
+    event_id: int,
+    workflow_id: str,
+    version_id: str,
+    dedup_mode: str,
+    run_id: str,
+    record_key: str | None,
+    entry_node: str,
+    entry_type: str,
+    trigger_record: Any,
+) -> Mapping[str, Any]:
+    """The decision statement for one pairing admission held back (a debounce burst's last
+    event, a throttled start): the same rules as any admission (start key, dedup, first step,
+    claim, refusal), with the run id the holder chose. The caller holds the record's dedup
+    lock when its mode needs one. Its row: `outcome` (admitted, handled, duplicate,
+    already_running), `run_id`, `detail`, `step_id`."""
+    (row,) = tx.all(
+        ADMIT,
+        event_id=event_id,
+        start_key=start_key(event_id),
+        workflow_ids=[workflow_id],
+        version_ids=[version_id],
+        dedup_modes=[dedup_mode],
+        run_ids=[run_id],
+        record_keys=[record_key],
+        refusals=[None],
+        refusal_details=[None],
+        entry_nodes=[entry_node],
+        entry_types=[entry_type],
+        records=[None],
+        event_record=json.dumps(trigger_record, default=str),
+        probe_ids=[],
+    )
+    return row
 
 
 def record_poisoned(

@@ -25,12 +25,11 @@ UPDATE wins, the other finds zero rows (the race test holds them at a barrier).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.admission.admit import ADMIT, LOCK_RECORDS, start_key
+from shared.admission.admit import LOCK_RECORDS, decide_held_pairing
 from shared.admission.debounce import SQL
 from shared.core.db import Database
 from shared.core.duty import Dispatch, SweepConfig, SweepReport
@@ -64,22 +63,17 @@ def fire_burst(db: Database, due: Mapping[str, Any]) -> Fired | None:
         if burst is None:
             return None
         last = int(burst["last_event_id"])
-        (row,) = tx.all(
-            ADMIT,
+        row = decide_held_pairing(
+            tx,
             event_id=last,
-            start_key=start_key(last),
-            workflow_ids=[burst["workflow_id"]],
-            version_ids=[burst["version_id"]],
-            dedup_modes=[burst["dedup_mode"]],
-            run_ids=[burst["run_id"]],
-            record_keys=[burst["record_key"]],
-            refusals=[None],
-            refusal_details=[None],
-            entry_nodes=[burst["entry_node"]],
-            entry_types=[burst["entry_type"]],
-            records=[None],
-            event_record=json.dumps(burst["trigger_record"], default=str),
-            probe_ids=[],
+            workflow_id=burst["workflow_id"],
+            version_id=burst["version_id"],
+            dedup_mode=burst["dedup_mode"],
+            run_id=burst["run_id"],
+            record_key=burst["record_key"],
+            entry_node=burst["entry_node"],
+            entry_type=burst["entry_type"],
+            trigger_record=burst["trigger_record"],
         )
         outcome = str(row["outcome"])
         run_id = row["run_id"] if outcome in ("admitted", "handled") else None

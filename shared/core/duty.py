@@ -101,6 +101,8 @@ class SweepReport:
     events_undelivered: int = 0
     # Debounce bursts fired (shared/admission/debounce_fire.py).
     bursts_fired: int = 0
+    # Runs started from a throttle's queue (shared/admission/run_throttle.py).
+    runs_started_from_queue: int = 0
     duties: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,6 +117,7 @@ class SweepReport:
             "events_requeued": self.events_requeued,
             "events_undelivered": self.events_undelivered,
             "bursts_fired": self.bursts_fired,
+            "runs_started_from_queue": self.runs_started_from_queue,
             "duties": self.duties,
         }
 

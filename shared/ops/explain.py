@@ -44,6 +44,7 @@ RECORD_DROPS = queries.load("drops")["drops_for_record"]
 CONNECTION_REFUSALS = queries.load("drops")["webhook_refusals_for_connection"]
 DROPS_SHOWN = 100
 HELD_IN_BURSTS = queries.load("debounce")["debounce_held_for_events"]
+WAITING_TO_START = queries.load("run_throttle")["run_throttle_waiting_for_events"]
 
 MAX_EVENTS = 500
 
@@ -245,6 +246,10 @@ def _event_decisions(
         (int(h["event_id"]), h["workflow_id"]): h
         for h in tx.all(HELD_IN_BURSTS, tenant_id=tenant_id, event_ids=event_ids)
     }
+    waiting = {
+        (int(w["event_id"]), w["workflow_id"]): w
+        for w in tx.all(WAITING_TO_START, tenant_id=tenant_id, event_ids=event_ids)
+    }
     bindings = tx.all(BINDINGS_FOR_TENANT, tenant_id=tenant_id)
     runs_by_event: dict[tuple[int, str], dict[str, Any]] = {}
     for r in runs:
@@ -271,6 +276,8 @@ def _event_decisions(
         decisions = [
             _held_decision(wid, names[wid], held[(eid, wid)])
             if (eid, wid) in held
+            else _waiting_decision(wid, names[wid], waiting[(eid, wid)])
+            if (eid, wid) in waiting
             else _decision(eid, wid, names[wid], runs_by_event, refusals_by_event, e)
             for wid in workflow_ids
         ]
@@ -302,6 +309,21 @@ def _held_decision(workflow_id: str, name: str, held: dict[str, Any]) -> Decisio
             f"{held['last_event_id']}. At {held['fire_at'].isoformat()}, unless another change "
             f"comes first, that last event starts run {held['run_id']} and the others are "
             "refused `superseded`."
+        ),
+    )
+
+
+def _waiting_decision(workflow_id: str, name: str, waiting: dict[str, Any]) -> Decision:
+    """A pairing waiting in a throttle's run-start queue (shared/admission/run_throttle.py)."""
+    return Decision(
+        workflow_id=workflow_id,
+        workflow_name=name,
+        outcome="undecided",
+        explanation=(
+            f"The workflow starts at most {waiting['limit_per_window']} run(s) per "
+            f"{waiting['window_seconds']} s (throttle), and that window was full: this event "
+            f"waits its turn, with {waiting['ahead']} ahead of it. Its run starts when a window "
+            f"has room (the next from {waiting['due_at'].isoformat()}); it is not refused."
         ),
     )
 

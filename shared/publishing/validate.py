@@ -395,6 +395,32 @@ class _Validation:
             )
         if t.debounce is not None:
             self.check_debounce(t)
+        if t.throttle is not None:
+            self.check_throttle(t)
+
+    def check_throttle(self, t: Trigger) -> None:
+        """`throttle`: a window of at most a day, a key that reads only what a rule reads; not
+        with debounce (a burst's run starts when its quiet time ends, not in a window's turn)."""
+        th = t.throttle
+        assert th is not None
+        where = ("trigger", "throttle")
+        if th.window_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+            self.add("error", (*where, "period"), f"period is at most 1d; found {th.period!r}")
+        if t.debounce is not None:
+            self.add(
+                "error",
+                where,
+                "throttle and debounce can't be combined yet: a debounced burst starts its run "
+                "when its quiet time ends",
+                at_key=True,
+            )
+        if th.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                th.key,
+                "a throttle key is read at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
 
     def check_debounce(self, t: Trigger) -> None:
         """`debounce`: bounded durations, max_wait no shorter than period, a key that reads

@@ -92,6 +92,9 @@ WITH gone AS (
       AND NOT EXISTS (SELECT 1 FROM debounce_burst_events m
                       JOIN debounce_bursts b ON b.id = m.burst_id
                       WHERE m.event_id = e.id AND b.status <> 'fired')
+      -- an event waiting in a throttle's run-start queue: its start reads it
+      AND NOT EXISTS (SELECT 1 FROM run_start_queue q
+                      WHERE q.event_id = e.id AND q.status = 'queued')
       AND NOT EXISTS (SELECT 1 FROM cron_ticks t
                       WHERE t.event_id = e.id
                         AND NOT EXISTS (SELECT 1 FROM cron_ticks n
@@ -156,3 +159,19 @@ WITH gone AS (
     DELETE FROM debounce_bursts b WHERE b.id IN (SELECT id FROM gone) RETURNING b.id
 )
 SELECT count(*) AS bursts FROM gone_bursts
+
+-- name: retention_run_starts_delete
+-- Up to :batch run-start queue entries started more than :days ago (the run they started
+-- carries everything; the entry was the wait). Queued entries are never taken. Nothing writes
+-- a started entry again but its own start's transaction, long committed (SKIP LOCKED anyway).
+WITH gone AS (
+    SELECT q.id FROM run_start_queue q
+    WHERE q.status = 'started'
+      AND q.started_at < now() - make_interval(days => CAST(:days AS integer))
+    ORDER BY q.started_at
+    LIMIT CAST(:batch AS integer)
+    FOR UPDATE OF q SKIP LOCKED
+), gone_starts AS (
+    DELETE FROM run_start_queue q WHERE q.id IN (SELECT id FROM gone) RETURNING q.id
+)
+SELECT count(*) AS run_starts FROM gone_starts

@@ -80,7 +80,15 @@ class _Strict(BaseModel):
 # Trigger fields added after versions were first stored: left out of the canonical form while
 # unset, so a definition that doesn't use them hashes exactly as it did before they existed
 # (publishing it again still finds the version already stored).
-OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook", "poll", "debounce")
+OPTIONAL_TRIGGER_FIELDS = (
+    "cron",
+    "time_zone",
+    "catch_up",
+    "webhook",
+    "poll",
+    "debounce",
+    "throttle",
+)
 
 
 DURATION_PATTERN = r"^[1-9][0-9]{0,6}(s|m|h|d)$"
@@ -195,6 +203,25 @@ class Debounce(_Strict):
         return duration_seconds(self.max_wait)
 
 
+class RunThrottle(_Strict):
+    """`throttle: {limit, period, key}`: at most `limit` runs started per window per key; the
+    events over it wait in order (shared/admission/run_throttle.py)."""
+
+    limit: int = Field(gt=0, le=100_000, description="Runs started per window.")
+    period: str = Field(
+        pattern=DURATION_PATTERN, description="The fixed window: `30s`, `1m`, `1h`, at most `1d`."
+    )
+    key: str | None = Field(
+        default=None,
+        description="CEL over `event`, `trigger` and `record` naming what shares a limit "
+        f"({SCOPE_REF}); the whole workflow if omitted.",
+    )
+
+    @property
+    def window_seconds(self) -> int:
+        return duration_seconds(self.period)
+
+
 class Trigger(_Strict):
     events: list[str] = Field(
         default_factory=list,
@@ -236,6 +263,12 @@ class Trigger(_Strict):
     )
     watch: list[str] = Field(
         default_factory=list, description="Fields whose change fires a property-change trigger."
+    )
+    throttle: RunThrottle | None = Field(
+        default=None,
+        description="Start at most `limit` runs per `period` (per `key`, or for the whole "
+        "workflow); the events over it are not refused: they wait, in order, and start when a "
+        "later window has room.",
     )
     debounce: Debounce | None = Field(
         default=None,
