@@ -397,3 +397,24 @@ def test_ops_explain_shows_a_held_event_then_the_superseded_one_naming_the_run(
     assert f"absorbed by run {run['id']}" in superseded["detail"]
     assert "debounce" in superseded["explanation"]
     assert decision_of(events[1])["run_id"] == run["id"]
+
+
+def test_events_of_one_record_admitted_at_once_open_one_burst(
+    db: Database, database_url: str
+) -> None:
+    """Eight events of one record at a barrier, no burst open, every_time (no dedup lock):
+    they race to open the burst on its unique index of open bursts; the losers decide again
+    and join it. One burst, eight members, one run."""
+    workflow_id = debounced(db)
+    events = [emit_event(db) for _ in range(8)]
+    results = at_barrier(
+        database_url, [lambda own, e=e: admit(own, e).outcome_for(workflow_id) for e in events]
+    )
+    assert {r.outcome for r in results} == {"debounced"}
+    with db.transaction() as tx:
+        burst = tx.one("SELECT count(*) AS n, max(event_count) AS events FROM debounce_bursts")
+        members = tx.scalar("SELECT count(*) FROM debounce_burst_events")
+    assert burst is not None and (burst["n"], burst["events"], members) == (1, 8, 8)
+    make_due(db)
+    assert sweep(db) == 1
+    assert len(runs(db)) == 1 and len(refusals(db)) == 7
