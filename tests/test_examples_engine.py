@@ -327,6 +327,19 @@ def _sync_edited_contact(stack: ExampleStack, workflow_id: str) -> None:
     assert all(f"absorbed by run {run['id']}" in r["detail"] for r in superseded)
 
 
+def _deal_amount_alert(stack: ExampleStack, workflow_id: str) -> None:
+    """Three amount changes under a limit of 20 an hour: each starts its run at once, and the
+    throttle's window for the hour counts them."""
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    stack.pump()
+    for amount in ("100", "200", "300"):
+        stack.person("deals", deal.id, {"amount": amount})
+    assert [s["body"]["amount"] for s in stack.sent] == ["100", "200", "300"]
+    with stack.db.transaction() as tx:
+        used = tx.scalar("SELECT sum(used) FROM throttle_windows WHERE scope = 'run_start'")
+    assert used == 3
+
+
 PERSON = ("CRM_UI", "userId:7")
 # What an example needs to exist before it can be activated.
 BEFORE_ACTIVATION = {"enroll-pro-signups": _signups_table}
@@ -341,6 +354,7 @@ SCENARIOS = {
     "route-new-mqls": _route_new_mqls,
     "invoice-paid-webhook": _invoice_paid_webhook,
     "sync-edited-contact": _sync_edited_contact,
+    "deal-amount-alert": _deal_amount_alert,
 }
 
 
