@@ -418,3 +418,25 @@ def test_events_of_one_record_admitted_at_once_open_one_burst(
     make_due(db)
     assert sweep(db) == 1
     assert len(runs(db)) == 1 and len(refusals(db)) == 7
+
+
+def test_a_burst_due_while_the_workflow_is_paused_starts_no_run(db: Database) -> None:
+    """The breaker opened after the burst's events joined: the fire refuses the last event
+    `workflow_paused` and the others say no run started, and why."""
+    workflow_id = debounced(db)
+    events = [emit_event(db) for _ in range(2)]
+    for e in events:
+        admit(db, e)
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_breakers (workflow_id, state, opened_at, reason)"
+            " VALUES (CAST(:w AS uuid), 'open', now(), '10 runs failed in a row')",
+            w=workflow_id,
+        )
+    make_due(db)
+    assert sweep(db) == 1
+    assert runs(db) == []
+    found = {f["event_id"]: f for f in refusals(db)}
+    assert found[events[1]]["reason"] == "workflow_paused"
+    assert found[events[0]]["reason"] == "superseded"
+    assert "refused workflow_paused" in found[events[0]]["detail"]

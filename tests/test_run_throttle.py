@@ -170,3 +170,20 @@ def test_ops_explain_shows_a_waiting_event_with_its_place(db: Database, client: 
     (decision,) = [d for d in last["decisions"] if d["workflow_id"] == workflow_id]
     assert decision["outcome"] == "undecided"
     assert "waits its turn, with 1 ahead of it" in decision["explanation"]
+
+
+def test_a_start_due_while_the_workflow_is_paused_is_refused_not_run(db: Database) -> None:
+    workflow_id = throttled(db, 1)
+    events = [emit_event(db, object_id=str(i)) for i in range(2)]
+    for e in events:
+        admit(db, e)
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_breakers (workflow_id, state, opened_at, reason)"
+            " VALUES (CAST(:w AS uuid), 'open', now(), '10 runs failed in a row')",
+            w=workflow_id,
+        )
+    next_window(db)
+    assert sweep(db) == 1
+    assert started_events(db) == events[:1]
+    assert [(f["event_id"], f["reason"]) for f in refusals(db)] == [(events[1], "workflow_paused")]

@@ -541,12 +541,7 @@ def _plan_bindings(
             continue
         key, record, refused = static_refusal(event, trigger, b["dedup_mode"])
         if refused is None and b.get("breaker_state") == "open":
-            refused = (
-                "workflow_paused",
-                f"workflow {workflow_id} is paused by its circuit breaker since "
-                f"{b.get('breaker_opened_at')}: {b.get('breaker_reason')}. Resume it with "
-                f"POST /v1/workflows/{workflow_id}/resume",
-            )
+            refused = paused(workflow_id, b.get("breaker_opened_at"), b.get("breaker_reason"))
         if (
             refused is None
             and key is not None
@@ -574,6 +569,25 @@ def _plan_bindings(
             )
         )
     return outcomes, resume, plans, extra_locks
+
+
+def paused(workflow_id: str, opened_at: Any, reason: Any) -> tuple[Reason, str]:
+    """The `workflow_paused` refusal of a workflow whose circuit breaker is open."""
+    return (
+        "workflow_paused",
+        f"workflow {workflow_id} is paused by its circuit breaker since {opened_at}: {reason}. "
+        f"Resume it with POST /v1/workflows/{workflow_id}/resume",
+    )
+
+
+def paused_now(row: Mapping[str, Any]) -> tuple[Reason, str] | None:
+    """`workflow_paused` when a held pairing (a debounce burst's last event, a throttled start)
+    is decided while its workflow's breaker is open (`breaker_state`, `breaker_opened_at`,
+    `breaker_reason`, `workflow_id` of `row`); a half-open breaker lets it start without
+    claiming a trial slot."""
+    if row["breaker_state"] != "open":
+        return None
+    return paused(row["workflow_id"], row["breaker_opened_at"], row["breaker_reason"])
 
 
 def _claim_trial_runs(
@@ -894,12 +908,13 @@ def decide_held_pairing(
     entry_node: str,
     entry_type: str,
     trigger_record: Any,
+    refusal: tuple[Reason, str] | None = None,
 ) -> Mapping[str, Any]:
     """The decision statement for one pairing admission held back (a debounce burst's last
     event, a throttled start): the same rules as any admission (start key, dedup, first step,
     claim, refusal), with the run id the holder chose. The caller holds the record's dedup
     lock when its mode needs one. Its row: `outcome` (admitted, handled, duplicate,
-    already_running), `run_id`, `detail`, `step_id`."""
+    already_running, or `refusal`'s reason when given), `run_id`, `detail`, `step_id`."""
     (row,) = tx.all(
         ADMIT,
         event_id=event_id,
@@ -909,8 +924,8 @@ def decide_held_pairing(
         dedup_modes=[dedup_mode],
         run_ids=[run_id],
         record_keys=[record_key],
-        refusals=[None],
-        refusal_details=[None],
+        refusals=[None if refusal is None else refusal[0]],
+        refusal_details=[None if refusal is None else refusal[1]],
         entry_nodes=[entry_node],
         entry_types=[entry_type],
         records=[None],

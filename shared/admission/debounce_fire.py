@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.admission.admit import LOCK_RECORDS, decide_held_pairing
+from shared.admission.admit import LOCK_RECORDS, decide_held_pairing, paused_now
 from shared.admission.debounce import SQL
 from shared.core.db import Database
 from shared.core.duty import Dispatch, SweepConfig, SweepReport
@@ -74,6 +74,7 @@ def fire_burst(db: Database, due: Mapping[str, Any]) -> Fired | None:
             entry_node=burst["entry_node"],
             entry_type=burst["entry_type"],
             trigger_record=burst["trigger_record"],
+            refusal=paused_now(burst),
         )
         outcome = str(row["outcome"])
         run_id = row["run_id"] if outcome in ("admitted", "handled") else None

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared.admission.admit import LOCK_RECORDS, decide_held_pairing
+from shared.admission.admit import LOCK_RECORDS, decide_held_pairing, paused_now
 from shared.admission.run_throttle import DEFER, DUE_HEADS, HEAD, LOCK, OUTCOME, START, limit_of
 from shared.core.db import Database
 from shared.core.duty import Dispatch, SweepConfig, SweepReport
@@ -66,6 +66,7 @@ def start_head(db: Database, due: Mapping[str, Any]) -> tuple[Started | None, bo
             entry_node=entry["entry_node"],
             entry_type=entry["entry_type"],
             trigger_record=entry["trigger_record"],
+            refusal=paused_now(entry),
         )
         outcome = str(row["outcome"])
         tx.commit_with(OUTCOME, id=int(entry["id"]), outcome=outcome)

@@ -104,7 +104,15 @@ WHERE id = CAST(:burst_id AS uuid) AND status = ANY(ARRAY['open', 'closed'])
 RETURNING CAST(id AS text) AS id, tenant_id, CAST(workflow_id AS text) AS workflow_id,
           burst_key, CAST(run_id AS text) AS run_id, CAST(version_id AS text) AS version_id,
           dedup_mode, record_key, trigger_record, entry_node, entry_type, last_event_id,
-          event_count
+          event_count,
+          -- The workflow's circuit breaker now: a burst that comes due while the workflow is
+          -- paused starts no run (its last event is refused workflow_paused).
+          (SELECT wb.state FROM workflow_breakers wb
+            WHERE wb.workflow_id = debounce_bursts.workflow_id) AS breaker_state,
+          (SELECT wb.opened_at FROM workflow_breakers wb
+            WHERE wb.workflow_id = debounce_bursts.workflow_id) AS breaker_opened_at,
+          (SELECT wb.reason FROM workflow_breakers wb
+            WHERE wb.workflow_id = debounce_bursts.workflow_id) AS breaker_reason
 
 -- name: debounce_settle_members
 -- In the fire's transaction, after the last event was decided by admission's own statement:

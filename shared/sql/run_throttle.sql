@@ -76,7 +76,15 @@ UPDATE run_start_queue SET status = 'started', started_at = now()
 WHERE id = :id AND status = 'queued'
 RETURNING id, event_id, CAST(workflow_id AS text) AS workflow_id,
           CAST(run_id AS text) AS run_id, CAST(version_id AS text) AS version_id, dedup_mode,
-          record_key, trigger_record, entry_node, entry_type
+          record_key, trigger_record, entry_node, entry_type,
+          -- The workflow's circuit breaker now: a start due while it is paused is refused
+          -- workflow_paused (a wait is no way around the breaker).
+          (SELECT wb.state FROM workflow_breakers wb
+            WHERE wb.workflow_id = run_start_queue.workflow_id) AS breaker_state,
+          (SELECT wb.opened_at FROM workflow_breakers wb
+            WHERE wb.workflow_id = run_start_queue.workflow_id) AS breaker_opened_at,
+          (SELECT wb.reason FROM workflow_breakers wb
+            WHERE wb.workflow_id = run_start_queue.workflow_id) AS breaker_reason
 
 -- name: run_throttle_outcome
 -- What admission's decision made of a started entry (admitted, or the last refusal reason).
