@@ -440,3 +440,28 @@ def test_a_burst_due_while_the_workflow_is_paused_starts_no_run(db: Database) ->
     assert found[events[1]]["reason"] == "workflow_paused"
     assert found[events[0]]["reason"] == "superseded"
     assert "refused workflow_paused" in found[events[0]]["detail"]
+
+
+def test_a_replay_of_a_debounced_run_reads_the_same_burst(db: Database) -> None:
+    from shared.ops.replay import replay_run
+    from tests.admission_support import finish_run
+
+    debounced(db)
+    events = [emit_event(db, changed={"phone": str(i)}) for i in range(3)]
+    for e in events:
+        admit(db, e)
+    make_due(db)
+    sweep(db)
+    (run,) = runs(db)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'failed', finished_at = now(), attempt = 1,"
+            " error = 'boom' WHERE run_id = CAST(:r AS uuid)",
+            r=run["id"],
+        )
+    finish_run(db, run["id"], "failed")
+    replay = replay_run(db, run_id=run["id"], tenant_scope=None, dispatch=lambda ids: None)
+    (step_id,) = replay.restarted_step_ids
+    claimed = claim_step(db, step_id, LeaseConfig())
+    assert claimed is not None and claimed.run_id == replay.run_id != run["id"]
+    assert [e["id"] for e in claimed.occurrence.event()["burst"]] == events

@@ -66,8 +66,9 @@ WITH claimed AS (
               CAST(e.connection_id AS text) AS connection_id, e.event_type,
               e.record_object_type, e.record_object_id, e.source_event_id, e.occurred_at,
               e.author_id, e.changed_fields,
-              -- A debounced run's burst (`event.burst`): one lookup by the unique run_id.
-              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.id) AS burst
+              -- A debounced run's burst (`event.burst`): one lookup by the unique run_id, that
+              -- of its lineage's root, so a replay reads the burst its original run read.
+              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.lineage_root) AS burst
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
