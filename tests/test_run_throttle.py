@@ -14,13 +14,15 @@ from shared.publishing.validate import validate_text
 from shared.sweep.loop import next_due_seconds
 from tests.admission_support import activate_text, at_barrier, emit_event, make_tenant, refusals
 
+# Hour-long windows: fixed windows start on the epoch's hour, so a test straddles a boundary
+# (and sees a fresh window mid-test) once in ~1,000 runs rather than once in ~20 with minutes.
 WORKFLOW = """
 name: throttled
 tenant: acme
 trigger:
   events: [hubspot.contact.property_changed]
   dedup: every_time
-  throttle: {limit: %d, period: 1m%s}
+  throttle: {limit: %d, period: 1h%s}
 steps:
   - id: start
     type: end
@@ -63,7 +65,7 @@ def test_over_the_limit_events_wait_in_order_and_start_in_later_windows(db: Data
     assert refusals(db) == []  # waiting, not refused
     assert sweep(db) == 0  # the window is still full: not due
     due_in = next_due_seconds(db, SweepConfig())
-    assert due_in is not None and 0 < due_in <= 60  # the sweep wakes when the window ends
+    assert due_in is not None and 0 < due_in <= 3600  # the sweep wakes when the window ends
     next_window(db)
     assert sweep(db) == 2
     assert started_events(db) == events[:4]  # in order
