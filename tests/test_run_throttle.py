@@ -189,3 +189,50 @@ def test_a_start_due_while_the_workflow_is_paused_is_refused_not_run(db: Databas
     assert sweep(db) == 1
     assert started_events(db) == events[:1]
     assert [(f["event_id"], f["reason"]) for f in refusals(db)] == [(events[1], "workflow_paused")]
+
+
+def test_a_kill_after_an_event_was_queued_loses_nothing(db: Database, database_url: str) -> None:
+    """A real process admits three events under a limit of one and is killed right after the
+    second was queued (committed; the third never admitted). The queued one starts exactly
+    once when the window has room; the third, redelivered, waits behind it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from shared.core.crashpoints import EXIT_CODE
+
+    workflow_id = throttled(db, 1)
+    events = [emit_event(db, object_id=str(i)) for i in range(3)]
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        NO_GCE_CHECK="true",
+        ONCEFLOW_ENABLE_CRASH_POINTS="1",
+        ONCEFLOW_CRASH_POINTS="admission_after_run_queued:1",
+    )
+    script = (
+        "from shared.core.db import get_database\n"
+        "from shared.admission.admit import admit_event\n"
+        "db = get_database()\n"
+        f"for e in {events!r}:\n"
+        "    admit_event(db, e, publish=lambda ids: None)\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        timeout=120,
+    )
+    assert child.returncode == EXIT_CODE, child.stderr.decode()[-2000:]
+    assert started_events(db) == events[:1]
+    assert admit(db, events[2]).outcome_for(workflow_id).outcome == "queued"
+    next_window(db)
+    assert sweep(db) == 1 and sweep(db) == 0  # one slot: the second, in order
+    assert started_events(db) == events[:2]
+    next_window(db)
+    assert sweep(db) == 1
+    assert started_events(db) == events
+    assert refusals(db) == []

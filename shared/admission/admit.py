@@ -864,6 +864,9 @@ def admit_event(
                 if any(o.outcome == "debounced" for o in done.outcomes):
                     # Joined and committed; the burst's fire is the sweep's (kill tests).
                     crash_point("admission_after_debounce_join")
+                if any(o.outcome == "queued" for o in done.outcomes):
+                    # Queued and committed; the start is the sweep's (kill tests).
+                    crash_point("admission_after_run_queued")
                 if done.late_resume:
                     with db.transaction() as tx:
                         done.dispatch += [
