@@ -212,7 +212,7 @@ class ExampleStack:
     def steps(self, run_id: str) -> dict[str, dict[str, Any]]:
         with self.db.transaction() as tx:
             rows = tx.all(
-                "SELECT step_key, status, output, error FROM workflow_steps"
+                "SELECT step_key, status, output, error, outcome_code FROM workflow_steps"
                 " WHERE run_id = CAST(:r AS uuid)",
                 r=run_id,
             )
