@@ -45,7 +45,15 @@ EXAMPLE_KEYS = {
     ("contact", "propertyChange", "hs_sales_email_last_replied"),
     # lead-replied-reengage's wait_for reads hs_lead_status: no trigger watches it.
     ("contact", "propertyChange", "hs_lead_status"),
+    # sync-edited-contact's debounced trigger.
+    ("contact", "propertyChange", "phone"),
+    ("contact", "propertyChange", "jobtitle"),
+    ("contact", "propertyChange", "company"),
+    # deal-amount-alert's throttled trigger.
+    ("deal", "propertyChange", "amount"),
 }
+# What only the deal examples need.
+DEAL_KEYS = {("deal", "propertyChange", "dealstage"), ("deal", "propertyChange", "amount")}
 
 
 class PortDouble:
@@ -424,7 +432,7 @@ def test_an_apps_subscriptions_are_the_union_over_its_connections(
     with db.transaction() as tx:
         tx.execute("UPDATE connections SET status = 'paused' WHERE id = CAST(:c AS uuid)", c=globex)
     after = subs.reconcile_all(db, connect.port_for, connect.port_for_app)[0]
-    assert after.deleted == (("deal", "propertyChange", "dealstage"),)
+    assert set(after.deleted) == DEAL_KEYS
     last = subs.last_app_reconcile(db, "hubspot", "424242")
     assert last is not None and last["ok"] is True
 
@@ -475,7 +483,7 @@ def test_activating_or_deactivating_through_ops_reconciles_the_app_at_once(
     for wf, _ in deal_workflows:
         assert client.post(f"/v1/workflows/{wf}/deactivate", headers=h, json={}).status_code == 200
     # The app's union without globex's deal workflows, right away (acme's needs stay).
-    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS - {("deal", "propertyChange", "dealstage")}
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS - DEAL_KEYS
     for wf, version in deal_workflows:
         answer = client.post(
             f"/v1/workflows/{wf}/activate", headers=h, json={"version_id": version}

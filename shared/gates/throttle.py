@@ -33,7 +33,8 @@ CONNECTION_LIMIT = SQL["throttle_connection_limit"]
 DELETE_EXPIRED = SQL["throttle_windows_delete_expired"]
 
 OUTCOME_THROTTLED = "THROTTLED"
-Scope = Literal["connection", "workflow", "host"]
+# `run_start`: a trigger's throttle on starting runs (shared/admission/run_throttle.py).
+Scope = Literal["connection", "workflow", "host", "run_start"]
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,10 @@ WITH claimed AS (
               r.trigger_payload, r.trigger_record, r.record_key, r.event_id, r.namespace,
               CAST(e.connection_id AS text) AS connection_id, e.event_type,
               e.record_object_type, e.record_object_id, e.source_event_id, e.occurred_at,
-              e.author_id, e.changed_fields
+              e.author_id, e.changed_fields,
+              -- A debounced run's burst (`event.burst`): one lookup by the unique run_id, that
+              -- of its lineage's root, so a replay reads the burst its original run read.
+              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.lineage_root) AS burst
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
