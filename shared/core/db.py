@@ -306,6 +306,8 @@ class Tx:
         # statement committed or rolled back the transaction itself (`commit_with`).
         self.begun = False
         self.finished = False
+        # Writes whose answer nobody reads, sent with the COMMIT (`at_commit`).
+        self._at_commit: list[tuple[Query, Mapping[str, Any]]] = []
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -366,11 +368,30 @@ class Tx:
             statement, values, prepare=isinstance(query, Query), begin=begin, commit=commit
         )
 
+    def at_commit(self, query: Query, **params: Any) -> None:
+        """Queue a write whose answer nobody reads; it is sent when the transaction commits,
+        the last one in the same round trip as the COMMIT (one statement alone in its
+        transaction: on its own, no BEGIN or COMMIT). If it fails, the transaction rolls
+        back and its error is raised from the `transaction` block. For a write that must be
+        durable with the rest but decides nothing (issue 27: the echo marker that rides with
+        the gates' commit)."""
+        self._check_open()
+        self._at_commit.append((query, params))
+
+    def _send_at_commit(self) -> None:
+        queued, self._at_commit = self._at_commit, []
+        for i, (query, params) in enumerate(queued):
+            self._run(query, params, commit=i == len(queued) - 1)
+
     def commit_with(self, query: Query | str, **params: Any) -> list[Row]:
         """Run the transaction's last statement and COMMIT in the same round trip; its rows.
         If the statement fails, the transaction is rolled back and its error raised; any
         statement after this one raises. For a transaction whose last statement is known; a
-        transaction of that one statement alone sends no BEGIN or COMMIT at all."""
+        transaction of that one statement alone sends no BEGIN or COMMIT at all. Writes queued
+        by `at_commit` are sent first, so they commit with it."""
+        queued, self._at_commit = self._at_commit, []
+        for queued_query, queued_params in queued:
+            self._run(queued_query, queued_params)
         return self._rows(self._run(query, params, commit=True))
 
     @staticmethod
@@ -462,6 +483,26 @@ class RoundTrips:
         self._local.setup = 0
 
 
+class _Pin:
+    """A thread's pinned connection (`Database.pinned`); None once it broke and was dropped."""
+
+    def __init__(self, session: _Session) -> None:
+        self.session: _Session | None = session
+        self.in_transaction = False
+
+    def enter(self, fresh: Callable[[], _Session]) -> _Session:
+        """The session for a transaction about to open on the pin (a fresh one after a
+        breakage dropped the last)."""
+        if self.in_transaction:
+            raise NestedCheckout(
+                "this thread already has a transaction open on its pinned connection; "
+                "a second one at once is hold-and-wait"
+            )
+        session = self.session if self.session is not None else fresh()
+        self.session, self.in_transaction = session, True
+        return session
+
+
 class Database:
     """A bounded pool of pg8000 connections (LIFO, so warm connections are reused)."""
 
@@ -547,16 +588,40 @@ class Database:
         self._slots.release()
 
     @contextmanager
+    def pinned(self) -> Iterator[Database]:
+        """Hold one pooled connection for this thread until the block ends: every
+        `transaction` this thread opens on this pool meanwhile runs on it, one after the
+        other (issue 27: one connection per step, from the claim to the settle). A
+        transaction opened inside another on the same thread is refused (`NestedCheckout`),
+        as without a pin. A connection that broke is replaced by a fresh one for the next
+        transaction, still under the same slot. Re-entrant: an inner `pinned` changes
+        nothing. Other threads (the lease keeper) still take their own connections."""
+        if getattr(self._holding, "pin", None) is not None:
+            yield self
+            return
+        pin = _Pin(self._checkout())
+        self._holding.pin = pin
+        try:
+            yield self
+        finally:
+            self._holding.pin = None
+            self._checkin(pin.session)
+
+    @contextmanager
     def transaction(self) -> Iterator[Tx]:
-        """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated.
-        BEGIN travels with the first statement; a transaction that sent none sends
-        nothing, and one ended by `Tx.commit_with` has nothing left to commit."""
-        session = self._checkout()
+        """BEGIN … COMMIT on a pooled connection (this thread's pinned one, see `pinned`);
+        any error rolls back and is translated. BEGIN travels with the first statement; a
+        transaction that sent none sends nothing, and one ended by `Tx.commit_with` has
+        nothing left to commit."""
+        pin: _Pin | None = getattr(self._holding, "pin", None)
+        session = self._checkout() if pin is None else pin.enter(self._take_session)
         conn = session.conn
         keep: _Session | None = session
         tx = Tx(session)
         try:
             yield tx
+            if tx._at_commit:
+                tx._send_at_commit()
             if tx.begun and not tx.finished:
                 tx.finished = True
                 conn.execute_simple("COMMIT")
@@ -580,7 +645,10 @@ class Database:
                 raise translate(exc) from exc
             raise
         finally:
-            self._checkin(keep)
+            if pin is None:
+                self._checkin(keep)
+            else:
+                pin.session, pin.in_transaction = keep, False
 
     def run(self, work: Callable[[Tx], T], *, attempts: int = 3) -> T:
         """`work` in a transaction, retried on transient errors (it must be safe to repeat)."""
