@@ -497,3 +497,31 @@ def test_a_pinned_thread_runs_every_transaction_on_one_connection(database_url: 
         assert db.peak_in_use == 2  # this thread's pin and the other thread's one
     finally:
         db.close()
+
+
+def test_statements_ahead_travel_with_the_next_and_fail_with_it(database_url: str) -> None:
+    """Tx.ahead: once prepared, a queued statement runs right before the next one in its
+    round trip, in order (the next one sees what it did); a failure ahead fails the next
+    statement with the first error, and the transaction rolls back."""
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
+    setup = Query("ahead_setup", "CREATE TEMP TABLE IF NOT EXISTS t_ahead (x int)")
+    write = Query("ahead_write", "INSERT INTO t_ahead VALUES (:x)")
+    count = Query("ahead_count", "SELECT count(*) FROM t_ahead WHERE x = :x")
+    bad = Query("ahead_bad", "SELECT 1 / (CAST(:x AS int) - CAST(:x AS int))")
+    try:
+        seen = []
+        for _ in range(2):  # the first prepares them one by one, the second pipelines
+            with db.transaction() as tx:
+                tx.execute(setup)
+                db.round_trips.reset()
+                tx.ahead(write, x=7)
+                seen.append((tx.scalar(count, x=7), db.round_trips.count))
+        assert seen[0][0] == 1 and seen[1][0] == 2
+        assert seen[1][1] == 1  # the write and the count in one round trip
+        with pytest.raises(PermanentError, match="division by zero"), db.transaction() as tx:
+            tx.ahead(bad, x=1)
+            tx.execute(write, x=8)
+        with db.transaction() as tx:
+            assert tx.scalar(count, x=8) == 0
+    finally:
+        db.close()

@@ -62,11 +62,12 @@ UPDATE_COMMITS = 3
 CREATE_ROUND_TRIPS = UPDATE_ROUND_TRIPS + 3
 CREATE_COMMITS = UPDATE_COMMITS + 3
 # http.request with a price and a budget: the claim; BEGIN + the budget's lock (a statement of
-# its own: the sum must be read after it), the reservation (its sum, this step's own and the
-# insert in one statement), the charge, COMMIT; the tenant's signing secret; the reservation
-# spent, sent with the step's settle and committed with it (two statements, one commit).
+# its own: the sum must be read after it, but sent in the same round trip as) the reservation
+# (its sum, this step's own and the insert in one statement); the charge; COMMIT; the tenant's
+# signing secret; the reservation spent, sent with the step's settle and committed with it
+# (two statements, one commit).
 BUDGET = {"credits": 1000, "per": "1d"}
-HTTP_ROUND_TRIPS = 8
+HTTP_ROUND_TRIPS = 7
 HTTP_COMMITS = 3
 
 

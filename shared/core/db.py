@@ -194,13 +194,20 @@ class _Session:
         prepare: bool,
         begin: bool = False,
         commit: bool = False,
+        ahead: tuple[tuple[str, tuple[Any, ...]], ...] = (),
     ) -> Any:
         """Execute one statement; `begin`: open the transaction first, `commit`: commit it
-        right after. For a prepared statement both travel in the statement's own round trip
+        right after; `ahead`: statements whose answers nobody reads, run first in the same
+        round trip once all are prepared on this connection (before: one by one). For a
+        prepared statement BEGIN and COMMIT travel in the statement's own round trip
         (pipelined: BEGIN, Bind+Execute+Sync, COMMIT written together, answers read in
         order). A COMMIT that follows a failed statement is answered ROLLBACK by the server,
         so pipelining it never commits a failure: the statement's error is what is raised."""
         conn = self.conn
+        if ahead:
+            return self._run_with_ahead(
+                statement, values, prepare=prepare, begin=begin, commit=commit, ahead=ahead
+            )
         if not prepare:
             if begin:
                 conn.execute_simple("BEGIN")
@@ -238,6 +245,45 @@ class _Session:
                 raise _StalePlan(f"{translate(exc)}; retrying on fresh connections") from exc
             raise
 
+    def _run_with_ahead(
+        self,
+        statement: str,
+        values: tuple[Any, ...],
+        *,
+        prepare: bool,
+        begin: bool,
+        commit: bool,
+        ahead: tuple[tuple[str, tuple[Any, ...]], ...],
+    ) -> Any:
+        """`run` with statements ahead of it (see there)."""
+        conn = self.conn
+        ready = [self._prepared.get(s) for s, _ in ahead]
+        main = self._prepared.get(statement)
+        if not prepare or main is None or any(r is None for r in ready):
+            for s, v in ahead:  # first use on this connection: one by one
+                self.run(s, v, prepare=True, begin=begin)
+                begin = False
+            return self.run(statement, values, prepare=prepare, begin=begin, commit=commit)
+        self.counter.add()
+        leading = [
+            (r, make_params(conn.py_types, v), s)
+            for r, (s, v) in zip(ready, ahead, strict=True)
+            if r is not None
+        ]
+        try:
+            return self._pipelined(
+                main,
+                make_params(conn.py_types, values),
+                statement=statement,
+                begin=begin,
+                commit=commit,
+                ahead=leading,
+            )
+        except pg8000.exceptions.DatabaseError as exc:
+            if _sqlstate(exc) == "0A000" and exc.args[0].get("R") == "RevalidateCachedQuery":
+                raise _StalePlan(f"{translate(exc)}; retrying on fresh connections") from exc
+            raise
+
     def _pipelined(
         self,
         prepared: tuple[bytes, Any, Any],
@@ -246,15 +292,25 @@ class _Session:
         statement: str,
         begin: bool,
         commit: bool,
+        ahead: list[tuple[tuple[bytes, Any, Any], Any, str]] | None = None,
     ) -> Any:
-        # pg8000's own execute_named, with the BEGIN / COMMIT queries written into the same
-        # flush (the core methods it is built from; pg8000 is pinned in requirements.txt).
+        # pg8000's own execute_named, with the BEGIN / COMMIT queries (and the statements
+        # `ahead` of it) written into the same flush (the core methods it is built from;
+        # pg8000 is pinned in requirements.txt).
         conn = self.conn
         sock = conn._sock
         name, columns, input_funcs = prepared
         ctx = pg8000.core.Context(columns=columns, input_funcs=input_funcs, statement=statement)
         if begin:
             conn.send_QUERY("BEGIN")
+        leading = []
+        for (a_name, a_columns, a_funcs), a_params, a_statement in ahead or ():
+            conn.send_BIND(a_name, a_params)
+            conn.send_EXECUTE()
+            pg8000.core._write(sock, pg8000.core.SYNC_MSG)
+            leading.append(
+                pg8000.core.Context(columns=a_columns, input_funcs=a_funcs, statement=a_statement)
+            )
         conn.send_BIND(name, params)
         conn.send_EXECUTE()
         pg8000.core._write(sock, pg8000.core.SYNC_MSG)
@@ -265,6 +321,7 @@ class _Session:
         failure: pg8000.exceptions.Error | None = None
         for context in (
             ([pg8000.core.Context("BEGIN")] if begin else [])
+            + leading
             + [ctx]
             + ([pg8000.core.Context("COMMIT")] if commit else [])
         ):
@@ -308,6 +365,8 @@ class Tx:
         self.finished = False
         # Writes whose answer nobody reads, sent with the COMMIT (`at_commit`).
         self._at_commit: list[tuple[Query, Mapping[str, Any]]] = []
+        # Statements whose answer nobody reads, sent with the next one (`ahead`).
+        self._ahead: list[tuple[Query, Mapping[str, Any]]] = []
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -346,13 +405,29 @@ class Tx:
         if self.finished:
             raise PermanentError("this transaction was already committed by commit_with")
 
+    def ahead(self, query: Query, **params: Any) -> None:
+        """Queue a statement whose answer nobody reads, to run right before the next one, in
+        the same round trip (issue 27: the budget's lock rides with the reservation). If it
+        fails, the next one fails with it and its error is raised there."""
+        self._check_open()
+        self._ahead.append((query, params))
+
     def _run(self, query: Query | str, params: Mapping[str, Any], *, commit: bool = False) -> Any:
         self._check_open()
-        text = query.text if isinstance(query, Query) else query
-        statement, names = _converted(text)
-        values = tuple(
-            _text_array(v) if type(v) is list else v for v in map(params.__getitem__, names)
-        )
+        statement, values = _bound(query, params)
+        if self._ahead:
+            queued, self._ahead = self._ahead, []
+            ahead = tuple(_bound(q, p) for q, p in queued)
+            begin, self.begun = not self.begun, True
+            self.finished = commit
+            return self._session.run(
+                statement,
+                values,
+                prepare=isinstance(query, Query),
+                begin=begin,
+                commit=commit,
+                ahead=ahead,
+            )
         begin = not self.begun
         if commit:
             # Whatever happens next, the server ends the transaction (COMMIT, or ROLLBACK
@@ -379,7 +454,8 @@ class Tx:
         self._at_commit.append((query, params))
 
     def _send_at_commit(self) -> None:
-        queued, self._at_commit = self._at_commit, []
+        queued, self._at_commit = self._ahead + self._at_commit, []
+        self._ahead = []
         for i, (query, params) in enumerate(queued):
             self._run(query, params, commit=i == len(queued) - 1)
 
@@ -418,6 +494,14 @@ class Tx:
         """Run a statement; the number of rows it touched (zero is an answer, not an error)."""
         ctx = self._run(query, params)
         return int(ctx.row_count) if ctx.row_count is not None and ctx.row_count >= 0 else 0
+
+
+def _bound(query: Query | str, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The statement in `$n` form and its values in order."""
+    text = query.text if isinstance(query, Query) else query
+    statement, names = _converted(text)
+    values = tuple(_text_array(v) if type(v) is list else v for v in map(params.__getitem__, names))
+    return statement, values
 
 
 class _NameRecorder(dict[str, Any]):

@@ -92,7 +92,9 @@ def reserve(
     """Reserve `amount` for `idempotency_key` if it fits under the cap (see the module
     docstring). Under the budget's lock: the sum and the write can't interleave with another
     reservation of the same budget."""
-    tx.one(LOCK, budget_key=budget_key)
+    # The lock is a statement of its own (the reservation's snapshot must be taken after it is
+    # granted; the server runs them in order) sent in the reservation's round trip.
+    tx.ahead(LOCK, budget_key=budget_key)
     read = tx.one(
         RESERVE,
         budget_key=budget_key,
