@@ -25,6 +25,7 @@ from devstack.stack import RunningStack
 from shared.accounts import provider_apps
 from shared.core.db import Database
 from shared.ops.auth import mint_token
+from shared.providers.hubspot import versions
 from shared.providers.install import CALLBACK_PATH
 
 APP_ID = "424242"  # the fake's app (its subscriptions API answers for this id only)
@@ -295,7 +296,11 @@ class AppChapters:
         # The create's response is lost: the fake commits the task, then drops the connection.
         self._admin(
             "faults",
-            {"action": "drop_after_commit", "method": "POST", "path": "^/crm/v3/objects/tasks$"},
+            {
+                "action": "drop_after_commit",
+                "method": "POST",
+                "path": f"^{versions.crm_objects('tasks')}$",
+            },
         )
         lead_contact = self._change(
             lead, {"email": f"lin+{self.stamp}@example.com", "lifecyclestage": "lead"}

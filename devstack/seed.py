@@ -19,6 +19,7 @@ from typing import Any, Literal
 import httpx
 
 from shared.accounts import connections, provider_apps
+from shared.accounts.provider_apps import AppPlatform
 from shared.core.db import Database, Tx
 from shared.publishing import versions
 
@@ -77,6 +78,7 @@ def connection(
     status: str = "active",
     excluded_authors: Sequence[str] = (),
     connection_id: str | None = None,
+    provider_user_id: str | None = None,
 ) -> str:
     """A connection of `tenant_id`, made by `connections.create_connection` as the ops API
     makes it; its id. What an operator changes later (a status other than active, excluded
@@ -92,6 +94,7 @@ def connection(
         provider_account_id=provider_account_id,
         watched_fields=watched_fields,
         provider_app_id=provider_app_id,
+        provider_user_id=provider_user_id,
     )
     if status == "active" and not excluded_authors and connection_id is None:
         return made
@@ -168,12 +171,15 @@ def hubspot_tenant(
     return connection_id, workflow_ids
 
 
-def hubspot_app(db: Database, *, app_id: str, secret_env: str) -> str:
+def hubspot_app(
+    db: Database, *, app_id: str, secret_env: str, platform: AppPlatform = "legacy"
+) -> str:
     """Register (or keep) the public HubSpot app `app_id` whose webhooks are signed with the
-    secret in `secret_env`; its webhook path, `hubspot/app/<app id>`."""
+    secret in `secret_env`, a legacy app or a project-based one (`platform`); its webhook path,
+    `hubspot/app/<app id>`."""
     with db.transaction() as tx:
         provider_apps.register_app(
-            tx, provider="hubspot", app_id=app_id, client_secret_env=secret_env
+            tx, provider="hubspot", app_id=app_id, client_secret_env=secret_env, platform=platform
         )
     return f"hubspot/app/{app_id}"
 

@@ -26,12 +26,11 @@ from shared.ingest import app_webhook, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.ops import install_callback
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
-from shared.providers.install import CALLBACK_PATHS
 
 
 @functions_framework.http
 def webhook(request: Any) -> flask.Response:
-    if request.path in CALLBACK_PATHS:
+    if install_callback.is_callback(request.path):
         with traced(request.headers), labelled(function="webhook"):
             return install_callback.callback(get_database(), request)
     if request.path.startswith(f"{APPROVAL_LINK_PREFIX}/"):

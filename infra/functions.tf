@@ -215,8 +215,10 @@ resource "google_cloudfunctions2_function" "function" {
       PUBLIC_BASE_URL = each.key == "webhook" ? local.webhook_public_base_url : ""
       # The redirect URI an app install sends HubSpot (shared/providers/install.py): the callback is
       # served by webhook, the one public function, because ops is IAM-gated and HubSpot's
-      # redirect is a browser without a Google identity token.
-      ONCEFLOW_OAUTH_REDIRECT_URL = each.key == "ops" ? local.hubspot_oauth_redirect_url : ""
+      # redirect is a browser without a Google identity token. webhook reads it too: an install
+      # that starts at HubSpot comes back to the app's own callback (this URL + /<app id>),
+      # and the code exchange must repeat that redirect URI exactly.
+      ONCEFLOW_OAUTH_REDIRECT_URL = contains(["ops", "webhook"], each.key) ? local.hubspot_oauth_redirect_url : ""
       # Where approvers open the signed links ops makes (shared/ops/approval_links.py,
       # PUBLIC_URL_ENV): webhook serves them, for the same reason as the install callback.
       ONCEFLOW_PUBLIC_URL = each.key == "ops" ? local.webhook_public_base_url : ""

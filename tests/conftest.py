@@ -24,8 +24,16 @@ os.environ.setdefault("NO_GCE_CHECK", "true")
 
 # Fixtures that live next to the helpers they serve, registered once for every test here and
 # in e2e/: the ops app (`dispatched`, `client`, `ops_server`), the Pub/Sub emulator
-# (`pubsub_emulator`, `pubsub`) and the examples' webhook (`webhook_url`).
-pytest_plugins = ("tests.ops_support", "tests.pubsub_emulator", "tests.examples_support")
+# (`pubsub_emulator`, `pubsub`), the examples' webhook (`webhook_url`), the check that no
+# test's fake HubSpot was called on a numbered API path (`no_numbered_hubspot_paths`) and one
+# CRM under test per provider with a fake (`crm_under_test`).
+pytest_plugins = (
+    "tests.ops_support",
+    "tests.pubsub_emulator",
+    "tests.examples_support",
+    "tests.fakecrm_support",
+    "tests.crm_providers_support",
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "onceflow_template"

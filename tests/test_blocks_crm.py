@@ -11,7 +11,9 @@ from shared.blocks import crm
 from shared.blocks.base import BlockFailure
 from shared.core.db import Database
 from shared.providers import connect
+from shared.providers.hubspot import versions
 from tests.blocks_support import StepRunner, fake_crm, seed_connection, seed_tenant
+from tests.crm_providers_support import CrmUnderTest
 
 
 @pytest.fixture
@@ -34,23 +36,24 @@ TASK = {
 
 
 def test_dropped_create_response_gives_one_record_and_outcome_unknown(
-    db: Database, fake: FakeCrm, connection_id: str
+    db: Database, crm_under_test: CrmUnderTest
 ) -> None:
     """The vendor replay test, through onceflow: the same fault that made two records when the
-    identical request was replayed now makes exactly one, and the step says OUTCOME_UNKNOWN."""
-    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
-    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    identical request was replayed now makes exactly one, and the step says OUTCOME_UNKNOWN.
+    For every provider without write idempotency (HubSpot without a key property, Pipedrive)."""
+    crm_ = crm_under_test
+    crm_.drop_next_create()
+    step = StepRunner(db, "crm.create", connection_id=crm_.connection_id)
     with pytest.raises(BlockFailure) as err:
-        step.run(crm.CREATE, TASK)
+        step.run(crm.CREATE, crm_.create)
     assert err.value.outcome_code == "OUTCOME_UNKNOWN"
     assert err.value.error_class == "permanent"
     # Even if something ran the step again, the mark stops the second call.
     with pytest.raises(BlockFailure) as again:
-        step.run(crm.CREATE, TASK)
+        step.run(crm.CREATE, crm_.create)
     assert again.value.outcome_code == "OUTCOME_UNKNOWN"
-    assert len(fake.records("tasks")) == 1
-    creates = [r for r in fake.state()["requests"] if r["method"] == "POST"]
-    assert len(creates) == 1
+    assert len(crm_.records()) == 1
+    assert crm_.creates_sent() == 1
     with db.transaction() as tx:
         assert tx.scalar("SELECT credit_balance FROM tenants") == 98  # charged once
 
@@ -67,26 +70,28 @@ def test_create_succeeds_and_returns_the_record(
 
 
 def test_rate_limited_create_withdraws_the_mark_and_the_retry_creates_once(
-    db: Database, fake: FakeCrm, connection_id: str
+    db: Database, crm_under_test: CrmUnderTest
 ) -> None:
-    fake.add_fault(action="rate_limit", retry_after=3)
-    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    crm_ = crm_under_test
+    crm_.rate_limit_next()
+    step = StepRunner(db, "crm.create", connection_id=crm_.connection_id)
     with pytest.raises(BlockFailure) as err:
-        step.run(crm.CREATE, TASK)
-    assert err.value.error_class == "transient" and err.value.retry_after == 3
+        step.run(crm.CREATE, crm_.create)
+    assert err.value.error_class == "transient"
+    assert err.value.retry_after == crm_.rate_limit_wait  # from the 429's own headers
     assert err.value.outcome_code == "PROVIDER_RATE_LIMITED"
     assert not step.side_effect_started()  # provably not applied: the retry may call
-    step.run(crm.CREATE, TASK)
-    assert len(fake.records("tasks")) == 1
+    step.run(crm.CREATE, crm_.create)
+    assert len(crm_.records()) == 1
 
 
 def test_5xx_on_create_is_outcome_unknown_not_a_retry(
-    db: Database, fake: FakeCrm, connection_id: str
+    db: Database, crm_under_test: CrmUnderTest
 ) -> None:
-    fake.add_fault(action="error_500")
-    step = StepRunner(db, "crm.create", connection_id=connection_id)
+    crm_under_test.fail_next()
+    step = StepRunner(db, "crm.create", connection_id=crm_under_test.connection_id)
     with pytest.raises(BlockFailure) as err:
-        step.run(crm.CREATE, TASK)
+        step.run(crm.CREATE, crm_under_test.create)
     assert err.value.outcome_code == "OUTCOME_UNKNOWN"
 
 
@@ -279,7 +284,9 @@ def test_a_lost_create_response_is_adopted_when_the_portal_has_a_key_property(
     """Issue 13, item 6: the same lost response that gives OUTCOME_UNKNOWN without a key
     property is, with one, retried and resolved by HubSpot's 409 "Existing ID: N"."""
     connection_id = _keyed_connection(db, keyed_fake)
-    keyed_fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    keyed_fake.add_fault(
+        action="drop_after_commit", method="POST", path=versions.crm_objects("tasks") + "$"
+    )
     step = StepRunner(db, "crm.create", connection_id=connection_id)
     with pytest.raises(BlockFailure) as err:
         step.run(crm.CREATE, KEYED_TASK)

@@ -8,6 +8,7 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.core.db import Database
+from shared.providers.hubspot import versions
 from shared.steps.advance import advance_step
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import definition, publish_version, run_row, start_run, steps_of
@@ -48,7 +49,9 @@ def test_vendor_replay_through_onceflow_one_record_one_outcome_unknown(
 ) -> None:
     seed_tenant(db)
     connection_id = seed_connection(db, fake.url)
-    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    fake.add_fault(
+        action="drop_after_commit", method="POST", path=versions.crm_objects("tasks") + "$"
+    )
     run_id, step_id = _run_create(db, connection_id)
     advance_step(db, step_id, dispatch=lambda ids: None)
     step = steps_of(db, run_id)["create_task"]
@@ -102,3 +105,21 @@ def test_throttled_step_parks_until_the_window_ends_without_using_an_attempt(
     assert step["attempt"] == 0  # the attempt was given back
     assert step["side_effect_started_at"] is None
     assert len(fake.records("tasks")) == 1
+
+
+def test_a_portal_validation_rule_fails_the_step_permanently_with_the_rules_message(
+    db: Database, fake: FakeCrm
+) -> None:
+    """HubSpot (2026-09) refuses a write its portal's admin rules forbid: the step fails at once
+    (no retry would pass), nothing was created, and the step's error is the rule's message."""
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    rule = {"property": "hs_task_priority", "message": "Every task needs a priority"}
+    fake.config.validation_rules[fake.config.portal_id] = {"tasks": [rule]}
+    run_id, step_id = _run_create(db, connection_id)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["create_task"]
+    assert step["status"] == "failed" and step["outcome_code"] == "PROVIDER_REJECTED"
+    assert "hs_task_priority: Every task needs a priority" in step["error"]
+    assert run_row(db, run_id)["status"] == "failed"
+    assert fake.records("tasks") == []

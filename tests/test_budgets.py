@@ -16,6 +16,7 @@ from shared.core.duty import SweepConfig, SweepReport
 from shared.gates import budgets
 from shared.gates.kind import WorkflowGates
 from shared.ops import replay
+from shared.providers.hubspot import versions
 from shared.steps.advance import advance_step
 from shared.steps.gated import open_gates, settle_gates
 from shared.steps.repairs import wake_due_steps
@@ -328,7 +329,7 @@ def _ambiguous_create(db: Database, crm: FakeCrm, *, lands: bool) -> str:
     ).model_copy(update={"budget": Budget(credits=10, per="1d")})
     version = publish_version(db, wf)
     run_id, [step_id] = start_run(db, version)
-    path = "/crm/v3/objects/tasks$"
+    path = versions.crm_objects("tasks") + "$"
     crm.add_fault(action="drop_after_commit" if lands else "reset", method="POST", path=path)
     crm.add_fault(action="reset", method="POST", path=path, times=2)
     advance_step(db, step_id, dispatch=lambda ids: None)

@@ -67,13 +67,13 @@ def test_every_drop_is_recorded_per_record_and_explained_to_its_tenant_only(
             " WHERE connection_id = :c ORDER BY id",
             c=acme,
         )
-    # HubSpot's own eventId ends the composite dedup key (shared/providers/hubspot/normalize.py).
-    assert [(r["reason"], r["fields"], r["source_event_id"].rsplit(":", 1)[-1]) for r in rows] == [
-        ("re_announced", {"lifecyclestage": "lead"}, "1"),
+    # The change's time is part of its identity (shared/providers/hubspot/normalize.py dedup_key).
+    assert [(r["reason"], r["fields"], r["source_event_id"].split(":")[4]) for r in rows] == [
+        ("re_announced", {"lifecyclestage": "lead"}, str(T)),
         # A body's events are applied in the order they occurred; a long value is cut.
-        ("out_of_order", {"lifecyclestage": "x" * 200 + "…"}, "4"),
-        ("not_watched", {"firstname": "Ada"}, "2"),
-        ("unchanged", {"lifecyclestage": "lead"}, "3"),
+        ("out_of_order", {"lifecyclestage": "x" * 200 + "…"}, str(T - 5000)),
+        ("not_watched", {"firstname": "Ada"}, str(T + 1)),
+        ("unchanged", {"lifecyclestage": "lead"}, str(T + 2)),
     ]
 
     token = mint(db, "acme")

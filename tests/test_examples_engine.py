@@ -85,6 +85,7 @@ def test_a_lead_status_change_resumes_the_reengage_wait_and_its_status_is_kept(
     steps = stack.steps(run_id)
     assert steps["wait_for_reply"]["status"] == "succeeded", steps
     assert steps["wait_for_reply"]["output"]["resumed"]["by"] == "event"
+    assert steps["wait_for_reply"]["output"]["matched"] == "reply"
     assert steps["wait_for_reply"]["output"]["event"]["changed_fields"] == {
         "hs_lead_status": "CONNECTED"
     }
@@ -98,6 +99,53 @@ def test_a_lead_status_change_resumes_the_reengage_wait_and_its_status_is_kept(
     # The status change was heard for the wait; it starts no run of the trigger, which
     # watches hs_sales_email_last_replied only.
     assert len(stack.runs(workflow_id)) == 1
+
+
+def test_a_rep_picking_the_lead_up_ends_the_reengage_wait_and_says_so(
+    stack: ExampleStack,
+) -> None:
+    """Issue 31 item 1: the wait is for a reply *or* a rep picking the lead up, whichever
+    comes first; the step's output names the one that came (`matched`), and the other,
+    arriving later, changes nothing."""
+    workflow_id, run_id, contact_id = _reengage_until_the_wait(stack)
+    stack.person("contacts", contact_id, {"hs_lead_status": "IN_PROGRESS"})
+    assert [d["reason"] for d in stack.drops()] == []
+    steps = stack.steps(run_id)
+    assert steps["wait_for_reply"]["status"] == "succeeded", steps
+    assert steps["wait_for_reply"]["output"]["matched"] == "picked_up"
+    stack.person("contacts", contact_id, {"hs_lead_status": "CONNECTED"})
+    assert stack.steps(run_id)["wait_for_reply"]["output"]["matched"] == "picked_up"
+    assert "mark_stale" not in stack.steps(run_id)
+    assert [r["status"] for r in stack.runs(workflow_id)] == ["succeeded"]
+
+
+def test_the_reengage_sequence_stops_when_the_lead_becomes_a_customer(
+    stack: ExampleStack,
+) -> None:
+    """Issue 31 item 3: the lead becomes a customer while the run waits: the run ends
+    `goal_met` and nothing after it runs, even when the wait's deadline comes."""
+    workflow_id, run_id, contact_id = _reengage_until_the_wait(stack)
+    stack.person("contacts", contact_id, {"lifecyclestage": "customer"})
+    assert [d["reason"] for d in stack.drops()] == []
+    (run,) = stack.runs(workflow_id)
+    assert run["status"] == "goal_met"
+    steps = stack.steps(run_id)
+    assert steps["wait_for_reply"]["status"] == "skipped"
+    assert steps["wait_for_reply"]["outcome_code"] == "GOAL_MET"
+    stack.due_now(run_id)
+    assert "mark_stale" not in stack.steps(run_id)
+
+
+def test_the_reengage_sequence_is_cancelled_when_sales_marks_the_lead_unqualified(
+    stack: ExampleStack,
+) -> None:
+    workflow_id, run_id, contact_id = _reengage_until_the_wait(stack)
+    stack.person("contacts", contact_id, {"hs_lead_status": "UNQUALIFIED"})
+    (run,) = stack.runs(workflow_id)
+    assert run["status"] == "cancelled", run
+    steps = stack.steps(run_id)
+    assert steps["wait_for_reply"]["status"] == "skipped"
+    assert steps["wait_for_reply"]["outcome_code"] == "CANCELLED"
 
 
 def test_without_an_answer_the_reengage_wait_times_out_and_marks_the_lead_stale(
@@ -296,6 +344,20 @@ def _invoice_paid_webhook(stack: ExampleStack, workflow_id: str) -> None:
     assert [(r["window_seconds"], r["used"]) for r in used] == [(60, 1)]
 
 
+def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
+    """The vendor-neutral example on the HubSpot fake: `crm.company.created` bound to HubSpot's
+    company creation (subscribed by reconcile), `company` read and searched as HubSpot's
+    companies. (Its Pipedrive side: tests/test_object_kinds.py.)"""
+    stack.fake.create_record("companies", {"name": "Acme"}, PERSON)
+    stack.pump()
+    company = stack.fake.create_record("companies", {"name": "Acme"}, PERSON)
+    stack.pump()
+    notes = [s["body"] for s in stack.sent if s["step"] == "notify_sales"]
+    assert [n["name"] for n in notes] == ["Acme", "Acme"]
+    assert notes[-1]["company_id"] == company.id
+    assert [n["sharing_its_name"] for n in notes] == [1, 2]
+
+
 PERSON = ("CRM_UI", "userId:7")
 # What an example needs to exist before it can be activated.
 BEFORE_ACTIVATION = {"enroll-pro-signups": _signups_table}
@@ -309,6 +371,7 @@ SCENARIOS = {
     "enroll-pro-signups": _enroll_pro_signups,
     "route-new-mqls": _route_new_mqls,
     "invoice-paid-webhook": _invoice_paid_webhook,
+    "new-company-any-crm": _new_company_any_crm,
 }
 
 

@@ -19,6 +19,9 @@ import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.tools import free_port
+from shared.providers.hubspot import versions
+
+OBJECTS = f"/crm/objects/{versions.CRM_VERSION}"
 
 
 @pytest.fixture
@@ -38,12 +41,12 @@ def test_vendor_replay_dropped_create_then_identical_replay_makes_two_records(
     fake: FakeCrm,
 ) -> None:
     """Why creates must be at-most-once: the vendor has no idempotency on create."""
-    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/contacts$")
+    fake.add_fault(action="drop_after_commit", method="POST", path=f"{OBJECTS}/contacts$")
     body = {"properties": {"firstname": "Ada", "lastname": "Lovelace"}}
     with client(fake) as c:
         with pytest.raises(httpx.RemoteProtocolError):
-            c.post("/crm/v3/objects/contacts", json=body)
-        replay = c.post("/crm/v3/objects/contacts", json=body)
+            c.post(f"{OBJECTS}/contacts", json=body)
+        replay = c.post(f"{OBJECTS}/contacts", json=body)
     assert replay.status_code == 201
     contacts = fake.records("contacts")
     assert len(contacts) == 2
@@ -52,9 +55,7 @@ def test_vendor_replay_dropped_create_then_identical_replay_makes_two_records(
 
 def test_create_shape_get_update_and_search(fake: FakeCrm) -> None:
     with client(fake) as c:
-        created = c.post(
-            "/crm/v3/objects/deals", json={"properties": {"dealname": "Big", "amount": 5}}
-        )
+        created = c.post(f"{OBJECTS}/deals", json={"properties": {"dealname": "Big", "amount": 5}})
         assert created.status_code == 201
         rec = created.json()
         assert set(rec) == {"id", "properties", "createdAt", "updatedAt", "archived"}
@@ -63,15 +64,15 @@ def test_create_shape_get_update_and_search(fake: FakeCrm) -> None:
         assert int(created.headers["X-HubSpot-RateLimit-Remaining"]) == 189
         assert created.headers["X-HubSpot-RateLimit-Interval-Milliseconds"] == "10000"
 
-        got = c.get(f"/crm/v3/objects/deals/{rec['id']}", params={"properties": "dealname"})
+        got = c.get(f"{OBJECTS}/deals/{rec['id']}", params={"properties": "dealname"})
         assert got.json()["properties"]["dealname"] == "Big"
         assert "amount" not in got.json()["properties"]
 
-        upd = c.patch(f"/crm/v3/objects/deals/{rec['id']}", json={"properties": {"amount": "7"}})
+        upd = c.patch(f"{OBJECTS}/deals/{rec['id']}", json={"properties": {"amount": "7"}})
         assert upd.status_code == 200 and upd.json()["properties"]["amount"] == "7"
 
         found = c.post(
-            "/crm/v3/objects/deals/search",
+            f"{OBJECTS}/deals/search",
             json={
                 "filterGroups": [
                     {"filters": [{"propertyName": "amount", "operator": "GT", "value": "6"}]}
@@ -80,18 +81,16 @@ def test_create_shape_get_update_and_search(fake: FakeCrm) -> None:
         ).json()
         assert found["total"] == 1 and found["results"][0]["id"] == rec["id"]
 
-        assert c.get("/crm/v3/objects/deals/999999").status_code == 404
-        assert c.post("/crm/v3/objects/widgets", json={"properties": {}}).status_code == 400
-        assert c.post("/crm/v3/objects/deals", json={"nope": 1}).status_code == 400
-    assert (
-        httpx.post(f"{fake.url}/crm/v3/objects/deals", json={"properties": {}}).status_code == 401
-    )
+        assert c.get(f"{OBJECTS}/deals/999999").status_code == 404
+        assert c.post(f"{OBJECTS}/widgets", json={"properties": {}}).status_code == 400
+        assert c.post(f"{OBJECTS}/deals", json={"nope": 1}).status_code == 400
+    assert httpx.post(f"{fake.url}{OBJECTS}/deals", json={"properties": {}}).status_code == 401
 
 
 def test_unique_email_conflict_names_the_existing_id(fake: FakeCrm) -> None:
     with client(fake) as c:
-        first = c.post("/crm/v3/objects/contacts", json={"properties": {"email": "a@x.io"}}).json()
-        clash = c.post("/crm/v3/objects/contacts", json={"properties": {"email": "A@x.io"}})
+        first = c.post(f"{OBJECTS}/contacts", json={"properties": {"email": "a@x.io"}}).json()
+        clash = c.post(f"{OBJECTS}/contacts", json={"properties": {"email": "A@x.io"}})
     assert clash.status_code == 409
     assert f"Existing ID: {first['id']}" in clash.json()["message"]
     assert clash.json()["category"] == "CONFLICT"
@@ -103,15 +102,15 @@ def test_faults_rate_limit_500_reset_and_delay(fake: FakeCrm) -> None:
     fake.add_fault(action="reset")
     body = {"properties": {"name": "Acme"}}
     with client(fake) as c:
-        limited = c.post("/crm/v3/objects/companies", json=body)
+        limited = c.post(f"{OBJECTS}/companies", json=body)
         assert limited.status_code == 429 and limited.headers["Retry-After"] == "7"
         assert limited.json()["policyName"] == "SECONDLY"
-        assert c.post("/crm/v3/objects/companies", json=body).status_code == 500
+        assert c.post(f"{OBJECTS}/companies", json=body).status_code == 500
         with pytest.raises(httpx.ReadError):
-            c.post("/crm/v3/objects/companies", json=body)
+            c.post(f"{OBJECTS}/companies", json=body)
         assert fake.records("companies") == []  # none of the faults wrote
         slow = c.post(
-            "/crm/v3/objects/companies",
+            f"{OBJECTS}/companies",
             json=body,
             headers={"X-Fakecrm-Fault": "delay", "X-Fakecrm-Delay": "0.3"},
         )
@@ -120,7 +119,7 @@ def test_faults_rate_limit_500_reset_and_delay(fake: FakeCrm) -> None:
 
 def test_subscriptions_api_list_create_delete(fake: FakeCrm) -> None:
     with client(fake) as c:
-        base = "/webhooks/v3/424242/subscriptions"
+        base = versions.webhook_subscriptions("424242")
         made = c.post(
             base,
             json={"eventType": "deal.propertyChange", "propertyName": "dealstage", "active": True},
@@ -137,7 +136,7 @@ def test_subscriptions_api_list_create_delete(fake: FakeCrm) -> None:
         assert [s["id"] for s in c.get(base).json()["results"]] == [sub["id"]]
         assert c.delete(f"{base}/{sub['id']}").status_code == 204
         assert c.get(base).json()["results"] == []
-        assert c.get("/webhooks/v3/1/subscriptions").status_code == 404
+        assert c.get(versions.webhook_subscriptions("1")).status_code == 404
 
 
 class _Inbox:
@@ -167,12 +166,10 @@ def test_sends_signed_v3_webhooks_with_change_source() -> None:
     fake = FakeCrm(FakeCrmConfig(webhook_url=inbox.url, app_secret="s3cret")).start()
     try:
         with httpx.Client(base_url=fake.url) as c:
-            rid = c.post(
-                "/crm/v3/objects/contacts", json={"properties": {"email": "e@x.io"}}
-            ).json()["id"]
-            c.patch(
-                f"/crm/v3/objects/contacts/{rid}", json={"properties": {"lifecyclestage": "lead"}}
-            )
+            rid = c.post(f"{OBJECTS}/contacts", json={"properties": {"email": "e@x.io"}}).json()[
+                "id"
+            ]
+            c.patch(f"{OBJECTS}/contacts/{rid}", json={"properties": {"lifecyclestage": "lead"}})
             # A change "by a person in the CRM" carries a different author.
             c.patch(f"/_admin/records/contacts/{rid}", json={"properties": {"firstname": "Bo"}})
         assert fake.webhooks.wait_idle()
@@ -204,8 +201,8 @@ def test_require_subscriptions_filters_events() -> None:
     fake = FakeCrm(FakeCrmConfig(webhook_url=inbox.url, require_subscriptions=True)).start()
     try:
         with httpx.Client(base_url=fake.url) as c:
-            c.post("/webhooks/v3/424242/subscriptions", json={"eventType": "contact.creation"})
-            c.post("/crm/v3/objects/contacts", json={"properties": {"email": "f@x.io"}})
+            c.post(versions.webhook_subscriptions("424242"), json={"eventType": "contact.creation"})
+            c.post(f"{OBJECTS}/contacts", json={"properties": {"email": "f@x.io"}})
         assert fake.webhooks.wait_idle()
     finally:
         fake.stop()
@@ -268,11 +265,11 @@ def test_search_lags_writes_when_asked() -> None:
     fake = FakeCrm(FakeCrmConfig(search_lag_seconds=30)).start()
     try:
         with httpx.Client(base_url=fake.url) as c:
-            c.post("/crm/v3/objects/contacts", json={"properties": {"email": "new@x.io"}})
-            found = c.post("/crm/v3/objects/contacts/search", json={"filterGroups": []}).json()
+            c.post(f"{OBJECTS}/contacts", json={"properties": {"email": "new@x.io"}})
+            found = c.post(f"{OBJECTS}/contacts/search", json={"filterGroups": []}).json()
             assert found["total"] == 0  # written, not yet searchable (like the vendor)
             c.post("/_admin/config", json={"search_lag_seconds": 0})
-            found = c.post("/crm/v3/objects/contacts/search", json={"filterGroups": []}).json()
+            found = c.post(f"{OBJECTS}/contacts/search", json={"filterGroups": []}).json()
             assert found["total"] == 1
     finally:
         fake.stop()
@@ -313,7 +310,7 @@ def test_realistic_delivery_is_concurrent_unordered_duplicated_and_redelivered()
     try:
         with httpx.Client(base_url=fake.url) as c:
             for n in range(24):
-                c.post("/crm/v3/objects/deals", json={"properties": {"dealname": f"d{n}"}})
+                c.post(f"{OBJECTS}/deals", json={"properties": {"dealname": f"d{n}"}})
         # Serial delivery would never have more than one request in flight.
         assert inbox.wait_in_flight(10, timeout=20)
         inbox.gate.set()  # the rest were waiting: taken in a shuffled order from here on
@@ -342,7 +339,7 @@ def test_v1_signature_beside_v3_and_non_unique_event_ids() -> None:
     try:
         with httpx.Client(base_url=fake.url) as c:
             for n in range(4):
-                c.post("/crm/v3/objects/contacts", json={"properties": {"email": f"{n}@x.io"}})
+                c.post(f"{OBJECTS}/contacts", json={"properties": {"email": f"{n}@x.io"}})
         assert fake.webhooks.wait_idle()
     finally:
         fake.stop()
@@ -363,8 +360,8 @@ def test_429_without_retry_after_when_asked() -> None:
     fake = FakeCrm(config).start()
     try:
         with httpx.Client(base_url=fake.url) as c:
-            c.get("/crm/v3/objects/contacts/1")
-            refused = c.get("/crm/v3/objects/contacts/1")
+            c.get(f"{OBJECTS}/contacts/1")
+            refused = c.get(f"{OBJECTS}/contacts/1")
     finally:
         fake.stop()
     assert refused.status_code == 429
@@ -382,17 +379,15 @@ def test_portals_of_one_app_are_apart_and_share_one_webhook_url() -> None:
         a = httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer tok-a"})
         b = httpx.Client(base_url=fake.url, headers={"Authorization": "Bearer tok-b"})
         with a, b:
-            made = a.post("/crm/v3/objects/contacts", json={"properties": {"email": "x@x.io"}})
+            made = a.post(f"{OBJECTS}/contacts", json={"properties": {"email": "x@x.io"}})
             rid = made.json()["id"]
-            assert b.get(f"/crm/v3/objects/contacts/{rid}").status_code == 404
+            assert b.get(f"{OBJECTS}/contacts/{rid}").status_code == 404
             # Unique per portal: the same email is a new contact in the other portal.
             assert (
-                b.post(
-                    "/crm/v3/objects/contacts", json={"properties": {"email": "x@x.io"}}
-                ).status_code
+                b.post(f"{OBJECTS}/contacts", json={"properties": {"email": "x@x.io"}}).status_code
                 == 201
             )
-            found = b.post("/crm/v3/objects/contacts/search", json={"filterGroups": []})
+            found = b.post(f"{OBJECTS}/contacts/search", json={"filterGroups": []})
             assert [r["id"] for r in found.json()["results"]] != [rid]
         assert fake.webhooks.wait_idle()
     finally:
@@ -412,11 +407,11 @@ def test_tasks_need_hs_timestamp_and_take_associations_and_unique_values_conflic
     fake = FakeCrm(config).start()
     try:
         with httpx.Client(base_url=fake.url) as c:
-            contact = c.post("/crm/v3/objects/contacts", json={"properties": {"email": "t@x.io"}})
+            contact = c.post(f"{OBJECTS}/contacts", json={"properties": {"email": "t@x.io"}})
             cid = contact.json()["id"]
             assert (
                 c.post(
-                    "/crm/v3/objects/tasks", json={"properties": {"hs_task_subject": "Call"}}
+                    f"{OBJECTS}/tasks", json={"properties": {"hs_task_subject": "Call"}}
                 ).status_code
                 == 400
             )
@@ -435,19 +430,19 @@ def test_tasks_need_hs_timestamp_and_take_associations_and_unique_values_conflic
                     }
                 ],
             }
-            made = c.post("/crm/v3/objects/tasks", json=task)
+            made = c.post(f"{OBJECTS}/tasks", json=task)
             assert made.status_code == 201
             assert made.json()["associations"] == {
                 "contacts": {"results": [{"id": cid, "type_id": 204}]}
             }
-            again = c.post("/crm/v3/objects/tasks", json=task)
+            again = c.post(f"{OBJECTS}/tasks", json=task)
             assert again.status_code == 409
             assert f"Existing ID: {made.json()['id']}" in again.json()["message"]
             wrong = {**task, "properties": {**task["properties"], "onceflow_key": "k2"}}
             wrong["associations"] = [
                 {"to": {"id": "999999"}, "types": [{"associationTypeId": 204}]}
             ]
-            assert c.post("/crm/v3/objects/tasks", json=wrong).status_code == 400
+            assert c.post(f"{OBJECTS}/tasks", json=wrong).status_code == 400
     finally:
         fake.stop()
 
@@ -464,16 +459,16 @@ def test_oauth_codes_expiring_access_tokens_refresh_and_revocation() -> None:
                 "/_admin/oauth/authorize", json={"portal_id": 2002, "redirect_uri": redirect}
             ).json()["code"]
             exchange = {**client, "grant_type": "authorization_code", "code": code}
-            granted = c.post("/oauth/v1/token", data={**exchange, "redirect_uri": redirect})
+            granted = c.post(versions.oauth_token(), data={**exchange, "redirect_uri": redirect})
             assert granted.status_code == 200
             tokens = granted.json()
             assert (tokens["expires_in"], tokens["hub_id"]) == (1800, 2002)
-            replayed = c.post("/oauth/v1/token", data={**exchange, "redirect_uri": redirect})
+            replayed = c.post(versions.oauth_token(), data={**exchange, "redirect_uri": redirect})
             assert (replayed.status_code, replayed.json()["status"]) == (400, "BAD_AUTH_CODE")
 
             def create(access: str) -> httpx.Response:
                 return c.post(
-                    "/crm/v3/objects/deals",
+                    f"{OBJECTS}/deals",
                     json={"properties": {"dealname": "x"}},
                     headers={"Authorization": f"Bearer {access}"},
                 )
@@ -488,12 +483,12 @@ def test_oauth_codes_expiring_access_tokens_refresh_and_revocation() -> None:
             )
             refresh = {**client, "grant_type": "refresh_token"}
             fresh = c.post(
-                "/oauth/v1/token", data={**refresh, "refresh_token": tokens["refresh_token"]}
+                versions.oauth_token(), data={**refresh, "refresh_token": tokens["refresh_token"]}
             ).json()
             assert create(fresh["access_token"]).status_code == 201
             c.post("/_admin/oauth/revoke", json={"refresh_token": tokens["refresh_token"]})
             revoked = c.post(
-                "/oauth/v1/token", data={**refresh, "refresh_token": tokens["refresh_token"]}
+                versions.oauth_token(), data={**refresh, "refresh_token": tokens["refresh_token"]}
             )
             assert (revoked.status_code, revoked.json()["status"]) == (400, "BAD_REFRESH_TOKEN")
             assert create(fresh["access_token"]).status_code == 401  # uninstalled: tokens gone
@@ -508,11 +503,11 @@ def test_the_strict_task_check_is_on_by_default() -> None:
     fake = FakeCrm().start()
     try:
         with httpx.Client(base_url=fake.url) as c:
-            bare = c.post("/crm/v3/objects/tasks", json={"properties": {"hs_task_subject": "x"}})
+            bare = c.post(f"{OBJECTS}/tasks", json={"properties": {"hs_task_subject": "x"}})
             assert bare.status_code == 400
             assert "hs_timestamp is required" in bare.json()["message"]
             dated = {"hs_task_subject": "x", "hs_timestamp": "2026-12-03T10:00:00Z"}
-            assert c.post("/crm/v3/objects/tasks", json={"properties": dated}).status_code == 201
+            assert c.post(f"{OBJECTS}/tasks", json={"properties": dated}).status_code == 201
     finally:
         fake.stop()
 
@@ -524,23 +519,78 @@ def test_search_finds_records_by_association_from_either_side() -> None:
     fake = FakeCrm().start()
     try:
         with httpx.Client(base_url=fake.url) as c:
-            deal = c.post("/crm/v3/objects/deals", json={"properties": {"dealname": "d"}})
+            deal = c.post(f"{OBJECTS}/deals", json={"properties": {"dealname": "d"}})
             did = deal.json()["id"]
             link = {"to": {"id": did}, "types": [{"associationTypeId": 4}]}
             contact = c.post(
-                "/crm/v3/objects/contacts",
+                f"{OBJECTS}/contacts",
                 json={"properties": {"email": "a@x.io"}, "associations": [link]},
             )
-            c.post("/crm/v3/objects/contacts", json={"properties": {"email": "b@x.io"}})
+            c.post(f"{OBJECTS}/contacts", json={"properties": {"email": "b@x.io"}})
 
             def search(object_type: str, name: str, value: str) -> list[str]:
                 flt = {"propertyName": name, "operator": "EQ", "value": value}
                 body = {"filterGroups": [{"filters": [flt]}]}
-                found = c.post(f"/crm/v3/objects/{object_type}/search", json=body).json()
+                found = c.post(f"{OBJECTS}/{object_type}/search", json=body).json()
                 return [r["id"] for r in found["results"]]
 
             assert search("contacts", "associations.deal", did) == [contact.json()["id"]]
             # From the other side: the deal is found by the contact associated with it.
             assert search("deals", "associations.contact", contact.json()["id"]) == [did]
+    finally:
+        fake.stop()
+
+
+def test_a_new_app_gets_404_on_numbered_paths_and_a_legacy_app_is_served() -> None:
+    """Numbered versions (v1 to v4) are what a new app can no longer use: the fake answers them
+    404 unless told it is a legacy app, and records every path it was asked for."""
+    new, legacy = FakeCrm().start(), FakeCrm(FakeCrmConfig(new_app=False)).start()
+    body = {"properties": {"dealname": "x"}}
+    try:
+        for path in (
+            "/crm/v3/objects/deals",
+            "/crm/v4/objects/deals",
+            "/webhooks/v3/424242/subscriptions",
+        ):
+            assert httpx.post(new.url + path, json=body).status_code == 404
+        assert httpx.post(new.url + "/oauth/v1/token", data={}).status_code == 404
+        assert httpx.post(new.url + "/crm/objects/2025-09/deals", json=body).status_code == 404
+        assert httpx.post(new.url + versions.crm_objects("deals"), json=body).status_code == 201
+        assert new.numbered_requests() == [
+            "POST /crm/v3/objects/deals",
+            "POST /crm/v4/objects/deals",
+            "POST /webhooks/v3/424242/subscriptions",
+            "POST /oauth/v1/token",
+        ]
+        new.store.requests.clear()  # called on purpose: not a port's mistake
+        assert httpx.post(legacy.url + "/crm/v3/objects/deals", json=body).status_code == 201
+        assert httpx.post(legacy.url + versions.crm_objects("deals"), json=body).status_code == 201
+    finally:
+        new.stop()
+        legacy.stop()
+
+
+def test_the_2026_03_token_endpoint_and_introspection() -> None:
+    """Form body only; the answer names the portal and scopes; introspection authenticates
+    with the app's client and says whether a token is active and for which portal."""
+    fake = FakeCrm().start()
+    client = {"client_id": "fake-client-id", "client_secret": "fake-client-secret"}
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            code = c.post("/_admin/oauth/authorize", json={"portal_id": 2002, "redirect_uri": "r"})
+            form = {**client, "grant_type": "authorization_code", "redirect_uri": "r"}
+            in_query = c.post(versions.oauth_token(), params={"code": code.json()["code"], **form})
+            assert in_query.status_code == 400
+            tokens = c.post(versions.oauth_token(), data={**form, "code": code.json()["code"]})
+            assert tokens.status_code == 200
+            assert tokens.json()["hub_id"] == 2002 and tokens.json()["scopes"]
+            access = tokens.json()["access_token"]
+            seen = c.post(versions.oauth_introspect(), data={**client, "token": access}).json()
+            assert (seen["active"], seen["hub_id"], seen["app_id"]) == (True, 2002, 424242)
+            wrong = {**client, "client_secret": "nope", "token": access}
+            assert c.post(versions.oauth_introspect(), data=wrong).status_code == 401
+            c.post("/_admin/oauth/expire", json={})
+            gone = c.post(versions.oauth_introspect(), data={**client, "token": access}).json()
+            assert gone == {"active": False}
     finally:
         fake.stop()

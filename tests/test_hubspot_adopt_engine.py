@@ -18,6 +18,7 @@ from devstack.fakecrm import FakeCrm
 from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
 from shared.ops.replay import replay_run
+from shared.providers.hubspot import versions
 from shared.steps import repairs
 from shared.steps.advance import advance_step
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
@@ -62,7 +63,9 @@ def lost_create(db: Database, fake: FakeCrm, key_property: str | None) -> tuple[
         ),
     )
     run_id, [step_id] = start_run(db, version)
-    fake.add_fault(action="drop_after_commit", method="POST", path="/crm/v3/objects/tasks$")
+    fake.add_fault(
+        action="drop_after_commit", method="POST", path=versions.crm_objects("tasks") + "$"
+    )
     advance_step(db, step_id, dispatch=lambda ids: None)
     first = steps_of(db, run_id)["create_task"]
     if first["status"] == "waiting_for_retry":
@@ -257,7 +260,9 @@ def test_a_409_naming_a_record_without_this_steps_key_is_not_adopted(
     ID" was adopted as this step's create; now only a record carrying this step's key is."""
     run_id = create_run(db, fake, "contacts", {"email": "ada@example.com", "firstname": "Ada"})
     step_id = steps_of(db, run_id)["create_task"]["id"]
-    fake.add_fault(action="error_500", method="POST", path="/crm/v3/objects/contacts$", times=1)
+    fake.add_fault(
+        action="error_500", method="POST", path=versions.crm_objects("contacts") + "$", times=1
+    )
     advance_step(db, step_id, dispatch=lambda ids: None)
     assert steps_of(db, run_id)["create_task"]["status"] == "waiting_for_retry"
     theirs = fake.create_record("contacts", {"email": "ada@example.com"}, ("CRM_UI", "userId:7"))

@@ -136,7 +136,7 @@ def test_a_batch_of_unknown_portals_only_is_acknowledged_and_recorded(
     client: Any, db: Database, app: provider_apps.ProviderApp
 ) -> None:
     body = hubspot_body(
-        event(1, 4004), event(2, 4004, app_id=88), {**event(3, 1), "portalId": None}
+        event(1, 4004), event(2, 4004, 102, app_id=88), {**event(3, 1), "portalId": None}
     )
     assert post(client, body).status_code == 200
     report = inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
@@ -167,7 +167,7 @@ def test_events_that_arrived_before_the_portals_connection_are_rerouted_once_it_
     with db.transaction() as tx:  # event 3 came long before this install
         tx.execute(
             "UPDATE unrouted_provider_events SET first_seen_at = now() - interval '3 hours',"
-            " last_seen_at = now() - interval '3 hours' WHERE source_event_id LIKE '%3'"
+            " last_seen_at = now() - interval '3 hours' WHERE payload->>'objectId' = '33'"
         )
     assert trigger_events(db) == []
 

@@ -18,6 +18,8 @@ from shared.accounts.oauth_tokens import Grant
 from shared.core.db import Database
 from shared.port.interface import PortError
 from shared.providers import connect
+from shared.providers.hubspot import oauth as hubspot_oauth
+from shared.providers.hubspot import versions
 from tests.ingest_support import make_tenant
 
 APP_ID = "424242"
@@ -156,3 +158,25 @@ def test_a_private_app_token_keeps_working_beside_oauth(db: Database, fake: Fake
     [record] = [r for r in fake.records("deals") if r["id"] == made.id]
     assert record["portalId"] == fake.config.portal_id
     assert fake.oauth.refreshes == 0
+
+
+def test_the_install_asks_introspection_which_portal_a_token_is_for(fake: FakeCrm) -> None:
+    """`POST /oauth/2026-03/token/introspect` with the app's client (the v1 `GET
+    /oauth/v1/access-tokens/{token}` is a numbered path a new app cannot call); a token that is
+    no longer active is refused, not read as some portal."""
+    grant = fake.issue_grant(PORTAL, REDIRECT)
+    client = {"client_id": "fake-client-id", "client_secret": "fake-client-secret"}
+    account = hubspot_oauth.token_account(grant.access_token, base_url=fake.url, **client)
+    assert (account.account_id, account.app_id) == (str(PORTAL), APP_ID)
+    paths = [r["path"] for r in fake.state()["requests"]]
+    assert paths[-1] == versions.oauth_introspect() == "/oauth/2026-03/token/introspect"
+    assert versions.oauth_token() in paths
+    with pytest.raises(PortError) as err:
+        hubspot_oauth.token_account(
+            grant.access_token, base_url=fake.url, client_id="fake-client-id", client_secret="x"
+        )
+    assert err.value.code == "unauthorized"
+    httpx.post(f"{fake.url}/_admin/oauth/expire", json={})
+    with pytest.raises(PortError) as err:
+        hubspot_oauth.token_account(grant.access_token, base_url=fake.url, **client)
+    assert err.value.code == "unauthorized" and "not active" in str(err.value)

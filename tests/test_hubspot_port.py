@@ -14,6 +14,7 @@ from devstack.tools import free_port
 from shared.core.db import Database
 from shared.port.interface import NOT_APPLIED_CODES, PortError, SearchFilter, Subscription
 from shared.providers import connect
+from shared.providers.hubspot import versions
 from shared.providers.hubspot.port import HubSpotPort, classify_response
 
 
@@ -202,3 +203,88 @@ def test_port_for_connection_reads_token_from_named_env(
     with pytest.raises(PortError):
         connect.port_for(db, "not-a-uuid")
     connect.forget_ports()
+
+
+def test_every_call_goes_to_a_date_based_path(fake: FakeCrm, port: HubSpotPort) -> None:
+    """Records, search and a legacy app's subscriptions all go to the versions versions.py
+    pins, never to a numbered path (which the fake, like a new app, answers 404)."""
+    made = port.create("contacts", {"email": "d@x.io"})
+    port.get("contacts", made.id, ["email"])
+    port.update("contacts", made.id, {"firstname": "D"})
+    port.search("contacts", [SearchFilter("email", "EQ", "d@x.io")])
+    sub = port.create_subscription(Subscription("contact", "creation"))
+    port.list_subscriptions()
+    assert sub.id is not None
+    port.delete_subscription(sub.id)
+    paths = [r["path"] for r in fake.state()["requests"]]
+    crm = f"/crm/objects/{versions.CRM_VERSION}/contacts"
+    subs = f"/webhooks/{versions.WEBHOOKS_VERSION}/424242/subscriptions"
+    assert paths == [
+        crm,
+        f"{crm}/{made.id}",
+        f"{crm}/{made.id}",
+        f"{crm}/search",
+        subs,
+        subs,
+        f"{subs}/{sub.id}",
+    ]
+    assert fake.numbered_requests() == []
+    assert versions.CRM_VERSION == "2026-09"  # the version that enforces validation rules
+
+
+def test_a_validation_rule_refusal_is_permanent_and_names_the_rule(
+    fake: FakeCrm, port: HubSpotPort
+) -> None:
+    """From 2026-09 HubSpot enforces the portal's own validation rules on every CRM write: a
+    400 VALIDATION_ERROR. Sending it again changes nothing, so it is permanent (and was not
+    applied), and the rule's message is what the error says."""
+    rule = {
+        "property": "leadsource",
+        "message": "Lead source is required for customers",
+        "when": {"lifecyclestage": "customer"},
+    }
+    httpx.post(
+        f"{fake.url}/_admin/validation-rules",
+        json={"portal_id": 62515, "object_type": "contacts", "rules": [rule]},
+    ).raise_for_status()
+    with pytest.raises(PortError) as err:
+        port.create("contacts", {"email": "v@x.io", "lifecyclestage": "customer"})
+    assert err.value.code == "invalid_request" and not err.value.transient
+    assert err.value.status == 400 and err.value.code in NOT_APPLIED_CODES
+    assert "leadsource: Lead source is required for customers" in str(err.value)
+    assert fake.records("contacts") == []
+    made = port.create("contacts", {"email": "v@x.io", "lifecyclestage": "lead"})
+    with pytest.raises(PortError) as err:  # an update is judged on the record it would leave
+        port.update("contacts", made.id, {"lifecyclestage": "customer"})
+    assert "Lead source is required for customers" in str(err.value)
+    port.update("contacts", made.id, {"lifecyclestage": "customer", "leadsource": "web"})
+    # The version before 2026-09 did not enforce them (the fake serves it to show the change).
+    older = httpx.post(
+        f"{fake.url}/crm/objects/2026-03/contacts",
+        json={"properties": {"email": "o@x.io", "lifecyclestage": "customer"}},
+        headers={"Authorization": "Bearer tok"},
+    )
+    assert older.status_code == 201
+
+
+def test_validation_errors_are_read_defensively() -> None:
+    """Every field of HubSpot's error body is optional; items without a message add nothing."""
+
+    def message(body: object) -> str:
+        return str(classify_response(httpx.Response(400, json=body)))
+
+    full = {
+        "category": "VALIDATION_ERROR",
+        "message": "Property values were not valid",
+        "errors": [
+            {"message": "Pick a region", "context": {"propertyName": ["region"]}},
+            {"code": "X"},
+            "junk",
+            {"message": "Property values were not valid"},
+        ],
+    }
+    assert message(full).endswith("Property values were not valid [region: Pick a region]")
+    assert message({"category": "VALIDATION_ERROR", "message": "m", "errors": "no"}).endswith(": m")
+    assert message({"category": "OTHER", "message": "m", "errors": [{"message": "x"}]}).endswith(
+        ": m"
+    )

@@ -1021,9 +1021,10 @@ def test_oauth_redirect_url_ops_sends_is_where_the_webhook_function_serves_the_c
     tf: Terraform, db: Any
 ) -> None:
     """The redirect URL infra tells the operator to register, and the redirect_uri ops sends
-    (ONCEFLOW_OAUTH_REDIRECT_URL, ops only), are one value on the webhook function's public base
-    (the same base it verifies signatures against); the path that URL reaches the function at
-    is the one functions/webhook.py hands to the install callback (which answers its page)."""
+    (ONCEFLOW_OAUTH_REDIRECT_URL, ops and webhook), are one value on the webhook function's
+    public base (the same base it verifies signatures against); the path that URL reaches the
+    function at is the one functions/webhook.py hands to the install callback (which answers
+    its page)."""
     from flask import Flask
 
     from functions.webhook import webhook
@@ -1039,8 +1040,10 @@ def test_oauth_redirect_url_ops_sends_is_where_the_webhook_function_serves_the_c
         tf.outputs["hubspot_oauth_redirect_url"]["value"] == "${local.hubspot_oauth_redirect_url}"
     )
     service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
+    # ops sends it; webhook repeats an app's own callback URL (it + /<app id>) at the exchange
+    # of an install that started at HubSpot.
     assert service["environment_variables"][REDIRECT_URL_ENV] == (
-        '${each.key == "ops" ? local.hubspot_oauth_redirect_url : ""}'
+        '${contains(["ops", "webhook"], each.key) ? local.hubspot_oauth_redirect_url : ""}'
     )
     assert "local.webhook_public_base_url" in service["environment_variables"]["PUBLIC_BASE_URL"]
     base = "https://europe-west1-p.cloudfunctions.net/webhook"  # local.webhook_public_base_url
@@ -1058,6 +1061,12 @@ def test_oauth_redirect_url_ops_sends_is_where_the_webhook_function_serves_the_c
         page = webhook(request)
     assert page.status_code == 400
     assert page.mimetype == "text/html"
+    # The app's own callback (installs that start at HubSpot) reaches the callback too.
+    with Flask(__name__).test_request_context(path + "/123", method="GET"):
+        from flask import request
+
+        own = webhook(request)
+    assert own.status_code == 400 and own.mimetype == "text/html"
     assert "no or bad state" in page.get_data(as_text=True)
 
 

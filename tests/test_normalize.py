@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import UTC, datetime
 
@@ -10,6 +11,10 @@ import pytest
 from shared.normalize import UnparseableBody
 from shared.providers.registry import normalize
 from tests.ingest_support import hubspot_body, hubspot_event
+
+
+def sha256_16(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def test_hubspot_events_map_to_the_naming_scheme() -> None:
@@ -38,7 +43,9 @@ def test_hubspot_events_map_to_the_naming_scheme() -> None:
     changed = events[1]
     assert (changed.object_type, changed.object_id) == ("contact", "11")
     assert changed.changed_fields == {"email": "a@x.io"}
-    assert changed.source_event_id == "555:contact.propertyChange:11:email:2000:2"
+    assert changed.source_event_id == "555:contact.property_changed:0-1/11:email:2000:" + sha256_16(
+        "a@x.io"
+    )
     assert (changed.author_id, changed.author_source) == ("userId:42", "CRM_UI")
     assert changed.occurred_at == datetime.fromtimestamp(2, UTC)
     assert changed.payload["propertyName"] == "email"
@@ -163,4 +170,4 @@ def test_hubspot_dedup_key_is_not_the_event_id_alone() -> None:
     assert keys[4] == keys[0]
     generic = {**other_type, "subscriptionType": "object.creation", "objectTypeId": "0-3"}
     (deal,) = normalize("hubspot", hubspot_body(generic), {})
-    assert deal.source_event_id == "555:object.creation:0-3/11:-:1700000000000:7"
+    assert deal.source_event_id == "555:deal.created:0-3/11:-:1700000000000"

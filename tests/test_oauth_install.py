@@ -456,7 +456,7 @@ def test_an_install_not_confirmed_in_time_connects_nothing(
     # The sweep drops the lapsed grant (the row stays until the day-old trim).
     from shared.providers.install import trim_install_states
 
-    assert trim_install_states(db) == {"grants_dropped": 1, "deleted": 0}
+    assert trim_install_states(db) == {"grants_dropped": 1, "deleted": 0, "pending_deleted": 0}
     with db.transaction() as tx:
         assert (
             tx.scalar("SELECT count(*) FROM oauth_install_states WHERE grant_sealed IS NOT NULL")
@@ -550,7 +550,7 @@ def test_the_sweep_forgets_install_states_a_day_after_they_expire(db: Database, 
                 app=APP_ID,
                 ago=expired_secs_ago,
             )
-    assert trim_install_states(db) == {"grants_dropped": 0, "deleted": 1}
+    assert trim_install_states(db) == {"grants_dropped": 0, "deleted": 1, "pending_deleted": 0}
     with db.transaction() as tx:
         left = tx.all("SELECT state_sha256 FROM oauth_install_states ORDER BY state_sha256")
     # The recent one still answers a late callback with "expired", not "unknown".

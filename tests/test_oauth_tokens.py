@@ -16,6 +16,7 @@ from shared.accounts import oauth_tokens
 from shared.accounts.oauth_tokens import Grant, ReauthorizationNeeded
 from shared.admission.admit import provider_suppression
 from shared.core.db import Database
+from shared.providers.hubspot import versions
 from shared.providers.hubspot.oauth import hubspot_refresher
 from tests.ingest_support import make_connection
 
@@ -90,7 +91,7 @@ def test_two_callers_with_a_stale_token_cause_one_refresh(db: Database, fake: Fa
     assert len(got) == 2 and got[0] == got[1] != grant.access_token
     # The new token works against the CRM API (portal 2002's).
     made = httpx.post(
-        f"{fake.url}/crm/v3/objects/deals",
+        fake.url + versions.crm_objects("deals"),
         json={"properties": {"dealname": "x"}},
         headers={"Authorization": f"Bearer {got[0]}"},
     )

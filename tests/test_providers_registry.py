@@ -222,7 +222,8 @@ def test_the_ops_app_routes_take_the_providers_the_registry_gives_apps(
     ("table", "names"),
     [
         ("connections", lambda: set(registry.PROVIDERS)),
-        ("provider_apps", lambda: set(registry.app_providers())),
+        # An app row is an app's webhook URL, its OAuth client, or both (0200_oauth_installs).
+        ("provider_apps", lambda: set(registry.app_providers()) | set(registry.oauth_providers())),
     ],
 )
 def test_the_database_accepts_exactly_the_registered_providers(

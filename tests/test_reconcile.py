@@ -25,6 +25,7 @@ from shared.port.interface import (
     Subscription,
 )
 from shared.providers import connect
+from shared.providers.hubspot import versions as hubspot_versions
 from shared.providers.hubspot.port import HubSpotPort
 from shared.publishing import subscriptions as subs
 from shared.publishing import versions
@@ -119,7 +120,8 @@ def test_desired_is_the_union_of_active_triggers_for_the_provider() -> None:
         "hubspot.company.teleported: hubspot has no subscription for 'teleported'",
         "hubspot.contact.property_changed (trigger): no fields to subscribe to (`watch`)",
     )
-    assert subs.desired_subscriptions("pipedrive", DEFINITIONS).keys == frozenset()
+    # One webhook per (object, action) at Pipedrive: no per-field subscriptions.
+    assert subs.desired_subscriptions("pipedrive", DEFINITIONS).keys == {("deal", "create", None)}
 
 
 def test_plan_creates_missing_and_deletes_unneeded_and_duplicates() -> None:
@@ -314,7 +316,7 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
     assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), len(EXAMPLE_KEYS))
 
     # Drift at the provider, behind onceflow's back.
-    base = f"{fake.url}/webhooks/v3/424242/subscriptions"
+    base = fake.url + hubspot_versions.webhook_subscriptions("424242")
     headers = {"Authorization": "Bearer tok"}
     with httpx.Client(headers=headers, timeout=5) as client:
         listed = client.get(base).json()["results"]

@@ -12,6 +12,7 @@ import pytest
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.core.db import Database
 from shared.ops import replay
+from shared.providers.hubspot import versions
 from shared.steps.advance import advance_step
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.steps_support import TENANT, definition, publish_version, start_run
@@ -58,7 +59,7 @@ def test_replay_after_outcome_unknown_runs_again_under_the_lineage_key_and_charg
     )
     run_id, ids = start_run(db, version, payload={"name": "Ada"})
     sent: list[str] = []
-    fake.add_fault(action="reset", method="POST", path="/crm/v3/objects/tasks$", times=1)
+    fake.add_fault(action="reset", method="POST", path=versions.crm_objects("tasks") + "$", times=1)
     first = advance_step(db, ids[0], dispatch=sent.extend)
     assert (first.status, first.outcome_code, first.run_status) == (
         "failed",

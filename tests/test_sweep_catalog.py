@@ -39,6 +39,7 @@ def test_the_catalog_keeps_the_sweeps_duty_order() -> None:
         "report_backlog",
         "expire_echo_markers",
         "reroute_unrouted_app_events",
+        "read_provider_journals",
         "delete_expired_throttle_windows",
         "reconcile_budget_reservations",
         "reconcile_subscriptions",

@@ -2,15 +2,20 @@
 
 As HubSpot documents it (https://developers.hubspot.com/docs/api-reference/legacy/
 authentication/oauth-tokens/v1/guide): the install redirect carries a one-time `code`; a
-form-encoded `POST /oauth/v1/token` exchanges it (`grant_type=authorization_code`, with the
-app's `client_id`, `client_secret` and the same `redirect_uri`) for an access token, a
+form-encoded `POST /oauth/2026-03/token` (`/oauth/v1/token` for a legacy app) exchanges it
+(`grant_type=authorization_code`, with the app's `client_id`, `client_secret` and the same
+`redirect_uri`) for an access token, a
 refresh token and `expires_in` (1800 seconds: access tokens live 30 minutes, per HubSpot's
 changelog "Expiration of OAuth access tokens is changing"); `grant_type=refresh_token` gives a
 new access token. A code used twice, or a refresh token revoked (the portal uninstalled the
 app) answers 400: `BAD_AUTH_CODE`, `BAD_REFRESH_TOKEN` ("missing or unknown refresh token").
-An expired access token is a 401 on the CRM API.
+An expired access token is a 401 on the CRM API. The 2026-03 answer also names the portal
+(`hub_id`) and the granted `scopes`
+(https://developers.hubspot.com/changelog/additional-details-returned-when-generating-oauth-access-tokens).
 
-`GET /oauth/v1/access-tokens/{token}` says which portal (`hub_id`) and app a live token is for.
+`POST /oauth/2026-03/token/introspect` (form: client_id, client_secret, token) says whether a
+token is `active` and, when it is, which portal (`hub_id`) and app it acts for; a legacy app may
+still ask `GET /oauth/v1/access-tokens/{token}`.
 
 The user's side: `GET /oauth/authorize` is HubSpot's consent screen, answered at once with the
 redirect HubSpot's browser flow ends in (`redirect_uri?code=...&state=...`, or
@@ -98,6 +103,29 @@ class OAuthServer:
             "expires_in": max(int(expires - time.monotonic()), 0),
         }
 
+    def introspect(self, form: dict[str, str]) -> dict[str, Any]:
+        """`POST /oauth/2026-03/token/introspect`: the app's own client authenticates the
+        question; an unknown, expired or revoked token is `active: false`, not an error
+        (HubSpot/hubspot-sdk-python `types/auth/public_access_token_info_response.py`)."""
+        if form.get("client_id") != self.client_id or form.get("client_secret") != (
+            self.client_secret
+        ):
+            raise OAuthRefused(401, "BAD_CLIENT_ID", "missing or unknown client id or secret")
+        info = self.token_info(form.get("token", ""))
+        if info is None:
+            return {"active": False}
+        return {
+            "active": True,
+            "token": info["token"],
+            "token_use": "access_token",
+            "token_type": "bearer",
+            "client_id": self.client_id,
+            "hub_id": info["hub_id"],
+            "app_id": info["app_id"],
+            "scopes": info["scopes"],
+            "expires_in": info["expires_in"],
+        }
+
     def revoke(self, refresh_token: str) -> bool:
         with self.lock:
             portal = self.refresh_tokens.pop(refresh_token, None)
@@ -116,7 +144,7 @@ class OAuthServer:
 
     # --- the app's side ---------------------------------------------------------------------
     def token(self, form: dict[str, str]) -> dict[str, Any]:
-        """`POST /oauth/v1/token`; raises OAuthRefused with HubSpot's error shape."""
+        """`POST /oauth/2026-03/token`; raises OAuthRefused with HubSpot's error shape."""
         if form.get("client_id") != self.client_id or form.get("client_secret") != (
             self.client_secret
         ):
@@ -149,6 +177,7 @@ class OAuthServer:
             "refresh_token": refresh,
             "expires_in": int(self.access_seconds),
             "hub_id": portal,
+            "scopes": list(self.scopes),
         }
 
     def portal_of(self, access_token: str) -> tuple[str, int]:

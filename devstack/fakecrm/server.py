@@ -1,11 +1,18 @@
-"""The fake CRM's HTTP surface: HubSpot CRM v3 objects, webhooks v3 subscriptions, `/_admin`
-for tests and the demo, and `/_sink/*`, a receiver that records whatever is sent to it (the
-target of `http.request` notify calls in tests and the demo)."""
+"""The fake CRM's HTTP surface: HubSpot's CRM objects and a legacy app's webhook subscriptions
+on the date-based paths (shared/providers/hubspot/versions.py), `/_admin` for tests and the
+demo, and `/_sink/*`, a receiver that records whatever is sent to it (the target of
+`http.request` notify calls in tests and the demo).
+
+Like a new HubSpot app (`FakeCrmConfig.new_app`, the default), it answers 404 on the numbered
+paths (`/crm/v3/…`, `/oauth/v1/…`, `/webhooks/v3/…`); as a legacy app it serves them too, as
+the same routes. Every request's path is recorded (`FakeCrm.numbered_requests()` is what
+tests/fakecrm_support.py checks after each test)."""
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 import socket
 import struct
 import threading
@@ -17,6 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import httpx
 
+from devstack.fakecrm.journal import FakeJournal, JournalRefusal
 from devstack.fakecrm.oauth import OAuthRefused, OAuthServer
 from devstack.fakecrm.store import (
     OBJECT_TYPES,
@@ -28,11 +36,21 @@ from devstack.fakecrm.store import (
 )
 from devstack.fakecrm.webhooks import DELIVERY_MODES, DeliveryMode, WebhookSender
 from shared.accounts.oauth_tokens import Grant
+from shared.providers.hubspot import versions
 
 MAX_BODY = 1 << 20
-OBJECT_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
-SEARCH_PATH = re.compile(r"^/crm/v3/objects/(?P<type>[a-z_]+)/search$")
-SUBS_PATH = re.compile(r"^/webhooks/v3/(?P<app>[^/]+)/subscriptions(?:/(?P<id>[^/]+))?$")
+# CRM objects, dated (`/crm/objects/2026-09/contacts/1`) or, for a legacy app, numbered
+# (`/crm/v3/objects/contacts/1`); the routes below match what follows the version.
+CRM_OBJECTS = re.compile(r"^/crm/(?:objects/(?P<version>\d{4}-\d{2})|v3/objects)/(?P<rest>.+)$")
+OBJECT_PATH = re.compile(r"^(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
+SEARCH_PATH = re.compile(r"^(?P<type>[a-z_]+)/search$")
+SUBS_PATH = re.compile(
+    r"^/webhooks/(?P<version>\d{4}-\d{2}|v3)/(?P<app>[^/]+)/subscriptions(?:/(?P<id>[^/]+))?$"
+)
+# The dated versions served: the ones onceflow pins and, for the CRM, the one before it (whose
+# writes ignore the portal's validation rules). Any other date is a 404, as at HubSpot.
+CRM_VERSIONS = frozenset({"2026-03", versions.CRM_VERSION})
+WEBHOOKS_VERSIONS = frozenset({versions.WEBHOOKS_VERSION})
 # HubSpot-defined association type ids the fake knows, task -> record (tasks guide:
 # https://developers.hubspot.com/docs/api-reference/latest/crm/activities/tasks/guide).
 ASSOCIATION_TYPES = {
@@ -45,7 +63,8 @@ ASSOCIATION_TYPES = {
     342: ("companies", "deals"),
     279: ("contacts", "companies"),
 }
-ACCESS_TOKENS_PREFIX = "/oauth/v1/access-tokens/"
+ACCESS_TOKENS_PREFIX = "/oauth/v1/access-tokens/"  # a legacy app's token metadata
+LEGACY_TOKEN_PATH = "/oauth/v1/token"  # noqa: S105 - a path, not a secret
 ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
 
 
@@ -92,6 +111,16 @@ class FakeCrmConfig:
     access_token_seconds: float = 1800.0
     # HubSpot's CRM 429s don't promise Retry-After; off, only the rate-limit headers say when.
     rate_limit_retry_after: bool = True
+    # A new app (created since HubSpot closed legacy app creation): the numbered API paths
+    # answer 404. False: a legacy app, which may still call them (until September 2027).
+    new_app: bool = True
+    # Per portal, per object type: the admin's validation rules enforced on CRM writes from
+    # the `2026-09` version (`_check_validation_rules`). A rule: {"property": "leadsource",
+    # "message": "...", "when": {"lifecyclestage": "customer"}} ("when" optional: always).
+    validation_rules: dict[int, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    # Service keys (a portal admin's static key, HubSpot's replacement for private-app
+    # tokens): key -> portal. A revoked or rotated-away key is a 401.
+    service_keys: dict[str, int] = field(default_factory=dict)
 
 
 class _Drop(Exception):
@@ -135,12 +164,17 @@ class FakeCrm:
             access_seconds=self.config.access_token_seconds,
             app_id=self.config.app_id,
         )
+        # The webhooks journal (devstack/fakecrm/journal.py), same OAuth client as the app.
+        self.journal = FakeJournal(
+            client_id=self.config.oauth_client_id, client_secret=self.config.oauth_client_secret
+        )
         self.webhooks = WebhookSender(
             self.store,
             lambda: self.config.app_secret,
             lambda: self.config.webhook_url,
             DeliveryMode.named(self.config.delivery),
         )
+        self.revoked_service_keys: set[str] = set()
         self._window_start = 0.0
         self._window_used = 0
         self._daily_used = 0
@@ -185,6 +219,15 @@ class FakeCrm:
                 for r in self.store.records[object_type].values()
             ]
 
+    def numbered_requests(self) -> list[str]:
+        """`METHOD path` of every request this fake received on a numbered HubSpot path."""
+        with self.store.lock:
+            return [
+                f"{r['method']} {r['path']}"
+                for r in self.store.requests
+                if versions.is_numbered(r["path"])
+            ]
+
     def sink_requests(self) -> list[dict[str, Any]]:
         with self.store.lock:
             return list(self.store.sink)
@@ -198,7 +241,7 @@ class FakeCrm:
                 json={"portal_id": portal_id, "redirect_uri": redirect_uri},
             ).json()["code"]
             body = c.post(
-                "/oauth/v1/token",
+                versions.oauth_token(),
                 data={
                     "grant_type": "authorization_code",
                     "client_id": self.config.oauth_client_id,
@@ -354,6 +397,7 @@ class FakeCrm:
                         rid,
                         "creation",
                         portal,
+                        occurredAt=ms,
                         changeFlag="CREATED",
                         changeSource=source[0],
                         sourceId=source[1],
@@ -366,12 +410,14 @@ class FakeCrm:
                             rid,
                             "propertyChange",
                             portal,
+                            occurredAt=ms,
                             propertyName=name,
                             propertyValue=None if value is None else str(value),
                             changeSource=source[0],
                             sourceId=source[1],
                         )
                     )
+            self.journal.record(events)
             events = self._subscribed(events)
         self.webhooks.enqueue(events)
         return rec
@@ -401,6 +447,7 @@ class FakeCrm:
                             record_id,
                             "propertyChange",
                             portal,
+                            occurredAt=ms,
                             propertyName=name,
                             propertyValue=new,
                             changeSource=source[0],
@@ -417,9 +464,73 @@ class FakeCrm:
                     "properties": dict(properties),
                 }
             )
+            self.journal.record(events)
             events = self._subscribed(events)
         self.webhooks.enqueue(events)
         return rec
+
+    # --- service keys ----------------------------------------------------------------------
+    def mint_service_key(self, portal_id: int | None = None) -> str:
+        """A new service key for the portal (default: the fake's own). The key's format is not
+        documented; this one only needs to be unguessable."""
+        key = "svc-" + secrets.token_urlsafe(24)
+        with self.store.lock:
+            self.config.service_keys[key] = portal_id or self.config.portal_id
+        return key
+
+    def revoke_service_key(self, key: str) -> bool:
+        with self.store.lock:
+            if self.config.service_keys.pop(key, None) is None:
+                return False
+            self.revoked_service_keys.add(key)
+            return True
+
+    # --- 2026-09: a portal's validation rules on CRM writes --------------------------------
+    def check_validation_rules(
+        self,
+        object_type: str,
+        properties: dict[str, Any],
+        portal_id: int,
+        record_id: str | None = None,
+    ) -> None:
+        """Refuse a write that leaves a required property empty, as HubSpot does from the
+        `2026-09` version: "the API will return a 400 validation error if that property is
+        missing on write" (https://developers.hubspot.com/changelog/crm-api-write-validation-enforcement).
+        An update is judged on the record as it would be after it. The body is HubSpot's
+        generic CRM error (`category`, `message`, `errors[]` with `message`, `code`, `context`:
+        https://developers.hubspot.com/docs/api-reference/latest/error-handling); the items'
+        `code` value is not documented, so the fake's is its own."""
+        rules = self.config.validation_rules.get(portal_id, {}).get(object_type, [])
+        if not rules:
+            return
+        with self.store.lock:
+            after = (
+                {}
+                if record_id is None
+                else dict(self.portal_record(object_type, record_id, portal_id).properties)
+            )
+        after.update({k: None if v is None else str(v) for k, v in properties.items()})
+        broken = [
+            rule
+            for rule in rules
+            if all(str(after.get(k) or "") == str(v) for k, v in (rule.get("when") or {}).items())
+            and not after.get(str(rule["property"]))
+        ]
+        if broken:
+            raise _error(
+                400,
+                "Property values were not valid",
+                "VALIDATION_ERROR",
+                errors=[
+                    {
+                        "message": str(rule.get("message") or f"{rule['property']} is required"),
+                        "code": "VALIDATION_RULE_REQUIRED",
+                        "in": "properties",
+                        "context": {"propertyName": [str(rule["property"])]},
+                    }
+                    for rule in broken
+                ],
+            )
 
     def state(self) -> dict[str, Any]:
         with self.store.lock:
@@ -452,6 +563,10 @@ class FakeCrm:
                     "unique_event_ids": self.config.unique_event_ids,
                     "rate_limit_retry_after": self.config.rate_limit_retry_after,
                     "unique_properties": self.config.unique_properties,
+                    "new_app": self.config.new_app,
+                    "validation_rules": {
+                        str(k): v for k, v in self.config.validation_rules.items()
+                    },
                 },
                 "oauth": {"refreshes": self.oauth.refreshes},
             }
@@ -525,6 +640,9 @@ class _Handler(BaseHTTPRequestHandler):
     fake: FakeCrm
     protocol_version = "HTTP/1.1"
     server_version = "fakecrm/1.0"
+    # TCP_NODELAY: headers and body go out as two writes; with Nagle on, the body waits for
+    # the client's delayed ACK (~40 ms a response), which HubSpot does not cost.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -560,7 +678,9 @@ class _Handler(BaseHTTPRequestHandler):
             raise _error(400, "Invalid input JSON", "VALIDATION_ERROR") from None
 
     def _send(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        payload = b"" if body is None else json.dumps(body).encode()
+        payload = (
+            b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+        )
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
@@ -591,6 +711,25 @@ class _Handler(BaseHTTPRequestHandler):
                 retry_after=int(self.headers.get("X-Fakecrm-Retry-After", "1")),
             )
         return self.fake.store.take_fault(method, path)
+
+    def _sink(
+        self, method: str, path: str, raw: bytes, fault: Any
+    ) -> tuple[int, dict[str, Any]] | None:
+        """`/_sink…`: a receiver for http.request steps, keeping what it was sent."""
+        if not path.startswith("/_sink"):
+            return None
+        with self.fake.store.lock:
+            self.fake.store.sink.append(
+                {
+                    "method": method,
+                    "path": path,
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body": raw.decode("utf-8", "replace"),
+                }
+            )
+        if fault and fault.action == "drop_after_commit":
+            raise _Drop(reset=False)
+        return 200, {"ok": True}
 
     def _serve(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -634,22 +773,23 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                     {"Retry-After": str(fault.retry_after)},
                 )
-            if path.startswith("/_sink"):
-                with self.fake.store.lock:
-                    self.fake.store.sink.append(
-                        {
-                            "method": method,
-                            "path": path,
-                            "headers": {k.lower(): v for k, v in self.headers.items()},
-                            "body": raw.decode("utf-8", "replace"),
-                        }
-                    )
-                if fault and fault.action == "drop_after_commit":
-                    raise _Drop(reset=False)
-                entry["status"] = 200
-                self._send(200, {"ok": True})
+            if versions.is_numbered(path) and self.fake.config.new_app:
+                raise _error(
+                    404,
+                    f"{path}: numbered API versions are not available to this app; use the "
+                    "date-based paths",
+                    "OBJECT_NOT_FOUND",
+                )
+            reply = self._sink(method, path, raw, fault) or self._journal(
+                method, url.path, url.query, raw
+            )
+            if reply is not None:
+                entry["status"] = reply[0]
+                self._send(*reply)
                 return
-            if path == "/oauth/v1/token" and method == "POST":
+            if path in (versions.oauth_token(), LEGACY_TOKEN_PATH) and method == "POST":
+                if url.query:  # 2026-03: "all parameters in the form body, none in the query"
+                    raise _error(400, "parameters belong in the form body", "VALIDATION_ERROR")
                 form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
                 try:
                     granted = self.fake.oauth.token(form)
@@ -657,6 +797,15 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _Reply(refused.status, refused.body) from None
                 entry["status"] = 200
                 self._send(200, granted)
+                return
+            if path == versions.oauth_introspect() and method == "POST":
+                form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace")).items()}
+                try:
+                    info = self.fake.oauth.introspect(form)
+                except OAuthRefused as refused:
+                    raise _Reply(refused.status, refused.body) from None
+                entry["status"] = 200
+                self._send(200, info)
                 return
             if path == "/oauth/authorize" and method == "GET":
                 try:
@@ -708,6 +857,22 @@ class _Handler(BaseHTTPRequestHandler):
             entry["status"] = "dropped"
             self._drop(drop.reset)
 
+    def _journal(
+        self, method: str, path: str, query: str, raw: bytes
+    ) -> tuple[int, Any, dict[str, str]] | None:
+        """The webhooks journal's answer (devstack/fakecrm/journal.py), or None."""
+        try:
+            return self.fake.journal.serve(
+                method,
+                path,
+                query=parse_qs(query),
+                raw=raw,
+                authorization=self.headers.get("Authorization"),
+                base_url=self.fake.url,
+            )
+        except JournalRefusal as refused:
+            return refused.status, refused.body, {}
+
     def _authorize(self, path: str, query: dict[str, list[str]]) -> int:
         """The portal the request acts for (its bearer token says which), or a 401."""
         config = self.fake.config
@@ -722,6 +887,9 @@ class _Handler(BaseHTTPRequestHandler):
             return config.portal_id
         presented = self.headers.get("Authorization") or ""
         bearer = presented.removeprefix("Bearer ") if presented.startswith("Bearer ") else None
+        service_key_portal = self._service_key(path, bearer)
+        if service_key_portal is not None:
+            return service_key_portal
         if bearer is not None and bearer in config.portals:
             return config.portals[bearer]
         state, oauth_portal = self.fake.oauth.portal_of(bearer or "")
@@ -739,26 +907,70 @@ class _Handler(BaseHTTPRequestHandler):
             )
         return config.portal_id
 
+    def _service_key(self, path: str, bearer: str | None) -> int | None:
+        """The portal of a live service key; a 401 for one revoked or rotated away. "You cannot
+        use service keys to authenticate webhooks … other than making REST API requests"
+        (https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/account-service-keys):
+        the webhooks API refuses them (403)."""
+        if bearer is None:
+            return None
+        if bearer in self.fake.revoked_service_keys:
+            raise _error(
+                401,
+                "Authentication credentials not found or invalid: the service key was revoked.",
+                "INVALID_AUTHENTICATION",
+            )
+        portal = self.fake.config.service_keys.get(bearer)
+        if portal is not None and SUBS_PATH.match(path):
+            raise _error(403, "Service keys cannot be used for webhooks.", "MISSING_SCOPES")
+        return portal
+
     # --- the vendor API ---------------------------------------------------------------------
     def _api(
         self, method: str, path: str, query: dict[str, list[str]], body: Any, portal: int
     ) -> tuple[int, Any]:
+        if crm := CRM_OBJECTS.match(path):
+            return self._crm_objects(method, crm["version"], crm["rest"], query, body, portal)
+        if m := SUBS_PATH.match(path):
+            if m["version"] != "v3" and m["version"] not in WEBHOOKS_VERSIONS:
+                raise _error(404, f"no webhooks API version {m['version']}", "OBJECT_NOT_FOUND")
+            return self._subscriptions(method, m["app"], m["id"], body)
+        raise _error(404, f"no route for {method} {path}", "OBJECT_NOT_FOUND")
+
+    def _crm_objects(  # noqa: PLR0917 - the request's parts, as _api has them
+        self,
+        method: str,
+        version: str | None,
+        rest: str,
+        query: dict[str, list[str]],
+        body: Any,
+        portal: int,
+    ) -> tuple[int, Any]:
+        """`rest`: the path after `/crm/objects/{version}/` (`version` None: after the numbered
+        `/crm/v3/objects/`)."""
+        if version is not None and version not in CRM_VERSIONS:
+            raise _error(404, f"no CRM objects API version {version}", "OBJECT_NOT_FOUND")
+        rules = version is not None and version >= versions.VALIDATION_RULES_FROM
         api_source = ("INTEGRATION", self.fake.config.integration_source_id)
-        if m := SEARCH_PATH.match(path):
+        if m := SEARCH_PATH.match(rest):
             if method != "POST":
                 raise _error(405, "method not allowed", "VALIDATION_ERROR")
             return 200, self._search(_object_type(m["type"]), body, portal)
-        if m := OBJECT_PATH.match(path):
+        if m := OBJECT_PATH.match(rest):
             object_type = _object_type(m["type"])
             record_id = m["id"]
             if record_id is None and method == "POST":
-                rec = self.fake.create_record(
-                    object_type, _properties(body), api_source, portal, body
-                )
+                properties = _properties(body)
+                if rules:
+                    self.fake.check_validation_rules(object_type, properties, portal)
+                rec = self.fake.create_record(object_type, properties, api_source, portal, body)
                 return 201, rec.to_json()
             if record_id is not None and method == "PATCH":
+                properties = _properties(body)
+                if rules:
+                    self.fake.check_validation_rules(object_type, properties, portal, record_id)
                 rec = self.fake.update_record(
-                    object_type, record_id, _properties(body), api_source, portal
+                    object_type, record_id, properties, api_source, portal
                 )
                 return 200, rec.to_json()
             if record_id is not None and method == "GET":
@@ -767,9 +979,7 @@ class _Handler(BaseHTTPRequestHandler):
                     only = [p for v in query.get("properties", []) for p in v.split(",") if p]
                     return 200, found.to_json(only or None)
             raise _error(405, "method not allowed", "VALIDATION_ERROR")
-        if m := SUBS_PATH.match(path):
-            return self._subscriptions(method, m["app"], m["id"], body)
-        raise _error(404, f"no route for {method} {path}", "OBJECT_NOT_FOUND")
+        raise _error(404, f"no route for {method} {rest}", "OBJECT_NOT_FOUND")
 
     def _search(self, object_type: str, body: Any, portal: int) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -844,10 +1054,17 @@ class _Handler(BaseHTTPRequestHandler):
     # --- admin ------------------------------------------------------------------------------
     def _admin(self, method: str, path: str, body: Any) -> tuple[int, Any]:  # noqa: PLR0911
         fake = self.fake
+        if path.startswith(("/_admin/validation-rules", "/_admin/service-keys")):
+            return self._admin_rules_and_keys(method, path, body)
         if path == "/_admin/state" and method == "GET":
             return 200, fake.state()
         if path == "/_admin/health":
             return 200, {"ok": True}
+        if path.startswith("/_admin/journal"):
+            try:
+                return fake.journal.admin(method, path, body)
+            except JournalRefusal as refused:
+                raise _Reply(refused.status, refused.body) from None
         if path == "/_admin/reset" and method == "POST":
             fake.store.reset()
             return 200, {"ok": True}
@@ -874,7 +1091,7 @@ class _Handler(BaseHTTPRequestHandler):
                     )
                 fake.config.delivery = body["delivery"]
                 fake.webhooks.set_mode(DeliveryMode.named(fake.config.delivery))
-            for flag in ("unique_event_ids", "rate_limit_retry_after"):
+            for flag in ("unique_event_ids", "rate_limit_retry_after", "new_app"):
                 if flag in body:
                     setattr(fake.config, flag, bool(body[flag]))
             if "developer_api_key" in body:  # the demo turns HubSpot's rule on for its app
@@ -913,4 +1130,34 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "PATCH" and m["id"] is not None:
                 rec = fake.update_record(object_type, m["id"], _properties(body), user, portal)
                 return 200, rec.to_json()
+        raise _error(404, f"no admin route for {method} {path}", "OBJECT_NOT_FOUND")
+
+    def _admin_rules_and_keys(self, method: str, path: str, body: Any) -> tuple[int, Any]:
+        """`POST /_admin/validation-rules` {"portal_id", "object_type", "rules": [...]} sets a
+        portal's rules for one object type (an empty list drops them); `POST
+        /_admin/service-keys` {"portal_id"} mints a key, `…/revoke` {"key"} revokes one and
+        `…/rotate` {"key"} revokes it and mints its successor for the same portal."""
+        fake = self.fake
+        body = body if isinstance(body, dict) else {}
+        if path == "/_admin/validation-rules" and method == "POST":
+            rules = body.get("rules")
+            if not isinstance(rules, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("property"), str) for r in rules
+            ):
+                raise _error(
+                    400, "rules is a list of {property, message, when}", "VALIDATION_ERROR"
+                )
+            portal = int(body.get("portal_id", fake.config.portal_id))
+            object_type = _object_type(str(body.get("object_type", "")))
+            fake.config.validation_rules.setdefault(portal, {})[object_type] = rules
+            return 200, {"portal_id": portal, "object_type": object_type, "rules": rules}
+        if path == "/_admin/service-keys" and method == "POST":
+            return 201, {"key": fake.mint_service_key(int(body.get("portal_id", 0)) or None)}
+        if path == "/_admin/service-keys/revoke" and method == "POST":
+            return 200, {"revoked": fake.revoke_service_key(str(body.get("key", "")))}
+        if path == "/_admin/service-keys/rotate" and method == "POST":
+            portal = fake.config.service_keys.get(str(body.get("key", "")))
+            if portal is None or not fake.revoke_service_key(str(body["key"])):
+                raise _error(404, "no such live service key", "OBJECT_NOT_FOUND")
+            return 201, {"key": fake.mint_service_key(portal)}
         raise _error(404, f"no admin route for {method} {path}", "OBJECT_NOT_FOUND")

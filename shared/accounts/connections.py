@@ -117,9 +117,12 @@ def create_connection(
     provider_account_id: str | None = None,
     watched_fields: Mapping[str, list[str]] | None = None,
     provider_app_id: str | None = None,
+    provider_user_id: str | None = None,
 ) -> str:
     """Insert a connection; its id. With `provider_app_id` and `provider_account_id` (the
-    provider's app id and account id) it also receives the events its app's one URL routes to it."""
+    provider's app id and account id) it also receives the events its app's one URL routes to it.
+    `provider_user_id`: the provider user its writes act as (migration 0410; echo
+    suppression tells its own writes' events by it, shared/ingest/echo.py)."""
     return str(
         tx.scalar(
             INSERT,
@@ -132,6 +135,7 @@ def create_connection(
             provider_account_id=provider_account_id,
             watched_fields=json.dumps(dict(watched_fields or {})),
             provider_app_id=provider_app_id,
+            provider_user_id=provider_user_id,
         )
     )
 
@@ -152,6 +156,16 @@ def watched_fields(tx: Tx, connection: Connection) -> WatchedFields:
     union: dict[str, set[str]] = {k: set(v) for k, v in connection.watched_fields.items()}
     rows = tx.all(ACTIVE_LISTENERS, tenant_id=connection.tenant_id)
     listening.watched_by_object(
-        connection.provider, ({"trigger": r["trigger"], "steps": r["waits"]} for r in rows), union
+        connection.provider,
+        (
+            {
+                "trigger": r["trigger"],
+                "steps": r["waits"],
+                "cancel_on": r["cancel_on"],
+                "goal": r["goal"],
+            }
+            for r in rows
+        ),
+        union,
     )
     return WatchedFields({k: frozenset(v) for k, v in union.items()})

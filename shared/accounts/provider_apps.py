@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 from shared.core import queries
@@ -38,6 +39,7 @@ LIVE_CONNECTIONS = SQL["provider_app_live_connections"]
 RECORD_UNROUTED = SQL["provider_app_record_unrouted"]
 UNROUTED_SUMMARY = SQL["provider_app_unrouted_summary"]
 REROUTE_CLAIM = SQL["provider_app_reroute_claim"]
+PROJECT_DECLARED = SQL["provider_app_project_declared"]
 
 # How long before a portal's connection was created an unrouted event of that portal may have
 # arrived and still be routed to it by the sweep (shared/ingest/inbox.py reroute_unrouted): HubSpot
@@ -49,6 +51,12 @@ REROUTE_CLAIM = SQL["provider_app_reroute_claim"]
 REROUTE_LOOKBACK_SECONDS = 3600
 
 AppKind = Literal["public", "private"]
+# Where the app's webhook subscriptions are declared (migrations/0390_provider_apps_platform.sql):
+# `legacy`, HubSpot's legacy apps — a public app's through the subscriptions API, a private
+# app's in the provider's UI; `project`, a project-based app (developer platform 2026.03) —
+# in its project files, deployed with the vendor's CLI, which onceflow writes and compares.
+AppPlatform = Literal["legacy", "project"]
+APP_PLATFORMS: tuple[AppPlatform, ...] = ("legacy", "project")
 UnroutedReason = Literal["no_live_connection", "other_app", "no_account"]
 UNROUTED_REASONS: dict[UnroutedReason, str] = {
     "no_live_connection": "the portal has no live connection for this app",
@@ -64,7 +72,10 @@ AppSecretName = Literal["client_secret", "client_id", "developer_key"]
 # refresh (the CRM token users), with the client id; the
 # developer key is what the subscriptions API takes (reconciled hourly by sweep and on
 # activation by ops). A private app has one portal, a static token and no subscriptions API:
-# only its signatures need a secret. infra/secrets.tf mirrors this table.
+# only its signatures need a secret. An app that reads a webhooks journal authenticates as
+# itself with the same client id and secret (client-credentials grant): its reader runs in
+# sweep and its journal subscriptions are reconciled by sweep and ops, all among
+# OAUTH_CLIENT_USERS (shared/ingest/journal.py). infra/secrets.tf mirrors this table.
 APP_SECRET_READERS: dict[AppKind, dict[AppSecretName, tuple[str, ...]]] = {
     "public": {
         "client_secret": OAUTH_CLIENT_USERS,  # webhook: signatures and install callbacks
@@ -92,6 +103,11 @@ class ProviderApp:
     oauth_client_id_env: str | None = None
     oauth_scopes: tuple[str, ...] = ()
     oauth_authorize_url: str | None = None
+    platform: AppPlatform = "legacy"
+    # What its project files declare, as last written (`project_declared` of the row: the
+    # `{"subscriptions": [...]}` document, or None when never written).
+    project_declared: dict[str, Any] | None = None
+    project_declared_at: datetime | None = None
 
     def client_secret(self) -> str:
         """The webhook signing secret, read from the environment now (never stored)."""
@@ -134,6 +150,9 @@ def get_app(tx: Tx, provider: str, app_id: str) -> ProviderApp | None:
         oauth_client_id_env=row["oauth_client_id_env"],
         oauth_scopes=tuple(row["oauth_scopes"] or ()),
         oauth_authorize_url=row["oauth_authorize_url"],
+        platform=row["platform"],
+        project_declared=row["project_declared"],
+        project_declared_at=row["project_declared_at"],
     )
 
 
@@ -150,6 +169,7 @@ def register_app(
     oauth_client_id_env: str | None = None,
     oauth_scopes: tuple[str, ...] = (),
     oauth_authorize_url: str | None = None,
+    platform: AppPlatform = "legacy",
 ) -> None:
     tx.execute(
         UPSERT,
@@ -163,6 +183,16 @@ def register_app(
         oauth_client_id_env=oauth_client_id_env,
         oauth_scopes="{" + ",".join(oauth_scopes) + "}",
         oauth_authorize_url=oauth_authorize_url,
+        platform=platform,
+    )
+
+
+def record_project_declared(tx: Tx, provider: str, app_id: str, declared: dict[str, Any]) -> bool:
+    """Keep what a project app's files declare (`{"subscriptions": [...]}`); False when the app
+    is not a registered project app (nothing kept)."""
+    return (
+        tx.one(PROJECT_DECLARED, provider=provider, app_id=app_id, declared=json.dumps(declared))
+        is not None
     )
 
 

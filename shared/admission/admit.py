@@ -86,12 +86,20 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from shared.admission import stops
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.core.pubsub import decode_push_message, publish_step_ready
-from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
+from shared.ingest.echo import (
+    ECHO_CLOCK_SKEW_SECONDS,
+    authored_elsewhere,
+    is_echo,
+    markers_from_json,
+)
+from shared.providers import registry
+from shared.steps import awaits
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
 from shared.workflows.definition import WorkflowDefinition
 from shared.workflows.expressions import (
@@ -313,6 +321,9 @@ class EventFacts:
     excluded_authors: tuple[str, ...]
     connection_status: str | None
     echo_markers: tuple[tuple[str, bytes], ...] = field(default_factory=tuple)
+    author_source: str | None = None
+    connection_provider: str | None = None
+    connection_user_id: str | None = None  # the provider user the connection's writes act as
 
     @cached_property
     def occurrence(self) -> Occurrence:
@@ -337,15 +348,26 @@ class EventFacts:
     def scope(self) -> PreparedScope:
         return PreparedScope(rule_scope(self.occurrence, self.occurrence.record()))
 
+    def object_kind(self, name: str) -> str | None:
+        """The neutral kind a record expression's `object_type` means on the event's
+        connection (Pipedrive's `person` is a `contact`): shared/providers/registry.py."""
+        return registry.object_kind(name, self.connection_provider)
+
     @cached_property
     def refusal(self) -> tuple[Reason, str] | None:
         return event_refusal(self)
 
     @cached_property
     def echo(self) -> bool:
-        """Every changed field is explained by a write of onceflow's own
-        (shared/ingest/echo.py)."""
-        return is_echo(self.changed_fields, self.echo_markers)
+        """Every changed field is explained by a write of onceflow's own, and the event's
+        author doesn't rule that out (shared/ingest/echo.py)."""
+        elsewhere = authored_elsewhere(
+            self.connection_provider,
+            author_source=self.author_source,
+            author_id=self.author_id,
+            connection_user_id=self.connection_user_id,
+        )
+        return is_echo(self.changed_fields, self.echo_markers, elsewhere=elsewhere)
 
 
 def provider_suppression(event: EventFacts) -> str | None:
@@ -385,7 +407,9 @@ def resolve_record(
     if trigger.record_expression is None:
         key, _, missing = trigger_record(event.occurrence, None)
         return key, event.scope.values["record"], missing
-    return record_from_expression(trigger.record_expression, event.scope, event.occurrence)
+    return record_from_expression(
+        trigger.record_expression, event.scope, event.occurrence, event.object_kind
+    )
 
 
 def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
@@ -470,6 +494,9 @@ def _facts(row: Mapping[str, Any]) -> EventFacts:
         excluded_authors=tuple(row["excluded_authors"] or ()),
         connection_status=row["connection_status"],
         echo_markers=markers_from_json(row["echo_markers"]),
+        author_source=row["author_source"],
+        connection_provider=row["connection_provider"],
+        connection_user_id=row["connection_user_id"],
     )
 
 
@@ -628,9 +655,12 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         # Claimed by an earlier delivery (claims are final): their pending steps go out again.
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
     open_waits = row["open_waits"]
+    await_keys, awaiting = _open_awaits(tx, event, row)
     # The decision is the transaction's last statement, and commits in its own round trip,
     # unless open waits are offered the event after it (or a test seam runs before commit).
-    last = tx.commit_with if not open_waits and seams.before_commit is None else tx.all
+    stoppable = row.get("stoppable_runs") or []
+    offers = open_waits or awaiting or stoppable
+    last = tx.commit_with if not offers and seams.before_commit is None else tx.all
     late_resume: list[str] = []
     if plans:
         rows = last(
@@ -665,13 +695,56 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     elif row["decided_at"] is None:
         # Nothing bound to decide (or only pairings decided before decided_at existed).
         last(MARK_DECIDED, event_id=event_id)
+    dispatch += _after_the_decision(
+        tx,
+        event,
+        stoppable=stoppable,
+        open_waits=open_waits,
+        await_keys=await_keys,
+        awaiting=awaiting,
+    )
+    return _Attempt(outcomes, refusals, dispatch, event.tenant_id, late_resume)
+
+
+def _open_awaits(
+    tx: Tx, event: EventFacts, row: Mapping[str, Any]
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The waits of several events, or correlated beyond their record, that this event may
+    answer (shared/steps/awaits.py): only on its first decision, only when its type is awaited
+    so in its tenant (`wait_correlations` of statement 1: then one more statement, by index),
+    and never for onceflow's own echo, which is no answer to a wait."""
+    expressions = row.get("wait_correlations") or []
+    if not expressions or event.echo:
+        return {}, []
+    return awaits.open_awaits(tx, event.occurrence, expressions)
+
+
+def _after_the_decision(
+    tx: Tx,
+    event: EventFacts,
+    *,
+    stoppable: Sequence[Mapping[str, Any]],
+    open_waits: Sequence[Mapping[str, Any]],
+    await_keys: Mapping[str, str],
+    awaiting: Sequence[Mapping[str, Any]],
+) -> list[str]:
+    """What the event's first decision also does to runs already running, in its transaction:
+    stop those it cancels or whose goal it meets, then offer it to the open waits; the ids of
+    the steps it resumed."""
+    dispatch: list[str] = []
+    if stoppable:
+        # Runs about this record whose workflow stops on this event (`cancel_on`) or whose
+        # goal it meets, before any of their waits is offered it (shared/admission/stops.py).
+        stops.stop_runs(tx, event.occurrence, event.scope, stoppable, echo=event.echo)
     if open_waits and not event.echo:
         # The first decision of an event also offers it to the open waits it can match
         # (wait_for; statement 1 read them by index), in this transaction; each resume is
         # guarded, so a concurrent or redelivered admission resumes a wait at most once.
         # onceflow's own echo is no answer to a wait, as it is no trigger.
         dispatch += offer_event(tx, event.occurrence, open_waits)
-    return _Attempt(outcomes, refusals, dispatch, event.tenant_id, late_resume)
+    if awaiting:
+        dispatch += awaits.offer_event(tx, event.occurrence, await_keys, awaiting)
+    return dispatch
 
 
 def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:

@@ -132,6 +132,21 @@ class FanOut:
 
 
 @dataclass(frozen=True)
+class AwaitedEvent:
+    """One event a wait of several (`events`, or a `correlate`d wait) waits for: its name in
+    the step's output, its type, its condition, and what correlates it with the run — the
+    expression over the incoming event (`on`; "" means the event's own record key) and the
+    value it must equal, computed on the run's side when the wait parked (`value`, as text:
+    shared/blocks/waits.py correlation_text)."""
+
+    name: str
+    event_type: str
+    condition: str
+    on: str
+    value: str
+
+
+@dataclass(frozen=True)
 class ParkRequest:
     """What a block asks to wait for. The engine writes it as a park row and commits it before
     the step parks; whoever resumes the step writes what resumed it into the step's output,
@@ -149,6 +164,11 @@ class ParkRequest:
     condition: str | None = None
     scope: Mapping[str, Any] | None = None
     lookback_seconds: float = 0.0
+    # A wait of the new form (several events and/or a correlation, shared/steps/awaits.py):
+    # `any` resumes on the first awaited event, `all` once each has matched; the single-event
+    # fields above are then unused.
+    mode: Literal["any", "all"] | None = None
+    awaits: tuple[AwaitedEvent, ...] = ()
     # An approval: who may decide and what they are shown.
     approver_role: str | None = None
     approver_users: tuple[str, ...] = ()

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.blocks.base import (
     PROVIDER_GATES,
@@ -56,7 +56,7 @@ from shared.port.interface import (
     plural_object_type,
     singular_object_type,
 )
-from shared.providers import connect
+from shared.providers import connect, kinds, registry
 
 Scalar = str | int | float | bool | None
 ECHO_TTL_SECONDS = 600
@@ -87,19 +87,43 @@ _PORT_OUTCOMES = {
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    object_type: str = Field(description="contacts, companies, deals or tasks (or singular).")
+    object_type: str = Field(
+        description="contact, company, deal, task or note (or plural), or the connection's "
+        "provider's own name for one (e.g. person, organization, activity)."
+    )
     connection_id: str | None = Field(
         default=None, description="Defaults to the connection the trigger came from."
     )
 
+    @field_validator("object_type")
+    @classmethod
+    def _a_kind(cls, value: str) -> str:
+        return _known_kind(value)
+
+
+def _known_kind(value: str) -> str:
+    """A config's object type names a kind on some CRM (validation, without the connection:
+    the step itself resolves it on its connection's provider, `_object_type`)."""
+    if registry.object_kind(value) is None:
+        raise ValueError(f"{value!r} is no object kind: use {registry.object_kind_names()}")
+    return value
+
 
 class AssociationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    object_type: str = Field(description="The existing record's type (contacts, companies, deals).")
+    object_type: str = Field(
+        description="The existing record's kind (contact, company, deal, …, or the provider's "
+        "own name)."
+    )
     id: str = Field(min_length=1, description="The existing record's id.")
     type_id: int | None = Field(
         default=None, description="Provider association type; default: the provider's for the pair."
     )
+
+    @field_validator("object_type")
+    @classmethod
+    def _a_kind(cls, value: str) -> str:
+        return _known_kind(value)
 
 
 class CreateConfig(_Config):
@@ -167,9 +191,16 @@ def _port(ctx: BlockContext, connection_id: str) -> CrmPort:
         raise failure_from_port(exc, what=f"connection {connection_id}") from exc
 
 
-def _object_type(name: str) -> str:
+def _object_type(ctx: BlockContext, config: _Config, name: str | None = None) -> str:
+    """The neutral kind (plural, as the port takes it) that `name` (default: the config's
+    `object_type`) means on the step's connection: a neutral kind or its provider's own name
+    for one (registry.object_kind); without a connection, any CRM provider's. The port's
+    adapter turns it into its vendor's name."""
+    name = config.object_type if name is None else name
+    provider = kinds.provider_of(ctx.db, config.connection_id or ctx.connection_id)
+    kind = registry.object_kind(name, provider)
     try:
-        return plural_object_type(name)
+        return plural_object_type(kind or name)
     except PortError as exc:
         raise failure_from_port(exc, what="config") from exc
 
@@ -183,7 +214,11 @@ def connection_target(ctx: BlockContext, config: BaseModel) -> Target:
     misconfigured connection is refused before a slot or a credit is taken."""
     assert isinstance(config, _Config)
     connection_id = _connection_id(ctx, config)
-    return Target(connection_id=connection_id, port=_port(ctx, connection_id))
+    port = _port(ctx, connection_id)
+    # Known from here on (read once per process), so that naming the config's kind later —
+    # in the gates' transaction too (`update_echo`) — never opens a transaction of its own.
+    kinds.provider_of(ctx.db, connection_id)
+    return Target(connection_id=connection_id, port=port)
 
 
 def _connect(ctx: BlockContext, config: _Config) -> tuple[str, CrmPort]:
@@ -199,7 +234,7 @@ def _connect(ctx: BlockContext, config: _Config) -> tuple[str, CrmPort]:
 # --- crm.create ---------------------------------------------------------------------------------
 def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, CreateConfig)
-    object_type = _object_type(config.object_type)
+    object_type = _object_type(ctx, config)
     if ctx.dry_run:
         stand_in = Record(object_type, f"dry-run:{ctx.idempotency_key}", config.properties)
         return dry_run_result(
@@ -210,7 +245,10 @@ def execute_create(ctx: BlockContext, config: BaseModel) -> BlockResult:
     key_property = port.idempotency_property if port.capabilities.write_idempotency else None
     if key_property:
         properties[key_property] = ctx.idempotency_key
-    associations = [Association(a.object_type, a.id, a.type_id) for a in config.associations]
+    associations = [
+        Association(_object_type(ctx, config, a.object_type), a.id, a.type_id)
+        for a in config.associations
+    ]
     if not ctx.mark_side_effect_started():
         if key_property is None:
             raise BlockFailure(
@@ -305,7 +343,7 @@ def create_landed_query(ctx: BlockContext, config: BaseModel, target: Target) ->
     if not key_property:
         return None
     return LandedQuery(
-        target.connection_id, _object_type(config.object_type), key_property, ctx.idempotency_key
+        target.connection_id, _object_type(ctx, config), key_property, ctx.idempotency_key
     )
 
 
@@ -435,7 +473,7 @@ def _calling(what: str, call: Callable[[], _T]) -> _T:
 # --- crm.update ---------------------------------------------------------------------------------
 def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, UpdateConfig)
-    object_type = _object_type(config.object_type)
+    object_type = _object_type(ctx, config)
     if ctx.dry_run:
         return dry_run_result(
             "crm.update",
@@ -461,7 +499,7 @@ def update_echo(tx: Tx, ctx: BlockContext, config: BaseModel, target: Target) ->
         tx,
         ctx,
         connection_id=target.connection_id,
-        object_type=_object_type(config.object_type),
+        object_type=_object_type(ctx, config),
         object_id=config.object_id,
         properties=config.properties,
         ttl_seconds=config.echo_ttl_seconds,
@@ -471,7 +509,7 @@ def update_echo(tx: Tx, ctx: BlockContext, config: BaseModel, target: Target) ->
 # --- reads --------------------------------------------------------------------------------------
 def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, GetConfig)
-    object_type = _object_type(config.object_type)
+    object_type = _object_type(ctx, config)
     _, port = _connect(ctx, config)
     record = _calling("crm.get", lambda: port.get(object_type, config.object_id, config.properties))
     return BlockResult(output=_output(record))
@@ -479,7 +517,7 @@ def execute_get(ctx: BlockContext, config: BaseModel) -> BlockResult:
 
 def execute_search(ctx: BlockContext, config: BaseModel) -> BlockResult:
     assert isinstance(config, SearchConfig)
-    object_type = _object_type(config.object_type)
+    object_type = _object_type(ctx, config)
     _, port = _connect(ctx, config)
     filters = [SearchFilter(f.property, f.operator.upper(), f.value) for f in config.filters]
     records = _calling("crm.search", lambda: port.search(object_type, filters, config.limit))

@@ -29,7 +29,10 @@ POLL_CRASH_POINTS = (
 )
 # Between a drain's commit of trigger events and its publish of them (the nudge, the tick).
 DRAIN_CRASH_POINTS = ("drain_after_commit_before_publish",)
-KNOWN_POINTS = CRASH_POINTS + POLL_CRASH_POINTS + DRAIN_CRASH_POINTS
+# A journal reader's entry is in the inbox; the offset after it isn't moved yet (one transaction,
+# not committed: shared/ingest/journal.py).
+JOURNAL_CRASH_POINTS = ("journal_after_store_before_offset",)
+KNOWN_POINTS = CRASH_POINTS + POLL_CRASH_POINTS + DRAIN_CRASH_POINTS + JOURNAL_CRASH_POINTS
 EXIT_CODE = 137
 
 _hits: dict[str, int] = {}

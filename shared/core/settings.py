@@ -458,7 +458,8 @@ class Settings:
         " function plus `/oauth/hubspot/callback` (where that function serves the callback)."
         " Not a secret; `infra/` sets it to `hubspot_oauth_redirect_url`, the local stack to its"
         " webhook process. Unset (or not an absolute URL ending in the callback path): installs"
-        " are refused with `409 not_configured`.",
+        " are refused with `409 not_configured`. An app's own callback, where installs that"
+        " start at HubSpot come back, is this URL plus `/<app id>`.",
     )
     http_allow_loopback: bool = _setting(
         "ONCEFLOW_HTTP_ALLOW_LOOPBACK",

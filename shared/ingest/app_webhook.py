@@ -52,6 +52,11 @@ APP_PATH = re.compile(
 log = get_logger(__name__)
 
 
+def app_path(provider: str, app_id: str) -> str:
+    """The app's one webhook URL on the webhook function, below its public base."""
+    return f"/{provider}/app/{app_id}"
+
+
 def is_app_path(path: str) -> bool:
     return APP_PATH.match(path) is not None
 

@@ -49,6 +49,14 @@ Decisions:
   the README.
 - An event with no changed fields (a creation, a deletion) is never an echo: a marker
   describes field values.
+- The author, first, where the provider says who made each change and which source its API
+  writes carry (`Provider.api_author_source`) and the connection knows the user its writes act
+  as (`connections.provider_user_id`): a change from another source or by another user is not
+  an echo, whatever the markers say (`authored_elsewhere`). That keeps a person's edit in the
+  provider's UI that sets the value onceflow just wrote, which the markers alone would take
+  for an echo. The author can only rule an echo out: the same user's other API integrations
+  write with the same author (Pipedrive: `change_source: api` and the token's user), so an
+  event by onceflow's own author still needs its markers (the rule above) to be refused.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ from typing import Any
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
+from shared.providers import registry
 from shared.providers.registry import REDELIVERY_HORIZON_SECONDS
 
 SQL = queries.load("echo")
@@ -152,12 +161,36 @@ def record_echo_marker(
     return tx.execute(INSERT, **params)
 
 
-def is_echo(changed_fields: Mapping[str, Any], markers: Iterable[tuple[str, bytes]]) -> bool:
-    """True when every changed field has a live marker with the same value hash.
+def authored_elsewhere(
+    provider: str | None,
+    *,
+    author_source: str | None,
+    author_id: str | None,
+    connection_user_id: str | None,
+) -> bool:
+    """True when the event's author proves the change is not onceflow's write: its provider
+    declares the source API writes carry, the connection knows its user, and the event names
+    another source or another user (module docstring). False when any of that is unknown."""
+    found = registry.get(provider) if provider else None
+    if found is None or found.api_author_source is None or connection_user_id is None:
+        return False
+    if author_source is None or author_id is None:
+        return False
+    return author_source != found.api_author_source or author_id != connection_user_id
+
+
+def is_echo(
+    changed_fields: Mapping[str, Any],
+    markers: Iterable[tuple[str, bytes]],
+    *,
+    elsewhere: bool = False,
+) -> bool:
+    """True when every changed field has a live marker with the same value hash, unless the
+    author already proved the change someone else's (`elsewhere`: `authored_elsewhere`).
 
     `markers` are (field, value_hash) pairs alive at the change's time for the same record.
     Pure: admission fetches the markers in its context query and decides here."""
-    if not changed_fields:
+    if elsewhere or not changed_fields:
         return False
     live: dict[str, set[bytes]] = {}
     for name, digest in markers:

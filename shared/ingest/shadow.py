@@ -134,7 +134,11 @@ def observe_changes(
     """Observe every watched field of one property-change event.
 
     Returns (emit, drop_reason): emit when at least one watched field really changed;
-    otherwise the reason — `not_watched` when no changed field is watched."""
+    otherwise the reason — `not_watched` when no changed field is watched, `unchanged` when
+    the provider announced a change of no field at all (Pipedrive does, when only its own
+    `update_time` moved: shared/providers/pipedrive/normalize.py)."""
+    if not changes:
+        return False, "unchanged"
     verdicts: list[Verdict] = []
     for field, value in changes.items():
         if not is_watched(object_type, field):

@@ -3,7 +3,10 @@
 Naming scheme of event types: `<provider>.<object>.<action>`, all lower snake case.
 `<object>` is the SINGULAR record type onceflow uses everywhere (`contact`, `company`,
 `deal`, `ticket`, …) whatever the provider calls it (Pipedrive's `person` is a `contact`,
-its `organization` a `company`). `<action>` is one of `created`, `property_changed`,
+its `organization` a `company`, its `activity` a `task`: each provider declares its names,
+`Provider.object_kinds`, and the registry renames its normalizer's events with them). A
+trigger may write `crm.<object>.<action>` for that event of whichever CRM sends it
+(shared/triggers/events.py). `<action>` is one of `created`, `property_changed`,
 `deleted`, `merged`, `restored`, `association_changed`, or the provider's own verb in snake
 case for anything else. Examples: `hubspot.contact.created`,
 `hubspot.contact.property_changed`, `hubspot.deal.property_changed`,

@@ -29,13 +29,14 @@ import json
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from shared.ops import terminal
 from shared.ops.client import ApiError, Credentials, OpsClient
 from shared.providers import registry
+from shared.providers.descriptor import ProjectSpec, SubscriptionKey
 from shared.publishing.schema import render_schema
 from shared.publishing.validate import validate_file
 from shared.steps.states import RunStatus
@@ -309,6 +310,8 @@ def _activate(s: Session, args: argparse.Namespace) -> int:
         "POST", f"/v1/workflows/{args.workflow}/activate", body={"version_id": version}
     )
     s.say(result, lambda: f"workflow {args.workflow}: version {version} is active")
+    for warning in result.get("warnings") or []:
+        print(f"warning: {warning}", file=s.err)
     return EXIT_OK
 
 
@@ -335,6 +338,87 @@ def _confirm_install(s: Session, args: argparse.Namespace) -> int:
         f"/v1/apps/{args.provider}/{args.app}/installs/confirm",
         body={"confirm_code": args.code},
     )
+    s.say(
+        result,
+        lambda: (
+            f"portal {result['portal_id']}: {result['outcome']} for tenant "
+            f"{result['tenant_id']} (connection {result['connection_id']})"
+        ),
+    )
+    return EXIT_OK
+
+
+def _keys(items: Sequence[Mapping[str, Any]]) -> frozenset[SubscriptionKey]:
+    return frozenset((i["object_type"], i["event_kind"], i.get("property_name")) for i in items)
+
+
+def _project(s: Session, args: argparse.Namespace) -> int:
+    """`onceflow <provider> project DIR --app APP_ID`: write or update a project-based app's
+    files (the provider's `AppProject`) with what ops says it needs, then record what the files
+    declare afterwards, read back from them (drift is measured against that record: the
+    deployment never sees the directory)."""
+    provider = args.command
+    found = registry.get(provider)
+    project = found.project if found is not None else None
+    if project is None:  # the parser offers only providers with projects
+        raise ApiError(404, "not_found", f"provider {provider!r} has no project-based apps")
+    path = f"/v1/apps/{provider}/{args.app}/project"
+    report = s.client.call("GET", path)
+    if report["platform"] != "project":
+        raise ApiError(
+            409,
+            "not_a_project_app",
+            f"app {args.app} is registered as a legacy app (provider_apps.platform);"
+            " its subscriptions are kept through the provider's API or UI",
+        )
+    spec = ProjectSpec(
+        app_id=args.app,
+        name=args.name or f"onceflow-{args.app}",
+        scopes=tuple(report["scopes"]),
+        redirect_urls=tuple(args.redirect_url or report["redirect_urls"]),
+        target_url=args.target_url or report["target_url"],
+        subscriptions=_keys(report["needed"]),
+    )
+    try:
+        declared = project.write(Path(args.dir), spec)
+    except ValueError as exc:  # a file there that is not the JSON the vendor's CLI reads
+        print(f"onceflow {provider} project: {exc}", file=s.err)
+        return EXIT_USAGE
+    recorded = s.client.call(
+        "POST",
+        path,
+        body={
+            "subscriptions": [
+                {"object_type": o, "event_kind": k, "property_name": p}
+                for o, k, p in sorted(declared, key=lambda k: (k[0], k[1], k[2] or ""))
+            ]
+        },
+    )
+    for problem in report["unsupported"]:
+        print(f"warning: not expressible as a subscription: {problem}", file=s.err)
+    if spec.target_url is None:
+        print(
+            "warning: no webhook URL known (ONCEFLOW_PUBLIC_URL on ops, or --target-url);"
+            " the files keep the one they had",
+            file=s.err,
+        )
+    s.say(
+        recorded,
+        lambda: (
+            f"{args.dir}: app {args.app} declares {len(declared)} subscriptions"
+            f" ({len(recorded['missing'])} still missing); deploy it with `{project.deploy_hint}`"
+        ),
+    )
+    return EXIT_OK
+
+
+def _claim_install(s: Session, args: argparse.Namespace) -> int:
+    """Claim an install that started at the provider, with the portal and code the app's own
+    callback page showed (shared/providers/install.py `finish_unclaimed` says why)."""
+    body = {"portal_id": args.portal, "claim_code": args.code}
+    if args.tenant:
+        body["tenant_id"] = args.tenant
+    result = s.client.call("POST", f"/v1/apps/{args.provider}/{args.app}/installs/claim", body=body)
     s.say(
         result,
         lambda: (
@@ -754,6 +838,62 @@ def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     csub.add_parser("list", parents=[remote], help="connections you can see")
 
 
+def _install_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`confirm-install` (an install started in ops) and `claim-install` (one that started at
+    the provider)."""
+    p = sub.add_parser(
+        "confirm-install",
+        parents=[remote],
+        help="confirm a HubSpot app install with the code its callback page showed",
+    )
+    p.add_argument("app", metavar="APP_ID")
+    p.add_argument("code", metavar="CODE")
+    oauth_providers = registry.oauth_providers()
+    p.add_argument(
+        "--provider",
+        choices=oauth_providers,
+        default=oauth_providers[0],
+        help=f"whose app (default: {oauth_providers[0]})",
+    )
+    p = sub.add_parser(
+        "claim-install",
+        parents=[remote],
+        help="claim an app install that started at the provider, with its page's code",
+    )
+    p.add_argument("app", metavar="APP_ID")
+    p.add_argument("portal", metavar="PORTAL_ID", help="the portal the page named")
+    p.add_argument("code", metavar="CODE")
+    p.add_argument("--tenant", help="required with an admin token")
+    p.add_argument(
+        "--provider",
+        choices=oauth_providers,
+        default=oauth_providers[0],
+        help=f"whose app (default: {oauth_providers[0]})",
+    )
+
+
+def _project_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`onceflow <provider> project DIR`, for each provider whose apps can be projects."""
+    for provider in registry.project_providers():
+        found = registry.get(provider)
+        title = found.title if found is not None else provider
+        vendor = sub.add_parser(provider, help=f"{title} project-based apps")
+        vsub = vendor.add_subparsers(dest="action", required=True)
+        p = vsub.add_parser(
+            "project",
+            parents=[remote],
+            help=f"write or update a {title} app's project files (webhooks, scopes, redirect"
+            " URLs) for the active workflows, keeping what a person added",
+        )
+        p.add_argument("dir", metavar="DIR", help="the project's root (made when missing)")
+        p.add_argument("--app", required=True, metavar="APP_ID", help="the registered app")
+        p.add_argument("--name", help="the app's name in a new project")
+        p.add_argument("--target-url", metavar="URL", help="the app's webhook URL (default: ops')")
+        p.add_argument(
+            "--redirect-url", action="append", metavar="URL", help="repeatable (default: ops')"
+        )
+
+
 def _token_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     """`tokens` and `bootstrap`, the deployment's first admin token."""
     tokens = sub.add_parser("tokens", help="ops tokens: create (admin token), list, revoke")
@@ -815,20 +955,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
-    p = sub.add_parser(
-        "confirm-install",
-        parents=[remote],
-        help="confirm a HubSpot app install with the code its callback page showed",
-    )
-    p.add_argument("app", metavar="APP_ID")
-    p.add_argument("code", metavar="CODE")
-    oauth_providers = registry.oauth_providers()
-    p.add_argument(
-        "--provider",
-        choices=oauth_providers,
-        default=oauth_providers[0],
-        help=f"whose app (default: {oauth_providers[0]})",
-    )
+    _install_parsers(sub, remote)
+    _project_parsers(sub, remote)
     sub.add_parser("approvals", parents=[remote], help="approvals you may decide")
     for decision in ("approve", "reject"):
         p = sub.add_parser(decision, parents=[remote], help=f"{decision} a waiting approval")
@@ -869,7 +997,9 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "explain": _explain,
     "cancel": _cancel,
     "confirm-install": _confirm_install,
+    "claim-install": _claim_install,
     "approvals": _approvals,
+    **{f"{p} project": _project for p in registry.project_providers()},
     "approve": lambda s, a: _decide(s, a, "approve"),
     "reject": lambda s, a: _decide(s, a, "reject"),
     "replay": lambda s, a: _bulk(s, a, "replay"),

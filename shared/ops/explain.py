@@ -173,6 +173,8 @@ def explain_run(status: str, error: str | None) -> str:
         return "It is running now."
     if status == "failed":
         return f"It ran and failed: {error}" if error else "It ran and failed."
+    if status == "goal_met":
+        return "It ran until an event about its record met the workflow's goal."
     return "It ran and was cancelled."
 
 

@@ -22,6 +22,7 @@ from shared.core.db import Database
 from shared.core.deployables import DEPLOYABLES
 from shared.core.logs import get_logger
 from shared.core.settings import named_secret, settings_from
+from shared.ingest import journal
 from shared.ops.auth import Principal
 from shared.ops.models import (
     BacklogHealth,
@@ -32,8 +33,11 @@ from shared.ops.models import (
     ScheduledJobHealth,
     SchedulerHealth,
     SweepDutyHealth,
+    WaitingClaim,
 )
 from shared.ops.statements import CONNECTION_HEALTH, SWEEP_DUTIES
+from shared.providers.install import waiting_claims
+from shared.publishing.subscriptions import project_drift
 from shared.sweep.backlog import read_backlog, read_dead_letters
 
 if TYPE_CHECKING:
@@ -205,12 +209,15 @@ def health_report(
     scheduler: SchedulerRead = read_scheduler,
 ) -> HealthReport:
     machinery: MachineryHealth | None = None
+    gaps: list[dict[str, Any]] = []
     with db.transaction() as tx:
         rows = tx.all(CONNECTION_HEALTH, tenant_id=principal.tenant_id)
         if principal.is_admin:
             backlog = read_backlog(tx)
             dead = read_dead_letters(tx)
             duties = tx.all(SWEEP_DUTIES)
+            gaps = journal.recent_gaps(tx)
+            waiting = waiting_claims(tx)
     connections = [_connection(r) for r in rows]
     if principal.is_admin:
         machinery = MachineryHealth(
@@ -219,9 +226,26 @@ def health_report(
             dead_letters=DeadLetterHealth.model_validate(dead, from_attributes=True),
             sweep_duties=[SweepDutyHealth.model_validate(d) for d in duties],
         )
+    problems = _problems(machinery, connections)
+    if principal.is_admin:
+        # A provider journal the reader was away from longer than it keeps entries
+        # (shared/ingest/journal.py): events may be lost there; support looks at the gap rows.
+        problems.extend(
+            f"{g['provider']} app {g['app_id']} journal {g['journal']}: gap detected at"
+            f" {g['detected_at']:%Y-%m-%d %H:%M} UTC — {g['detail']}"
+            for g in gaps
+        )
     return HealthReport(
         checked_at=datetime.now(UTC),
-        problems=_problems(machinery, connections),
+        problems=[
+            *problems,
+            # Drift is a person's to fix (write the project files, upload them): a problem
+            # to show, where the hourly reconcile of a legacy app would have repaired it.
+            *(d.message() for d in project_drift(db, principal.tenant_id)),
+        ],
         machinery=machinery,
         connections=connections,
+        waiting_claims=(
+            [WaitingClaim.model_validate(w) for w in waiting] if principal.is_admin else []
+        ),
     )

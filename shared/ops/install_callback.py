@@ -1,5 +1,7 @@
 """A vendor's browser redirect back from an app install: `GET /oauth/<provider>/callback`
-(`CALLBACK_PATHS`, one per provider with OAuth installs), served by the public `webhook`
+(`CALLBACK_PATHS`, one per provider with OAuth installs) and an app's own
+`GET /oauth/<provider>/callback/<app id>` (where an install that started at the provider comes
+back, without our state: kept pending for a tenant's claim), served by the public `webhook`
 function (functions/webhook.py).
 
 Public on purpose: the redirect is a person's browser, carrying no ops login and no Google
@@ -26,7 +28,7 @@ from shared.core.logs import get_logger
 from shared.ops.statements import AUDIT_INSERT
 from shared.providers import install as oauth_install
 from shared.providers import registry
-from shared.providers.install import InstallRefused, callback_path
+from shared.providers.install import InstallRefused, app_callback_of, callback_path
 
 
 def callback_action(provider: str) -> str:
@@ -36,10 +38,19 @@ def callback_action(provider: str) -> str:
 
 def _provider_of(path: str) -> str:
     """The provider whose callback `path` is (functions/webhook.py only routes those here)."""
+    own = app_callback_of(path)
+    if own is not None:
+        return own[0]
     return next(
         (p for p in registry.oauth_providers() if callback_path(p) == path),
         registry.oauth_providers()[0],
     )
+
+
+def is_callback(path: str) -> bool:
+    """Whether the webhook function should answer `path` here: a provider's callback, or an
+    app's own (shared/providers/install.py app_callback_path)."""
+    return path in oauth_install.CALLBACK_PATHS or app_callback_of(path) is not None
 
 
 log = get_logger(__name__)
@@ -75,6 +86,9 @@ def callback(db: Database, request: Request) -> Response:
         return render("error.html", "Install", message="use GET", status=405)
     args = request.args
     provider = _provider_of(request.path)
+    own = app_callback_of(request.path)
+    if own is not None and not args.get("state"):
+        return _unclaimed(db, own[0], own[1], request)
     try:
         done = oauth_install.finish(
             db, state=args.get("state"), code=args.get("code"), error=args.get("error")
@@ -145,3 +159,74 @@ def callback(db: Database, request: Request) -> Response:
 def _title(provider: str) -> str:
     found = registry.get(provider)
     return found.title if found is not None else provider
+
+
+def _unclaimed(db: Database, provider: str, app_id: str, request: Request) -> Response:
+    """An install that started at the provider (no state of ours): kept pending, bound to no
+    tenant, with a claim code for the page (shared/providers/install.py finish_unclaimed)."""
+    from shared.ops.html import render
+
+    args = request.args
+    try:
+        done = oauth_install.finish_unclaimed(
+            db, provider=provider, app_id=app_id, code=args.get("code"), error=args.get("error")
+        )
+    except InstallRefused as refused:
+        try:
+            _audit(
+                db,
+                provider,
+                None,
+                None,
+                {
+                    "outcome": "refused",
+                    "code": refused.code,
+                    "status": refused.status,
+                    "app_id": app_id,
+                },
+            )
+        except TransientError:
+            log.warning(
+                "unclaimed install refused (%s); its audit row was not written", refused.code
+            )
+        return render(
+            "install.html",
+            "Install refused",
+            message=refused.message,
+            error=True,
+            status=refused.status,
+        )
+    except TransientError:
+        return render(
+            "install.html",
+            "Busy",
+            error=True,
+            status=503,
+            message="the database is busy; install the app again",
+        )
+    try:
+        _audit(
+            db,
+            done.provider,
+            None,
+            None,
+            {"outcome": "pending_claim", "app_id": done.app_id, "portal_id": done.portal_id},
+        )
+    except TransientError:  # the pending install is committed; say so rather than answer 503
+        log.warning("install of portal %s pending a claim; no audit row", done.portal_id)
+    page = render(
+        "install.html",
+        "Claim the install",
+        message=f"{_title(done.provider)} portal {done.portal_id} installed the app. Nothing is"
+        " connected yet: an operator of your onceflow tenant claims it with the code below.",
+        claim_code=done.claim_code,
+        claim_path=f"/v1/apps/{done.provider}/{done.app_id}/installs/claim",
+        claim_by=done.claim_by,
+        portal_id=done.portal_id,
+        app_id=done.app_id,
+        provider=done.provider,
+        error=False,
+        status=200,
+    )
+    page.headers["Cache-Control"] = "no-store"  # the code is for this browser, this once
+    return page

@@ -25,7 +25,7 @@ def _no_nul(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
-RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+RunStatus = Literal["running", "succeeded", "failed", "cancelled", "goal_met"]
 StepStatus = Literal[
     "pending",
     "running",
@@ -248,6 +248,16 @@ class LeaseView(_Response):
     ended_at: datetime | None
 
 
+class AwaitedView(_Response):
+    """One event a wait of several (or a correlated wait) waits for."""
+
+    name: str = Field(description="Its name in the step's output.")
+    event_type: str
+    condition: str
+    on: str = Field(description="The correlation over the incoming event ('' = its record).")
+    value: str = Field(description="What `on` must equal, computed when the wait parked.")
+
+
 class WaitView(_Response):
     """What a parked step waits (or waited) for: its park row (shared/steps/parks.py)."""
 
@@ -263,8 +273,17 @@ class WaitView(_Response):
     approver_role: str | None
     approver_users: list[str]
     resumed_at: datetime | None
-    resumed_by: Literal["event", "decision", "deadline", "cancel"] | None
+    resumed_by: Literal["event", "decision", "deadline", "cancel", "goal"] | None
     resumed_event_id: int | None
+    mode: Literal["any", "all"] | None = Field(
+        default=None, description="A wait of several events: `any` or `all` of `awaits`."
+    )
+    awaits: list[AwaitedView] | None = Field(
+        default=None, description="What a wait of several events, or a correlated one, awaits."
+    )
+    matched: list[str] = Field(
+        default_factory=list, description="The names of the awaited events matched so far."
+    )
     decision: Literal["approved", "rejected"] | None
     decided_by: str | None
     decision_comment: str | None
@@ -433,16 +452,91 @@ class UnroutedPortal(_Response):
     last_seen_at: datetime
 
 
+class JournalGap(_Response):
+    """The reader found its offset gone (away longer than the journal keeps entries): entries
+    between `lost_after` and `resumed_at` may never have been read."""
+
+    id: int
+    lost_after: str
+    resumed_at: str | None = Field(description="The earliest offset read instead; null: none.")
+    last_entry_at: datetime | None = Field(
+        description="When the entry at `lost_after` was stored: the gap starts after it."
+    )
+    detected_at: datetime
+    detail: str
+
+
+class JournalState(_Response):
+    """A provider journal the app's events are read from (shared/ingest/journal.py)."""
+
+    journal: str = Field(description='"global" (every install) or the account of a local one.')
+    last_offset: str | None = Field(description="The last entry stored; null: none yet.")
+    entries_read: int
+    last_entry_at: datetime | None
+    last_pass_at: datetime | None
+    last_error: str | None = Field(description="The last pass's error; null when it ended well.")
+    gaps: list[JournalGap] = Field(description="Gaps detected in the last 7 days, newest first.")
+
+
+class ProjectSubscription(BaseModel):
+    """One webhook subscription: (object type, the provider's event kind, property)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    object_type: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
+    event_kind: str = Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_]+$")
+    property_name: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class ProjectDeclaration(_Request):
+    subscriptions: list[ProjectSubscription] = Field(
+        max_length=5000,
+        description="What the app's project files declare, read back from them after writing.",
+    )
+
+
+class AppProjectReport(_Response):
+    """What a project-based app's files should say, what they last said, and the drift."""
+
+    provider: str
+    app_id: str
+    platform: Literal["legacy", "project"]
+    scopes: list[str]
+    redirect_urls: list[str] = Field(
+        description="The install's redirect URLs: ONCEFLOW_OAUTH_REDIRECT_URL (installs started"
+        " in ops) and the app's own callback (installs that start at the provider)."
+    )
+    target_url: str | None = Field(
+        description="The app's webhook URL (ONCEFLOW_PUBLIC_URL + /<provider>/app/<app id>);"
+        " null when ONCEFLOW_PUBLIC_URL is not set."
+    )
+    needed: list[ProjectSubscription] = Field(
+        description="The union of what the active workflows of the app's tenants listen to."
+    )
+    unsupported: list[str]
+    declared: list[ProjectSubscription] | None = Field(
+        description="What the project files declared when last written; null: never written."
+    )
+    declared_at: datetime | None
+    missing: list[ProjectSubscription] = Field(description="Needed and not declared: the drift.")
+
+
 class ProviderAppReport(_Response):
     """A provider app (one webhook URL for every portal that installed it), for the operator."""
 
     provider: str
     app_id: str
     kind: Literal["public", "private"]
+    platform: Literal["legacy", "project"] = Field(
+        description="Where its subscriptions are kept: legacy (the provider's API, or its UI for"
+        " a private app) or project (its project files: `GET .../project` shows the drift)."
+    )
     unrouted: list[UnroutedPortal]
     subscriptions: dict[str, Any] | None = Field(
         description="The last subscription reconcile: `desired` (for a private app, what the "
         "operator must create in HubSpot's UI), `result`, `ok`, `reconciled_at`."
+    )
+    journals: list[JournalState] = Field(
+        default_factory=list, description="The journals its events are read from, if any."
     )
 
 
@@ -714,6 +808,11 @@ class BudgetStatus(_Response):
 class ActivationResult(_Response):
     workflow_id: UUID
     active_version_id: UUID | None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="What stands but needs a person: e.g. a subscription the workflows need"
+        " that a project app's deployed files don't declare.",
+    )
 
 
 class RehearsalStep(_Response):
@@ -819,6 +918,16 @@ class ConnectionHealth(_Response):
     last_reconcile_errors: list[str]
 
 
+class WaitingClaim(_Response):
+    """An install that started at the provider, waiting for a tenant's operator to claim it."""
+
+    provider: str
+    app_id: str
+    portal_id: str
+    created_at: datetime
+    claim_by: datetime
+
+
 class HealthReport(_Response):
     checked_at: datetime
     problems: list[str] = Field(description="What looks stuck or broken, in plain words.")
@@ -826,6 +935,11 @@ class HealthReport(_Response):
         description="Scheduler, queues and dead letters: admin tokens only (null otherwise)."
     )
     connections: list[ConnectionHealth]
+    waiting_claims: list[WaitingClaim] = Field(
+        default_factory=list,
+        description="Installs that started at the provider and wait for a claim"
+        " (`POST /v1/apps/{provider}/{app_id}/installs/claim`): admin tokens only.",
+    )
 
 
 # ---- app installs (OAuth) -----------------------------------------------------------------
@@ -861,6 +975,31 @@ class InstallConfirm(_Request):
         exclude=True,
         description="The code the install's callback page showed; accepted only from the ops "
         "token that started the install, once, within 30 minutes of the callback.",
+    )
+
+
+class InstallClaim(_Request):
+    tenant_id: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The tenant that claims the portal; a tenant token's own tenant when"
+        " omitted (an admin token must name one).",
+    )
+    portal_id: str = Field(
+        min_length=1,
+        max_length=20,
+        pattern=r"^[0-9]+$",
+        description="The portal the callback page named: the claimer says which portal it"
+        " expects, so a code for another portal is refused.",
+    )
+    # exclude=True: never dumped, so never written to the audit with the request body.
+    claim_code: str = Field(
+        min_length=20,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        exclude=True,
+        description="The code the app's own callback page showed to the browser that installed"
+        " the app at the provider; accepted once, within 24 hours.",
     )
 
 
@@ -919,6 +1058,14 @@ class ConnectionCreate(_Request):
         default=None, max_length=100, description="HubSpot's portal id."
     )
     provider_app_id: Text | None = Field(default=None, pattern=r"^[0-9]{1,20}$")
+    provider_user_id: Text | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="The provider user the connection's API token acts as (Pipedrive: `id` "
+        "of GET /v1/users/me). Events by another user, or not made through the API, are then "
+        "never taken for onceflow's own echo.",
+    )
     watched_fields: dict[Text, list[Text]] = Field(default_factory=dict)
 
 
@@ -929,6 +1076,7 @@ class ConnectionSummary(_Response):
     status: str
     provider_account_id: str | None
     provider_app_id: str | None
+    provider_user_id: str | None = None
     api_base_url: str | None
     webhook_secret_env: str
     api_credentials_env: str | None

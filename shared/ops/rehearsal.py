@@ -37,6 +37,7 @@ from shared.ops.statements import (
     VERSION_GET,
     WORKFLOW_GET,
 )
+from shared.providers import registry
 from shared.steps.advance import advance_step
 from shared.steps.journal import insert_steps
 from shared.steps.outcomes import DELAY_UNTIL_KEY
@@ -148,7 +149,9 @@ def _record(
             raise OpsError(
                 422, "invalid_definition", f"the trigger's record expression: {exc}"
             ) from exc
-    key, record, _ = trigger_record(occurrence, expression)
+    # A record expression's kind, in any CRM's words: the rehearsal doesn't read the
+    # connection's provider (admission does: shared/admission/admit.py `object_kind`).
+    key, record, _ = trigger_record(occurrence, expression, kind_of=registry.object_kind)
     return key, record
 
 

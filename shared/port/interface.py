@@ -9,13 +9,37 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
-ObjectType = Literal["contacts", "companies", "deals", "tasks"]
-# onceflow's object kinds, singular and plural (a workflow may name either); an adapter maps
-# them to its provider's own names.
-PLURAL = {"contact": "contacts", "company": "companies", "deal": "deals", "task": "tasks"}
+ObjectType = Literal["contacts", "companies", "deals", "tasks", "notes"]
+
+
+def plural_of(word: str) -> str:
+    """An object kind's plural, as CRM APIs spell them: company -> companies, activity ->
+    activities, person -> persons (Pipedrive's /api/v2/persons), deal -> deals."""
+    if len(word) > 1 and word.endswith("y") and word[-2] not in "aeiou":
+        return word[:-1] + "ies"
+    return word + "s"
+
+
+# onceflow's neutral object kinds, singular -> plural (a workflow may name either). Every CRM
+# provider declares its own name for each (`Provider.object_kinds`: Pipedrive's contact is a
+# person); events, record keys, echo markers and the port speak these, and the adapter alone
+# turns them into its vendor's names (shared/providers/descriptor.py `Provider.object_kind`).
+KINDS = ("contact", "company", "deal", "task", "note")
+PLURAL = {kind: plural_of(kind) for kind in KINDS}
 SINGULAR = {plural: singular for singular, plural in PLURAL.items()}
+
+
+def neutral_object_kind(name: str) -> str | None:
+    """The neutral kind (singular) `name` spells, singular or plural, any case; None if it
+    spells none."""
+    word = name.strip().lower()
+    if word in PLURAL:
+        return word
+    return SINGULAR.get(word)
+
+
 # Codes whose request provably never changed anything at the provider.
 # `busy`: the provider said it would not act on the request now.
 NOT_APPLIED_CODES = frozenset(
@@ -106,6 +130,21 @@ class SearchPage:
     next_after: str | None  # the cursor of the next page; None on the last one
 
 
+class SubscriptionApi(Protocol):
+    """What the subscriptions reconcile (shared/publishing/subscriptions.py) needs of a
+    provider: a CRM port, or another subscription API of the same shape (a webhooks journal's,
+    shared/providers/hubspot/journal.py)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def list_subscriptions(self) -> list[Subscription]: ...
+
+    def create_subscription(self, subscription: Subscription) -> Subscription: ...
+
+    def delete_subscription(self, subscription_id: str) -> None: ...
+
+
 class CrmPort(Protocol):
     capabilities: Capabilities
     # With `capabilities.write_idempotency`: the property a create stamps its idempotency key
@@ -144,6 +183,15 @@ class CrmPort(Protocol):
     def delete_subscription(self, subscription_id: str) -> None: ...
 
 
+@runtime_checkable
+class WebhookTargeted(Protocol):
+    """A port whose subscriptions are webhooks it creates itself, each naming where to deliver
+    and the credential to present there (a vendor without app-level subscriptions). The port's
+    builder (shared/providers/connect.py) tells it the connection's own webhook URL and secret."""
+
+    def target_webhooks(self, url: str, credential: str | None) -> None: ...
+
+
 @dataclass
 class RateLimitState:
     """What the provider's rate-limit headers said last, for throttling decisions."""
@@ -155,14 +203,12 @@ class RateLimitState:
 
 
 def plural_object_type(object_type: str) -> str:
-    name = object_type.strip().lower()
-    if name in SINGULAR:
-        return name
-    if name in PLURAL:
-        return PLURAL[name]
-    raise PortError(
-        f"unsupported object type {object_type!r}", code="invalid_request", transient=False
-    )
+    kind = neutral_object_kind(object_type)
+    if kind is None:
+        raise PortError(
+            f"unsupported object type {object_type!r}", code="invalid_request", transient=False
+        )
+    return PLURAL[kind]
 
 
 def singular_object_type(object_type: str) -> str:

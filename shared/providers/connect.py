@@ -25,7 +25,8 @@ from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.settings import named_secret
-from shared.port.interface import CrmPort, PortError, singular_object_type
+from shared.core.settings import settings as app_settings
+from shared.port.interface import CrmPort, PortError, WebhookTargeted, singular_object_type
 from shared.port.observed import ObservedPort
 from shared.providers import registry
 from shared.providers.descriptor import Crm, OAuth, TokenSource
@@ -48,6 +49,7 @@ class PortSettings:
     oauth: bool = False
     oauth_client_id_env: str | None = None
     oauth_client_secret_env: str | None = None  # the app's OAuth client secret
+    webhook_secret_env: str | None = None  # the connection's webhook credential
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
@@ -72,6 +74,7 @@ def _settings_of(connection_id: str, row: Mapping[str, Any] | None) -> PortSetti
         oauth=bool(row["oauth"]),
         oauth_client_id_env=row["oauth_client_id_env"],
         oauth_client_secret_env=row["oauth_client_secret_env"],
+        webhook_secret_env=row["webhook_secret_env"],
     )
 
 
@@ -140,20 +143,37 @@ def _cached_port(
         if port is None:
             crm, _ = _crm(settings.provider)
             _drop_cached(settings.connection_id)
+            adapter = crm.port(
+                token,
+                base_url=settings.api_base_url,
+                app_id=settings.provider_app_id,
+                idempotency_property=settings.idempotency_property,
+                token_source=token_source,
+            )
+            if isinstance(adapter, WebhookTargeted):
+                _target_webhooks(adapter, settings)
             port = ObservedPort(
-                crm.port(
-                    token,
-                    base_url=settings.api_base_url,
-                    app_id=settings.provider_app_id,
-                    idempotency_property=settings.idempotency_property,
-                    token_source=token_source,
-                ),
+                adapter,
                 settings.connection_id,
                 singular_object_type,
                 crm.label_properties,
             )
             _cache[key] = port
         return port
+
+
+def _target_webhooks(adapter: WebhookTargeted, settings: PortSettings) -> None:
+    """Tell a port that creates its own webhooks where they deliver: this connection's URL at
+    the webhook function (`PUBLIC_BASE_URL` + `/<provider>/<connection id>`, the path
+    shared/ingest/receive.py takes) and the connection's webhook secret as their credential.
+    Without a public base URL the port is told nothing, and creating a subscription fails
+    with that reason in the reconcile's record."""
+    base = app_settings().public_base_url
+    if not base:
+        return
+    url = f"{base.rstrip('/')}/{settings.provider}/{settings.connection_id}"
+    secret = named_secret(settings.webhook_secret_env) if settings.webhook_secret_env else None
+    adapter.target_webhooks(url, secret or None)
 
 
 def _title(settings: PortSettings) -> str:

@@ -11,7 +11,14 @@ does instead of branching on its name. A provider is a webhook scheme first (`ve
 - `oauth`: the install flow's vendor half (authorize URL, code exchange, token's account,
   refresh) for shared/providers/install.py and shared/providers/connect.py;
 - `subscription_event_kinds`: onceflow's event actions as the vendor's subscription event
-  kinds, for the subscriptions reconcile (shared/publishing/subscriptions.py).
+  kinds, for the subscriptions reconcile (shared/publishing/subscriptions.py);
+- `journal`: an app's events kept by the vendor in a journal read by offset, a pull source
+  beside (or instead of) webhooks (shared/ingest/journal.py reads it);
+- `project`: an app built as files the vendor's own CLI deploys (a HubSpot project-based app),
+  which `onceflow <provider> project DIR` writes and updates (shared/ops/cli.py);
+- `object_kinds`: its own name for each of onceflow's neutral object kinds (contact, company,
+  deal, task, note: shared/port/interface.py `KINDS`), which makes it a CRM whose events
+  `crm.<kind>.<action>` triggers hear (shared/providers/registry.py `event_types_for`).
 
 Adding a provider is a folder under shared/providers/ that builds one `Provider`, and its line
 in the registry.
@@ -22,11 +29,20 @@ from __future__ import annotations
 import hmac
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from shared.accounts.oauth_tokens import Grant, Refresher
+from shared.accounts.provider_apps import ProviderApp
 from shared.normalize.event import NormalizedEvent
-from shared.port.interface import Capabilities, CrmPort
+from shared.port.interface import (
+    KINDS,
+    Capabilities,
+    CrmPort,
+    SubscriptionApi,
+    neutral_object_kind,
+    plural_of,
+)
 
 TOLERANCE_SECONDS = 300  # how far a signed timestamp may be from now, either way
 
@@ -139,7 +155,7 @@ class TokenAccount:
 class OAuth:
     authorize_url: Callable[..., str]  # client_id, redirect_uri, scopes, state, base
     exchange_code: Callable[..., Grant]  # raises CodeRefused, PortError
-    token_account: Callable[..., TokenAccount]  # access token, base_url
+    token_account: Callable[..., TokenAccount]  # access token, client_id, client_secret, base_url
     refresher: Callable[..., Refresher]  # client_id, client_secret, base_url
 
 
@@ -151,6 +167,84 @@ class AppWebhooks:
     event_account: Callable[[NormalizedEvent], tuple[str | None, str | None]]
     # The environment variable a deployed function finds an app's secret in (infra/).
     secret_env: Callable[[str, str], str]
+
+
+# The headers an inbox row read from a journal carries (its offset, and which journal: "global"
+# or an account id), so the provider's `normalize` knows the body is a journal entry's file.
+# Never a provider's own header: the webhook path keeps only the headers providers declare.
+JOURNAL_OFFSET_HEADER = "x-onceflow-journal-offset"
+JOURNAL_NAME_HEADER = "x-onceflow-journal"
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    """One entry of a journal: its offset and its file exactly as downloaded (kept raw in the
+    inbox: the drain normalizes it like a webhook body)."""
+
+    offset: str
+    body: bytes
+
+
+@dataclass(frozen=True)
+class JournalEnd:
+    """Nothing after the offset (yet)."""
+
+
+@dataclass(frozen=True)
+class OffsetGone:
+    """The offset asked after is no longer kept (older than the journal's retention, or never
+    existed): entries may have been lost between it and the earliest one still kept."""
+
+    detail: str
+
+
+JournalRead = JournalEntry | JournalEnd | OffsetGone
+
+
+@dataclass(frozen=True)
+class Journal:
+    """A vendor journal of an app's events, read by offset (a pull source)."""
+
+    # (app, journal — "global" or an account id —, offset or None for the earliest entry) ->
+    # the entry after it; raises PortError (transient: try again next pass).
+    next_entry: Callable[[ProviderApp, str, str | None], JournalRead]
+    # How long the vendor keeps entries: a reader away longer has a gap.
+    retention_seconds: int
+    # (app, the accounts that installed it) -> the journal's subscription API, which the
+    # subscriptions reconcile keeps equal to what the active workflows need; None: the
+    # journal's subscriptions are not managed through an API.
+    subscriptions: Callable[[ProviderApp, tuple[str, ...]], SubscriptionApi] | None = None
+
+
+# (object type, provider event kind, property): one webhook subscription, as
+# shared/publishing/subscriptions.py computes them and shared/port/interface.py `Subscription.key`.
+SubscriptionKey = tuple[str, str, str | None]
+
+
+@dataclass(frozen=True)
+class ProjectSpec:
+    """What onceflow asks of an app's project files: its OAuth client (scopes, where the
+    install comes back) and its webhooks (where they go, which subscriptions)."""
+
+    app_id: str
+    name: str  # the app's name for a new project; an existing one keeps its own
+    scopes: tuple[str, ...]
+    redirect_urls: tuple[str, ...]
+    target_url: str | None  # None: keep the one the files hold
+    subscriptions: frozenset[SubscriptionKey]
+
+
+@dataclass(frozen=True)
+class AppProject:
+    """An app whose configuration and webhook subscriptions are files deployed with the
+    vendor's CLI, not settings an API changes."""
+
+    # Writes or updates the project under the directory, keeping what a person added there;
+    # returns the subscriptions the files declare afterwards (read back from them).
+    write: Callable[[Path, ProjectSpec], frozenset[SubscriptionKey]]
+    # The subscriptions the project under the directory declares.
+    read_declared: Callable[[Path], frozenset[SubscriptionKey]]
+    deploy_hint: str  # what a person runs after writing, e.g. the vendor CLI's upload command
 
 
 @dataclass(frozen=True)
@@ -172,3 +266,41 @@ class Provider:
     app: AppWebhooks | None = None
     oauth: OAuth | None = None
     subscription_event_kinds: Mapping[str, str] = field(default_factory=dict)
+    journal: Journal | None = None
+    project: AppProject | None = None
+    # The `author_source` its events carry for a change made through its API, when they name
+    # who made each change (`Capabilities.event_author_identity`) and a connection's writes
+    # act as one user (`connections.provider_user_id`): an event from another source or user
+    # is then not onceflow's echo, whatever the markers say (shared/ingest/echo.py
+    # `authored_elsewhere`). None: the echo-marker rule decides alone.
+    api_author_source: str | None = None
+    # Its own (singular) name for each neutral object kind it has: {"contact": "person"}. A
+    # workflow may name a kind either way (`object_kind`); its events are normalized to the
+    # neutral kind (registry.normalize), and its adapter turns the neutral kind the port is
+    # given back into its own name (`own_object_kind`). Declared here, not on `Crm`: its
+    # webhooks name records whether or not onceflow can call its API.
+    object_kinds: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.object_kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"{self.name}: object_kinds maps no neutral kind {sorted(unknown)}")
+
+    def object_kind(self, name: str) -> str | None:
+        """The neutral kind (singular) `name` means on this provider: a neutral kind, or its
+        own name of one, singular or plural, any case (`person`, `Organizations`); None when
+        it is neither."""
+        kind = neutral_object_kind(name)
+        if kind is not None:
+            return kind
+        word = name.strip().lower()
+        for neutral, own in self.object_kinds.items():
+            if word in (own, plural_of(own)):
+                return neutral
+        return None
+
+    def own_object_kind(self, name: str) -> str | None:
+        """Its own (singular) name for the kind `name` means (`object_kind`): contact ->
+        person; None when `name` means no kind it has."""
+        kind = self.object_kind(name)
+        return None if kind is None else self.object_kinds.get(kind)

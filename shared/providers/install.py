@@ -30,6 +30,12 @@ to meet: the code is shown only to the browser that consented, and it is accepte
 the ops token that started the install. The victim's admin sees a page naming a tenant that
 is not theirs and nothing happens; the operator who sent the link never sees the code.
 
+Installs that start at the provider (issue 26, item 5: the app's install URL, a Marketplace
+listing) come back to the app's own callback (`app_callback_path`) with a code and no state.
+They are accepted by `finish_unclaimed` — exchanged, kept pending and bound to no tenant, with
+a claim code shown once — and attached only when an operator of a tenant `claim`s them with
+that code and the portal; `finish_unclaimed` says which threats that closes.
+
 Refused (`InstallRefused`, a 4xx for the page; 502 when HubSpot can't be reached): a missing,
 malformed, unknown, expired or used state; HubSpot's `error` parameter; a code the token
 endpoint refuses (HubSpot refuses a code used twice); a token for another app; a portal
@@ -44,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -57,7 +64,7 @@ from shared.core.duty import Duty, SweepConfig
 from shared.core.settings import settings
 from shared.port.interface import PortError
 from shared.providers import registry
-from shared.providers.descriptor import CodeRefused, OAuth, Provider
+from shared.providers.descriptor import CodeRefused, OAuth, Provider, TokenAccount
 
 SQL = queries.load("oauth_install")
 STATE_INSERT = SQL["oauth_install_state_insert"]
@@ -71,6 +78,13 @@ STATES_TRIM = SQL["oauth_install_states_trim"]
 LAPSED_GRANTS_CLEAR = SQL["oauth_install_lapsed_grants_clear"]
 CONNECTION_LOCK = SQL["oauth_install_connection_lock"]
 REAUTHORIZED = SQL["oauth_install_reauthorized"]
+PENDING_INSERT = SQL["pending_install_insert"]
+PENDING_LOCK = SQL["pending_install_lock"]
+PENDING_CLAIM = SQL["pending_install_claim"]
+PENDING_DONE = SQL["pending_install_done"]
+PENDING_WAITING = SQL["pending_installs_waiting"]
+PENDING_TRIM = SQL["pending_installs_trim"]
+PENDING_GRANTS_CLEAR = SQL["pending_lapsed_grants_clear"]
 
 
 # Served by the public `webhook` function (functions/webhook.py): HubSpot's redirect is a
@@ -85,6 +99,24 @@ def _install_provider() -> str:
     return registry.oauth_providers()[0]
 
 
+def app_callback_path(provider: str, app_id: str) -> str:
+    """The app's own callback, where an install that starts at the provider comes back: the
+    path names the app, since such a redirect carries no state of ours to tell it (and the code
+    can only be exchanged with the app's client)."""
+    return f"{callback_path(provider)}/{app_id}"
+
+
+_APP_CALLBACK = re.compile(r"^/oauth/(?P<provider>[a-z_]+)/callback/(?P<app_id>[0-9]{1,20})$")
+
+
+def app_callback_of(path: str) -> tuple[str, str] | None:
+    """(provider, app id) when `path` is an app's own callback."""
+    found = _APP_CALLBACK.match(path)
+    if found is None or found["provider"] not in registry.oauth_providers():
+        return None
+    return found["provider"], found["app_id"]
+
+
 CALLBACK_PATH = callback_path(_install_provider())
 # Every callback the webhook function serves, one per provider with OAuth installs.
 CALLBACK_PATHS = frozenset(callback_path(p) for p in registry.oauth_providers())
@@ -95,6 +127,10 @@ REDIRECT_URL_ENV = "ONCEFLOW_OAUTH_REDIRECT_URL"
 STATE_TTL_SECONDS = 600  # long enough to log in to HubSpot and pick a portal
 # Long enough to copy the code from the page into ops; the grant waits sealed meanwhile.
 CONFIRM_TTL_SECONDS = 1800
+# An install that started at the provider waits for its claim longer: the admin who installed
+# it has to reach an operator of their tenant with the code. The refresh token keeps the
+# grant usable; the sweep drops a lapsed one.
+CLAIM_TTL_SECONDS = 24 * 3600
 _STATE = re.compile(r"^[A-Za-z0-9_-]{20,100}$")  # what token_urlsafe makes, bounded
 
 
@@ -136,6 +172,17 @@ class Pending:
     confirm_by: datetime
     started_by: str | None
     provider: str  # whose app it is: the confirmation's route names it
+
+
+@dataclass(frozen=True)
+class Unclaimed:
+    """An install that started at the provider, waiting for a tenant's operator to claim it."""
+
+    provider: str
+    app_id: str
+    portal_id: str
+    claim_code: str  # shown on the page, once; only its hash is kept
+    claim_by: datetime
 
 
 @dataclass(frozen=True)
@@ -256,6 +303,48 @@ def _consume(db: Database, state: str | None) -> dict[str, str]:
     )
 
 
+Refusal = Callable[[int, str, str], InstallRefused]
+
+
+def _exchange(
+    app: ProviderApp, code: str, redirect_uri: str, refused: Refusal
+) -> tuple[oauth_tokens.Grant, TokenAccount]:
+    """The code exchanged with the app's client, and the account (portal) its token is for;
+    `refused` makes the refusals (the caller's, naming whoever started the install)."""
+    found, oauth = _oauth(app.provider)
+    try:
+        client_id, client_secret = app.oauth_client()
+        oauth_tokens.key_from_env(oauth_tokens.TOKEN_KEK_ENV)  # the grant could not be kept
+    except (provider_apps.SecretUnavailable, oauth_tokens.TokenKeyUnavailable) as exc:
+        raise refused(409, "not_configured", str(exc)) from None
+    try:
+        grant = oauth.exchange_code(
+            client_id=client_id,
+            client_secret=client_secret,
+            redirect_uri=redirect_uri,
+            code=code,
+            base_url=app.api_base_url,
+        )
+        info = oauth.token_account(
+            grant.access_token,
+            client_id=client_id,
+            client_secret=client_secret,
+            base_url=app.api_base_url,
+        )
+    except CodeRefused as exc:
+        raise refused(
+            400,
+            "code_refused",
+            f"{found.title} refused the authorization code ({exc.status}); start the install again",
+        ) from None
+    except PortError as exc:
+        status = 502 if exc.transient else 400
+        raise refused(status, "exchange_failed", f"the code exchange failed: {exc.code}") from None
+    if info.app_id is not None and info.app_id != app.app_id:
+        raise refused(400, "other_app", f"the token {found.title} gave is for another app")
+    return grant, info
+
+
 def _grant_aad(state_sha256: bytes) -> bytes:
     """What a pending grant is sealed to: its install, so it opens for no other row."""
     return b"oauth-install:" + state_sha256
@@ -279,34 +368,9 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
         raise refused(400, "no_code", f"{title}'s redirect carried no authorization code")
     try:
         app = _oauth_app_outside(db, bound["app_id"], bound["provider"])
-        _, oauth = _oauth(app.provider)
     except InstallRefused as gone:  # the app was changed since the install started
         raise refused(gone.status, gone.code, gone.message) from None
-    try:
-        client_id, client_secret = app.oauth_client()
-        oauth_tokens.key_from_env(oauth_tokens.TOKEN_KEK_ENV)
-    except (provider_apps.SecretUnavailable, oauth_tokens.TokenKeyUnavailable) as exc:
-        raise refused(409, "not_configured", str(exc)) from None
-    try:
-        grant = oauth.exchange_code(
-            client_id=client_id,
-            client_secret=client_secret,
-            redirect_uri=bound["redirect_uri"],
-            code=code,
-            base_url=app.api_base_url,
-        )
-        info = oauth.token_account(grant.access_token, base_url=app.api_base_url)
-    except CodeRefused as exc:
-        raise refused(
-            400,
-            "code_refused",
-            f"{title} refused the authorization code ({exc.status}); start the install again",
-        ) from None
-    except PortError as exc:
-        status = 502 if exc.transient else 400
-        raise refused(status, "exchange_failed", f"the code exchange failed: {exc.code}") from None
-    if info.app_id is not None and info.app_id != app.app_id:
-        raise refused(400, "other_app", f"the token {title} gave is for another app")
+    grant, info = _exchange(app, code, bound["redirect_uri"], refused)
     digest = state_hash(state or "")
     # Hex, not urlsafe: a person passes it to `onceflow confirm-install`, where a code that
     # starts with "-" (1 in 64 urlsafe codes) would be read as an option.
@@ -337,6 +401,144 @@ def finish(db: Database, *, state: str | None, code: str | None, error: str | No
     return Pending(
         tenant_id, app.app_id, info.account_id, confirm_code, confirm_by, started_by, app.provider
     )
+
+
+def app_callback_url(app_id: str, provider: str | None = None) -> str:
+    """The app's own callback URL: `ONCEFLOW_OAUTH_REDIRECT_URL` (checked) + `/<app id>`, on the
+    same webhook function. It goes in the app's redirect URLs (its project's
+    `auth.redirectUrls`), for the installs that start at the provider."""
+    base = configured_redirect_url()
+    return base[: -len(CALLBACK_PATH)] + app_callback_path(provider or _install_provider(), app_id)
+
+
+def _claim_aad(claim_code_sha256: bytes) -> bytes:
+    """What a pending install's grant is sealed to: its row (by its claim code's hash)."""
+    return b"pending-install:" + claim_code_sha256
+
+
+def finish_unclaimed(
+    db: Database, *, provider: str, app_id: str, code: str | None, error: str | None
+) -> Unclaimed:
+    """The app's own callback without a state of ours: an install that started at the provider
+    (its install URL, a Marketplace listing). Nobody here started it, so it is bound to no
+    tenant: the code is exchanged, the portal learnt, the grant kept sealed, and the page shows
+    a claim code (only its hash is kept). Raises InstallRefused; connects nothing.
+
+    The threat closed: an install arriving unasked must not land in any tenant by itself (a
+    stranger installing the app on their portal would otherwise feed some tenant's workflows,
+    or be attached to whoever claims first), nor be claimable by a tenant that merely knows
+    the portal id (portal ids are in every HubSpot URL; a tenant "declaring" someone else's
+    portal would capture its install). The claim code is the proof: only the browser that
+    consented on the portal saw it, so only someone that admin hands it to — an operator of
+    their own tenant — can claim it, once, within `CLAIM_TTL_SECONDS`."""
+    found, _ = _oauth(provider)
+
+    def refused(status: int, code_: str, message: str) -> InstallRefused:
+        return InstallRefused(status, code_, message)
+
+    if error:
+        # The provider's own words, bounded: the parameter is whoever-sent-it's.
+        raise refused(
+            400, "authorization_refused", f"{found.title} did not authorize: {error[:100]}"
+        )
+    if not code or len(code) > 512:
+        raise refused(400, "no_code", f"{found.title}'s redirect carried no authorization code")
+    app = _oauth_app_outside(db, app_id, provider)
+    grant, info = _exchange(app, code, app_callback_url(app.app_id, app.provider), refused)
+    claim_code = secrets.token_hex(16)  # hex: typed as an argument (see `finish`)
+    digest = state_hash(claim_code)
+    with db.transaction() as tx:
+        claim_by = tx.scalar(
+            PENDING_INSERT,
+            provider=app.provider,
+            app_id=app.app_id,
+            portal_id=info.account_id,
+            grant_sealed=oauth_tokens.seal_grant_for_later(grant, _claim_aad(digest)),
+            grant_kek_env=oauth_tokens.TOKEN_KEK_ENV,
+            claim_code_sha256=digest,
+            claim_ttl_seconds=CLAIM_TTL_SECONDS,
+        )
+    return Unclaimed(app.provider, app.app_id, info.account_id, claim_code, claim_by)
+
+
+def waiting_claims(tx: Tx) -> list[dict[str, Any]]:
+    """Installs that started at the provider and wait for a claim (at most 50, newest first):
+    for the operator's health page, never a tenant's (the portals are nobody's yet)."""
+    return tx.all(PENDING_WAITING)
+
+
+def claim(
+    db: Database,
+    *,
+    app_id: str,
+    portal_id: str,
+    claim_code: str,
+    tenant_id: str,
+    token_id: str | None,
+    provider: str | None = None,
+) -> Installed:
+    """An operator of `tenant_id` claims an install that started at the provider, with the
+    code its callback page showed and the portal it names: the portal's connection is created
+    (or, the tenant's own, re-authorized) in the claim's transaction. InstallRefused: 404 for
+    a wrong code or portal, a lapsed or an already claimed install (alike); 409 when the portal
+    is connected to another tenant (the install stays claimable by that tenant)."""
+    unknown = InstallRefused(404, "not_found", "no such install waiting to be claimed")
+    if not _STATE.match(claim_code) or not provider_apps.is_app_id(portal_id):
+        raise unknown
+    app = _oauth_app_outside(db, app_id, provider)
+    with db.transaction() as tx:
+        result = (
+            _claim_in(tx, app, portal_id, claim_code, tenant_id=tenant_id, token_id=token_id)
+            or unknown
+        )
+    if isinstance(result, InstallRefused):  # raised after the transaction (see `confirm`)
+        raise result
+    return result
+
+
+def _claim_in(
+    tx: Tx,
+    app: ProviderApp,
+    portal_id: str,
+    claim_code: str,
+    *,
+    tenant_id: str,
+    token_id: str | None,
+) -> Installed | InstallRefused | None:
+    """The claim in one transaction; None: nothing to claim (the caller's 404)."""
+    row = tx.one(
+        PENDING_LOCK,
+        claim_code_sha256=state_hash(claim_code),
+        provider=app.provider,
+        app_id=app.app_id,
+        portal_id=portal_id,
+    )
+    if row is None:
+        return None
+    existing = tx.one(
+        CONNECTION_LOCK, provider=app.provider, app_id=app.app_id, account_id=portal_id
+    )
+    if existing is not None and existing["tenant_id"] != tenant_id:
+        # Checked before the claim moves: the tenant that holds the portal can still claim it.
+        return InstallRefused(
+            409,
+            "portal_taken",
+            f"portal {portal_id} is already connected to another tenant for this app",
+            tenant_id=tenant_id,
+            started_by=token_id,
+        )
+    if tx.one(PENDING_CLAIM, id=row["id"], tenant_id=tenant_id, token_id=token_id) is None:
+        return None  # lapsed between the lock and now
+    kept = oauth_tokens.open_grant_kept_for_later(
+        bytes(row["grant_sealed"]),
+        _claim_aad(bytes(row["claim_code_sha256"])),
+        str(row["grant_kek_env"]),
+    )
+    connection_id, outcome = _attach(
+        tx, app, tenant_id, portal_id, existing=existing, grant=_aged(kept, row["pending_seconds"])
+    )
+    tx.execute(PENDING_DONE, id=row["id"], connection_id=connection_id)
+    return Installed(tenant_id, app.app_id, portal_id, connection_id, outcome, token_id)
 
 
 def confirm(
@@ -387,10 +589,6 @@ def _connect_confirmed(tx: Tx, app: ProviderApp, row: dict[str, Any]) -> Install
     kept = oauth_tokens.open_grant_kept_for_later(
         bytes(row["grant_sealed"]), _grant_aad(digest), str(row["grant_kek_env"])
     )
-    # The access token aged while it waited; the refresh token renews it when due.
-    grant = oauth_tokens.Grant(
-        kept.access_token, kept.refresh_token, max(0, kept.expires_in - int(row["pending_seconds"]))
-    )
     existing = tx.one(
         CONNECTION_LOCK, provider=app.provider, app_id=app.app_id, account_id=portal_id
     )
@@ -402,6 +600,32 @@ def _connect_confirmed(tx: Tx, app: ProviderApp, row: dict[str, Any]) -> Install
             tenant_id=tenant_id,
             started_by=row["started_by"],
         )
+    connection_id, outcome = _attach(
+        tx, app, tenant_id, portal_id, existing=existing, grant=_aged(kept, row["pending_seconds"])
+    )
+    tx.execute(STATE_DONE, state_sha256=digest, connection_id=connection_id)
+    return Installed(tenant_id, app.app_id, portal_id, connection_id, outcome, row["started_by"])
+
+
+def _aged(kept: oauth_tokens.Grant, pending_seconds: Any) -> oauth_tokens.Grant:
+    """A kept grant as it is now: the access token aged while it waited; the refresh token
+    renews it when due."""
+    return oauth_tokens.Grant(
+        kept.access_token, kept.refresh_token, max(0, kept.expires_in - int(pending_seconds))
+    )
+
+
+def _attach(
+    tx: Tx,
+    app: ProviderApp,
+    tenant_id: str,
+    portal_id: str,
+    *,
+    existing: dict[str, Any] | None,
+    grant: oauth_tokens.Grant,
+) -> tuple[str, Literal["created", "reauthorized"]]:
+    """The portal's connection for the app, created for the tenant or (`existing`, locked, the
+    tenant's own) re-authorized, holding `grant`; in the caller's transaction."""
     outcome: Literal["created", "reauthorized"]
     if existing is None:
         connection_id = connections.create_connection(
@@ -420,17 +644,17 @@ def _connect_confirmed(tx: Tx, app: ProviderApp, row: dict[str, Any]) -> Install
         tx.execute(REAUTHORIZED, connection_id=connection_id)
         outcome = "reauthorized"
     oauth_tokens.store_grant(tx, connection_id, grant, oauth_tokens.TOKEN_KEK_ENV)
-    tx.execute(STATE_DONE, state_sha256=digest, connection_id=connection_id)
-    return Installed(tenant_id, app.app_id, portal_id, connection_id, outcome, row["started_by"])
+    return connection_id, outcome
 
 
 def trim_install_states(db: Database, keep_hours: int = 24) -> dict[str, int]:
-    """The sweep's duty: drop the grants of installs not confirmed in time, and delete install
-    states expired more than `keep_hours` ago."""
+    """The sweep's duty: drop the grants of installs not confirmed or claimed in time, and
+    delete install states and pending installs lapsed more than `keep_hours` ago."""
     with db.transaction() as tx:
         return {
-            "grants_dropped": tx.execute(LAPSED_GRANTS_CLEAR),
+            "grants_dropped": tx.execute(LAPSED_GRANTS_CLEAR) + tx.execute(PENDING_GRANTS_CLEAR),
             "deleted": tx.execute(STATES_TRIM, keep_hours=keep_hours),
+            "pending_deleted": tx.execute(PENDING_TRIM, keep_hours=keep_hours),
         }
 
 

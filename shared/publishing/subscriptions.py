@@ -27,6 +27,14 @@ private app's webhook settings "can only be edited in the in-app settings for yo
 app, and cannot currently be edited through the API": its reconcile calls nothing and records
 the subscriptions the operator must create in HubSpot's UI.
 
+A project-based app (`provider_apps.platform = 'project'`, issue 26) declares its
+subscriptions in its project files, deployed by a person with the vendor's CLI; the legacy API
+"can only be used with legacy public apps" (docs/vendors/hubspot-2026.md section 1). Its
+reconcile calls nothing either: it records the desired set and what the project declares
+short of it (`missing`, the drift), and succeeds — drift is a warning for health, activation
+and validation (`project_drift`), fixed by `onceflow <provider> project` and an upload, not a
+failure the hourly sweep can repair.
+
 `reconcile_all(db, port_for_connection, port_for_app)` is what the hourly sweep duty
 (`reconcile_subscriptions`) calls to repair drift.
 """
@@ -38,15 +46,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.accounts.provider_apps import ProviderApp, get_app
+from shared.accounts.provider_apps import ProviderApp, get_app, record_project_declared
 from shared.core import queries
 from shared.core.db import Database
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
+from shared.ingest import journal
 from shared.port import observed
-from shared.port.interface import CrmPort, PortError, Subscription
+from shared.port.interface import CrmPort, PortError, Subscription, SubscriptionApi
 from shared.providers import registry
 from shared.workflows import listening
+from shared.workflows.definition import ANY_CRM
 
 SQL = queries.load("workflows")
 ACTIVE_DEFINITIONS = SQL["workflows_active_definitions"]
@@ -105,6 +115,8 @@ class ReconcileResult:
     errors: tuple[str, ...] = ()
     skipped: str | None = None
     desired: DesiredSubscriptions = field(default_factory=lambda: DesiredSubscriptions(frozenset()))
+    # A project app's needed subscriptions its project files do not declare (drift).
+    missing: tuple[SubscriptionKey, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -113,6 +125,7 @@ class ReconcileResult:
             "kept": self.kept,
             "errors": list(self.errors),
             "skipped": self.skipped,
+            "missing": [list(k) for k in self.missing],
         }
 
 
@@ -134,7 +147,11 @@ def desired_subscriptions(
     unsupported: list[str] = []
     prefix = f"{provider}."
     for listener in (x for d in definitions for x in listening.listeners(d)):
-        if not listener.event.startswith(prefix):
+        if listener.event.startswith(f"{ANY_CRM}."):
+            # Any CRM's event: this provider's part of it, when it sends that event at all.
+            if not any(t.startswith(prefix) for t in registry.event_types_for(listener.event)):
+                continue
+        elif not listener.event.startswith(prefix):
             continue
         parsed = listener.object_and_action(provider)
         if parsed is None:
@@ -175,7 +192,9 @@ def plan_reconcile(
     return ReconcilePlan(tuple(create), tuple(delete), kept=len(seen))
 
 
-def apply_plan(connection_id: str, port: CrmPort, desired: DesiredSubscriptions) -> ReconcileResult:
+def apply_plan(
+    connection_id: str, port: SubscriptionApi, desired: DesiredSubscriptions
+) -> ReconcileResult:
     """List, diff and apply against the provider. Each change is tried on its own: one
     refused create does not stop the deletes, and the result says which failed."""
     if not port.capabilities.subscription_management:
@@ -217,6 +236,15 @@ def apply_plan(connection_id: str, port: CrmPort, desired: DesiredSubscriptions)
         errors=tuple(errors),
         desired=desired,
     )
+
+
+def _sorted(keys: Iterable[SubscriptionKey]) -> list[SubscriptionKey]:
+    return sorted(keys, key=_sort_key)
+
+
+def describe(key: SubscriptionKey) -> str:
+    """One subscription as people read it: `contact.propertyChange[email]`."""
+    return _describe(key)
 
 
 def _describe(key: SubscriptionKey) -> str:
@@ -297,7 +325,18 @@ def reconcile_app(db: Database, app: ProviderApp, port: CrmPort | None) -> Recon
     acts with the app's developer credential; None (no credential, or a private app) records
     what the operator has to create by hand instead."""
     desired = desired_for_app(db, app)
-    if app.kind == "private":
+    if app.platform == "project":
+        found = registry.get(app.provider)
+        hint = found.project.deploy_hint if found and found.project else "deploy the project"
+        result = ReconcileResult(
+            app_key(app),
+            True,
+            skipped="project app: its subscriptions are declared in its project files; "
+            f"`onceflow {app.provider} project DIR --app {app.app_id}`, then `{hint}`",
+            desired=desired,
+            missing=tuple(_sorted(desired.keys - declared_of(app))),
+        )
+    elif app.kind == "private":
         result = ReconcileResult(
             app_key(app),
             True,
@@ -341,10 +380,46 @@ PortForConnection = Callable[[str], CrmPort]
 PortForApp = Callable[[ProviderApp], CrmPort | None]
 
 
+def reconcile_journal_app(
+    db: Database, app: ProviderApp, accounts: tuple[str, ...]
+) -> ReconcileResult:
+    """An app whose events come from its provider's journal (shared/ingest/journal.py): the
+    same desired set and plan, applied through the journal's own subscription API, per account
+    that installed the app (journal subscriptions are per install). The legacy per-app webhook
+    subscriptions API is not called: HubSpot says it "can only be used with legacy public
+    apps" (issue 26)."""
+    desired = desired_for_app(db, app)
+    found = registry.get(app.provider)
+    make = found.journal.subscriptions if found is not None and found.journal else None
+    if make is None:
+        result = ReconcileResult(
+            app_key(app), True, skipped="the journal's subscriptions have no API", desired=desired
+        )
+    else:
+        try:
+            result = apply_plan(app_key(app), make(app, accounts), desired)
+        except Exception as exc:  # a token or secret that can't be had: recorded, not raised
+            result = ReconcileResult(app_key(app), False, errors=(f"{exc}",), desired=desired)
+    record_app_result(db, app, result)
+    return result
+
+
 def reconcile_app_with(db: Database, app: ProviderApp, port_for_app: PortForApp) -> ReconcileResult:
-    """One app, building its port first; a port that cannot be built is a recorded failure."""
+    """One app, building its port first; a port that cannot be built is a recorded failure.
+    An app that reads a journal is reconciled through the journal's API instead."""
+    with db.transaction() as tx:
+        accounts = journal.journal_accounts(tx, app)
+    if accounts is not None:
+        result = reconcile_journal_app(db, app, accounts)
+        if not result.ok:
+            log.warning(
+                "journal subscription reconcile failed: %s",
+                "; ".join(result.errors),
+                extra={"labels": {"app": app.app_id}},
+            )
+        return result
     try:
-        port = None if app.kind == "private" else port_for_app(app)
+        port = None if app.kind == "private" or app.platform == "project" else port_for_app(app)
     except PortError as exc:
         result = ReconcileResult(
             app_key(app), False, errors=(f"no port: {exc}",), desired=desired_for_app(db, app)
@@ -444,3 +519,114 @@ def reconcile_tenant(
         if r["app_id"] is None
     )
     return results
+
+
+# ---------------------------------------------------------------- project apps: drift
+
+
+def keys_as_json(keys: Iterable[SubscriptionKey]) -> dict[str, Any]:
+    """A set of subscriptions as `provider_apps.project_declared` stores it."""
+    return DesiredSubscriptions(frozenset(keys)).as_json()
+
+
+def keys_of_json(document: Mapping[str, Any] | None) -> frozenset[SubscriptionKey]:
+    """The inverse of `keys_as_json` (entries it can't read are skipped)."""
+    found: set[SubscriptionKey] = set()
+    entries = document.get("subscriptions") if isinstance(document, Mapping) else None
+    for e in entries if isinstance(entries, list) else []:
+        if isinstance(e, Mapping) and isinstance(e.get("object_type"), str):
+            prop = e.get("property_name")
+            found.add(
+                (
+                    e["object_type"],
+                    str(e.get("event_kind")),
+                    prop if isinstance(prop, str) else None,
+                )
+            )
+    return frozenset(found)
+
+
+def declared_of(app: ProviderApp) -> frozenset[SubscriptionKey]:
+    """What the app's project files declared when `onceflow <provider> project` last wrote
+    them (nothing when never written)."""
+    return keys_of_json(app.project_declared)
+
+
+def record_project_declaration(
+    db: Database, provider: str, app_id: str, keys: Iterable[SubscriptionKey]
+) -> bool:
+    """Keep what the project files declare, as read back after writing them; False when the
+    app is not a registered project app (nothing kept)."""
+    with db.transaction() as tx:
+        return record_project_declared(tx, provider, app_id, keys_as_json(keys))
+
+
+@dataclass(frozen=True)
+class Drift:
+    """An active workflow needs subscriptions the project app's deployed files don't declare."""
+
+    provider: str
+    app_id: str
+    missing: tuple[SubscriptionKey, ...]
+    never_written: bool  # no declaration recorded at all
+
+    def message(self) -> str:
+        found = registry.get(self.provider)
+        hint = found.project.deploy_hint if found and found.project else "deploy the project"
+        shown = ", ".join(_describe(k) for k in self.missing[:10])
+        more = f" and {len(self.missing) - 10} more" if len(self.missing) > 10 else ""
+        why = (
+            "no project files were written for it yet"
+            if self.never_written
+            else "its project files do not declare"
+        )
+        return (
+            f"{self.provider} app {self.app_id}: active workflows need subscriptions the"
+            f" deployed project lacks ({why}): {shown}{more}; run `onceflow {self.provider}"
+            f" project DIR --app {self.app_id}` and `{hint}`"
+        )
+
+
+def project_drift(
+    db: Database,
+    tenant_id: str | None,
+    extra_definitions: Iterable[Mapping[str, Any]] = (),
+) -> list[Drift]:
+    """Per project app: what active workflows need that its project does not declare. For a
+    tenant, only what the tenant's own workflows need (plus `extra_definitions`, one being
+    validated or activated) from the project apps it has active connections of — another
+    tenant's needs are not its business; for an operator (None), the app's whole union."""
+    extra = list(extra_definitions)
+    drifts: list[Drift] = []
+    with db.transaction() as tx:
+        if tenant_id is None:
+            rows = tx.all(APPS)
+        else:
+            rows = [r for r in tx.all(TENANT_TARGETS, tenant_id=tenant_id) if r["app_id"]]
+        apps = {(r["provider"], r["app_id"]): get_app(tx, r["provider"], r["app_id"]) for r in rows}
+        # An app that reads a journal declares no webhook components: its subscriptions are
+        # made per install through the journal's API ("don't work with the feature component
+        # functionality", docs/vendors/hubspot-2026.md 2.1) by `reconcile_journal_app`.
+        apps = {
+            key: app
+            for key, app in apps.items()
+            if app is not None and journal.journal_accounts(tx, app) is None
+        }
+        definitions = (
+            [r["definition"] for r in tx.all(ACTIVE_DEFINITIONS, tenant_id=tenant_id)]
+            if tenant_id is not None
+            else []
+        )
+    for app in apps.values():
+        if app is None or app.platform != "project":
+            continue
+        union = desired_for_app(db, app).keys if tenant_id is None else frozenset()
+        needed = union | desired_subscriptions(app.provider, [*definitions, *extra]).keys
+        missing = needed - declared_of(app)
+        if missing:
+            drifts.append(
+                Drift(
+                    app.provider, app.app_id, tuple(_sorted(missing)), app.project_declared is None
+                )
+            )
+    return drifts

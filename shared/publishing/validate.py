@@ -25,9 +25,11 @@ from pydantic import ValidationError
 from shared import triggers
 from shared.blocks import registry
 from shared.core.errors import PermanentError
+from shared.providers import registry as providers
 from shared.triggers.events import unknown_event_type
 from shared.workflows import listening
 from shared.workflows.definition import (
+    ANY_CRM,
     JUMP_KEYS,
     Step,
     Trigger,
@@ -39,7 +41,7 @@ from shared.workflows.expressions import (
     ExpressionError,
     compile_expression,
 )
-from shared.workflows.scope import RULE_ROOTS, step_expressions
+from shared.workflows.scope import RULE_ROOTS, step_expressions, wait_expressions
 
 PathT = tuple[str | int, ...]
 Severity = Literal["error", "warning"]
@@ -373,7 +375,39 @@ class _Validation:
             self.check_shape(d, graph)
         for index, step in enumerate(d.steps):
             self.check_step(d, index, step, graph)
+        self.check_object_kinds(d)
+        self.check_stops(d)
         self.check_risks(d)
+
+    def check_object_kinds(self, d: WorkflowDefinition) -> None:
+        """A step's `object_type` names a kind on the CRM the trigger's events come from.
+        The block's own config check accepts a neutral kind or any CRM's name for one
+        (shared/blocks/crm.py); a trigger on one CRM's events (`hubspot.…` only) runs its
+        steps on that CRM, whose names alone are then right (`person` is Pipedrive's)."""
+        vendors = {e.split(".", 1)[0] for e in d.trigger.events} - {ANY_CRM}
+        found = providers.get(vendors.pop()) if len(vendors) == 1 else None
+        if found is None or not found.object_kinds:
+            return
+        for i, step in enumerate(d.steps):
+            named: list[tuple[PathT, Any]] = [
+                (("config", "object_type"), step.config.get("object_type"))
+            ]
+            associations = step.config.get("associations")
+            for j, a in enumerate(associations if isinstance(associations, list) else []):
+                if isinstance(a, Mapping):
+                    named.append(
+                        (("config", "associations", j, "object_type"), a.get("object_type"))
+                    )
+            for where, name in named:
+                if not isinstance(name, str) or "${{" in name or not step.type.startswith("crm."):
+                    continue
+                if providers.object_kind(name) is not None and found.object_kind(name) is None:
+                    self.add(
+                        "error",
+                        ("steps", i, *where),
+                        f"{name!r} is no object kind on {found.title}, whose events start "
+                        f"this workflow: use contact, company, deal, task or note",
+                    )
 
     def check_trigger(self, t: Trigger) -> None:
         triggers.check_trigger(t, self.add)
@@ -389,6 +423,27 @@ class _Validation:
                 ("trigger", "record"),
                 t.record,
                 "the record identity cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_stops(self, d: WorkflowDefinition) -> None:
+        """`cancel_on` and `goal` are judged on an admitted event, as a trigger rule is: they
+        read event, trigger and record, nothing of the run (shared/admission/stops.py)."""
+        for j, entry in enumerate(d.cancel_on or []):
+            unknown = unknown_event_type(entry.event)
+            if unknown is not None:
+                self.add("error", ("cancel_on", j, "event"), unknown)
+            self.check_before_the_run(
+                ("cancel_on", j, "when"),
+                entry.when,
+                "cancel_on is judged on the incoming event: it cannot read",
+                "it reads event, trigger and record",
+            )
+        if d.goal is not None:
+            self.check_before_the_run(
+                ("goal",),
+                d.goal,
+                "a goal is judged on an admitted event about the run's record: it cannot read",
                 "it reads event, trigger and record",
             )
 
@@ -624,16 +679,43 @@ class _Validation:
     def check_wait_listens(self, i: int, step: Step) -> None:
         """A wait hears a property change only for the fields it listens to: they are
         subscribed at the provider and watched (shared/workflows/listening.py)."""
-        event = step.config.get("event")
+        self.check_wait_sides(i, step)
+        events = step.config.get("events")
+        for j, awaited in enumerate(events if isinstance(events, list) else []):
+            if isinstance(awaited, Mapping):
+                self.check_awaited_event(("steps", i, "config", "events", j), awaited)
+        self.check_awaited_event(("steps", i, "config"), step.config)
+
+    def check_wait_sides(self, i: int, step: Step) -> None:
+        """A correlation's `event` side is evaluated on the incoming event, before any run
+        reads it: it reads what a trigger rule reads, nothing of the waiting run."""
+        for path, source in wait_expressions(step.config):
+            if path[-1] != "event" or path[-2] != "correlate":
+                continue
+            try:  # a syntax error is reported with the step's expressions
+                run_only = sorted(compile_expression(source).variables - RULE_ROOTS)
+            except ExpressionError:
+                continue
+            if run_only:
+                self.add(
+                    "error",
+                    ("steps", i, *path),
+                    f"correlate.event is evaluated on the incoming event: it cannot read "
+                    f"`{run_only[0]}` (it reads event, trigger and record; the run's side is "
+                    "correlate.run)",
+                )
+
+    def check_awaited_event(self, at: PathT, config: Mapping[str, Any]) -> None:
+        event = config.get("event")
         if not isinstance(event, str):
             return
         unknown = unknown_event_type(event)
         if unknown is not None:
-            self.add("error", ("steps", i, "config", "event"), unknown)
-        elif event.endswith(".property_changed") and not listening.wait_fields(step.config):
+            self.add("error", (*at, "event"), unknown)
+        elif event.endswith(".property_changed") and not listening.wait_fields(config):
             self.add(
                 "warning",
-                ("steps", i, "config", "when"),
+                (*at, "when"),
                 f"this wait can't tell which field of {event} it waits for: `when` reads no "
                 "record field (record.<f>, event.changed_fields.<f>) and there is no `watch` "
                 "list, so no provider subscription is made for it and it hears only the fields "

@@ -96,3 +96,64 @@ DELETE FROM oauth_install_states
 -- cleared it itself, and a second pass finds zero rows.
 UPDATE oauth_install_states SET grant_sealed = NULL, grant_kek_env = NULL
  WHERE grant_sealed IS NOT NULL AND confirmed_at IS NULL AND confirm_by < now()
+
+-- name: pending_install_insert
+-- An install that started at the provider (no state): the portal and its grant, sealed, bound
+-- to no tenant until a claim (shared/providers/install.py finish_unclaimed). Only the claim
+-- code's hash is kept.
+INSERT INTO pending_app_installs (provider, app_id, portal_id, grant_sealed, grant_kek_env,
+                                  claim_code_sha256, claim_by)
+VALUES (:provider, :app_id, :portal_id, :grant_sealed, :grant_kek_env, :claim_code_sha256,
+        now() + make_interval(secs => CAST(:claim_ttl_seconds AS double precision)))
+RETURNING claim_by
+
+-- name: pending_install_lock
+-- The claim (ops), first half: the pending install of this app and portal whose claim code
+-- matches, still in time and not yet claimed, locked for the claim's transaction. Zero rows is
+-- answered as an unknown install: a wrong code, another portal, a lapsed or an already claimed
+-- install look alike, so a guesser learns nothing. Of two claims with one code, the second
+-- waits on the lock and, once the first commits, re-reads claimed_at and finds nothing.
+SELECT id, grant_sealed, grant_kek_env, claim_code_sha256,
+       extract(epoch FROM now() - created_at) AS pending_seconds
+  FROM pending_app_installs
+ WHERE claim_code_sha256 = :claim_code_sha256 AND provider = :provider
+   AND app_id = :app_id AND portal_id = :portal_id
+   AND claimed_at IS NULL AND claim_by > now()
+   FOR UPDATE
+
+-- name: pending_install_claim
+-- The claim's second half, once the portal is known not to be another tenant's: guarded on the
+-- row still unclaimed and in time, so exactly one claim moves it (the lock above already
+-- queued the others; zero rows here means it lapsed in between). The sealed grant is cleared
+-- (the connection holds it from this transaction on).
+UPDATE pending_app_installs
+   SET claimed_at = now(), tenant_id = :tenant_id, claimed_by = CAST(:token_id AS uuid),
+       grant_sealed = NULL, grant_kek_env = NULL
+ WHERE id = :id AND claimed_at IS NULL AND claim_by > now()
+RETURNING id
+
+-- name: pending_installs_waiting
+-- Ops (operators only: the portals are no tenant's yet): installs that started at the provider
+-- and wait for a claim, newest first, through the partial index on unclaimed rows.
+SELECT provider, app_id, portal_id, created_at, claim_by
+  FROM pending_app_installs
+ WHERE claimed_at IS NULL AND claim_by > now()
+ ORDER BY created_at DESC
+ LIMIT 50
+
+-- name: pending_install_done
+UPDATE pending_app_installs SET connection_id = CAST(:connection_id AS uuid)
+ WHERE id = :id AND claimed_at IS NOT NULL
+
+-- name: pending_lapsed_grants_clear
+-- A pending install's grant not claimed in time is of no use to anyone: the sweep drops it (the
+-- row stays, to answer a late claim as unknown, until the trim below). Guarded on an
+-- unclaimed, lapsed install still holding a grant: a claim in time has cleared it itself, and
+-- a second pass finds zero rows.
+UPDATE pending_app_installs SET grant_sealed = NULL, grant_kek_env = NULL
+ WHERE grant_sealed IS NOT NULL AND claimed_at IS NULL AND claim_by < now()
+
+-- name: pending_installs_trim
+-- Retention: a pending install is kept a day past its deadline (claimed or not), then deleted.
+DELETE FROM pending_app_installs
+ WHERE claim_by < now() - make_interval(hours => :keep_hours)

@@ -64,8 +64,9 @@ ORDER BY t.id
 
 -- name: ops_connections_list
 -- Names of environment variables only; the values never leave the functions' environment.
-SELECT id, tenant_id, provider, status, provider_account_id, provider_app_id, api_base_url,
-       webhook_secret_env, api_credentials_env, watched_fields, created_at
+SELECT id, tenant_id, provider, status, provider_account_id, provider_app_id,
+       provider_user_id, api_base_url, webhook_secret_env, api_credentials_env, watched_fields,
+       created_at
 FROM connections
 WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
 ORDER BY tenant_id, created_at, id
@@ -136,7 +137,10 @@ SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_i
            'approver_role', p.approver_role, 'approver_users', to_jsonb(p.approver_users),
            'resumed_at', p.resumed_at, 'resumed_by', p.resumed_by,
            'resumed_event_id', p.resumed_event_id, 'decision', p.decision,
-           'decided_by', p.decided_by, 'decision_comment', p.decision_comment) END AS waits_for
+           'decided_by', p.decided_by, 'decision_comment', p.decision_comment,
+           'mode', p.mode, 'awaits', p.awaits,
+           'matched', (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]'::jsonb)
+                         FROM jsonb_object_keys(p.matched) AS k)) END AS waits_for
 FROM workflow_steps s
 LEFT JOIN step_parks p ON p.id = s.park_id
 WHERE s.run_id = CAST(:run_id AS uuid)

@@ -3,7 +3,8 @@
 
 -- name: provider_app_get
 SELECT provider, app_id, kind, client_secret_env, developer_credential_env, signature_versions,
-       api_base_url, oauth_client_id_env, oauth_scopes, oauth_authorize_url
+       api_base_url, oauth_client_id_env, oauth_scopes, oauth_authorize_url, platform,
+       project_declared, project_declared_at
   FROM provider_apps
  WHERE provider = :provider AND app_id = :app_id
 
@@ -11,16 +12,32 @@ SELECT provider, app_id, kind, client_secret_env, developer_credential_env, sign
 -- Registering an app again updates where its secrets live (rotation is a new env var name).
 INSERT INTO provider_apps (provider, app_id, kind, client_secret_env, developer_credential_env,
                            signature_versions, api_base_url, oauth_client_id_env,
-                           oauth_scopes, oauth_authorize_url)
+                           oauth_scopes, oauth_authorize_url, platform)
 VALUES (:provider, :app_id, :kind, :client_secret_env, :developer_credential_env,
         CAST(:signature_versions AS text[]), :api_base_url, :oauth_client_id_env,
-        CAST(:oauth_scopes AS text[]), :oauth_authorize_url)
+        CAST(:oauth_scopes AS text[]), :oauth_authorize_url, :platform)
 ON CONFLICT (provider, app_id) DO UPDATE
    SET kind = EXCLUDED.kind, client_secret_env = EXCLUDED.client_secret_env,
        developer_credential_env = EXCLUDED.developer_credential_env,
        signature_versions = EXCLUDED.signature_versions, api_base_url = EXCLUDED.api_base_url,
        oauth_client_id_env = EXCLUDED.oauth_client_id_env,
-       oauth_scopes = EXCLUDED.oauth_scopes, oauth_authorize_url = EXCLUDED.oauth_authorize_url
+       oauth_scopes = EXCLUDED.oauth_scopes, oauth_authorize_url = EXCLUDED.oauth_authorize_url,
+       platform = EXCLUDED.platform,
+       -- A declaration belongs to a project: an app moved back to legacy has none.
+       project_declared = CASE WHEN EXCLUDED.platform = 'project'
+                               THEN provider_apps.project_declared END,
+       project_declared_at = CASE WHEN EXCLUDED.platform = 'project'
+                                  THEN provider_apps.project_declared_at END
+
+-- name: provider_app_project_declared
+-- What the app's project files declare, as `onceflow <provider> project` read them back after
+-- writing them (shared/publishing/subscriptions.py record_project_declaration). Guarded on a
+-- project app: a legacy app's subscriptions are the provider's API's, never a file's; zero rows
+-- means no such app, or not a project app. The last write wins: it is the latest files.
+UPDATE provider_apps
+   SET project_declared = CAST(:declared AS jsonb), project_declared_at = now()
+ WHERE provider = :provider AND app_id = :app_id AND platform = 'project'
+RETURNING project_declared_at
 
 -- name: provider_app_live_connections
 -- The live (not disconnected) connection of each account of the app, for routing one batch.

@@ -18,6 +18,7 @@ from typing import Any
 from shared.core import queries
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
+from shared.steps import awaits
 from shared.steps.claim import ClaimedStep
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
@@ -31,6 +32,8 @@ SETTLE = SQL["steps_settle"]
 FINISH_IF_DONE = SQL["runs_finish_if_done"]
 FAIL_RUN = SQL["runs_fail"]
 SKIP_PARKED_OF_ENDED_RUN = SQL["steps_skip_parked_of_ended_run"]
+# Run ends that stop a run while its steps may still be in flight (a cancel, a goal met).
+STOPPED = frozenset({"cancelled", "goal_met"})
 
 
 @dataclass(frozen=True)
@@ -149,14 +152,16 @@ def _settle_in_transaction(
                 )
             if not dispatch and tx.execute(FINISH_IF_DONE, run_id=step.run_id):
                 run_status = "succeeded"
-        elif settlement.status.parked and run_status == "cancelled":
+        elif settlement.status.parked and run_status in STOPPED:
             # Cancelled while this attempt ran: the attempt is recorded (lease history), but
             # nothing would ever wake the wait it asked for.
             tx.execute(SKIP_PARKED_OF_ENDED_RUN, step_id=step.id)
         elif park is not None and opened is not None:
             # Parked: an event noted on the park before now, or found by the lookback,
             # resumes the wait at once (shared/steps/parks.py).
-            resumed = parked(tx, opened, park, tenant_id=step.tenant_id)
+            # A wait of several events or correlated beyond its record: shared/steps/awaits.py.
+            settle_park = parked if park.mode is None else awaits.parked
+            resumed = settle_park(tx, opened, park, tenant_id=step.tenant_id)
             if resumed is not None:
                 dispatch.append(resumed)
         crash_point("before_settle_commit")

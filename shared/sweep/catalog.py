@@ -11,10 +11,11 @@ is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
   trigger events admission never decided.
 - `DUTIES` each give the periodic `Duty`s of one owner, each claimed once per period across
   all sweep instances: the backlog report the alerts read (every minute), echo marker expiry,
-  app events routed once their portal connects, ended throttle windows, budget reservations
-  left open, provider subscription repair (hourly), the lease history of long-finished runs,
-  pre-admission drops and install states (hourly), retention (every five minutes), and the
-  trigger kinds' own (cron ticks, webhook-trigger key expiry, table and CRM polls).
+  app events routed once their portal connects, provider journals read (every minute), ended
+  throttle windows, budget reservations left open, provider subscription repair (hourly), the
+  lease history of long-finished runs, pre-admission drops and install states (hourly),
+  retention (every five minutes), and the trigger kinds' own (cron ticks, webhook-trigger key
+  expiry, table and CRM polls).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from shared import triggers
 from shared.core.duty import Duty, Repair, SweepConfig
 from shared.gates import budgets, throttle
-from shared.ingest import drops, echo, inbox, outbox
+from shared.ingest import drops, echo, inbox, journal, outbox
 from shared.providers import install
 from shared.publishing import subscriptions
 from shared.steps import repairs
@@ -41,6 +42,7 @@ DUTIES: tuple[Callable[[SweepConfig], Sequence[Duty]], ...] = (
     backlog.sweep_duties,
     echo.sweep_duties,
     inbox.sweep_duties,
+    journal.sweep_duties,
     throttle.sweep_duties,
     budgets.sweep_duties,
     subscriptions.sweep_duties,

@@ -62,6 +62,7 @@ from functools import partial
 from shared.core import queries
 from shared.core.db import Database
 from shared.core.duty import Duty, SweepConfig
+from shared.core.settings import DEFAULTS
 
 SQL = queries.load("retention")
 LINEAGES_LOCK = SQL["retention_lineages_lock"]
@@ -81,12 +82,13 @@ EVERY_SECONDS = 300.0
 class Retention:
     """How long each kind of row is kept after it is done, in days, and how a pass is paced."""
 
-    run_days: int = 90
-    decision_days: int = 90
-    inbox_days: int = 30
-    rehearsal_days: int = 7
+    # The defaults are the settings' (shared/core/settings.py): one home for each figure.
+    run_days: int = DEFAULTS.run_retention_days
+    decision_days: int = DEFAULTS.decision_retention_days
+    inbox_days: int = DEFAULTS.inbox_retention_days
+    rehearsal_days: int = DEFAULTS.rehearsal_retention_days
     # Runs per batch (each brings its steps and lease history); events and inbox rows per batch.
-    batch: int = 500
+    batch: int = DEFAULTS.retention_batch
     # A pass stops after this long; what is left waits for the next period.
     pass_seconds: float = 10.0
     # The share of a pass spent deleting: after a batch that took t, the pass pauses

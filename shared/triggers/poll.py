@@ -63,7 +63,7 @@ from shared.ingest.echo import record_echo_marker
 from shared.ingest.outbox import TriggerEvent, emit
 from shared.port import observed
 from shared.port.interface import CrmPort, SearchFilter
-from shared.providers import connect, registry
+from shared.providers import connect, kinds, registry
 from shared.triggers import AddProblem, TriggerKind
 from shared.triggers.sql_source import (
     SourceInvalid,
@@ -379,6 +379,10 @@ def _crm_pass(
     slot of the connection's throttle window, shared with its blocks' calls; when the window is
     used up the pass stops there and the rest waits for the next pass."""
     port = port_for(crm.connection) if port_for else connect.port_for(db, crm.connection)
+    # The kind in onceflow's neutral words (Pipedrive's `person` is a `contact`): what the port
+    # takes, and what the events' record keys and the echo markers of the stamps carry.
+    kind = registry.object_kind(crm.object_type, kinds.provider_of(db, crm.connection))
+    crm = crm.model_copy(update={"object_type": kind or crm.object_type})
     filters = [
         *(SearchFilter(f.property, f.operator.upper(), f.value) for f in crm.filters),
         SearchFilter(crm.stamp, "NOT_HAS_PROPERTY", None),
@@ -659,11 +663,12 @@ def check_crm(crm: PollCrm, add: AddProblem) -> None:
     where = ("trigger", "poll", "crm")
     if not is_connection_id(crm.connection):
         add("error", (*where, "connection"), f"a connection id is a UUID; found {crm.connection!r}")
-    if crm.object_type not in CRM_OBJECT_TYPES:
+    if registry.object_kind(crm.object_type) not in CRM_OBJECT_TYPES:
         add(
             "error",
             (*where, "object_type"),
-            f"object_type is one of {', '.join(CRM_OBJECT_TYPES)}; found {crm.object_type!r}",
+            f"object_type is one of {', '.join(CRM_OBJECT_TYPES)} (or a CRM's own name for "
+            f"one); found {crm.object_type!r}",
         )
     if not PROPERTY.match(crm.stamp):
         add("error", (*where, "stamp"), f"a property name is lower snake case; found {crm.stamp!r}")

@@ -69,6 +69,10 @@ from pydantic import (
 DedupMode = Literal["once_per_record", "not_while_running", "every_time"]
 STEP_ID_PATTERN = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 EVENT_TYPE_PATTERN = r"^[a-z0-9_]+(\.[a-z0-9_]+)+$"
+# The provider part of an event type that means "whichever CRM sends it": `crm.contact.created`
+# is `hubspot.contact.created` on a HubSpot connection, `pipedrive.contact.created` on a
+# Pipedrive one (shared/providers/registry.py `event_types_for`, ANY_CRM there too).
+ANY_CRM = "crm"
 # Where the JSON Schema describes what expressions read (shared/publishing/schema.py).
 SCOPE_REF = "#/$defs/ExpressionScope"
 
@@ -310,6 +314,17 @@ class Step(_Strict):
         return found
 
 
+class CancelOn(_Strict):
+    event: str = Field(
+        pattern=EVENT_TYPE_PATTERN, description="The trigger event type that cancels the run."
+    )
+    when: str = Field(
+        default="true",
+        description=f"CEL condition over the event as a trigger rule reads it ({SCOPE_REF}: "
+        "`event`, `trigger`, `record`).",
+    )
+
+
 class WorkflowDefinition(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,99}$")
     tenant: str
@@ -336,6 +351,19 @@ class WorkflowDefinition(_Strict):
         default=None,
         description="The circuit breaker; omitted means the defaults (pause after "
         f"{DEFAULT_BREAKER_AFTER_FAILURES} consecutive failed runs, no notify URL).",
+    )
+    cancel_on: list[CancelOn] | None = Field(
+        default=None,
+        min_length=1,
+        description="Events that cancel a running run about the same record (the first that "
+        "matches; `cancelled_by: event <id>`). A step in flight finishes; nothing starts after.",
+    )
+    goal: str | None = Field(
+        default=None,
+        min_length=1,
+        description="CEL condition over an admitted event about the run's record, as a trigger "
+        "rule reads it (`event`, `trigger`, `record`): the first time it holds, the run ends "
+        "`goal_met`. A step in flight finishes; nothing starts after.",
     )
 
     def step(self, step_id: str) -> Step:

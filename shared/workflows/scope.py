@@ -10,7 +10,7 @@ no HTTP client.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -212,6 +212,32 @@ def step_expressions(step: Step) -> list[tuple[tuple[str | int, ...], str]]:
         for key in CONDITION_KEYS.get(step.type, ())
         if isinstance(step.config.get(key), str)
     ]
+    if step.type == "wait_for":
+        found += wait_expressions(step.config)
+    return found
+
+
+def wait_expressions(config: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """A wait's expressions beyond its top-level `when`: each of its `events`' `when`, and
+    both sides of each `correlate` (the wait's and an event's own)."""
+    found: list[tuple[tuple[str | int, ...], str]] = []
+
+    def correlate(at: tuple[str | int, ...], value: Any) -> None:
+        if isinstance(value, Mapping):
+            found.extend(
+                ((*at, side), value[side])
+                for side in ("event", "run")
+                if isinstance(value.get(side), str)
+            )
+
+    correlate(("config", "correlate"), config.get("correlate"))
+    events = config.get("events")
+    for j, awaited in enumerate(events if isinstance(events, list) else []):
+        if not isinstance(awaited, Mapping):
+            continue
+        if isinstance(awaited.get("when"), str):
+            found.append((("config", "events", j, "when"), awaited["when"]))
+        correlate(("config", "events", j, "correlate"), awaited.get("correlate"))
     return found
 
 
@@ -257,12 +283,23 @@ def wait_scope(incoming: Occurrence, waiting: Mapping[str, Any]) -> dict[str, An
     return scope
 
 
+# A record's object type as a workflow wrote it -> onceflow's neutral kind (None: not one of
+# them, kept as written). The provider wing knows each provider's names
+# (shared/providers/registry.py `object_kind`); this wing, below it, is handed the rule.
+KindOf = Callable[[str], str | None]
+
+
 def record_from_expression(
-    expression: CompiledExpression, scope: Mapping[str, Any] | PreparedScope, occurrence: Occurrence
+    expression: CompiledExpression,
+    scope: Mapping[str, Any] | PreparedScope,
+    occurrence: Occurrence,
+    kind_of: KindOf | None = None,
 ) -> tuple[str | None, dict[str, Any], str | None]:
     """A trigger's `record` expression evaluated over the rule scope: (record key, the record
     the rule then sees, why there is none). The expression yields an object id (of the
-    event's object type) or a map with `id` and `object_type`."""
+    event's object type) or a map with `id` and `object_type`, which may name the kind
+    neutrally or in the provider's own words (`person`): `kind_of` makes it the neutral kind
+    the events and their record keys carry, so both name the same record."""
     try:
         value = evaluate(expression, scope)
     except ExpressionError as exc:
@@ -281,6 +318,8 @@ def record_from_expression(
         )
     if not object_type:
         return None, {}, "the record expression gave an id but no object_type"
+    if kind_of is not None:
+        object_type = kind_of(str(object_type)) or object_type
     key = record_key(occurrence.connection_id, str(object_type), str(object_id))
     return key, {"id": str(object_id), "object_type": str(object_type), "key": key}, None
 
@@ -289,14 +328,15 @@ def trigger_record(
     occurrence: Occurrence,
     expression: CompiledExpression | None,
     scope: Mapping[str, Any] | PreparedScope | None = None,
+    kind_of: KindOf | None = None,
 ) -> tuple[str | None, dict[str, Any], str | None]:
     """The record a trigger sees: the event's own (expression None) or the one its `record`
     expression names. (record key, record, why there is none). `scope` is the rule scope
-    when the caller already built it."""
+    when the caller already built it; `kind_of` as for `record_from_expression`."""
     if expression is None:
         if occurrence.record_key is None:
             return None, {}, f"event {occurrence.id} ({occurrence.type}) names no record"
         return occurrence.record_key, occurrence.record(), None
     if scope is None:
         scope = rule_scope(occurrence, occurrence.record())
-    return record_from_expression(expression, scope, occurrence)
+    return record_from_expression(expression, scope, occurrence, kind_of)

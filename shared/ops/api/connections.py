@@ -25,6 +25,7 @@ def create_connection(call: Call) -> ConnectionSummary:
             provider_account_id=body.provider_account_id,
             watched_fields=body.watched_fields,
             provider_app_id=body.provider_app_id,
+            provider_user_id=body.provider_user_id,
         )
         rows = tx.all(CONNECTIONS_LIST, tenant_id=tenant_id)
     return next(ConnectionSummary.model_validate(r) for r in rows if str(r["id"]) == connection_id)

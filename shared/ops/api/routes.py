@@ -5,7 +5,14 @@ The same table drives dispatch (shared/ops/api/app.py) and `/openapi.json` (shar
 from __future__ import annotations
 
 from shared.ops.api.approvals import approval_link, approve, list_approvals, reject
-from shared.ops.api.apps import confirm_app_install, install_app, provider_app_report
+from shared.ops.api.apps import (
+    app_project,
+    claim_app_install,
+    confirm_app_install,
+    declare_app_project,
+    install_app,
+    provider_app_report,
+)
 from shared.ops.api.connections import create_connection, list_connections
 from shared.ops.api.credits import CreditsQuery, credits
 from shared.ops.api.events import list_stuck_inbox, requeue_event, requeue_inbox_row
@@ -38,6 +45,7 @@ from shared.ops.api.workflows import (
 from shared.ops.models import (
     ActivateRequest,
     ActivationResult,
+    AppProjectReport,
     ApprovalLink,
     ApprovalList,
     BootstrapRequest,
@@ -54,11 +62,13 @@ from shared.ops.models import (
     DecisionRequest,
     DecisionResult,
     HealthReport,
+    InstallClaim,
     InstallConfirm,
     InstallConfirmed,
     InstallRequest,
     InstallStarted,
     LinkRequest,
+    ProjectDeclaration,
     ProviderAppReport,
     PublishResult,
     RecordExplanation,
@@ -268,6 +278,33 @@ ROUTES: tuple[Route, ...] = (
         path_choices=(("provider", registry.app_providers()),),
     ),
     Route(
+        "apps.project",
+        "GET",
+        "/v1/apps/{provider}/{app_id}/project",
+        app_project,
+        AppProjectReport,
+        "A project-based app: what its project files should declare (scopes, redirect URLs,"
+        " webhook URL, the subscriptions the active workflows need), what they last declared,"
+        " and the drift",
+        errors=(401, 404),
+        path_params=("app_id", "provider"),
+        path_choices=(("provider", registry.project_providers()),),
+    ),
+    Route(
+        "apps.project.declare",
+        "POST",
+        "/v1/apps/{provider}/{app_id}/project",
+        declare_app_project,
+        AppProjectReport,
+        "Record what a project-based app's files declare, as `onceflow <provider> project` read"
+        " them back after writing them: health, validation and activation compare with it",
+        body=ProjectDeclaration,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("app_id", "provider"),
+        path_choices=(("provider", registry.project_providers()),),
+        action="apps.{provider}.project",
+    ),
+    Route(
         "apps.install",
         "POST",
         "/v1/apps/{provider}/{app_id}/installs",
@@ -297,6 +334,21 @@ ROUTES: tuple[Route, ...] = (
         path_params=("app_id", "provider"),
         path_choices=(("provider", registry.oauth_providers()),),
         action="apps.{provider}.install.confirm",
+    ),
+    Route(
+        "apps.install.claim",
+        "POST",
+        "/v1/apps/{provider}/{app_id}/installs/claim",
+        claim_app_install,
+        InstallConfirmed,
+        "Claim an install that started at the provider (the app's install URL, a Marketplace"
+        " listing) for a tenant, with the portal and the code the app's own callback page"
+        " showed: once, within 24 hours; creates or re-authorizes the portal's connection",
+        body=InstallClaim,
+        errors=(400, 401, 404, 409, 413, 422),
+        path_params=("app_id", "provider"),
+        path_choices=(("provider", registry.oauth_providers()),),
+        action="apps.{provider}.install.claim",
     ),
     Route(
         "credits.get",

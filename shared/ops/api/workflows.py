@@ -3,6 +3,7 @@ cron ticks, the trigger's state, the circuit breaker and the spend budget."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
@@ -37,9 +38,10 @@ from shared.ops.models import (
 from shared.ops.statements import WORKFLOW_GET, WORKFLOW_VERSIONS, WORKFLOWS_LIST
 from shared.providers.connect import port_for, port_for_app
 from shared.publishing import versions
-from shared.publishing.subscriptions import reconcile_tenant
+from shared.publishing.subscriptions import project_drift, reconcile_tenant
 from shared.publishing.validate import DefinitionInvalid, ValidationReport, validate_text
 from shared.triggers import cron
+from shared.workflows.definition import WorkflowDefinition
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -131,9 +133,25 @@ def validate_workflow(call: Call) -> ValidationResult:
                 message=f"this definition is for tenant {report.definition.tenant!r}, not yours",
             ),
         )
+    if report.definition is not None and report.ok:
+        problems.extend(_drift_warnings(call, report.definition))
     return ValidationResult(
         valid=not any(p.severity == "error" for p in problems), problems=problems
     )
+
+
+def _drift_warnings(call: Call, definition: WorkflowDefinition) -> list[DefinitionProblem]:
+    """A warning per project app of the tenant whose deployed files would lack a subscription
+    this definition (with the tenant's active ones) needs: it can be activated, but those
+    events would not arrive until the project is written and uploaded again."""
+    tenant = call.scope or definition.tenant
+    stored = json.loads(versions.canonical_json(definition))
+    return [
+        DefinitionProblem(
+            severity="warning", path="trigger", line=None, column=None, message=d.message()
+        )
+        for d in project_drift(call.db, tenant, [stored])
+    ]
 
 
 def _definition_invalid(report: ValidationReport) -> OpsError:
@@ -203,7 +221,11 @@ def activate_workflow(call: Call) -> ActivationResult:
         raise _definition_invalid(exc.report) from None
     _reconcile_subscriptions_now(call.db, workflow["tenant_id"])
     return ActivationResult(
-        workflow_id=UUID(activation.workflow_id), active_version_id=UUID(activation.version_id)
+        workflow_id=UUID(activation.workflow_id),
+        active_version_id=UUID(activation.version_id),
+        # The activation stands: events the project doesn't subscribe to just never arrive
+        # until a person deploys the project again, which this says.
+        warnings=[d.message() for d in project_drift(call.db, workflow["tenant_id"])],
     )
 
 

@@ -2,15 +2,15 @@
 
 Its webhook signatures (`signature.py`), the events its bodies become (`normalize.py`), its
 apps' one URL for all their portals (`apps.py`), the OAuth install and refresh (`oauth.py`),
-its record pages in the UI (`records.py`) and the CRM adapter with its subscriptions, error
-classes and rate-limit headers (`port.py`).
+its record pages in the UI (`records.py`), its webhooks journal (`journal.py`) and the CRM
+adapter with its subscriptions, error classes and rate-limit headers (`port.py`).
 shared/providers/registry.py lists it; nothing outside shared/providers/ names it.
 """
 
 from __future__ import annotations
 
 from shared.providers.descriptor import AppWebhooks, Crm, OAuth, Provider
-from shared.providers.hubspot import apps, normalize, oauth, records, signature
+from shared.providers.hubspot import apps, journal, normalize, oauth, project, records, signature
 from shared.providers.hubspot.port import HubSpotPort
 
 PROVIDER = Provider(
@@ -25,7 +25,10 @@ PROVIDER = Provider(
     # 2 + 4 + ... + 1024 minutes = 2,046 minutes = 34.1 hours after the first attempt; 36 hours
     # leaves room for the first attempt's own delay and the attempts' timeouts.
     redelivery_horizon_seconds=36 * 3600,
-    normalize=lambda body, _headers: normalize.normalize(body),
+    # A webhook body, or a journal entry's file read by shared/ingest/journal.py (journal.py).
+    normalize=lambda body, headers: normalize.normalize(
+        journal.webhook_body(body, headers) if journal.is_journal_row(headers) else body
+    ),
     event_types=normalize.event_types,
     kept_headers=("x-hubspot-request-timestamp",),
     hidden_headers=("x-hubspot-signature", "x-hubspot-signature-v3"),
@@ -50,6 +53,9 @@ PROVIDER = Provider(
         refresher=oauth.hubspot_refresher,
     ),
     # onceflow event actions (shared/normalize/event.py naming) -> webhooks v3 event kinds.
+    # HubSpot's CRM objects are named as onceflow names them (/crm/v3/objects/contacts, …,
+    # /crm/v3/objects/tasks and /notes: https://developers.hubspot.com/docs/api/crm/understanding-the-crm).
+    object_kinds={k: k for k in ("contact", "company", "deal", "task", "note")},
     subscription_event_kinds={
         "created": "creation",
         "property_changed": "propertyChange",
@@ -59,4 +65,7 @@ PROVIDER = Provider(
         "restored": "restore",
         "association_changed": "associationChange",
     },
+    journal=journal.JOURNAL,
+    # Project-based apps: webhooks declared in the project's files (project.py).
+    project=project.PROJECT,
 )

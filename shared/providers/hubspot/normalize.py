@@ -7,17 +7,25 @@ changes, `occurredAt` (ms), `changeSource` and `sourceId` (who made the change),
 `attemptNumber`, `portalId` and `appId`. The author is `author_source = changeSource`,
 `author_id = sourceId` (e.g. `userId:123`, or an app id for integration writes).
 
-The event's identity (`source_event_id`, the outbox's dedup key) is NOT `eventId` alone:
-HubSpot documents `eventId` as "not guaranteed to be unique"
-(https://developers.hubspot.com/docs/api/webhooks, "Webhook payloads"). It is
-`portalId:subscriptionType:objectId:propertyName:occurredAt:eventId` — every field a retry
-repeats unchanged (a retry only bumps `attemptNumber`), so a real retry is still the same
-key, while two different events that happen to share an `eventId` differ in at least one of
-the others and are both kept. HubSpot's own `eventId` stays in the payload.
+The event's identity (`source_event_id`, the outbox's dedup key) is the CHANGE it reports, not
+the delivery that carried it: `portalId:<object>.<action>:<objectTypeId>/<objectId>:
+<propertyName>:<occurredAt ms>[:<digest of the new value>]`, in onceflow's names for object and
+action (the value's digest for property changes only). Every part is one a
+retry repeats unchanged (a retry only bumps `attemptNumber`), and it is what the webhooks
+journal says about the same change too (shared/providers/hubspot/journal.py turns a journal
+event into these same fields), so a change that arrives both by webhook and from the journal is
+ONE event (issue 26 item 2). `eventId` is not part of it: HubSpot documents it as "not
+guaranteed to be unique" (https://developers.hubspot.com/docs/api/webhooks, "Webhook
+payloads") and the journal has none; two different events that share an `eventId` still differ
+in one of the other parts. `contact.propertyChange` and the generic `object.propertyChange`
+with `objectTypeId` `0-1` are the same change, so the key names the type id either way.
+HubSpot's own `eventId` stays in the payload.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from datetime import UTC, datetime
 from typing import Any
@@ -76,19 +84,22 @@ def _part(value: object) -> str:
     return "-" if value is None else str(value).replace(":", "%3A")
 
 
-def dedup_key(event: HubSpotEvent) -> str:
-    """The event's identity across deliveries (see the module docstring for why)."""
-    # Generic `object.*` subscriptions name the type separately: objects of two types may
-    # share an id.
-    obj = f"{event.object_type_id}/{event.object_id}" if event.object_type_id else event.object_id
-    parts = (
+def dedup_key(event: HubSpotEvent, object_type: str, action: str) -> str:
+    """The event's identity across deliveries and sources (see the module docstring)."""
+    type_id = event.object_type_id or type_id_for(object_type) or object_type
+    parts: list[object] = [
         event.portal_id,
-        event.subscription_type,
-        obj,
+        f"{object_type}.{action}",
+        f"{type_id}/{_part(event.object_id)}",
         event.property_name,
         event.occurred_at,
-        event.event_id,
-    )
+    ]
+    if event.property_name is not None:
+        # Two changes of one property in the same millisecond are two changes (a fast client,
+        # the fake): the new value tells them apart; a short digest keeps the key small.
+        value = event.property_value
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        parts.append(hashlib.sha256(text.encode()).hexdigest()[:16])
     return ":".join(_part(v) for v in parts)
 
 
@@ -144,7 +155,7 @@ def _to_event(event: HubSpotEvent, index: int) -> NormalizedEvent:
         kind=kind,
         occurred_at=datetime.fromtimestamp(event.occurred_at / 1000, UTC),
         payload=event.model_dump(mode="json", by_alias=True, exclude_none=True),
-        source_event_id=dedup_key(event),
+        source_event_id=dedup_key(event, object_type, action),
         object_type=object_type if object_id is not None else None,
         object_id=object_id,
         changed_fields=changed,

@@ -1,4 +1,5 @@
-"""The HubSpot adapter: CRM v3 objects and webhooks v3 subscriptions over httpx.
+"""The HubSpot adapter: CRM objects and a legacy app's webhook subscriptions over httpx, on the
+date-based paths versions.py pins (never a numbered `/crm/v3` one).
 
 Everything HubSpot-specific stops here. Responses become `Record`/`Subscription`; failures
 become `PortError` with a vendor-neutral code, classified once:
@@ -18,6 +19,12 @@ become `PortError` with a vendor-neutral code, classified once:
   before adopting it).
 - 404 → `not_found`, 401/403 → `unauthorized`, 400/422 → `invalid_request`; anything else
   → `unknown`; all permanent.
+- A write refused by the portal's own validation rules (enforced on every CRM write from the
+  `2026-09` version: "the API will return a 400 validation error if that property is missing on
+  write", https://developers.hubspot.com/changelog/crm-api-write-validation-enforcement) is a 400
+  with `category: VALIDATION_ERROR`: `invalid_request`, permanent (sending it again is refused
+  again until an admin changes the rule or the workflow sends the property), and its message
+  carries what the rule says (`_validation_detail`), which is what the step's error shows.
 
 The `X-HubSpot-RateLimit-*` headers are read on every answer: when the last one said the window
 is spent, the next call is refused locally as `rate_limited` until the interval has passed,
@@ -45,6 +52,7 @@ from shared.port.interface import (
     Subscription,
     plural_object_type,
 )
+from shared.providers.hubspot import versions
 
 DEFAULT_BASE_URL = "https://api.hubapi.com"
 DEFAULT_TIMEOUT_SECONDS = 10.0
@@ -67,7 +75,7 @@ DEFAULT_ASSOCIATION_TYPES = {
 
 
 def association_input(object_type: str, association: Association) -> dict[str, Any]:
-    """One entry of a v3 create's `associations`."""
+    """One entry of a create's `associations`."""
     to_type = plural_object_type(association.to_object_type)
     type_id = association.type_id or DEFAULT_ASSOCIATION_TYPES.get((object_type, to_type))
     if type_id is None:
@@ -103,8 +111,35 @@ def _message(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:300]
     if isinstance(body, dict) and isinstance(body.get("message"), str):
-        return str(body["message"])
+        detail = _validation_detail(body) if body.get("category") == "VALIDATION_ERROR" else ""
+        return str(body["message"])[:500] + detail
     return response.text[:300]
+
+
+def _validation_detail(body: Mapping[str, Any]) -> str:
+    """What a `VALIDATION_ERROR`'s `errors[]` add to its `message`: each error's own message and
+    the properties it names (`context.propertyName`), e.g. " [leadsource: Lead source is
+    required for customers]". HubSpot's CRM errors "include detailed message, code, and context
+    fields", all of which "should be treated as optional in any error parsing"
+    (https://developers.hubspot.com/docs/api-reference/latest/error-handling); the shape of a
+    validation rule's `errors[]` items is not documented further, so anything missing is
+    skipped, and an item that repeats the top `message` adds nothing."""
+    errors = body.get("errors")
+    if not isinstance(errors, list):
+        return ""
+    top = str(body.get("message", ""))
+    parts: list[str] = []
+    for item in errors[:10]:
+        if not isinstance(item, dict) or not isinstance(item.get("message"), str):
+            continue
+        text = item["message"].strip()
+        context = item.get("context")
+        names = context.get("propertyName") if isinstance(context, dict) else None
+        if isinstance(names, list) and names:
+            text = f"{', '.join(str(n) for n in names)}: {text}"
+        if text and text != top and text not in parts:
+            parts.append(text[:300])
+    return f" [{'; '.join(parts)}]" if parts else ""
 
 
 def classify_response(response: httpx.Response, interval_ms: int | None = None) -> PortError:
@@ -188,7 +223,7 @@ class HubSpotPort:
     capabilities = Capabilities(
         write_idempotency=False,  # creates are not idempotent: the replay test proves it
         event_author_identity=True,  # changeSource/sourceId on every event
-        subscription_management=True,  # webhooks v3 subscriptions API
+        subscription_management=True,  # a legacy public app's webhook subscriptions API
     )
     idempotency_property: str | None = None
 
@@ -208,8 +243,8 @@ class HubSpotPort:
         `token_source`: instead of a fixed token, where each call gets a live one (an OAuth
         connection: shared/providers/connect.py); called with the token HubSpot just answered 401
         to, it hands back a refreshed one.
-        `developer_api_key`: the app's developer credential, which is what the webhooks v3
-        subscriptions API takes (as `hapikey`), not a portal token
+        `developer_api_key`: the app's developer credential, which is what a legacy public app's
+        webhook subscriptions API takes (as `hapikey`), not a portal token
         (https://developers.hubspot.com/docs/api/webhooks). A port for an app's subscriptions
         has the key and no token."""
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
@@ -330,17 +365,20 @@ class HubSpotPort:
         associations: Sequence[Association] = (),
     ) -> Record:
         kind = plural_object_type(object_type)
-        request: dict[str, Any] = {"properties": dict(properties)}
-        if associations:
-            request["associations"] = [association_input(kind, a) for a in associations]
-        body = self._request("POST", f"/crm/v3/objects/{kind}", json=request)
+        # `associations` is listed as required on the date-based create (an empty list when
+        # there are none): https://developers.hubspot.com/docs/api-reference/2026-03/crm/objects/contacts/create-contact
+        request: dict[str, Any] = {
+            "properties": dict(properties),
+            "associations": [association_input(kind, a) for a in associations],
+        }
+        body = self._request("POST", versions.crm_objects(kind), json=request)
         return _record(kind, body)
 
     def update(self, object_type: str, object_id: str, properties: Mapping[str, Any]) -> Record:
         kind = plural_object_type(object_type)
         body = self._request(
             "PATCH",
-            f"/crm/v3/objects/{kind}/{_path_id(object_id)}",
+            versions.crm_objects(kind, _path_id(object_id)),
             json={"properties": dict(properties)},
         )
         return _record(kind, body)
@@ -348,7 +386,7 @@ class HubSpotPort:
     def get(self, object_type: str, object_id: str, properties: Sequence[str] = ()) -> Record:
         kind = plural_object_type(object_type)
         params = {"properties": ",".join(properties)} if properties else None
-        body = self._request("GET", f"/crm/v3/objects/{kind}/{_path_id(object_id)}", params=params)
+        body = self._request("GET", versions.crm_objects(kind, _path_id(object_id)), params=params)
         return _record(kind, body)
 
     def search(
@@ -375,21 +413,21 @@ class HubSpotPort:
             request["after"] = after
         if properties:
             request["properties"] = list(properties)
-        body = self._request("POST", f"/crm/v3/objects/{kind}/search", json=request)
+        body = self._request("POST", versions.crm_search(kind), json=request)
         results = body.get("results", []) if isinstance(body, dict) else []
         paging = body.get("paging") if isinstance(body, dict) else None
         nxt = paging.get("next", {}).get("after") if isinstance(paging, dict) else None
         return SearchPage([_record(kind, r) for r in results], None if nxt is None else str(nxt))
 
     # --- webhook subscriptions (used by reconcile) -----------------------------------------
-    def _subscriptions_path(self) -> str:
+    def _subscriptions_path(self, subscription_id: str | None = None) -> str:
         if not self.app_id:
             raise PortError(
                 "this connection has no HubSpot app id (connections.provider_app_id)",
                 code="invalid_request",
                 transient=False,
             )
-        return f"/webhooks/v3/{self.app_id}/subscriptions"
+        return versions.webhook_subscriptions(self.app_id, subscription_id)
 
     def _developer_params(self) -> dict[str, str] | None:
         return {"hapikey": self._developer_api_key} if self._developer_api_key else None
@@ -414,7 +452,7 @@ class HubSpotPort:
     def delete_subscription(self, subscription_id: str) -> None:
         self._request(
             "DELETE",
-            f"{self._subscriptions_path()}/{_path_id(subscription_id)}",
+            self._subscriptions_path(_path_id(subscription_id)),
             params=self._developer_params(),
         )
 
