@@ -18,13 +18,15 @@ builds a new one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shared.accounts import oauth_tokens
 from shared.accounts.connections import CREDENTIAL_KINDS, is_connection_id
 from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
-from shared.core.db import Tx
+from shared.core.db import Database, Tx
 from shared.core.settings import named_secret
 from shared.core.settings import settings as app_settings
 from shared.port.interface import CrmPort, PortError, WebhookTargeted, singular_object_type
@@ -58,6 +60,10 @@ def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
     """The row's settings; an unknown connection comes back with status `missing` (raising
     inside a transaction would be translated by the pool), and `build_port` refuses it."""
     row = tx.one(GET, connection_id=connection_id) if is_connection_id(connection_id) else None
+    return _settings_of(connection_id, row)
+
+
+def _settings_of(connection_id: str, row: Mapping[str, Any] | None) -> PortSettings:
     if row is None:
         return PortSettings(connection_id, "", "", "missing", None, None, None)
     return PortSettings(
@@ -81,8 +87,9 @@ _cache: dict[tuple[str, str, str | None, str, str | None], CrmPort] = {}
 _cache_lock = threading.Lock()
 
 
-def build_port(settings: PortSettings) -> CrmPort:
-    """The adapter for `settings`, reused while base URL, token and app id stay the same."""
+def build_port(settings: PortSettings, db: Database) -> CrmPort:
+    """The adapter for `settings`, reused while base URL, token and app id stay the same. `db`:
+    where an OAuth connection's port reads and refreshes its access token."""
     if settings.status == "missing":
         raise PortError(
             f"connection {settings.connection_id} does not exist",
@@ -103,7 +110,7 @@ def build_port(settings: PortSettings) -> CrmPort:
             transient=False,
         )
     if settings.oauth:
-        return _oauth_port(settings)
+        return _oauth_port(settings, db)
     if not settings.api_credentials_env:
         raise PortError(
             f"connection {settings.connection_id} names no API credentials variable",
@@ -228,10 +235,11 @@ def _env(name: str | None, what: str) -> str:
     return value
 
 
-def _oauth_port(settings: PortSettings) -> CrmPort:
-    """The port of an OAuth connection: no token of its own, a token source instead."""
-    from shared.core.db import get_database
-
+def _oauth_port(settings: PortSettings, db: Database) -> CrmPort:
+    """The port of an OAuth connection: no token of its own, a token source instead, reading
+    through `db` — the pool of the caller that built it (a step's, whose connection is
+    pinned to its thread: the token is read on the step's own connection). The port is
+    kept per pool (its key names it), so a token source never outlives its pool."""
     _, oauth = _crm(settings.provider, oauth=True)
     assert oauth is not None  # _crm refused a provider without one
     client_id = _env(settings.oauth_client_id_env, "the app's OAuth client id")
@@ -243,9 +251,7 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
 
     def token_source(rejected: str | None) -> str:
         try:
-            return oauth_tokens.access_token(
-                get_database(), connection_id, refresher, rejected=rejected
-            )
+            return oauth_tokens.access_token(db, connection_id, refresher, rejected=rejected)
         except oauth_tokens.ReauthorizationNeeded as exc:
             raise PortError(str(exc), code="unauthorized", transient=False) from None
         except oauth_tokens.NoGrant:
@@ -257,7 +263,9 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
         except oauth_tokens.TokenKeyUnavailable as exc:
             raise PortError(str(exc), code="unauthorized", transient=False) from None
 
-    return _cached_port(settings, f"oauth:{client_id}:{client_secret}", token_source=token_source)
+    return _cached_port(
+        settings, f"oauth:{client_id}:{client_secret}:pool{id(db)}", token_source=token_source
+    )
 
 
 def _drop_cached(connection_id: str) -> None:
@@ -267,11 +275,6 @@ def _drop_cached(connection_id: str) -> None:
         close = getattr(old, "close", None)
         if callable(close):
             close()
-
-
-def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
-    """Convenience for callers outside a transaction's `with` block (errors are PortError)."""
-    return build_port(load_port_settings(tx, connection_id))
 
 
 def port_for_app(app: ProviderApp) -> CrmPort | None:
@@ -317,10 +320,15 @@ def forget_ports() -> None:
         _cache.clear()
 
 
-def port_for(connection_id: str) -> CrmPort:
-    """The port for a connection, reading its row in a short transaction of its own. Raises
-    `PortError` (not a translated database error) for unknown, paused or secretless rows."""
-    from shared.core.db import get_database
+def port_for(db: Database, connection_id: str) -> CrmPort:
+    """The port for a connection, reading its row on `db` (one statement, committed with it:
+    one round trip; a step's is its pinned connection). Raises `PortError` (not a translated
+    database error) for unknown, paused or secretless rows."""
 
-    settings = get_database().run(lambda tx: load_port_settings(tx, connection_id))
-    return build_port(settings)
+    def read(tx: Tx) -> PortSettings:
+        if not is_connection_id(connection_id):
+            return load_port_settings(tx, connection_id)  # `missing`, with no statement
+        rows = tx.commit_with(GET, connection_id=connection_id)
+        return _settings_of(connection_id, rows[0] if rows else None)
+
+    return build_port(db.run(read), db)

@@ -52,6 +52,7 @@ from shared.core.db import Database
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
 from shared.ingest import journal
+from shared.port import observed
 from shared.port.interface import CrmPort, PortError, Subscription, SubscriptionApi
 from shared.providers import registry
 from shared.workflows import listening
@@ -448,6 +449,7 @@ def reconcile_connection_with(
         record_result(db, result)
     else:
         result = reconcile_connection(db, connection_id, port)
+    observed.flush(db)  # what the port's calls observed (shared/port/observed.py)
     if not result.ok:
         log.warning(
             "subscription reconcile failed: %s",
@@ -486,7 +488,7 @@ def reconcile_subscriptions(db: Database) -> dict[str, int]:
     """The hourly sweep duty: `reconcile_all` with the ports the deployment builds."""
     from shared.providers.connect import port_for, port_for_app
 
-    results = reconcile_all(db, port_for, port_for_app)
+    results = reconcile_all(db, lambda connection_id: port_for(db, connection_id), port_for_app)
     return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}
 
 

@@ -102,6 +102,7 @@ SELECT (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
 UPDATE workflow_steps
 SET lease_expires_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision))
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
+RETURNING id
 
 -- name: steps_mark_side_effect_started
 -- Invariant 10. Zero rows: an earlier attempt already set the marker (the outcome is unknown),
@@ -109,6 +110,7 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 UPDATE workflow_steps SET side_effect_started_at = now()
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
   AND side_effect_started_at IS NULL
+RETURNING id
 
 -- name: steps_withdraw_side_effect_mark
 -- The port proved the at-most-once request never applied (refused before it left, 429): take
@@ -116,6 +118,7 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 UPDATE workflow_steps SET side_effect_started_at = NULL
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
   AND side_effect_started_at IS NOT NULL
+RETURNING id
 
 -- name: steps_settle
 -- The outcome, fenced on the lease: no `run_status` means this attempt lost its lease and
