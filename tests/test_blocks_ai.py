@@ -1,0 +1,299 @@
+"""ai.generate against the fake Vertex AI endpoint (real HTTP through google-genai), through
+the real step engine and gates: schema checked on receipt and retried within the attempts,
+429 transient, INVALID_ARGUMENT permanent, one charge per lineage, a replay that reuses the
+journaled answer, a budget race, and rehearsals that call nothing."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from devstack.fakevertex.server import FakeVertex
+from shared.blocks import ai as ai_block
+from shared.blocks.base import BlockFailure
+from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
+from shared.ops import replay
+from shared.steps.advance import advance_step
+from shared.steps.repairs import wake_due_steps
+from shared.workflows.definition import Budget
+from tests.blocks_support import StepRunner, seed_tenant
+from tests.fakevertex_support import LOCATION, PROJECT, configure_tenant, fake_vertex
+from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "intent": {"type": "string", "enum": ["interested", "not_now", "unsubscribe"]},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["intent", "confidence"],
+}
+ANSWER = {"intent": "interested", "confidence": 0.9}
+CONFIG: dict[str, Any] = {
+    "prompt": "Classify the lead's reply: ${{ trigger.reply }}",
+    "schema": SCHEMA,
+    "temperature": 0.2,
+    "max_output_tokens": 256,
+}
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVertex]:
+    with fake_vertex(monkeypatch) as server:
+        server.fixtures["Sounds great"] = ANSWER
+        yield server
+
+
+def _balance(db: Database) -> int:
+    with db.transaction() as tx:
+        return int(tx.scalar("SELECT credit_balance FROM tenants WHERE id = :t", t=TENANT))
+
+
+def _ledger(db: Database) -> int:
+    with db.transaction() as tx:
+        return int(tx.scalar("SELECT count(*) FROM credit_ledger"))
+
+
+def _wake_retries_and_advance(db: Database) -> None:
+    """What time does: the retry wait ends and the sweep wakes the step."""
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET wake_at = now() - interval '1 second' "
+            "WHERE status = 'waiting_for_retry'"
+        )
+    woken: list[str] = []
+    wake_due_steps(db, SweepConfig(), woken.extend, SweepReport())
+    for step_id in woken:
+        advance_step(db, step_id, dispatch=lambda ids: None)
+
+
+def _one_step_run(
+    db: Database, *, namespace: str = "live", extra: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    version = publish_version(
+        db,
+        definition([{"id": "classify", "type": "ai.generate", "config": CONFIG | (extra or {})}]),
+    )
+    run_id, [step_id] = start_run(
+        db, version, payload={"reply": "Sounds great, call me Monday"}, namespace=namespace
+    )
+    return run_id, step_id
+
+
+def test_the_answer_is_asked_of_the_tenants_model_with_the_schema_and_journaled(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db, model="gemini-2.5-pro")
+    run_id, step_id = _one_step_run(db)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["classify"]
+    assert step["status"] == "succeeded", step["error"]
+    assert step["output"]["answer"] == ANSWER
+    assert step["output"]["model"] == "gemini-2.5-pro"
+    assert step["output"]["usage"]["total_tokens"] > 0
+    [call] = fake.calls
+    assert (call.project, call.location, call.model) == (PROJECT, LOCATION, "gemini-2.5-pro")
+    assert call.prompt == "Classify the lead's reply: Sounds great, call me Monday"
+    generation = call.body["generationConfig"]
+    assert generation["responseMimeType"] == "application/json"
+    assert generation["responseJsonSchema"] == SCHEMA
+    assert (generation["temperature"], generation["maxOutputTokens"]) == (0.2, 256)
+    assert _balance(db) == 10 - ai_block.GENERATE.price
+
+
+def test_a_non_conforming_answer_then_a_conforming_one_within_the_attempts(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    fake.faults.append("bad_schema")
+    run_id, step_id = _one_step_run(db)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["classify"]
+    assert (step["status"], step["outcome_code"]) == ("waiting_for_retry", "AI_ANSWER_INVALID")
+    assert "missing 'intent'" in step["error"]
+    _wake_retries_and_advance(db)
+    step = steps_of(db, run_id)["classify"]
+    assert step["status"] == "succeeded" and step["output"]["answer"] == ANSWER
+    assert fake.call_count() == 2
+    # Both attempts share the step's lineage key: charged once.
+    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+
+
+def test_answers_that_never_conform_fail_with_the_validation_error_after_the_attempts(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    fake.faults.extend(["bad_schema"] * 3)
+    run_id, step_id = _one_step_run(db)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    for _ in range(2):
+        _wake_retries_and_advance(db)
+    step = steps_of(db, run_id)["classify"]
+    assert (step["status"], step["outcome_code"]) == ("failed", "AI_ANSWER_INVALID")
+    assert "breaks the schema" in step["error"] and "missing 'intent'" in step["error"]
+    assert fake.call_count() == ai_block.GENERATE.max_attempts == 3
+
+
+def test_resource_exhausted_is_retried_with_backoff_then_succeeds(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    fake.faults.append("429")
+    run_id, step_id = _one_step_run(db)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["classify"]
+    assert (step["status"], step["outcome_code"]) == ("waiting_for_retry", "AI_RESOURCE_EXHAUSTED")
+    assert step["wake_at"] is not None
+    _wake_retries_and_advance(db)
+    assert steps_of(db, run_id)["classify"]["status"] == "succeeded"
+    assert fake.call_count() == 2 and _ledger(db) == 1
+
+
+def test_invalid_argument_fails_for_good_and_is_refunded(db: Database, fake: FakeVertex) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    fake.faults.append("400")
+    run_id, step_id = _one_step_run(db)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["classify"]
+    assert (step["status"], step["outcome_code"]) == ("failed", "AI_INVALID_ARGUMENT")
+    assert "INVALID_ARGUMENT" in step["error"]
+    assert fake.call_count() == 1
+    # Nothing was generated: the charge is paid back.
+    assert _balance(db) == 10
+
+
+def test_a_replay_reuses_the_journaled_answer_and_is_not_charged_again(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    # The answer feeds a call that fails (loopback is refused): the run fails after the AI step.
+    version = publish_version(
+        db,
+        definition(
+            [
+                {"id": "classify", "type": "ai.generate", "config": CONFIG, "next": "notify"},
+                {
+                    "id": "notify",
+                    "type": "http.request",
+                    "config": {
+                        "url": "http://127.0.0.1:9/${{ steps.classify.output.answer.intent }}"
+                    },
+                },
+            ]
+        ),
+    )
+    run_id, [step_id] = start_run(db, version, payload={"reply": "Sounds great"})
+    sent: list[str] = []
+    advance_step(db, step_id, dispatch=sent.extend)
+    advance_step(db, sent[-1], dispatch=sent.extend)
+    first = steps_of(db, run_id)
+    assert first["classify"]["status"] == "succeeded"
+    assert (first["notify"]["status"], first["notify"]["outcome_code"]) == (
+        "failed",
+        "SSRF_BLOCKED",
+    )
+    balance = _balance(db)
+    outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    for restarted in outcome.restarted_step_ids:
+        advance_step(db, restarted, dispatch=sent.extend)
+    again = steps_of(db, outcome.run_id)
+    assert again["classify"]["output"] == first["classify"]["output"]
+    assert again["notify"]["status"] == "failed"
+    assert fake.call_count() == 1  # the model was asked once in the lineage
+    assert _balance(db) == balance and _ledger(db) == 1
+
+
+def test_a_budget_race_of_twenty_ai_steps_against_a_cap_of_five(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=1000)
+    configure_tenant(db)
+    cap = 5 * ai_block.GENERATE.price
+    wf = definition([{"id": "classify", "type": "ai.generate", "config": CONFIG}]).model_copy(
+        update={"budget": Budget(credits=cap, per="1d")}
+    )
+    version = publish_version(db, wf)
+    runs = [start_run(db, version, payload={"reply": "Sounds great"}) for _ in range(20)]
+    barrier = threading.Barrier(20)
+    errors: list[BaseException] = []
+
+    def one(step_id: str) -> None:
+        try:
+            barrier.wait(timeout=60)
+            advance_step(db, step_id, dispatch=lambda ids: None)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(ids[0],)) for _, ids in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    steps = [steps_of(db, run_id)["classify"] for run_id, _ in runs]
+    assert [s["status"] for s in steps].count("succeeded") == 5
+    assert {s["outcome_code"] for s in steps if s["status"] == "failed"} == {"BUDGET_EXCEEDED"}
+    assert fake.call_count() == 5
+    assert _ledger(db) == 5 and _balance(db) == 1000 - cap
+
+
+def test_a_rehearsal_calls_nothing_and_shows_the_declared_answer(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    declared = {"intent": "not_now", "confidence": 0.5}
+    run_id, step_id = _one_step_run(db, namespace="rehearsal", extra={"rehearsal_answer": declared})
+    advance_step(db, step_id, dispatch=lambda ids: None, namespace="rehearsal")
+    step = steps_of(db, run_id)["classify"]
+    assert (step["status"], step["outcome_code"]) == ("succeeded", "DRY_RUN")
+    assert step["output"]["answer"] == declared
+    assert step["output"]["would_send"]["prompt"] == (
+        "Classify the lead's reply: Sounds great, call me Monday"
+    )
+    assert fake.call_count() == 0 and _ledger(db) == 0
+
+
+def test_a_rehearsal_without_a_declared_answer_shows_one_made_from_the_schema(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db)
+    configure_tenant(db)
+    result = StepRunner(db, "ai.generate").run(
+        ai_block.GENERATE, {"prompt": "hi", "schema": SCHEMA}, dry_run=True
+    )
+    assert result.output is not None
+    assert result.output["answer"] == {"intent": "interested", "confidence": 0}
+    assert fake.call_count() == 0
+
+
+def test_schemas_outside_the_checked_subset_and_nonconforming_rehearsal_answers_are_refused() -> (
+    None
+):
+    with pytest.raises(ValueError, match="unsupported keyword 'oneOf'"):
+        ai_block.AiConfig.model_validate({"prompt": "p", "schema": {"oneOf": []}})
+    with pytest.raises(ValueError, match="rehearsal_answer breaks the schema"):
+        ai_block.AiConfig.model_validate(
+            {"prompt": "p", "schema": SCHEMA, "rehearsal_answer": {"intent": "maybe"}}
+        )
+
+
+def test_a_tenant_without_a_project_fails_before_anything_is_charged(
+    db: Database, fake: FakeVertex, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    seed_tenant(db, credits=10)
+    with pytest.raises(BlockFailure) as err:
+        StepRunner(db, "ai.generate").run(ai_block.GENERATE, {"prompt": "p", "schema": SCHEMA})
+    assert err.value.outcome_code == "AI_NOT_CONFIGURED"
+    assert fake.call_count() == 0 and _balance(db) == 10
