@@ -297,3 +297,66 @@ def test_a_tenant_without_a_project_fails_before_anything_is_charged(
         StepRunner(db, "ai.generate").run(ai_block.GENERATE, {"prompt": "p", "schema": SCHEMA})
     assert err.value.outcome_code == "AI_NOT_CONFIGURED"
     assert fake.call_count() == 0 and _balance(db) == 10
+
+
+def test_an_attempt_after_the_answer_was_received_reuses_it_without_calling_the_model(
+    db: Database, fake: FakeVertex
+) -> None:
+    """The answer is journaled before the step settles: an attempt that lost its lease after
+    receiving it (the next attempt runs the block again under the same key) is not paid
+    twice, neither to Vertex AI nor in credits."""
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    step = StepRunner(db, "ai.generate")
+    config = CONFIG | {"prompt": "Sounds great, call me"}
+    first = step.run(ai_block.GENERATE, config)
+    again = step.run(ai_block.GENERATE, config)
+    assert first.output is not None and again.output is not None
+    assert again.outcome_code == "AI_ANSWER_REUSED" and again.output["reused"] is True
+    assert again.output["answer"] == first.output["answer"] == ANSWER
+    assert fake.call_count() == 1
+    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+    # A different request under the same key (an earlier step's output changed the prompt)
+    # asks again.
+    fresh = step.run(ai_block.GENERATE, config | {"prompt": "Sounds great, call me now"})
+    assert fresh.outcome_code == "OK" and fake.call_count() == 2
+
+
+def test_a_replay_that_starts_the_ai_step_again_reuses_its_journaled_answer(
+    db: Database, fake: FakeVertex
+) -> None:
+    """The model answered, then the step failed without settling its answer (its process died
+    and the sweep gave up on it, here written directly): the replay restarts the step under
+    the lineage's key, which finds the journaled answer; no second call, no second charge."""
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    run_id, step_id = _one_step_run(db)
+    # The first attempt of the run's own step, answered and journaled, never settled:
+    step = StepRunner(db, "ai.generate")
+    step.run_id, step.step_id = run_id, step_id
+    with db.transaction() as tx:
+        step.idempotency_key = str(
+            tx.scalar("SELECT idempotency_key FROM workflow_steps WHERE id = :s", s=step_id)
+        )
+    rendered = CONFIG | {"prompt": "Classify the lead's reply: Sounds great, call me Monday"}
+    step.run(ai_block.GENERATE, rendered)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'failed', outcome_code = 'LEASE_EXPIRED',"
+            " finished_at = now() WHERE id = :s",
+            s=step_id,
+        )
+        tx.execute(
+            "UPDATE workflow_runs SET status = 'failed', finished_at = now() WHERE id = :r",
+            r=run_id,
+        )
+    assert fake.call_count() == 1
+    sent: list[str] = []
+    outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    replayed = steps_of(db, outcome.run_id)["classify"]
+    assert replayed["status"] == "succeeded", replayed["error"]
+    assert replayed["outcome_code"] == "AI_ANSWER_REUSED"
+    assert replayed["output"]["answer"] == ANSWER
+    assert fake.call_count() == 1
+    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price

@@ -17,6 +17,10 @@
   budget reservation and the charge (once per lineage key, so attempts and replays of the step
   are charged once). The answer is the step's output, journaled with it: a replay copies the
   settled step and never asks the model again (shared/ops/replay_plan.py).
+- Journaled: a conforming answer is committed under the step's lineage key as soon as it is
+  received (ai_answers, migration 0441), before the step settles; another attempt of the same
+  key asking the same request (the retry after a lost lease or a crash, a replay that starts
+  the step again) reuses it without calling the model (`AI_ANSWER_REUSED`).
 - A rehearsal calls nothing: the step's `rehearsal_answer` (or the smallest answer the schema
   allows) is its output, shown with the prompt it would have sent.
 
@@ -28,7 +32,9 @@ sends it to the fake in devstack/fakevertex with a static token instead.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -52,6 +58,8 @@ from shared.core.settings import settings
 
 SQL = queries.load("ai")
 TENANT_VERTEX = SQL["tenant_vertex_settings"]
+ANSWER_GET = SQL["ai_answer_get"]
+ANSWER_PUT = SQL["ai_answer_put"]
 
 DEFAULT_MODEL = "gemini-2.5-flash"
 DEFAULT_LOCATION = "global"
@@ -63,6 +71,7 @@ OUTCOME_ANSWER_INVALID = "AI_ANSWER_INVALID"
 OUTCOME_RESOURCE_EXHAUSTED = "AI_RESOURCE_EXHAUSTED"
 OUTCOME_INVALID_ARGUMENT = "AI_INVALID_ARGUMENT"
 OUTCOME_NOT_CONFIGURED = "AI_NOT_CONFIGURED"
+OUTCOME_ANSWER_REUSED = "AI_ANSWER_REUSED"
 
 
 class AiConfig(BaseModel):
@@ -228,6 +237,10 @@ def execute_generate(ctx: BlockContext, config: BaseModel) -> BlockResult:
         # No tools are declared; the SDK's function-calling loop stays off (one request).
         automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
     )
+    request = _request_hash(model, config)
+    journaled = _journaled(ctx, request)
+    if journaled is not None:
+        return journaled
     try:
         # Held in a `with`: a client left to the garbage collector closes its transport
         # under the call still using it.
@@ -259,6 +272,7 @@ def execute_generate(ctx: BlockContext, config: BaseModel) -> BlockResult:
             error_class="transient",
             outcome_code=OUTCOME_ANSWER_INVALID,
         )
+    _journal(ctx, request, model=model, answer=answer, usage=usage, version=response.model_version)
     return BlockResult(
         output={
             "answer": answer,
@@ -267,6 +281,69 @@ def execute_generate(ctx: BlockContext, config: BaseModel) -> BlockResult:
             "usage": usage,
         }
     )
+
+
+def _request_hash(model: str, config: AiConfig) -> str:
+    """What makes two asks the same ask: model, rendered prompt, schema, sampling, cap."""
+    request = [
+        model,
+        config.prompt,
+        config.answer_schema,
+        config.temperature,
+        config.max_output_tokens,
+    ]
+    return hashlib.sha256(json.dumps(request, sort_keys=True).encode()).hexdigest()
+
+
+def _journaled(ctx: BlockContext, request: str) -> BlockResult | None:
+    """The answer an earlier attempt of this lineage key received for the same request (a
+    retry after a lost lease, a replay that started the step again): reused, the model is
+    not asked again (outcome `AI_ANSWER_REUSED`, `reused: true` in the output)."""
+    with get_database().transaction() as tx:
+        row = tx.one(
+            ANSWER_GET,
+            idempotency_key=ctx.idempotency_key,
+            request_hash=request,
+            tenant_id=ctx.tenant_id,
+        )
+    if row is None:
+        return None
+    return BlockResult(
+        output={
+            "answer": row["answer"],
+            "model": row["model"],
+            "model_version": row["model_version"],
+            "usage": row["usage"],
+            "reused": True,
+            "answered_at": row["created_at"].isoformat(),
+        },
+        outcome_code=OUTCOME_ANSWER_REUSED,
+    )
+
+
+def _journal(
+    ctx: BlockContext,
+    request: str,
+    *,
+    model: str,
+    answer: Any,
+    usage: Mapping[str, Any],
+    version: str | None,
+) -> None:
+    """Commit the conforming answer under the lineage key before the step settles, so an
+    attempt that loses its lease (or its process) after the answer doesn't pay for it twice."""
+    with get_database().transaction() as tx:
+        tx.execute(
+            ANSWER_PUT,
+            idempotency_key=ctx.idempotency_key,
+            tenant_id=ctx.tenant_id,
+            step_id=ctx.step_id,
+            request_hash=request,
+            model=model,
+            answer=json.dumps(answer),
+            usage=json.dumps(dict(usage)),
+            model_version=version,
+        )
 
 
 GENERATE = BlockSpec(
