@@ -322,24 +322,20 @@ def test_an_attempt_after_the_answer_was_received_reuses_it_without_calling_the_
     assert fresh.outcome_code == "OK" and fake.call_count() == 2
 
 
-def test_a_replay_that_starts_the_ai_step_again_reuses_its_journaled_answer(
-    db: Database, fake: FakeVertex
-) -> None:
-    """The model answered, then the step failed without settling its answer (its process died
-    and the sweep gave up on it, here written directly): the replay restarts the step under
-    the lineage's key, which finds the journaled answer; no second call, no second charge."""
-    seed_tenant(db, credits=10)
-    configure_tenant(db)
+def _answered_then_failed(db: Database) -> str:
+    """A run whose AI step received (and journaled) its answer, then failed without settling
+    it (its process died and the sweep gave up on it, here written directly); the run id."""
     run_id, step_id = _one_step_run(db)
-    # The first attempt of the run's own step, answered and journaled, never settled:
     step = StepRunner(db, "ai.generate")
     step.run_id, step.step_id = run_id, step_id
     with db.transaction() as tx:
         step.idempotency_key = str(
             tx.scalar("SELECT idempotency_key FROM workflow_steps WHERE id = :s", s=step_id)
         )
-    rendered = CONFIG | {"prompt": "Classify the lead's reply: Sounds great, call me Monday"}
-    step.run(ai_block.GENERATE, rendered)
+    step.run(
+        ai_block.GENERATE,
+        CONFIG | {"prompt": "Classify the lead's reply: Sounds great, call me Monday"},
+    )
     with db.transaction() as tx:
         tx.execute(
             "UPDATE workflow_steps SET status = 'failed', outcome_code = 'LEASE_EXPIRED',"
@@ -350,6 +346,17 @@ def test_a_replay_that_starts_the_ai_step_again_reuses_its_journaled_answer(
             "UPDATE workflow_runs SET status = 'failed', finished_at = now() WHERE id = :r",
             r=run_id,
         )
+    return run_id
+
+
+def test_a_replay_that_starts_the_ai_step_again_reuses_its_journaled_answer(
+    db: Database, fake: FakeVertex
+) -> None:
+    """The replay restarts the step under the lineage's key, which finds the journaled answer:
+    no second call, no second charge."""
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    run_id = _answered_then_failed(db)
     assert fake.call_count() == 1
     sent: list[str] = []
     outcome = replay.replay_run(db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend)
@@ -359,4 +366,24 @@ def test_a_replay_that_starts_the_ai_step_again_reuses_its_journaled_answer(
     assert replayed["outcome_code"] == "AI_ANSWER_REUSED"
     assert replayed["output"]["answer"] == ANSWER
     assert fake.call_count() == 1
+    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+
+
+def test_a_replay_asking_for_fresh_answers_asks_the_model_again_and_is_still_charged_once(
+    db: Database, fake: FakeVertex
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    run_id = _answered_then_failed(db)
+    fake.fixtures["Sounds great"] = {"intent": "not_now", "confidence": 0.4}
+    sent: list[str] = []
+    outcome = replay.replay_run(
+        db, run_id=run_id, tenant_scope=TENANT, dispatch=sent.extend, fresh_ai_answers=True
+    )
+    advance_step(db, sent[0], dispatch=lambda ids: None)
+    replayed = steps_of(db, outcome.run_id)["classify"]
+    assert (replayed["status"], replayed["outcome_code"]) == ("succeeded", "OK")
+    assert replayed["output"]["answer"] == {"intent": "not_now", "confidence": 0.4}
+    assert fake.call_count() == 2
+    # The lineage key is the same: the credits were charged once.
     assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
