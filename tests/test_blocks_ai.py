@@ -22,6 +22,7 @@ from shared.steps.repairs import wake_due_steps
 from shared.workflows.definition import Budget
 from tests.blocks_support import StepRunner, seed_tenant
 from tests.fakevertex_support import LOCATION, PROJECT, configure_tenant, fake_vertex
+from tests.ops_support import bearer, mint
 from tests.steps_support import TENANT, definition, publish_version, start_run, steps_of
 
 SCHEMA: dict[str, Any] = {
@@ -387,3 +388,24 @@ def test_a_replay_asking_for_fresh_answers_asks_the_model_again_and_is_still_cha
     assert fake.call_count() == 2
     # The lineage key is the same: the credits were charged once.
     assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+
+
+def test_the_ops_api_replay_asks_for_fresh_answers_when_told(
+    db: Database, fake: FakeVertex, client: Any
+) -> None:
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    token = bearer(mint(db, None))
+    kept = _answered_then_failed(db)
+    got = client.post(f"/v1/runs/{kept}/replay", json={}, headers=token)
+    assert got.status_code == 201, got.get_json()
+    fresh = _answered_then_failed(db)
+    got = client.post(f"/v1/runs/{fresh}/replay", json={"fresh_ai_answers": True}, headers=token)
+    assert got.status_code == 201, got.get_json()
+    with db.transaction() as tx:
+        journaled = tx.all(
+            "SELECT r.id::text AS run_id FROM ai_answers a"
+            " JOIN workflow_steps s ON s.id = a.step_id JOIN workflow_runs r ON r.id = s.run_id"
+        )
+    # The plain replay kept its lineage's answer; the fresh one forgot it.
+    assert [r["run_id"] for r in journaled] == [kept]
