@@ -409,3 +409,31 @@ def test_the_ops_api_replay_asks_for_fresh_answers_when_told(
         )
     # The plain replay kept its lineage's answer; the fresh one forgot it.
     assert [r["run_id"] for r in journaled] == [kept]
+
+
+def test_the_workflow_and_host_limits_park_ai_steps_without_calling_or_charging(
+    db: Database, fake: FakeVertex
+) -> None:
+    """The limits are the catalog's gates, declared on the spec: over the workflow's window an
+    AI step waits THROTTLED (no attempt used, no call, no charge); the host window is keyed on
+    the Vertex host (here the fake's)."""
+    seed_tenant(db, credits=100)
+    configure_tenant(db)
+    wf = definition([{"id": "classify", "type": "ai.generate", "config": CONFIG}])
+    wf = type(wf).model_validate(
+        wf.model_dump(mode="json")
+        | {"rate_limit": {"max": 2, "per": "1h"}, "host_rate_limit": {"max": 5, "per": "1h"}}
+    )
+    version = publish_version(db, wf)
+    runs = [start_run(db, version, payload={"reply": "Sounds great"}) for _ in range(3)]
+    for _, ids in runs:
+        advance_step(db, ids[0], dispatch=lambda ids: None)
+    steps = [steps_of(db, run_id)["classify"] for run_id, _ in runs]
+    assert [s["status"] for s in steps].count("succeeded") == 2
+    (parked,) = [s for s in steps if s["status"] == "waiting_for_retry"]
+    assert parked["outcome_code"] == "THROTTLED" and parked["attempt"] == 0
+    assert "by workflow limit" in parked["error"]
+    assert fake.call_count() == 2 and _ledger(db) == 2
+    with db.transaction() as tx:
+        subject = tx.scalar("SELECT subject FROM throttle_windows WHERE scope = 'host'")
+    assert subject == f"{TENANT}|127.0.0.1"
