@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from devstack.fakevertex.server import FakeVertex
@@ -437,3 +438,17 @@ def test_the_workflow_and_host_limits_park_ai_steps_without_calling_or_charging(
     with db.transaction() as tx:
         subject = tx.scalar("SELECT subject FROM throttle_windows WHERE scope = 'host'")
     assert subject == f"{TENANT}|127.0.0.1"
+
+
+def test_the_fake_answers_an_unknown_prompt_in_the_shape_the_schema_asks_for(
+    db: Database, fake: FakeVertex
+) -> None:
+    """What the local stack relies on: any workflow's AI step gets a conforming answer."""
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    result = StepRunner(db, "ai.generate").run(
+        ai_block.GENERATE, {"prompt": "no fixture matches this", "schema": SCHEMA}
+    )
+    assert result.output is not None
+    assert result.output["answer"] == {"intent": "interested", "confidence": 0}
+    assert httpx.get(f"{fake.base_url}/_admin/health", timeout=5).status_code == 200

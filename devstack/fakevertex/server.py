@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+from shared.blocks import answer_schema
+
 GENERATE = re.compile(
     r"^/v1(?:beta1)?/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
     r"/publishers/google/models/(?P<model>[^/:]+):generateContent$"
@@ -64,6 +66,12 @@ class FakeVertex:
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def do_GET(self) -> None:
+                ok = self.path == "/_admin/health"
+                self.send_response(200 if ok else 404)
+                self.send_header("content-length", "0")
+                self.end_headers()
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
@@ -113,7 +121,7 @@ class FakeVertex:
             )
         if fault == "400":
             return 400, _error(400, "INVALID_ARGUMENT", "Request contains an invalid argument.")
-        answer = BAD_ANSWER if fault == "bad_schema" else self._answer(prompt)
+        answer = BAD_ANSWER if fault == "bad_schema" else self._answer(prompt, body)
         text = json.dumps(answer)
         prompt_tokens, answer_tokens = _tokens(prompt), _tokens(text)
         return 200, {
@@ -131,11 +139,17 @@ class FakeVertex:
             "modelVersion": match["model"],
         }
 
-    def _answer(self, prompt: str) -> Any:
+    def _answer(self, prompt: str, body: dict[str, Any]) -> Any:
+        """The first fixture whose key is in the prompt; else `default_answer`; else the
+        smallest answer the requested schema allows (so the local stack answers any
+        workflow's AI step in the shape it asked for); else {}."""
         for key, answer in self.fixtures.items():
             if key in prompt:
                 return answer
-        return self.default_answer if self.default_answer is not None else {}
+        if self.default_answer is not None:
+            return self.default_answer
+        schema = body.get("generationConfig", {}).get("responseJsonSchema")
+        return answer_schema.example(schema) if isinstance(schema, dict) else {}
 
 
 def _tokens(text: str) -> int:
