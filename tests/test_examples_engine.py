@@ -24,6 +24,7 @@ from tests.examples_support import (
     ExampleStack,
     unexplained_problems,
 )
+from tests.fakevertex_support import configure_tenant, fake_vertex
 from tests.ingest_support import STANDARD_SECRET
 
 REENGAGE = ROOT / "examples" / "workflows" / "lead-replied-reengage.yaml"
@@ -402,6 +403,35 @@ def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
     assert [n["sharing_its_name"] for n in notes] == [1, 2]
 
 
+def _lead_reply_classify(stack: ExampleStack, workflow_id: str) -> None:
+    """Two replies through the email tool's webhook: the interested one gets a call task with
+    the model's summary, the "not now" one marks the contact; the model was asked once each,
+    through the fake Vertex AI endpoint, with the reply in the prompt."""
+    eager = stack.fake.create_record("contacts", {"firstname": "Ada"}, PERSON)
+    later = stack.fake.create_record("contacts", {"firstname": "Bo"}, PERSON)
+    with pytest.MonkeyPatch.context() as env, fake_vertex(env) as vertex:
+        configure_tenant(stack.db)
+        vertex.fixtures["call me Monday"] = {"intent": "interested", "summary": "wants a call"}
+        vertex.fixtures["next quarter"] = {"intent": "not_now", "summary": "next quarter"}
+        for message_id, contact, text in (
+            ("m1", eager, "Sounds great, call me Monday"),
+            ("m2", later, "Busy now, try next quarter"),
+        ):
+            body = {"message_id": message_id, "contact_id": contact.id, "reply_text": text}
+            assert (
+                stack.post_webhook("lead-reply-classify", body, msg_id=message_id)["status"]
+                == "accepted"
+            )
+        assert [
+            c.prompt.strip().endswith(t)
+            for c, t in zip(vertex.calls, ("call me Monday", "next quarter"), strict=True)
+        ] == [True, True]
+    (task,) = _task_shown_on(stack, "contacts", eager.id)
+    assert task["properties"]["hs_task_subject"] == "Call back: wants a call"
+    (marked,) = [c for c in stack.fake.records("contacts") if c["id"] == later.id]
+    assert marked["properties"]["hs_lead_status"] == "OPEN"
+
+
 PERSON = ("CRM_UI", "userId:7")
 # What an example needs to exist before it can be activated.
 BEFORE_ACTIVATION = {"enroll-pro-signups": _signups_table}
@@ -418,6 +448,7 @@ SCENARIOS = {
     "sync-edited-contact": _sync_edited_contact,
     "deal-amount-alert": _deal_amount_alert,
     "new-company-any-crm": _new_company_any_crm,
+    "lead-reply-classify": _lead_reply_classify,
 }
 
 

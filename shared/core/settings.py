@@ -238,7 +238,8 @@ class Settings:
         "GOOGLE_CLOUD_PROJECT",
         None,
         "Project for Pub/Sub topics (`onceflow-local` when unset), Cloud Scheduler health, log"
-        " trace ids and the ops page's links to Cloud Logging.",
+        " trace ids, the ops page's links to Cloud Logging, and the Vertex AI project of a"
+        " tenant that names none (`ai.generate`).",
     )
     gcp_project: str | None = _setting(
         "GCP_PROJECT",
@@ -467,6 +468,16 @@ class Settings:
         "`1` lets the `http.request` block and the circuit breaker's `notify_url` call"
         " 127.0.0.1 (local stack and tests only; never set in `infra/`).",
         FLAG,
+    )
+
+    vertex_base_url: str | None = _setting(
+        "ONCEFLOW_VERTEX_BASE_URL",
+        None,
+        "Where the `ai.generate` block sends Vertex AI calls instead of Google's endpoint: the"
+        " local stack's and the tests' fake (`devstack/fakevertex`), called with a static"
+        " token, so nothing reaches Google. Unset (production): Google's endpoint, as the"
+        " function's service account.",
+        ABSOLUTE_URL,
     )
 
     # --- the `onceflow` command ----------------------------------------------------------

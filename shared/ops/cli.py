@@ -505,7 +505,9 @@ def _bulk(s: Session, args: argparse.Namespace, action: str) -> int:
 
         s.emit(preview, show_preview)
         return EXIT_OK
-    body = {"reason": args.reason} if args.reason else {}
+    body: dict[str, Any] = {"reason": args.reason} if args.reason else {}
+    if getattr(args, "fresh_ai_answers", False):
+        body["fresh_ai_answers"] = True
     results: list[dict[str, Any]] = []
     progress = Progress(len(targets), s.err)
     for run in targets:
@@ -980,6 +982,12 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--yes", action="store_true", help="act (without it --failed previews)")
         p.add_argument("--max", type=int, default=1000, help="at most this many runs")
         p.add_argument("--reason", help="kept in the audit log")
+        if action == "replay":
+            p.add_argument(
+                "--fresh-ai-answers",
+                action="store_true",
+                help="ai.generate steps run again ask the model instead of reusing its answer",
+            )
     return top
 
 

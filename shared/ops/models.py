@@ -140,6 +140,11 @@ class ReplayRequest(_Request):
     reason: Text | None = Field(
         default=None, max_length=500, description="Why, for the audit trail."
     )
+    fresh_ai_answers: bool = Field(
+        default=False,
+        description="The `ai.generate` steps the replay runs again ask the model afresh instead"
+        " of reusing the answers journaled in the lineage (still charged once per lineage).",
+    )
 
 
 class CancelRequest(_Request):

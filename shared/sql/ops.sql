@@ -227,6 +227,12 @@ SELECT CAST(:new_run_id AS uuid), step_key, node_id, block_type, status, attempt
 FROM workflow_steps
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
 
+-- name: ops_replay_forget_ai_answers
+-- A replay that asks for fresh model answers (ReplayRequest.fresh_ai_answers): the answers
+-- journaled under the keys it runs again are forgotten, so its ai.generate steps ask the
+-- model instead of reusing them (shared/blocks/ai.py). The charge stays one per lineage key.
+DELETE FROM ai_answers WHERE idempotency_key = ANY(CAST(:keys AS text[]))
+
 -- name: ops_replay_step_restart
 INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, idempotency_key,
                             input)
