@@ -52,7 +52,6 @@ from shared.blocks.base import (
     dry_run_result,
 )
 from shared.core import queries
-from shared.core.db import get_database
 from shared.core.errors import classify_status
 from shared.core.settings import settings
 
@@ -102,9 +101,10 @@ class AiConfig(BaseModel):
         return self
 
 
-def _vertex(tenant_id: str) -> tuple[str, str, str | None]:
+def _vertex(ctx: BlockContext) -> tuple[str, str, str | None]:
     """(project, location, tenant's default model) for this tenant's calls."""
-    with get_database().transaction() as tx:
+    tenant_id = ctx.tenant_id
+    with ctx.database().transaction() as tx:
         row = tx.one(TENANT_VERTEX, tenant_id=tenant_id)
     row = row or {}
     project = row.get("vertex_project") or settings().google_cloud_project
@@ -133,7 +133,7 @@ def _host(location: str) -> str:
 def vertex_target(ctx: BlockContext, config: BaseModel) -> Target:
     """The host the call goes to, for the host limit (a tenant's `host_rate_limit` on it caps
     its model calls per window like any other destination)."""
-    _, location, _ = _vertex(ctx.tenant_id)
+    _, location, _ = _vertex(ctx)
     return Target(host=_host(location))
 
 
@@ -227,7 +227,7 @@ def execute_generate(ctx: BlockContext, config: BaseModel) -> BlockResult:
         )
     from google.genai import errors, types
 
-    project, location, tenant_model = _vertex(ctx.tenant_id)
+    project, location, tenant_model = _vertex(ctx)
     model = config.model or tenant_model or DEFAULT_MODEL
     generation = types.GenerateContentConfig(
         response_mime_type="application/json",
@@ -299,7 +299,7 @@ def _journaled(ctx: BlockContext, request: str) -> BlockResult | None:
     """The answer an earlier attempt of this lineage key received for the same request (a
     retry after a lost lease, a replay that started the step again): reused, the model is
     not asked again (outcome `AI_ANSWER_REUSED`, `reused: true` in the output)."""
-    with get_database().transaction() as tx:
+    with ctx.database().transaction() as tx:
         row = tx.one(
             ANSWER_GET,
             idempotency_key=ctx.idempotency_key,
@@ -332,7 +332,7 @@ def _journal(
 ) -> None:
     """Commit the conforming answer under the lineage key before the step settles, so an
     attempt that loses its lease (or its process) after the answer doesn't pay for it twice."""
-    with get_database().transaction() as tx:
+    with ctx.database().transaction() as tx:
         tx.execute(
             ANSWER_PUT,
             idempotency_key=ctx.idempotency_key,
