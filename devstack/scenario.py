@@ -215,9 +215,8 @@ def _plain(node: yaml.Node, path: tuple[Any, ...], marks: dict[tuple[Any, ...], 
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             key = yaml.safe_load(yaml.serialize(key_node))
-            marks[(*path, key)] = key_node.start_mark
+            marks[("key", *path, key)] = key_node.start_mark  # where a misspelt key is
             out[key] = _plain(value_node, (*path, key), marks)
-            marks[(*path, key)] = value_node.start_mark
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_plain(n, (*path, i), marks) for i, n in enumerate(node.value)]
@@ -256,7 +255,8 @@ def load(path: str | Path) -> Loaded:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            line, col = _where(marks, err["loc"])
+            at_key = err["type"] == "extra_forbidden" and ("key", *err["loc"]) in marks
+            line, col = _where(marks, ("key", *err["loc"]) if at_key else err["loc"])
             where = ".".join(str(p) for p in err["loc"])
             problems.append(Problem(name, line, col, f"{where}: {err['msg']}"))
         raise ScenarioInvalid(problems) from None

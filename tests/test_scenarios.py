@@ -17,7 +17,8 @@ from shared.ops import cli
 from tests.blocks_support import fake_crm
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "examples" / "workflows" / "scenarios").glob("*.yaml"))
+SCENARIOS_DIR = ROOT / "examples" / "workflows" / "scenarios"
+SCENARIOS = sorted(SCENARIOS_DIR.glob("*.yaml"))
 
 
 @pytest.fixture
@@ -40,3 +41,50 @@ def test_every_example_scenario_passes(
 ) -> None:
     code, printed = _run(path, db, fake, webhook_url)
     assert code == scenario.EXIT_PASSED, printed
+
+
+def test_a_failed_expectation_prints_expected_and_actual_and_exits_1(
+    tmp_path: Path, db: Database, fake: FakeCrm, webhook_url: str
+) -> None:
+    """The answer-in-time scenario, expecting the deadline's path instead: the steps and the
+    CRM writes are printed expected against actual, and the exit code is 1."""
+    source = (SCENARIOS_DIR / "lead-replied-reengage.yaml").read_text()
+    wrong = source.replace("wait_for_reply, done]", "wait_for_reply, mark_stale, done]")
+    assert wrong != source
+    wrong = wrong.replace("workflow: ../", f"workflow: {ROOT}/examples/workflows/")
+    path = tmp_path / "wrong-expectation.yaml"
+    path.write_text(wrong)
+    code, printed = _run(path, db, fake, webhook_url)
+    assert code == scenario.EXIT_FAILED
+    assert "wrong-expectation.yaml: FAILED (virtual time +7d)" in printed
+    lines = printed.splitlines()
+    expected = lines[lines.index("    expected:", lines.index("  run 1 steps:")) :]
+    assert "      mark_stale" in expected[: expected.index("    actual:")]
+    assert "      -mark_stale" in lines  # the diff marks what did not happen
+
+
+def test_an_invalid_scenario_exits_2_naming_file_line_and_column(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked before anything starts (no database, no fake): an unknown record, an offset
+    that is not one, a moment before the one above it, a misspelt key."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        f"workflow: {ROOT / 'examples/workflows/lead-replied-reengage.yaml'}\n"
+        "records:\n"
+        "  ada: {type: contacts}\n"
+        "timeline:\n"
+        "  - at: +2d\n"
+        "    update: {record: bob, properties: {x: 1}}\n"
+        "  - at: +1d\n"
+        "expect: {runs: [{status: succeeded}]}\n"
+    )
+    assert cli.main(["test", str(path)]) == scenario.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"{path}:6:13: no record 'bob' in records" in err
+    assert f"{path}:7:9: +1d is before the moment above it" in err
+    path.write_text("workflow: x.yaml\ntimeline:\n  - at: soon\nexpect: {runs: [{stauts: ok}]}\n")
+    assert cli.main(["test", str(path)]) == scenario.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert f"{path}:3:9: timeline.0.at:" in err
+    assert f"{path}:4:18: expect.runs.0.stauts: Extra inputs are not permitted" in err
