@@ -677,9 +677,10 @@ def _lines(items: Sequence[Any]) -> list[str]:
 
 
 def _diff(what: str, expected: Sequence[Any], actual: Sequence[Any]) -> list[str]:
-    out = [f"  {what}:"]
-    out += ["    expected:"] + [f"      {line}" for line in _lines(expected)] or ["      (none)"]
-    out += ["    actual:"] + [f"      {line}" for line in _lines(actual)]
+    out = [f"  {what}:", "    expected:"]
+    out += [f"      {line}" for line in _lines(expected)] or ["      (none)"]
+    out += ["    actual:"]
+    out += [f"      {line}" for line in _lines(actual)] or ["      (none)"]
     diff = list(
         difflib.unified_diff(_lines(expected), _lines(actual), "expected", "actual", lineterm="")
     )
