@@ -38,7 +38,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -233,7 +233,7 @@ def _where(marks: Mapping[tuple[Any, ...], Any], loc: Sequence[Any]) -> tuple[in
 
 def load(path: str | Path) -> Loaded:
     """The scenario at `path`, checked; raises `ScenarioInvalid` with each problem's place."""
-    from shared.publishing.validate import validate_file  # noqa: PLC0415 - after settings
+    from shared.publishing.validate import validate_file
 
     path = Path(path)
     name = str(path)
@@ -308,7 +308,7 @@ class _Queue:
     def __init__(self) -> None:
         self.ids: list[str] = []
 
-    def __call__(self, ids: Sequence[str]) -> None:
+    def __call__(self, ids: Iterable[str]) -> None:
         self.ids.extend(ids)
 
 
@@ -328,8 +328,8 @@ class Observed:
 def _observing_lookup(observed: Observed) -> Callable[[str], Any]:
     """The catalog's blocks, each call remembered with its rendered config; `http.request`
     answers 200 without sending (the third party is the one double)."""
-    from shared.blocks.base import BlockResult  # noqa: PLC0415
-    from shared.steps.advance import registry_lookup  # noqa: PLC0415
+    from shared.blocks.base import BlockResult
+    from shared.steps.advance import registry_lookup
 
     cache: dict[str, Any] = {}
 
@@ -362,7 +362,7 @@ class Driver:
     """One scenario's tenant, connection and workflow on `db`, and the moves of the timeline."""
 
     def __init__(self, db: Any, fake: FakeCrm, loaded: Loaded, tenant: str) -> None:
-        from shared.steps.claim import LeaseConfig  # noqa: PLC0415
+        from shared.steps.claim import LeaseConfig
 
         self.db = db
         self.fake = fake
@@ -384,7 +384,7 @@ class Driver:
             seed.connection(
                 tx,
                 self.tenant,
-                webhook_secret_env="FAKECRM_APP_SECRET",
+                webhook_secret_env="FAKECRM_APP_SECRET",  # noqa: S106 - a variable's name
                 api_credentials_env="FAKECRM_TOKEN",
                 api_base_url=self.fake.url,
                 provider_app_id="424242",
@@ -398,8 +398,8 @@ class Driver:
         if spec.links:
             body = {
                 "associations": [
-                    {"to": {"id": self.ids[l.to]}, "types": [{"associationTypeId": l.type_id}]}
-                    for l in spec.links
+                    {"to": {"id": self.ids[k.to]}, "types": [{"associationTypeId": k.type_id}]}
+                    for k in spec.links
                 ]
             }
         self.ids[alias] = self.fake.create_record(spec.type, spec.properties, PERSON, body=body).id
@@ -407,8 +407,8 @@ class Driver:
     def activate(self) -> None:
         """Publish and activate the workflow, then reconcile the provider subscriptions, as
         activation through the ops API does."""
-        from shared.providers import connect  # noqa: PLC0415
-        from shared.publishing import subscriptions, versions  # noqa: PLC0415
+        from shared.providers import connect
+        from shared.publishing import subscriptions, versions
 
         path = self.loaded.workflow_path
         with self.db.transaction() as tx:
@@ -428,7 +428,7 @@ class Driver:
 
     # -- the engine, in-process
     def drain(self) -> None:
-        from shared.steps.advance import advance_step  # noqa: PLC0415
+        from shared.steps.advance import advance_step
 
         for _ in range(10_000):
             if not self.queue.ids:
@@ -444,8 +444,8 @@ class Driver:
 
     def pump(self) -> None:
         """Deliver the fake's webhooks, drain the inbox, admit new events, run the steps."""
-        from shared.admission import admit as admission  # noqa: PLC0415
-        from shared.ingest.inbox import drain_inbox  # noqa: PLC0415
+        from shared.admission import admit as admission
+        from shared.ingest.inbox import drain_inbox
 
         if not self.fake.webhooks.wait_idle():
             raise RuntimeError("the fake CRM's webhooks were not delivered")
@@ -465,8 +465,8 @@ class Driver:
 
     def sweep(self) -> None:
         """One pass of the sweep's repairs (wakes due steps, redispatches lost ones)."""
-        from shared.core.duty import SweepConfig, SweepReport  # noqa: PLC0415
-        from shared.sweep.loop import sweep_once  # noqa: PLC0415
+        from shared.core.duty import SweepConfig, SweepReport
+        from shared.sweep.loop import sweep_once
 
         sweep_once(
             self.db, config=SweepConfig(), dispatch=self.queue, duties=(), report=SweepReport()
@@ -493,19 +493,17 @@ class Driver:
                 " GROUP BY c.relname ORDER BY c.relname"
             )
             for row in rows:
-                sets = ", ".join(
-                    f'"{col}" = "{col}" - CAST(:d AS interval)' for col in row["cols"]
-                )
+                sets = ", ".join(f'"{col}" = "{col}" - CAST(:d AS interval)' for col in row["cols"])
                 tx.execute(
-                    f'UPDATE "{row["t"]}" SET {sets}',  # noqa: S608 - names from the catalog
+                    f'UPDATE "{row["t"]}" SET {sets}',
                     d=f"{delta.total_seconds()} seconds",
                 )
         self.clock += delta
 
     def advance_to(self, target: timedelta) -> None:
         """Jump from due wake to due wake until `target`, the sweep running at each."""
-        from shared.core.duty import SweepConfig  # noqa: PLC0415
-        from shared.sweep.loop import next_due_seconds  # noqa: PLC0415
+        from shared.core.duty import SweepConfig
+        from shared.sweep.loop import next_due_seconds
 
         for _ in range(MAX_WAKES):
             self.sweep()
@@ -523,7 +521,7 @@ class Driver:
         self.sweep()
 
     def decide(self, decision: Decision, verdict: str) -> None:
-        from shared.steps.parks import decide_approval  # noqa: PLC0415
+        from shared.steps.parks import decide_approval
 
         with self.db.transaction() as tx:
             park_id = tx.scalar(
@@ -616,7 +614,7 @@ def _last_per_step(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _crm_writes(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from shared.steps.advance import registry_lookup  # noqa: PLC0415
+    from shared.steps.advance import registry_lookup
 
     out = []
     for c in _last_per_step(calls):
@@ -723,9 +721,7 @@ def compare(loaded: Loaded, actual: Mapping[str, Any], ids: Mapping[str, str]) -
             wanted = getattr(want, name)
             if wanted is None:
                 continue
-            expected = [
-                _resolve(w.model_dump(exclude_none=True, mode="json"), ids) for w in wanted
-            ]
+            expected = [_resolve(w.model_dump(exclude_none=True, mode="json"), ids) for w in wanted]
             if not _matches(expected, got[name]):
                 failures += _diff(f"run {n} {name}", expected, got[name])
     return failures
@@ -736,7 +732,7 @@ def compare(loaded: Loaded, actual: Mapping[str, Any], ids: Mapping[str, str]) -
 
 def run_loaded(loaded: Loaded, db: Any, fake: FakeCrm, webhook_url: str, out: TextIO) -> int:
     """Play one checked scenario on a fresh database; print the result; its exit code."""
-    from shared.providers import connect  # noqa: PLC0415
+    from shared.providers import connect
 
     tenant = str((yaml.safe_load(loaded.workflow_path.read_text()) or {}).get("tenant", "acme"))
     connect.forget_ports()
@@ -765,15 +761,17 @@ def local_world(database_url: str | None = None) -> Iterator[Callable[[Loaded, T
     `database_url`, written to), the fake CRM and the webhook function; yields `run(loaded,
     out)`. The process's environment is set the way the functions read it (this process is
     the scenario's whole deployment)."""
-    import functions_framework  # noqa: PLC0415
-    from werkzeug.serving import make_server  # noqa: PLC0415
+    import functions_framework
+    from werkzeug.serving import make_server
 
-    from shared.core import db as dbmod  # noqa: PLC0415
-    from shared.core.settings import settings  # noqa: PLC0415
+    from shared.core import db as dbmod
+    from shared.core.settings import settings
 
     with contextmanager(_databases)(database_url) as fresh:
         os.environ.update({"WEBHOOK_NUDGE": "off", "FAKECRM_TOKEN": "tok", "NO_GCE_CHECK": "true"})
-        app = functions_framework.create_app(target="webhook", source=str(ROOT / "main.py"))
+        app = functions_framework.create_app(  # type: ignore[no-untyped-call]
+            target="webhook", source=str(ROOT / "main.py")
+        )
         server = make_server("127.0.0.1", 0, app, threaded=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
 
