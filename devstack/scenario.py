@@ -31,12 +31,17 @@ days takes milliseconds and the order of a deadline and an event is the timeline
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import difflib
+import hashlib
+import hmac
 import json
 import os
 import re
 import threading
+import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -62,6 +67,10 @@ PERSON = ("CRM_UI", "userId:7")
 # The connection the scenario's tenant reaches the fake through; an example that names its
 # connection (a CRM poll source) names this one (tests/examples_support.py uses it too).
 CONNECTION_ID = "0c0ffee0-5a1e-4000-8000-00000000a11c"
+# The variable holding the secret of the `standard` connection a scenario's generic webhooks
+# are signed with (the runner makes the secret; connections name their secret's variable).
+WEBHOOK_SECRET_ENV = "ONCEFLOW_SCENARIO_WEBHOOK_SECRET"
+WEBHOOK_KEY = b"onceflow scenario webhook key"
 # How many sweep passes one advance may take before the scenario is said to loop.
 MAX_WAKES = 500
 
@@ -121,6 +130,14 @@ class Decision(_Strict):
     comment: str | None = None
 
 
+class WebhookPost(_Strict):
+    """A POST to the workflow's generic webhook, signed as Standard Webhooks are; `$alias`
+    in the body stands for a record's id. A sender's retry reuses its message id."""
+
+    id: str
+    body: Any
+
+
 class Moment(_Strict):
     """One point of the timeline: at most one thing happens; none means only time passes."""
 
@@ -129,6 +146,7 @@ class Moment(_Strict):
     update: Change | None = None
     approve: Decision | None = None
     reject: Decision | None = None
+    webhook: WebhookPost | None = None
     note: str | None = None
 
     @field_validator("at", mode="before")
@@ -141,7 +159,7 @@ class Moment(_Strict):
         return parse_offset(self.at)
 
     def actions(self) -> list[str]:
-        return [k for k in ("create", "update", "approve", "reject") if getattr(self, k)]
+        return [k for k in ("create", "update", "approve", "reject", "webhook") if getattr(self, k)]
 
 
 class CrmWrite(_Strict):
@@ -376,6 +394,8 @@ class Driver:
         self.ids: dict[str, str] = {}  # record alias -> id at the fake
         self.clock = timedelta(0)
         self.workflow_id = ""
+        self.webhook_url = ""
+        self.standard_connection: str | None = None
 
     # -- setting up
     def seed(self, webhook_url: str) -> None:
@@ -391,6 +411,7 @@ class Driver:
                 connection_id=CONNECTION_ID,
             )
         self.fake.config.webhook_url = f"{webhook_url}/hubspot/{CONNECTION_ID}"
+        self.webhook_url = webhook_url
 
     def create(self, alias: str) -> None:
         spec = self.loaded.scenario.records[alias]
@@ -520,6 +541,32 @@ class Driver:
         self._travel(target - self.clock)
         self.sweep()
 
+    def post(self, post: WebhookPost) -> None:
+        """Sign and POST to the webhook function, as a sender would (Standard Webhooks:
+        base64 HMAC-SHA256 of `id.timestamp.body`, the key given as `whsec_` + base64)."""
+        if self.standard_connection is None:
+            os.environ[WEBHOOK_SECRET_ENV] = "whsec_" + base64.b64encode(WEBHOOK_KEY).decode()
+            with self.db.transaction() as tx:
+                self.standard_connection = seed.connection(
+                    tx, self.tenant, provider="standard", webhook_secret_env=WEBHOOK_SECRET_ENV
+                )
+        raw = json.dumps(_resolve(post.body, self.ids)).encode()
+        stamp = str(int(time.time()))
+        mac = hmac.new(WEBHOOK_KEY, f"{post.id}.{stamp}.".encode() + raw, hashlib.sha256)
+        request = urllib.request.Request(
+            f"{self.webhook_url}/standard/{self.standard_connection}/{self.loaded.workflow_name}",
+            data=raw,
+            headers={
+                "Content-Type": "application/json",
+                "webhook-id": post.id,
+                "webhook-timestamp": stamp,
+                "webhook-signature": "v1," + base64.b64encode(mac.digest()).decode(),
+            },
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:  # noqa: S310 - our own
+            answer.read()
+
     def decide(self, decision: Decision, verdict: str) -> None:
         from shared.steps.parks import decide_approval
 
@@ -561,6 +608,8 @@ class Driver:
                 self.decide(moment.approve, "approved")
             elif moment.reject:
                 self.decide(moment.reject, "rejected")
+            elif moment.webhook:
+                self.post(moment.webhook)
             self.pump()
 
     # -- what happened

@@ -92,17 +92,16 @@ def test_an_invalid_scenario_exits_2_naming_file_line_and_column(
 
 # Examples whose trigger a scenario's timeline can't yet drive: a schedule (the virtual clock
 # moves time forward from the real now, so which mornings are weekdays would depend on the day
-# the test runs), a poll of a table or of the CRM (no poll moment yet) and a generic webhook
-# (no webhook moment yet). tests/test_examples_engine.py runs them end to end.
+# the test runs) and a poll of a table or of the CRM (no poll moment yet).
+# tests/test_examples_engine.py runs them end to end.
 NOT_YET = {
     "weekday-contracts-digest",
     "enroll-pro-signups",
     "route-new-mqls",
-    "invoice-paid-webhook",
 }
 
 
-def test_every_crm_triggered_example_has_a_scenario() -> None:
+def test_every_example_has_a_scenario_but_the_scheduled_and_polled() -> None:
     examples = {p.stem for p in (ROOT / "examples" / "workflows").glob("*.yaml")}
     covered = {str(scenario.load(p).workflow_path.stem) for p in SCENARIOS}
     assert covered <= examples
