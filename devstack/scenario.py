@@ -37,6 +37,7 @@ import difflib
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import threading
@@ -792,7 +793,11 @@ def run_loaded(loaded: Loaded, db: Any, fake: FakeCrm, webhook_url: str, out: Te
             driver.create(alias)  # as the CRM holds it before the workflow is active
     driver.activate()
     driver.pump()
-    driver.play()
+    try:
+        driver.play()
+    except RuntimeError as exc:  # the timeline asked for what could not happen
+        print(f"{loaded.path}: FAILED at {_show_offset(driver.clock)}: {exc}", file=out)
+        return EXIT_FAILED
     failures = compare(loaded, driver.actual(), driver.ids)
     end = _show_offset(driver.clock)
     if failures:
@@ -816,6 +821,9 @@ def local_world(database_url: str | None = None) -> Iterator[Callable[[Loaded, T
     from shared.core import db as dbmod
     from shared.core.settings import settings
 
+    # The engine's info lines (one JSON object per step) would bury the verdicts; warnings
+    # (a run failed, a step gave up) still show.
+    logging.getLogger().setLevel(logging.WARNING)
     with contextmanager(_databases)(database_url) as fresh:
         os.environ.update({"WEBHOOK_NUDGE": "off", "FAKECRM_TOKEN": "tok", "NO_GCE_CHECK": "true"})
         app = functions_framework.create_app(  # type: ignore[no-untyped-call]

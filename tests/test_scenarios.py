@@ -106,3 +106,18 @@ def test_every_example_has_a_scenario_but_the_scheduled_and_polled() -> None:
     covered = {str(scenario.load(p).workflow_path.stem) for p in SCENARIOS}
     assert covered <= examples
     assert examples - covered == NOT_YET
+
+
+def test_a_decision_nobody_can_take_fails_the_scenario_with_where_it_stopped(
+    tmp_path: Path, db: Database, fake: FakeCrm, webhook_url: str
+) -> None:
+    """Approving after the deadline rejected it: no approval is waiting, said with the time."""
+    source = (SCENARIOS_DIR / "discount-approval.yaml").read_text()
+    late = source.replace("  - at: +1d\n    approve:", "  - at: +3d\n    approve:")
+    late = late.replace("workflow: ../", f"workflow: {ROOT}/examples/workflows/")
+    assert late != source
+    path = tmp_path / "late.yaml"
+    path.write_text(late)
+    code, printed = _run(path, db, fake, webhook_url)
+    assert code == scenario.EXIT_FAILED
+    assert "late.yaml: FAILED at +3d: no approval is waiting at step 'manager_ok'" in printed
