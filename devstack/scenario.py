@@ -287,6 +287,7 @@ def load(path: str | Path) -> Loaded:
 
     workflow_path = (path.parent / scenario.workflow).resolve()
     workflow_name = ""
+    step_ids: set[str] | None = None
     if not workflow_path.is_file():
         problem(("workflow",), f"no workflow file {scenario.workflow!r} (relative to the scenario)")
     else:
@@ -294,7 +295,11 @@ def load(path: str | Path) -> Loaded:
         for p in report.problems:
             if p.severity == "error":
                 problem(("workflow",), f"the workflow does not validate: {p}")
-        workflow_name = str((yaml.safe_load(workflow_path.read_text()) or {}).get("name", ""))
+        definition = yaml.safe_load(workflow_path.read_text()) or {}
+        workflow_name = str(definition.get("name", ""))
+        step_ids = {
+            str(st.get("id")) for st in definition.get("steps") or [] if isinstance(st, dict)
+        }
     for alias, rec in scenario.records.items():
         for j, link in enumerate(rec.links):
             if link.to not in scenario.records:
@@ -310,12 +315,42 @@ def load(path: str | Path) -> Loaded:
         if named is not None and named not in scenario.records:
             key = "create" if moment.create else "update"
             problem(("timeline", i, key), f"no record {named!r} in records")
+    if step_ids is not None:
+        _check_steps(scenario, step_ids, problem)
     for i, expected in enumerate(scenario.expect.admissions or []):
         if expected != "started" and not expected.startswith("refused: "):
             problem(("expect", "admissions", i), "an admission is `started` or `refused: REASON`")
     if problems:
         raise ScenarioInvalid(problems)
     return Loaded(path, scenario, workflow_path, workflow_name)
+
+
+def _check_steps(
+    scenario: Scenario, ids: set[str], problem: Callable[[tuple[Any, ...], str], None]
+) -> None:
+    """Every step a scenario names is one of the workflow's (`node[i]` names node's i-th
+    repetition): a misspelt step would otherwise only show as a failed expectation."""
+
+    def check(loc: tuple[Any, ...], key: str) -> None:
+        if key.split("[", 1)[0] not in ids:
+            problem(loc, f"the workflow has no step {key!r}")
+
+    for i, moment in enumerate(scenario.timeline):
+        for verb in ("approve", "reject"):
+            decision = getattr(moment, verb)
+            if decision is not None:
+                check(("timeline", i, verb, "step"), decision.step)
+    for n, run in enumerate(scenario.expect.runs or []):
+        where = ("expect", "runs", n)
+        for j, key in enumerate(run.steps or []):
+            check((*where, "steps", j), key)
+        for key in run.branches or {}:
+            check((*where, "branches", key), key)
+        for j, key in enumerate(run.approvals or []):
+            check((*where, "approvals", j), key)
+        for name in ("crm_writes", "http"):
+            for j, call in enumerate(getattr(run, name) or []):
+                check((*where, name, j, "step"), call.step)
 
 
 # ---- the world a scenario runs in -----------------------------------------------------------
