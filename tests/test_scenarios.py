@@ -83,7 +83,7 @@ def test_an_invalid_scenario_exits_2_naming_file_line_and_column(
     err = capsys.readouterr().err
     assert f"{path}:6:13: no record 'bob' in records" in err
     assert f"{path}:7:9: +1d is before the moment above it" in err
-    assert f"{path}:8:55: the workflow has no step 'nudge_twice'" in err
+    assert f"{path}:8:59: the workflow has no step 'nudge_twice'" in err
     path.write_text("workflow: x.yaml\ntimeline:\n  - at: soon\nexpect: {runs: [{stauts: ok}]}\n")
     assert cli.main(["test", str(path)]) == scenario.EXIT_INVALID
     err = capsys.readouterr().err
