@@ -500,25 +500,34 @@ class Driver:
         raise RuntimeError("more than 10000 steps: does the workflow loop?")
 
     def pump(self) -> None:
-        """Deliver the fake's webhooks, drain the inbox, admit new events, run the steps."""
+        """Deliver the fake's webhooks, drain the inbox, admit new events, run the steps;
+        again while the steps' own writes cause webhooks (each delivered before the clock
+        moves on, as the CRM sends them within seconds: held back, two changes of one
+        property would reach the inbox in one delivery)."""
         from shared.admission import admit as admission
         from shared.ingest.inbox import drain_inbox
 
-        if not self.fake.webhooks.wait_idle():
-            raise RuntimeError("the fake CRM's webhooks were not delivered")
-        drain_inbox(self.db, budget_seconds=10, until_empty=True)
-        with self.db.transaction() as tx:
-            ids = [int(r["id"]) for r in tx.all("SELECT id FROM workflow_trigger_events")]
-        for event_id in sorted(set(ids) - self.admitted):
-            self.admitted.add(event_id)
-            result = admission.admit_event(self.db, event_id, publish=self.queue)
-            for o in result.outcomes:
-                if o.workflow_id == self.workflow_id:
-                    started = o.outcome == "admitted"
-                    self.observed.admissions.append(
-                        "started" if started else f"refused: {o.reason}"
-                    )
-        self.drain()
+        for _ in range(100):
+            if not self.fake.webhooks.wait_idle():
+                raise RuntimeError("the fake CRM's webhooks were not delivered")
+            drain_inbox(self.db, budget_seconds=10, until_empty=True)
+            with self.db.transaction() as tx:
+                ids = [int(r["id"]) for r in tx.all("SELECT id FROM workflow_trigger_events")]
+            new = sorted(set(ids) - self.admitted)
+            for event_id in new:
+                self.admitted.add(event_id)
+                result = admission.admit_event(self.db, event_id, publish=self.queue)
+                for o in result.outcomes:
+                    if o.workflow_id == self.workflow_id:
+                        started = o.outcome == "admitted"
+                        self.observed.admissions.append(
+                            "started" if started else f"refused: {o.reason}"
+                        )
+            writes = len(self.fake.store.writes)
+            self.drain()
+            if not new and len(self.fake.store.writes) == writes:
+                return
+        raise RuntimeError("the workflow keeps causing events: does it trigger itself?")
 
     def sweep(self) -> None:
         """One pass of the sweep's repairs (wakes due steps, redispatches lost ones)."""
@@ -528,7 +537,7 @@ class Driver:
         sweep_once(
             self.db, config=SweepConfig(), dispatch=self.queue, duties=(), report=SweepReport()
         )
-        self.drain()
+        self.pump()
 
     # -- the clock
     def _travel(self, delta: timedelta) -> None:
@@ -549,12 +558,17 @@ class Driver:
                 "                 WHERE g.tgrelid = c.oid AND NOT g.tgisinternal)"
                 " GROUP BY c.relname ORDER BY c.relname"
             )
-            for row in rows:
-                sets = ", ".join(f'"{col}" = "{col}" - CAST(:d AS interval)' for col in row["cols"])
-                tx.execute(
-                    f'UPDATE "{row["t"]}" SET {sets}',
-                    d=f"{delta.total_seconds()} seconds",
-                )
+            # Two moves: far into the past (where no row is), then back to the target. One
+            # move of D would check a unique index row by row mid-statement, and a row moved
+            # onto the instant another row still holds (two budget windows one day apart, a
+            # jump of exactly a day) would collide with it.
+            far = "1000 years"
+            for shift in (f"{delta.total_seconds()} seconds {far}", f"-{far}"):
+                for row in rows:
+                    sets = ", ".join(
+                        f'"{col}" = "{col}" - CAST(:d AS interval)' for col in row["cols"]
+                    )
+                    tx.execute(f'UPDATE "{row["t"]}" SET {sets}', d=shift)
         self.clock += delta
 
     def advance_to(self, target: timedelta) -> None:
@@ -628,7 +642,6 @@ class Driver:
         )
         if resumed is not None and resumed.step_id is not None:
             self.queue([resumed.step_id])
-        self.drain()
 
     def play(self) -> None:
         for moment in self.loaded.scenario.timeline:
