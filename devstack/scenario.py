@@ -942,6 +942,10 @@ def main(files: Sequence[str], out: TextIO, err: TextIO, database_url: str | Non
                 print(p, file=err)
     if invalid:
         return EXIT_INVALID
+    if database_url is not None and len(loaded) > 1:
+        # Each scenario starts from an empty database: the one given can serve only one.
+        print("onceflow test: --database-url takes one scenario at a time", file=err)
+        return EXIT_INVALID
     code = EXIT_PASSED
     with local_world(database_url) as run:
         for one in loaded:
