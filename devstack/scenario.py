@@ -871,7 +871,8 @@ def local_world(database_url: str | None = None) -> Iterator[Callable[[Loaded, T
 
     # The engine's info lines (one JSON object per step) would bury the verdicts; warnings
     # (a run failed, a step gave up) still show.
-    logging.getLogger().setLevel(logging.WARNING)
+    for name in ("", "werkzeug"):  # werkzeug sets its own level (a line per request)
+        logging.getLogger(name).setLevel(logging.WARNING)
     with contextmanager(_databases)(database_url) as fresh:
         os.environ.update({"WEBHOOK_NUDGE": "off", "FAKECRM_TOKEN": "tok", "NO_GCE_CHECK": "true"})
         app = functions_framework.create_app(  # type: ignore[no-untyped-call]
