@@ -29,9 +29,9 @@ ROOTS: dict[str, str] = {
     "event": (
         "The trigger occurrence as onceflow recorded it: `id`, `type` (e.g. "
         "hubspot.contact.property_changed), `tenant_id`, `connection_id`, `source_event_id` "
-        "(the provider event's identity; for HubSpot portal:subscription:object:property:"
-        "occurredAt:eventId, since its eventId alone is not unique; the raw id is in "
-        "`payload`), `occurred_at` (a timestamp), `author_id` (who made the "
+        "(the provider event's identity; for HubSpot the change itself, portal:object.action:"
+        "typeId/objectId:property:occurredAt and a digest of the new value, so a webhook and "
+        "the journal's copy of one change are one event; the raw id is in `payload`), `occurred_at` (a timestamp), `author_id` (who made the "
         "change, when the provider says), `changed_fields` ({property: new value} for a "
         "property change, {} otherwise) and, for a run of a debounced trigger only, `burst` "
         "(the burst's events, oldest first, each with `id`, `occurred_at` and "
