@@ -471,6 +471,31 @@ def static_refusal(
     return key, record, None
 
 
+def breaker_refusal(workflow_id: str, binding: Mapping[str, Any]) -> tuple[Reason, str] | None:
+    """`workflow_paused` when the binding's circuit breaker (its `breaker_state`,
+    `breaker_opened_at`, `breaker_reason`, as the context statements read them) is open. A
+    half-open breaker is decided by its trial slots (`trials_used_up`)."""
+    if binding.get("breaker_state") != "open":
+        return None
+    return (
+        "workflow_paused",
+        f"workflow {workflow_id} is paused by its circuit breaker since "
+        f"{binding.get('breaker_opened_at')}: {binding.get('breaker_reason')}. Resume it with "
+        f"POST /v1/workflows/{workflow_id}/resume",
+    )
+
+
+def trials_used_up(workflow_id: str, state: str, admitted: int) -> str:
+    """`workflow_paused`'s detail for a run a half-open breaker has no trial slot for (`state`
+    is the breaker's state as the trial claim found it)."""
+    return f"workflow {workflow_id} is paused by its circuit breaker: " + (
+        f"it is half-open and its {admitted} trial runs are in flight; the first "
+        "to end decides (success closes the breaker, failure pauses it again)"
+        if state == "half_open"
+        else f"it was paused again. Resume it with POST /v1/workflows/{workflow_id}/resume"
+    )
+
+
 # --- the transaction ---------------------------------------------------------------------------
 
 
@@ -535,13 +560,8 @@ def _plan_bindings(
             plans.append(_unreadable_plan(event, workflow_id, version_id, b["dedup_mode"], exc))
             continue
         key, record, refused = static_refusal(event, trigger, b["dedup_mode"])
-        if refused is None and b.get("breaker_state") == "open":
-            refused = (
-                "workflow_paused",
-                f"workflow {workflow_id} is paused by its circuit breaker since "
-                f"{b.get('breaker_opened_at')}: {b.get('breaker_reason')}. Resume it with "
-                f"POST /v1/workflows/{workflow_id}/resume",
-            )
+        if refused is None:
+            refused = breaker_refusal(workflow_id, b)
         if (
             refused is None
             and key is not None
@@ -592,12 +612,7 @@ def _claim_trial_runs(
         if claim.state == "closed":  # a trial succeeded since the context read: admit
             decided.append(p)
             continue
-        detail = f"workflow {p.workflow_id} is paused by its circuit breaker: " + (
-            f"it is half-open and its {claim.admitted} trial runs are in flight; the first "
-            "to end decides (success closes the breaker, failure pauses it again)"
-            if claim.state == "half_open"
-            else f"it was paused again. Resume it with POST /v1/workflows/{p.workflow_id}/resume"
-        )
+        detail = trials_used_up(p.workflow_id, claim.state, claim.admitted)
         refusal = _Refusal(p.workflow_id, p.version_id, p.record_key, "workflow_paused", detail)
         decided.append(replace(p, refusal=refusal))
     return decided, [w for w in wanted if claims.get(w) is not None and claims[w].granted]

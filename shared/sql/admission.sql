@@ -298,3 +298,64 @@ FROM admission_refusals ar JOIN workflows w ON w.id = ar.workflow_id
 WHERE ar.tenant_id = :tenant_id AND ar.record_key = :record_key
 ORDER BY ar.created_at DESC, ar.id DESC
 LIMIT CAST(:limit AS integer)
+
+-- name: admission_would_run_context
+-- "Would this record enroll?" (shared/admission/would_run.py), read-only: what
+-- admission_context reads about an event's tenant and connection, and this workflow's
+-- bindings, for a record no event names yet. No locks: nothing is decided. No row when the
+-- connection or the workflow is unknown, or they belong to different tenants (or not to
+-- :tenant_scope when given).
+SELECT c.tenant_id, CAST(c.id AS text) AS connection_id, t.credit_balance,
+       t.excluded_authors || coalesce(c.excluded_authors, '{}') AS excluded_authors,
+       c.status AS connection_status, c.provider AS connection_provider,
+       c.provider_user_id AS connection_user_id,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'event_type', b.event_type, 'workflow_id', b.workflow_id,
+                   'version_id', b.version_id, 'dedup_mode', b.dedup_mode,
+                   'definition', v.definition,
+                   'breaker_state', wb.state, 'breaker_opened_at', wb.opened_at,
+                   'breaker_reason', wb.reason, 'breaker_trials', wb.probes_admitted)
+                   ORDER BY b.event_type), '[]'::jsonb)
+          FROM trigger_bindings b
+          JOIN workflow_versions v ON v.id = b.version_id
+          LEFT JOIN workflow_breakers wb ON wb.workflow_id = b.workflow_id
+         WHERE b.tenant_id = c.tenant_id AND b.workflow_id = w.id) AS bindings
+FROM connections c
+JOIN tenants t ON t.id = c.tenant_id
+JOIN workflows w ON w.id = CAST(:workflow_id AS uuid) AND w.tenant_id = c.tenant_id
+WHERE c.id = CAST(:connection_id AS uuid)
+  AND (CAST(:tenant_scope AS text) IS NULL OR c.tenant_id = CAST(:tenant_scope AS text))
+
+-- name: admission_would_run_history
+-- The record's history in onceflow as admission's decision reads it, read-only: the echo
+-- markers alive now for the fields a change would carry (admission_context reads them with
+-- the same function), the enrollment once_per_record finds and the oldest live running run
+-- not_while_running finds (admission_admit's `seen` and `active`: the same predicates, so
+-- tests/test_would_run.py runs admission after every answer and asserts they agree).
+SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
+                        '[]'::jsonb)
+          FROM echo_markers_alive(
+                   CAST(:connection_id AS uuid), :object_type, :object_id,
+                   CAST(:fields AS text[]), statement_timestamp(),
+                   CAST(:echo_skew_seconds AS double precision)) m) AS echo_markers,
+       -- admission_admit's precedence and wording (its `outcomes` and `decided`).
+       CASE WHEN en.run_id IS NOT NULL THEN 'duplicate'
+            WHEN act.id IS NOT NULL THEN 'already_running' END AS dedup_reason,
+       CASE WHEN en.run_id IS NOT NULL THEN
+                'record ' || :record_key || ' already enrolled by run ' || CAST(en.run_id AS text)
+                || ' at ' || (to_json(en.enrolled_at) #>> '{}') || ' (dedup once_per_record)'
+            WHEN act.id IS NOT NULL THEN
+                'run ' || CAST(act.id AS text) || ' for record ' || :record_key
+                || ' is still running (started ' || (to_json(act.created_at) #>> '{}')
+                || '; dedup not_while_running)'
+       END AS dedup_detail,
+       CAST(coalesce(en.run_id, act.id) AS text) AS blocking_run_id
+FROM (SELECT 1) AS one
+LEFT JOIN workflow_enrollments en
+       ON CAST(:dedup_mode AS text) = 'once_per_record' AND en.workflow_id = CAST(:workflow_id AS uuid)
+      AND en.record_key = :record_key
+LEFT JOIN LATERAL (
+    SELECT ar.id, ar.created_at FROM workflow_runs ar
+     WHERE CAST(:dedup_mode AS text) = 'not_while_running' AND ar.workflow_id = CAST(:workflow_id AS uuid)
+       AND ar.record_key = :record_key AND ar.status = 'running' AND ar.namespace = 'live'
+     ORDER BY ar.created_at LIMIT 1) act ON true
