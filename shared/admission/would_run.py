@@ -51,7 +51,7 @@ from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.gates.breaker import HALF_OPEN_PROBES
 from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, markers_from_json
-from shared.port.interface import CrmPort, Record
+from shared.port.interface import CrmPort, PortError, Record
 from shared.providers import registry
 from shared.providers.connect import port_for_connection
 from shared.workflows.expressions import record_fields
@@ -65,7 +65,9 @@ PROPERTY_CHANGED = ".property_changed"
 
 class WouldRunError(Exception):
     """The question can't be asked: `code` is `not_found` (workflow or connection unknown, or
-    another tenant's) or `not_bound` (the workflow has no active event trigger)."""
+    another tenant's), `not_bound` (the workflow has no active event trigger),
+    `invalid_record_key`, `record_not_found` (the CRM has no such record) or
+    `crm_unavailable` (the CRM could not be read)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -165,8 +167,12 @@ def _answer(  # noqa: PLR0917 - one call site
     if provider_suppression(unread) is None:
         # A paused or disconnected connection is refused whatever the record says (and its
         # port refuses to read).
-        reader = read_record(tx, connection_id)
-        current = reader(kind, object_id, sorted(trigger.watch | _rule_fields(trigger)))
+        try:
+            reader = read_record(tx, connection_id)
+            current = reader(kind, object_id, sorted(trigger.watch | _rule_fields(trigger)))
+        except PortError as exc:
+            code = "record_not_found" if exc.code == "not_found" else "crm_unavailable"
+            return WouldRunError(code, f"the CRM could not read {kind} {object_id}: {exc}")
     changed = _carried(binding["event_type"], trigger, current.properties)
     facts = _facts(ctx, binding["event_type"], kind, object_id, current, changed)
     return _decide(tx, facts, trigger, binding, workflow_id)
