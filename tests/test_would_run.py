@@ -272,3 +272,21 @@ def test_unknown_or_unbound(scene: Scene) -> None:
             event_type="hubspot.deal.created",
         )
     assert unbound.value.code == "not_bound"
+
+
+def test_the_dedup_rule_is_inlined_into_admissions_statement(db: Database) -> None:
+    """admission_dedup (the one definition admission and would-run read) is a single-SELECT
+    SQL function, inlined into the calling statement: no function scan, so admission's plan
+    keeps its indexes and its snapshot."""
+    with db.transaction() as tx:
+        plan = tx.all(
+            "EXPLAIN SELECT i.w, dd.reason FROM unnest(CAST(:w AS uuid[])) AS i (w)"
+            " LEFT JOIN admission_dedup(CAST(:w AS uuid[]), CAST(:m AS text[]),"
+            " CAST(:k AS text[])) dd ON dd.workflow_id = i.w",
+            w=["00000000-0000-0000-0000-000000000001"],
+            m=["not_while_running"],
+            k=["c:contact:1"],
+        )
+    text = "\n".join(str(next(iter(r.values()))) for r in plan)
+    assert "admission_dedup" not in text, text
+    assert "workflow_runs" in text and "workflow_enrollments" in text, text

@@ -13,8 +13,8 @@ called in its order of precedence, so the two can't drift apart:
   (`rule_not_matched`), the credits (`insufficient_credits`): `static_refusal`;
 - the circuit breaker: `breaker_refusal` (open) and `trials_used_up` (half-open, no trial slot);
 - the dedup mode against the record's enrollment and live runs (`duplicate`,
-  `already_running`), read by `admission_would_run_history`, worded as `admission_admit` words
-  them.
+  `already_running`, with their words): the SQL function `admission_dedup`
+  (migrations/0460_admission_dedup.sql), which `admission_admit` reads too.
 
 The record comes from the CRM through the connection's port (the properties the rule and the
 watch list read), so the rule sees its current values; its history (enrollments, runs, echo

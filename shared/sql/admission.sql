@@ -149,53 +149,35 @@ WITH input AS (
                 CAST(:records AS text[]))
          AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal,
                refusal_detail, entry_node, entry_type, record)
-), active AS (
-    -- not_while_running: the oldest live running run for the record, per binding, in one
-    -- sort for all of them (as a per-binding LATERAL … ORDER BY … LIMIT 1, each of K
-    -- bindings paid for setting up a sort even when its mode skipped the scan: at K=50 that
-    -- was most of the statement).
-    SELECT DISTINCT ON (i.workflow_id) i.workflow_id, ar.id, ar.created_at
-    FROM input i
-    JOIN workflow_runs ar ON ar.workflow_id = i.workflow_id AND ar.record_key = i.record_key
-    WHERE i.dedup_mode = 'not_while_running' AND ar.status = 'running'
-      AND ar.namespace = 'live'
-    ORDER BY i.workflow_id, ar.created_at
 ), seen AS (
     SELECT i.*,
            (c.event_id IS NOT NULL) AS claimed,
            CAST(coalesce(c.run_id, r.id) AS text) AS existing_run_id,
-           CAST(en.run_id AS text) AS enrolled_run_id, en.enrolled_at,
-           CAST(act.id AS text) AS active_run_id, act.created_at AS active_since,
+           CAST(dd.enrolled_run_id AS text) AS enrolled_run_id, dd.enrolled_at,
+           CAST(dd.active_run_id AS text) AS active_run_id, dd.active_since,
+           dd.reason AS dedup_reason, dd.detail AS dedup_detail,
            r.id IS NOT NULL AS has_start_run
     FROM input i
     LEFT JOIN delivery_claims c ON c.event_id = :event_id AND c.workflow_id = i.workflow_id
     LEFT JOIN workflow_runs r ON r.workflow_id = i.workflow_id AND r.start_key = :start_key
-    LEFT JOIN workflow_enrollments en
-           ON i.dedup_mode = 'once_per_record' AND en.workflow_id = i.workflow_id
-          AND en.record_key = i.record_key
-    LEFT JOIN active act ON act.workflow_id = i.workflow_id
+    -- The dedup rule, its reason and its words: migrations/0460_admission_dedup.sql, the one
+    -- definition would-run reads too (inlined here, read under this statement's snapshot).
+    LEFT JOIN admission_dedup(CAST(:workflow_ids AS uuid[]), CAST(:dedup_modes AS text[]),
+                              CAST(:record_keys AS text[])) dd
+           ON dd.workflow_id = i.workflow_id
 ), outcomes AS (
     SELECT s.*,
            CASE WHEN s.claimed OR s.has_start_run THEN 'handled'
                 WHEN s.refusal IS NOT NULL THEN s.refusal
-                WHEN s.enrolled_run_id IS NOT NULL THEN 'duplicate'
-                WHEN s.active_run_id IS NOT NULL THEN 'already_running'
+                WHEN s.dedup_reason IS NOT NULL THEN s.dedup_reason
                 ELSE 'admitted' END AS outcome
     FROM seen s
 ), decided AS (
-    -- The one home of the refusal details that depend on other runs (the others come
-    -- decided, with their detail, in :refusal_details). Times in ISO 8601.
+    -- The refusals decided before the transaction come with their detail in
+    -- :refusal_details; duplicate and already_running are worded by admission_dedup.
     SELECT o.*,
-           CASE o.outcome
-               WHEN 'duplicate' THEN
-                   'record ' || o.record_key || ' already enrolled by run ' || o.enrolled_run_id
-                   || ' at ' || (to_json(o.enrolled_at) #>> '{}') || ' (dedup once_per_record)'
-               WHEN 'already_running' THEN
-                   'run ' || o.active_run_id || ' for record ' || o.record_key
-                   || ' is still running (started ' || (to_json(o.active_since) #>> '{}')
-                   || '; dedup not_while_running)'
-               ELSE o.refusal_detail
-           END AS detail
+           CASE WHEN o.outcome = o.dedup_reason THEN o.dedup_detail
+                ELSE o.refusal_detail END AS detail
     FROM outcomes o
 ), ev AS (
     SELECT id, tenant_id, payload, payload_truncated FROM workflow_trigger_events
@@ -329,33 +311,15 @@ WHERE c.id = CAST(:connection_id AS uuid)
 -- name: admission_would_run_history
 -- The record's history in onceflow as admission's decision reads it, read-only: the echo
 -- markers alive now for the fields a change would carry (admission_context reads them with
--- the same function), the enrollment once_per_record finds and the oldest live running run
--- not_while_running finds (admission_admit's `seen` and `active`: the same predicates, so
--- tests/test_would_run.py runs admission after every answer and asserts they agree).
+-- the same function, echo_markers_alive) and the dedup rule's answer (admission_admit reads
+-- admission_dedup too: migrations/0460_admission_dedup.sql).
 SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
                         '[]'::jsonb)
           FROM echo_markers_alive(
                    CAST(:connection_id AS uuid), :object_type, :object_id,
                    CAST(:fields AS text[]), statement_timestamp(),
                    CAST(:echo_skew_seconds AS double precision)) m) AS echo_markers,
-       -- admission_admit's precedence and wording (its `outcomes` and `decided`).
-       CASE WHEN en.run_id IS NOT NULL THEN 'duplicate'
-            WHEN act.id IS NOT NULL THEN 'already_running' END AS dedup_reason,
-       CASE WHEN en.run_id IS NOT NULL THEN
-                'record ' || :record_key || ' already enrolled by run ' || CAST(en.run_id AS text)
-                || ' at ' || (to_json(en.enrolled_at) #>> '{}') || ' (dedup once_per_record)'
-            WHEN act.id IS NOT NULL THEN
-                'run ' || CAST(act.id AS text) || ' for record ' || :record_key
-                || ' is still running (started ' || (to_json(act.created_at) #>> '{}')
-                || '; dedup not_while_running)'
-       END AS dedup_detail,
-       CAST(coalesce(en.run_id, act.id) AS text) AS blocking_run_id
-FROM (SELECT 1) AS one
-LEFT JOIN workflow_enrollments en
-       ON CAST(:dedup_mode AS text) = 'once_per_record' AND en.workflow_id = CAST(:workflow_id AS uuid)
-      AND en.record_key = :record_key
-LEFT JOIN LATERAL (
-    SELECT ar.id, ar.created_at FROM workflow_runs ar
-     WHERE CAST(:dedup_mode AS text) = 'not_while_running' AND ar.workflow_id = CAST(:workflow_id AS uuid)
-       AND ar.record_key = :record_key AND ar.status = 'running' AND ar.namespace = 'live'
-     ORDER BY ar.created_at LIMIT 1) act ON true
+       dd.reason AS dedup_reason, dd.detail AS dedup_detail,
+       CAST(dd.blocking_run_id AS text) AS blocking_run_id
+FROM admission_dedup(ARRAY[CAST(:workflow_id AS uuid)], ARRAY[CAST(:dedup_mode AS text)],
+                     ARRAY[CAST(:record_key AS text)]) dd
