@@ -26,6 +26,7 @@ from tests.admission_support import (
     make_tenant,
 )
 from tests.blocks_support import fake_crm, seed_connection
+from tests.ops_support import mint
 
 TENANT = "acme"
 PAID_ENTRY = [
@@ -290,3 +291,29 @@ def test_the_dedup_rule_is_inlined_into_admissions_statement(db: Database) -> No
     text = "\n".join(str(next(iter(r.values()))) for r in plan)
     assert "admission_dedup" not in text, text
     assert "workflow_runs" in text and "workflow_enrollments" in text, text
+
+
+def test_the_record_page_asks_would_it_run_now(scene: Scene, client: Any) -> None:
+    """The record page's form: the API's answer, in words, for the signed-in tenant."""
+    object_id = scene.contact(lifecyclestage="lead")
+    wf = _once_per_record(scene, object_id)  # enrolled once already
+    client.post("/ui/login", data={"token": mint(scene.db, TENANT)})
+    page = client.get("/ui", query_string={"record_key": scene.key(object_id)})
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200 and "Would it run now?" in html
+    before = _row_counts(scene.db)
+    asked = client.get(
+        "/ui", query_string={"record_key": scene.key(object_id), "would_run": wf}
+    ).get_data(as_text=True)
+    assert 'data-reason="duplicate"' in asked and "No, because duplicate" in asked
+    assert "already went through this workflow once" in asked
+    assert _row_counts(scene.db) == before
+    scene.sql("DELETE FROM workflow_enrollments")
+    asked = client.get(
+        "/ui", query_string={"record_key": scene.key(object_id), "would_run": wf}
+    ).get_data(as_text=True)
+    assert "Yes, a new run." in asked
+    nonsense = client.get(
+        "/ui", query_string={"record_key": scene.key(object_id), "would_run": "nope"}
+    ).get_data(as_text=True)
+    assert "Choose one of the workflows." in nonsense
