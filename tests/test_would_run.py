@@ -20,6 +20,7 @@ from shared.providers import connect
 from tests.admission_support import (
     EVENT_TYPE,
     Published,
+    activate_text,
     admit,
     bind_workflow,
     emit_event,
@@ -317,3 +318,20 @@ def test_the_record_page_asks_would_it_run_now(scene: Scene, client: Any) -> Non
         "/ui", query_string={"record_key": scene.key(object_id), "would_run": "nope"}
     ).get_data(as_text=True)
     assert "Choose one of the workflows." in nonsense
+
+
+def test_a_budget_is_said_beside_the_answer_never_a_reason(scene: Scene) -> None:
+    object_id = scene.contact(lifecyclestage="lead")
+    wf = activate_text(
+        scene.db,
+        "name: capped\ntenant: acme\n"
+        "trigger: {events: [hubspot.contact.property_changed], watch: [lifecyclestage]}\n"
+        "budget: {credits: 5, per: 1d}\n"
+        "steps: [{id: done, type: end}]\n",
+    )
+    answer = would_run(scene.db, workflow_id=wf, record_key=scene.key(object_id))
+    assert answer.would_run
+    assert answer.notes == (
+        "budget: 0 of 5 credits used in the current 1d window; a priced step that would go "
+        "over it fails BUDGET_EXCEEDED with nothing sent",
+    )

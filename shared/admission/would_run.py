@@ -24,9 +24,10 @@ an OAuth connection may refresh its access token, as any read does; that is the 
 business, on its own connection.)
 
 What it can't know: a half-open breaker's trial slot could be taken by a concurrent event
-between the answer and the event; a tenant's balance may change. A workflow with a
-`host_rate_limit`, a `rate_limit` or a `budget` is not refused at admission (those gates hold a
-step, never a run), so they are not part of the answer.
+between the answer and the event; a tenant's balance may change. A workflow's
+`host_rate_limit`, `rate_limit` and `budget` refuse no run at admission (those gates act on a
+step), so they are no reason here; what is left of the budget comes beside the answer
+(`notes`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from shared.admission.admit import (
 )
 from shared.core import queries
 from shared.core.db import Database, Tx
+from shared.gates import budgets
 from shared.gates.breaker import HALF_OPEN_PROBES
 from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, markers_from_json
 from shared.port.interface import CrmPort, PortError, Record
@@ -95,6 +97,8 @@ class WouldRun:
     blocking_run_id: str | None = None
     # The circuit breaker's state (closed when it has none).
     breaker_state: str = "closed"
+    # What holds a run's steps rather than its start, said beside the answer (the budget).
+    notes: tuple[str, ...] = ()
 
 
 # Reads the record's current properties: (object type, object id, properties wanted) -> record.
@@ -234,9 +238,23 @@ def _decide(
     if refused is None and history["dedup_reason"] is not None:
         refused = (history["dedup_reason"], history["dedup_detail"])
         answer = replace(answer, blocking_run_id=history["blocking_run_id"])
+    answer = replace(answer, notes=_budget_notes(tx, workflow_id))
     if refused is None:
         return replace(answer, would_run=True)
     return replace(answer, reason=refused[0], detail=refused[1])
+
+
+def _budget_notes(tx: Tx, workflow_id: str) -> tuple[str, ...]:
+    """A workflow's `budget` refuses no run (its gate holds a priced step: shared/gates/
+    budgets.py), so it is no reason here; what is left of it is said beside the answer."""
+    budget = budgets.workflow_summary(tx, workflow_id)
+    if budget["credits"] is None:
+        return ()
+    used = int(budget["reserved"]) + int(budget["spent"])
+    return (
+        f"budget: {used} of {budget['credits']} credits used in the current {budget['per']} "
+        "window; a priced step that would go over it fails BUDGET_EXCEEDED with nothing sent",
+    )
 
 
 def _split(record_key: str) -> tuple[str, str, str]:

@@ -301,6 +301,8 @@ def _would_run(s: Session, args: argparse.Namespace) -> int:
         print(f"a change now would carry: {carried or 'no fields'}", file=s.out)
         if answer["breaker_state"] != "closed":
             print(f"circuit breaker: {answer['breaker_state']}", file=s.out)
+        for note in answer["notes"]:
+            print(terminal.wrap(note), file=s.out)
 
     s.emit(answer, readable)
     return EXIT_OK if answer["would_run"] else EXIT_PROBLEMS

@@ -816,6 +816,9 @@ class WouldRunAnswer(_Response):
     record: dict[str, Any] = Field(description="The record the trigger rule read.")
     blocking_run_id: UUID | None = Field(description="The run that blocks a new one.")
     breaker_state: str
+    notes: list[str] = Field(
+        description="What would act on the run's steps rather than its start (the budget)."
+    )
 
 
 # ---- health ("is the machinery running?") --------------------------------------------------
