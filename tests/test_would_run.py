@@ -171,6 +171,20 @@ def _run_ended(s: Scene, oid: str) -> str:
     return wf
 
 
+def _unreadable(s: Scene, oid: str) -> str:
+    """A stored definition this release can't parse (a row another release wrote)."""
+    wf = _matched(s, oid)
+    with s.db.transaction() as tx:  # as tests/test_admission.py damages one
+        tx.execute("ALTER TABLE workflow_versions DISABLE TRIGGER workflow_versions_no_update")
+        tx.execute(
+            "UPDATE workflow_versions SET definition = jsonb_set(definition, '{steps}', "
+            '\'[{"id": "start", "type": 42}]\') WHERE workflow_id = CAST(:w AS uuid)',
+            w=wf,
+        )
+        tx.execute("ALTER TABLE workflow_versions ENABLE TRIGGER workflow_versions_no_update")
+    return wf
+
+
 CASES: dict[str, tuple[Callable[[Scene, str], str], str | None]] = {
     "matched": (_matched, None),
     "rule_false": (_rule_false, "rule_not_matched"),
@@ -185,6 +199,7 @@ CASES: dict[str, tuple[Callable[[Scene, str], str], str | None]] = {
     "connection_paused": (_paused_connection, "provider_suppressed"),
     "no_credits": (_no_credits, "insufficient_credits"),
     "no_record_identity": (_no_record, "missing_record_identity"),
+    "definition_unreadable": (_unreadable, "definition_unreadable"),
 }
 
 

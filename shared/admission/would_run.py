@@ -276,7 +276,10 @@ def _binding(
     of_kind = [b for b in bindings if f".{kind}." in f"{b['event_type']}."] or list(bindings)
     if not of_kind:
         return None
-    watches = bool(_trigger_for(str(of_kind[0]["version_id"]), of_kind[0]["definition"]).watch)
+    try:
+        watches = bool(_trigger_for(str(of_kind[0]["version_id"]), of_kind[0]["definition"]).watch)
+    except DefinitionUnreadable:  # its refusal is the answer, whichever type is asked
+        watches = False
     of_kind.sort(key=lambda b: str(b["event_type"]).endswith(PROPERTY_CHANGED) != watches)
     return of_kind[0]
 
