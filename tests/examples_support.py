@@ -125,7 +125,7 @@ class ExampleStack:
                 version_id=published.version_id,
             )
         result = subscriptions.reconcile_connection(
-            self.db, self.connection_id, connect.port_for(self.connection_id)
+            self.db, self.connection_id, connect.port_for(self.db, self.connection_id)
         )
         assert result.ok, result.errors
         return str(published.workflow_id)
@@ -212,7 +212,7 @@ class ExampleStack:
     def steps(self, run_id: str) -> dict[str, dict[str, Any]]:
         with self.db.transaction() as tx:
             rows = tx.all(
-                "SELECT step_key, status, output, error FROM workflow_steps"
+                "SELECT step_key, status, output, error, outcome_code FROM workflow_steps"
                 " WHERE run_id = CAST(:r AS uuid)",
                 r=run_id,
             )

@@ -50,7 +50,7 @@ def test_would_run_and_rehearse_from_the_command_line(
 ) -> None:
     make_tenant(db, "acme")
     conn = seed_connection(db, crm.url)
-    port = connect.port_for(conn)
+    port = connect.port_for(db, conn)
     contact = port.create(
         "contact",
         {"firstname": "Ada", "lastname": "Lovelace", "email": "ada@example.com"},
@@ -105,7 +105,7 @@ def test_rehearse_a_record_with_no_stored_event_uses_its_current_state(
 ) -> None:
     make_tenant(db, "acme")
     conn = seed_connection(db, crm.url)
-    contact = connect.port_for(conn).create("contact", {"lifecyclestage": "lead"}).id
+    contact = connect.port_for(db, conn).create("contact", {"lifecyclestage": "lead"}).id
     monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_url)
     monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", mint(db, "acme", label="ci"))
     assert onceflow("publish", str(EXAMPLE), "--activate")[0] == cli.EXIT_OK

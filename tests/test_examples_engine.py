@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared.admission.debounce_fire import fire_due_bursts
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
 from shared.gates import budgets
 from shared.publishing.validate import validate_file
 from tests.blocks_support import fake_crm
@@ -22,6 +24,7 @@ from tests.examples_support import (
     ExampleStack,
     unexplained_problems,
 )
+from tests.fakevertex_support import configure_tenant, fake_vertex
 from tests.ingest_support import STANDARD_SECRET
 
 REENGAGE = ROOT / "examples" / "workflows" / "lead-replied-reengage.yaml"
@@ -85,6 +88,7 @@ def test_a_lead_status_change_resumes_the_reengage_wait_and_its_status_is_kept(
     steps = stack.steps(run_id)
     assert steps["wait_for_reply"]["status"] == "succeeded", steps
     assert steps["wait_for_reply"]["output"]["resumed"]["by"] == "event"
+    assert steps["wait_for_reply"]["output"]["matched"] == "reply"
     assert steps["wait_for_reply"]["output"]["event"]["changed_fields"] == {
         "hs_lead_status": "CONNECTED"
     }
@@ -98,6 +102,53 @@ def test_a_lead_status_change_resumes_the_reengage_wait_and_its_status_is_kept(
     # The status change was heard for the wait; it starts no run of the trigger, which
     # watches hs_sales_email_last_replied only.
     assert len(stack.runs(workflow_id)) == 1
+
+
+def test_a_rep_picking_the_lead_up_ends_the_reengage_wait_and_says_so(
+    stack: ExampleStack,
+) -> None:
+    """Issue 31 item 1: the wait is for a reply *or* a rep picking the lead up, whichever
+    comes first; the step's output names the one that came (`matched`), and the other,
+    arriving later, changes nothing."""
+    workflow_id, run_id, contact_id = _reengage_until_the_wait(stack)
+    stack.person("contacts", contact_id, {"hs_lead_status": "IN_PROGRESS"})
+    assert [d["reason"] for d in stack.drops()] == []
+    steps = stack.steps(run_id)
+    assert steps["wait_for_reply"]["status"] == "succeeded", steps
+    assert steps["wait_for_reply"]["output"]["matched"] == "picked_up"
+    stack.person("contacts", contact_id, {"hs_lead_status": "CONNECTED"})
+    assert stack.steps(run_id)["wait_for_reply"]["output"]["matched"] == "picked_up"
+    assert "mark_stale" not in stack.steps(run_id)
+    assert [r["status"] for r in stack.runs(workflow_id)] == ["succeeded"]
+
+
+def test_the_reengage_sequence_stops_when_the_lead_becomes_a_customer(
+    stack: ExampleStack,
+) -> None:
+    """Issue 31 item 3: the lead becomes a customer while the run waits: the run ends
+    `goal_met` and nothing after it runs, even when the wait's deadline comes."""
+    workflow_id, run_id, contact_id = _reengage_until_the_wait(stack)
+    stack.person("contacts", contact_id, {"lifecyclestage": "customer"})
+    assert [d["reason"] for d in stack.drops()] == []
+    (run,) = stack.runs(workflow_id)
+    assert run["status"] == "goal_met"
+    steps = stack.steps(run_id)
+    assert steps["wait_for_reply"]["status"] == "skipped"
+    assert steps["wait_for_reply"]["outcome_code"] == "GOAL_MET"
+    stack.due_now(run_id)
+    assert "mark_stale" not in stack.steps(run_id)
+
+
+def test_the_reengage_sequence_is_cancelled_when_sales_marks_the_lead_unqualified(
+    stack: ExampleStack,
+) -> None:
+    workflow_id, run_id, contact_id = _reengage_until_the_wait(stack)
+    stack.person("contacts", contact_id, {"hs_lead_status": "UNQUALIFIED"})
+    (run,) = stack.runs(workflow_id)
+    assert run["status"] == "cancelled", run
+    steps = stack.steps(run_id)
+    assert steps["wait_for_reply"]["status"] == "skipped"
+    assert steps["wait_for_reply"]["outcome_code"] == "CANCELLED"
 
 
 def test_without_an_answer_the_reengage_wait_times_out_and_marks_the_lead_stale(
@@ -296,6 +347,48 @@ def _invoice_paid_webhook(stack: ExampleStack, workflow_id: str) -> None:
     assert [(r["window_seconds"], r["used"]) for r in used] == [(60, 1)]
 
 
+def _sync_edited_contact(stack: ExampleStack, workflow_id: str) -> None:
+    """A rep edits three fields one after another: one run, once the burst's quiet time is
+    over (the sweep's repair fires it), syncing all three; the two earlier edits are refused
+    `superseded`, naming that run."""
+    contact = stack.fake.create_record("contacts", {"email": "ada@x.io"}, PERSON)
+    stack.pump()
+    for change in ({"phone": "+33 1"}, {"jobtitle": "CTO"}, {"company": "Acme"}):
+        stack.person("contacts", contact.id, change)
+    assert stack.runs(workflow_id) == []  # the burst is still open
+    with stack.db.transaction() as tx:
+        tx.execute("UPDATE debounce_bursts SET fire_at = now() WHERE status = 'open'")
+    fire_due_bursts(stack.db, SweepConfig(), stack.queue, SweepReport())
+    stack.queue.drain(stack.db, stack.lookup, limit=1000)
+    (run,) = stack.runs(workflow_id)
+    (sync,) = stack.sent
+    assert (sync["body"]["jobtitle"], sync["body"]["phone"], sync["body"]["edits"]) == (
+        "CTO",
+        "+33 1",
+        3,
+    )
+    with stack.db.transaction() as tx:
+        superseded = tx.all(
+            "SELECT detail FROM admission_refusals WHERE workflow_id = CAST(:w AS uuid)",
+            w=workflow_id,
+        )
+    assert len(superseded) == 2
+    assert all(f"absorbed by run {run['id']}" in r["detail"] for r in superseded)
+
+
+def _deal_amount_alert(stack: ExampleStack, workflow_id: str) -> None:
+    """Three amount changes under a limit of 20 an hour: each starts its run at once, and the
+    throttle's window for the hour counts them."""
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    stack.pump()
+    for amount in ("100", "200", "300"):
+        stack.person("deals", deal.id, {"amount": amount})
+    assert [s["body"]["amount"] for s in stack.sent] == ["100", "200", "300"]
+    with stack.db.transaction() as tx:
+        used = tx.scalar("SELECT sum(used) FROM throttle_windows WHERE scope = 'run_start'")
+    assert used == 3
+
+
 def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
     """The vendor-neutral example on the HubSpot fake: `crm.company.created` bound to HubSpot's
     company creation (subscribed by reconcile), `company` read and searched as HubSpot's
@@ -308,6 +401,35 @@ def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
     assert [n["name"] for n in notes] == ["Acme", "Acme"]
     assert notes[-1]["company_id"] == company.id
     assert [n["sharing_its_name"] for n in notes] == [1, 2]
+
+
+def _lead_reply_classify(stack: ExampleStack, workflow_id: str) -> None:
+    """Two replies through the email tool's webhook: the interested one gets a call task with
+    the model's summary, the "not now" one marks the contact; the model was asked once each,
+    through the fake Vertex AI endpoint, with the reply in the prompt."""
+    eager = stack.fake.create_record("contacts", {"firstname": "Ada"}, PERSON)
+    later = stack.fake.create_record("contacts", {"firstname": "Bo"}, PERSON)
+    with pytest.MonkeyPatch.context() as env, fake_vertex(env) as vertex:
+        configure_tenant(stack.db)
+        vertex.fixtures["call me Monday"] = {"intent": "interested", "summary": "wants a call"}
+        vertex.fixtures["next quarter"] = {"intent": "not_now", "summary": "next quarter"}
+        for message_id, contact, text in (
+            ("m1", eager, "Sounds great, call me Monday"),
+            ("m2", later, "Busy now, try next quarter"),
+        ):
+            body = {"message_id": message_id, "contact_id": contact.id, "reply_text": text}
+            assert (
+                stack.post_webhook("lead-reply-classify", body, msg_id=message_id)["status"]
+                == "accepted"
+            )
+        assert [
+            c.prompt.strip().endswith(t)
+            for c, t in zip(vertex.calls, ("call me Monday", "next quarter"), strict=True)
+        ] == [True, True]
+    (task,) = _task_shown_on(stack, "contacts", eager.id)
+    assert task["properties"]["hs_task_subject"] == "Call back: wants a call"
+    (marked,) = [c for c in stack.fake.records("contacts") if c["id"] == later.id]
+    assert marked["properties"]["hs_lead_status"] == "OPEN"
 
 
 PERSON = ("CRM_UI", "userId:7")
@@ -323,7 +445,10 @@ SCENARIOS = {
     "enroll-pro-signups": _enroll_pro_signups,
     "route-new-mqls": _route_new_mqls,
     "invoice-paid-webhook": _invoice_paid_webhook,
+    "sync-edited-contact": _sync_edited_contact,
+    "deal-amount-alert": _deal_amount_alert,
     "new-company-any-crm": _new_company_any_crm,
+    "lead-reply-classify": _lead_reply_classify,
 }
 
 

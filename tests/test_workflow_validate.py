@@ -532,3 +532,146 @@ def test_a_task_hubspot_refuses_or_hides_is_warned_about() -> None:
     # Other objects need neither.
     contact = bare.replace("object_type: tasks", "object_type: contacts")
     assert _problems(contact, "warning") == []
+
+
+# ---------------------------------------------------------------- waits of several events
+
+
+MANY = """\
+steps:
+  - id: first
+    type: delay
+    config: {{seconds: 1}}
+    next: wait
+  - id: wait
+    type: wait_for
+    config:
+{config}
+      timeout: {{days: 3}}
+    next: after
+  - id: after
+    type: end
+"""
+
+
+def _many(config: str) -> str:
+    return HEAD + MANY.format(config=textwrap.indent(textwrap.dedent(config), " " * 6))
+
+
+def test_a_wait_of_several_correlated_events_validates() -> None:
+    report = validate_text(
+        _many("""\
+            mode: all
+            correlate: {event: record.id, run: trigger.dealId}
+            events:
+              - {name: won, event: hubspot.deal.property_changed, when: 'record.dealstage == "won"'}
+              - event: hubspot.deal.association_changed
+                correlate: {event: trigger.fromObjectId, run: record.id}
+            """),
+        "wf.yaml",
+    )
+    assert report.ok, [str(p) for p in report.problems]
+
+
+@pytest.mark.parametrize(
+    ("config", "where", "position", "says"),
+    [
+        # each awaited event's condition is compiled where it is written
+        (
+            "events:\n  - {event: hubspot.contact.created, when: 'event.x =='}\n",
+            "steps[1].config.events[0].when",
+            (14, 50),
+            "",
+        ),
+        # an unknown event type of one of the events
+        (
+            "events:\n  - event: hubspot.contact.created\n  - event: hubspot.contact.creatd\n",
+            "steps[1].config.events[1].event",
+            (15, 18),
+            "did you mean 'hubspot.contact.created'",
+        ),
+        # the event's side of a correlation can't read the run
+        (
+            "event: hubspot.deal.created\n"
+            "correlate: {event: steps.first.output.id, run: record.id}\n",
+            "steps[1].config.correlate.event",
+            (14, 26),
+            "cannot read `steps`",
+        ),
+        # the run's side reads only steps that ran before the wait
+        (
+            "event: hubspot.deal.created\n"
+            "correlate: {event: record.id, run: steps.after.output.id}\n",
+            "steps[1].config.correlate.run",
+            (14, 42),
+            "cannot have run before",
+        ),
+        # a bad mode, at the mode
+        (
+            "mode: some\nevents:\n  - event: hubspot.contact.created\n",
+            "steps[1].config.mode",
+            (13, 13),
+            "'any' or 'all'",
+        ),
+        # an unknown field of an awaited event, at its key
+        (
+            "events:\n  - {event: hubspot.contact.created, whan: 'true'}\n",
+            "steps[1].config.events[0].whan",
+            (14, 44),
+            "unknown field 'whan'",
+        ),
+    ],
+)
+def test_each_field_of_a_wait_of_several_events_is_judged_where_it_is_written(
+    config: str, where: str, position: tuple[int, int], says: str
+) -> None:
+    found = _problems(_many(config))
+    assert [p.where for p in found] == [where], [str(p) for p in found]
+    assert (found[0].line, found[0].column) == position, str(found[0])
+    assert says in found[0].message, found[0].message
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ("mode: all\nevent: hubspot.contact.created\n", "`mode` applies to `events`"),
+        (
+            "event: hubspot.contact.created\nevents:\n  - event: hubspot.contact.created\n",
+            "`event`, or `events`",
+        ),
+        (
+            "events:\n  - event: hubspot.contact.created\n  - event: hubspot.contact.created\n",
+            "give each a distinct `name`",
+        ),
+        (
+            "when: 'true == true'\nevents:\n  - event: hubspot.contact.created\n",
+            "each event has its own `when`",
+        ),
+    ],
+)
+def test_a_wait_of_several_events_is_refused_its_contradictions_at_its_config(
+    config: str, says: str
+) -> None:
+    found = _problems(_many(config))
+    assert [p.where for p in found] == ["steps[1].config"], [str(p) for p in found]
+    assert (found[0].line, found[0].column) == (13, 7), str(found[0])
+    assert says in found[0].message, found[0].message
+
+
+def test_each_awaited_property_change_is_listened_to() -> None:
+    from shared.workflows import listening
+
+    definition = yaml.safe_load(
+        _many("""\
+            events:
+              - event: hubspot.contact.property_changed
+                when: 'record.hs_lead_status == "CONNECTED"'
+              - name: customer
+                event: hubspot.contact.property_changed
+                watch: [lifecyclestage]
+            """)
+    )
+    fields = sorted(
+        f for x in listening.listeners(definition) if x.where == "steps.wait" for f in x.fields
+    )
+    assert fields == ["hs_lead_status", "lifecyclestage"]

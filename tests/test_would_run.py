@@ -43,7 +43,7 @@ class Scene:
 
     def contact(self, **properties: Any) -> str:
         """A contact in the fake CRM; its id."""
-        return connect.port_for(self.conn).create("contact", properties).id
+        return connect.port_for(self.db, self.conn).create("contact", properties).id
 
     def key(self, object_id: str) -> str:
         return f"{self.conn}:contact:{object_id}"
@@ -249,7 +249,7 @@ def test_the_rule_reads_the_record_as_the_crm_has_it_now(scene: Scene) -> None:
     first = would_run(scene.db, workflow_id=wf, record_key=scene.key(object_id))
     assert first.reason == "rule_not_matched"
     assert "was false" in (first.detail or "")
-    connect.port_for(scene.conn).update("contact", object_id, {"lifecyclestage": "lead"})
+    connect.port_for(scene.db, scene.conn).update("contact", object_id, {"lifecyclestage": "lead"})
     now = would_run(scene.db, workflow_id=wf, record_key=scene.key(object_id))
     assert now.would_run and now.changed_fields == {"lifecyclestage": "lead"}
     assert now.record["lifecyclestage"] == "lead" and now.event_type == EVENT_TYPE

@@ -11,7 +11,7 @@ called in its order of precedence, so the two can't drift apart:
   every carried field matching a live echo marker: `echo_suppressed`), the record by
   `resolve_record` (`missing_record_identity`), the watch list and the rule by `rule_refusal`
   (`rule_not_matched`), the credits (`insufficient_credits`): `static_refusal`;
-- the circuit breaker: `breaker_refusal` (open) and `trials_used_up` (half-open, no trial slot);
+- the circuit breaker: `paused_now` (open) and `trials_used_up` (half-open, no trial slot);
 - the dedup mode against the record's enrollment and live runs (`duplicate`,
   `already_running`, with their words): the SQL function `admission_dedup`
   (migrations/0460_admission_dedup.sql), which `admission_admit` reads too.
@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from shared.admission.admit import (
@@ -43,7 +44,7 @@ from shared.admission.admit import (
     Reason,
     _Trigger,
     _trigger_for,
-    breaker_refusal,
+    paused_now,
     provider_suppression,
     static_refusal,
     trials_used_up,
@@ -55,7 +56,7 @@ from shared.gates.breaker import HALF_OPEN_PROBES
 from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, markers_from_json
 from shared.port.interface import CrmPort, PortError, Record
 from shared.providers import registry
-from shared.providers.connect import port_for_connection
+from shared.providers.connect import build_port, load_port_settings
 from shared.workflows.expressions import record_fields
 from shared.workflows.scope import record_key as make_record_key
 
@@ -130,7 +131,7 @@ def would_run(
             object_id,
             event_type,
             tenant_scope,
-            read_record or _port_reader,
+            read_record or partial(_port_reader, db),
         )
     # Raised here: an exception inside the transaction is translated by the pool.
     if isinstance(answer, WouldRunError):
@@ -231,7 +232,7 @@ def _decide(
         breaker_state=breaker_state,
     )
     if refused is None:
-        refused = breaker_refusal(workflow_id, binding)
+        refused = paused_now({**binding, "workflow_id": workflow_id})
     trials = int(binding.get("breaker_trials") or 0)
     if refused is None and breaker_state == "half_open" and trials >= HALF_OPEN_PROBES:
         refused = ("workflow_paused", trials_used_up(workflow_id, breaker_state, trials))
@@ -331,6 +332,6 @@ def _facts(  # noqa: PLR0917 - three call sites, each reads in this order
     )
 
 
-def _port_reader(tx: Tx, connection_id: str) -> ReadRecord:
-    port: CrmPort = port_for_connection(tx, connection_id)
+def _port_reader(db: Database, tx: Tx, connection_id: str) -> ReadRecord:
+    port: CrmPort = build_port(load_port_settings(tx, connection_id), db)
     return port.get

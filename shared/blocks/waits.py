@@ -24,12 +24,15 @@ A rehearsal never waits: the step answers what it would have waited for and goes
 
 from __future__ import annotations
 
+import hashlib
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shared.blocks.base import (
+    AwaitedEvent,
     BlockContext,
     BlockFailure,
     BlockResult,
@@ -37,13 +40,16 @@ from shared.blocks.base import (
     flow_block,
 )
 from shared.providers import kinds, registry
-from shared.workflows.expressions import ExpressionError, compile_expression
+from shared.workflows.expressions import ExpressionError, compile_expression, evaluate
 from shared.workflows.scope import kept_for_wait
 
 MAX_WAIT = timedelta(days=366)
 MAX_LOOKBACK = timedelta(days=7)
 OUTCOME_BAD_CONFIG = "BAD_CONFIG"
 OUTCOME_NO_RECORD = "NO_RECORD"
+OUTCOME_NO_CORRELATION = "NO_CORRELATION"
+# The most events one wait awaits (each is a key in the park's index entry).
+MAX_AWAITED = 10
 
 
 class Duration(BaseModel):
@@ -65,9 +71,67 @@ class Goto(BaseModel):
     goto: str = Field(min_length=1, description="The step to jump to.")
 
 
-class WaitForConfig(BaseModel):
+class Correlate(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    event: str = Field(
+        min_length=1,
+        description="CEL over the incoming event (`event`, `trigger`, `record`): the value that "
+        "must equal `run`'s, e.g. `trigger.dealId`.",
+    )
+    run: str = Field(
+        min_length=1,
+        description="CEL over the waiting run (`record`, `steps`, `run`, `event`, `trigger`), "
+        "evaluated once when the wait parks, e.g. `steps.create_deal.output.id`.",
+    )
+
+
+class AwaitedEventConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     event: str = Field(min_length=1, description="The trigger event type to wait for.")
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$",
+        description="Its name in the step's output (default: the event type).",
+    )
+    when: str = Field(
+        default="true", description="CEL condition over the incoming event, as for one event."
+    )
+    watch: list[str] = Field(
+        default_factory=list, description="For a *.property_changed event: the fields to hear."
+    )
+    correlate: Correlate | None = Field(
+        default=None, description="This event's own correlation (default: the wait's)."
+    )
+
+    @property
+    def label(self) -> str:
+        return self.name or self.event
+
+
+class WaitForConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    event: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The trigger event type to wait for (or `events`, for several).",
+    )
+    events: list[AwaitedEventConfig] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_AWAITED,
+        description="Several events, each with its own `when`: `mode: any` resumes on the first "
+        "that matches (the output's `matched` says which), `mode: all` once each has matched "
+        "(the output's `events` holds them by name). One deadline for all.",
+    )
+    mode: Literal["any", "all"] = Field(
+        default="any", description="With `events`: `any` (default) or `all`."
+    )
+    correlate: Correlate | None = Field(
+        default=None,
+        description="Correlate beyond the run's record: the incoming event's `event` expression "
+        "must equal the run's `run` expression (evaluated when the wait parks). Default: the "
+        "event is about the run's own record.",
+    )
     when: str = Field(
         default="true",
         description="CEL condition over the incoming event (`event`, `trigger`, `record`) and "
@@ -95,7 +159,56 @@ class WaitForConfig(BaseModel):
             raise ValueError(f"timeout must be positive and at most {MAX_WAIT.days} days")
         if self.lookback is not None and self.lookback.value > MAX_LOOKBACK:
             raise ValueError(f"lookback can be at most {MAX_LOOKBACK.days} days")
+        if (self.event is None) == (self.events is None):
+            raise ValueError("name the event to wait for: `event`, or `events` for several")
+        if self.events is not None:
+            if self.when != "true" or self.watch:
+                raise ValueError("with `events`, each event has its own `when` and `watch`")
+            labels = [e.label for e in self.events]
+            twice = sorted({x for x in labels if labels.count(x) > 1})
+            if twice:
+                raise ValueError(f"{twice[0]!r} is awaited twice: give each a distinct `name`")
+        elif self.mode != "any":
+            raise ValueError("`mode` applies to `events` (several events)")
         return self
+
+    def awaited(self) -> list[AwaitedEventConfig]:
+        """The awaited events: `events`, or the one `event` with the wait's `when`."""
+        if self.events is not None:
+            return list(self.events)
+        assert self.event is not None
+        return [AwaitedEventConfig(event=self.event, when=self.when, watch=self.watch)]
+
+    @property
+    def single_form(self) -> bool:
+        """One event on the run's own record: the first release's park (event_type,
+        record_key, condition), unchanged."""
+        return self.events is None and self.correlate is None
+
+
+def correlation_text(value: Any) -> str:
+    """A correlation value as the text both sides are compared as, so the run's `42` and the
+    event's `"42"` correlate (vendors send ids as numbers in one place and strings in another);
+    anything else structured compares as its canonical JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, int | float):
+        return str(value)
+    return json.dumps(value, sort_keys=True, default=str, separators=(",", ":"))
+
+
+def await_key(tenant_id: str, event_type: str, on: str, value: str) -> str:
+    """The one encoding of "an event of this type whose `on` gives `value`" in a tenant: the
+    park keeps one per awaited event (indexed), and admission computes them for each event.
+    The expression and a long value enter as digests, so a key stays a small index entry."""
+    expression = "record" if on == "" else hashlib.sha256(on.encode()).hexdigest()[:24]
+    if len(value) > 200:
+        value = "sha256:" + hashlib.sha256(value.encode()).hexdigest()
+    return "\x1f".join((tenant_id, event_type, expression, value))
 
 
 def _run_record_key(ctx: BlockContext) -> str:
@@ -110,14 +223,64 @@ def _run_record_key(ctx: BlockContext) -> str:
     return key
 
 
-def execute_wait_for(ctx: BlockContext, config: BaseModel) -> BlockResult:
-    assert isinstance(config, WaitForConfig)
+def _run_side(ctx: BlockContext, correlate: Correlate) -> str:
+    """The run's side of a correlation, evaluated when the wait parks (and kept with it)."""
     try:
-        compile_expression(config.when)  # validation said so already; a hand-made row may not
+        value = evaluate(correlate.run, ctx.scope)
     except ExpressionError as exc:
         raise BlockFailure(
-            f"when: {exc}", error_class="permanent", outcome_code=OUTCOME_BAD_CONFIG
+            f"correlate.run: {exc}", error_class="permanent", outcome_code=OUTCOME_NO_CORRELATION
         ) from None
+    if value is None or value == "":
+        raise BlockFailure(
+            f"correlate.run ({correlate.run}) gave nothing to correlate on",
+            error_class="permanent",
+            outcome_code=OUTCOME_NO_CORRELATION,
+        )
+    return correlation_text(value)
+
+
+def _awaits(ctx: BlockContext, config: WaitForConfig) -> tuple[AwaitedEvent, ...]:
+    out: list[AwaitedEvent] = []
+    provider = kinds.provider_of(ctx.db, ctx.connection_id)
+    for awaited in config.awaited():
+        correlate = awaited.correlate or config.correlate
+        on, value = (
+            ("", _run_record_key(ctx))
+            if correlate is None
+            else (
+                correlate.event,
+                _run_side(ctx, correlate),
+            )
+        )
+        # A wait on any CRM's event waits for the one the run's connection sends.
+        event_type = registry.event_type_on(provider, awaited.event)
+        out.append(AwaitedEvent(awaited.label, event_type, awaited.when, on, value))
+    return tuple(out)
+
+
+def _compile_conditions(config: WaitForConfig) -> None:
+    # Validation said so already; a hand-made row may not.
+    sources = [("when", a.when) for a in config.awaited()]
+    for a in config.awaited():
+        correlate = a.correlate or config.correlate
+        if correlate is not None:
+            sources += [("correlate.event", correlate.event), ("correlate.run", correlate.run)]
+    for where, source in sources:
+        try:
+            compile_expression(source)
+        except ExpressionError as exc:
+            raise BlockFailure(
+                f"{where}: {exc}", error_class="permanent", outcome_code=OUTCOME_BAD_CONFIG
+            ) from None
+
+
+def execute_wait_for(ctx: BlockContext, config: BaseModel) -> BlockResult:
+    assert isinstance(config, WaitForConfig)
+    _compile_conditions(config)
+    if not config.single_form:
+        return _park_on_awaits(ctx, config)
+    assert config.event is not None
     key = _run_record_key(ctx)
     deadline = datetime.now(UTC) + config.timeout.value
     waiting: dict[str, Any] = {"waiting_for": config.event, "record_key": key}
@@ -132,13 +295,45 @@ def execute_wait_for(ctx: BlockContext, config: BaseModel) -> BlockResult:
             on_timeout="goto" if goto else str(config.on_timeout),
             timeout_goto=goto,
             # A wait on any CRM's event waits for the one the run's connection sends.
-            event_type=registry.event_type_on(kinds.provider_of(ctx.connection_id), config.event),
+            event_type=registry.event_type_on(
+                kinds.provider_of(ctx.db, ctx.connection_id), config.event
+            ),
             record_key=key,
             condition=config.when,
             scope=kept_for_wait(ctx.scope),
             lookback_seconds=(
                 0.0 if config.lookback is None else config.lookback.value.total_seconds()
             ),
+        ),
+    )
+
+
+def _park_on_awaits(ctx: BlockContext, config: WaitForConfig) -> BlockResult:
+    """Several events, or a correlation beyond the record: the park names each awaited event
+    with its correlation value, computed here, on the run's side, once."""
+    awaits = _awaits(ctx, config)
+    deadline = datetime.now(UTC) + config.timeout.value
+    waiting: dict[str, Any] = {
+        "waiting_for": [a.event_type for a in awaits],
+        "mode": config.mode,
+        "correlation": {a.name: a.value for a in awaits},
+    }
+    if ctx.dry_run:
+        return BlockResult(output={**waiting, "rehearsal": "a live run would wait here"})
+    goto = config.on_timeout.goto if isinstance(config.on_timeout, Goto) else None
+    return BlockResult(
+        output={**waiting, "until": deadline.isoformat()},
+        park=ParkRequest(
+            kind="event",
+            deadline=deadline,
+            on_timeout="goto" if goto else str(config.on_timeout),
+            timeout_goto=goto,
+            scope=kept_for_wait(ctx.scope),
+            lookback_seconds=(
+                0.0 if config.lookback is None else config.lookback.value.total_seconds()
+            ),
+            mode=config.mode,
+            awaits=awaits,
         ),
     )
 

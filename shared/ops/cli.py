@@ -625,7 +625,9 @@ def _bulk(s: Session, args: argparse.Namespace, action: str) -> int:
 
         s.emit(preview, show_preview)
         return EXIT_OK
-    body = {"reason": args.reason} if args.reason else {}
+    body: dict[str, Any] = {"reason": args.reason} if args.reason else {}
+    if getattr(args, "fresh_ai_answers", False):
+        body["fresh_ai_answers"] = True
     results: list[dict[str, Any]] = []
     progress = Progress(len(targets), s.err)
     for run in targets:
@@ -774,6 +776,7 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
         "provider": args.provider,
         "webhook_secret_env": args.webhook_secret_env,
         "api_credentials_env": args.api_credentials_env,
+        "credential_kind": args.credential_kind,
         "api_base_url": args.api_base_url,
         "provider_account_id": args.account,
         "provider_app_id": args.app,
@@ -786,7 +789,8 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
         c,
         lambda: (
             f"connection {c['id']}: {c['provider']} account {c['provider_account_id'] or '-'}"
-            f" for tenant {c['tenant_id']}"
+            f" for tenant {c['tenant_id']} ({c['credential_kind']}"
+            f" in {c['api_credentials_env'] or '-'})"
         ),
     )
     return EXIT_OK
@@ -804,11 +808,12 @@ def _connections_list(s: Session, args: argparse.Namespace) -> int:
                     c["provider"],
                     c["provider_account_id"],
                     c["status"],
+                    c["credential_kind"],
                     c["api_base_url"] or "(vendor)",
                 )
                 for c in result["items"]
             ],
-            ("connection", "tenant", "provider", "account", "status", "api"),
+            ("connection", "tenant", "provider", "account", "status", "credential", "api"),
             s.out,
         ),
     )
@@ -948,7 +953,14 @@ def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
         metavar="VAR",
         help="the NAME of the env var holding the webhook secret (never the secret)",
     )
-    p.add_argument("--api-credentials-env", metavar="VAR", help="env var holding the API token")
+    p.add_argument(
+        "--api-credentials-env", metavar="VAR", help="env var holding the API token or service key"
+    )
+    p.add_argument(
+        "--credential-kind",
+        choices=("token", "service_key"),
+        help="what that variable holds (default: token; a HubSpot private app's token is one)",
+    )
     p.add_argument("--api-base-url", metavar="URL", help="the CRM's API (default: the vendor's)")
     p.add_argument("--account", metavar="ID", help="the provider account (HubSpot portal id)")
     p.add_argument("--app", metavar="APP_ID", help="the HubSpot app it was installed through")
@@ -1115,6 +1127,12 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--yes", action="store_true", help="act (without it --failed previews)")
         p.add_argument("--max", type=int, default=1000, help="at most this many runs")
         p.add_argument("--reason", help="kept in the audit log")
+        if action == "replay":
+            p.add_argument(
+                "--fresh-ai-answers",
+                action="store_true",
+                help="ai.generate steps run again ask the model instead of reusing its answer",
+            )
     return top
 
 

@@ -25,7 +25,7 @@ def _no_nul(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_no_nul)]
-RunStatus = Literal["running", "succeeded", "failed", "cancelled"]
+RunStatus = Literal["running", "succeeded", "failed", "cancelled", "goal_met"]
 StepStatus = Literal[
     "pending",
     "running",
@@ -152,6 +152,11 @@ class ReplayRequest(_Request):
     reason: Text | None = Field(
         default=None, max_length=500, description="Why, for the audit trail."
     )
+    fresh_ai_answers: bool = Field(
+        default=False,
+        description="The `ai.generate` steps the replay runs again ask the model afresh instead"
+        " of reusing the answers journaled in the lineage (still charged once per lineage).",
+    )
 
 
 class CancelRequest(_Request):
@@ -260,6 +265,16 @@ class LeaseView(_Response):
     ended_at: datetime | None
 
 
+class AwaitedView(_Response):
+    """One event a wait of several (or a correlated wait) waits for."""
+
+    name: str = Field(description="Its name in the step's output.")
+    event_type: str
+    condition: str
+    on: str = Field(description="The correlation over the incoming event ('' = its record).")
+    value: str = Field(description="What `on` must equal, computed when the wait parked.")
+
+
 class WaitView(_Response):
     """What a parked step waits (or waited) for: its park row (shared/steps/parks.py)."""
 
@@ -275,8 +290,17 @@ class WaitView(_Response):
     approver_role: str | None
     approver_users: list[str]
     resumed_at: datetime | None
-    resumed_by: Literal["event", "decision", "deadline", "cancel"] | None
+    resumed_by: Literal["event", "decision", "deadline", "cancel", "goal"] | None
     resumed_event_id: int | None
+    mode: Literal["any", "all"] | None = Field(
+        default=None, description="A wait of several events: `any` or `all` of `awaits`."
+    )
+    awaits: list[AwaitedView] | None = Field(
+        default=None, description="What a wait of several events, or a correlated one, awaits."
+    )
+    matched: list[str] = Field(
+        default_factory=list, description="The names of the awaited events matched so far."
+    )
     decision: Literal["approved", "rejected"] | None
     decided_by: str | None
     decision_comment: str | None
@@ -445,6 +469,32 @@ class UnroutedPortal(_Response):
     last_seen_at: datetime
 
 
+class JournalGap(_Response):
+    """The reader found its offset gone (away longer than the journal keeps entries): entries
+    between `lost_after` and `resumed_at` may never have been read."""
+
+    id: int
+    lost_after: str
+    resumed_at: str | None = Field(description="The earliest offset read instead; null: none.")
+    last_entry_at: datetime | None = Field(
+        description="When the entry at `lost_after` was stored: the gap starts after it."
+    )
+    detected_at: datetime
+    detail: str
+
+
+class JournalState(_Response):
+    """A provider journal the app's events are read from (shared/ingest/journal.py)."""
+
+    journal: str = Field(description='"global" (every install) or the account of a local one.')
+    last_offset: str | None = Field(description="The last entry stored; null: none yet.")
+    entries_read: int
+    last_entry_at: datetime | None
+    last_pass_at: datetime | None
+    last_error: str | None = Field(description="The last pass's error; null when it ended well.")
+    gaps: list[JournalGap] = Field(description="Gaps detected in the last 7 days, newest first.")
+
+
 class ProjectSubscription(BaseModel):
     """One webhook subscription: (object type, the provider's event kind, property)."""
 
@@ -501,6 +551,9 @@ class ProviderAppReport(_Response):
     subscriptions: dict[str, Any] | None = Field(
         description="The last subscription reconcile: `desired` (for a private app, what the "
         "operator must create in HubSpot's UI), `result`, `ok`, `reconciled_at`."
+    )
+    journals: list[JournalState] = Field(
+        default_factory=list, description="The journals its events are read from, if any."
     )
 
 
@@ -879,13 +932,14 @@ class ConnectionHealth(_Response):
     tenant_id: str
     provider: str
     status: str
-    credentials: Literal["token", "oauth"] = Field(
+    credentials: Literal["token", "service_key", "oauth"] = Field(
         default="token",
-        description="A token in an environment variable, or an OAuth grant (an app install).",
+        description="A token or a service key in an environment variable, or an OAuth grant"
+        " (an app install).",
     )
     credentials_configured: bool = Field(
-        description="A token connection: the variable it names is set in this function. An"
-        " OAuth connection: its grant exists and the key that seals it is set here."
+        description="A token or service-key connection: the variable it names is set in this"
+        " function. An OAuth connection: its grant exists and the key that seals it is set here."
     )
     oauth_refreshed_at: datetime | None = Field(
         default=None, description="When the OAuth access token was last issued or refreshed."
@@ -1039,6 +1093,14 @@ class ConnectionCreate(_Request):
         description="The *name* of the environment variable holding the webhook secret.",
     )
     api_credentials_env: Text | None = Field(default=None, pattern=ENV_NAME_PATTERN, max_length=100)
+    credential_kind: Literal["token", "service_key"] = Field(
+        default="token",
+        description="What the variable `api_credentials_env` names holds: an API `token` (e.g."
+        " a HubSpot private app's access token) or a `service_key` (HubSpot's replacement for"
+        " private apps). Both are used as they are: they neither expire nor refresh, and a"
+        " revoked or rotated one fails the calls until the variable holds the new one. (An"
+        " OAuth connection is made by installing an app, `/v1/oauth/...`.)",
+    )
     api_base_url: Text | None = Field(
         default=None, max_length=500, description="The CRM's API; null: the vendor's."
     )
@@ -1068,6 +1130,10 @@ class ConnectionSummary(_Response):
     api_base_url: str | None
     webhook_secret_env: str
     api_credentials_env: str | None
+    credential_kind: Literal["token", "service_key", "oauth"] = Field(
+        description="The credential it calls its provider with: a `token` or `service_key` in"
+        " the variable `api_credentials_env` names, or an app install's `oauth` grant."
+    )
     watched_fields: dict[str, Any]
     created_at: datetime
 

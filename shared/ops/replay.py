@@ -36,6 +36,7 @@ from shared.ops.statements import (
     EVENT_GET,
     LINEAGE_OLDEST_KEYS,
     LINEAGE_ROOT_CREATED,
+    REPLAY_FORGET_AI_ANSWERS,
     REPLAY_RUN_INSERT,
     REPLAY_STEP_RESTART,
     REPLAY_STEPS_COPY,
@@ -189,7 +190,11 @@ def replay_run(
     tenant_scope: str | None,
     dispatch: Dispatch = pubsub.publish_step_ready,
     now: datetime | None = None,
+    fresh_ai_answers: bool = False,
 ) -> ReplayOutcome:
+    """`fresh_ai_answers`: the steps this replay runs again ask the model afresh instead of
+    reusing the answers journaled under their lineage keys (an AI step settled before the
+    first error is copied, as every settled step is)."""
     now = now or datetime.now(UTC)
     with _one_active_run_per_record("replay"), db.transaction() as tx:
         run = _checked_failed_run(tx, run_id, tenant_scope, now, REPLAYABLE)
@@ -204,6 +209,10 @@ def replay_run(
         )
         if plan.copy:
             tx.execute(REPLAY_STEPS_COPY, new_run_id=new_run_id, step_ids=[s.id for s in plan.copy])
+        keys = {
+            s.step_key: oldest.get(s.step_key) or idempotency_key(lineage_root, s.step_key)
+            for s in plan.reset
+        }
         restarted = tuple(
             str(
                 tx.scalar(
@@ -212,13 +221,14 @@ def replay_run(
                     step_key=s.step_key,
                     node_id=s.node_id,
                     block_type=s.block_type,
-                    idempotency_key=oldest.get(s.step_key)
-                    or idempotency_key(lineage_root, s.step_key),
+                    idempotency_key=keys[s.step_key],
                     input=None,
                 )
             )
             for s in plan.restart
         )
+        if fresh_ai_answers:
+            tx.execute(REPLAY_FORGET_AI_ANSWERS, keys=sorted(set(keys.values())))
     dispatch_committed(dispatch, restarted)
     return ReplayOutcome(
         run_id=new_run_id, tenant_id=run["tenant_id"], plan=plan, restarted_step_ids=restarted

@@ -30,6 +30,8 @@ from shared.triggers.events import unknown_event_type
 from shared.workflows import listening
 from shared.workflows.definition import (
     ANY_CRM,
+    DEBOUNCE_MAX_PERIOD_SECONDS,
+    DEBOUNCE_MAX_WAIT_SECONDS,
     JUMP_KEYS,
     Step,
     Trigger,
@@ -41,7 +43,7 @@ from shared.workflows.expressions import (
     ExpressionError,
     compile_expression,
 )
-from shared.workflows.scope import RULE_ROOTS, step_expressions
+from shared.workflows.scope import RULE_ROOTS, step_expressions, wait_expressions
 
 PathT = tuple[str | int, ...]
 Severity = Literal["error", "warning"]
@@ -376,6 +378,7 @@ class _Validation:
         for index, step in enumerate(d.steps):
             self.check_step(d, index, step, graph)
         self.check_object_kinds(d)
+        self.check_stops(d)
         self.check_risks(d)
 
     def check_object_kinds(self, d: WorkflowDefinition) -> None:
@@ -422,6 +425,92 @@ class _Validation:
                 ("trigger", "record"),
                 t.record,
                 "the record identity cannot read",
+                "it reads event, trigger and record",
+            )
+        if t.debounce is not None:
+            self.check_debounce(t)
+        if t.throttle is not None:
+            self.check_throttle(t)
+
+    def check_throttle(self, t: Trigger) -> None:
+        """`throttle`: a window of at most a day, a key that reads only what a rule reads; not
+        with debounce (a burst's run starts when its quiet time ends, not in a window's turn)."""
+        th = t.throttle
+        assert th is not None
+        where = ("trigger", "throttle")
+        if th.window_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+            self.add("error", (*where, "period"), f"period is at most 1d; found {th.period!r}")
+        if t.debounce is not None:
+            self.add(
+                "error",
+                where,
+                "throttle and debounce can't be combined yet: a debounced burst starts its run "
+                "when its quiet time ends",
+                at_key=True,
+            )
+        if th.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                th.key,
+                "a throttle key is read at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_debounce(self, t: Trigger) -> None:
+        """`debounce`: bounded durations, max_wait no shorter than period, a key that reads
+        only what a rule reads; and a trigger whose events are CRM or application events (a
+        cron tick or a poll hit is one occurrence per key by construction: nothing to fold)."""
+        d = t.debounce
+        assert d is not None
+        where = ("trigger", "debounce")
+        if t.cron is not None or t.poll is not None:
+            self.add(
+                "error",
+                where,
+                "debounce folds bursts of events for one record; a cron or poll trigger makes "
+                "one occurrence per tick or row",
+                at_key=True,
+            )
+        if d.period_seconds > DEBOUNCE_MAX_PERIOD_SECONDS:
+            self.add("error", (*where, "period"), f"period is at most 1h; found {d.period!r}")
+        if d.max_wait is not None:
+            if d.max_wait_seconds < d.period_seconds:
+                self.add(
+                    "error",
+                    (*where, "max_wait"),
+                    f"max_wait ({d.max_wait}) is shorter than period ({d.period}): a burst "
+                    "would always fire before its quiet time",
+                )
+            elif d.max_wait_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+                self.add(
+                    "error", (*where, "max_wait"), f"max_wait is at most 1d; found {d.max_wait!r}"
+                )
+        if d.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                d.key,
+                "a debounce key is read at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_stops(self, d: WorkflowDefinition) -> None:
+        """`cancel_on` and `goal` are judged on an admitted event, as a trigger rule is: they
+        read event, trigger and record, nothing of the run (shared/admission/stops.py)."""
+        for j, entry in enumerate(d.cancel_on or []):
+            unknown = unknown_event_type(entry.event)
+            if unknown is not None:
+                self.add("error", ("cancel_on", j, "event"), unknown)
+            self.check_before_the_run(
+                ("cancel_on", j, "when"),
+                entry.when,
+                "cancel_on is judged on the incoming event: it cannot read",
+                "it reads event, trigger and record",
+            )
+        if d.goal is not None:
+            self.check_before_the_run(
+                ("goal",),
+                d.goal,
+                "a goal is judged on an admitted event about the run's record: it cannot read",
                 "it reads event, trigger and record",
             )
 
@@ -657,16 +746,43 @@ class _Validation:
     def check_wait_listens(self, i: int, step: Step) -> None:
         """A wait hears a property change only for the fields it listens to: they are
         subscribed at the provider and watched (shared/workflows/listening.py)."""
-        event = step.config.get("event")
+        self.check_wait_sides(i, step)
+        events = step.config.get("events")
+        for j, awaited in enumerate(events if isinstance(events, list) else []):
+            if isinstance(awaited, Mapping):
+                self.check_awaited_event(("steps", i, "config", "events", j), awaited)
+        self.check_awaited_event(("steps", i, "config"), step.config)
+
+    def check_wait_sides(self, i: int, step: Step) -> None:
+        """A correlation's `event` side is evaluated on the incoming event, before any run
+        reads it: it reads what a trigger rule reads, nothing of the waiting run."""
+        for path, source in wait_expressions(step.config):
+            if path[-1] != "event" or path[-2] != "correlate":
+                continue
+            try:  # a syntax error is reported with the step's expressions
+                run_only = sorted(compile_expression(source).variables - RULE_ROOTS)
+            except ExpressionError:
+                continue
+            if run_only:
+                self.add(
+                    "error",
+                    ("steps", i, *path),
+                    f"correlate.event is evaluated on the incoming event: it cannot read "
+                    f"`{run_only[0]}` (it reads event, trigger and record; the run's side is "
+                    "correlate.run)",
+                )
+
+    def check_awaited_event(self, at: PathT, config: Mapping[str, Any]) -> None:
+        event = config.get("event")
         if not isinstance(event, str):
             return
         unknown = unknown_event_type(event)
         if unknown is not None:
-            self.add("error", ("steps", i, "config", "event"), unknown)
-        elif event.endswith(".property_changed") and not listening.wait_fields(step.config):
+            self.add("error", (*at, "event"), unknown)
+        elif event.endswith(".property_changed") and not listening.wait_fields(config):
             self.add(
                 "warning",
-                ("steps", i, "config", "when"),
+                (*at, "when"),
                 f"this wait can't tell which field of {event} it waits for: `when` reads no "
                 "record field (record.<f>, event.changed_fields.<f>) and there is no `watch` "
                 "list, so no provider subscription is made for it and it hears only the fields "

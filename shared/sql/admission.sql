@@ -107,7 +107,29 @@ SELECT ev.*,
                    AND p.deadline > statement_timestamp()
                    AND r.status = 'running' AND r.namespace = 'live'
                  ORDER BY p.id
-                 LIMIT CAST(:max_waits AS integer)) w) AS open_waits
+                 LIMIT CAST(:max_waits AS integer)) w) AS open_waits,
+       -- Waits of several events or correlated beyond their record (shared/steps/awaits.py):
+       -- the correlation expressions this event's type is awaited with in its tenant, by
+       -- primary key; admission computes the event's key for each and looks the waits up by
+       -- index in one more statement — none when nothing of the kind waits for this type.
+       (SELECT coalesce(jsonb_agg(wc.expression ORDER BY wc.expression), '[]'::jsonb)
+          FROM wait_correlations wc
+         WHERE ev.decided_at IS NULL
+           AND wc.tenant_id = ev.tenant_id AND wc.event_type = ev.event_type)
+           AS wait_correlations,
+       -- The running live runs about this event's record whose version declares `cancel_on`
+       -- or a `goal` (shared/admission/stops.py), on its first decision: an index range on
+       -- the running runs of the record (workflow_runs_running_record).
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'run_id', r.id, 'cancel_on', v.definition -> 'cancel_on',
+                   'goal', v.definition -> 'goal') ORDER BY r.id), '[]'::jsonb)
+          FROM workflow_runs r JOIN workflow_versions v ON v.id = r.version_id
+         WHERE ev.decided_at IS NULL AND ev.record_key IS NOT NULL
+           AND r.tenant_id = ev.tenant_id AND r.record_key = ev.record_key
+           AND r.status = 'running' AND r.namespace = 'live'
+           AND (jsonb_typeof(v.definition -> 'cancel_on') = 'array'
+                OR jsonb_typeof(v.definition -> 'goal') = 'string'))
+           AS stoppable_runs
 FROM ev
 
 -- name: admission_lock_records

@@ -65,8 +65,8 @@ ORDER BY t.id
 -- name: ops_connections_list
 -- Names of environment variables only; the values never leave the functions' environment.
 SELECT id, tenant_id, provider, status, provider_account_id, provider_app_id,
-       provider_user_id, api_base_url, webhook_secret_env, api_credentials_env, watched_fields,
-       created_at
+       provider_user_id, api_base_url, webhook_secret_env, api_credentials_env, credential_kind,
+       watched_fields, created_at
 FROM connections
 WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
 ORDER BY tenant_id, created_at, id
@@ -137,7 +137,10 @@ SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_i
            'approver_role', p.approver_role, 'approver_users', to_jsonb(p.approver_users),
            'resumed_at', p.resumed_at, 'resumed_by', p.resumed_by,
            'resumed_event_id', p.resumed_event_id, 'decision', p.decision,
-           'decided_by', p.decided_by, 'decision_comment', p.decision_comment) END AS waits_for
+           'decided_by', p.decided_by, 'decision_comment', p.decision_comment,
+           'mode', p.mode, 'awaits', p.awaits,
+           'matched', (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]'::jsonb)
+                         FROM jsonb_object_keys(p.matched) AS k)) END AS waits_for
 FROM workflow_steps s
 LEFT JOIN step_parks p ON p.id = s.park_id
 WHERE s.run_id = CAST(:run_id AS uuid)
@@ -223,6 +226,12 @@ SELECT CAST(:new_run_id AS uuid), step_key, node_id, block_type, status, attempt
        error_class, outcome_code, branch_choice, id, created_at, started_at, finished_at
 FROM workflow_steps
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
+
+-- name: ops_replay_forget_ai_answers
+-- A replay that asks for fresh model answers (ReplayRequest.fresh_ai_answers): the answers
+-- journaled under the keys it runs again are forgotten, so its ai.generate steps ask the
+-- model instead of reusing them (shared/blocks/ai.py). The charge stays one per lineage key.
+DELETE FROM ai_answers WHERE idempotency_key = ANY(CAST(:keys AS text[]))
 
 -- name: ops_replay_step_restart
 INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, idempotency_key,
@@ -403,7 +412,7 @@ SELECT status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) AND namespace 
 -- (shared/port/observed.py), and the outcome of its last subscription reconcile (the sweep's
 -- hourly call with the connection's credentials). tenant_id NULL (admin) sees every tenant.
 SELECT CAST(c.id AS text) AS connection_id, c.tenant_id, c.provider, c.status,
-       c.api_credentials_env, t.kek_env AS oauth_kek_env, t.refreshed_at AS oauth_refreshed_at,
+       c.credential_kind, c.api_credentials_env, t.kek_env AS oauth_kek_env, t.refreshed_at AS oauth_refreshed_at,
        c.last_call_at, c.last_call_ok, c.last_call_error,
        r.ok AS last_reconcile_ok, r.reconciled_at AS last_reconciled_at,
        r.result -> 'errors' AS last_reconcile_errors

@@ -65,7 +65,10 @@ WITH claimed AS (
               r.trigger_payload, r.trigger_record, r.record_key, r.event_id, r.namespace,
               CAST(e.connection_id AS text) AS connection_id, e.event_type,
               e.record_object_type, e.record_object_id, e.source_event_id, e.occurred_at,
-              e.author_id, e.changed_fields
+              e.author_id, e.changed_fields,
+              -- A debounced run's burst (`event.burst`): one lookup by the unique run_id, that
+              -- of its lineage's root, so a replay reads the burst its original run read.
+              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.lineage_root) AS burst
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
@@ -99,6 +102,7 @@ SELECT (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
 UPDATE workflow_steps
 SET lease_expires_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision))
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
+RETURNING id
 
 -- name: steps_mark_side_effect_started
 -- Invariant 10. Zero rows: an earlier attempt already set the marker (the outcome is unknown),
@@ -106,6 +110,7 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 UPDATE workflow_steps SET side_effect_started_at = now()
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
   AND side_effect_started_at IS NULL
+RETURNING id
 
 -- name: steps_withdraw_side_effect_mark
 -- The port proved the at-most-once request never applied (refused before it left, 429): take
@@ -113,6 +118,7 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 UPDATE workflow_steps SET side_effect_started_at = NULL
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
   AND side_effect_started_at IS NOT NULL
+RETURNING id
 
 -- name: steps_settle
 -- The outcome, fenced on the lease: no `run_status` means this attempt lost its lease and
@@ -146,7 +152,7 @@ WITH run AS (
            OR (NOT EXISTS (SELECT 1 FROM workflow_steps o
                             WHERE o.run_id = run.id AND o.id <> CAST(:step_id AS uuid)
                               AND o.status NOT IN ('succeeded', 'skipped', 'failed'))
-               AND NOT (run.status = 'cancelled'
+               AND NOT (run.status IN ('cancelled', 'goal_met')
                         AND CAST(:status AS text) IN ('waiting_for_delay', 'waiting_for_retry',
                                                       'waiting_for_event',
                                                       'waiting_for_approval'))) AS folded,
@@ -375,6 +381,9 @@ WITH due AS (
             THEN coalesce(s.output, '{}'::jsonb) || jsonb_build_object('resumed',
                  jsonb_build_object('by', 'deadline', 'at', now(), 'kind', p.kind,
                                     'on_timeout', p.on_timeout, 'goto', p.timeout_goto))
+                 -- A wait of several events keeps the ones that matched before its deadline.
+                 || CASE WHEN p.mode IS NOT NULL
+                         THEN jsonb_build_object('events', p.matched) ELSE '{}'::jsonb END
             ELSE s.output END
     FROM due LEFT JOIN step_parks p ON p.id = due.park_id
     WHERE s.id = due.id
@@ -474,21 +483,69 @@ SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
                 CAST(ARRAY[] AS text[])) AS running_steps
 FROM run LEFT JOIN cancelled c ON c.id = run.id
 
+-- name: runs_end_goal_met
+-- A live run's goal was met by an admitted event about its record (shared/steps/cancel.py
+-- end_run_goal_met): the run ends `goal_met` and its pending and parked steps become `skipped`
+-- (GOAL_MET), their parks closed by the goal, in one statement. The cancel's shape exactly:
+-- it runs after `runs_cancel_lock` in the same transaction, so its snapshot is newer than
+-- every settle of the run, and a step in flight keeps its lease, finishes its attempt, and its
+-- settle creates nothing after it (the run is no longer running). The row returned is the
+-- newest whether or not this moved it: a loser (the run already ended: a cancel, another
+-- goal event, its last step) says how. No row: no such live run.
+WITH run AS (
+    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    FROM workflow_runs
+    WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
+    FOR UPDATE
+), ended AS (
+    UPDATE workflow_runs r
+    SET status = 'goal_met', finished_at = now(), error = NULL
+    FROM run
+    WHERE r.id = run.id AND r.status = 'running'
+    RETURNING r.id, r.status, r.finished_at
+), skipped AS (
+    UPDATE workflow_steps s
+    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'GOAL_MET'
+    FROM ended e
+    WHERE s.run_id = e.id
+      AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.step_key, s.park_id
+), parks_closed AS (
+    UPDATE step_parks p SET resumed_at = now(), resumed_by = 'goal'
+    FROM skipped k
+    WHERE p.id = k.park_id AND p.resumed_at IS NULL
+)
+SELECT CAST(run.id AS text) AS run_id, e.id IS NOT NULL AS moved,
+       coalesce(e.status, run.status) AS status,
+       coalesce(e.finished_at, run.finished_at) AS finished_at,
+       run.cancelled_by, run.cancel_reason,
+       coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
+                CAST(ARRAY[] AS text[])) AS skipped_steps,
+       coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
+                  WHERE run_id = run.id AND status = 'running'),
+                CAST(ARRAY[] AS text[])) AS running_steps
+FROM run LEFT JOIN ended e ON e.id = run.id
+
 -- name: steps_skip_parked_of_ended_run
--- A step that was running when its run was cancelled settled into a wait (a retry, a delay, an
--- event, a decision): nothing would ever wake it (the sweep wakes steps of running runs only),
--- so it is skipped in the settle's transaction, its park row closed as cancelled. Zero rows:
--- the run is still running, or the step did not park.
+-- A step that was running when its run was cancelled (or met its goal) settled into a wait (a
+-- retry, a delay, an event, a decision): nothing would ever wake it (the sweep wakes steps of
+-- running runs only), so it is skipped in the settle's transaction, its park row closed as
+-- cancelled (or by the goal). Zero rows: the run is still running, or the step did not park.
 WITH skipped AS (
     UPDATE workflow_steps s
-    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
+    SET status = 'skipped', finished_at = now(), wake_at = NULL,
+        outcome_code = CASE r.status WHEN 'goal_met' THEN 'GOAL_MET' ELSE 'CANCELLED' END
     FROM workflow_runs r
-    WHERE s.id = CAST(:step_id AS uuid) AND r.id = s.run_id AND r.status = 'cancelled'
+    WHERE s.id = CAST(:step_id AS uuid) AND r.id = s.run_id
+      AND r.status IN ('cancelled', 'goal_met')
       AND s.status IN ('waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
                        'waiting_for_approval')
-    RETURNING s.park_id
+    RETURNING s.park_id, r.status AS run_status
 )
-UPDATE step_parks p SET resumed_at = now(), resumed_by = 'cancel'
+UPDATE step_parks p
+SET resumed_at = now(),
+    resumed_by = CASE k.run_status WHEN 'goal_met' THEN 'goal' ELSE 'cancel' END
 FROM skipped k
 WHERE p.id = k.park_id AND p.resumed_at IS NULL
 
@@ -499,15 +556,18 @@ WHERE p.id = k.park_id AND p.resumed_at IS NULL
 -- the first park's deadline is the one that holds. Only an OPEN park is given back (one per
 -- step, migration 0210): a step that waited before and was started again by an ops retry
 -- (its wait timed out, its approval was rejected) gets a new park, with a fresh deadline.
+-- A wait of several events, or correlated beyond its record, names them in `awaits` and the
+-- keys admission finds it by in `await_keys` (shared/steps/awaits.py); NULL otherwise.
 INSERT INTO step_parks (step_id, run_id, tenant_id, kind, deadline, on_timeout, timeout_goto,
                         event_type, record_key, condition, scope, lookback_seconds,
-                        approver_role, approver_users, summary)
+                        approver_role, approver_users, summary, mode, awaits, await_keys)
 VALUES (CAST(:step_id AS uuid), CAST(:run_id AS uuid), CAST(:tenant_id AS text),
         CAST(:kind AS text), CAST(:deadline AS timestamptz), CAST(:on_timeout AS text),
         CAST(:timeout_goto AS text), CAST(:event_type AS text), CAST(:record_key AS text),
         CAST(:condition AS text), CAST(:scope AS jsonb),
         CAST(:lookback_seconds AS double precision), CAST(:approver_role AS text),
-        CAST(:approver_users AS text[]), CAST(:summary AS text))
+        CAST(:approver_users AS text[]), CAST(:summary AS text), CAST(:mode AS text),
+        CAST(:awaits AS jsonb), CAST(:await_keys AS text[]))
 ON CONFLICT (step_id) WHERE resumed_at IS NULL DO UPDATE SET step_id = EXCLUDED.step_id
 RETURNING id, kind, deadline, created_at, resumed_at
 
@@ -576,11 +636,12 @@ RETURNING id
 -- (from here on admission resumes the step itself rather than noting events on the park), and
 -- the event noted while the step was not waiting yet is returned, read under the row's lock:
 -- a note that committed first is seen; a note that comes later waits for this commit and then
--- matches nothing. Zero rows: the park was closed (a cancel).
+-- matches nothing. A park of several events returns what matched so far (`matched`, noted
+-- under the same lock by parks_note_match). Zero rows: the park was closed (a cancel).
 UPDATE step_parks
 SET parked_at = now()
 WHERE id = CAST(:park_id AS bigint) AND resumed_at IS NULL
-RETURNING early_event_id
+RETURNING early_event_id, matched
 
 -- name: steps_resume_parked
 -- The one resume by an event or a decision: the waiting step back to pending (stamped as
@@ -657,3 +718,73 @@ UPDATE workflow_steps
 SET output = coalesce(output, '{}'::jsonb) || jsonb_build_object('outputs', CAST(:outputs AS jsonb))
 WHERE run_id = CAST(:run_id AS uuid) AND step_key = CAST(:step_key AS text)
   AND status = 'succeeded'
+
+-- name: parks_register_correlations
+-- With a park row of the new form (several events, or a correlation: shared/steps/awaits.py),
+-- in its transaction: the correlation expressions its awaited events use per event type
+-- ('' = the record), so admission knows which keys to compute for an event of that type. A
+-- row already there is left alone (the table only grows with distinct expressions).
+INSERT INTO wait_correlations (tenant_id, event_type, expression)
+SELECT CAST(:tenant_id AS text), w.event_type, w.expression
+FROM unnest(CAST(:event_types AS text[]), CAST(:expressions AS text[]))
+     AS w (event_type, expression)
+ON CONFLICT DO NOTHING
+
+-- name: parks_open_awaits
+-- The open waits of the new form an admitted event may answer: those with one of its keys
+-- (one per correlation expression its type is awaited with), through the GIN index
+-- step_parks_open_awaits — never a scan of the waits, however many are parked. A wait past
+-- its deadline is not offered the event (its deadline resumes it). Bounded.
+SELECT p.id, p.mode, p.awaits, p.scope, p.matched
+FROM step_parks p JOIN workflow_runs r ON r.id = p.run_id
+WHERE p.await_keys && CAST(:keys AS text[])
+  AND p.kind = 'event' AND p.resumed_at IS NULL AND p.await_keys IS NOT NULL
+  AND p.deadline > statement_timestamp()
+  AND r.status = 'running' AND r.namespace = 'live'
+ORDER BY p.id
+LIMIT CAST(:limit AS integer)
+
+-- name: parks_lock_waiting_step
+-- Before a match is noted on a park of the new form: its step row's lock, taken first as
+-- every writer of both rows does (steps_resume_parked, the cancel, the sweep, the parking
+-- settle), so noting and resuming in one transaction never deadlocks with them. Read-only
+-- otherwise. No row: the park names no step (it always does).
+SELECT id FROM workflow_steps WHERE park_id = CAST(:park_id AS bigint) FOR UPDATE
+
+-- name: parks_note_match
+-- One awaited event matched: it joins the park's `matched`, guarded on the park row, whose
+-- lock orders concurrent matches (a second one re-reads the row the first committed, so two
+-- events of an `all` wait each see the other's match, and of an `any` wait only the first is
+-- kept). Taken whether or not the step is waiting yet: the parking settle reads `matched`
+-- under the same lock (parks_mark_parked). An expired or closed park takes nothing. Zero
+-- rows: the park was resumed or closed, its deadline passed, this name matched already, or
+-- (`any`) another event matched first.
+UPDATE step_parks p
+SET matched = p.matched || jsonb_build_object(CAST(:name AS text), CAST(:event AS jsonb))
+WHERE p.id = CAST(:park_id AS bigint) AND p.mode IS NOT NULL AND p.resumed_at IS NULL
+  AND p.deadline > statement_timestamp()
+  AND p.matched -> CAST(:name AS text) IS NULL
+  AND (p.mode = 'all' OR p.matched = '{}'::jsonb)
+RETURNING p.matched, p.parked_at
+
+-- name: parks_lookback_by_type
+-- A correlated wait that just parked: the events of its types recorded since its park row
+-- was written (or its lookback before), through the BRIN index on created_at; the caller
+-- evaluates the correlation on each (it is an expression over the event). Any event committed
+-- after the park row is offered to it by admission. Bounded. With each event, the echo
+-- markers that could explain its change: onceflow's own echo is no answer to a wait.
+SELECT e.id, e.tenant_id, e.event_type, e.connection_id, e.source_event_id, e.occurred_at,
+       e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id,
+       (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
+                        '[]'::jsonb)
+          FROM echo_markers_alive(
+                   e.connection_id, e.record_object_type, e.record_object_id,
+                   ARRAY(SELECT jsonb_object_keys(e.changed_fields)), e.occurred_at,
+                   CAST(:echo_skew_seconds AS double precision)) m
+         WHERE e.connection_id IS NOT NULL) AS echo_markers
+FROM workflow_trigger_events e
+WHERE e.created_at >= CAST(:since AS timestamptz)
+  AND e.tenant_id = CAST(:tenant_id AS text)
+  AND e.event_type = ANY(CAST(:event_types AS text[]))
+ORDER BY e.id
+LIMIT CAST(:limit AS integer)

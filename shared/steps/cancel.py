@@ -13,16 +13,19 @@ changes nothing and says who won and when.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from shared.core import queries
-from shared.core.db import Database
+from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
 
 SQL = queries.load("steps")
 CANCEL_LOCK = SQL["runs_cancel_lock"]
 CANCEL = SQL["runs_cancel"]
+GOAL_MET = SQL["runs_end_goal_met"]
 
 log = get_logger(__name__)
 
@@ -59,21 +62,22 @@ def cancel_run(
     """Cancel the live run `run_id` (in `tenant_scope`, None for every tenant). None: no such
     run. Repeating it is harmless: the second call changes nothing and says who cancelled."""
     with db.transaction() as tx:
-        if tx.one(CANCEL_LOCK, run_id=run_id, tenant_id=tenant_scope) is None:
-            return None
-        row = tx.one(CANCEL, run_id=run_id, tenant_id=tenant_scope, by=by, reason=reason)
+        outcome = cancel_in(tx, run_id, by=by, reason=reason, tenant_scope=tenant_scope)
+    return outcome
+
+
+def cancel_in(
+    tx: Tx, run_id: str, *, by: str, reason: str, tenant_scope: str | None = None
+) -> Cancellation | None:
+    """The cancel's two statements in the caller's transaction: ops (`cancel_run`) and an
+    admitted event that matches the workflow's `cancel_on` (shared/admission/stops.py, `by`
+    then reads `event <id>`) stop a run through the very same statements."""
+    if tx.one(CANCEL_LOCK, run_id=run_id, tenant_id=tenant_scope) is None:
+        return None
+    row = tx.one(CANCEL, run_id=run_id, tenant_id=tenant_scope, by=by, reason=reason)
     if row is None:
         return None
-    outcome = Cancellation(
-        run_id=str(row["run_id"]),
-        moved=bool(row["moved"]),
-        status=str(row["status"]),
-        finished_at=row["finished_at"],
-        cancelled_by=row["cancelled_by"],
-        cancel_reason=row["cancel_reason"],
-        skipped_steps=tuple(row["skipped_steps"] or ()),
-        running_steps=tuple(row["running_steps"] or ()),
-    )
+    outcome = _cancellation(row)
     if outcome.moved:
         log.info(
             "run %s cancelled by %s (%d step(s) skipped, %d finishing their attempt)",
@@ -83,3 +87,37 @@ def cancel_run(
             len(outcome.running_steps),
         )
     return outcome
+
+
+def end_goal_met(tx: Tx, run_id: str) -> Cancellation | None:
+    """End the live run `run_id` as `goal_met` (its workflow's goal held on an admitted event
+    about its record), in the caller's transaction: the run row's lock first, as the cancel
+    takes it (so the statement sees every settle of the run), then `runs_end_goal_met`. None:
+    no such live run; `moved` false: it had already ended (the row says how)."""
+    if tx.one(CANCEL_LOCK, run_id=run_id, tenant_id=None) is None:
+        return None
+    row = tx.one(GOAL_MET, run_id=run_id)
+    if row is None:
+        return None
+    outcome = _cancellation(row)
+    if outcome.moved:
+        log.info(
+            "run %s met its goal (%d step(s) skipped, %d finishing their attempt)",
+            run_id,
+            len(outcome.skipped_steps),
+            len(outcome.running_steps),
+        )
+    return outcome
+
+
+def _cancellation(row: Mapping[str, Any]) -> Cancellation:
+    return Cancellation(
+        run_id=str(row["run_id"]),
+        moved=bool(row["moved"]),
+        status=str(row["status"]),
+        finished_at=row["finished_at"],
+        cancelled_by=row["cancelled_by"],
+        cancel_reason=row["cancel_reason"],
+        skipped_steps=tuple(row["skipped_steps"] or ()),
+        running_steps=tuple(row["running_steps"] or ()),
+    )

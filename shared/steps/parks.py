@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from shared.blocks.base import ParkRequest
+from shared.blocks.waits import await_key
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
@@ -45,6 +46,7 @@ LOOKBACK_EVENTS = SQL["parks_lookback_events"]
 NOTE_EARLY_EVENT = SQL["parks_note_early_event"]
 MARK_PARKED = SQL["parks_mark_parked"]
 RESUME = SQL["steps_resume_parked"]
+REGISTER_CORRELATIONS = SQL["parks_register_correlations"]
 
 # The most waits one event is offered to, and the most events one lookback reads: bounded
 # work per admission and per park, whatever a tenant's workflows do.
@@ -86,10 +88,30 @@ def open_park(
             approver_role=park.approver_role,
             approver_users=list(park.approver_users),
             summary=park.summary,
+            mode=park.mode,
+            awaits=None if park.mode is None else json.dumps([asdict(a) for a in park.awaits]),
+            await_keys=None
+            if park.mode is None
+            else [await_key(tenant_id, a.event_type, a.on, a.value) for a in park.awaits],
         )
-    assert row is not None  # an INSERT … ON CONFLICT DO UPDATE returns its row
+        assert row is not None  # an INSERT … ON CONFLICT DO UPDATE returns its row
+        if park.mode is not None:
+            _register_correlations(tx, tenant_id, park)
     return OpenedPark(
         id=int(row["id"]), kind=row["kind"], deadline=row["deadline"], created_at=row["created_at"]
+    )
+
+
+def _register_correlations(tx: Tx, tenant_id: str, park: ParkRequest) -> None:
+    """A wait of several events or correlated beyond its record (shared/steps/awaits.py): the
+    correlation expressions admission must compute for each awaited event type, committed
+    with the park row."""
+    pairs = sorted({(a.event_type, a.on) for a in park.awaits})
+    tx.execute(
+        REGISTER_CORRELATIONS,
+        tenant_id=tenant_id,
+        event_types=[t for t, _ in pairs],
+        expressions=[on for _, on in pairs],
     )
 
 
@@ -133,6 +155,7 @@ class Resumed:
             "decision": f"already decided by {p['decided_by']} at {at} ({p['decision']})",
             "deadline": f"already resumed by its deadline at {at}",
             "cancel": f"its run was cancelled at {at}",
+            "goal": f"its run met its goal at {at}",
         }.get(p["resumed_by"])
         if said is not None:
             return said
@@ -185,7 +208,7 @@ def event_output(incoming: Occurrence) -> dict[str, Any]:
     }
 
 
-def _matches(condition: str, incoming: Occurrence, waiting: Any, park_id: int) -> bool:
+def wait_matches(condition: str, incoming: Occurrence, waiting: Any, park_id: int) -> bool:
     waiting = waiting or {}
     try:
         return evaluate_condition(condition, wait_scope(incoming, waiting))
@@ -205,7 +228,7 @@ def offer_event(tx: Tx, incoming: Occurrence, open_waits: Sequence[Mapping[str, 
     if incoming.id is None:
         return resumed
     for wait in open_waits:
-        if not _matches(str(wait["condition"]), incoming, wait.get("scope"), int(wait["id"])):
+        if not wait_matches(str(wait["condition"]), incoming, wait.get("scope"), int(wait["id"])):
             continue
         step_id = _resume_or_note(tx, int(wait["id"]), incoming)
         if step_id is not None:
@@ -264,7 +287,7 @@ def parked(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) ->
             continue  # same object on another connection
         if is_echo(incoming.changed_fields, markers_from_json(row["echo_markers"])):
             continue  # onceflow's own write coming back: no answer (admission skips it too)
-        if not _matches(request.condition, incoming, request.scope, park.id):
+        if not wait_matches(request.condition, incoming, request.scope, park.id):
             continue
         done = resume_park(
             tx, park.id, by="event", output=event_output(incoming), event_id=incoming.id

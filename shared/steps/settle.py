@@ -10,14 +10,15 @@ each after the run row's lock (see the statement's comment in shared/sql/steps.s
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from shared.core import queries
 from shared.core.crashpoints import crash_point
-from shared.core.db import Database
+from shared.core.db import Database, Tx
+from shared.steps import awaits
 from shared.steps.claim import ClaimedStep
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
@@ -31,6 +32,8 @@ SETTLE = SQL["steps_settle"]
 FINISH_IF_DONE = SQL["runs_finish_if_done"]
 FAIL_RUN = SQL["runs_fail"]
 SKIP_PARKED_OF_ENDED_RUN = SQL["steps_skip_parked_of_ended_run"]
+# Run ends that stop a run while its steps may still be in flight (a cancel, a goal met).
+STOPPED = frozenset({"cancelled", "goal_met"})
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,14 @@ def settle_step(
     *,
     loop: Loop | None = None,
     body: Step | None = None,
+    gates: Callable[[Tx], None] | None = None,
 ) -> Settled:
     """Write `settlement` for `step` if this attempt still holds its lease.
+
+    `gates`: what settling the attempt's gates writes (shared/steps/gated.py,
+    `gate_settlement`), run first in the same transaction, so it shares the settle's commit
+    (issue 27). Its writes are idempotent and do not depend on the lease: a settle fenced out
+    still commits them, as a separate transaction did before.
 
     In the same transaction: rows for `next_nodes` when the step succeeded and its run is
     still running (dispatched_at stamped: the caller publishes right after commit), otherwise
@@ -64,10 +73,17 @@ def settle_step(
     cancelled while the attempt ran gets no next steps, and a wait the step parked in is
     skipped."""
     if settlement.park is None and settlement.fan_out is None and loop is None:
-        folded = _settle_in_one_statement(db, step, settlement, next_nodes)
+        folded = _settle_in_one_statement(db, step, settlement, next_nodes, gates=gates)
         if folded is not None:
             return folded
-    return _settle_in_transaction(db, step, settlement, next_nodes, loop=loop, body=body)
+        gates = None  # committed with the statement that could not decide
+    return _settle_in_transaction(
+        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates
+    )
+
+
+def _no_gates(tx: Tx) -> None:
+    """No gate to settle."""
 
 
 def _settle_in_transaction(
@@ -78,6 +94,7 @@ def _settle_in_transaction(
     *,
     loop: Loop | None,
     body: Step | None,
+    gates: Callable[[Tx], None] | None = None,
 ) -> Settled:
     """The settle statement by statement, in one transaction under the run row's lock: for a
     wait (its park row first), a foreach, and whatever the one statement could not decide."""
@@ -94,6 +111,7 @@ def _settle_in_transaction(
         )
         wake_at = opened.deadline
     with db.transaction() as tx:
+        (gates or _no_gates)(tx)
         row = tx.one(
             SETTLE,
             **_settle_params(step, settlement, [], fold=False, wake_at=wake_at),
@@ -134,14 +152,16 @@ def _settle_in_transaction(
                 )
             if not dispatch and tx.execute(FINISH_IF_DONE, run_id=step.run_id):
                 run_status = "succeeded"
-        elif settlement.status.parked and run_status == "cancelled":
+        elif settlement.status.parked and run_status in STOPPED:
             # Cancelled while this attempt ran: the attempt is recorded (lease history), but
             # nothing would ever wake the wait it asked for.
             tx.execute(SKIP_PARKED_OF_ENDED_RUN, step_id=step.id)
         elif park is not None and opened is not None:
             # Parked: an event noted on the park before now, or found by the lookback,
             # resumes the wait at once (shared/steps/parks.py).
-            resumed = parked(tx, opened, park, tenant_id=step.tenant_id)
+            # A wait of several events or correlated beyond its record: shared/steps/awaits.py.
+            settle_park = parked if park.mode is None else awaits.parked
+            resumed = settle_park(tx, opened, park, tenant_id=step.tenant_id)
             if resumed is not None:
                 dispatch.append(resumed)
         crash_point("before_settle_commit")
@@ -151,13 +171,20 @@ def _settle_in_transaction(
 
 
 def _settle_in_one_statement(
-    db: Database, step: ClaimedStep, settlement: Settlement, next_nodes: list[Step]
+    db: Database,
+    step: ClaimedStep,
+    settlement: Settlement,
+    next_nodes: list[Step],
+    *,
+    gates: Callable[[Tx], None] | None = None,
 ) -> Settled | None:
     """The settle, next rows and run end as one statement committed in its own round trip;
     None when the statement could not decide exactly and wrote nothing (the caller settles
     in a transaction)."""
     crash_point("before_settle_commit")  # nothing is written before the statement commits
     with db.transaction() as tx:
+        if gates is not None:
+            gates(tx)  # the gates' settle, committed with the step's (most writes queued)
         rows = tx.commit_with(
             SETTLE,
             **_settle_params(step, settlement, next_nodes, fold=True, wake_at=settlement.wake_at),

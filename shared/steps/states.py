@@ -73,8 +73,9 @@ class StepStatus(StrEnum):
 
     SKIPPED = "skipped"
     """Terminal, with `finished_at`, outcome `CANCELLED`: the step was not run (its run was
-    cancelled). In: ops cancel (`runs_cancel`, pending and parked steps); a settle that parked
-    a step of a run cancelled meanwhile (`steps_skip_parked_of_ended_run`); the sweep's
+    cancelled; `GOAL_MET` when its run met its goal: `runs_end_goal_met`). In: ops cancel
+    (`runs_cancel`, pending and parked steps); a settle that parked a step of a run cancelled
+    (or ended by its goal) meanwhile (`steps_skip_parked_of_ended_run`); the sweep's
     reclaim of an expired lease whose run ended meanwhile (`steps_reclaim_expired`: outcome
     `CANCELLED`, or `RUN_ENDED` when another branch failed the run; the error says so). Out:
     ops retry of a failed run (→ pending: a `RUN_ENDED` step restarts with its run); otherwise
@@ -190,6 +191,8 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "ops_rehearsal_serve_delays": _moves({S.WAITING_FOR_DELAY}, {S.PENDING}),
     # shared/sql/steps.sql: ops cancel, and a settle that parked a step of a cancelled run
     "runs_cancel": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
+    # shared/sql/steps.sql: the workflow's goal met (admission), like the cancel
+    "runs_end_goal_met": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
     "steps_skip_parked_of_ended_run": _moves(PARKED, {S.SKIPPED}),
 }
 # Their new status is a parameter (the settlement's) or copied from another row, so only the
@@ -216,9 +219,16 @@ class RunStatus(StrEnum):
 
     CANCELLED = "cancelled"
     """Terminal, with `finished_at`: stopped before it finished. In: ops cancel of a live run
-    (`runs_cancel`, which records `cancelled_by` and `cancel_reason`); the end of a rehearsal
-    that would have waited or ran out of its step budget. Out: never; a replay starts a new
-    run of the lineage from the skipped steps."""
+    (`runs_cancel`, which records `cancelled_by` and `cancel_reason`), and the same statement
+    when an admitted event matches the workflow's `cancel_on` (`cancelled_by: event <id>`);
+    the end of a rehearsal that would have waited or ran out of its step budget. Out: never; a
+    replay starts a new run of the lineage from the skipped steps."""
+
+    GOAL_MET = "goal_met"
+    """Terminal, with `finished_at`: the workflow's `goal` held on an admitted event about the
+    run's record, the first time (`runs_end_goal_met`, after the run row's lock, as the cancel
+    does). Its pending and parked steps are skipped (GOAL_MET); a step in flight finishes its
+    attempt and nothing starts after it. Out: never."""
 
 
 R = RunStatus
@@ -226,7 +236,8 @@ RUN_TRANSITIONS: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
     {
         (R.RUNNING, R.SUCCEEDED),  # the last step settled
         (R.RUNNING, R.FAILED),  # a step failed (settle or the sweep's reclaim)
-        (R.RUNNING, R.CANCELLED),  # ops cancel; a rehearsal stops
+        (R.RUNNING, R.CANCELLED),  # ops cancel; a `cancel_on` event; a rehearsal stops
+        (R.RUNNING, R.GOAL_MET),  # an admitted event met the workflow's goal
         (R.FAILED, R.RUNNING),  # ops retry reopens the run
     }
 )
@@ -245,6 +256,7 @@ RUN_STATEMENTS: dict[str, Moves] = {
     "ops_rehearsal_run_insert": _moves(NEW, {R.RUNNING}),
     "ops_rehearsal_stop": _moves({R.RUNNING}, {R.CANCELLED}),
     "runs_cancel": _moves({R.RUNNING}, {R.CANCELLED}),
+    "runs_end_goal_met": _moves({R.RUNNING}, {R.GOAL_MET}),
 }
 
 

@@ -78,6 +78,12 @@ def listeners(definition: Mapping[str, Any]) -> list[Listener]:
         out.extend(
             Listener(e, watch, "trigger") for e in trigger.get("events") or [] if isinstance(e, str)
         )
+    cancel_on = definition.get("cancel_on")
+    for entry in cancel_on if isinstance(cancel_on, list) else []:
+        # A `cancel_on` event listens like a wait: its `when`'s fields (shared/admission/stops.py).
+        if isinstance(entry, Mapping) and isinstance(entry.get("event"), str):
+            out.append(Listener(entry["event"], wait_fields(entry), "cancel_on"))
+    out.extend(_goal_listeners(definition))
     steps = definition.get("steps")
     for step in steps if isinstance(steps, list) else []:
         if not isinstance(step, Mapping) or step.get("type") != "wait_for":
@@ -85,7 +91,29 @@ def listeners(definition: Mapping[str, Any]) -> list[Listener]:
         config = step.get("config")
         if isinstance(config, Mapping) and isinstance(config.get("event"), str):
             out.append(Listener(config["event"], wait_fields(config), f"steps.{step.get('id')}"))
+        events = config.get("events") if isinstance(config, Mapping) else None
+        for awaited in events if isinstance(events, list) else []:
+            # A wait of several events: each listens with its own `watch` / `when`.
+            if isinstance(awaited, Mapping) and isinstance(awaited.get("event"), str):
+                where = f"steps.{step.get('id')}"
+                out.append(Listener(awaited["event"], wait_fields(awaited), where))
     return out
+
+
+def _goal_listeners(definition: Mapping[str, Any]) -> list[Listener]:
+    """A `goal` is judged on every admitted event about the run's record: it hears the
+    property changes of the fields it reads on the object types the trigger starts on."""
+    goal = definition.get("goal")
+    trigger = definition.get("trigger")
+    if not isinstance(goal, str) or not isinstance(trigger, Mapping):
+        return []
+    fields = wait_fields({"when": goal})
+    kinds: dict[str, None] = {}
+    for event in trigger.get("events") or []:
+        parts = event.split(".") if isinstance(event, str) else []
+        if len(parts) == 3 and all(parts):
+            kinds[f"{parts[0]}.{parts[1]}.{PROPERTY_CHANGED}"] = None
+    return [Listener(kind, fields, "goal") for kind in kinds]
 
 
 def watched_by_object(

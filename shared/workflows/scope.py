@@ -33,7 +33,9 @@ ROOTS: dict[str, str] = {
         "occurredAt:eventId, since its eventId alone is not unique; the raw id is in "
         "`payload`), `occurred_at` (a timestamp), `author_id` (who made the "
         "change, when the provider says), `changed_fields` ({property: new value} for a "
-        "property change, {} otherwise)."
+        "property change, {} otherwise) and, for a run of a debounced trigger only, `burst` "
+        "(the burst's events, oldest first, each with `id`, `occurred_at` and "
+        "`changed_fields`; the event itself is the burst's last)."
     ),
     "trigger": (
         "The event's payload exactly as the provider sent it: one element of a HubSpot webhook "
@@ -95,6 +97,9 @@ class Occurrence:
     payload: Mapping[str, Any] = field(default_factory=dict)
     record_object_type: str | None = None
     record_object_id: str | None = None
+    # A debounced run's burst (shared/admission/debounce.py): its events, oldest first, each
+    # {id, occurred_at, changed_fields}; None for every other run and at admission.
+    burst: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Occurrence:
@@ -114,6 +119,7 @@ class Occurrence:
             payload=row.get("payload") or {},
             record_object_type=row.get("record_object_type"),
             record_object_id=row.get("record_object_id"),
+            burst=None if row.get("burst") is None else tuple(row["burst"]),
         )
 
     @property
@@ -123,8 +129,8 @@ class Occurrence:
         return record_key(self.connection_id, self.record_object_type, self.record_object_id)
 
     def event(self) -> dict[str, Any]:
-        """The `event` root."""
-        return {
+        """The `event` root (with `burst` for a debounced run only)."""
+        event: dict[str, Any] = {
             "id": self.id,
             "type": self.type,
             "tenant_id": self.tenant_id,
@@ -134,6 +140,9 @@ class Occurrence:
             "author_id": self.author_id,
             "changed_fields": dict(self.changed_fields),
         }
+        if self.burst is not None:
+            event["burst"] = [dict(e) for e in self.burst]
+        return event
 
     def record(self) -> dict[str, Any]:
         """The event's own record as the `record` root ({} when the event names none)."""
@@ -212,6 +221,32 @@ def step_expressions(step: Step) -> list[tuple[tuple[str | int, ...], str]]:
         for key in CONDITION_KEYS.get(step.type, ())
         if isinstance(step.config.get(key), str)
     ]
+    if step.type == "wait_for":
+        found += wait_expressions(step.config)
+    return found
+
+
+def wait_expressions(config: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], str]]:
+    """A wait's expressions beyond its top-level `when`: each of its `events`' `when`, and
+    both sides of each `correlate` (the wait's and an event's own)."""
+    found: list[tuple[tuple[str | int, ...], str]] = []
+
+    def correlate(at: tuple[str | int, ...], value: Any) -> None:
+        if isinstance(value, Mapping):
+            found.extend(
+                ((*at, side), value[side])
+                for side in ("event", "run")
+                if isinstance(value.get(side), str)
+            )
+
+    correlate(("config", "correlate"), config.get("correlate"))
+    events = config.get("events")
+    for j, awaited in enumerate(events if isinstance(events, list) else []):
+        if not isinstance(awaited, Mapping):
+            continue
+        if isinstance(awaited.get("when"), str):
+            found.append((("config", "events", j, "when"), awaited["when"]))
+        correlate(("config", "events", j, "correlate"), awaited.get("correlate"))
     return found
 
 

@@ -15,6 +15,7 @@ from shared.ops.models import (
     Charge,
     LeaseView,
     LineageEntry,
+    ReplayRequest,
     ReplayResult,
     RetryResult,
     RunDetail,
@@ -87,8 +88,13 @@ def get_run(call: Call) -> RunDetail:
 
 def replay_failed_run(call: Call) -> ReplayResult:
     run_id = _path_run(call)
+    body: ReplayRequest | None = call.body
     outcome = replay.replay_run(
-        call.db, run_id=run_id, tenant_scope=call.scope, dispatch=call.dispatch
+        call.db,
+        run_id=run_id,
+        tenant_scope=call.scope,
+        dispatch=call.dispatch,
+        fresh_ai_answers=bool(body and body.fresh_ai_answers),
     )
     detail = run_detail(call.db, outcome.run_id, call.scope)
     return ReplayResult(

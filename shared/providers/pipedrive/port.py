@@ -24,9 +24,9 @@ become `PortError` with a vendor-neutral code, classified once (`classify_respon
   lost stays OUTCOME_UNKNOWN in shared/blocks/crm.py — never sent again.
 
 Object names: the port takes Pipedrive's own (`person`, `organization`, `deal`, `activity`,
-`note`, singular or plural) and answers with them. `KINDS` below also takes onceflow's
-neutral names (the crm blocks pass `contacts`, `companies`, `deals`, `tasks`) — that table is
-the mapping hook issue 28 item 2 (neutral object kinds) replaces with its own.
+`note`) or onceflow's neutral kinds (the crm blocks pass `contacts`, `companies`, `deals`,
+`tasks`), singular or plural, and answers with the neutral kind, as record keys and events
+name records: one table, kinds.py, which the `Provider` declares as its `object_kinds`.
 
 Auth (§2): an API token goes in the `x-api-token` header (never `?api_token=`, which leaks into
 logs); an OAuth connection sends `Authorization: Bearer` from its token source and, on a 401,
@@ -251,8 +251,8 @@ def record_of(entity: str, data: Any) -> Record:
         if isinstance(items, list) and items and name not in props:
             primary = next((i for i in items if isinstance(i, dict) and i.get("primary")), None)
             first = primary or items[0]
-            if isinstance(first, dict):
-                props[name] = first.get("value")
+            # Objects in a record; a search item's may be plain strings (not confirmed).
+            props[name] = first.get("value") if isinstance(first, dict) else first
     # Named as onceflow names it (contact, not person): record keys and labels are neutral.
     return Record(
         object_type=EVENT_OBJECTS.get(entity, entity), id=str(data["id"]), properties=props
@@ -286,14 +286,17 @@ class PipedrivePort:
         webhook_url: str | None = None,
         webhook_auth: tuple[str, str] | None = None,
     ) -> None:
-        """`token`: the user's API token (`x-api-token`). `token_source`: an OAuth connection's
-        live access token instead (shared/providers/connect.py). `idempotency_property` is
-        ignored: Pipedrive has no unique-value property to key creates on.
+        """`token`: the user's API token (`x-api-token`). `token_source`: without a `token`, an
+        OAuth connection's live access token; with one, what a refused API token is reported
+        as (shared/providers/connect.py `_static_credential`: it raises, naming the variable).
+        `idempotency_property` is ignored: Pipedrive has no unique-value property to key
+        creates on.
         `webhook_url`/`webhook_auth`: where the webhooks this port creates deliver, and the
         HTTP Basic user and password they carry (the only credential, §1.2)."""
         del app_id, developer_api_key, idempotency_property  # no app-level API, no unique value
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._token_source = token_source
+        self._static = token is not None  # an API token in x-api-token, never a Bearer
         self.webhook_url = webhook_url
         self.webhook_auth = webhook_auth
         self.rate_limit = RateLimitState(interval_ms=BURST_WINDOW_MS)
@@ -336,7 +339,9 @@ class PipedrivePort:
             # The access token was refused (expired early, or replaced): refresh once and try
             # once more. A 401 was not applied, so resending a create is safe; a second 401 is
             # final (classified below), never a loop.
-            rejected = response.request.headers.get("Authorization", "").removeprefix("Bearer ")
+            rejected = response.request.headers.get("x-api-token") or response.request.headers.get(
+                "Authorization", ""
+            ).removeprefix("Bearer ")
             token = self._token_source(rejected or None)
             response = self._send(method, path, json, params, token)
         self._read_rate_limit(response.headers, "search" if search else "all")
@@ -360,7 +365,7 @@ class PipedrivePort:
         token: str | None = None,
     ) -> httpx.Response:
         headers = None
-        if self._token_source is not None:
+        if self._token_source is not None and not self._static:
             headers = {"Authorization": f"Bearer {token or self._token_source(None)}"}
         try:
             return self._client.request(method, path, json=json, params=params, headers=headers)
