@@ -350,3 +350,34 @@ def test_a_budget_is_said_beside_the_answer_never_a_reason(scene: Scene) -> None
         "budget: 0 of 5 credits used in the current 1d window; a priced step that would go "
         "over it fails BUDGET_EXCEEDED with nothing sent",
     )
+
+
+@pytest.mark.parametrize(
+    ("held", "refused", "outcome"),
+    [
+        ("debounce: {period: 5s}", None, "debounced"),
+        ("debounce: {period: 5s, key: 'trigger.nowhere'}", "missing_record_identity", "refused"),
+        ("throttle: {limit: 10, period: 1h}", None, "admitted"),
+    ],
+)
+def test_debounce_and_throttle_hold_a_start_as_admission_does(
+    scene: Scene, held: str, refused: str | None, outcome: str
+) -> None:
+    object_id = scene.contact(lifecyclestage="lead")
+    wf = activate_text(
+        scene.db,
+        "name: held\ntenant: acme\n"
+        "trigger: {events: [hubspot.contact.property_changed], watch: [lifecyclestage], "
+        f"{held}}}\nsteps: [{{id: done, type: end}}]\n",
+    )
+    answer = would_run(scene.db, workflow_id=wf, record_key=scene.key(object_id))
+    assert answer.reason == refused, answer.detail
+    if refused is None:
+        assert answer.notes[0].startswith(held.split(":", maxsplit=1)[0] + ": ")
+    decided = admit_event(
+        scene.db, _announce(scene, answer, object_id), publish=Published()
+    ).outcome_for(wf)
+    assert decided.outcome == outcome
+    assert decided.reason == answer.reason
+    if refused is not None:
+        assert decided.detail == answer.detail

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from shared.admission import debounce, run_throttle
 from shared.admission.admit import (
     DefinitionUnreadable,
     EventFacts,
@@ -236,13 +237,47 @@ def _decide(
     trials = int(binding.get("breaker_trials") or 0)
     if refused is None and breaker_state == "half_open" and trials >= HALF_OPEN_PROBES:
         refused = ("workflow_paused", trials_used_up(workflow_id, breaker_state, trials))
+    held: tuple[str, ...] = ()
+    if refused is None:
+        # Debounce and throttle hold a start rather than refuse it (admission's `_debounced`
+        # and `_throttled`, after the breaker): a key they can't have is refused there as here.
+        refused, held = _held(facts, trigger, key, record)
     if refused is None and history["dedup_reason"] is not None:
         refused = (history["dedup_reason"], history["dedup_detail"])
         answer = replace(answer, blocking_run_id=history["blocking_run_id"])
-    answer = replace(answer, notes=_budget_notes(tx, workflow_id))
+    answer = replace(answer, notes=held + _budget_notes(tx, workflow_id))
     if refused is None:
         return replace(answer, would_run=True)
     return replace(answer, reason=refused[0], detail=refused[1])
+
+
+def _held(
+    facts: EventFacts, trigger: _Trigger, key: str | None, record: dict[str, Any]
+) -> tuple[tuple[Reason, str] | None, tuple[str, ...]]:
+    """(a refusal for a debounce or throttle key that can't be had, the notes saying how the
+    start would be held), with admission's own key functions."""
+    scope: Any = facts.scope
+    if record is not facts.scope.values["record"]:
+        scope = {**facts.scope.values, "record": record}
+    notes: list[str] = []
+    if trigger.debounce is not None:
+        burst, missing = debounce.burst_key(trigger.debounce, trigger.debounce_key, key, scope)
+        if burst is None:
+            return ("missing_record_identity", missing or "no burst key"), ()
+        notes.append(
+            f"debounce: the change would join burst {burst}; the run starts "
+            f"{trigger.debounce.period} after the burst's last change (a later change of the "
+            "burst supersedes this one), decided then against the record's runs as above"
+        )
+    if trigger.throttle is not None:
+        slot, missing = run_throttle.throttle_key(trigger.throttle, trigger.throttle_key, scope)
+        if slot is None:
+            return ("missing_record_identity", missing or "no throttle key"), ()
+        notes.append(
+            f"throttle: at most {trigger.throttle.limit} runs start per {trigger.throttle.period} "
+            f"for key {slot}; when that window is full the run waits in order (queued)"
+        )
+    return None, tuple(notes)
 
 
 def _budget_notes(tx: Tx, workflow_id: str) -> tuple[str, ...]:
