@@ -502,6 +502,17 @@ def static_refusal(
     return key, record, None
 
 
+def trials_used_up(workflow_id: str, state: str, admitted: int) -> str:
+    """`workflow_paused`'s detail for a run a half-open breaker has no trial slot for (`state`
+    is the breaker's state as the trial claim found it)."""
+    return f"workflow {workflow_id} is paused by its circuit breaker: " + (
+        f"it is half-open and its {admitted} trial runs are in flight; the first "
+        "to end decides (success closes the breaker, failure pauses it again)"
+        if state == "half_open"
+        else f"it was paused again. Resume it with POST /v1/workflows/{workflow_id}/resume"
+    )
+
+
 # --- the transaction ---------------------------------------------------------------------------
 
 
@@ -638,12 +649,7 @@ def _claim_trial_runs(
         if claim.state == "closed":  # a trial succeeded since the context read: admit
             decided.append(p)
             continue
-        detail = f"workflow {p.workflow_id} is paused by its circuit breaker: " + (
-            f"it is half-open and its {claim.admitted} trial runs are in flight; the first "
-            "to end decides (success closes the breaker, failure pauses it again)"
-            if claim.state == "half_open"
-            else f"it was paused again. Resume it with POST /v1/workflows/{p.workflow_id}/resume"
-        )
+        detail = trials_used_up(p.workflow_id, claim.state, claim.admitted)
         refusal = _Refusal(p.workflow_id, p.version_id, p.record_key, "workflow_paused", detail)
         decided.append(replace(p, refusal=refusal))
     return decided, [w for w in wanted if claims.get(w) is not None and claims[w].granted]

@@ -9,7 +9,10 @@ create|list|revoke` (creating tenants and tokens takes an admin token). Workflow
 (ids, names, versions), `publish FILE [--activate]`, `activate WORKFLOW VERSION`, `deactivate
 WORKFLOW`, `budget WORKFLOW`, `breaker WORKFLOW [--resume [--half-open]]` (a WORKFLOW by id or
 name). Runs: `runs [filters]` (`--since 1h`, `--since 2026-12-01`), `show RUN`, `explain
-RECORD` (a record key, a HubSpot record URL, an object id or an email), `cancel RUN --reason
+RECORD` (a record key, a HubSpot record URL, an object id or an email), `explain --would-run
+WORKFLOW RECORD` (would it start a run now, and if not why: admission's reason; exit 1 for
+no), `rehearse WORKFLOW --record RECORD` (a dry run: real CRM reads, the writes it would
+send, never sent), `cancel RUN --reason
 WHY`, `approvals`, `approve|reject APPROVAL --comment WHY`, `replay RUN…` and `retry RUN…`
 (or `--failed` with filters: every failed run that matches, listed first, done only with
 `--yes`). `--json` prints the API's JSON (UTC times) for scripts; otherwise tables at most 100
@@ -268,6 +271,8 @@ def _record_key(s: Session, what: str) -> str:
 
 
 def _explain(s: Session, args: argparse.Namespace) -> int:
+    if args.would_run:
+        return _would_run(s, args)
     key = _record_key(s, args.record)
     story = s.client.call("GET", "/v1/records/explain", query={"record_key": key})
 
@@ -287,6 +292,121 @@ def _explain(s: Session, args: argparse.Namespace) -> int:
 
     s.emit(story, readable)
     return EXIT_OK
+
+
+def _would_run(s: Session, args: argparse.Namespace) -> int:
+    """`explain --would-run WORKFLOW RECORD`: would the record start a run now? Admission's
+    answer for the record as the CRM has it now, written nowhere (exit 0 yes, 1 no)."""
+    answer = s.client.call(
+        "GET",
+        "/v1/records/would-run",
+        query={
+            "workflow_id": _workflow_id(s, args.would_run),
+            "record_key": _record_key(s, args.record),
+            "event_type": args.event_type,
+        },
+    )
+
+    def readable() -> None:
+        print(f"record {answer['record_key']}  on {answer['event_type']}", file=s.out)
+        if answer["would_run"]:
+            print(f"yes, a new run (dedup {answer['dedup_mode']})", file=s.out)
+        else:
+            print(terminal.wrap(f"no, because {answer['reason']}: {answer['detail']}"), file=s.out)
+            print(terminal.wrap(f"  {answer['explanation']}"), file=s.out)
+        carried = ", ".join(f"{k}={v!r}" for k, v in answer["changed_fields"].items())
+        print(f"a change now would carry: {carried or 'no fields'}", file=s.out)
+        if answer["breaker_state"] != "closed":
+            print(f"circuit breaker: {answer['breaker_state']}", file=s.out)
+        for note in answer["notes"]:
+            print(terminal.wrap(note), file=s.out)
+
+    s.emit(answer, readable)
+    return EXIT_OK if answer["would_run"] else EXIT_PROBLEMS
+
+
+def _rehearsal_event(s: Session, workflow_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """What `rehearse` runs against: `--event`, else the record's newest stored event this
+    workflow decided about or is bound to (its connection serves the steps' CRM reads), else
+    an event supplied from the record as the CRM has it now (the would-run read)."""
+    if args.event is not None:
+        return {"event_id": args.event}
+    key = _record_key(s, args.record)
+    story = s.client.call("GET", "/v1/records/explain", query={"record_key": key})
+    for e in sorted(story["events"], key=lambda e: e["event_id"], reverse=True):
+        wanted = args.event_type is None or e["event_type"] == args.event_type
+        if wanted and any(str(d["workflow_id"]) == workflow_id for d in e["decisions"]):
+            return {"event_id": e["event_id"]}
+    now = s.client.call(
+        "GET",
+        "/v1/records/would-run",
+        query={"workflow_id": workflow_id, "record_key": key, "event_type": args.event_type},
+    )
+    _, object_type, object_id = key.split(":", 2)
+    identity = {"id", "object_type", "key", "connection_id"}
+    print(
+        f"no stored event for {key}: rehearsing a {now['event_type']} of the record as the "
+        "CRM has it now (a step reading the CRM needs config.connection_id)",
+        file=s.err,
+    )
+    return {
+        "event": {
+            "event_type": now["event_type"],
+            "record_object_type": object_type,
+            "record_object_id": object_id,
+            "payload": {
+                "properties": {k: v for k, v in now["record"].items() if k not in identity}
+            },
+        }
+    }
+
+
+def _rehearse(s: Session, args: argparse.Namespace) -> int:
+    """`rehearse WORKFLOW --record R`: run the workflow in the rehearsal namespace (its CRM
+    reads are real, its writes stop before they leave: shared/ops/rehearsal.py) and show each
+    step, the branches taken, the writes it would send and the waits it would make."""
+    workflow_id = _workflow_id(s, args.workflow)
+    body = {"workflow_id": workflow_id, **_rehearsal_event(s, workflow_id, args)}
+    if args.version:
+        body["version_id"] = args.version
+    result = s.client.call("POST", "/v1/rehearsals", body=body)
+
+    def readable() -> None:
+        print(f"rehearsal run {result['run_id']}: {result['status']}", file=s.out)
+        for st in result["steps"]:
+            line = f"- {st['step_key']} ({st['block_type']}): {st['status']}"
+            if st["branch_choice"]:
+                line += f", took branch {st['branch_choice']}"
+            print(line, file=s.out)
+            for text in _rehearsed_step(st):
+                print(terminal.wrap(f"    {text}"), file=s.out)
+        writes = len(result["would_send"])
+        print(f"{writes} write(s) would have been sent; none was.", file=s.out)
+
+    s.emit(result, readable)
+    return EXIT_OK if result["status"] != "failed" else EXIT_PROBLEMS
+
+
+def _rehearsed_step(step: Mapping[str, Any]) -> list[str]:
+    """A rehearsed step's lines: what it would have sent, waited for or asked, or its error."""
+    out = step["output"] if isinstance(step["output"], dict) else {}
+    lines: list[str] = []
+    if out.get("dry_run") is True:
+        sent = out.get("would_send") or {}
+        target = " ".join(
+            str(sent[k]) for k in ("method", "url", "object_type", "object_id") if k in sent
+        )
+        lines.append(f"would send {out.get('block')} {target}".rstrip())
+        if isinstance(sent.get("properties"), dict):
+            lines += [f"{k} = {v!r}" for k, v in sent["properties"].items()]
+        if sent.get("body"):
+            lines.append(f"body: {str(sent['body'])[:300]}")
+    if "rehearsal" in out:
+        what = out.get("waiting_for") or out.get("summary") or ""
+        lines.append(f"{out['rehearsal']}" + (f": {what}" if what else ""))
+    if step["error"]:
+        lines.append(f"error: {step['error']}")
+    return lines
 
 
 def _publish(s: Session, args: argparse.Namespace) -> int:
@@ -945,6 +1065,32 @@ def _token_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("token_id", metavar="TOKEN_ID")
 
 
+def _explain_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`explain` (why did it run, `--would-run`: would it now) and `rehearse` (a dry run)."""
+    p = sub.add_parser(
+        "explain",
+        parents=[remote],
+        help="why did (or didn't) it run? --would-run: would it run now? (exit 1: no)",
+    )
+    p.add_argument("record", metavar="RECORD", help="record key, HubSpot URL, object id or email")
+    p.add_argument(
+        "--would-run",
+        metavar="WORKFLOW",
+        help="would the record start a run of WORKFLOW (id or name) now? Nothing is written",
+    )
+    p.add_argument("--event-type", metavar="TYPE", help="with --would-run: the trigger's event")
+    p = sub.add_parser(
+        "rehearse",
+        parents=[remote],
+        help="dry-run a workflow for a record: real CRM reads, writes shown, never sent",
+    )
+    p.add_argument("workflow", metavar="WORKFLOW", help="its id or name")
+    p.add_argument("--record", required=True, metavar="RECORD", help="as for explain")
+    p.add_argument("--event", type=int, metavar="EVENT_ID", help="a stored event to rehearse")
+    p.add_argument("--event-type", metavar="TYPE", help="the trigger's event type")
+    p.add_argument("--version", metavar="VERSION_ID", help="default: the active version")
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="onceflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -984,8 +1130,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cursor")
     p = sub.add_parser("show", parents=[remote], help="one run with its steps")
     p.add_argument("run", metavar="RUN")
-    p = sub.add_parser("explain", parents=[remote], help="why did (or didn't) it run?")
-    p.add_argument("record", metavar="RECORD", help="record key, HubSpot URL, object id or email")
+    _explain_parsers(sub, remote)
     p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
@@ -1036,6 +1181,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "runs": _runs,
     "show": _show,
     "explain": _explain,
+    "rehearse": _rehearse,
     "cancel": _cancel,
     "confirm-install": _confirm_install,
     "claim-install": _claim_install,

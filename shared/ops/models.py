@@ -133,6 +133,18 @@ class RecordQuery(_Request):
     record_key: Text = Field(min_length=5, max_length=500, description=RECORD_KEY_DESCRIPTION)
 
 
+class WouldRunQuery(_Request):
+    workflow_id: UUID
+    record_key: Text = Field(min_length=5, max_length=500, description=RECORD_KEY_DESCRIPTION)
+    event_type: Text | None = Field(
+        default=None,
+        max_length=200,
+        pattern=EVENT_TYPE_PATTERN,
+        description="One of the workflow's bound event types (default: the one of the "
+        "record's kind, a property change when the trigger watches fields).",
+    )
+
+
 # ---- bodies -------------------------------------------------------------------------------
 
 
@@ -836,6 +848,30 @@ class RehearsalResult(_Response):
     status: RunStatus
     steps: list[RehearsalStep]
     would_send: list[Any] = Field(description="Side effects stopped before they left.")
+
+
+class WouldRunAnswer(_Response):
+    """ "Would this record enroll?" (shared/admission/would_run.py): admission's decision for
+    the record as the CRM has it now, written nowhere."""
+
+    workflow_id: UUID
+    record_key: str
+    event_type: str = Field(description="The event type the question was asked for.")
+    version_id: UUID
+    dedup_mode: str
+    would_run: bool = Field(description="True: a new run would start.")
+    reason: str | None = Field(description="The refusal reason admission would record.")
+    detail: str | None = Field(description="Its words, as admission would record them.")
+    explanation: str = Field(description="The answer in plain words.")
+    changed_fields: dict[str, Any] = Field(
+        description="The fields a change announced now would carry (the watched ones)."
+    )
+    record: dict[str, Any] = Field(description="The record the trigger rule read.")
+    blocking_run_id: UUID | None = Field(description="The run that blocks a new one.")
+    breaker_state: str
+    notes: list[str] = Field(
+        description="What would act on the run's steps rather than its start (the budget)."
+    )
 
 
 # ---- health ("is the machinery running?") --------------------------------------------------
