@@ -679,6 +679,9 @@ def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
         from devstack.demo_app import AppChapters
 
         AppChapters(scenario).run()
+        from devstack.demo_any_crm import AnyCrmChapter
+
+        AnyCrmChapter(scenario).run()
     finally:
         receiver.close()
         db.close()

@@ -40,6 +40,9 @@ WHERE received_at >= :since ORDER BY id
 -- name: demo_bindings
 SELECT count(*) FROM trigger_bindings WHERE tenant_id = :tenant_id
 
+-- name: demo_binding_events
+SELECT event_type FROM trigger_bindings WHERE tenant_id = :tenant_id ORDER BY event_type
+
 -- name: demo_app_connection
 SELECT id::text AS id, status, provider_account_id, provider_app_id
 FROM connections WHERE tenant_id = :tenant_id ORDER BY created_at
