@@ -77,6 +77,13 @@ def test_demo_starts_tells_and_stops_leaving_nothing_behind() -> None:
         assert "contact.propertyChange:jobtitle, contact.propertyChange:lifecyclestage" in out
         assert "the port refreshed it" in out
         assert "with outcome ADOPTED_EXISTING" in out
+        # Issue 26 item 6: one portal's events read from the webhooks journal, the other's not.
+        assert re.search(
+            r"the sweep's journal duty read \d+ entr(y|ies) from the journal \((\d+)\) into the "
+            r"inbox, drained as processed; nothing from a journal for portal (?!\2)\d+",
+            told,
+        )
+        assert "trigger event(s), each change once, whichever way it came." in told
         # Issue 28: one definition (new-company-any-crm) on both CRMs — a company added in each
         # fake's web app, one run on each, each run's reads served by its own CRM.
         assert "bound to hubspot.company.created, pipedrive.company.created" in told
