@@ -9,7 +9,9 @@ can be replayed against the same database as often as you like.
 The scenario: a tenant connects HubSpot; HubSpot sends a signed v3 webhook ("contact created");
 the event travels webhook → inbox → outbox → Pub/Sub `trigger-events` → admit_event → run →
 steps; a forged webhook is refused; HubSpot's retry of the same delivery and a re-announced
-event are both recognised as the same event.
+event are both recognised as the same event. Then one HubSpot app on two portals
+(devstack/demo_app.py; one portal read from HubSpot's webhooks journal, the other by webhook),
+and one workflow definition run on both CRMs, HubSpot and Pipedrive (devstack/demo_any_crm.py).
 """
 
 from __future__ import annotations
@@ -679,6 +681,9 @@ def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
         from devstack.demo_app import AppChapters
 
         AppChapters(scenario).run()
+        from devstack.demo_any_crm import AnyCrmChapter
+
+        AnyCrmChapter(scenario).run()
     finally:
         receiver.close()
         db.close()

@@ -40,6 +40,9 @@ WHERE received_at >= :since ORDER BY id
 -- name: demo_bindings
 SELECT count(*) FROM trigger_bindings WHERE tenant_id = :tenant_id
 
+-- name: demo_binding_events
+SELECT event_type FROM trigger_bindings WHERE tenant_id = :tenant_id ORDER BY event_type
+
 -- name: demo_app_connection
 SELECT id::text AS id, status, provider_account_id, provider_app_id
 FROM connections WHERE tenant_id = :tenant_id ORDER BY created_at
@@ -50,6 +53,14 @@ UPDATE connections SET idempotency_property = :property WHERE id = CAST(:connect
 
 -- name: demo_grant_refreshed
 SELECT refreshed_at FROM connection_oauth_tokens WHERE connection_id = CAST(:connection_id AS uuid)
+
+-- name: demo_journal_rows
+-- The app's inbox rows since `since` that came from a journal (the reader puts the journal's
+-- name and the entry's offset in the row's headers, shared/ingest/journal.py).
+SELECT id, status, headers->>'x-onceflow-journal' AS journal
+FROM webhook_inbox
+WHERE app_id = :app_id AND received_at >= :since AND headers ? 'x-onceflow-journal-offset'
+ORDER BY id
 
 -- name: demo_app_inbox_rows
 SELECT count(*) FROM webhook_inbox WHERE app_id = :app_id AND received_at >= :since

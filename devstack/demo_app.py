@@ -24,6 +24,7 @@ from devstack.demo_story import SQL, WAIT_SECONDS, Story, wait_for
 from devstack.stack import RunningStack
 from shared.accounts import provider_apps
 from shared.core.db import Database
+from shared.ingest import journal
 from shared.ops.auth import mint_token
 from shared.providers.hubspot import versions
 from shared.providers.install import CALLBACK_PATH
@@ -127,6 +128,7 @@ class AppChapters:
             return
         self.union()
         self.deliveries()
+        self.journal()
 
     def install(self) -> bool:
         story = self.s.story
@@ -383,3 +385,62 @@ class AppChapters:
             "each event routed by (appId, portalId) to its tenant's connection.",
         )
         self._admin("config", {"developer_api_key": None, "delivery": "serial"})
+
+    def journal(self) -> None:
+        """Issue 26 item 6: one portal's events read from HubSpot's webhooks journal (its local
+        journal, pulled by offset by the sweep) while the other portal's come by webhook."""
+        story = self.s.story
+        read, pushed = self.portals
+        story.title(
+            f"Portal {read.portal_id} is read from HubSpot's webhooks journal; portal "
+            f"{pushed.portal_id} keeps its webhooks"
+        )
+        since = datetime.now(UTC)
+        with self.s.db.transaction() as tx:
+            journal.enable(tx, "hubspot", APP_ID, str(read.portal_id))
+        self._admin("journal", {"portals": [read.portal_id]})
+        story.say(
+            f"onceflow reads portal {read.portal_id}'s local journal from now on (the sweep pulls "
+            "it by offset every minute, with a client-credentials token); HubSpot's fake writes "
+            "that portal's changes to it."
+        )
+        contact = self._change(
+            read, {"email": f"joe+{self.stamp}@example.com", "lifecyclestage": "customer"}
+        )
+        other = self._change(pushed, {"email": f"eve+{self.stamp}@example.com"})
+        # The sweep reads journals once a minute (its duty's own cadence, not sped up): the demo
+        # runs that duty now, as the sweep's next pass would — pull, store, drain, publish —
+        # with the app's OAuth client (client credentials) from the stack's environment.
+        for name in (CLIENT_ID_ENV, APP_SECRET_ENV):
+            os.environ.setdefault(name, self.s.stack.env[name])
+        pulled = journal.read_all_journals(self.s.db)
+        story.say(f"The sweep's journal duty ran: {pulled}.")
+
+        def from_journal() -> list[dict[str, Any]] | None:
+            with self.s.db.transaction() as tx:
+                rows = tx.all(self.sql["demo_journal_rows"], app_id=APP_ID, since=since)
+            return rows if rows and all(r["status"] != "pending" for r in rows) else None
+
+        rows = wait_for(from_journal, max(WAIT_SECONDS, 20.0)) or []
+        journals = sorted({str(r["journal"]) for r in rows})
+        story.verdict(
+            journals == [str(read.portal_id)],
+            f"the sweep's journal duty read {len(rows)} entr{'y' if len(rows) == 1 else 'ies'} "
+            "from the journal "
+            f"({', '.join(journals) or 'none'}) into the inbox, drained as "
+            + (", ".join(sorted({str(r["status"]) for r in rows})) or "nothing")
+            + f"; nothing from a journal for portal {pushed.portal_id} (its contact {other}).",
+        )
+        with self.s.db.transaction() as tx:
+            events = [
+                e
+                for e in tx.all(self.sql["demo_trigger_events"], connection_id=read.connection_id)
+                if str(e["record_object_id"]) == contact
+            ]
+        keys = [(str(e["event_type"]), str(e["source_event_id"])) for e in events]
+        story.verdict(
+            bool(keys) and len(set(keys)) == len(keys),
+            f"portal {read.portal_id}'s new contact {contact} (a customer) is "
+            + ", ".join(sorted({k[0] for k in keys}) or ["no trigger event"])
+            + f": {len(keys)} trigger event(s), each change once, whichever way it came.",
+        )

@@ -8,7 +8,8 @@
 - one functions-framework process per function in `shared/core/deployables.py`, started through
   `devstack.function_server` (functions-framework's own server plus the head deadline that
   Cloud Run's front end provides in the cloud);
-- the fake CRM (`devstack.fakecrm`), when that module is present;
+- the fake CRM (`devstack.fakecrm`, HubSpot) and the fake Pipedrive (`devstack.fakepipedrive`),
+  when those modules are present;
 - the local scheduler (`devstack.scheduler`), calling the scheduled functions at the cadence
   `infra/scheduler.tf` declares.
 
@@ -69,7 +70,15 @@ DEMO_SECRETS = {
     "ONCEFLOW_DEMO_HUBSPOT_CLIENT_ID": "fake-client-id",
     "ONCEFLOW_DEMO_HUBSPOT_DEVELOPER_KEY": "local-demo-developer-key",
     "ONCEFLOW_TOKEN_KEK": "bG9jYWwtZGVtby1rZXktZW5jcnlwdGlvbi1rZXktMzI=",
+    # The demo tenant's Pipedrive connection (issue 28): the fake Pipedrive's API token, and
+    # the `user:password` its webhooks carry as HTTP Basic (the only credential Pipedrive puts
+    # on a delivery).
+    "ONCEFLOW_DEMO_PIPEDRIVE_TOKEN": "local-demo-pipedrive-token",
+    "ONCEFLOW_DEMO_PIPEDRIVE_CREDENTIALS": "onceflow:local-demo-pipedrive-password",
 }
+# The Pipedrive user the fake's API token acts as: not the web app's user (the fake's
+# `ui_user_id`), so a company a person adds is never taken for onceflow's own write.
+FAKEPIPEDRIVE_API_USER = 7001
 # What every function process gets besides the connection settings: loopback HTTP is allowed
 # because the fake CRM and the demo's receivers live on 127.0.0.1.
 FUNCTION_ENV = {
@@ -190,12 +199,18 @@ def fakecrm_available() -> bool:
     return (REPO / "devstack" / "fakecrm" / "__main__.py").exists()
 
 
+def fakepipedrive_available() -> bool:
+    return (REPO / "devstack" / "fakepipedrive" / "__main__.py").exists()
+
+
 def plan_ports(*, free: bool, with_postgres: bool, with_fakecrm: bool) -> dict[str, int]:
     names = ["pubsub"]
     if with_postgres:
         names.append("postgres")
     if with_fakecrm:
         names.append("fakecrm")
+        if fakepipedrive_available():
+            names.append("fakepipedrive")
     names += [d.name for d in DEPLOYABLES]
     if free:
         return {n: free_port() for n in names}
@@ -204,7 +219,7 @@ def plan_ports(*, free: bool, with_postgres: bool, with_fakecrm: bool) -> dict[s
         base = int(raw)
     except ValueError:
         raise StackError(f"{PORT_BASE_ENV}={raw!r} is not a port number") from None
-    fixed = {"pubsub": base, "postgres": base + 1, "fakecrm": base + 2}
+    fixed = {"pubsub": base, "postgres": base + 1, "fakecrm": base + 2, "fakepipedrive": base + 3}
     ports = {n: fixed[n] for n in names if n in fixed}
     for i, d in enumerate(DEPLOYABLES):
         ports[d.name] = base + 10 + i
@@ -411,6 +426,32 @@ def up(
                 "url": f"http://127.0.0.1:{port}",
                 "health": "/_admin/health",
                 "log": str(root / "logs" / "fakecrm.log"),
+            }
+        if "fakepipedrive" in ports:
+            port = ports["fakepipedrive"]
+            _spawn(
+                root,
+                "fakepipedrive",
+                [
+                    sys.executable,
+                    "-m",
+                    "devstack.fakepipedrive",
+                    "--port",
+                    str(port),
+                    "--api-token-env",
+                    "ONCEFLOW_DEMO_PIPEDRIVE_TOKEN",
+                    "--user-id",
+                    str(FAKEPIPEDRIVE_API_USER),
+                ],
+                fn_env,
+            )
+            components["fakepipedrive"] = {
+                "kind": "fakecrm",  # checked the same way: its admin route answers 200
+                "host": "127.0.0.1",
+                "port": port,
+                "url": f"http://127.0.0.1:{port}",
+                "health": "/_admin/state",
+                "log": str(root / "logs" / "fakepipedrive.log"),
             }
 
         if own_postgres:
@@ -645,7 +686,14 @@ def check(name: str, comp: Mapping[str, Any], root: Path) -> Health:  # noqa: PL
 
 def health(root: Path, info: Mapping[str, Any]) -> list[Health]:
     """Every component checked, in the order data flows through them."""
-    order = ["postgres", "pubsub", *(d.name for d in DEPLOYABLES), "fakecrm", "scheduler"]
+    order = [
+        "postgres",
+        "pubsub",
+        *(d.name for d in DEPLOYABLES),
+        "fakecrm",
+        "fakepipedrive",
+        "scheduler",
+    ]
     comps = info["components"]
     names = sorted(comps, key=lambda n: order.index(n) if n in order else len(order))
     return [check(n, comps[n], root) for n in names]

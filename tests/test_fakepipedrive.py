@@ -343,3 +343,22 @@ def test_a_merge_is_a_delete_and_a_change_naming_each_other(
     assert merged["change"]["meta"]["merged_from_id"] == str(ids[0])
     assert merged["change"]["meta"]["change_source"] == "app"
     assert [p["id"] for p in fake.stored("person")] == [ids[1]]
+
+
+def test_a_record_created_in_the_web_app_is_announced_as_made_there(
+    fake: FakePipedrive, receiver: Receiver
+) -> None:
+    """`POST /_admin/ui/<entity>`: a person adds a record in Pipedrive's web app (what the demo
+    does): a create webhook with `change_source: app` and the web app user's id."""
+    assert hook(fake, receiver.url, event_object="organization").status_code == 201
+    made = httpx.post(f"{fake.url}/_admin/ui/organization", json={"name": "Acme"})
+    assert made.status_code == 201, made.text
+    got = receiver.wait(1)
+    assert len(got) == 1
+    meta = got[0]["body"]["meta"]
+    assert (meta["action"], meta["entity"], meta["entity_id"]) == (
+        "create",
+        "organization",
+        str(made.json()["id"]),
+    )
+    assert meta["change_source"] == "app" and got[0]["body"]["data"]["name"] == "Acme"

@@ -117,9 +117,10 @@ def test_up_status_second_up_and_down_leave_nothing_behind(reachable_tmp: Path) 
         assert status.stdout.count("healthy") == len(comps)
 
         pids = stack.read_pids(root)
-        assert {p.name for p in pids} >= {"postgres", "pubsub", "scheduler"} | {
-            d.name for d in DEPLOYABLES
-        }
+        # Both fake CRMs (HubSpot's and Pipedrive's) run beside the functions, answering.
+        assert {p.name for p in pids} >= {"postgres", "pubsub", "scheduler", "fakecrm"} | {
+            "fakepipedrive"
+        } | {d.name for d in DEPLOYABLES}
         assert all(p.alive() for p in pids)
         # Each function serves as many requests at once, with the same pool, as deployed.
         for p in pids:

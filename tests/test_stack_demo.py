@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,27 @@ def test_demo_starts_tells_and_stops_leaving_nothing_behind() -> None:
         assert "contact.propertyChange:jobtitle, contact.propertyChange:lifecyclestage" in out
         assert "the port refreshed it" in out
         assert "with outcome ADOPTED_EXISTING" in out
+        # Issue 26 item 6: one portal's events read from the webhooks journal, the other's not.
+        assert re.search(
+            r"the sweep's journal duty read \d+ entr(y|ies) from the journal \((\d+)\) into the "
+            r"inbox, drained as processed; nothing from a journal for portal (?!\2)\d+",
+            told,
+        )
+        assert "trigger event(s), each change once, whichever way it came." in told
+        # Issue 28: one definition (new-company-any-crm) on both CRMs — a company added in each
+        # fake's web app, one run on each, each run's reads served by its own CRM.
+        assert "bound to hubspot.company.created, pipedrive.company.created" in told
+        for crm in ("HubSpot", "Pipedrive"):
+            assert re.search(rf"new-company-any-crm started run [0-9a-f-]{{36}} on {crm}\.", told)
+            # The run's crm.get read the company from this CRM's fake (the name exists there
+            # only) and its id is that CRM's.
+            assert re.search(
+                rf"read company (\d+) from {crm} .*? told sales: "
+                rf'{{"company_id":"\1","name":"Northwind \d+ \({crm}\)","sharing_its_name":1}}',
+                told,
+            ), crm
+        assert told.count("new-company-any-crm started run") == 2
+        assert "the fake Pipedrive served 1 read(s) of organization" in told
         assert "did not happen" not in out, out
         assert "stopped what the demo started" in out
         assert stack.read_pids(root / "local") == []

@@ -961,6 +961,15 @@ class _Handler(BaseHTTPRequestHandler):
                 for hook_id in [i for i, w in pd.webhooks.items() if w["type"] == "application"]:
                     del pd.webhooks[hook_id]
             return 200, {"ok": True}
+        ui_new = re.match(r"^/_admin/ui/(?P<entity>[a-z]+)$", path)
+        if ui_new and ui_new["entity"] in ENTITIES and method == "POST":
+            # A person adds the record in the web app: `change_source: app` (the demo's
+            # "company created in Pipedrive"). Validated as the API validates a create.
+            try:
+                made = pd.create(ui_new["entity"], body, ("app", pd.config.ui_user_id))
+            except _Reply as refused:
+                return refused.status, refused.body
+            return 201, made.api(pd.config)
         ui = re.match(r"^/_admin/ui/(?P<entity>[a-z]+)/(?P<id>\d+)$", path)
         if ui and ui["entity"] in ENTITIES and method == "PATCH":
             # A person edits the record in the web app: `change_source: app`.
