@@ -472,6 +472,7 @@ def test_the_sweep_duty_reads_every_journal_and_drains_what_it_stored(
     contacts(fake, 2)
     summary = duty.run(db)
     assert (summary["journals"], summary["stored"], summary["failed"]) == (1, 2, 0)
+    assert summary["ended"] is True  # every journal read to its end
     assert [r["status"] for r in inbox_rows(db)] == ["processed", "processed"]
     assert len(trigger_events(db)) == 4
     calls = len(fake.store.requests)

@@ -286,7 +286,8 @@ def read_all_journals(db: Database) -> dict[str, Any]:
     """The sweep's duty: every journal read once, then what it stored drained and published."""
     with db.transaction() as tx:
         rows = tx.all(LIST)
-    totals = PassReport()
+    # `ended`: every journal was read to its end (none failed, none stopped with more to read).
+    totals = PassReport(ended=True)
     failed = 0
     for row in rows:
         try:
@@ -294,11 +295,13 @@ def read_all_journals(db: Database) -> dict[str, Any]:
         except JournalUnavailable as exc:
             log.warning("journal skipped: %s", exc)
             failed += 1
+            totals.ended = False
             continue
         totals.stored += report.stored
         totals.duplicates += report.duplicates
         totals.lost_races += report.lost_races
         totals.gaps += report.gaps
+        totals.ended = totals.ended and report.ended and report.error is None
         failed += report.error is not None
     if totals.stored or totals.gaps:
         inbox.drain_and_publish(db, budget_seconds=10.0)
