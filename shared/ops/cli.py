@@ -505,7 +505,13 @@ def _bulk(s: Session, args: argparse.Namespace, action: str) -> int:
 
         s.emit(preview, show_preview)
         return EXIT_OK
-    body = {"reason": args.reason} if args.reason else {}
+    body: dict[str, Any] = {"reason": args.reason} if args.reason else {}
+    if action == "replay":
+        body["on_version"] = args.on_version
+        if args.from_step:
+            body["from_step"] = args.from_step
+        if args.input is not None:
+            body["input"] = args.input
     results: list[dict[str, Any]] = []
     progress = Progress(len(targets), s.err)
     for run in targets:
@@ -970,7 +976,27 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--yes", action="store_true", help="act (without it --failed previews)")
         p.add_argument("--max", type=int, default=1000, help="at most this many runs")
         p.add_argument("--reason", help="kept in the audit log")
+        if action == "replay":
+            p.add_argument("--from-step", help="replay from this step key (default: first failure)")
+            p.add_argument(
+                "--on-version",
+                choices=("run", "current"),
+                default="run",
+                help="the run's own version (default) or the workflow's current one",
+            )
+            p.add_argument(
+                "--input",
+                type=_json_object,
+                help="edited input (a JSON object) for --from-step; audited",
+            )
     return top
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--input must be a JSON object")
+    return value
 
 
 LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -140,6 +140,23 @@ class ReplayRequest(_Request):
     reason: Text | None = Field(
         default=None, max_length=500, description="Why, for the audit trail."
     )
+    from_step: Text | None = Field(
+        default=None,
+        max_length=200,
+        description="The step key to replay from (a step the run reached); steps before it"
+        " are kept, never run again. Default: the first failure. A run that succeeded may be"
+        " replayed from a chosen step.",
+    )
+    on_version: Literal["run", "current"] = Field(
+        default="run",
+        description="Replay on the run's own version, or on the workflow's current one"
+        " (refused, naming the step, when a step the replay keeps or starts is not in it).",
+    )
+    input: dict[str, Any] | None = Field(
+        default=None,
+        description="An edited input (the block's config object) for `from_step`; who and"
+        " what are kept on the new step and in the audit trail.",
+    )
 
 
 class CancelRequest(_Request):
@@ -303,6 +320,10 @@ class StepView(_Response):
     idempotency_key: str | None
     side_effect_started_at: datetime | None
     input: Any
+    input_override: Any = Field(
+        default=None, description="A person's edit of the input, given when replaying from it."
+    )
+    input_edited_by: str | None = Field(default=None, description="Who edited the input.")
     output: Any
     error: str | None
     error_class: Literal["transient", "permanent"] | None
@@ -357,6 +378,10 @@ class RunDetail(_Response):
     namespace: Literal["live", "rehearsal"]
     trigger_payload: Any
     payload_truncated: bool
+    replay_from: str | None = Field(
+        default=None, description="The step this replay started from (null: its first failure)."
+    )
+    replay_by: str | None = Field(default=None, description="Who asked for this replay.")
     steps: list[StepView]
     charges: list[Charge] = Field(description="Ledger rows for this run's idempotency keys.")
     lineage: list[LineageEntry] = Field(description="Every live run of the replay lineage.")
