@@ -1117,3 +1117,62 @@ class TokenList(_Response):
 
 class BootstrapRequest(_Request):
     label: Text = Field(default="bootstrap admin", min_length=1, max_length=200)
+
+
+BulkActionName = Literal["replay", "retry", "cancel", "requeue_inbox"]
+
+
+class BulkPreviewRequest(_Request):
+    """Which runs (or dead inbox rows) an action would touch now. Runs are filtered like
+    `GET /v1/runs`; replay and retry take failed runs, cancel running ones; requeue_inbox
+    takes the dead inbox rows (optionally of one connection)."""
+
+    action: BulkActionName
+    workflow_id: UUID | None = None
+    record_key: Text | None = Field(
+        default=None, max_length=500, description=RECORD_KEY_DESCRIPTION
+    )
+    created_after: AwareDatetime | None = Field(default=None, description="Inclusive.")
+    created_before: AwareDatetime | None = Field(default=None, description="Exclusive.")
+    event_type: Text | None = Field(default=None, max_length=200, pattern=EVENT_TYPE_PATTERN)
+    connection_id: UUID | None = Field(
+        default=None, description="requeue_inbox only: the dead rows of this connection."
+    )
+    reason: Text | None = Field(
+        default=None,
+        max_length=500,
+        description="Why; kept on each target's audit row (required for cancel).",
+    )
+
+
+class BulkPreview(_Response):
+    token: UUID = Field(description="Names exactly `targets`; act on it with /v1/bulk/act.")
+    action: BulkActionName
+    tenant_id: str | None
+    targets: list[str] = Field(description="Run ids (inbox row ids for requeue_inbox), sorted.")
+    more: bool = Field(description="More matched than one bulk action takes; narrow the filter.")
+    expires_at: datetime
+    runs: list[RunSummary] = Field(default=[], description="The runs listed, for people.")
+    inbox_rows: list[StuckInboxRow] = Field(default=[], description="requeue_inbox's rows.")
+
+
+class BulkActRequest(_Request):
+    token: UUID
+
+
+class BulkOutcome(_Response):
+    target: str
+    ok: bool
+    code: str | None = Field(default=None, description="The refusal's code when not ok.")
+    message: str
+    run_id: UUID | None = Field(default=None, description="A replay's new run.")
+
+
+class BulkActResult(_Response):
+    token: UUID
+    action: BulkActionName
+    repeated: bool = Field(
+        description="True when an earlier act on this token already ran: nothing was done"
+        " again, and these are its outcomes."
+    )
+    outcomes: list[BulkOutcome]

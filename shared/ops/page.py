@@ -64,8 +64,7 @@ from shared.workflows.definition import WorkflowDefinition
 COOKIE = "onceflow_ops"
 COOKIE_PATH = "/ui"
 COOKIE_MAX_AGE = 8 * 3600
-# A bulk confirmation carries up to 200 ids (shared/ops/bulk.py MAX_TARGETS) besides its csrf
-# value and action.
+# Forms are small: a bulk confirmation carries its preview's token, csrf value and action.
 MAX_FORM_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 210
 MAX_RUNS_SHOWN = 25
@@ -479,15 +478,25 @@ def _bulk_preview(api: OpsApi, request: Request, viewer: Viewer) -> Response:
     _, query, notices = _run_filters(request)
     if notices:
         raise OpsError(400, "invalid_query", notices[0].text)
-    targets, more = bulk.preview(_caller(api, viewer), action, query)
-    return _bulk_page(viewer, action, spec, "preview", targets=targets, more=more, results=None)
+    listed = bulk.preview(_caller(api, viewer), action, query)
+    targets = listed.inbox_rows if action == "requeue_inbox" else listed.runs
+    return _bulk_page(
+        viewer,
+        action,
+        spec,
+        "preview",
+        targets=targets,
+        more=listed.more,
+        token=str(listed.token),
+        results=None,
+    )
 
 
 def _bulk_confirmed(api: OpsApi, request: Request, viewer: Viewer) -> Response:
     form = _check_csrf(request, viewer.token)
     action = form.get("action", "")
     spec = bulk.action_named(action)
-    results = bulk.perform(_caller(api, viewer), action, form.getlist("target"))
+    results = bulk.perform(_caller(api, viewer), form.get("token", ""))
     return _bulk_page(viewer, action, spec, "done", targets=[], more=False, results=results)
 
 

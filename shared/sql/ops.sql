@@ -444,3 +444,28 @@ WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_a
   AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = CAST(:tenant_id AS text))
 ORDER BY p.created_at, p.id
 LIMIT :limit
+
+-- name: ops_bulk_insert
+-- A bulk preview: exactly the targets it listed (sorted), the action and the caller's tenant.
+INSERT INTO ops_bulk_previews (tenant_id, action, targets, reason, token_id, expires_at)
+VALUES (:tenant_id, :action, CAST(:targets AS text[]), :reason, CAST(:token_id AS uuid),
+        now() + make_interval(secs => CAST(:ttl_seconds AS double precision)))
+RETURNING id, expires_at
+
+-- name: ops_bulk_get
+-- Scoped like every read: a tenant's token finds only its tenant's previews (an admin's, with
+-- tenant_id NULL, neither); an admin finds any.
+SELECT id, tenant_id, action, targets, reason, expires_at, acted_at, outcomes,
+       expires_at <= now() AS expired
+FROM ops_bulk_previews
+WHERE id = CAST(:bulk_id AS uuid)
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+
+-- name: ops_bulk_acted
+-- The first act to finish records its outcomes; two acts racing on one token both ran each
+-- target through its own guarded statement (one outcome per run), and exactly one of them
+-- finds `acted_at IS NULL` here. Zero rows: another act recorded first (its outcomes stand).
+UPDATE ops_bulk_previews
+SET acted_at = now(), outcomes = CAST(:outcomes AS jsonb)
+WHERE id = CAST(:bulk_id AS uuid) AND acted_at IS NULL
+RETURNING id
