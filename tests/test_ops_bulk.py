@@ -175,3 +175,13 @@ def test_two_acts_racing_on_one_bulk_cancel_cancel_each_run_once(
     }
     assert [(d["target"], d["n"]) for d in done] == [(r, 1) for r in runs]
     assert len(stored) == 4
+
+
+def test_a_tenant_cannot_preview_the_dead_letter_redrive(db: Database, client: Any) -> None:
+    """The Pub/Sub holds are every tenant's machinery: admins only (tests/test_redrive.py
+    drives the redrive itself on the emulator)."""
+    seed_tenant(db, "acme")
+    r = client.post(
+        "/v1/bulk/preview", headers=bearer(mint(db, "acme")), json={"action": "redrive"}
+    )
+    assert (r.status_code, r.get_json()["code"]) == (404, "not_found")

@@ -99,14 +99,27 @@ def preview(call: Callable[..., BaseModel], action: str, query: RunsQuery) -> Bu
     return listed
 
 
-def perform(call: Callable[..., BaseModel], token: str) -> list[Outcome]:
-    """The API's act (`bulk.act`) on a preview's token, worded for the page."""
+def preview_redrive(call: Callable[..., BaseModel]) -> BulkPreview:
+    """The API's preview of the Pub/Sub dead letters (admins only)."""
+    listed = call("bulk.preview", body=BulkPreviewRequest(action="redrive"))
+    assert isinstance(listed, BulkPreview)
+    return listed
+
+
+def perform_raw(call: Callable[..., BaseModel], token: str) -> BulkActResult:
+    """The API's act (`bulk.act`) on a preview's token."""
     try:
         body = BulkActRequest(token=token)
     except ValueError:
         raise OpsError(404, "not_found", "there is no such bulk preview") from None
     result = call("bulk.act", body=body)
     assert isinstance(result, BulkActResult)
+    return result
+
+
+def perform(call: Callable[..., BaseModel], token: str) -> list[Outcome]:
+    """The API's act on a preview's token, worded for the page."""
+    result = perform_raw(call, token)
     return [
         Outcome(o.target, True, o.message, f"/ui/runs/{o.run_id or o.target}")
         if o.ok and result.action != "requeue_inbox"

@@ -1119,13 +1119,14 @@ class BootstrapRequest(_Request):
     label: Text = Field(default="bootstrap admin", min_length=1, max_length=200)
 
 
-BulkActionName = Literal["replay", "retry", "cancel", "requeue_inbox"]
+BulkActionName = Literal["replay", "retry", "cancel", "requeue_inbox", "redrive"]
 
 
 class BulkPreviewRequest(_Request):
     """Which runs (or dead inbox rows) an action would touch now. Runs are filtered like
     `GET /v1/runs`; replay and retry take failed runs, cancel running ones; requeue_inbox
-    takes the dead inbox rows (optionally of one connection)."""
+    takes the dead inbox rows (optionally of one connection); redrive (admins only) the
+    messages waiting on the Pub/Sub dead-letter holds (`<hold>:<event or step id>`)."""
 
     action: BulkActionName
     workflow_id: UUID | None = None
@@ -1149,7 +1150,9 @@ class BulkPreview(_Response):
     token: UUID = Field(description="Names exactly `targets`; act on it with /v1/bulk/act.")
     action: BulkActionName
     tenant_id: str | None
-    targets: list[str] = Field(description="Run ids (inbox row ids for requeue_inbox), sorted.")
+    targets: list[str] = Field(
+        description="Run ids (inbox row ids for requeue_inbox, `<hold>:<id>` for redrive), sorted."
+    )
     more: bool = Field(description="More matched than one bulk action takes; narrow the filter.")
     expires_at: datetime
     runs: list[RunSummary] = Field(default=[], description="The runs listed, for people.")

@@ -520,32 +520,33 @@ def _bulk_page(
 
 
 def _redrive(api: OpsApi, request: Request, viewer: Viewer, *, confirmed: bool) -> Response:
-    """Pub/Sub dead letters (shared/ops/redrive.py): machinery, so admins only; a tenant
-    token is told there is no such page, as for anything not theirs."""
+    """Pub/Sub dead letters through the bulk routes (shared/ops/api/bulk.py, action `redrive`):
+    the preview's token names the held messages it lists, and the confirmation redrives those
+    only. Machinery, so admins only; a tenant token is told there is no such page."""
     if not viewer.principal.is_admin:
         raise OpsError(404, "not_found", "there is no such page")
+    call = _caller(api, viewer)
+    token = ""
     if confirmed:
-        _check_csrf(request, viewer.token)
-    try:
-        holds = redrive.redrive() if confirmed else redrive.peek()
-    except TransientError as exc:
-        raise OpsError(503, "unavailable", f"Pub/Sub could not be reached: {exc}") from None
-    total = sum(h.messages for h in holds)
-    if confirmed:
-        auth.record_audit(
-            api.db,
-            viewer.principal,
-            action="deadletters.redrive",
-            target=None,
-            detail={h.subscription: h.messages for h in holds},
-        )
+        form = _check_csrf(request, viewer.token)
+        result = bulk.perform_raw(call, form.get("token", ""))
+        listed = [o.target for o in result.outcomes if o.ok]
+    else:
+        preview = bulk.preview_redrive(call)
+        listed, token = preview.targets, str(preview.token)
+    holds = [
+        redrive.HoldCount(hold, topic, len(ids), ids)
+        for hold, topic in redrive.DEAD_LETTER_HOLDS.items()
+        for ids in [[t.split(":", 1)[1] for t in listed if t.split(":", 1)[0] == hold]]
+    ]
     return render(
         "redrive.html",
         "Pub/Sub dead letters",
         viewer=viewer,
         holds=holds,
-        total=total,
+        total=len(listed),
         done=confirmed,
+        token=token,
     )
 
 

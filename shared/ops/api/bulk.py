@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from shared.ops import auth
+from shared.ops import auth, redrive
 from shared.ops.api.events import requeue_inbox_row
 from shared.ops.api.http import Call, EmptyQuery
 from shared.ops.api.runs import cancel_live_run, replay_failed_run, retry_failed_run
@@ -49,6 +49,7 @@ TOKEN_TTL = timedelta(minutes=15)
 
 # Each target is audited under its own route's name (with the token), as a single call is.
 ROUTE_NAMES = {
+    "redrive": "deadletters.redrive",
     "replay": "runs.replay",
     "retry": "runs.retry",
     "cancel": "runs.cancel",
@@ -58,8 +59,21 @@ ROUTE_NAMES = {
 RUN_STATUS = {"replay": "failed", "retry": "failed", "cancel": "running"}
 
 
+def _admin_only(call: Call) -> None:
+    # The holds are machinery every tenant shares (shared/ops/redrive.py): a tenant's token is
+    # told there is no such thing, as for anything not theirs.
+    if not call.principal.is_admin:
+        raise not_found("bulk action")
+
+
 def _matching(call: Call, q: BulkPreviewRequest) -> list[dict[str, Any]]:
     """Up to MAX_TARGETS + 1 rows the action would touch now (one more tells `more`)."""
+    if q.action == "redrive":
+        _admin_only(call)
+        held = [
+            {"id": f"{h.subscription}:{i}"} for h in redrive.peek(MAX_TARGETS + 1) for i in h.ids
+        ]
+        return sorted(held, key=lambda r: r["id"])
     with call.db.transaction() as tx:
         if q.action == "requeue_inbox":
             rows = tx.all(
@@ -108,7 +122,7 @@ def preview_bulk(call: Call) -> BulkPreview:
         targets=targets,
         more=len(found) > MAX_TARGETS,
         expires_at=row["expires_at"],
-        runs=[] if q.action == "requeue_inbox" else [RunSummary.model_validate(r) for r in shown],
+        runs=[RunSummary.model_validate(r) for r in shown] if q.action in RUN_STATUS else [],
         inbox_rows=stuck_inbox_rows(shown) if q.action == "requeue_inbox" else [],
     )
 
@@ -143,6 +157,45 @@ def act_bulk(call: Call) -> BulkActResult:
         return _result(row, row["outcomes"], repeated=True)
     if row["expired"]:
         raise OpsError(410, "preview_expired", "the preview expired; preview again")
+    outcomes = _redriven(call, row) if row["action"] == "redrive" else _each(call, row, body)
+    dumped = [o.model_dump(mode="json") for o in outcomes]
+    with call.db.transaction() as tx:
+        recorded = tx.one(BULK_ACTED, bulk_id=str(body.token), outcomes=json.dumps(dumped))
+        if recorded is None:
+            # Another act on this token finished first: its outcomes are the token's.
+            row = tx.one(BULK_GET, bulk_id=str(body.token), tenant_id=call.scope)
+            assert row is not None
+            return _result(row, row["outcomes"], repeated=True)
+    return _result(row, dumped, repeated=False)
+
+
+def _redriven(call: Call, row: dict[str, Any]) -> list[BulkOutcome]:
+    """Only the held messages the preview listed go back to their topics (one pull of each
+    hold); one audit row per hold names how many."""
+    _admin_only(call)
+    listed = frozenset(row["targets"])
+    holds = redrive.redrive(only=listed)
+    sent = {f"{h.subscription}:{i}" for h in holds for i in h.ids}
+    for h in holds:
+        auth.record_audit(
+            call.db,
+            call.principal,
+            action="deadletters.redrive",
+            target=h.subscription,
+            detail={"bulk": str(row["id"]), "messages": h.messages, "ids": h.ids},
+        )
+    return [
+        BulkOutcome(target=t, ok=True, message="published again")
+        if t in sent
+        else BulkOutcome(
+            target=t, ok=False, code="not_held", message="no longer on the dead-letter hold"
+        )
+        for t in row["targets"]
+    ]
+
+
+def _each(call: Call, row: dict[str, Any], body: BulkActRequest) -> list[BulkOutcome]:
+    """Each target through its own route's handler, audited one by one."""
     outcomes: list[BulkOutcome] = []
     for target in row["targets"]:
         try:
@@ -170,15 +223,7 @@ def act_bulk(call: Call) -> BulkActResult:
             },
         )
         outcomes.append(outcome)
-    dumped = [o.model_dump(mode="json") for o in outcomes]
-    with call.db.transaction() as tx:
-        recorded = tx.one(BULK_ACTED, bulk_id=str(body.token), outcomes=json.dumps(dumped))
-        if recorded is None:
-            # Another act on this token finished first: its outcomes are the token's.
-            row = tx.one(BULK_GET, bulk_id=str(body.token), tenant_id=call.scope)
-            assert row is not None
-            return _result(row, row["outcomes"], repeated=True)
-    return _result(row, dumped, repeated=False)
+    return outcomes
 
 
 def _result(

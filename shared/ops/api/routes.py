@@ -176,7 +176,7 @@ ROUTES: tuple[Route, ...] = (
         "Which runs (or dead inbox rows) a bulk replay, retry, cancel or requeue would touch"
         " now; the token names exactly that set",
         body=BulkPreviewRequest,
-        errors=(400, 401, 413, 422),
+        errors=(400, 401, 404, 413, 422, 503),
     ),
     Route(
         "bulk.act",
@@ -187,7 +187,7 @@ ROUTES: tuple[Route, ...] = (
         "Act on a preview's token: each target once through its own route, audited; acting"
         " again on the token does nothing more",
         body=BulkActRequest,
-        errors=(400, 401, 404, 410, 413, 422),
+        errors=(400, 401, 404, 410, 413, 422, 503),
     ),
     Route(
         "approvals.list",
