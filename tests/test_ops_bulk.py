@@ -11,7 +11,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from shared.blocks.base import BlockResult
 from shared.core.db import Database
+from shared.steps.advance import advance_step
 from tests.ops_support import (
     Dispatched,
     JournalRow,
@@ -21,6 +23,9 @@ from tests.ops_support import (
     seed_tenant,
     seed_workflow,
 )
+from tests.steps_blocks import Recorder, block_lookup, spec
+from tests.steps_support import TENANT, chain, definition, publish_version, start_run
+from tests.test_steps_engine import LEASE
 
 STEPS = [{"id": "a", "type": "http.request"}]
 
@@ -185,3 +190,45 @@ def test_a_tenant_cannot_preview_the_dead_letter_redrive(db: Database, client: A
         "/v1/bulk/preview", headers=bearer(mint(db, "acme")), json={"action": "redrive"}
     )
     assert (r.status_code, r.get_json()["code"]) == (404, "not_found")
+
+
+def test_a_bulk_cancel_racing_a_settle_leaves_nothing_to_run(db: Database, client: Any) -> None:
+    """A step of one of the previewed runs settles (and creates its next step) while the bulk
+    cancel acts: the cancel statement is guarded, so each run ends cancelled once, and every
+    step is settled (succeeded or skipped), none left pending."""
+    barrier = threading.Barrier(2)
+
+    def racing(ctx: Any, config: Any) -> BlockResult:
+        barrier.wait()
+        return BlockResult(output={"raced": True})
+
+    lookup = block_lookup(Recorder(), **{"test.race": spec("test.race", racing)})
+    version = publish_version(db, definition(chain(3, "test.race")))
+    raced, (step_id,) = start_run(db, version)
+    calm, _ = start_run(db, version)
+    h = bearer(mint(db, TENANT, label="ann"))
+    preview = client.post(
+        "/v1/bulk/preview", headers=h, json={"action": "cancel", "reason": "bad rollout"}
+    ).get_json()
+    assert preview["targets"] == sorted([raced, calm])
+    advancing = threading.Thread(
+        target=lambda: advance_step(
+            db, step_id, lookup=lookup, dispatch=lambda _: None, config=LEASE
+        )
+    )
+    advancing.start()
+    barrier.wait()
+    out = client.post("/v1/bulk/act", headers=h, json={"token": preview["token"]}).get_json()
+    advancing.join(30)
+    assert [(o["target"], o["ok"]) for o in out["outcomes"]] == [
+        (t, True) for t in preview["targets"]
+    ]
+    with db.transaction() as tx:
+        runs = tx.all("SELECT status FROM workflow_runs WHERE id = ANY(:r)", r=[raced, calm])
+        left = tx.all(
+            "SELECT step_key, status FROM workflow_steps WHERE run_id = ANY(:r)"
+            " AND status NOT IN ('succeeded', 'skipped')",
+            r=[raced, calm],
+        )
+    assert {r["status"] for r in runs} == {"cancelled"} and left == []
+    assert _count(db, "SELECT count(*) FROM ops_audit WHERE action = 'runs.cancel'") == 2
