@@ -124,3 +124,32 @@ def test_bulk_requeue_of_dead_inbox_rows(db: Database, client: Any) -> None:
     with db.transaction() as tx:
         status = {r["id"]: r["status"] for r in tx.all("SELECT id, status FROM webhook_inbox")}
     assert {status[i] for i in mine} == {"dead"}
+
+
+def test_bulk_cancel_from_the_runs_page_previews_then_cancels_once(
+    db: Database, client: Any
+) -> None:
+    seed_tenant(db, "acme")
+    wf, ver = seed_workflow(db, "acme", STEPS, name="enroll")
+    running = {
+        seed_run(db, "acme", wf, ver, [JournalRow("a", "pending")], status="running")
+        for _ in range(2)
+    }
+    token = mint(db, "acme", label="ann")
+    client.post("/ui/login", data={"token": token})
+    runs = client.get("/ui/runs", query_string={"status": "running"}).get_data(as_text=True)
+    assert "Cancel all…" in runs
+    html = client.get("/ui/bulk", query_string={"action": "cancel"}).get_data(as_text=True)
+    assert "<b>2</b> running run(s) will be affected" in html
+    assert set(TARGET.findall(html)) == running
+    (bulk_token,) = TOKEN.findall(html)
+    confirm = {"action": "cancel", "csrf": csrf_value(token), "token": bulk_token}
+    assert "2 of 2 cancelled" in client.post("/ui/bulk", data=confirm).get_data(as_text=True)
+    assert "2 of 2 cancelled" in client.post("/ui/bulk", data=confirm).get_data(as_text=True)
+    with db.transaction() as tx:
+        rows = tx.all(
+            "SELECT status, cancelled_by FROM workflow_runs WHERE id = ANY(:r)", r=list(running)
+        )
+        audited = tx.scalar("SELECT count(*) FROM ops_audit WHERE action = 'runs.cancel'")
+    assert {(r["status"], r["cancelled_by"]) for r in rows} == {("cancelled", "ann")}
+    assert audited == 2
