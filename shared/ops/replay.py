@@ -112,8 +112,8 @@ def _checked_failed_run(
         raise OpsError(
             409,
             "run_not_failed",
-            f"only failed or cancelled runs can be replayed, and failed runs retried; "
-            f"this one is {run['status']}",
+            f"only failed or cancelled runs can be replayed (a succeeded one too, from a "
+            f"chosen step), and failed runs retried; this one is {run['status']}",
         )
     later = tx.one(REPLAYS_OF, run_id=run_id)
     if later is not None:
