@@ -22,7 +22,7 @@ venv: .venv/.installed ## Create .venv and install every dependency (quick when 
 
 .PHONY: help venv browser test lint typecheck unit dev dev-down dev-status demo migrate schema fmt \
         bench-ingest bench-admit bench-steps bench-latency bench-e2e bench-poll bench-concurrency \
-        bench-retention config-reference
+        bench-retention bench-debounce config-reference scenarios
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -72,6 +72,9 @@ schema: .venv/.installed ## Export the workflow JSON Schema to schema/workflow.s
 config-reference: .venv/.installed ## Write the README's configuration reference from shared/core/settings.py
 	$(PY) -m devstack.config_reference
 
+scenarios: .venv/.installed ## Play the examples' scenarios on a virtual clock (`onceflow test`, a throwaway cluster)
+	$(PY) -m shared.ops.cli test examples/workflows/scenarios/*.yaml
+
 floorplan: .venv/.installed ## The floor plan of shared/: loose modules, largest file, long functions, import circles, upward arrows
 	$(PY) -m devstack.floorplan
 
@@ -98,3 +101,6 @@ bench-concurrency: .venv/.installed ## One advance_step process at 1..16 request
 
 bench-retention: .venv/.installed ## Retention over ~1M expired rows: rows/s, and bench-steps with it vs without
 	$(PY) -m devstack.bench.retention
+
+bench-debounce: .venv/.installed ## 1,000 changes on 100 records in 10 s, debounce 5s: 100 runs, 900 superseded, last event → run p50/p99
+	$(PY) -m devstack.bench.debounce

@@ -79,6 +79,7 @@ def connection(
     excluded_authors: Sequence[str] = (),
     connection_id: str | None = None,
     provider_user_id: str | None = None,
+    credential_kind: str = "token",
 ) -> str:
     """A connection of `tenant_id`, made by `connections.create_connection` as the ops API
     makes it; its id. What an operator changes later (a status other than active, excluded
@@ -95,6 +96,7 @@ def connection(
         watched_fields=watched_fields,
         provider_app_id=provider_app_id,
         provider_user_id=provider_user_id,
+        credential_kind=credential_kind,
     )
     if status == "active" and not excluded_authors and connection_id is None:
         return made

@@ -18,6 +18,7 @@ from shared.blocks.base import BlockContext, BlockResult, BlockSpec
 from shared.core.db import Database
 from shared.core.netguard import NetPolicy
 from shared.gates.kind import WorkflowGates
+from shared.port import observed
 from shared.providers import connect
 from shared.steps.gated import run_gated, settle_gates
 from shared.steps.states import StepStatus
@@ -129,6 +130,7 @@ class StepRunner:
             connection_id=self.connection_id,
             mark_side_effect_started=lambda: self._execute(MARK),
             withdraw_side_effect_mark=lambda: self._execute(WITHDRAW),
+            db=self.db,
         )
 
     def run(
@@ -143,15 +145,20 @@ class StepRunner:
         the gates settled (a permanent failure counts as the step's last attempt)."""
         self.attempt += 1
         ctx = self.context(dry_run=dry_run)
-        outcome, passed = run_gated(
-            spec,
-            ctx,
-            spec.config_model.model_validate(dict(config)),
-            workflow or WorkflowGates(self.workflow_id),
-        )
-        permanent = getattr(outcome, "error_class", "permanent") == "permanent"
-        final = StepStatus.FAILED if permanent else StepStatus.WAITING_FOR_RETRY
-        settle_gates(ctx, passed, outcome, StepStatus.SUCCEEDED if not _failed(outcome) else final)
+        # One connection for the attempt, as the executor holds it (Database.pinned).
+        with self.db.pinned():
+            outcome, passed = run_gated(
+                spec,
+                ctx,
+                spec.config_model.model_validate(dict(config)),
+                workflow or WorkflowGates(self.workflow_id),
+                db=self.db,
+            )
+            permanent = getattr(outcome, "error_class", "permanent") == "permanent"
+            final = StepStatus.FAILED if permanent else StepStatus.WAITING_FOR_RETRY
+            status = StepStatus.SUCCEEDED if not _failed(outcome) else final
+            settle_gates(ctx, passed, outcome, status, db=self.db)
+            observed.flush(self.db)
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome

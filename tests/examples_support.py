@@ -125,7 +125,7 @@ class ExampleStack:
                 version_id=published.version_id,
             )
         result = subscriptions.reconcile_connection(
-            self.db, self.connection_id, connect.port_for(self.connection_id)
+            self.db, self.connection_id, connect.port_for(self.db, self.connection_id)
         )
         assert result.ok, result.errors
         return str(published.workflow_id)

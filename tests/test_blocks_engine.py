@@ -6,12 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
+from devstack import seed
 from devstack.fakecrm import FakeCrm
 from shared.core.db import Database
 from shared.providers.hubspot import versions
 from shared.steps.advance import advance_step
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
-from tests.steps_support import definition, publish_version, run_row, start_run, steps_of
+from tests.steps_support import TENANT, definition, publish_version, run_row, start_run, steps_of
 
 
 @pytest.fixture
@@ -123,3 +124,37 @@ def test_a_portal_validation_rule_fails_the_step_permanently_with_the_rules_mess
     assert "hs_task_priority: Every task needs a priority" in step["error"]
     assert run_row(db, run_id)["status"] == "failed"
     assert fake.records("tasks") == []
+
+
+def test_a_service_key_connection_acts_and_a_rotated_key_fails_the_step_naming_it(
+    db: Database, fake: FakeCrm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service key (HubSpot's replacement for private-app tokens) is a bearer that neither
+    expires nor refreshes: the connection uses it as is. Once an admin rotates it, HubSpot
+    answers 401 and there is nothing to refresh: the step fails at once, permanently, saying
+    which connection's service key was refused and where its key comes from."""
+    key = fake.mint_service_key()
+    monkeypatch.setenv("ACME_SERVICE_KEY", key)
+    seed_tenant(db)
+    with db.transaction() as tx:
+        connection_id = seed.connection(
+            tx,
+            TENANT,
+            api_credentials_env="ACME_SERVICE_KEY",
+            credential_kind="service_key",
+            api_base_url=fake.url,
+        )
+    run_id, step_id = _run_create(db, connection_id)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    assert steps_of(db, run_id)["create_task"]["status"] == "succeeded"
+    fake.revoke_service_key(key)  # rotated by an admin: the old key is refused
+    run_id, step_id = _run_create(db, connection_id)
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["create_task"]
+    assert step["status"] == "failed" and step["outcome_code"] == "PROVIDER_UNAUTHORIZED"
+    assert f"connection {connection_id}" in step["error"]
+    assert "service key" in step["error"] and "ACME_SERVICE_KEY" in step["error"]
+    assert key not in step["error"]
+    assert len(fake.records("tasks")) == 1
+    refused = [r for r in fake.state()["requests"] if r["status"] == 401]
+    assert len(refused) == 1  # no refresh, no second try

@@ -187,10 +187,10 @@ def test_a_crash_between_reserve_and_settle_is_reconciled_once(
     step = StepRunner(db, "http.request")
     config = http_block.HttpConfig(url=f"{fake.url}/_sink/x")
     ctx = step.context()
-    passed = open_gates(http_block.REQUEST, ctx, config, workflow)
+    passed = open_gates(http_block.REQUEST, ctx, config, workflow, db=db)
     # ... the process dies here (after the reservation, before any settle). Its re-run
     # reserves the same row, never a second one.
-    again = open_gates(http_block.REQUEST, ctx, config, workflow)
+    again = open_gates(http_block.REQUEST, ctx, config, workflow, db=db)
     assert passed.reserved and again.reserved
     assert [r["status"] for r in _reservations(db)] == ["reserved"]
     # The step ended without reporting (the sweep failed it after its last lease expired).
@@ -209,7 +209,7 @@ def test_a_crash_between_reserve_and_settle_is_reconciled_once(
     [row] = _reservations(db)
     assert row["status"] == "spent" and row["settled_by"] == "reconcile"
     # A late settle of the dead attempt changes nothing either.
-    settle_gates(ctx, passed, RuntimeError("late"), StepStatus.FAILED)
+    settle_gates(ctx, passed, RuntimeError("late"), StepStatus.FAILED, db=db)
     assert [r["status"] for r in _reservations(db)] == ["spent"]
 
 

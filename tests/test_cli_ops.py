@@ -288,11 +288,19 @@ def test_an_operator_goes_from_nothing_to_a_tenant_token_without_sql(
             "62515",
             "--watch",
             "contact:lifecyclestage",
+            "--api-credentials-env",
+            "ACME_SERVICE_KEY",
+            "--credential-kind",
+            "service_key",
         )
         assert code == 0, err
+        assert "(service_key in ACME_SERVICE_KEY)" in out
         code, out, _ = onceflow("connections", "list", "--json")
         [conn] = json.loads(out)["items"]
         assert conn["watched_fields"] == {"contact": ["lifecyclestage"]}
+        assert conn["credential_kind"] == "service_key"
+        code, out, _ = onceflow("connections", "list")
+        assert "CREDENTIAL" in out and "service_key" in out
 
         code, token, err = onceflow(
             "tokens", "create", "--tenant", "acme", "--label", "ana", "--role", "sales-manager",

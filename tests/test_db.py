@@ -468,3 +468,60 @@ def test_no_reader_decodes_a_json_column_again() -> None:
     for path in sorted(Path("shared").rglob("*.py")):
         text = path.read_text()
         assert not guard.search(text) and not inline.search(text), path
+
+
+def test_a_pinned_thread_runs_every_transaction_on_one_connection(database_url: str) -> None:
+    """Database.pinned (issue 27: one connection per step): the transactions a thread opens
+    meanwhile run one after the other on the same backend; one inside another is refused as
+    without a pin; other threads still get their own; a broken pinned connection is replaced
+    for the next transaction."""
+    from shared.core.db import NestedCheckout
+
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=2)
+    try:
+        with db.pinned():
+            pids = {db.run(lambda tx: tx.scalar("SELECT pg_backend_pid()")) for _ in range(3)}
+            with db.transaction(), pytest.raises(NestedCheckout), db.transaction():
+                pass
+            other: list[int] = []
+            worker = threading.Thread(
+                target=lambda: other.append(db.run(lambda tx: tx.scalar("SELECT pg_backend_pid()")))
+            )
+            worker.start()
+            worker.join()
+            with pytest.raises(TransientError), db.transaction() as tx:
+                tx.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            after = db.run(lambda tx: tx.scalar("SELECT pg_backend_pid()"))
+        assert len(pids) == 1 and other and other[0] not in pids
+        assert after not in pids  # the broken one was dropped and replaced under the pin
+        assert db.peak_in_use == 2  # this thread's pin and the other thread's one
+    finally:
+        db.close()
+
+
+def test_statements_ahead_travel_with_the_next_and_fail_with_it(database_url: str) -> None:
+    """Tx.ahead: once prepared, a queued statement runs right before the next one in its
+    round trip, in order (the next one sees what it did); a failure ahead fails the next
+    statement with the first error, and the transaction rolls back."""
+    db = Database(connector_from_env({"DATABASE_URL": database_url}), pool_size=1)
+    setup = Query("ahead_setup", "CREATE TEMP TABLE IF NOT EXISTS t_ahead (x int)")
+    write = Query("ahead_write", "INSERT INTO t_ahead VALUES (:x)")
+    count = Query("ahead_count", "SELECT count(*) FROM t_ahead WHERE x = :x")
+    bad = Query("ahead_bad", "SELECT 1 / (CAST(:x AS int) - CAST(:x AS int))")
+    try:
+        seen = []
+        for _ in range(2):  # the first prepares them one by one, the second pipelines
+            with db.transaction() as tx:
+                tx.execute(setup)
+                db.round_trips.reset()
+                tx.ahead(write, x=7)
+                seen.append((tx.scalar(count, x=7), db.round_trips.count))
+        assert seen[0][0] == 1 and seen[1][0] == 2
+        assert seen[1][1] == 1  # the write and the count in one round trip
+        with pytest.raises(PermanentError, match="division by zero"), db.transaction() as tx:
+            tx.ahead(bad, x=1)
+            tx.execute(write, x=8)
+        with db.transaction() as tx:
+            assert tx.scalar(count, x=8) == 0
+    finally:
+        db.close()

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from shared.admission.debounce_fire import fire_due_bursts
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
 from shared.gates import budgets
 from shared.publishing.validate import validate_file
 from tests.blocks_support import fake_crm
@@ -22,6 +24,7 @@ from tests.examples_support import (
     ExampleStack,
     unexplained_problems,
 )
+from tests.fakevertex_support import configure_tenant, fake_vertex
 from tests.ingest_support import STANDARD_SECRET
 
 REENGAGE = ROOT / "examples" / "workflows" / "lead-replied-reengage.yaml"
@@ -344,6 +347,48 @@ def _invoice_paid_webhook(stack: ExampleStack, workflow_id: str) -> None:
     assert [(r["window_seconds"], r["used"]) for r in used] == [(60, 1)]
 
 
+def _sync_edited_contact(stack: ExampleStack, workflow_id: str) -> None:
+    """A rep edits three fields one after another: one run, once the burst's quiet time is
+    over (the sweep's repair fires it), syncing all three; the two earlier edits are refused
+    `superseded`, naming that run."""
+    contact = stack.fake.create_record("contacts", {"email": "ada@x.io"}, PERSON)
+    stack.pump()
+    for change in ({"phone": "+33 1"}, {"jobtitle": "CTO"}, {"company": "Acme"}):
+        stack.person("contacts", contact.id, change)
+    assert stack.runs(workflow_id) == []  # the burst is still open
+    with stack.db.transaction() as tx:
+        tx.execute("UPDATE debounce_bursts SET fire_at = now() WHERE status = 'open'")
+    fire_due_bursts(stack.db, SweepConfig(), stack.queue, SweepReport())
+    stack.queue.drain(stack.db, stack.lookup, limit=1000)
+    (run,) = stack.runs(workflow_id)
+    (sync,) = stack.sent
+    assert (sync["body"]["jobtitle"], sync["body"]["phone"], sync["body"]["edits"]) == (
+        "CTO",
+        "+33 1",
+        3,
+    )
+    with stack.db.transaction() as tx:
+        superseded = tx.all(
+            "SELECT detail FROM admission_refusals WHERE workflow_id = CAST(:w AS uuid)",
+            w=workflow_id,
+        )
+    assert len(superseded) == 2
+    assert all(f"absorbed by run {run['id']}" in r["detail"] for r in superseded)
+
+
+def _deal_amount_alert(stack: ExampleStack, workflow_id: str) -> None:
+    """Three amount changes under a limit of 20 an hour: each starts its run at once, and the
+    throttle's window for the hour counts them."""
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    stack.pump()
+    for amount in ("100", "200", "300"):
+        stack.person("deals", deal.id, {"amount": amount})
+    assert [s["body"]["amount"] for s in stack.sent] == ["100", "200", "300"]
+    with stack.db.transaction() as tx:
+        used = tx.scalar("SELECT sum(used) FROM throttle_windows WHERE scope = 'run_start'")
+    assert used == 3
+
+
 def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
     """The vendor-neutral example on the HubSpot fake: `crm.company.created` bound to HubSpot's
     company creation (subscribed by reconcile), `company` read and searched as HubSpot's
@@ -356,6 +401,35 @@ def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
     assert [n["name"] for n in notes] == ["Acme", "Acme"]
     assert notes[-1]["company_id"] == company.id
     assert [n["sharing_its_name"] for n in notes] == [1, 2]
+
+
+def _lead_reply_classify(stack: ExampleStack, workflow_id: str) -> None:
+    """Two replies through the email tool's webhook: the interested one gets a call task with
+    the model's summary, the "not now" one marks the contact; the model was asked once each,
+    through the fake Vertex AI endpoint, with the reply in the prompt."""
+    eager = stack.fake.create_record("contacts", {"firstname": "Ada"}, PERSON)
+    later = stack.fake.create_record("contacts", {"firstname": "Bo"}, PERSON)
+    with pytest.MonkeyPatch.context() as env, fake_vertex(env) as vertex:
+        configure_tenant(stack.db)
+        vertex.fixtures["call me Monday"] = {"intent": "interested", "summary": "wants a call"}
+        vertex.fixtures["next quarter"] = {"intent": "not_now", "summary": "next quarter"}
+        for message_id, contact, text in (
+            ("m1", eager, "Sounds great, call me Monday"),
+            ("m2", later, "Busy now, try next quarter"),
+        ):
+            body = {"message_id": message_id, "contact_id": contact.id, "reply_text": text}
+            assert (
+                stack.post_webhook("lead-reply-classify", body, msg_id=message_id)["status"]
+                == "accepted"
+            )
+        assert [
+            c.prompt.strip().endswith(t)
+            for c, t in zip(vertex.calls, ("call me Monday", "next quarter"), strict=True)
+        ] == [True, True]
+    (task,) = _task_shown_on(stack, "contacts", eager.id)
+    assert task["properties"]["hs_task_subject"] == "Call back: wants a call"
+    (marked,) = [c for c in stack.fake.records("contacts") if c["id"] == later.id]
+    assert marked["properties"]["hs_lead_status"] == "OPEN"
 
 
 PERSON = ("CRM_UI", "userId:7")
@@ -371,7 +445,10 @@ SCENARIOS = {
     "enroll-pro-signups": _enroll_pro_signups,
     "route-new-mqls": _route_new_mqls,
     "invoice-paid-webhook": _invoice_paid_webhook,
+    "sync-edited-contact": _sync_edited_contact,
+    "deal-amount-alert": _deal_amount_alert,
     "new-company-any-crm": _new_company_any_crm,
+    "lead-reply-classify": _lead_reply_classify,
 }
 
 

@@ -562,6 +562,8 @@ def test_a_new_app_gets_404_on_numbered_paths_and_a_legacy_app_is_served() -> No
             "POST /webhooks/v3/424242/subscriptions",
             "POST /oauth/v1/token",
         ]
+        assert httpx.post(new.url + "/_sink/v1/hooks", json={}).status_code == 200  # not HubSpot
+        assert len(new.numbered_requests()) == 4
         new.store.requests.clear()  # called on purpose: not a port's mistake
         assert httpx.post(legacy.url + "/crm/v3/objects/deals", json=body).status_code == 201
         assert httpx.post(legacy.url + versions.crm_objects("deals"), json=body).status_code == 201
@@ -592,5 +594,30 @@ def test_the_2026_03_token_endpoint_and_introspection() -> None:
             c.post("/_admin/oauth/expire", json={})
             gone = c.post(versions.oauth_introspect(), data={**client, "token": access}).json()
             assert gone == {"active": False}
+    finally:
+        fake.stop()
+
+
+def test_service_keys_act_for_their_portal_until_rotated_and_never_on_webhooks() -> None:
+    fake = FakeCrm(FakeCrmConfig(token="tok")).start()
+    body = {"properties": {"dealname": "x"}}
+    try:
+        with httpx.Client(base_url=fake.url) as c:
+            key = c.post("/_admin/service-keys", json={"portal_id": 3003}).json()["key"]
+            auth = {"Authorization": f"Bearer {key}"}
+            assert c.post(versions.crm_objects("deals"), json=body, headers=auth).status_code == 201
+            assert fake.records("deals")[0]["portalId"] == 3003
+            subs = c.get(versions.webhook_subscriptions("424242"), headers=auth)
+            assert subs.status_code == 403  # "Service keys do not support webhooks"
+            new = c.post("/_admin/service-keys/rotate", json={"key": key}).json()["key"]
+            refused = c.post(versions.crm_objects("deals"), json=body, headers=auth)
+            assert (refused.status_code, refused.json()["category"]) == (
+                401,
+                "INVALID_AUTHENTICATION",
+            )
+            fresh = {"Authorization": f"Bearer {new}"}
+            assert (
+                c.post(versions.crm_objects("deals"), json=body, headers=fresh).status_code == 201
+            )
     finally:
         fake.stop()

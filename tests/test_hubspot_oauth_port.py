@@ -79,7 +79,7 @@ def crm_calls(fake: FakeCrm) -> list[tuple[str, object]]:
 
 def test_an_oauth_connection_acts_with_its_grant_in_its_portal(db: Database, fake: FakeCrm) -> None:
     connection_id, _ = installed(db, fake)
-    made = connect.port_for(connection_id).create("deals", {"dealname": "oauth"})
+    made = connect.port_for(db, connection_id).create("deals", {"dealname": "oauth"})
     [record] = [r for r in fake.records("deals") if r["id"] == made.id]
     assert record["portalId"] == PORTAL  # the grant's portal, not the fake's default one
     assert fake.oauth.refreshes == 0
@@ -89,7 +89,7 @@ def test_a_token_that_expires_mid_run_is_refreshed_once_and_the_call_retried_onc
     db: Database, fake: FakeCrm
 ) -> None:
     connection_id, _ = installed(db, fake)
-    port = connect.port_for(connection_id)
+    port = connect.port_for(db, connection_id)
     port.create("deals", {"dealname": "before"})
     httpx.post(f"{fake.url}/_admin/oauth/expire")  # HubSpot expires it; our row says fresh
     made = port.create("deals", {"dealname": "after"})
@@ -108,7 +108,7 @@ def test_a_token_about_to_expire_is_refreshed_before_the_call(db: Database, fake
             "UPDATE connection_oauth_tokens"
             " SET access_expires_at = now() + interval '60 seconds'"  # inside the margin
         )
-    connect.port_for(connection_id).create("deals", {"dealname": "x"})
+    connect.port_for(db, connection_id).create("deals", {"dealname": "x"})
     assert fake.oauth.refreshes == 1
     assert crm_calls(fake) == [("POST", 201)]  # no 401 was needed
 
@@ -118,7 +118,7 @@ def test_a_second_401_fails_clearly_instead_of_looping(db: Database, fake: FakeC
     fake.oauth.access_seconds = 0  # every token it issues from now on is dead on arrival
     httpx.post(f"{fake.url}/_admin/oauth/expire")
     with pytest.raises(PortError) as failed:
-        connect.port_for(connection_id).create("deals", {"dealname": "x"})
+        connect.port_for(db, connection_id).create("deals", {"dealname": "x"})
     assert failed.value.code == "unauthorized"
     assert not failed.value.transient
     assert failed.value.status == 401
@@ -126,9 +126,15 @@ def test_a_second_401_fails_clearly_instead_of_looping(db: Database, fake: FakeC
     assert fake.records("deals") == []
 
 
-def test_a_revoked_grant_fails_with_needs_reauthorization(db: Database, fake: FakeCrm) -> None:
+@pytest.mark.parametrize("error_style", ["status", "category"])
+def test_a_revoked_grant_fails_with_needs_reauthorization(
+    db: Database, fake: FakeCrm, error_style: str
+) -> None:
+    """Both ways the token endpoint may say the refresh token is revoked: v1's `status`, or the
+    standard error body's `subCategory` (which the 2026-03 endpoint sends is not documented)."""
+    fake.config.oauth_error_style = error_style
     connection_id, grant = installed(db, fake)
-    port = connect.port_for(connection_id)
+    port = connect.port_for(db, connection_id)
     httpx.post(f"{fake.url}/_admin/oauth/revoke", json={"refresh_token": grant.refresh_token})
     with pytest.raises(PortError) as failed:
         port.create("deals", {"dealname": "x"})
@@ -140,7 +146,7 @@ def test_a_revoked_grant_fails_with_needs_reauthorization(db: Database, fake: Fa
         )
     assert status == "needs_reauthorization"
     with pytest.raises(PortError, match="needs reauthorization"):
-        connect.port_for(connection_id)
+        connect.port_for(db, connection_id)
 
 
 def test_a_private_app_token_keeps_working_beside_oauth(db: Database, fake: FakeCrm) -> None:
@@ -154,7 +160,7 @@ def test_a_private_app_token_keeps_working_beside_oauth(db: Database, fake: Fake
             api_credentials_env="PRIVATE_APP_TOKEN",
             api_base_url=fake.url,
         )
-    made = connect.port_for(private).create("deals", {"dealname": "private"})
+    made = connect.port_for(db, private).create("deals", {"dealname": "private"})
     [record] = [r for r in fake.records("deals") if r["id"] == made.id]
     assert record["portalId"] == fake.config.portal_id
     assert fake.oauth.refreshes == 0

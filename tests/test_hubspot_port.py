@@ -192,17 +192,16 @@ def test_port_for_connection_reads_token_from_named_env(
         )
     connect.forget_ports()
     monkeypatch.delenv("HS_TOKEN_ACME", raising=False)
-    with db.transaction() as tx, pytest.raises(PortError) as err:
-        connect.port_for_connection(tx, cid)
+    with pytest.raises(PortError) as err:
+        connect.port_for(db, cid)
     assert "HS_TOKEN_ACME" in str(err.value) and not err.value.transient
     monkeypatch.setenv("HS_TOKEN_ACME", "tok")
-    with db.transaction() as tx:
-        p = connect.port_for_connection(tx, cid)
-        assert connect.port_for_connection(tx, cid) is p  # cached per process
+    p = connect.port_for(db, cid)
+    assert connect.port_for(db, cid) is p  # cached per process
     assert p.create("companies", {"name": "Acme"}).id
     assert p.list_subscriptions() == []
-    with db.transaction() as tx, pytest.raises(PortError):
-        connect.port_for_connection(tx, "not-a-uuid")
+    with pytest.raises(PortError):
+        connect.port_for(db, "not-a-uuid")
     connect.forget_ports()
 
 

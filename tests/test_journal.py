@@ -6,11 +6,13 @@ journal is one event, and a gap longer than the journal's 3 days is reported, no
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -19,16 +21,21 @@ import pytest
 from devstack import seed
 from devstack.fakecrm.server import FakeCrm, FakeCrmConfig
 from shared.accounts import provider_apps
+from shared.accounts.client_credentials import ClientToken, ClientTokenCache
 from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.ingest import inbox, journal
+from shared.normalize import UnparseableBody
 from shared.ops.auth import Principal
 from shared.ops.health import health_report
 from shared.ops.models import SchedulerHealth
 from shared.providers import connect
 from shared.providers.descriptor import JournalEntry
 from shared.providers.hubspot import journal as hubspot_journal
+from shared.providers.registry import normalize
 from shared.publishing import subscriptions, versions
+from shared.sweep.catalog import default_duties
 from tests.ingest_support import (
     hubspot_v3_headers,
     inbox_rows,
@@ -36,6 +43,7 @@ from tests.ingest_support import (
     trigger_events,
     webhook_client,
 )
+from tests.ops_support import Dispatched, bearer, install_ops_api, mint
 
 ROOT = Path(__file__).resolve().parent.parent
 APP_ID = "424242"
@@ -286,7 +294,11 @@ def advance(fake: FakeCrm, seconds: float) -> None:
 
 
 def test_a_gap_longer_than_three_days_is_reported_and_reading_resumes_at_the_earliest(
-    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+    db: Database,
+    fake: FakeCrm,
+    app: provider_apps.ProviderApp,
+    dispatched: Dispatched,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     contacts(fake, 1)
     assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
@@ -310,6 +322,17 @@ def test_a_gap_longer_than_three_days_is_reported_and_reading_resumes_at_the_ear
         scheduler=lambda: SchedulerHealth(available=True, detail=None, jobs=[]),
     )
     assert any(f"app {APP_ID} journal global: gap detected" in p for p in health.problems)
+    # Support sees it on the app: the journal's state and the gap.
+    ops = install_ops_api(db, dispatched, monkeypatch).test_client()
+    answer = ops.get(f"/v1/apps/hubspot/{APP_ID}", headers=bearer(mint(db, None)))
+    assert answer.status_code == 200, answer.json
+    (state,) = answer.json["journals"]
+    assert (state["journal"], state["last_offset"], state["last_error"]) == (
+        "global",
+        offsets(fake)[-1],
+        None,
+    )
+    assert [(g["lost_after"], g["resumed_at"]) for g in state["gaps"]] == [(lost, offsets(fake)[1])]
 
 
 def test_the_journal_refuses_a_token_without_its_scope(fake: FakeCrm) -> None:
@@ -379,3 +402,175 @@ def test_journal_subscriptions_follow_the_active_workflows_per_portal(
     after = subscriptions.reconcile_apps(db, connect.port_for_app)[0]
     assert after.deleted == (("contact", "propertyChange", "lifecyclestage"),)
     assert {s["objectTypeId"] for s in fake.journal.subscriptions.values()} == {"0-3"}
+
+
+def test_a_portals_local_journal_is_read_by_its_own_offset(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    """`journal-local/2026-03/…?installPortalId=`: only that portal's entries."""
+    with db.transaction() as tx:
+        tx.execute("DELETE FROM provider_journals")
+        journal.enable(tx, "hubspot", APP_ID, str(PORTAL))
+    fake.journal.portals = {PORTAL, 7007}
+    contacts(fake, 2)
+    fake.create_record("contacts", {"email": "other@x.io"}, USER, portal_id=7007)
+    report = journal.read_journal(db, "hubspot", APP_ID, str(PORTAL))
+    assert (report.stored, report.error) == (2, None)
+    mine = [e.offset for e in fake.journal.entries if e.portal == PORTAL]
+    assert stored_offsets(db) == mine
+    assert any("journal-local/2026-03" in r["path"] for r in fake.store.requests)
+
+
+def test_an_expired_token_or_download_link_skips_nothing(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    contacts(fake, 1)
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    # HubSpot expired the token before our cache thought it would: a 401, a new token, on.
+    fake.journal.token_seconds = 600
+    fake.journal.tokens.clear()
+    contacts(fake, 1)
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    assert fake.journal.token_grants == 2
+    # Links that are already expired when fetched: the pass fails, the offset stays.
+    fake.journal.link_seconds = 0
+    contacts(fake, 1)
+    stuck = journal.read_journal(db, "hubspot", APP_ID)
+    assert stuck.stored == 0 and stuck.error is not None and "link" in stuck.error
+    with db.transaction() as tx:
+        row = journal.state(tx, "hubspot", APP_ID)
+    assert row is not None and row["last_error"] == stuck.error
+    fake.journal.link_seconds = 300
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    assert stored_offsets(db) == offsets(fake)
+
+
+def test_client_tokens_are_fetched_again_before_they_expire() -> None:
+    now = [0.0]
+    cache = ClientTokenCache(margin_seconds=300, clock=lambda: now[0])
+    issued: list[str] = []
+
+    def fetch() -> ClientToken:
+        issued.append(f"t{len(issued)}")
+        return ClientToken(issued[-1], 1800)
+
+    assert cache.token("app", fetch) == "t0"
+    now[0] = 1499.0  # 301 s left: still used
+    assert cache.token("app", fetch) == "t0"
+    now[0] = 1501.0  # less than the margin left: a new one before it expires
+    assert cache.token("app", fetch) == "t1"
+    cache.forget("app", "t0")  # an old token refused: the current one stays
+    assert cache.token("app", fetch) == "t1"
+    cache.forget("app", "t1")
+    assert cache.token("app", fetch) == "t2"
+
+
+def test_the_sweep_duty_reads_every_journal_and_drains_what_it_stored(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (duty,) = [d for d in default_duties(SweepConfig()) if d.name == "read_provider_journals"]
+    contacts(fake, 2)
+    summary = duty.run(db)
+    assert (summary["journals"], summary["stored"], summary["failed"]) == (1, 2, 0)
+    assert [r["status"] for r in inbox_rows(db)] == ["processed", "processed"]
+    assert len(trigger_events(db)) == 4
+    calls = len(fake.store.requests)
+    assert duty.run(db)["stored"] == 0
+    assert len(fake.store.requests) == calls + 1  # idle: one cheap call
+
+
+def test_journal_events_of_a_portal_not_connected_yet_are_rerouted_once_it_is(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    """The unrouted path of app webhooks serves the journal too: its events are kept in the
+    webhook shape, so the sweep's re-route normalizes them as the drain did."""
+    fake.journal.portals = {PORTAL, 7007}
+    fake.create_record("contacts", {"email": "early@x.io"}, USER, portal_id=7007)
+    assert journal.read_journal(db, "hubspot", APP_ID).stored == 1
+    inbox.drain_inbox(db, budget_seconds=10, until_empty=True)
+    assert trigger_events(db) == []
+    globex = make_connection(
+        db,
+        tenant_id="globex",
+        app_id=APP_ID,
+        portal_id="7007",
+        watched_fields={"contact": ["email"]},
+    )
+    assert inbox.reroute_unrouted(db) == {"rerouted": 2, "events": 2}
+    assert sorted((str(e["connection_id"]), e["event_type"]) for e in trigger_events(db)) == [
+        (globex, "hubspot.contact.created"),
+        (globex, "hubspot.contact.property_changed"),
+    ]
+
+
+def test_entry_files_of_other_shapes_are_read_defensively() -> None:
+    """The file's contents are not documented (docs/vendors/hubspot-2026.md 2.5): a list or an
+    object, changes as a map or a list, times as ISO or ms, values wrapped or bare; the portal
+    of a local journal when the event names none; an unknown action kept under its own name."""
+    headers = {"x-onceflow-journal-offset": "off-1", "x-onceflow-journal": "555"}
+    body = json.dumps(
+        [
+            {
+                "action": "UPDATE",
+                "objectTypeId": "0-3",
+                "objectId": 9,
+                "occurredAt": 1_700_000_000_123,
+                "propertyChanges": [
+                    {"propertyName": "amount", "value": 10},
+                    {"name": "dealstage", "newValue": "won"},
+                ],
+            },
+            {
+                "action": "MERGE",
+                "objectTypeId": "0-1",
+                "objectId": 4,
+                "occurredAt": "2023-11-14T22:13:20.5Z",
+                "portalId": 556,
+            },
+            {"action": "APP_INSTALL", "type": "APP_LIFECYCLE_EVENT", "occurredAt": 5},
+        ]
+    ).encode()
+    events = normalize("hubspot", body, headers)  # in the order they occurred
+    assert [(e.event_type, dict(e.changed_fields)) for e in events] == [
+        ("hubspot.app_lifecycle_event.app_install", {}),
+        ("hubspot.deal.property_changed", {"amount": "10"}),
+        ("hubspot.deal.property_changed", {"dealstage": "won"}),
+        ("hubspot.contact.merged", {}),
+    ]
+    assert [e.payload.get("portalId") for e in events] == ["555", "555", "555", 556]
+    assert events[3].occurred_at == datetime(2023, 11, 14, 22, 13, 20, 500000, tzinfo=UTC)
+    assert events[1].payload["eventId"] == "off-1#0"
+    # A webhook-shaped file and a wrapped one read the same.
+    wrapped = json.dumps(
+        {"offset": "off-2", "journalEvents": [json.loads(body)[0]], "publishedAt": "x"}
+    ).encode()
+    again = normalize("hubspot", wrapped, {**headers, "x-onceflow-journal-offset": "off-2"})
+    assert [e.source_event_id for e in again] == [e.source_event_id for e in events[1:3]]
+    with pytest.raises(UnparseableBody):
+        normalize("hubspot", b"not json", headers)
+    with pytest.raises(UnparseableBody):
+        normalize("hubspot", b'{"journalEvents": []}', headers)
+
+
+def test_a_project_app_reading_the_journal_has_no_project_drift(
+    db: Database, fake: FakeCrm, app: provider_apps.ProviderApp
+) -> None:
+    """Journal subscriptions are made per install through the management API and "don't work
+    with the feature component functionality" (docs/vendors/hubspot-2026.md 2.1): a project
+    app that reads the journal declares no webhook components, so what its workflows need is
+    not drift — the journal reconcile creates it."""
+    with db.transaction() as tx:
+        provider_apps.register_app(
+            tx,
+            provider="hubspot",
+            app_id=APP_ID,
+            client_secret_env="HUBSPOT_APP_424242_CLIENT_SECRET",
+            oauth_client_id_env="HUBSPOT_APP_424242_CLIENT_ID",
+            api_base_url=fake.url,
+            platform="project",
+        )
+        seed.workflow(tx, "acme", "new-deals", {"events": ["hubspot.deal.created"]})
+    assert subscriptions.project_drift(db, None) == []
+    assert subscriptions.project_drift(db, "acme") == []
+    (result,) = subscriptions.reconcile_apps(db, connect.port_for_app)
+    assert result.ok and result.created == (("deal", "creation", None),)

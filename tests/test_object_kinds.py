@@ -86,7 +86,7 @@ def pipedrive_connection(db: Database) -> str:
     return make_connection(db, provider="pipedrive", secret_env="PIPEDRIVE_CREDENTIALS_ACME")
 
 
-def _context(connection_id: str) -> BlockContext:
+def _context(db: Database, connection_id: str) -> BlockContext:
     return BlockContext(
         tenant_id="acme",
         run_id="r",
@@ -97,6 +97,7 @@ def _context(connection_id: str) -> BlockContext:
         scope={},
         dry_run=True,
         connection_id=connection_id,
+        db=db,  # the step's database, as the executor hands it down
     )
 
 
@@ -105,18 +106,18 @@ def test_a_crm_step_on_a_pipedrive_connection_resolves_pipedrives_names(db: Data
     is the neutral `contacts` the port is given, which its adapter sends as `person`; the
     same word on a HubSpot connection is refused before any call."""
     connection_id = pipedrive_connection(db)
-    assert kinds.provider_of(connection_id) == "pipedrive"
+    assert kinds.provider_of(db, connection_id) == "pipedrive"
     for name in ("person", "contact", "contacts"):
         config = crm.CreateConfig(object_type=name, properties={"name": "Ada"})
-        result = crm.execute_create(_context(connection_id), config)
+        result = crm.execute_create(_context(db, connection_id), config)
         assert result.output is not None and result.output["object_type"] == "contacts"
-    found = registry.get(kinds.provider_of(connection_id) or "")
+    found = registry.get(kinds.provider_of(db, connection_id) or "")
     assert found is not None and found.own_object_kind("contacts") == "person"
 
     hubspot_connection = make_connection(db)
     with pytest.raises(BlockFailure) as refused:
         crm.execute_create(
-            _context(hubspot_connection),
+            _context(db, hubspot_connection),
             crm.CreateConfig(object_type="person", properties={"name": "Ada"}),
         )
     assert refused.value.outcome_code == "PROVIDER_REJECTED"

@@ -4,6 +4,7 @@ the first admin token from the one-time bootstrap secret, and every change is au
 
 from __future__ import annotations
 
+import base64
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -183,3 +184,64 @@ def test_revoked_and_expired_tokens_are_refused(db: Database, client: Any) -> No
     again = client.post(f"/v1/tokens/{tid}/revoke", headers=admin)
     assert again.status_code == 409 and again.get_json()["code"] == "already_revoked"
     assert client.post(f"/v1/tokens/{tid[:-1]}x/revoke", headers=admin).status_code == 404
+
+
+def test_a_connection_says_which_kind_of_credential_it_holds(
+    db: Database, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 item 3: a HubSpot connection holds a private app's token (still accepted), a
+    service key (their replacement for single-portal integrations) or an app install's OAuth
+    grant; the kind is stored, listed and shown in health. A provider without service keys
+    refuses one."""
+    from shared.accounts import oauth_tokens
+    from shared.accounts.oauth_tokens import Grant
+
+    seed_tenant(db, "acme")
+    admin = bearer(mint(db, None))
+    monkeypatch.setenv("ACME_SERVICE_KEY", "svc-key")
+    made = {}
+    for kind, env in (("service_key", "ACME_SERVICE_KEY"), ("token", "ACME_TOKEN"), (None, "T")):
+        body = {
+            "tenant_id": "acme",
+            "provider": "hubspot",
+            "webhook_secret_env": "HUBSPOT_APP_SECRET",
+            "api_credentials_env": env,
+            **({"credential_kind": kind} if kind else {}),
+        }
+        r = client.post("/v1/connections", headers=admin, json=body)
+        assert r.status_code == 201, r.get_json()
+        made[env] = r.get_json()
+    assert made["ACME_SERVICE_KEY"]["credential_kind"] == "service_key"
+    assert made["ACME_TOKEN"]["credential_kind"] == made["T"]["credential_kind"] == "token"
+    monkeypatch.setenv(oauth_tokens.TOKEN_KEK_ENV, base64.b64encode(b"k" * 32).decode())
+    with db.transaction() as tx:  # what an install does once HubSpot granted it
+        oauth_tokens.store_grant(tx, made["T"]["id"], Grant("a", "r", 1800))
+    listed = client.get("/v1/connections", headers=admin).get_json()["items"]
+    assert {c["api_credentials_env"]: c["credential_kind"] for c in listed} == {
+        "ACME_SERVICE_KEY": "service_key",
+        "ACME_TOKEN": "token",
+        "T": "oauth",
+    }
+    health = client.get("/v1/health", headers=admin).get_json()["connections"]
+    shown = {c["connection_id"]: (c["credentials"], c["credentials_configured"]) for c in health}
+    assert shown[made["ACME_SERVICE_KEY"]["id"]] == ("service_key", True)
+    assert shown[made["ACME_TOKEN"]["id"]] == ("token", False)
+    assert shown[made["T"]["id"]] == ("oauth", True)
+    refused = client.post(
+        "/v1/connections",
+        headers=admin,
+        json={
+            "tenant_id": "acme",
+            "provider": "pipedrive",
+            "webhook_secret_env": "PIPEDRIVE_SECRET",
+            "credential_kind": "service_key",
+        },
+    )
+    assert refused.status_code == 422
+    assert refused.get_json()["code"] == "credential_kind_unsupported"
+    bogus = client.post(
+        "/v1/connections",
+        headers=admin,
+        json={**body, "credential_kind": "oauth"},  # only an install makes an OAuth connection
+    )
+    assert bogus.status_code == 422

@@ -8,6 +8,7 @@ idempotent create) are proven for both CRMs in tests/test_blocks_crm.py (`crm_un
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import threading
 import time
@@ -167,14 +168,16 @@ def test_a_429_is_retried_after_the_time_its_burst_headers_give(
     fake.config.burst_api_token = 3
     fake.config.burst_window_seconds = 4  # Pipedrive's is 2 s: wider, so a slow machine can't
     connection_id = api_connection(db, fake)  # let the window roll before the step's call
-    for _ in range(3):  # another instance, same token
-        httpx.get(f"{fake.url}/v1/users/me", headers={"x-api-token": "pd-api-token"})
     step = StepRunner(db, "crm.create", connection_id=connection_id)
     config = {"object_type": "deals", "properties": {"title": "Big"}}
+    # Spent right before the step's call (not before the setup above), so a loaded machine's
+    # slow setup can't let the window roll first.
+    for _ in range(3):  # another instance, same token
+        httpx.get(f"{fake.url}/v1/users/me", headers={"x-api-token": "pd-api-token"})
     with pytest.raises(BlockFailure) as err:
         step.run(crm.CREATE, config)
     limited = [r for r in fake.requests if r["status"] == 429]
-    assert len(limited) == 1
+    assert len(limited) == 1, err.value
     assert err.value.error_class == "transient"
     assert err.value.retry_after is not None and 1 <= err.value.retry_after <= 4
     assert not step.side_effect_started()  # a 429 is provably not applied
@@ -253,7 +256,7 @@ def test_an_expired_oauth_token_is_refreshed_once_under_concurrency(
     db: Database, fake: FakePipedrive
 ) -> None:
     connection_id = oauth_connection(db, fake)
-    port = connect.port_for(connection_id)
+    port = connect.port_for(db, connection_id)
     made = port.create("deal", {"title": "before"})
     httpx.post(f"{fake.url}/_admin/oauth/expire")  # Pipedrive expires it; our row says fresh
     barrier = threading.Barrier(4)
@@ -263,7 +266,7 @@ def test_an_expired_oauth_token_is_refreshed_once_under_concurrency(
     def call() -> None:
         barrier.wait()
         try:
-            results.append(connect.port_for(connection_id).get("deal", made.id).id)
+            results.append(connect.port_for(db, connection_id).get("deal", made.id).id)
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -287,7 +290,7 @@ def test_a_token_that_expires_mid_run_is_refreshed_once_and_the_call_retried_onc
     db: Database, fake: FakePipedrive
 ) -> None:
     connection_id = oauth_connection(db, fake)
-    port = connect.port_for(connection_id)
+    port = connect.port_for(db, connection_id)
     port.create("deal", {"title": "before"})
     httpx.post(f"{fake.url}/_admin/oauth/expire")
     port.create("deal", {"title": "after"})
@@ -301,7 +304,7 @@ def test_a_second_401_fails_clearly_instead_of_looping(db: Database, fake: FakeP
     fake.oauth.access_seconds = 0  # every token it issues from now on is dead on arrival
     httpx.post(f"{fake.url}/_admin/oauth/expire")
     with pytest.raises(PortError) as failed:
-        connect.port_for(connection_id).create("deal", {"title": "x"})
+        connect.port_for(db, connection_id).create("deal", {"title": "x"})
     assert (failed.value.code, failed.value.transient, failed.value.status) == (
         "unauthorized",
         False,
@@ -315,7 +318,7 @@ def test_an_uninstalled_app_fails_with_needs_reauthorization(
     db: Database, fake: FakePipedrive
 ) -> None:
     connection_id = oauth_connection(db, fake)
-    port = connect.port_for(connection_id)
+    port = connect.port_for(db, connection_id)
     httpx.post(f"{fake.url}/_admin/oauth/uninstall")  # Pipedrive: "Invalid grant" from now on
     with pytest.raises(PortError) as failed:
         port.create("deal", {"title": "x"})
@@ -411,7 +414,9 @@ def test_the_reconcile_creates_and_repairs_the_connections_webhooks(
             workflow_id=published.workflow_id,
             version_id=published.version_id,
         )
-    first = subs.reconcile_connection_with(db, connection_id, connect.port_for)
+    first = subs.reconcile_connection_with(
+        db, connection_id, functools.partial(connect.port_for, db)
+    )
     assert first.ok, first.errors
     assert sorted(first.created) == [("contact", "change", None), ("deal", "create", None)]
     hooks = sorted(fake.webhooks.values(), key=lambda w: str(w["event_object"]))
@@ -425,11 +430,15 @@ def test_the_reconcile_creates_and_repairs_the_connections_webhooks(
     assert {(w["http_auth_user"], w["http_auth_password"]) for w in hooks} == {
         ("onceflow", "s3cret")
     }
-    again = subs.reconcile_connection_with(db, connection_id, connect.port_for)
+    again = subs.reconcile_connection_with(
+        db, connection_id, functools.partial(connect.port_for, db)
+    )
     assert (again.created, again.deleted, again.kept) == ((), (), 2)
     with fake.lock:  # Pipedrive deletes a webhook after 3 days without a successful delivery
         del fake.webhooks[hooks[1]["id"]]
-    repaired = subs.reconcile_connection_with(db, connection_id, connect.port_for)
+    repaired = subs.reconcile_connection_with(
+        db, connection_id, functools.partial(connect.port_for, db)
+    )
     assert repaired.created == (("contact", "change", None),) and repaired.kept == 1
     assert len(fake.webhooks) == 2
 

@@ -37,6 +37,7 @@ def fresh_observations() -> Iterator[None]:
     connect.forget_ports()
     observed._last_noted.clear()
     observed._labels_written.clear()
+    observed._pending.clear()
     yield
     connect.forget_ports()
 
@@ -69,21 +70,21 @@ def test_health_shows_the_last_real_call_when_it_fails_and_when_it_works_again(
     assert before["last_call_at"] is None and before["last_call_ok"] is None
 
     monkeypatch.setenv("OBSERVED_TOKEN", "revoked")  # the fake answers 401 to any other token
-    with db.transaction() as tx:
-        port = connect.port_for_connection(tx, cid)
+    port = connect.port_for(db, cid)
     with pytest.raises(PortError):
         port.create("contacts", {"email": "x@example.com"})
+    observed.flush(db)  # the caller writes what its port observed (a step: after its settle)
     failing, problems = _health(client, db, cid)
     assert failing["last_call_ok"] is False and "unauthorized" in failing["last_call_error"]
     assert any(f"connection {cid}: its last call to the provider failed" in p for p in problems)
 
     monkeypatch.setenv("OBSERVED_TOKEN", "tok")
-    with db.transaction() as tx:
-        port = connect.port_for_connection(tx, cid)
+    port = connect.port_for(db, cid)
     created = port.create("contacts", {"email": "x@example.com"})
     # A 404 is the provider answering about the request: the connection works.
     with pytest.raises(PortError):
         port.get("contacts", "999999")
+    observed.flush(db)
     working, problems = _health(client, db, cid)
     assert working["last_call_ok"] is True and working["last_call_error"] is None
     assert working["last_call_at"] > failing["last_call_at"]
@@ -96,7 +97,11 @@ def test_an_oauth_connection_is_credentialed_by_its_grant_and_its_sealing_key(
 ) -> None:
     cid = _connection(db, fake)
     with db.transaction() as tx:
-        tx.execute("UPDATE connections SET api_credentials_env = NULL WHERE id = :c", c=cid)
+        tx.execute(
+            "UPDATE connections SET api_credentials_env = NULL, credential_kind = 'oauth'"
+            " WHERE id = :c",
+            c=cid,
+        )
         tx.execute(
             "INSERT INTO connection_oauth_tokens (connection_id, kek_env, data_key_sealed,"
             " refresh_token_sealed, access_token_sealed, access_expires_at)"
@@ -119,11 +124,11 @@ def test_records_are_named_by_what_the_port_saw_and_found_by_email(
 ) -> None:
     cid = _connection(db, fake)
     monkeypatch.setenv("OBSERVED_TOKEN", "tok")
-    with db.transaction() as tx:
-        port = connect.port_for_connection(tx, cid)
+    port = connect.port_for(db, cid)
     ada = port.create(
         "contacts", {"firstname": "Ada", "lastname": "Lovelace", "email": "Ada@Example.com"}
     )
+    observed.flush(db)
     record_key = f"{cid}:contact:{ada.id}"
     wf, ver = seed_workflow(db, "acme", [{"id": "a", "type": "end"}], name="named")
     run = seed_run(db, "acme", wf, ver, [], status="succeeded", record_key=record_key)
@@ -145,11 +150,13 @@ def test_records_are_named_by_what_the_port_saw_and_found_by_email(
     # A later read that renames her is kept; reading the same again writes nothing.
     port.update("contacts", ada.id, {"lastname": "King"})
     port.get("contacts", ada.id, ["firstname", "lastname", "email"])
+    observed.flush(db)
     with db.transaction() as tx:
         first = tx.one(
             "SELECT label, updated_at FROM record_labels WHERE record_key = :k", k=record_key
         )
     port.get("contacts", ada.id, ["firstname", "lastname", "email"])
+    observed.flush(db)
     with db.transaction() as tx:
         again = tx.one(
             "SELECT label, updated_at FROM record_labels WHERE record_key = :k", k=record_key

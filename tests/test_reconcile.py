@@ -4,6 +4,7 @@ real HTTP against the fake HubSpot server through the real adapter."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -45,7 +46,15 @@ EXAMPLE_KEYS = {
     ("contact", "propertyChange", "hs_sales_email_last_replied"),
     # lead-replied-reengage's wait_for reads hs_lead_status: no trigger watches it.
     ("contact", "propertyChange", "hs_lead_status"),
+    # sync-edited-contact's debounced trigger.
+    ("contact", "propertyChange", "phone"),
+    ("contact", "propertyChange", "jobtitle"),
+    ("contact", "propertyChange", "company"),
+    # deal-amount-alert's throttled trigger.
+    ("deal", "propertyChange", "amount"),
 }
+# What only the deal examples need.
+DEAL_KEYS = {("deal", "propertyChange", "dealstage"), ("deal", "propertyChange", "amount")}
 
 
 class PortDouble:
@@ -306,12 +315,12 @@ def _provider_keys(fake: FakeCrm) -> list[tuple[str, str, str | None]]:
 
 def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: FakeCrm) -> None:
     connection_id = _seed(db, fake.url)
-    first = subs.reconcile_all(db, connect.port_for)
+    first = subs.reconcile_all(db, functools.partial(connect.port_for, db))
     assert [r.ok for r in first] == [True]
     assert set(_provider_keys(fake)) == EXAMPLE_KEYS
     assert len(_provider_keys(fake)) == len(EXAMPLE_KEYS)
 
-    again = subs.reconcile_all(db, connect.port_for)
+    again = subs.reconcile_all(db, functools.partial(connect.port_for, db))
     assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), len(EXAMPLE_KEYS))
 
     # Drift at the provider, behind onceflow's back.
@@ -327,7 +336,7 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
         assert client.delete(f"{base}/{victim['id']}").status_code == 204
         foreign = client.post(base, json={"eventType": "company.deletion"})
         assert foreign.status_code == 201
-    repaired = subs.reconcile_all(db, connect.port_for)[0]
+    repaired = subs.reconcile_all(db, functools.partial(connect.port_for, db))[0]
     assert repaired.ok
     assert repaired.created == (("contact", "propertyChange", "lifecyclestage"),)
     assert repaired.deleted == (("company", "deletion", None),)
@@ -335,6 +344,21 @@ def test_reconcile_over_real_http_against_the_fake_provider(db: Database, fake: 
     last = subs.last_reconcile(db, connection_id)
     assert last is not None
     assert last["ok"] is True
+
+
+def test_a_service_key_connection_has_no_subscriptions_to_reconcile(
+    db: Database, fake: FakeCrm
+) -> None:
+    """Service keys "do not support webhooks": the hourly reconcile leaves such a connection
+    alone instead of calling the subscriptions API with its key (refused, every hour)."""
+    connection_id = _seed(db, fake.url)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET credential_kind = 'service_key' WHERE id = CAST(:c AS uuid)",
+            c=connection_id,
+        )
+    assert subs.reconcile_all(db, connect.port_for) == []
+    assert fake.state()["requests"] == []
 
 
 # ---------------------------------------------------------------- per provider app
@@ -396,20 +420,20 @@ def test_an_apps_subscriptions_are_the_union_over_its_connections(
     """Two portals of one app: reconciling per connection made each delete what the other
     needed. Per app, the fake holds the union, and a second pass changes nothing."""
     acme, globex = _seed_app(db, dev_fake.url)
-    results = subs.reconcile_all(db, connect.port_for, connect.port_for_app)
+    results = subs.reconcile_all(db, functools.partial(connect.port_for, db), connect.port_for_app)
     assert [(r.connection_id, r.ok) for r in results] == [("hubspot-app:424242", True)]
     assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS
-    again = subs.reconcile_all(db, connect.port_for, connect.port_for_app)
+    again = subs.reconcile_all(db, functools.partial(connect.port_for, db), connect.port_for_app)
     assert (again[0].created, again[0].deleted, again[0].kept) == ((), (), len(EXAMPLE_KEYS))
     # A per-connection reconcile of one portal refuses to touch the app's subscriptions.
-    skipped = subs.reconcile_connection(db, acme, connect.port_for(acme))
+    skipped = subs.reconcile_connection(db, acme, connect.port_for(db, acme))
     assert skipped.skipped == "reconciled per provider app"
     assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS
     # Deactivating globex's connection drops what only globex needed.
     with db.transaction() as tx:
         tx.execute("UPDATE connections SET status = 'paused' WHERE id = CAST(:c AS uuid)", c=globex)
-    after = subs.reconcile_all(db, connect.port_for, connect.port_for_app)[0]
-    assert after.deleted == (("deal", "propertyChange", "dealstage"),)
+    after = subs.reconcile_all(db, functools.partial(connect.port_for, db), connect.port_for_app)[0]
+    assert set(after.deleted) == DEAL_KEYS
     last = subs.last_app_reconcile(db, "hubspot", "424242")
     assert last is not None and last["ok"] is True
 
@@ -429,7 +453,9 @@ def test_the_subscriptions_api_takes_the_developer_credential_not_a_crm_token(
 def test_a_private_app_is_not_reconciled_through_the_api(db: Database, dev_fake: FakeCrm) -> None:
     _seed_app(db, dev_fake.url, kind="private")
     sent_before = len(dev_fake.state()["requests"])
-    (result,) = subs.reconcile_all(db, connect.port_for, connect.port_for_app)
+    (result,) = subs.reconcile_all(
+        db, functools.partial(connect.port_for, db), connect.port_for_app
+    )
     assert result.ok and result.skipped is not None and "UI" in result.skipped
     assert len(dev_fake.state()["requests"]) == sent_before  # HubSpot was not called
     last = subs.last_app_reconcile(db, "hubspot", "424242")
@@ -460,7 +486,7 @@ def test_activating_or_deactivating_through_ops_reconciles_the_app_at_once(
     for wf, _ in deal_workflows:
         assert client.post(f"/v1/workflows/{wf}/deactivate", headers=h, json={}).status_code == 200
     # The app's union without globex's deal workflows, right away (acme's needs stay).
-    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS - {("deal", "propertyChange", "dealstage")}
+    assert set(_provider_keys(dev_fake)) == EXAMPLE_KEYS - DEAL_KEYS
     for wf, version in deal_workflows:
         answer = client.post(
             f"/v1/workflows/{wf}/activate", headers=h, json={"version_id": version}

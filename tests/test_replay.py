@@ -212,6 +212,7 @@ def test_one_ledger_charge_per_lineage_key_after_many_replays(db: Database, clie
         for step in _steps(db, run_id).values():
             if step["copied_from"] is None:
                 credits.charge_step(
+                    db,
                     tenant_id="acme",
                     lineage_key=step["idempotency_key"],
                     amount=5,

@@ -21,10 +21,12 @@ from shared.ops.replay import replay_run
 from shared.steps.advance import advance_step
 from shared.sweep.catalog import default_duties
 from shared.sweep.retention import (
+    BURSTS_DELETE,
     EVENTS_DELETE,
     INBOX_DELETE,
     LINEAGES_DELETE,
     LINEAGES_LOCK,
+    RUN_STARTS_DELETE,
     Retention,
     prune,
     prune_lineages,
@@ -421,8 +423,17 @@ def _plan_nodes(plan: Any) -> list[dict[str, Any]]:
         ),
         (EVENTS_DELETE, {"days": 90, "batch": 500}, "workflow_trigger_events_decided"),
         (INBOX_DELETE, {"days": 30, "batch": 500}, "webhook_inbox_processed"),
+        (BURSTS_DELETE, {"days": 90, "batch": 500}, "debounce_bursts_fired"),
+        (RUN_STARTS_DELETE, {"days": 90, "batch": 500}, "run_start_queue_started"),
     ],
-    ids=["lineages_lock", "lineages_delete", "events_delete", "inbox_delete"],
+    ids=[
+        "lineages_lock",
+        "lineages_delete",
+        "events_delete",
+        "inbox_delete",
+        "bursts_delete",
+        "run_starts_delete",
+    ],
 )
 def test_every_batch_is_found_through_an_index_never_a_table_scan(
     db: Database, query: Any, params: dict[str, Any], entry: str
@@ -591,3 +602,75 @@ def test_a_poll_record_keeps_the_event_it_announced(db: Database, conn: str) -> 
     done = prune(db, Retention())
     assert done["runs"] == 1 and done["events"] == 0
     assert exists(db, "workflow_trigger_events", "id", event_id)
+
+
+def test_a_fired_burst_goes_after_its_run_and_a_held_event_is_kept(db: Database, conn: str) -> None:
+    """Debounce (shared/admission/debounce.py): a fired burst is kept while its run exists
+    (the run's scope lists its events); an event held in a burst not fired yet is never
+    deleted, however old its decided_at."""
+    from shared.admission.debounce_fire import fire_due_bursts
+    from shared.core.duty import SweepReport
+    from tests.admission_support import activate_text
+
+    activate_text(
+        db,
+        "name: edits\ntenant: acme\ntrigger:\n  events: [hubspot.contact.property_changed]\n"
+        "  dedup: every_time\n  debounce: {period: 5s}\nsteps:\n  - {id: start, type: end}\n",
+    )
+    fired = [emit_event(db, connection_id=conn, object_id="1") for _ in range(2)]
+    for e in fired:
+        admit_event(db, e, publish=lambda ids: None)
+    with db.transaction() as tx:
+        tx.execute("UPDATE debounce_bursts SET fire_at = now()")
+    fire_due_bursts(db, SweepConfig(), lambda ids: None, SweepReport())
+    held = emit_event(db, connection_id=conn, object_id="2")
+    admit_event(db, held, publish=lambda ids: None)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE debounce_bursts SET fired_at = now() - interval '91 days' "
+            "WHERE status = 'fired'"
+        )
+        tx.execute("UPDATE workflow_trigger_events SET decided_at = now() - interval '91 days'")
+    assert prune(db, Retention())["bursts"] == 0  # its run is still there
+    assert count(db, "SELECT count(*) FROM debounce_bursts") == 2
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_runs SET finished_at = now() - interval '91 days', "
+            "status = 'succeeded'"
+        )
+    done = prune(db, Retention())
+    assert done["runs"] == 1 and done["bursts"] == 1
+    assert count(db, "SELECT count(*) FROM debounce_bursts") == 1  # the open one
+    assert exists(db, "workflow_trigger_events", "id", held)
+    assert not exists(db, "workflow_trigger_events", "id", fired[0])
+
+
+def test_a_queued_start_keeps_its_event_and_a_started_entry_goes(db: Database, conn: str) -> None:
+    """A throttle's run-start queue (shared/admission/run_throttle.py): an event waiting in it
+    is never deleted, however old its decided_at; a started entry goes after the retention."""
+    from tests.admission_support import activate_text
+
+    activate_text(
+        db,
+        "name: limited\ntenant: acme\ntrigger:\n  events: [hubspot.contact.property_changed]\n"
+        "  dedup: every_time\n  throttle: {limit: 1, period: 1h}\nsteps:\n"
+        "  - {id: start, type: end}\n",
+    )
+    started, waiting = (emit_event(db, connection_id=conn, object_id=str(i)) for i in range(2))
+    for e in (started, waiting):
+        admit_event(db, e, publish=lambda ids: None)
+    with db.transaction() as tx:
+        tx.execute("UPDATE workflow_trigger_events SET decided_at = now() - interval '91 days'")
+        tx.execute(
+            "INSERT INTO run_start_queue (tenant_id, workflow_id, throttle_key, event_id, status,"
+            " run_id, version_id, dedup_mode, trigger_record, entry_node, entry_type,"
+            " limit_per_window, window_seconds, due_at, started_at)"
+            " SELECT tenant_id, workflow_id, throttle_key, event_id + 1000, 'started',"
+            " gen_random_uuid(), version_id, dedup_mode, trigger_record, entry_node, entry_type,"
+            " limit_per_window, window_seconds, due_at, now() - interval '91 days'"
+            " FROM run_start_queue"
+        )
+    done = prune(db, Retention())
+    assert done["run_starts"] == 1
+    assert exists(db, "workflow_trigger_events", "id", waiting)
+    assert count(db, "SELECT count(*) FROM run_start_queue WHERE status = 'queued'") == 1

@@ -4,6 +4,7 @@ admission and real step execution on the test's Postgres."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -307,6 +308,9 @@ def test_every_example_reads_only_what_a_hubspot_webhook_carries(path: Path) -> 
             # Every template that reads no step output (nor a foreach's item, which comes from
             # one) renders over the real scope.
             run = RunFacts("r", "w", "v", "acme", "r", "live")
+            if trigger.debounce is not None:  # a debounced run's event lists its burst
+                burst = {"id": 1, "occurred_at": "2026-01-01T00:00:00Z", "changed_fields": {}}
+                occurrence = dataclasses.replace(occurrence, burst=(burst,))
             scope = step_scope(occurrence, record, run=run, steps={})
             if trigger.rule:
                 evaluate(trigger.rule, rule_scope(occurrence, record))

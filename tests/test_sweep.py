@@ -474,6 +474,7 @@ def test_a_reclaimed_lease_marks_the_steps_charge_outcome_unknown(db: Database) 
         credits.grant(tx, step.tenant_id, 10)
     assert (
         credits.charge_step(
+            db,
             tenant_id=step.tenant_id,
             lineage_key=step.idempotency_key,
             amount=2,

@@ -60,4 +60,6 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "wake_due_steps",
         "redispatch_lost_steps",
         "requeue_undecided_events",
+        "fire_due_bursts",
+        "start_due_runs",
     ]

@@ -93,10 +93,10 @@ def test_over_the_limit_parks_until_the_window_ends_without_an_attempt(db: Datab
     cid = _connection(db, limit=2, window=60)
     limit = db.run(lambda tx: throttle.connection_limit(tx, cid))
     assert limit is not None
-    throttle.claim_or_park(limit)
-    throttle.claim_or_park(limit)
+    throttle.claim_or_park(db, limit)
+    throttle.claim_or_park(db, limit)
     with pytest.raises(BlockFailure) as err:
-        throttle.claim_or_park(limit)
+        throttle.claim_or_park(db, limit)
     failure = err.value
     assert failure.outcome_code == "THROTTLED" and failure.error_class == "transient"
     assert failure.consumes_attempt is False and failure.not_applied
@@ -109,9 +109,9 @@ def test_limits_of_different_scopes_and_subjects_count_apart(db: Database) -> No
     b = throttle.Limit("workflow", "wf-b", 1, 60)
     host = throttle.Limit("host", "acme|hooks.example.com", 1, 60)
     for limit in (a, b, host):
-        throttle.claim_or_park(limit)
+        throttle.claim_or_park(db, limit)
     with pytest.raises(BlockFailure) as err:
-        throttle.claim_or_park(a)
+        throttle.claim_or_park(db, a)
     assert "by workflow limit (wf-a: 1 per 60s)" in str(err.value)
 
 

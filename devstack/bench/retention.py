@@ -94,7 +94,8 @@ def main() -> None:
             db.close()
         half = len(first_steps) // 2
 
-        alone, _, alone_s, _ = bench_steps.run_executors(url, first_steps[:half])
+        ran = bench_steps.run_executors(url, first_steps[:half])
+        alone, alone_s = ran.steps, ran.seconds
         without = alone / alone_s
 
         stop = threading.Event()
@@ -124,7 +125,8 @@ def main() -> None:
 
         pruner = threading.Thread(target=retention)
         pruner.start()
-        beside, _, beside_s, _ = bench_steps.run_executors(url, first_steps[half:])
+        ran = bench_steps.run_executors(url, first_steps[half:])
+        beside, beside_s = ran.steps, ran.seconds
         stop.set()
         pruner.join()
         with_retention = beside / beside_s

@@ -18,6 +18,18 @@ Prints JSON lines (see `devstack.bench.baseline.emit`):
 - `steps_round_trips`, `steps_dispatch_to_settle_p50_ms`, `steps_dispatch_to_settle_p99_ms`.
 `pgbench -N -c 8` runs on the same durable (fsync on) cluster first; `ratio` compares. A step
 is two commits (the claim, the settle), a pgbench -N transaction one.
+
+Then the realistic mix (issue 27), same executors, same pgbench figure: runs of crm.update →
+crm.create → http.request → crm.update against the fake CRM (`python -m devstack.fakecrm`, a
+process of its own, answering at once) through a connection whose rate limit never throttles,
+each step priced (the specs' prices) and reserved against a workflow budget that never refuses,
+the http.request sent to the fake's local receiver (`/_sink/*`). It prints
+- `steps_settled_realistic`: steps/s and its ratio, with `db_round_trips_per_step_by_kind` (the
+  round trips each kind's steps paid while running concurrently);
+- `steps_cost_per_kind`: one more run stepped through alone, warm: each kind's database round
+  trips and its commits (transaction ids the server handed out while the step ran: one per
+  transaction that wrote).
+`BENCH_STEPS_REAL_RUNS` (default 3000) runs are seeded.
 """
 
 from __future__ import annotations
@@ -28,18 +40,25 @@ import logging
 import os
 import queue
 import statistics
+import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from devstack import postgres
+from devstack import seed as seed_module
 from devstack.bench.baseline import bench_cluster, emit, pgbench_tps
 from shared.blocks.base import BlockContext, BlockResult, BlockSpec, RetryPolicy
 from shared.core.db import Database, connector_from_env
-from shared.steps.advance import advance_step
+from shared.core.settings import settings
+from shared.port import observed
+from shared.providers import connect
+from shared.steps.advance import advance_step, registry_lookup
 from shared.steps.claim import LeaseConfig
 
 SECONDS = float(os.environ.get("BENCH_STEPS_SECONDS", "10"))
@@ -134,11 +153,26 @@ def seed_running_runs(
     return [str(r["id"]) for r in rows]
 
 
+@dataclass
+class Executed:
+    """What `run_executors` measured."""
+
+    steps: int
+    trips: int  # database round trips, every step (statements, BEGIN/COMMIT)
+    setup: int  # once per pooled connection: the session SET, each statement's Parse
+    publishes: int
+    seconds: float
+    latencies: list[float]
+    # Per block kind: (steps, database round trips).
+    by_kind: dict[str, list[int]] = field(default_factory=dict)
+
+
 def run_executors(
-    url: str, first_steps: list[str]
-) -> tuple[int, tuple[int, int, int], float, list[float]]:
-    """(steps settled, (database round trips, setup round trips, publishes), seconds,
-    dispatch→settle latencies in ms)."""
+    url: str, first_steps: list[str], block_lookup: Callable[[str], BlockSpec] | None = None
+) -> Executed:
+    """Drive `first_steps`' runs to their end with EXECUTORS executors until SECONDS pass;
+    `block_lookup`: the blocks (default: the no-op)."""
+    resolve = block_lookup or lookup
     work: queue.SimpleQueue[tuple[str, float]] = queue.SimpleQueue()
     fresh = iter(first_steps)
     fresh_lock = threading.Lock()
@@ -151,6 +185,11 @@ def run_executors(
 
     publishes = [0] * EXECUTORS
     executor_of = threading.local()
+    by_kind: list[dict[str, list[int]]] = [{} for _ in range(EXECUTORS)]
+
+    def noting_lookup(type_name: str) -> BlockSpec:
+        executor_of.kind = type_name  # the step this thread runs now is of this kind
+        return resolve(type_name)
 
     def dispatch(ids: Sequence[str]) -> None:
         now = time.monotonic()
@@ -183,9 +222,16 @@ def run_executors(
                     step_id, dispatched = work.get(timeout=0.5)
                 except queue.Empty:
                     continue
-                result = advance_step(db, step_id, lookup=lookup, dispatch=dispatch, config=lease)
+                executor_of.kind = "?"
+                before = db.round_trips.count
+                result = advance_step(
+                    db, step_id, lookup=noting_lookup, dispatch=dispatch, config=lease
+                )
                 if not result.claimed or result.status != "succeeded":
                     raise RuntimeError(f"step {step_id} did not settle: {result}")
+                kind = by_kind[i].setdefault(executor_of.kind, [0, 0])
+                kind[0] += 1
+                kind[1] += db.round_trips.count - before
                 latencies[i].append((time.monotonic() - dispatched) * 1000)
                 settled[i] += 1
                 if result.run_status == "succeeded":
@@ -203,7 +249,9 @@ def run_executors(
     warm = Database(connector_from_env({"DATABASE_URL": url}), pool_size=2)
     try:
         first = next(fresh)
-        advance_step(warm, first, lookup=lookup, dispatch=lambda ids: None, config=lease)
+        warmed = advance_step(warm, first, lookup=resolve, dispatch=lambda ids: None, config=lease)
+        if not warmed.claimed or warmed.status != "succeeded":
+            raise RuntimeError(f"step {first} did not settle: {warmed}")
     finally:
         warm.close()
     for _ in range(IN_FLIGHT):
@@ -222,11 +270,20 @@ def run_executors(
     elapsed = time.monotonic() - started
     if errors:
         raise errors[0]
-    return (
-        sum(settled),
-        (sum(trips), sum(setup), sum(publishes)),
-        elapsed,
-        [x for lat in latencies for x in lat],
+    kinds: dict[str, list[int]] = {}
+    for counted in by_kind:
+        for name, (n, t) in counted.items():
+            total = kinds.setdefault(name, [0, 0])
+            total[0] += n
+            total[1] += t
+    return Executed(
+        steps=sum(settled),
+        trips=sum(trips),
+        setup=sum(setup),
+        publishes=sum(publishes),
+        seconds=elapsed,
+        latencies=[x for lat in latencies for x in lat],
+        by_kind=kinds,
     )
 
 
@@ -234,6 +291,196 @@ def percentile(values: list[float], q: float) -> float:
     if len(values) < 2:
         return values[0] if values else 0.0
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def emit_executed(bench: str, ran: Executed, baseline: float, **extra: Any) -> None:
+    """The throughput line of one run of the executors (see the module docstring)."""
+    steps = ran.steps
+    per_step = (ran.trips + ran.setup + ran.publishes) / steps if steps else 0.0
+    emit(
+        bench,
+        steps / ran.seconds,
+        "steps/s",
+        baseline,
+        executors=EXECUTORS,
+        in_flight_runs=IN_FLIGHT,
+        round_trips_per_step=round(per_step, 2),
+        db_round_trips_per_step=round(ran.trips / steps, 2) if steps else 0.0,
+        setup_round_trips_per_step=round(ran.setup / steps, 3) if steps else 0.0,
+        publishes_per_step=round(ran.publishes / steps, 2) if steps else 0.0,
+        dispatch_to_settle_p50_ms=round(percentile(ran.latencies, 50), 2),
+        dispatch_to_settle_p99_ms=round(percentile(ran.latencies, 99), 2),
+        steps=steps,
+        seconds=round(ran.seconds, 2),
+        **extra,
+    )
+
+
+# --- the realistic mix ---------------------------------------------------------------------
+# What a real workflow's steps do: crm.update → crm.create → http.request → crm.update against
+# the fake CRM (a process of its own, answering at once: its own rate limit is lifted), through
+# a connection whose rate limit is high enough never to throttle, every step priced and counted
+# against a workflow budget large enough never to refuse.
+REAL_RUNS = int(os.environ.get("BENCH_STEPS_REAL_RUNS", "3000"))
+REAL_TOKEN_ENV = "BENCH_FAKECRM_TOKEN"  # noqa: S105 - the name of a variable, not a secret
+
+
+@contextlib.contextmanager
+def fake_crm_process() -> Iterator[str]:
+    """The fake CRM as a process of its own (its HTTP work must not share this process's
+    interpreter with the executors); its base URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devstack.fakecrm", "--rate-limit-max", "1000000000"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        yield str(json.loads(proc.stdout.readline())["fakecrm"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def seed_realistic(db: Database, crm_url: str, runs: int) -> tuple[list[str], list[str]]:
+    """The mix's workflow and `runs` running runs of it; (their first steps, one more run's
+    steps in order — for the per-kind calibration)."""
+    with db.transaction() as tx:
+        tx.execute("UPDATE tenants SET credit_balance = 1000000000 WHERE id = :t", t=TENANT)
+        connection_id = seed_module.connection(
+            tx, TENANT, api_credentials_env=REAL_TOKEN_ENV, api_base_url=crm_url
+        )
+        tx.execute(
+            "UPDATE connections SET rate_limit_per_window = 1000000000,"
+            " rate_limit_window_seconds = 10 WHERE id = CAST(:c AS uuid)",
+            c=connection_id,
+        )
+    contact = connect.port_for(db, connection_id).create("contacts", {"email": "ada@example.com"})
+    crm = {"object_type": "contacts", "connection_id": connection_id}
+    steps: list[dict[str, Any]] = [
+        {
+            "id": "s0",
+            "type": "crm.update",
+            "next": "s1",
+            "config": {**crm, "object_id": contact.id, "properties": {"lifecyclestage": "lead"}},
+        },
+        {
+            "id": "s1",
+            "type": "crm.create",
+            "next": "s2",
+            "config": {
+                "object_type": "tasks",
+                "connection_id": connection_id,
+                "properties": {
+                    "hs_task_subject": "Call Ada",
+                    "hs_timestamp": "2026-12-03T10:00:00Z",
+                },
+            },
+        },
+        {
+            "id": "s2",
+            "type": "http.request",
+            "next": "s3",
+            "config": {"url": f"{crm_url}/_sink/bench"},
+        },
+        {
+            "id": "s3",
+            "type": "crm.update",
+            "config": {
+                **crm,
+                "object_id": contact.id,
+                "properties": {"lifecyclestage": "customer"},
+            },
+        },
+    ]
+    definition = {
+        "name": "bench-real",
+        "tenant": TENANT,
+        "trigger": {"events": ["bench.x.y"]},
+        "budget": {"credits": 1000000000, "per": "1d"},
+        "steps": steps,
+    }
+    first = seed_running_runs(db, definition, runs + 1, "crm.update")
+    return first[1:], [first[0]]
+
+
+def _xids(db: Database) -> int:
+    with db.transaction() as tx:
+        return int(tx.scalar("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"))
+
+
+def calibrate(url: str, first_step: str) -> dict[str, dict[str, float]]:
+    """One run of the mix stepped through alone, warm (after the throughput run): each step's
+    database round trips (`Database.round_trips`) and commits (transaction ids the server
+    handed out while it ran: one per transaction that wrote), by block kind."""
+    db = Database(connector_from_env({"DATABASE_URL": url}), pool_size=2)
+    kinds: dict[str, dict[str, float]] = {}
+    try:
+        observed.flush(db)  # what the throughput run's ports observed is not this run's
+        pending = [first_step]
+        noted: list[str] = []
+
+        def noting(type_name: str) -> BlockSpec:
+            noted.append(type_name)
+            return registry_lookup(type_name)
+
+        while pending:
+            step_id = pending.pop(0)
+            noted.clear()
+            before, trips = _xids(db), db.round_trips.count
+            result = advance_step(
+                db, step_id, lookup=noting, dispatch=pending.extend, config=LeaseConfig()
+            )
+            trips, commits = db.round_trips.count - trips, _xids(db) - before
+            if result.status != "succeeded":
+                raise RuntimeError(f"calibration step {step_id} did not settle: {result}")
+            seen = kinds.setdefault(noted[0], {"steps": 0, "round_trips": 0, "commits": 0})
+            seen["steps"] += 1
+            seen["round_trips"] += trips
+            seen["commits"] += commits
+    finally:
+        db.close()
+    return {
+        k: {"round_trips": v["round_trips"] / v["steps"], "commits": v["commits"] / v["steps"]}
+        for k, v in kinds.items()
+    }
+
+
+def realistic_mix(url: str, baseline: float) -> None:
+    """`steps_settled_realistic`: the mix's steps/s against the same pgbench, with round trips
+    per step for each block kind as they ran, and (`steps_cost_per_kind`) round trips and
+    commits of each kind stepped through alone."""
+    os.environ[REAL_TOKEN_ENV] = "bench"  # the connection's token variable (the fake takes any)
+    os.environ["ONCEFLOW_HTTP_ALLOW_LOOPBACK"] = "1"  # http.request to the local receiver
+    settings.cache_clear()  # read again, with the variable above
+    with fake_crm_process() as crm_url:
+        setup = Database(connector_from_env({"DATABASE_URL": url}), pool_size=2)
+        try:
+            first_steps, (calibration,) = seed_realistic(setup, crm_url, REAL_RUNS)
+            with setup.transaction() as tx:
+                tx.execute("ANALYZE")
+        finally:
+            setup.close()
+        ran = run_executors(url, first_steps, registry_lookup)
+        per_kind = {
+            name: round(trips / n, 2) for name, (n, trips) in sorted(ran.by_kind.items()) if n
+        }
+        emit_executed(
+            "steps_settled_realistic",
+            ran,
+            baseline,
+            db_round_trips_per_step_by_kind=per_kind,
+        )
+        costs = calibrate(url, calibration)
+        for name, cost in sorted(costs.items()):
+            emit(
+                "steps_cost_per_kind",
+                cost["round_trips"],
+                "round_trips",
+                baseline,
+                block=name,
+                commits=round(cost["commits"], 2),
+            )
 
 
 def main() -> None:
@@ -246,30 +493,13 @@ def main() -> None:
             first_steps = seed(setup, RUNS)
         finally:
             setup.close()
-        steps, (trips, setup_trips, publishes), elapsed, latencies = run_executors(url, first_steps)
-        rate = steps / elapsed
-        per_step = (trips + setup_trips + publishes) / steps if steps else 0.0
-        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
-        emit(
-            "steps_settled",
-            rate,
-            "steps/s",
-            baseline,
-            executors=EXECUTORS,
-            in_flight_runs=IN_FLIGHT,
-            steps_per_run=STEPS_PER_RUN,
-            round_trips_per_step=round(per_step, 2),
-            db_round_trips_per_step=round(trips / steps, 2) if steps else 0.0,
-            setup_round_trips_per_step=round(setup_trips / steps, 3) if steps else 0.0,
-            publishes_per_step=round(publishes / steps, 2) if steps else 0.0,
-            dispatch_to_settle_p50_ms=round(p50, 2),
-            dispatch_to_settle_p99_ms=round(p99, 2),
-            steps=steps,
-            seconds=round(elapsed, 2),
-        )
+        ran = run_executors(url, first_steps)
+        per_step = (ran.trips + ran.setup + ran.publishes) / ran.steps if ran.steps else 0.0
+        emit_executed("steps_settled", ran, baseline, steps_per_run=STEPS_PER_RUN)
         emit("steps_round_trips", per_step, "round_trips", baseline)
-        emit("steps_dispatch_to_settle_p50_ms", p50, "ms", baseline)
-        emit("steps_dispatch_to_settle_p99_ms", p99, "ms", baseline)
+        emit("steps_dispatch_to_settle_p50_ms", percentile(ran.latencies, 50), "ms", baseline)
+        emit("steps_dispatch_to_settle_p99_ms", percentile(ran.latencies, 99), "ms", baseline)
+        realistic_mix(url, baseline)
 
 
 if __name__ == "__main__":

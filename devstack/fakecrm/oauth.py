@@ -41,7 +41,23 @@ class OAuthRefused(Exception):
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status = status
+        self.code = code
         self.body = {"status": code, "message": message}
+
+    def body_in(self, style: str) -> dict[str, Any]:
+        """The error body: v1's (`status` names the reason) or, with style "category", HubSpot's
+        standard error body (`status: "error"`, `category`, the reason in `subCategory`). Which
+        one `/oauth/2026-03/token` sends is not documented (docs/vendors/hubspot-2026.md 4.2):
+        the client must understand both."""
+        if style != "category":
+            return self.body
+        return {
+            "status": "error",
+            "message": str(self),
+            "correlationId": "fake-" + secrets.token_hex(8),
+            "category": "VALIDATION_ERROR" if self.status == 400 else "INVALID_AUTHENTICATION",
+            "subCategory": self.code,
+        }
 
 
 @dataclass

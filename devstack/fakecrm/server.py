@@ -64,6 +64,7 @@ ASSOCIATION_TYPES = {
     279: ("contacts", "companies"),
 }
 ACCESS_TOKENS_PREFIX = "/oauth/v1/access-tokens/"  # a legacy app's token metadata
+SINK_PREFIX = "/_sink"  # not HubSpot: a receiver for http.request calls (module docstring)
 LEGACY_TOKEN_PATH = "/oauth/v1/token"  # noqa: S105 - a path, not a secret
 ADMIN_RECORDS = re.compile(r"^/_admin/records/(?P<type>[a-z_]+)(?:/(?P<id>[^/]+))?$")
 
@@ -121,6 +122,9 @@ class FakeCrmConfig:
     # Service keys (a portal admin's static key, HubSpot's replacement for private-app
     # tokens): key -> portal. A revoked or rotated-away key is a 401.
     service_keys: dict[str, int] = field(default_factory=dict)
+    # How the token endpoint words a refusal: "status" (v1: {"status": "BAD_REFRESH_TOKEN"})
+    # or "category" (the standard error body, the reason in `subCategory`); see OAuthRefused.
+    oauth_error_style: str = "status"
 
 
 class _Drop(Exception):
@@ -225,7 +229,7 @@ class FakeCrm:
             return [
                 f"{r['method']} {r['path']}"
                 for r in self.store.requests
-                if versions.is_numbered(r["path"])
+                if versions.is_numbered(r["path"]) and not r["path"].startswith(SINK_PREFIX)
             ]
 
     def sink_requests(self) -> list[dict[str, Any]]:
@@ -640,6 +644,9 @@ class _Handler(BaseHTTPRequestHandler):
     fake: FakeCrm
     protocol_version = "HTTP/1.1"
     server_version = "fakecrm/1.0"
+    # TCP_NODELAY: headers and body go out as two writes; with Nagle on, the body waits for
+    # the client's delayed ACK (~40 ms a response), which HubSpot does not cost.
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -713,7 +720,7 @@ class _Handler(BaseHTTPRequestHandler):
         self, method: str, path: str, raw: bytes, fault: Any
     ) -> tuple[int, dict[str, Any]] | None:
         """`/_sink…`: a receiver for http.request steps, keeping what it was sent."""
-        if not path.startswith("/_sink"):
+        if not path.startswith(SINK_PREFIX):
             return None
         with self.fake.store.lock:
             self.fake.store.sink.append(
@@ -770,7 +777,11 @@ class _Handler(BaseHTTPRequestHandler):
                     },
                     {"Retry-After": str(fault.retry_after)},
                 )
-            if versions.is_numbered(path) and self.fake.config.new_app:
+            if (
+                versions.is_numbered(path)
+                and self.fake.config.new_app
+                and not path.startswith(SINK_PREFIX)  # any URL a test's http.request calls
+            ):
                 raise _error(
                     404,
                     f"{path}: numbered API versions are not available to this app; use the "
@@ -791,7 +802,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     granted = self.fake.oauth.token(form)
                 except OAuthRefused as refused:
-                    raise _Reply(refused.status, refused.body) from None
+                    raise _Reply(refused.status, self._oauth_error(refused)) from None
                 entry["status"] = 200
                 self._send(200, granted)
                 return
@@ -800,7 +811,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     info = self.fake.oauth.introspect(form)
                 except OAuthRefused as refused:
-                    raise _Reply(refused.status, refused.body) from None
+                    raise _Reply(refused.status, self._oauth_error(refused)) from None
                 entry["status"] = 200
                 self._send(200, info)
                 return
@@ -810,7 +821,7 @@ class _Handler(BaseHTTPRequestHandler):
                         parse_qs(url.query), self.fake.config.portal_id
                     )
                 except OAuthRefused as refused:
-                    raise _Reply(refused.status, refused.body) from None
+                    raise _Reply(refused.status, self._oauth_error(refused)) from None
                 entry["status"] = 302
                 self._send(302, None, {"Location": location})
                 return
@@ -903,6 +914,9 @@ class _Handler(BaseHTTPRequestHandler):
                 "INVALID_AUTHENTICATION",
             )
         return config.portal_id
+
+    def _oauth_error(self, refused: OAuthRefused) -> dict[str, Any]:
+        return refused.body_in(self.fake.config.oauth_error_style)
 
     def _service_key(self, path: str, bearer: str | None) -> int | None:
         """The portal of a live service key; a 401 for one revoked or rotated away. "You cannot
@@ -1091,6 +1105,8 @@ class _Handler(BaseHTTPRequestHandler):
             for flag in ("unique_event_ids", "rate_limit_retry_after", "new_app"):
                 if flag in body:
                     setattr(fake.config, flag, bool(body[flag]))
+            if body.get("oauth_error_style") in ("status", "category"):
+                fake.config.oauth_error_style = body["oauth_error_style"]
             if "developer_api_key" in body:  # the demo turns HubSpot's rule on for its app
                 fake.config.developer_api_key = body["developer_api_key"] or None
             if "unique_properties" in body:

@@ -35,6 +35,12 @@ GET_FOR_TENANT = SQL["connection_get_for_tenant"]
 INSERT = SQL["connection_insert"]
 ACTIVE_LISTENERS = SQL["connection_active_listeners"]
 
+# What a connection's credential is (migrations/0370_connections_credential_kind.sql): a static
+# token or service key in the variable `api_credentials_env` names, or an app install's sealed
+# OAuth grant. Words for messages, e.g. "its service key was refused".
+CREDENTIAL_KINDS = {"token": "API token", "service_key": "service key", "oauth": "OAuth grant"}
+STATIC_CREDENTIAL_KINDS = ("token", "service_key")
+
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")
 
 
@@ -55,6 +61,7 @@ class Connection:
     provider_account_id: str | None = None
     watched_fields: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     excluded_authors: tuple[str, ...] = ()
+    credential_kind: str = "token"  # CREDENTIAL_KINDS
 
     def webhook_secret(self) -> str:
         """The webhook secret, read from the environment now (never stored, never logged)."""
@@ -86,6 +93,7 @@ def _from_row(row: Mapping[str, Any]) -> Connection:
             if isinstance(v, list)
         },
         excluded_authors=tuple(row["excluded_authors"] or ()),
+        credential_kind=row["credential_kind"],
     )
 
 
@@ -118,11 +126,14 @@ def create_connection(
     watched_fields: Mapping[str, list[str]] | None = None,
     provider_app_id: str | None = None,
     provider_user_id: str | None = None,
+    credential_kind: str = "token",
 ) -> str:
     """Insert a connection; its id. With `provider_app_id` and `provider_account_id` (the
     provider's app id and account id) it also receives the events its app's one URL routes to it.
     `provider_user_id`: the provider user its writes act as (migration 0410; echo
-    suppression tells its own writes' events by it, shared/ingest/echo.py)."""
+    suppression tells its own writes' events by it, shared/ingest/echo.py).
+    `credential_kind`: what `api_credentials_env` holds, a static `token` or a `service_key`
+    (an OAuth connection becomes `oauth` when its grant is stored)."""
     return str(
         tx.scalar(
             INSERT,
@@ -136,6 +147,7 @@ def create_connection(
             watched_fields=json.dumps(dict(watched_fields or {})),
             provider_app_id=provider_app_id,
             provider_user_id=provider_user_id,
+            credential_kind=credential_kind,
         )
     )
 

@@ -156,8 +156,9 @@ def access_token(
     already replaced is not refreshed again). Raises NoGrant, ReauthorizationNeeded."""
     margin = REFRESH_MARGIN_SECONDS
     if rejected is None:
-        with db.transaction() as tx:
-            row = tx.one(GET, connection_id=connection_id, margin_seconds=margin)
+        with db.transaction() as tx:  # one statement, committed with it: one round trip
+            rows = tx.commit_with(GET, connection_id=connection_id, margin_seconds=margin)
+        row = rows[0] if rows else None
         if row is None:
             raise NoGrant(connection_id)
         if row["fresh"]:

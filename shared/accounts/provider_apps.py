@@ -72,7 +72,10 @@ AppSecretName = Literal["client_secret", "client_id", "developer_key"]
 # refresh (the CRM token users), with the client id; the
 # developer key is what the subscriptions API takes (reconciled hourly by sweep and on
 # activation by ops). A private app has one portal, a static token and no subscriptions API:
-# only its signatures need a secret. infra/secrets.tf mirrors this table.
+# only its signatures need a secret. An app that reads a webhooks journal authenticates as
+# itself with the same client id and secret (client-credentials grant): its reader runs in
+# sweep and its journal subscriptions are reconciled by sweep and ops, all among
+# OAUTH_CLIENT_USERS (shared/ingest/journal.py). infra/secrets.tf mirrors this table.
 APP_SECRET_READERS: dict[AppKind, dict[AppSecretName, tuple[str, ...]]] = {
     "public": {
         "client_secret": OAUTH_CLIENT_USERS,  # webhook: signatures and install callbacks

@@ -86,8 +86,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from shared.admission import stops
+from shared.admission import debounce, run_throttle, stops
+from shared.admission.debounce import BurstJoin
 from shared.core import queries
+from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
@@ -101,7 +103,7 @@ from shared.ingest.echo import (
 from shared.providers import registry
 from shared.steps import awaits
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
-from shared.workflows.definition import WorkflowDefinition
+from shared.workflows.definition import Debounce, RunThrottle, WorkflowDefinition
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
@@ -130,9 +132,14 @@ Reason = Literal[
     "missing_record_identity",
     "workflow_paused",
     "definition_unreadable",
+    "superseded",
 ]
 REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
-Outcome = Literal["admitted", "refused", "handled"]
+# `debounced`: the event joined a burst (shared/admission/debounce.py); the burst's fire
+# decides the pairing later (its run, or `superseded`).
+# `queued`: the trigger's throttle on starting runs is full (shared/admission/run_throttle.py);
+# the pairing waits in order and the sweep starts its run when a window has room.
+Outcome = Literal["admitted", "refused", "handled", "debounced", "queued"]
 
 # Attempts of the whole admission when a unique index, a deadlock or a dropped connection
 # interrupts it. Every attempt decides from scratch, so repeating is safe.
@@ -218,6 +225,12 @@ class _Trigger:
     entry_price: int
     # The trigger's `watch` list (empty: every field).
     watch: frozenset[str] = frozenset()
+    # `debounce` (shared/admission/debounce.py) and its compiled `key`, when declared.
+    debounce: Debounce | None = None
+    debounce_key: CompiledExpression | None = None
+    # `throttle` (shared/admission/run_throttle.py) and its compiled `key`, when declared.
+    throttle: RunThrottle | None = None
+    throttle_key: CompiledExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -244,6 +257,8 @@ class _Plan:
     # The record the trigger named by expression, as JSON; None for the event's own record
     # (sent once per statement, not once per binding).
     record: str | None
+    # The binding's parsed trigger (None for an unreadable definition).
+    trigger: _Trigger | None = None
 
 
 _triggers: dict[str, _Trigger] = {}
@@ -264,6 +279,12 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         record_expr = (
             None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
         )
+        debouncing = parsed.trigger.debounce
+        debounce_key = (
+            compile_expression(debouncing.key)
+            if debouncing is not None and debouncing.key is not None
+            else None
+        )
     except (ValidationError, ExpressionError) as exc:
         # Publishing validates definitions, so this is a row another release wrote or a
         # damaged one, not a customer error; it concerns this binding only.
@@ -278,13 +299,21 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         entry_node=entry.id,
         entry_type=entry.type,
         entry_price=_block_price(entry.type),
+        throttle=parsed.trigger.throttle,
+        throttle_key=_compiled_key(parsed.trigger.throttle),
         watch=frozenset(parsed.trigger.watch),
+        debounce=debouncing,
+        debounce_key=debounce_key,
     )
     with _triggers_lock:
         if len(_triggers) >= _TRIGGER_CACHE_SIZE:
             _triggers.clear()
         _triggers[version_id] = trigger
     return trigger
+
+
+def _compiled_key(limited: RunThrottle | None) -> CompiledExpression | None:
+    return None if limited is None or limited.key is None else compile_expression(limited.key)
 
 
 def _block_price(block_type: str) -> int:
@@ -473,6 +502,17 @@ def static_refusal(
     return key, record, None
 
 
+def trials_used_up(workflow_id: str, state: str, admitted: int) -> str:
+    """`workflow_paused`'s detail for a run a half-open breaker has no trial slot for (`state`
+    is the breaker's state as the trial claim found it)."""
+    return f"workflow {workflow_id} is paused by its circuit breaker: " + (
+        f"it is half-open and its {admitted} trial runs are in flight; the first "
+        "to end decides (success closes the breaker, failure pauses it again)"
+        if state == "half_open"
+        else f"it was paused again. Resume it with POST /v1/workflows/{workflow_id}/resume"
+    )
+
+
 # --- the transaction ---------------------------------------------------------------------------
 
 
@@ -538,12 +578,7 @@ def _plan_bindings(
             continue
         key, record, refused = static_refusal(event, trigger, b["dedup_mode"])
         if refused is None and b.get("breaker_state") == "open":
-            refused = (
-                "workflow_paused",
-                f"workflow {workflow_id} is paused by its circuit breaker since "
-                f"{b.get('breaker_opened_at')}: {b.get('breaker_reason')}. Resume it with "
-                f"POST /v1/workflows/{workflow_id}/resume",
-            )
+            refused = paused(workflow_id, b.get("breaker_opened_at"), b.get("breaker_reason"))
         if (
             refused is None
             and key is not None
@@ -567,9 +602,29 @@ def _plan_bindings(
                 record=None
                 if record is event.scope.values["record"]
                 else json.dumps(record, default=str),
+                trigger=trigger,
             )
         )
     return outcomes, resume, plans, extra_locks
+
+
+def paused(workflow_id: str, opened_at: Any, reason: Any) -> tuple[Reason, str]:
+    """The `workflow_paused` refusal of a workflow whose circuit breaker is open."""
+    return (
+        "workflow_paused",
+        f"workflow {workflow_id} is paused by its circuit breaker since {opened_at}: {reason}. "
+        f"Resume it with POST /v1/workflows/{workflow_id}/resume",
+    )
+
+
+def paused_now(row: Mapping[str, Any]) -> tuple[Reason, str] | None:
+    """`workflow_paused` when a held pairing (a debounce burst's last event, a throttled start)
+    is decided while its workflow's breaker is open (`breaker_state`, `breaker_opened_at`,
+    `breaker_reason`, `workflow_id` of `row`); a half-open breaker lets it start without
+    claiming a trial slot."""
+    if row["breaker_state"] != "open":
+        return None
+    return paused(row["workflow_id"], row["breaker_opened_at"], row["breaker_reason"])
 
 
 def _claim_trial_runs(
@@ -594,12 +649,7 @@ def _claim_trial_runs(
         if claim.state == "closed":  # a trial succeeded since the context read: admit
             decided.append(p)
             continue
-        detail = f"workflow {p.workflow_id} is paused by its circuit breaker: " + (
-            f"it is half-open and its {claim.admitted} trial runs are in flight; the first "
-            "to end decides (success closes the breaker, failure pauses it again)"
-            if claim.state == "half_open"
-            else f"it was paused again. Resume it with POST /v1/workflows/{p.workflow_id}/resume"
-        )
+        detail = trials_used_up(p.workflow_id, claim.state, claim.admitted)
         refusal = _Refusal(p.workflow_id, p.version_id, p.record_key, "workflow_paused", detail)
         decided.append(replace(p, refusal=refusal))
     return decided, [w for w in wanted if claims.get(w) is not None and claims[w].granted]
@@ -644,6 +694,8 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
     if extra_locks:
         tx.one(LOCK_RECORDS, lock_keys=extra_locks)
+    plans, joins = _debounced(event, plans)
+    plans, waiting = _throttled(tx, event, plans)
     half_open = {str(b["workflow_id"]) for b in bindings if b.get("breaker_state") == "half_open"}
     probe_ids: list[str] = []
     if half_open:
@@ -654,6 +706,13 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     if resume:
         # Claimed by an earlier delivery (claims are final): their pending steps go out again.
         dispatch += [r["id"] for r in tx.all(PENDING_FIRST_STEPS, run_ids=resume)]
+    outcomes += waiting
+    # Before the decision statement, which stays the transaction's last (it or MARK_DECIDED
+    # stamps the event decided: from then on its burst row holds it).
+    outcomes += [
+        BindingOutcome(j.workflow_id, "handled" if j.held else "debounced", detail=j.detail)
+        for j in debounce.join_bursts(tx, event_id=event_id, tenant_id=event.tenant_id, joins=joins)
+    ]
     open_waits = row["open_waits"]
     await_keys, awaiting = _open_awaits(tx, event, row)
     # The decision is the transaction's last statement, and commits in its own round trip,
@@ -747,6 +806,101 @@ def _after_the_decision(
     return dispatch
 
 
+def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list[BurstJoin]]:
+    """The plans that would start a run of a debounced trigger join a burst instead
+    (shared/admission/debounce.py); one whose burst key can't be had is refused
+    `missing_record_identity`. (The plans left for the decision statement, the joins.)"""
+    kept: list[_Plan] = []
+    joins: list[BurstJoin] = []
+    for p in plans:
+        trigger = p.trigger
+        if p.refusal is not None or trigger is None or trigger.debounce is None:
+            kept.append(p)
+            continue
+        record = event.scope.values["record"] if p.record is None else json.loads(p.record)
+        scope: PreparedScope | dict[str, Any] = (
+            event.scope if p.record is None else {**event.scope.values, "record": record}
+        )
+        key, missing = debounce.burst_key(
+            trigger.debounce, trigger.debounce_key, p.record_key, scope
+        )
+        if key is None:
+            refusal = _Refusal(
+                p.workflow_id,
+                p.version_id,
+                p.record_key,
+                "missing_record_identity",
+                missing or "no burst key",
+            )
+            kept.append(replace(p, refusal=refusal))
+            continue
+        joins.append(
+            BurstJoin(
+                workflow_id=p.workflow_id,
+                version_id=p.version_id,
+                dedup_mode=p.dedup_mode,
+                record_key=p.record_key,
+                burst_key=key,
+                trigger_record=p.record or debounce.record_json(record),
+                entry_node=p.entry_node,
+                entry_type=p.entry_type,
+                debounce=trigger.debounce,
+            )
+        )
+    return kept, joins
+
+
+def _throttled(
+    tx: Tx, event: EventFacts, plans: list[_Plan]
+) -> tuple[list[_Plan], list[BindingOutcome]]:
+    """The plans that would start a run of a throttled trigger claim a slot of its window
+    (shared/admission/run_throttle.py): granted, they are admitted as usual; otherwise they
+    wait in order, not refused. (The plans left for the decision statement, the waiting.)"""
+    kept: list[_Plan] = []
+    waiting: list[BindingOutcome] = []
+    for p in plans:
+        trigger = p.trigger
+        if p.refusal is not None or trigger is None or trigger.throttle is None:
+            kept.append(p)
+            continue
+        record = event.scope.values["record"] if p.record is None else json.loads(p.record)
+        scope: PreparedScope | dict[str, Any] = (
+            event.scope if p.record is None else {**event.scope.values, "record": record}
+        )
+        key, missing = run_throttle.throttle_key(trigger.throttle, trigger.throttle_key, scope)
+        if key is None:
+            refusal = _Refusal(
+                p.workflow_id,
+                p.version_id,
+                p.record_key,
+                "missing_record_identity",
+                missing or "no throttle key",
+            )
+            kept.append(replace(p, refusal=refusal))
+            continue
+        item = run_throttle.Throttled(
+            workflow_id=p.workflow_id,
+            version_id=p.version_id,
+            dedup_mode=p.dedup_mode,
+            record_key=p.record_key,
+            throttle_key=key,
+            trigger_record=p.record or json.dumps(record, default=str),
+            entry_node=p.entry_node,
+            entry_type=p.entry_type,
+            throttle=trigger.throttle,
+            run_id=p.run_id,
+        )
+        queued = run_throttle.admit_or_queue(
+            tx, event_id=event.id, tenant_id=event.tenant_id, item=item
+        )
+        if queued is None:
+            kept.append(p)  # a slot of this window: the run starts now
+        else:
+            outcome: Outcome = "queued" if queued.queued_now else "handled"
+            waiting.append(BindingOutcome(p.workflow_id, outcome, detail=queued.detail))
+    return kept, waiting
+
+
 def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:
     """One binding's row of the admit statement, which also wrote its refusal (the details
     that depend on other runs, duplicate and already_running, are worded there)."""
@@ -785,6 +939,12 @@ def admit_event(
                     done = _admit_in_transaction(tx, event_id, seams)
                     if seams.before_commit is not None:
                         seams.before_commit()
+                if any(o.outcome == "debounced" for o in done.outcomes):
+                    # Joined and committed; the burst's fire is the sweep's (kill tests).
+                    crash_point("admission_after_debounce_join")
+                if any(o.outcome == "queued" for o in done.outcomes):
+                    # Queued and committed; the start is the sweep's (kill tests).
+                    crash_point("admission_after_run_queued")
                 if done.late_resume:
                     with db.transaction() as tx:
                         done.dispatch += [
@@ -815,6 +975,45 @@ def admit_event(
             or "no workflow bound",
         )
         return AdmissionResult(event_id, tuple(done.outcomes), tuple(done.dispatch))
+
+
+def decide_held_pairing(
+    tx: Tx,
+    *,
+    event_id: int,
+    workflow_id: str,
+    version_id: str,
+    dedup_mode: str,
+    run_id: str,
+    record_key: str | None,
+    entry_node: str,
+    entry_type: str,
+    trigger_record: Any,
+    refusal: tuple[Reason, str] | None = None,
+) -> Mapping[str, Any]:
+    """The decision statement for one pairing admission held back (a debounce burst's last
+    event, a throttled start): the same rules as any admission (start key, dedup, first step,
+    claim, refusal), with the run id the holder chose. The caller holds the record's dedup
+    lock when its mode needs one. Its row: `outcome` (admitted, handled, duplicate,
+    already_running, or `refusal`'s reason when given), `run_id`, `detail`, `step_id`."""
+    (row,) = tx.all(
+        ADMIT,
+        event_id=event_id,
+        start_key=start_key(event_id),
+        workflow_ids=[workflow_id],
+        version_ids=[version_id],
+        dedup_modes=[dedup_mode],
+        run_ids=[run_id],
+        record_keys=[record_key],
+        refusals=[None if refusal is None else refusal[0]],
+        refusal_details=[None if refusal is None else refusal[1]],
+        entry_nodes=[entry_node],
+        entry_types=[entry_type],
+        records=[None],
+        event_record=json.dumps(trigger_record, default=str),
+        probe_ids=[],
+    )
+    return row
 
 
 def record_poisoned(

@@ -22,7 +22,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from shared.core.db import Database, Tx
 from shared.core.errors import ErrorClass
+from shared.port.interface import CrmPort
 from shared.workflows.definition import Step
 
 BlockKind = Literal["flow", "action"]
@@ -53,6 +55,9 @@ class Target:
     # The destination's addresses as the address policy checked them: the block connects to
     # exactly these (no second DNS answer that could differ).
     addresses: tuple[IPv4Address | IPv6Address, ...] = ()
+    # The connection's port, built while resolving (a CRM block's): the block calls through
+    # it instead of reading the connection's row a second time.
+    port: CrmPort | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,18 @@ class BlockContext:
     node: Step | None = None
     # What the gates resolved before the block ran (BlockSpec.target); None without gates.
     target: Target | None = None
+    # The step's database, its connection pinned to this thread from the claim to the
+    # settle (`Database.pinned`): everything the block, its target and its port read or write
+    # goes through it (issue 27: one connection per step; nothing below the executor calls
+    # `get_database()`, tests/test_step_round_trips.py). None: a caller that runs no block
+    # needing the database (a flow block, a unit test of a pure block).
+    db: Database | None = None
+
+    def database(self) -> Database:
+        """The step's database; a block that needs one and was handed none is a wiring bug."""
+        if self.db is None:
+            raise RuntimeError("this block needs the step's database and its context has none")
+        return self.db
 
 
 @dataclass(frozen=True)
@@ -224,6 +241,7 @@ class LandedQuery:
 
 
 ResolveLanded = Callable[[BlockContext, BaseModel, Target], LandedQuery | None]
+BeforeCall = Callable[[Tx, BlockContext, BaseModel, Target], None]
 
 
 @dataclass(frozen=True)
@@ -255,6 +273,11 @@ class BlockSpec:
     # unknown landed (shared/gates/budgets.py); None: it can't be asked, and such a reservation is
     # counted spent.
     landed_query: ResolveLanded | None = None
+    # What the block must have committed before its request leaves that is not a gate (the
+    # echo marker of an update, shared/ingest/echo.py): written by the executor in the gates'
+    # transaction, after every gate passed, so it shares their commit instead of paying one
+    # of its own (issue 27). Not run for a rehearsal or a refused attempt.
+    before_call: BeforeCall | None = None
 
     @property
     def max_attempts(self) -> int:

@@ -17,7 +17,8 @@ A rehearsal runs no gate. Then, in a writing block:
    try of this step (or of an earlier run of its lineage: a replay has the same key) made —
    whether or not the mark was set; read back to be sure, since the 409 names whichever unique
    value clashed (a contact's email names someone else's contact: `ALREADY_EXISTS`).
-   crm.update: commit an echo marker first, so the webhook the write causes is refused.
+   crm.update: an echo marker, so the webhook the write causes is refused — committed with
+   the gates, before the call (`update_echo`, the spec's `before_call`).
 6. call the port; classify its `PortError` into a `BlockFailure`.
 7. crm.create: record echo markers for the properties it set, now that the record has an id
    (the provider sends a propertyChange for each; see shared/ingest/echo.py for the timing).
@@ -42,7 +43,7 @@ from shared.blocks.base import (
     Target,
     dry_run_result,
 )
-from shared.core.db import get_database
+from shared.core.db import Tx
 from shared.core.logs import get_logger
 from shared.ingest import echo
 from shared.port.interface import (
@@ -182,9 +183,10 @@ def _connection_id(ctx: BlockContext, config: _Config) -> str:
     return connection_id
 
 
-def _port(connection_id: str) -> CrmPort:
+def _port(ctx: BlockContext, connection_id: str) -> CrmPort:
+    """The connection's port, its row read on the step's connection (`ctx.db`)."""
     try:
-        return connect.port_for(connection_id)
+        return connect.port_for(ctx.database(), connection_id)
     except PortError as exc:
         raise failure_from_port(exc, what=f"connection {connection_id}") from exc
 
@@ -195,7 +197,7 @@ def _object_type(ctx: BlockContext, config: _Config, name: str | None = None) ->
     for one (registry.object_kind); without a connection, any CRM provider's. The port's
     adapter turns it into its vendor's name."""
     name = config.object_type if name is None else name
-    provider = kinds.provider_of(config.connection_id or ctx.connection_id)
+    provider = kinds.provider_of(ctx.db, config.connection_id or ctx.connection_id)
     kind = registry.object_kind(name, provider)
     try:
         return plural_object_type(kind or name)
@@ -212,15 +214,21 @@ def connection_target(ctx: BlockContext, config: BaseModel) -> Target:
     misconfigured connection is refused before a slot or a credit is taken."""
     assert isinstance(config, _Config)
     connection_id = _connection_id(ctx, config)
-    _port(connection_id)
-    return Target(connection_id=connection_id)
+    port = _port(ctx, connection_id)
+    # Known from here on (read once per process), so that naming the config's kind later —
+    # in the gates' transaction too (`update_echo`) — never opens a transaction of its own.
+    kinds.provider_of(ctx.db, connection_id)
+    return Target(connection_id=connection_id, port=port)
 
 
 def _connect(ctx: BlockContext, config: _Config) -> tuple[str, CrmPort]:
     """The connection and its port. The gates ran before the block (a rehearsal's read runs
     none: it claims no live slot and is charged nothing, invariant 13)."""
     connection_id = _connection_id(ctx, config)
-    return connection_id, _port(connection_id)
+    target = ctx.target
+    if target is not None and target.port is not None and target.connection_id == connection_id:
+        return connection_id, target.port  # built by `connection_target` for this attempt
+    return connection_id, _port(ctx, connection_id)
 
 
 # --- crm.create ---------------------------------------------------------------------------------
@@ -330,7 +338,7 @@ def create_landed_query(ctx: BlockContext, config: BaseModel, target: Target) ->
     assert isinstance(config, CreateConfig)
     if not target.connection_id:
         return None
-    port = _port(target.connection_id)
+    port = target.port or _port(ctx, target.connection_id)
     key_property = port.idempotency_property if port.capabilities.write_idempotency else None
     if not key_property:
         return None
@@ -404,28 +412,29 @@ def _adopt_own_record(
 
 
 def _mark_echo(
+    tx: Tx,
     ctx: BlockContext,
+    *,
     connection_id: str,
     object_type: str,
     object_id: str,
     properties: Mapping[str, Any],
-    *,
     ttl_seconds: int,
     since_side_effect_mark: bool = False,
 ) -> None:
-    """Commit echo markers for a write of `properties` (shared/ingest/echo.py says when each
+    """Echo markers for a write of `properties`, in `tx` (shared/ingest/echo.py says when each
     is sent)."""
-    get_database().run(
-        lambda tx: echo.record_echo_marker(
-            tx,
-            connection_id=connection_id,
-            object_type=singular_object_type(object_type),
-            object_id=object_id,
-            fields=dict(properties),
-            step_id=ctx.step_id,
-            ttl_seconds=ttl_seconds,
-            since_side_effect_mark=since_side_effect_mark,
-        )
+    echo.record_echo_marker(
+        tx,
+        connection_id=connection_id,
+        object_type=singular_object_type(object_type),
+        object_id=object_id,
+        fields=dict(properties),
+        step_id=ctx.step_id,
+        ttl_seconds=ttl_seconds,
+        since_side_effect_mark=since_side_effect_mark,
+        # Nobody reads the answer: it travels with the COMMIT (one round trip fewer).
+        at_commit=True,
     )
 
 
@@ -437,14 +446,17 @@ def _record_create_echo(
     find the mark and fail OUTCOME_UNKNOWN for a record that exists): it is logged, and the
     worst case is one echo admitted as a trigger."""
     try:
-        _mark_echo(
-            ctx,
-            connection_id,
-            record.object_type,
-            record.id,
-            config.properties,
-            ttl_seconds=ECHO_TTL_SECONDS,
-            since_side_effect_mark=True,
+        ctx.database().run(
+            lambda tx: _mark_echo(
+                tx,
+                ctx,
+                connection_id=connection_id,
+                object_type=record.object_type,
+                object_id=record.id,
+                properties=config.properties,
+                ttl_seconds=ECHO_TTL_SECONDS,
+                since_side_effect_mark=True,
+            )
         )
     except Exception:
         log.warning("crm.create: echo markers for record %s not recorded", record.id, exc_info=True)
@@ -470,20 +482,28 @@ def execute_update(ctx: BlockContext, config: BaseModel) -> BlockResult:
             object_id=config.object_id,
             properties=config.properties,
         )
-    connection_id, port = _connect(ctx, config)
-    # Committed before the call: the webhook this write causes may arrive before the response.
-    _mark_echo(
-        ctx,
-        connection_id,
-        object_type,
-        config.object_id,
-        config.properties,
-        ttl_seconds=config.echo_ttl_seconds,
-    )
+    # The echo marker was committed before the call, with the gates (`update_echo`).
+    _, port = _connect(ctx, config)
     record = _calling(
         "crm.update", lambda: port.update(object_type, config.object_id, config.properties)
     )
     return BlockResult(output=_output(record))
+
+
+def update_echo(tx: Tx, ctx: BlockContext, config: BaseModel, target: Target) -> None:
+    """crm.update's `before_call`: its echo marker, committed with the gates before the call
+    leaves (the webhook this write causes may arrive before the response)."""
+    assert isinstance(config, UpdateConfig)
+    assert target.connection_id is not None  # `connection_target` resolved it or refused
+    _mark_echo(
+        tx,
+        ctx,
+        connection_id=target.connection_id,
+        object_type=_object_type(ctx, config),
+        object_id=config.object_id,
+        properties=config.properties,
+        ttl_seconds=config.echo_ttl_seconds,
+    )
 
 
 # --- reads --------------------------------------------------------------------------------------
@@ -551,6 +571,7 @@ UPDATE = _action(
     1,
     execute_update,
     description="Update CRM record properties (idempotent; the echo webhook is suppressed).",
+    before_call=update_echo,
 )
 GET = _action("crm.get", GetConfig, "none", 1, execute_get, description="Read one CRM record.")
 SEARCH = _action(

@@ -37,7 +37,7 @@ from shared.blocks.base import (
     dry_run_result,
 )
 from shared.core import queries
-from shared.core.db import get_database
+from shared.core.db import Database
 from shared.core.errors import classify_status
 from shared.core.netguard import (
     ALLOW_LOOPBACK_ENV,
@@ -119,9 +119,11 @@ def _invalid(
     )
 
 
-def _signing_secret(tenant_id: str) -> str | None:
-    with get_database().transaction() as tx:
-        env_name = tx.scalar(SIGNING_SECRET_ENV, tenant_id=tenant_id)
+def _signing_secret(db: Database, tenant_id: str) -> str | None:
+    # One statement, committed with it: one round trip on the step's connection.
+    with db.transaction() as tx:
+        rows = tx.commit_with(SIGNING_SECRET_ENV, tenant_id=tenant_id)
+    env_name = next(iter(rows[0].values())) if rows else None
     if not env_name:
         return None
     secret = named_secret(str(env_name))
@@ -216,7 +218,7 @@ def execute_request(ctx: BlockContext, config: BaseModel) -> BlockResult:
         addresses = target.addresses
     else:
         addresses = _checked_addresses(policy, destination)
-    secret = _signing_secret(ctx.tenant_id)
+    secret = _signing_secret(ctx.database(), ctx.tenant_id)
     if secret is not None:
         # The timestamp is the send time: a retry is signed afresh, the key stays the same.
         timestamp = str(int(time.time()))

@@ -25,6 +25,7 @@ CATALOG: tuple[str, ...] = (
     "shared.blocks.waits",
     "shared.blocks.crm",
     "shared.blocks.http",
+    "shared.blocks.ai",
 )
 
 

@@ -242,7 +242,7 @@ def _run_side(ctx: BlockContext, correlate: Correlate) -> str:
 
 def _awaits(ctx: BlockContext, config: WaitForConfig) -> tuple[AwaitedEvent, ...]:
     out: list[AwaitedEvent] = []
-    provider = kinds.provider_of(ctx.connection_id)
+    provider = kinds.provider_of(ctx.db, ctx.connection_id)
     for awaited in config.awaited():
         correlate = awaited.correlate or config.correlate
         on, value = (
@@ -295,7 +295,9 @@ def execute_wait_for(ctx: BlockContext, config: BaseModel) -> BlockResult:
             on_timeout="goto" if goto else str(config.on_timeout),
             timeout_goto=goto,
             # A wait on any CRM's event waits for the one the run's connection sends.
-            event_type=registry.event_type_on(kinds.provider_of(ctx.connection_id), config.event),
+            event_type=registry.event_type_on(
+                kinds.provider_of(ctx.db, ctx.connection_id), config.event
+            ),
             record_key=key,
             condition=config.when,
             scope=kept_for_wait(ctx.scope),

@@ -32,7 +32,16 @@ DRAIN_CRASH_POINTS = ("drain_after_commit_before_publish",)
 # A journal reader's entry is in the inbox; the offset after it isn't moved yet (one transaction,
 # not committed: shared/ingest/journal.py).
 JOURNAL_CRASH_POINTS = ("journal_after_store_before_offset",)
-KNOWN_POINTS = CRASH_POINTS + POLL_CRASH_POINTS + DRAIN_CRASH_POINTS + JOURNAL_CRASH_POINTS
+# Between admission's commit of an event joining a debounce burst and the burst's fire.
+# ... and between its commit of an event queued behind a full run-start throttle and the start.
+DEBOUNCE_CRASH_POINTS = ("admission_after_debounce_join", "admission_after_run_queued")
+KNOWN_POINTS = (
+    CRASH_POINTS
+    + POLL_CRASH_POINTS
+    + DRAIN_CRASH_POINTS
+    + JOURNAL_CRASH_POINTS
+    + DEBOUNCE_CRASH_POINTS
+)
 EXIT_CODE = 137
 
 _hits: dict[str, int] = {}

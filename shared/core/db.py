@@ -194,13 +194,20 @@ class _Session:
         prepare: bool,
         begin: bool = False,
         commit: bool = False,
+        ahead: tuple[tuple[str, tuple[Any, ...]], ...] = (),
     ) -> Any:
         """Execute one statement; `begin`: open the transaction first, `commit`: commit it
-        right after. For a prepared statement both travel in the statement's own round trip
+        right after; `ahead`: statements whose answers nobody reads, run first in the same
+        round trip once all are prepared on this connection (before: one by one). For a
+        prepared statement BEGIN and COMMIT travel in the statement's own round trip
         (pipelined: BEGIN, Bind+Execute+Sync, COMMIT written together, answers read in
         order). A COMMIT that follows a failed statement is answered ROLLBACK by the server,
         so pipelining it never commits a failure: the statement's error is what is raised."""
         conn = self.conn
+        if ahead:
+            return self._run_with_ahead(
+                statement, values, prepare=prepare, begin=begin, commit=commit, ahead=ahead
+            )
         if not prepare:
             if begin:
                 conn.execute_simple("BEGIN")
@@ -238,6 +245,45 @@ class _Session:
                 raise _StalePlan(f"{translate(exc)}; retrying on fresh connections") from exc
             raise
 
+    def _run_with_ahead(
+        self,
+        statement: str,
+        values: tuple[Any, ...],
+        *,
+        prepare: bool,
+        begin: bool,
+        commit: bool,
+        ahead: tuple[tuple[str, tuple[Any, ...]], ...],
+    ) -> Any:
+        """`run` with statements ahead of it (see there)."""
+        conn = self.conn
+        ready = [self._prepared.get(s) for s, _ in ahead]
+        main = self._prepared.get(statement)
+        if not prepare or main is None or any(r is None for r in ready):
+            for s, v in ahead:  # first use on this connection: one by one
+                self.run(s, v, prepare=True, begin=begin)
+                begin = False
+            return self.run(statement, values, prepare=prepare, begin=begin, commit=commit)
+        self.counter.add()
+        leading = [
+            (r, make_params(conn.py_types, v), s)
+            for r, (s, v) in zip(ready, ahead, strict=True)
+            if r is not None
+        ]
+        try:
+            return self._pipelined(
+                main,
+                make_params(conn.py_types, values),
+                statement=statement,
+                begin=begin,
+                commit=commit,
+                ahead=leading,
+            )
+        except pg8000.exceptions.DatabaseError as exc:
+            if _sqlstate(exc) == "0A000" and exc.args[0].get("R") == "RevalidateCachedQuery":
+                raise _StalePlan(f"{translate(exc)}; retrying on fresh connections") from exc
+            raise
+
     def _pipelined(
         self,
         prepared: tuple[bytes, Any, Any],
@@ -246,15 +292,25 @@ class _Session:
         statement: str,
         begin: bool,
         commit: bool,
+        ahead: list[tuple[tuple[bytes, Any, Any], Any, str]] | None = None,
     ) -> Any:
-        # pg8000's own execute_named, with the BEGIN / COMMIT queries written into the same
-        # flush (the core methods it is built from; pg8000 is pinned in requirements.txt).
+        # pg8000's own execute_named, with the BEGIN / COMMIT queries (and the statements
+        # `ahead` of it) written into the same flush (the core methods it is built from;
+        # pg8000 is pinned in requirements.txt).
         conn = self.conn
         sock = conn._sock
         name, columns, input_funcs = prepared
         ctx = pg8000.core.Context(columns=columns, input_funcs=input_funcs, statement=statement)
         if begin:
             conn.send_QUERY("BEGIN")
+        leading = []
+        for (a_name, a_columns, a_funcs), a_params, a_statement in ahead or ():
+            conn.send_BIND(a_name, a_params)
+            conn.send_EXECUTE()
+            pg8000.core._write(sock, pg8000.core.SYNC_MSG)
+            leading.append(
+                pg8000.core.Context(columns=a_columns, input_funcs=a_funcs, statement=a_statement)
+            )
         conn.send_BIND(name, params)
         conn.send_EXECUTE()
         pg8000.core._write(sock, pg8000.core.SYNC_MSG)
@@ -265,6 +321,7 @@ class _Session:
         failure: pg8000.exceptions.Error | None = None
         for context in (
             ([pg8000.core.Context("BEGIN")] if begin else [])
+            + leading
             + [ctx]
             + ([pg8000.core.Context("COMMIT")] if commit else [])
         ):
@@ -306,6 +363,10 @@ class Tx:
         # statement committed or rolled back the transaction itself (`commit_with`).
         self.begun = False
         self.finished = False
+        # Writes whose answer nobody reads, sent with the COMMIT (`at_commit`).
+        self._at_commit: list[tuple[Query, Mapping[str, Any]]] = []
+        # Statements whose answer nobody reads, sent with the next one (`ahead`).
+        self._ahead: list[tuple[Query, Mapping[str, Any]]] = []
 
     @contextmanager
     def savepoint(self) -> Iterator[None]:
@@ -344,13 +405,29 @@ class Tx:
         if self.finished:
             raise PermanentError("this transaction was already committed by commit_with")
 
+    def ahead(self, query: Query, **params: Any) -> None:
+        """Queue a statement whose answer nobody reads, to run right before the next one, in
+        the same round trip (issue 27: the budget's lock rides with the reservation). If it
+        fails, the next one fails with it and its error is raised there."""
+        self._check_open()
+        self._ahead.append((query, params))
+
     def _run(self, query: Query | str, params: Mapping[str, Any], *, commit: bool = False) -> Any:
         self._check_open()
-        text = query.text if isinstance(query, Query) else query
-        statement, names = _converted(text)
-        values = tuple(
-            _text_array(v) if type(v) is list else v for v in map(params.__getitem__, names)
-        )
+        statement, values = _bound(query, params)
+        if self._ahead:
+            queued, self._ahead = self._ahead, []
+            ahead = tuple(_bound(q, p) for q, p in queued)
+            begin, self.begun = not self.begun, True
+            self.finished = commit
+            return self._session.run(
+                statement,
+                values,
+                prepare=isinstance(query, Query),
+                begin=begin,
+                commit=commit,
+                ahead=ahead,
+            )
         begin = not self.begun
         if commit:
             # Whatever happens next, the server ends the transaction (COMMIT, or ROLLBACK
@@ -366,11 +443,31 @@ class Tx:
             statement, values, prepare=isinstance(query, Query), begin=begin, commit=commit
         )
 
+    def at_commit(self, query: Query, **params: Any) -> None:
+        """Queue a write whose answer nobody reads; it is sent when the transaction commits,
+        the last one in the same round trip as the COMMIT (one statement alone in its
+        transaction: on its own, no BEGIN or COMMIT). If it fails, the transaction rolls
+        back and its error is raised from the `transaction` block. For a write that must be
+        durable with the rest but decides nothing (issue 27: the echo marker that rides with
+        the gates' commit)."""
+        self._check_open()
+        self._at_commit.append((query, params))
+
+    def _send_at_commit(self) -> None:
+        queued, self._at_commit = self._ahead + self._at_commit, []
+        self._ahead = []
+        for i, (query, params) in enumerate(queued):
+            self._run(query, params, commit=i == len(queued) - 1)
+
     def commit_with(self, query: Query | str, **params: Any) -> list[Row]:
         """Run the transaction's last statement and COMMIT in the same round trip; its rows.
         If the statement fails, the transaction is rolled back and its error raised; any
         statement after this one raises. For a transaction whose last statement is known; a
-        transaction of that one statement alone sends no BEGIN or COMMIT at all."""
+        transaction of that one statement alone sends no BEGIN or COMMIT at all. Writes queued
+        by `at_commit` are sent first, so they commit with it."""
+        queued, self._at_commit = self._at_commit, []
+        for queued_query, queued_params in queued:
+            self._run(queued_query, queued_params)
         return self._rows(self._run(query, params, commit=True))
 
     @staticmethod
@@ -397,6 +494,14 @@ class Tx:
         """Run a statement; the number of rows it touched (zero is an answer, not an error)."""
         ctx = self._run(query, params)
         return int(ctx.row_count) if ctx.row_count is not None and ctx.row_count >= 0 else 0
+
+
+def _bound(query: Query | str, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+    """The statement in `$n` form and its values in order."""
+    text = query.text if isinstance(query, Query) else query
+    statement, names = _converted(text)
+    values = tuple(_text_array(v) if type(v) is list else v for v in map(params.__getitem__, names))
+    return statement, values
 
 
 class _NameRecorder(dict[str, Any]):
@@ -460,6 +565,26 @@ class RoundTrips:
     def reset(self) -> None:
         self._local.count = 0
         self._local.setup = 0
+
+
+class _Pin:
+    """A thread's pinned connection (`Database.pinned`); None once it broke and was dropped."""
+
+    def __init__(self, session: _Session) -> None:
+        self.session: _Session | None = session
+        self.in_transaction = False
+
+    def enter(self, fresh: Callable[[], _Session]) -> _Session:
+        """The session for a transaction about to open on the pin (a fresh one after a
+        breakage dropped the last)."""
+        if self.in_transaction:
+            raise NestedCheckout(
+                "this thread already has a transaction open on its pinned connection; "
+                "a second one at once is hold-and-wait"
+            )
+        session = self.session if self.session is not None else fresh()
+        self.session, self.in_transaction = session, True
+        return session
 
 
 class Database:
@@ -547,16 +672,40 @@ class Database:
         self._slots.release()
 
     @contextmanager
+    def pinned(self) -> Iterator[Database]:
+        """Hold one pooled connection for this thread until the block ends: every
+        `transaction` this thread opens on this pool meanwhile runs on it, one after the
+        other (issue 27: one connection per step, from the claim to the settle). A
+        transaction opened inside another on the same thread is refused (`NestedCheckout`),
+        as without a pin. A connection that broke is replaced by a fresh one for the next
+        transaction, still under the same slot. Re-entrant: an inner `pinned` changes
+        nothing. Other threads (the lease keeper) still take their own connections."""
+        if getattr(self._holding, "pin", None) is not None:
+            yield self
+            return
+        pin = _Pin(self._checkout())
+        self._holding.pin = pin
+        try:
+            yield self
+        finally:
+            self._holding.pin = None
+            self._checkin(pin.session)
+
+    @contextmanager
     def transaction(self) -> Iterator[Tx]:
-        """BEGIN … COMMIT on a pooled connection; any error rolls back and is translated.
-        BEGIN travels with the first statement; a transaction that sent none sends
-        nothing, and one ended by `Tx.commit_with` has nothing left to commit."""
-        session = self._checkout()
+        """BEGIN … COMMIT on a pooled connection (this thread's pinned one, see `pinned`);
+        any error rolls back and is translated. BEGIN travels with the first statement; a
+        transaction that sent none sends nothing, and one ended by `Tx.commit_with` has
+        nothing left to commit."""
+        pin: _Pin | None = getattr(self._holding, "pin", None)
+        session = self._checkout() if pin is None else pin.enter(self._take_session)
         conn = session.conn
         keep: _Session | None = session
         tx = Tx(session)
         try:
             yield tx
+            if tx._at_commit:
+                tx._send_at_commit()
             if tx.begun and not tx.finished:
                 tx.finished = True
                 conn.execute_simple("COMMIT")
@@ -580,7 +729,10 @@ class Database:
                 raise translate(exc) from exc
             raise
         finally:
-            self._checkin(keep)
+            if pin is None:
+                self._checkin(keep)
+            else:
+                pin.session, pin.in_transaction = keep, False
 
     def run(self, work: Callable[[Tx], T], *, attempts: int = 3) -> T:
         """`work` in a transaction, retried on transient errors (it must be safe to repeat)."""

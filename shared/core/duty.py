@@ -99,6 +99,10 @@ class SweepReport:
     publish_failures: int = 0
     events_requeued: int = 0
     events_undelivered: int = 0
+    # Debounce bursts fired (shared/admission/debounce_fire.py).
+    bursts_fired: int = 0
+    # Runs started from a throttle's queue (shared/admission/run_throttle.py).
+    runs_started_from_queue: int = 0
     duties: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,6 +116,8 @@ class SweepReport:
             "publish_failures": self.publish_failures,
             "events_requeued": self.events_requeued,
             "events_undelivered": self.events_undelivered,
+            "bursts_fired": self.bursts_fired,
+            "runs_started_from_queue": self.runs_started_from_queue,
             "duties": self.duties,
         }
 

@@ -238,7 +238,8 @@ class Settings:
         "GOOGLE_CLOUD_PROJECT",
         None,
         "Project for Pub/Sub topics (`onceflow-local` when unset), Cloud Scheduler health, log"
-        " trace ids and the ops page's links to Cloud Logging.",
+        " trace ids, the ops page's links to Cloud Logging, and the Vertex AI project of a"
+        " tenant that names none (`ai.generate`).",
     )
     gcp_project: str | None = _setting(
         "GCP_PROJECT",
@@ -469,6 +470,16 @@ class Settings:
         FLAG,
     )
 
+    vertex_base_url: str | None = _setting(
+        "ONCEFLOW_VERTEX_BASE_URL",
+        None,
+        "Where the `ai.generate` block sends Vertex AI calls instead of Google's endpoint: the"
+        " local stack's and the tests' fake (`devstack/fakevertex`), called with a static"
+        " token, so nothing reaches Google. Unset (production): Google's endpoint, as the"
+        " function's service account.",
+        ABSOLUTE_URL,
+    )
+
     # --- the `onceflow` command ----------------------------------------------------------
     ops_url: str | None = _setting(
         "ONCEFLOW_OPS_URL", None, "The `onceflow` command's ops function URL (`--url`)."
@@ -572,7 +583,8 @@ NAMED_SECRETS: tuple[Documented, ...] = (
         "*named by a connection row*",
         "—",
         "`connections.webhook_secret_env` and `api_credentials_env` name the variables holding"
-        " each connection's webhook secret and API token (Secret Manager in the cloud). A"
+        " each connection's webhook secret and its API token or service key (its"
+        " `credential_kind`; Secret Manager in the cloud). A"
         " tenant's `signing_secret_env` names the HMAC key for outbound `http.request`"
         " signatures.",
     ),

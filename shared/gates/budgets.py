@@ -40,13 +40,12 @@ from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
+from shared.port import observed
 from shared.workflows.definition import Budget, WorkflowDefinition
 
 SQL = queries.load("budgets")
 LOCK = SQL["budget_lock"]
-GET = SQL["budget_reservation_get"]
-USED = SQL["budget_used"]
-INSERT = SQL["budget_reserve_insert"]
+RESERVE = SQL["budget_reserve"]
 RESERVE_AGAIN = SQL["budget_reserve_again"]
 SETTLE_SPENT = SQL["budget_settle_spent"]
 SETTLE_RELEASED = SQL["budget_settle_released"]
@@ -93,32 +92,37 @@ def reserve(
     """Reserve `amount` for `idempotency_key` if it fits under the cap (see the module
     docstring). Under the budget's lock: the sum and the write can't interleave with another
     reservation of the same budget."""
-    tx.one(LOCK, budget_key=budget_key)
-    existing = tx.one(GET, idempotency_key=idempotency_key, step_id=step_id)
-    used = int(tx.scalar(USED, budget_key=budget_key, window_seconds=budget.window_seconds))
-    if existing is not None and existing["status"] != "released":
+    # The lock is a statement of its own (the reservation's snapshot must be taken after it is
+    # granted; the server runs them in order) sent in the reservation's round trip.
+    tx.ahead(LOCK, budget_key=budget_key)
+    read = tx.one(
+        RESERVE,
+        budget_key=budget_key,
+        window_seconds=budget.window_seconds,
+        idempotency_key=idempotency_key,
+        tenant_id=tenant_id,
+        run_id=run_id,
+        step_id=step_id,
+        amount=amount,
+        cap=budget.credits,
+        landed_query=_landed_json(landed),
+    )
+    assert read is not None  # a SELECT from a one-row CTE: always one row
+    used, existing = int(read["used"]), read["existing"]
+    if read["inserted"]:
+        return Reservation("reserved", used + amount, budget.credits)
+    if existing is not None and existing != "released":
         return Reservation("already_reserved", used, budget.credits)
     if used + amount > budget.credits:
         return Reservation("exceeded", used, budget.credits)
-    if existing is None:
-        tx.execute(
-            INSERT,
-            budget_key=budget_key,
-            idempotency_key=idempotency_key,
-            tenant_id=tenant_id,
-            run_id=run_id,
-            step_id=step_id,
-            amount=amount,
-            landed_query=_landed_json(landed),
-        )
-    else:
-        tx.execute(
-            RESERVE_AGAIN,
-            idempotency_key=idempotency_key,
-            amount=amount,
-            step_id=step_id,
-            landed_query=_landed_json(landed),
-        )
+    # Released by an attempt that provably never applied: this retry reserves it again.
+    tx.execute(
+        RESERVE_AGAIN,
+        idempotency_key=idempotency_key,
+        amount=amount,
+        step_id=step_id,
+        landed_query=_landed_json(landed),
+    )
     return Reservation("reserved", used + amount, budget.credits)
 
 
@@ -127,7 +131,8 @@ def _landed_json(landed: LandedQuery | None) -> str | None:
 
 
 def settle_spent(tx: Tx, idempotency_key: str, step_id: str | None) -> None:
-    tx.execute(SETTLE_SPENT, idempotency_key=idempotency_key, step_id=step_id)
+    # Nobody reads the answer: sent with the COMMIT of the gates' settle (one round trip).
+    tx.at_commit(SETTLE_SPENT, idempotency_key=idempotency_key, step_id=step_id)
 
 
 def settle_released(tx: Tx, idempotency_key: str, step_id: str | None) -> None:
@@ -150,13 +155,14 @@ def reconcile(
     for row in askable:
         query = LandedQuery(**row["landed_query"])
         try:
-            status = "spent" if landed(query) else "released"
+            status = "spent" if landed(db, query) else "released"
         except Exception as exc:  # the provider can't answer now: counted, asked next period
             unanswered += 1
             log.warning("budget reconcile: could not ask whether %s landed: %s", query, exc)
             continue
         with db.transaction() as tx:
             settled += len(tx.all(RECONCILE_SETTLE, id=row["id"], status=status))
+    observed.flush(db)  # what the searches observed (shared/port/observed.py)
     return {"settled": settled, "unanswered": unanswered}
 
 
@@ -165,7 +171,7 @@ def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
     return (Duty("reconcile_budget_reservations", 300.0, reconcile),)
 
 
-def landed(query: LandedQuery) -> bool:
+def landed(db: Database, query: LandedQuery) -> bool:
     """Whether the provider holds the record `query` names (its unique-value property holds
     the key the attempt stamped). HubSpot's search lags its writes (FACTS.md: "Search lags
     writes"); the duty only asks about reservations older than `RECONCILE_AFTER_SECONDS`
@@ -174,7 +180,7 @@ def landed(query: LandedQuery) -> bool:
     from shared.port.interface import SearchFilter
     from shared.providers.connect import port_for
 
-    port = port_for(query.connection_id)
+    port = port_for(db, query.connection_id)
     found = port.search(
         query.object_type, [SearchFilter(query.property, "EQ", query.value)], limit=1
     )

@@ -12,8 +12,7 @@ from shared.gates.kind import Attempt, GateKind
 
 def _open(tx: Tx, attempt: Attempt) -> BlockFailure | None:
     assert attempt.target.connection_id is not None  # `applies` checked it
-    limit = throttle.connection_limit(tx, attempt.target.connection_id)
-    return None if limit is None else throttle.claim_or_refusal(tx, limit)
+    return throttle.claim_connection_or_refusal(tx, attempt.target.connection_id)
 
 
 GATE = GateKind(

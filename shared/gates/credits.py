@@ -31,14 +31,11 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict, Unpack
 
 from shared.core import queries
-from shared.core.db import Tx, get_database
+from shared.core.db import Database, Tx
 
 SQL = queries.load("credits")
-SAVEPOINT = SQL["credits_savepoint"]
-ROLLBACK_SAVEPOINT = SQL["credits_rollback_savepoint"]
-RELEASE_SAVEPOINT = SQL["credits_release_savepoint"]
-LEDGER_INSERT = SQL["credits_ledger_insert"]
-DEBIT = SQL["credits_debit"]
+CHARGE = SQL["credits_charge"]
+UNCHARGE = SQL["credits_uncharge"]
 BALANCE = SQL["credits_balance"]
 GRANT = SQL["credits_grant"]
 MARK_OUTCOME_UNKNOWN = SQL["credits_mark_outcome_unknown"]
@@ -68,29 +65,26 @@ class ChargeOf(TypedDict):
 
 
 def charge(tx: Tx, **of: Unpack[ChargeOf]) -> Charge:
-    """Charge `amount` once per `lineage_key`. Never raises for lack of credits: the ledger row
-    of a charge that can't be paid is rolled back to a savepoint, so the caller's transaction
-    stays usable and the next attempt (after a top-up) can still charge."""
+    """Charge `amount` once per `lineage_key`: one statement on the happy path. Never raises
+    for lack of credits: the ledger row of a charge that can't be paid is deleted again in
+    the same transaction (`credits_uncharge`), so the caller's transaction stays usable and
+    the next attempt (after a top-up) can still charge."""
     amount, tenant_id = of["amount"], of["tenant_id"]
     if amount <= 0:
         return Charge("charged", 0)
-    tx.execute(SAVEPOINT)
-    inserted = tx.one(LEDGER_INSERT, **of)
-    if inserted is None:
-        tx.execute(RELEASE_SAVEPOINT)
+    row = tx.one(CHARGE, **of)
+    assert row is not None  # a SELECT of two scalars: always one row
+    if row["charged_id"] is None:
         return Charge("already_charged", 0)
-    balance = tx.scalar(DEBIT, tenant_id=tenant_id, amount=amount)
-    if balance is None:
-        tx.execute(ROLLBACK_SAVEPOINT)
-        tx.execute(RELEASE_SAVEPOINT)
+    if row["balance"] is None:
+        tx.execute(UNCHARGE, id=row["charged_id"])
         return Charge("insufficient", amount, tx.scalar(BALANCE, tenant_id=tenant_id))
-    tx.execute(RELEASE_SAVEPOINT)
-    return Charge("charged", amount, int(balance))
+    return Charge("charged", amount, int(row["balance"]))
 
 
-def charge_step(**of: Unpack[ChargeOf]) -> Charge:
+def charge_step(db: Database, **of: Unpack[ChargeOf]) -> Charge:
     """`charge` in its own committed transaction."""
-    return get_database().run(lambda tx: charge(tx, **of))
+    return db.run(lambda tx: charge(tx, **of))
 
 
 def balance(tx: Tx, tenant_id: str) -> int | None:

@@ -18,22 +18,25 @@ workflow_limit.py, host_limit.py) run by the step executor, never a block.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from shared.blocks.base import BlockFailure
 from shared.core import queries
-from shared.core.db import Database, Tx, get_database
+from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
 
 SQL = queries.load("throttle")
 CLAIM = SQL["throttle_claim"]
+CLAIM_CONNECTION = SQL["throttle_claim_connection"]
 CONNECTION_LIMIT = SQL["throttle_connection_limit"]
 DELETE_EXPIRED = SQL["throttle_windows_delete_expired"]
 
 OUTCOME_THROTTLED = "THROTTLED"
-Scope = Literal["connection", "workflow", "host"]
+# `run_start`: a trigger's throttle on starting runs (shared/admission/run_throttle.py).
+Scope = Literal["connection", "workflow", "host", "run_start"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ def claim(tx: Tx, limit: Limit) -> ThrottleClaim:
         CLAIM, scope=limit.scope, subject=limit.subject, window_seconds=limit.window_seconds
     )
     assert row is not None  # an upsert always returns its row
+    return _claimed(limit, row)
+
+
+def _claimed(limit: Limit, row: Mapping[str, Any]) -> ThrottleClaim:
     used = int(row["used"])
     return ThrottleClaim(
         used <= limit.max,
@@ -75,6 +82,17 @@ def connection_limit(tx: Tx, connection_id: str) -> Limit | None:
     if row is None:
         return None
     return Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
+
+
+def claim_connection_or_refusal(tx: Tx, connection_id: str) -> BlockFailure | None:
+    """`claim_or_refusal` for the connection's window, the limit read in the claim's own
+    statement; None also for a connection that doesn't exist (nothing to count against)."""
+    row = tx.one(CLAIM_CONNECTION, connection_id=connection_id)
+    if row is None:
+        return None
+    limit = Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
+    outcome = _claimed(limit, row)
+    return None if outcome.allowed else throttled(limit, outcome)
 
 
 def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:
@@ -105,9 +123,9 @@ def claim_or_refusal(tx: Tx, limit: Limit) -> BlockFailure | None:
     return None if outcome.allowed else throttled(limit, outcome)
 
 
-def claim_or_park(limit: Limit) -> None:
+def claim_or_park(db: Database, limit: Limit) -> None:
     """`claim_or_refusal` in its own committed transaction, raising the refusal."""
-    refusal = get_database().run(lambda tx: claim_or_refusal(tx, limit))
+    refusal = db.run(lambda tx: claim_or_refusal(tx, limit))
     if refusal is not None:
         raise refusal
 

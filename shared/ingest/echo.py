@@ -128,8 +128,10 @@ def record_echo_marker(
     step_id: str | None,
     ttl_seconds: int = DEFAULT_TTL_SECONDS,
     since_side_effect_mark: bool = False,
+    at_commit: bool = False,
 ) -> int:
-    """Record that onceflow writes `fields` on one record; the markers written.
+    """Record that onceflow writes `fields` on one record; the markers written (with
+    `at_commit`: the markers queued, sent with `tx`'s COMMIT in its round trip, Tx.at_commit).
 
     An update calls it in a transaction that commits BEFORE the write's request leaves (sent
     now). A create calls it once the response names the record, with
@@ -140,8 +142,7 @@ def record_echo_marker(
     if ttl_seconds <= 0:
         raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
     names = list(fields)
-    return tx.execute(
-        INSERT,
+    params = dict(
         connection_id=connection_id,
         object_type=object_type,
         object_id=str(object_id),
@@ -154,6 +155,10 @@ def record_echo_marker(
         grace_seconds=_GRACE_SECONDS,
         max_grace_seconds=_MAX_GRACE_SECONDS,
     )
+    if at_commit:
+        tx.at_commit(INSERT, **params)
+        return len(names)
+    return tx.execute(INSERT, **params)
 
 
 def authored_elsewhere(

@@ -107,6 +107,17 @@ def recent_gaps(tx: Tx, days: int = GAP_REPORT_DAYS) -> list[dict[str, Any]]:
     return tx.all(RECENT_GAPS, days=days)
 
 
+def app_journals(tx: Tx, provider: str, app_id: str) -> list[dict[str, Any]]:
+    """Ops: each journal the app reads, its state and its recent gaps (`gaps`)."""
+    gaps = [g for g in recent_gaps(tx) if g["provider"] == provider and g["app_id"] == app_id]
+    out = []
+    for row in tx.all(OF_APP, provider=provider, app_id=app_id):
+        found = state(tx, provider, app_id, str(row["journal"]))
+        if found is not None:
+            out.append({**found, "gaps": [g for g in gaps if g["journal"] == row["journal"]]})
+    return out
+
+
 def journal_accounts(tx: Tx, app: provider_apps.ProviderApp) -> tuple[str, ...] | None:
     """The accounts whose changes the app's journals carry (an account's local journal: that
     account; the global one: every account with an active connection of the app); None when

@@ -9,7 +9,10 @@ create|list|revoke` (creating tenants and tokens takes an admin token). Workflow
 (ids, names, versions), `publish FILE [--activate]`, `activate WORKFLOW VERSION`, `deactivate
 WORKFLOW`, `budget WORKFLOW`, `breaker WORKFLOW [--resume [--half-open]]` (a WORKFLOW by id or
 name). Runs: `runs [filters]` (`--since 1h`, `--since 2026-12-01`), `show RUN`, `explain
-RECORD` (a record key, a HubSpot record URL, an object id or an email), `cancel RUN --reason
+RECORD` (a record key, a HubSpot record URL, an object id or an email), `explain --would-run
+WORKFLOW RECORD` (would it start a run now, and if not why: admission's reason; exit 1 for
+no), `rehearse WORKFLOW --record RECORD` (a dry run: real CRM reads, the writes it would
+send, never sent), `cancel RUN --reason
 WHY`, `approvals`, `approve|reject APPROVAL --comment WHY`, `replay RUN…` and `retry RUN…`
 (or `--failed` with filters: every failed run that matches, listed first, done only with
 `--yes`). `--json` prints the API's JSON (UTC times) for scripts; otherwise tables at most 100
@@ -25,6 +28,7 @@ Exit codes say what happened, so a CI step can branch on them:
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -112,6 +116,22 @@ def _validate(files: Sequence[str], out: TextIO, err: TextIO) -> int:
     else:
         print(f"{len(files)} file(s) ok, {warnings} warning(s)", file=out)
     return EXIT_PROBLEMS if failed else EXIT_OK
+
+
+def _test(args: argparse.Namespace) -> int:
+    """`onceflow test SCENARIO.yaml…`: each scenario played on a virtual clock against a
+    throwaway database and the fake CRM (devstack/scenario.py). 0 all passed, 1 an expectation
+    failed (expected and actual printed), 2 a scenario is invalid (file:line:column)."""
+    try:
+        # Looked up at run time: the local stack (fake CRM, throwaway cluster) is in a
+        # checkout, never in the deployed bundle, and stays outside shared/'s type check.
+        scenario = importlib.import_module("devstack.scenario")
+    except ImportError:
+        print(
+            "onceflow test: run it from a checkout of onceflow (needs devstack/)", file=sys.stderr
+        )
+        return EXIT_USAGE
+    return int(scenario.main(args.files, sys.stdout, sys.stderr, database_url=args.database_url))
 
 
 def _schema(out: str | None) -> int:
@@ -251,6 +271,8 @@ def _record_key(s: Session, what: str) -> str:
 
 
 def _explain(s: Session, args: argparse.Namespace) -> int:
+    if args.would_run:
+        return _would_run(s, args)
     key = _record_key(s, args.record)
     story = s.client.call("GET", "/v1/records/explain", query={"record_key": key})
 
@@ -270,6 +292,121 @@ def _explain(s: Session, args: argparse.Namespace) -> int:
 
     s.emit(story, readable)
     return EXIT_OK
+
+
+def _would_run(s: Session, args: argparse.Namespace) -> int:
+    """`explain --would-run WORKFLOW RECORD`: would the record start a run now? Admission's
+    answer for the record as the CRM has it now, written nowhere (exit 0 yes, 1 no)."""
+    answer = s.client.call(
+        "GET",
+        "/v1/records/would-run",
+        query={
+            "workflow_id": _workflow_id(s, args.would_run),
+            "record_key": _record_key(s, args.record),
+            "event_type": args.event_type,
+        },
+    )
+
+    def readable() -> None:
+        print(f"record {answer['record_key']}  on {answer['event_type']}", file=s.out)
+        if answer["would_run"]:
+            print(f"yes, a new run (dedup {answer['dedup_mode']})", file=s.out)
+        else:
+            print(terminal.wrap(f"no, because {answer['reason']}: {answer['detail']}"), file=s.out)
+            print(terminal.wrap(f"  {answer['explanation']}"), file=s.out)
+        carried = ", ".join(f"{k}={v!r}" for k, v in answer["changed_fields"].items())
+        print(f"a change now would carry: {carried or 'no fields'}", file=s.out)
+        if answer["breaker_state"] != "closed":
+            print(f"circuit breaker: {answer['breaker_state']}", file=s.out)
+        for note in answer["notes"]:
+            print(terminal.wrap(note), file=s.out)
+
+    s.emit(answer, readable)
+    return EXIT_OK if answer["would_run"] else EXIT_PROBLEMS
+
+
+def _rehearsal_event(s: Session, workflow_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """What `rehearse` runs against: `--event`, else the record's newest stored event this
+    workflow decided about or is bound to (its connection serves the steps' CRM reads), else
+    an event supplied from the record as the CRM has it now (the would-run read)."""
+    if args.event is not None:
+        return {"event_id": args.event}
+    key = _record_key(s, args.record)
+    story = s.client.call("GET", "/v1/records/explain", query={"record_key": key})
+    for e in sorted(story["events"], key=lambda e: e["event_id"], reverse=True):
+        wanted = args.event_type is None or e["event_type"] == args.event_type
+        if wanted and any(str(d["workflow_id"]) == workflow_id for d in e["decisions"]):
+            return {"event_id": e["event_id"]}
+    now = s.client.call(
+        "GET",
+        "/v1/records/would-run",
+        query={"workflow_id": workflow_id, "record_key": key, "event_type": args.event_type},
+    )
+    _, object_type, object_id = key.split(":", 2)
+    identity = {"id", "object_type", "key", "connection_id"}
+    print(
+        f"no stored event for {key}: rehearsing a {now['event_type']} of the record as the "
+        "CRM has it now (a step reading the CRM needs config.connection_id)",
+        file=s.err,
+    )
+    return {
+        "event": {
+            "event_type": now["event_type"],
+            "record_object_type": object_type,
+            "record_object_id": object_id,
+            "payload": {
+                "properties": {k: v for k, v in now["record"].items() if k not in identity}
+            },
+        }
+    }
+
+
+def _rehearse(s: Session, args: argparse.Namespace) -> int:
+    """`rehearse WORKFLOW --record R`: run the workflow in the rehearsal namespace (its CRM
+    reads are real, its writes stop before they leave: shared/ops/rehearsal.py) and show each
+    step, the branches taken, the writes it would send and the waits it would make."""
+    workflow_id = _workflow_id(s, args.workflow)
+    body = {"workflow_id": workflow_id, **_rehearsal_event(s, workflow_id, args)}
+    if args.version:
+        body["version_id"] = args.version
+    result = s.client.call("POST", "/v1/rehearsals", body=body)
+
+    def readable() -> None:
+        print(f"rehearsal run {result['run_id']}: {result['status']}", file=s.out)
+        for st in result["steps"]:
+            line = f"- {st['step_key']} ({st['block_type']}): {st['status']}"
+            if st["branch_choice"]:
+                line += f", took branch {st['branch_choice']}"
+            print(line, file=s.out)
+            for text in _rehearsed_step(st):
+                print(terminal.wrap(f"    {text}"), file=s.out)
+        writes = len(result["would_send"])
+        print(f"{writes} write(s) would have been sent; none was.", file=s.out)
+
+    s.emit(result, readable)
+    return EXIT_OK if result["status"] != "failed" else EXIT_PROBLEMS
+
+
+def _rehearsed_step(step: Mapping[str, Any]) -> list[str]:
+    """A rehearsed step's lines: what it would have sent, waited for or asked, or its error."""
+    out = step["output"] if isinstance(step["output"], dict) else {}
+    lines: list[str] = []
+    if out.get("dry_run") is True:
+        sent = out.get("would_send") or {}
+        target = " ".join(
+            str(sent[k]) for k in ("method", "url", "object_type", "object_id") if k in sent
+        )
+        lines.append(f"would send {out.get('block')} {target}".rstrip())
+        if isinstance(sent.get("properties"), dict):
+            lines += [f"{k} = {v!r}" for k, v in sent["properties"].items()]
+        if sent.get("body"):
+            lines.append(f"body: {str(sent['body'])[:300]}")
+    if "rehearsal" in out:
+        what = out.get("waiting_for") or out.get("summary") or ""
+        lines.append(f"{out['rehearsal']}" + (f": {what}" if what else ""))
+    if step["error"]:
+        lines.append(f"error: {step['error']}")
+    return lines
 
 
 def _publish(s: Session, args: argparse.Namespace) -> int:
@@ -541,6 +678,8 @@ def _bulk(s: Session, args: argparse.Namespace, action: str) -> int:
             body["from_step"] = args.from_step
         if args.input is not None:
             body["input"] = args.input
+        if getattr(args, "fresh_ai_answers", False):
+            body["fresh_ai_answers"] = True
     results: list[dict[str, Any]] = []
     progress = Progress(len(targets), s.err)
     for run in targets:
@@ -689,6 +828,7 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
         "provider": args.provider,
         "webhook_secret_env": args.webhook_secret_env,
         "api_credentials_env": args.api_credentials_env,
+        "credential_kind": args.credential_kind,
         "api_base_url": args.api_base_url,
         "provider_account_id": args.account,
         "provider_app_id": args.app,
@@ -701,7 +841,8 @@ def _connections_create(s: Session, args: argparse.Namespace) -> int:
         c,
         lambda: (
             f"connection {c['id']}: {c['provider']} account {c['provider_account_id'] or '-'}"
-            f" for tenant {c['tenant_id']}"
+            f" for tenant {c['tenant_id']} ({c['credential_kind']}"
+            f" in {c['api_credentials_env'] or '-'})"
         ),
     )
     return EXIT_OK
@@ -719,11 +860,12 @@ def _connections_list(s: Session, args: argparse.Namespace) -> int:
                     c["provider"],
                     c["provider_account_id"],
                     c["status"],
+                    c["credential_kind"],
                     c["api_base_url"] or "(vendor)",
                 )
                 for c in result["items"]
             ],
-            ("connection", "tenant", "provider", "account", "status", "api"),
+            ("connection", "tenant", "provider", "account", "status", "credential", "api"),
             s.out,
         ),
     )
@@ -863,7 +1005,14 @@ def _connection_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
         metavar="VAR",
         help="the NAME of the env var holding the webhook secret (never the secret)",
     )
-    p.add_argument("--api-credentials-env", metavar="VAR", help="env var holding the API token")
+    p.add_argument(
+        "--api-credentials-env", metavar="VAR", help="env var holding the API token or service key"
+    )
+    p.add_argument(
+        "--credential-kind",
+        choices=("token", "service_key"),
+        help="what that variable holds (default: token; a HubSpot private app's token is one)",
+    )
     p.add_argument("--api-base-url", metavar="URL", help="the CRM's API (default: the vendor's)")
     p.add_argument("--account", metavar="ID", help="the provider account (HubSpot portal id)")
     p.add_argument("--app", metavar="APP_ID", help="the HubSpot app it was installed through")
@@ -951,6 +1100,32 @@ def _token_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("token_id", metavar="TOKEN_ID")
 
 
+def _explain_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`explain` (why did it run, `--would-run`: would it now) and `rehearse` (a dry run)."""
+    p = sub.add_parser(
+        "explain",
+        parents=[remote],
+        help="why did (or didn't) it run? --would-run: would it run now? (exit 1: no)",
+    )
+    p.add_argument("record", metavar="RECORD", help="record key, HubSpot URL, object id or email")
+    p.add_argument(
+        "--would-run",
+        metavar="WORKFLOW",
+        help="would the record start a run of WORKFLOW (id or name) now? Nothing is written",
+    )
+    p.add_argument("--event-type", metavar="TYPE", help="with --would-run: the trigger's event")
+    p = sub.add_parser(
+        "rehearse",
+        parents=[remote],
+        help="dry-run a workflow for a record: real CRM reads, writes shown, never sent",
+    )
+    p.add_argument("workflow", metavar="WORKFLOW", help="its id or name")
+    p.add_argument("--record", required=True, metavar="RECORD", help="as for explain")
+    p.add_argument("--event", type=int, metavar="EVENT_ID", help="a stored event to rehearse")
+    p.add_argument("--event-type", metavar="TYPE", help="the trigger's event type")
+    p.add_argument("--version", metavar="VERSION_ID", help="default: the active version")
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog="onceflow", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -958,6 +1133,11 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="validate workflow definition files (offline)")
     validate.add_argument("files", nargs="+", metavar="FILE")
+    test = sub.add_parser("test", help="play scenarios on a virtual clock (local, offline)")
+    test.add_argument("files", nargs="+", metavar="SCENARIO")
+    test.add_argument(
+        "--database-url", help="a migrated database to write to (default: a throwaway cluster)"
+    )
     schema = sub.add_parser("schema", help="export the workflow JSON Schema")
     schema.add_argument("--out", help="write here instead of stdout")
     remote = argparse.ArgumentParser(add_help=False)
@@ -985,8 +1165,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--cursor")
     p = sub.add_parser("show", parents=[remote], help="one run with its steps")
     p.add_argument("run", metavar="RUN")
-    p = sub.add_parser("explain", parents=[remote], help="why did (or didn't) it run?")
-    p.add_argument("record", metavar="RECORD", help="record key, HubSpot URL, object id or email")
+    _explain_parsers(sub, remote)
     p = sub.add_parser("cancel", parents=[remote], help="cancel a running run")
     p.add_argument("run", metavar="RUN")
     p.add_argument("--reason", required=True, help="why, kept on the run and in the audit log")
@@ -1025,6 +1204,11 @@ def _bulk_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
                 type=_json_object,
                 help="edited input (a JSON object) for --from-step; audited",
             )
+            p.add_argument(
+                "--fresh-ai-answers",
+                action="store_true",
+                help="ai.generate steps run again ask the model instead of reusing its answer",
+            )
     p = sub.add_parser(
         "bulk",
         parents=[remote],
@@ -1049,6 +1233,7 @@ def _json_object(text: str) -> dict[str, Any]:
 LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {
     "validate": lambda a: _validate(a.files, sys.stdout, sys.stderr),
     "schema": lambda a: _schema(a.out),
+    "test": _test,
 }
 REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "workflows": _workflows,
@@ -1068,6 +1253,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "runs": _runs,
     "show": _show,
     "explain": _explain,
+    "rehearse": _rehearse,
     "cancel": _cancel,
     "confirm-install": _confirm_install,
     "claim-install": _claim_install,

@@ -43,6 +43,8 @@ STUCK_INBOX_SHOWN = 20
 RECORD_DROPS = queries.load("drops")["drops_for_record"]
 CONNECTION_REFUSALS = queries.load("drops")["webhook_refusals_for_connection"]
 DROPS_SHOWN = 100
+HELD_IN_BURSTS = queries.load("debounce")["debounce_held_for_events"]
+WAITING_TO_START = queries.load("run_throttle")["run_throttle_waiting_for_events"]
 
 MAX_EVENTS = 500
 
@@ -60,6 +62,9 @@ REASON_WORDS = {
     "row failed; it starts no runs until someone resumes it.",
     "definition_unreadable": "The workflow's active version could not be read by this release "
     "of onceflow, so it did not start; publish and activate the workflow again.",
+    "superseded": "The workflow waits for a record's changes to settle (debounce): a later "
+    "change of the same burst started the run instead, and that run lists this change among "
+    "the burst's events.",
 }
 
 
@@ -239,6 +244,14 @@ def _event_decisions(
     event_ids = [int(e["id"]) for e in events]
     refusals = tx.all(RECORD_REFUSALS, tenant_id=tenant_id, event_ids=event_ids)
     claims = tx.all(RECORD_CLAIMS, tenant_id=tenant_id, event_ids=event_ids)
+    held = {
+        (int(h["event_id"]), h["workflow_id"]): h
+        for h in tx.all(HELD_IN_BURSTS, tenant_id=tenant_id, event_ids=event_ids)
+    }
+    waiting = {
+        (int(w["event_id"]), w["workflow_id"]): w
+        for w in tx.all(WAITING_TO_START, tenant_id=tenant_id, event_ids=event_ids)
+    }
     bindings = tx.all(BINDINGS_FOR_TENANT, tenant_id=tenant_id)
     runs_by_event: dict[tuple[int, str], dict[str, Any]] = {}
     for r in runs:
@@ -263,7 +276,11 @@ def _event_decisions(
             + bound.get(e["event_type"], [])
         )
         decisions = [
-            _decision(eid, wid, names[wid], runs_by_event, refusals_by_event, e)
+            _held_decision(wid, names[wid], held[(eid, wid)])
+            if (eid, wid) in held
+            else _waiting_decision(wid, names[wid], waiting[(eid, wid)])
+            if (eid, wid) in waiting
+            else _decision(eid, wid, names[wid], runs_by_event, refusals_by_event, e)
             for wid in workflow_ids
         ]
         out.append(_event_view(e, decisions))
@@ -280,6 +297,37 @@ def _event_view(e: dict[str, Any], decisions: list[Decision]) -> EventDecisions:
 def _drop(d: dict[str, Any], object_type: str) -> RecordDrop:
     why = explain_drop(d["reason"], d["fields"] or {}, object_type, d["source_event_id"])
     return RecordDrop.model_validate({**d, "explanation": why})
+
+
+def _held_decision(workflow_id: str, name: str, held: dict[str, Any]) -> Decision:
+    """A pairing held in a debounce burst (shared/admission/debounce.py) not fired yet."""
+    return Decision(
+        workflow_id=workflow_id,
+        workflow_name=name,
+        outcome="undecided",
+        explanation=(
+            "The workflow waits for this record's changes to settle (debounce): this event is "
+            f"held in a burst of {held['event_count']} event(s), whose last is event "
+            f"{held['last_event_id']}. At {held['fire_at'].isoformat()}, unless another change "
+            f"comes first, that last event starts run {held['run_id']} and the others are "
+            "refused `superseded`."
+        ),
+    )
+
+
+def _waiting_decision(workflow_id: str, name: str, waiting: dict[str, Any]) -> Decision:
+    """A pairing waiting in a throttle's run-start queue (shared/admission/run_throttle.py)."""
+    return Decision(
+        workflow_id=workflow_id,
+        workflow_name=name,
+        outcome="undecided",
+        explanation=(
+            f"The workflow starts at most {waiting['limit_per_window']} run(s) per "
+            f"{waiting['window_seconds']} s (throttle), and that window was full: this event "
+            f"waits its turn, with {waiting['ahead']} ahead of it. Its run starts when a window "
+            f"has room (the next from {waiting['due_at'].isoformat()}); it is not refused."
+        ),
+    )
 
 
 def _decision(  # noqa: PLR0917 - one call site, positional reads best

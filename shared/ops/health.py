@@ -123,14 +123,14 @@ def read_scheduler(env: Mapping[str, str] | None = None) -> SchedulerHealth:
 
 def _connection(row: Mapping[str, Any]) -> ConnectionHealth:
     errors = row["last_reconcile_errors"]
-    oauth = row["oauth_kek_env"] is not None
+    oauth = row["credential_kind"] == "oauth"
     variable = row["oauth_kek_env"] if oauth else row["api_credentials_env"]
     return ConnectionHealth(
         connection_id=row["connection_id"],
         tenant_id=row["tenant_id"],
         provider=row["provider"],
         status=row["status"],
-        credentials="oauth" if oauth else "token",
+        credentials=row["credential_kind"],
         credentials_configured=bool(variable and named_secret(variable)),
         oauth_refreshed_at=row["oauth_refreshed_at"],
         last_call_at=row["last_call_at"],

@@ -133,6 +133,18 @@ class RecordQuery(_Request):
     record_key: Text = Field(min_length=5, max_length=500, description=RECORD_KEY_DESCRIPTION)
 
 
+class WouldRunQuery(_Request):
+    workflow_id: UUID
+    record_key: Text = Field(min_length=5, max_length=500, description=RECORD_KEY_DESCRIPTION)
+    event_type: Text | None = Field(
+        default=None,
+        max_length=200,
+        pattern=EVENT_TYPE_PATTERN,
+        description="One of the workflow's bound event types (default: the one of the "
+        "record's kind, a property change when the trigger watches fields).",
+    )
+
+
 # ---- bodies -------------------------------------------------------------------------------
 
 
@@ -156,6 +168,11 @@ class ReplayRequest(_Request):
         default=None,
         description="An edited input (the block's config object) for `from_step`; who and"
         " what are kept on the new step and in the audit trail.",
+    )
+    fresh_ai_answers: bool = Field(
+        default=False,
+        description="The `ai.generate` steps the replay runs again ask the model afresh instead"
+        " of reusing the answers journaled in the lineage (still charged once per lineage).",
     )
 
 
@@ -477,6 +494,32 @@ class UnroutedPortal(_Response):
     last_seen_at: datetime
 
 
+class JournalGap(_Response):
+    """The reader found its offset gone (away longer than the journal keeps entries): entries
+    between `lost_after` and `resumed_at` may never have been read."""
+
+    id: int
+    lost_after: str
+    resumed_at: str | None = Field(description="The earliest offset read instead; null: none.")
+    last_entry_at: datetime | None = Field(
+        description="When the entry at `lost_after` was stored: the gap starts after it."
+    )
+    detected_at: datetime
+    detail: str
+
+
+class JournalState(_Response):
+    """A provider journal the app's events are read from (shared/ingest/journal.py)."""
+
+    journal: str = Field(description='"global" (every install) or the account of a local one.')
+    last_offset: str | None = Field(description="The last entry stored; null: none yet.")
+    entries_read: int
+    last_entry_at: datetime | None
+    last_pass_at: datetime | None
+    last_error: str | None = Field(description="The last pass's error; null when it ended well.")
+    gaps: list[JournalGap] = Field(description="Gaps detected in the last 7 days, newest first.")
+
+
 class ProjectSubscription(BaseModel):
     """One webhook subscription: (object type, the provider's event kind, property)."""
 
@@ -533,6 +576,9 @@ class ProviderAppReport(_Response):
     subscriptions: dict[str, Any] | None = Field(
         description="The last subscription reconcile: `desired` (for a private app, what the "
         "operator must create in HubSpot's UI), `result`, `ok`, `reconciled_at`."
+    )
+    journals: list[JournalState] = Field(
+        default_factory=list, description="The journals its events are read from, if any."
     )
 
 
@@ -829,6 +875,30 @@ class RehearsalResult(_Response):
     would_send: list[Any] = Field(description="Side effects stopped before they left.")
 
 
+class WouldRunAnswer(_Response):
+    """ "Would this record enroll?" (shared/admission/would_run.py): admission's decision for
+    the record as the CRM has it now, written nowhere."""
+
+    workflow_id: UUID
+    record_key: str
+    event_type: str = Field(description="The event type the question was asked for.")
+    version_id: UUID
+    dedup_mode: str
+    would_run: bool = Field(description="True: a new run would start.")
+    reason: str | None = Field(description="The refusal reason admission would record.")
+    detail: str | None = Field(description="Its words, as admission would record them.")
+    explanation: str = Field(description="The answer in plain words.")
+    changed_fields: dict[str, Any] = Field(
+        description="The fields a change announced now would carry (the watched ones)."
+    )
+    record: dict[str, Any] = Field(description="The record the trigger rule read.")
+    blocking_run_id: UUID | None = Field(description="The run that blocks a new one.")
+    breaker_state: str
+    notes: list[str] = Field(
+        description="What would act on the run's steps rather than its start (the budget)."
+    )
+
+
 # ---- health ("is the machinery running?") --------------------------------------------------
 
 
@@ -887,13 +957,14 @@ class ConnectionHealth(_Response):
     tenant_id: str
     provider: str
     status: str
-    credentials: Literal["token", "oauth"] = Field(
+    credentials: Literal["token", "service_key", "oauth"] = Field(
         default="token",
-        description="A token in an environment variable, or an OAuth grant (an app install).",
+        description="A token or a service key in an environment variable, or an OAuth grant"
+        " (an app install).",
     )
     credentials_configured: bool = Field(
-        description="A token connection: the variable it names is set in this function. An"
-        " OAuth connection: its grant exists and the key that seals it is set here."
+        description="A token or service-key connection: the variable it names is set in this"
+        " function. An OAuth connection: its grant exists and the key that seals it is set here."
     )
     oauth_refreshed_at: datetime | None = Field(
         default=None, description="When the OAuth access token was last issued or refreshed."
@@ -1047,6 +1118,14 @@ class ConnectionCreate(_Request):
         description="The *name* of the environment variable holding the webhook secret.",
     )
     api_credentials_env: Text | None = Field(default=None, pattern=ENV_NAME_PATTERN, max_length=100)
+    credential_kind: Literal["token", "service_key"] = Field(
+        default="token",
+        description="What the variable `api_credentials_env` names holds: an API `token` (e.g."
+        " a HubSpot private app's access token) or a `service_key` (HubSpot's replacement for"
+        " private apps). Both are used as they are: they neither expire nor refresh, and a"
+        " revoked or rotated one fails the calls until the variable holds the new one. (An"
+        " OAuth connection is made by installing an app, `/v1/oauth/...`.)",
+    )
     api_base_url: Text | None = Field(
         default=None, max_length=500, description="The CRM's API; null: the vendor's."
     )
@@ -1076,6 +1155,10 @@ class ConnectionSummary(_Response):
     api_base_url: str | None
     webhook_secret_env: str
     api_credentials_env: str | None
+    credential_kind: Literal["token", "service_key", "oauth"] = Field(
+        description="The credential it calls its provider with: a `token` or `service_key` in"
+        " the variable `api_credentials_env` names, or an app install's `oauth` grant."
+    )
     watched_fields: dict[str, Any]
     created_at: datetime
 

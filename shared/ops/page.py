@@ -53,6 +53,8 @@ from shared.ops.models import (
     RunsQuery,
     VersionList,
     WorkflowList,
+    WouldRunAnswer,
+    WouldRunQuery,
 )
 from shared.ops.replay import dispatch_committed
 from shared.ops.search import record_page
@@ -355,7 +357,9 @@ def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
             notices.append(Notice(err.message, error=True))
             found = None
         if found is not None and len(found) == 1:
-            return _record_page(api, viewer, found[0].record_key, q, notices)
+            key = found[0].record_key
+            would_run = _would_run(api, viewer, key, request.args.get("would_run"), notices)
+            return _record_page(api, viewer, key, q, notices, would_run=would_run)
         matches = found
     failed = _call(api, viewer, "runs.list", query=RunsQuery(status="failed", limit=FAILED_ON_HOME))
     assert isinstance(failed, RunPage)
@@ -371,8 +375,34 @@ def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
     )
 
 
+def _would_run(
+    api: OpsApi, viewer: Viewer, record_key: str, workflow_id: str | None, notices: list[Notice]
+) -> WouldRunAnswer | None:
+    """The record page's "would it run now?" form, answered by the API's route (None when
+    not asked, or when the question can't be asked: then a notice says why)."""
+    if not workflow_id:
+        return None
+    try:
+        query = WouldRunQuery.model_validate({"workflow_id": workflow_id, "record_key": record_key})
+        answer = _call(api, viewer, "records.would_run", query=query)
+    except ValidationError:
+        notices.append(Notice("Choose one of the workflows.", error=True))
+        return None
+    except OpsError as err:
+        notices.append(Notice(err.message, error=True))
+        return None
+    assert isinstance(answer, WouldRunAnswer)
+    return answer
+
+
 def _record_page(
-    api: OpsApi, viewer: Viewer, record_key: str, q: str, notices: list[Notice]
+    api: OpsApi,
+    viewer: Viewer,
+    record_key: str,
+    q: str,
+    notices: list[Notice],
+    *,
+    would_run: WouldRunAnswer | None = None,
 ) -> Response:
     try:
         query = RecordQuery(record_key=record_key)
@@ -386,6 +416,8 @@ def _record_page(
     ]
     with api.db.transaction() as tx:
         page = record_page(tx, record_key)
+    workflows = _call(api, viewer, "workflows.list")
+    assert isinstance(workflows, WorkflowList)
     return render(
         "record.html",
         f"Record {record_key}",
@@ -396,6 +428,8 @@ def _record_page(
         details=list(reversed(details)),
         outcome_words=OUTCOME_WORDS,
         record_page=page,
+        workflows=[w for w in workflows.items if w.active_version_id is not None],
+        would_run=would_run,
     )
 
 

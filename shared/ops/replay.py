@@ -38,6 +38,7 @@ from shared.ops.statements import (
     EVENT_GET,
     LINEAGE_OLDEST_KEYS,
     LINEAGE_ROOT_CREATED,
+    REPLAY_FORGET_AI_ANSWERS,
     REPLAY_RUN_INSERT,
     REPLAY_STEP_RESTART,
     REPLAY_STEPS_COPY,
@@ -266,12 +267,17 @@ def replay_run(
     on_version: OnVersion = "run",
     edited_input: Mapping[str, Any] | None = None,
     by: str | None = None,
+    fresh_ai_answers: bool = False,
 ) -> ReplayOutcome:
     """A new run of the lineage: from `from_step` (a step key the run reached; the first
     failure when None), on the run's version or the workflow's current one, the chosen step
     running on `edited_input` when given. Steps before the chosen one are copied, never run
     again; the chosen step and what follows it run under the lineage's oldest keys, so the
-    provider and the ledger see the same operations (no second charge)."""
+    provider and the ledger see the same operations (no second charge).
+
+    `fresh_ai_answers`: the steps this replay runs again ask the model afresh instead of
+    reusing the answers journaled under their lineage keys (an AI step settled before the
+    chosen step is copied, as every settled step is)."""
     now = now or datetime.now(UTC)
     if edited_input is not None and from_step is None:
         raise OpsError(
@@ -301,6 +307,10 @@ def replay_run(
         )
         if plan.copy:
             tx.execute(REPLAY_STEPS_COPY, new_run_id=new_run_id, step_ids=[s.id for s in plan.copy])
+        keys = {
+            s.step_key: oldest.get(s.step_key) or idempotency_key(lineage_root, s.step_key)
+            for s in plan.reset
+        }
         restarted = []
         for s in plan.restart:
             edited = edited_input is not None and s.step_key == from_step
@@ -312,14 +322,15 @@ def replay_run(
                         step_key=s.step_key,
                         node_id=s.node_id,
                         block_type=definition.step(s.node_id).type,
-                        idempotency_key=oldest.get(s.step_key)
-                        or idempotency_key(lineage_root, s.step_key),
+                        idempotency_key=keys[s.step_key],
                         input=None,
                         input_override=json.dumps(dict(edited_input or {})) if edited else None,
                         input_edited_by=by if edited else None,
                     )
                 )
             )
+        if fresh_ai_answers:
+            tx.execute(REPLAY_FORGET_AI_ANSWERS, keys=sorted(set(keys.values())))
     dispatch_committed(dispatch, tuple(restarted))
     return ReplayOutcome(
         run_id=new_run_id,

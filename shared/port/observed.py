@@ -4,11 +4,13 @@ wrote (shared/port/record_labels.py).
 
 `ObservedPort` wraps the adapter `shared/providers/connect.py` builds, so every caller of a port
 (blocks, polling, the subscription reconcile) is observed without knowing it. Both notes are
-best effort and cheap: they never fail or slow the call beyond one small write, a call's
-outcome is written at most once a minute per instance and connection (at once when the
-connection turns from working to failing or back), and a record's label only when it differs
-from what this instance wrote last. A note that can't be written (the database busy, or the
-caller holding this thread's pooled connection) is skipped: the next call writes it.
+best effort and cheap: they never fail or slow the call, a call's outcome is noted at most
+once a minute per instance and connection (at once when the connection turns from working
+to failing or back), and a record's label only when it differs from what this instance wrote
+last. Notes are queued, not written by the port: whoever made the call writes them with
+`flush` on its own database — the step executor after its settle, on the step's one
+connection (issue 27) — so a call never costs a transaction of its own. A note that can't be
+written is dropped: the next call notes again.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from shared.core import queries
+from shared.core.db import Database
 from shared.core.logs import get_logger
 from shared.port import record_labels
 from shared.port.interface import (
@@ -52,13 +55,39 @@ _last_noted: dict[str, tuple[float, bool]] = {}
 _labels_written: OrderedDict[str, record_labels.Label] = OrderedDict()
 
 
+# Notes waiting to be written by the next `flush` (a step's executor after its settle, a
+# poll pass, a reconcile), oldest first; bounded, so a process whose caller never flushes
+# keeps only the latest.
+_pending: list[Callable[[Any], None]] = []
+MAX_PENDING = 1000
+
+
 def _write(work: Callable[[Any], None]) -> None:
-    from shared.core.db import get_database
+    """Queue a note: nothing below the executor opens a transaction of its own (issue 27: a
+    port call inside a step runs while the step holds its one connection)."""
+    with _lock:
+        _pending.append(work)
+        del _pending[:-MAX_PENDING]
+
+
+def flush(db: Database) -> None:
+    """Write the queued notes in one transaction of `db` (the caller's: a step's pinned
+    connection, after its settle committed). Best effort by contract: a note that can't be
+    written is dropped, and the next call notes again."""
+    with _lock:
+        works = list(_pending)
+        _pending.clear()
+    if not works:
+        return
+
+    def write(tx: Any) -> None:
+        for work in works:
+            work(tx)
 
     try:
-        get_database().run(work, attempts=1)
+        db.run(write, attempts=1)
     except Exception as exc:  # best effort by contract (module docstring)
-        log.debug("port observation not written: %s", exc)
+        log.debug("port observations not written: %s", exc)
 
 
 def note_call(connection_id: str, ok: bool, error: str | None) -> None:
@@ -70,7 +99,7 @@ def note_call(connection_id: str, ok: bool, error: str | None) -> None:
         _last_noted[connection_id] = (now, ok)
     at = datetime.now(UTC)
     _write(
-        lambda tx: tx.execute(
+        lambda tx: tx.at_commit(
             NOTE_LAST_CALL,
             connection_id=connection_id,
             at=at,

@@ -57,7 +57,8 @@ def label_of(
 
 
 def remember(tx: Tx, *, record_key: str, connection_id: str, label: Label) -> None:
-    tx.execute(
+    """Queued: sent with `tx`'s COMMIT (nobody reads its answer; Tx.at_commit)."""
+    tx.at_commit(
         UPSERT,
         record_key=record_key,
         connection_id=connection_id,

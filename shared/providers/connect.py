@@ -1,9 +1,12 @@
 """Building the CRM port for a connection row.
 
 This is the one place that maps a provider name to an adapter (the `crm` part of its registry
-entry, shared/providers/registry.py); everything above it sees only `CrmPort`. A private app's
-token comes from the environment variable the row names (`connections.api_credentials_env`,
-filled from Secret Manager in the cloud), read when the port is built and never stored. An
+entry, shared/providers/registry.py); everything above it sees only `CrmPort`. A static
+credential — a token (a private app's) or a service key, `connections.credential_kind` says
+which — comes from the environment variable the row names (`connections.api_credentials_env`,
+filled from Secret Manager in the cloud), read when the port is built and never stored; it
+neither expires nor refreshes, so a 401 for it is final and says which connection's credential
+was refused and which variable to put the current one in (`_static_credential`). An
 OAuth connection (a public app installed on the portal) has a sealed grant instead: its port
 asks shared/accounts/oauth_tokens.py for a live access token on every call (refreshed before it
 expires, with the app's OAuth client and the provider's refresher) and, when the provider
@@ -15,13 +18,15 @@ builds a new one.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from shared.accounts import oauth_tokens
-from shared.accounts.connections import is_connection_id
+from shared.accounts.connections import CREDENTIAL_KINDS, is_connection_id
 from shared.accounts.provider_apps import ProviderApp
 from shared.core import queries
-from shared.core.db import Tx
+from shared.core.db import Database, Tx
 from shared.core.settings import named_secret
 from shared.core.settings import settings as app_settings
 from shared.port.interface import CrmPort, PortError, WebhookTargeted, singular_object_type
@@ -48,12 +53,17 @@ class PortSettings:
     oauth_client_id_env: str | None = None
     oauth_client_secret_env: str | None = None  # the app's OAuth client secret
     webhook_secret_env: str | None = None  # the connection's webhook credential
+    credential_kind: str = "token"  # shared/accounts/connections.py CREDENTIAL_KINDS
 
 
 def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
     """The row's settings; an unknown connection comes back with status `missing` (raising
     inside a transaction would be translated by the pool), and `build_port` refuses it."""
     row = tx.one(GET, connection_id=connection_id) if is_connection_id(connection_id) else None
+    return _settings_of(connection_id, row)
+
+
+def _settings_of(connection_id: str, row: Mapping[str, Any] | None) -> PortSettings:
     if row is None:
         return PortSettings(connection_id, "", "", "missing", None, None, None)
     return PortSettings(
@@ -69,6 +79,7 @@ def load_port_settings(tx: Tx, connection_id: str) -> PortSettings:
         oauth_client_id_env=row["oauth_client_id_env"],
         oauth_client_secret_env=row["oauth_client_secret_env"],
         webhook_secret_env=row["webhook_secret_env"],
+        credential_kind=row["credential_kind"],
     )
 
 
@@ -76,8 +87,9 @@ _cache: dict[tuple[str, str, str | None, str, str | None], CrmPort] = {}
 _cache_lock = threading.Lock()
 
 
-def build_port(settings: PortSettings) -> CrmPort:
-    """The adapter for `settings`, reused while base URL, token and app id stay the same."""
+def build_port(settings: PortSettings, db: Database) -> CrmPort:
+    """The adapter for `settings`, reused while base URL, token and app id stay the same. `db`:
+    where an OAuth connection's port reads and refreshes its access token."""
     if settings.status == "missing":
         raise PortError(
             f"connection {settings.connection_id} does not exist",
@@ -98,7 +110,7 @@ def build_port(settings: PortSettings) -> CrmPort:
             transient=False,
         )
     if settings.oauth:
-        return _oauth_port(settings)
+        return _oauth_port(settings, db)
     if not settings.api_credentials_env:
         raise PortError(
             f"connection {settings.connection_id} names no API credentials variable",
@@ -112,7 +124,33 @@ def build_port(settings: PortSettings) -> CrmPort:
             code="unauthorized",
             transient=False,
         )
-    return _cached_port(settings, token, token=token)
+    # The token itself (each adapter sends it its vendor's way: a Bearer, Pipedrive's
+    # x-api-token), and what a 401 on it means.
+    return _cached_port(
+        settings, token, token=token, token_source=_static_credential(settings, token)
+    )
+
+
+def _static_credential(settings: PortSettings, token: str) -> TokenSource:
+    """Every call's token; the port asks again only after a 401, and a static credential has
+    nothing to refresh: the key was revoked or rotated (a HubSpot service key "can be managed
+    or rotated" by the portal's admins,
+    https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/account-service-keys),
+    so the call fails for good, naming the connection and the variable (never the value)."""
+
+    def source(rejected: str | None) -> str:
+        if rejected is None:
+            return token
+        what = CREDENTIAL_KINDS.get(settings.credential_kind, "credential")
+        raise PortError(
+            f"connection {settings.connection_id}: {_title(settings)} refused its {what} "
+            f"(revoked or rotated?); put the current one in {settings.api_credentials_env}",
+            code="unauthorized",
+            transient=False,
+            status=401,
+        )
+
+    return source
 
 
 def _cached_port(
@@ -197,10 +235,11 @@ def _env(name: str | None, what: str) -> str:
     return value
 
 
-def _oauth_port(settings: PortSettings) -> CrmPort:
-    """The port of an OAuth connection: no token of its own, a token source instead."""
-    from shared.core.db import get_database
-
+def _oauth_port(settings: PortSettings, db: Database) -> CrmPort:
+    """The port of an OAuth connection: no token of its own, a token source instead, reading
+    through `db` — the pool of the caller that built it (a step's, whose connection is
+    pinned to its thread: the token is read on the step's own connection). The port is
+    kept per pool (its key names it), so a token source never outlives its pool."""
     _, oauth = _crm(settings.provider, oauth=True)
     assert oauth is not None  # _crm refused a provider without one
     client_id = _env(settings.oauth_client_id_env, "the app's OAuth client id")
@@ -212,9 +251,7 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
 
     def token_source(rejected: str | None) -> str:
         try:
-            return oauth_tokens.access_token(
-                get_database(), connection_id, refresher, rejected=rejected
-            )
+            return oauth_tokens.access_token(db, connection_id, refresher, rejected=rejected)
         except oauth_tokens.ReauthorizationNeeded as exc:
             raise PortError(str(exc), code="unauthorized", transient=False) from None
         except oauth_tokens.NoGrant:
@@ -226,7 +263,9 @@ def _oauth_port(settings: PortSettings) -> CrmPort:
         except oauth_tokens.TokenKeyUnavailable as exc:
             raise PortError(str(exc), code="unauthorized", transient=False) from None
 
-    return _cached_port(settings, f"oauth:{client_id}:{client_secret}", token_source=token_source)
+    return _cached_port(
+        settings, f"oauth:{client_id}:{client_secret}:pool{id(db)}", token_source=token_source
+    )
 
 
 def _drop_cached(connection_id: str) -> None:
@@ -236,11 +275,6 @@ def _drop_cached(connection_id: str) -> None:
         close = getattr(old, "close", None)
         if callable(close):
             close()
-
-
-def port_for_connection(tx: Tx, connection_id: str) -> CrmPort:
-    """Convenience for callers outside a transaction's `with` block (errors are PortError)."""
-    return build_port(load_port_settings(tx, connection_id))
 
 
 def port_for_app(app: ProviderApp) -> CrmPort | None:
@@ -286,10 +320,15 @@ def forget_ports() -> None:
         _cache.clear()
 
 
-def port_for(connection_id: str) -> CrmPort:
-    """The port for a connection, reading its row in a short transaction of its own. Raises
-    `PortError` (not a translated database error) for unknown, paused or secretless rows."""
-    from shared.core.db import get_database
+def port_for(db: Database, connection_id: str) -> CrmPort:
+    """The port for a connection, reading its row on `db` (one statement, committed with it:
+    one round trip; a step's is its pinned connection). Raises `PortError` (not a translated
+    database error) for unknown, paused or secretless rows."""
 
-    settings = get_database().run(lambda tx: load_port_settings(tx, connection_id))
-    return build_port(settings)
+    def read(tx: Tx) -> PortSettings:
+        if not is_connection_id(connection_id):
+            return load_port_settings(tx, connection_id)  # `missing`, with no statement
+        rows = tx.commit_with(GET, connection_id=connection_id)
+        return _settings_of(connection_id, rows[0] if rows else None)
+
+    return build_port(db.run(read), db)

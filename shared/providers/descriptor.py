@@ -135,6 +135,9 @@ class Crm:
     # record_labels.py): what the ops page shows beside a record key.
     label_properties: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     record_pages: RecordPages | None = None
+    # The static credentials its API takes in `connections.api_credentials_env`
+    # (shared/accounts/connections.py CREDENTIAL_KINDS): "token", and maybe "service_key".
+    credential_kinds: tuple[str, ...] = ("token",)
 
 
 class CodeRefused(Exception):

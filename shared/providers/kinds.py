@@ -5,19 +5,22 @@ provider's terms: an object kind (`registry.object_kind`: Pipedrive's `person` i
 
 from __future__ import annotations
 
-from shared.core.db import get_database
+from shared.core.db import Database
 from shared.providers import connect
 
 _providers: dict[str, str] = {}  # connection id -> its provider, which never changes
 
 
-def provider_of(connection_id: str | None) -> str | None:
-    """The connection's provider, read once per process; None without a connection or for one
-    that doesn't exist (building its port says so)."""
+def provider_of(db: Database | None, connection_id: str | None) -> str | None:
+    """The connection's provider, read once per process on `db` (a step's: its own
+    connection, issue 27); None without a connection or for one that doesn't exist (building
+    its port says so), or when it isn't known yet and there is no database to read it on."""
     if not connection_id:
         return None
     if connection_id not in _providers:
-        settings = get_database().run(lambda tx: connect.load_port_settings(tx, connection_id))
+        if db is None:
+            return None
+        settings = db.run(lambda tx: connect.load_port_settings(tx, connection_id))
         if not settings.provider:
             return None
         _providers[connection_id] = settings.provider

@@ -102,6 +102,13 @@ def app_providers() -> tuple[str, ...]:
     return tuple(p.name for p in ALL if p.app is not None)
 
 
+def static_credential_kinds(name: str) -> tuple[str, ...]:
+    """The kinds of static credential a connection to `name` may hold (a provider without a
+    CRM adapter is only ever called with its token, if at all)."""
+    found = _BY_NAME.get(name)
+    return found.crm.credential_kinds if found is not None and found.crm is not None else ("token",)
+
+
 def oauth_providers() -> tuple[str, ...]:
     """Providers an app is installed on with OAuth (`/oauth/<provider>/callback`)."""
     return tuple(p.name for p in ALL if p.oauth is not None)

@@ -52,6 +52,7 @@ from shared.core.db import Database
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import get_logger
 from shared.ingest import journal
+from shared.port import observed
 from shared.port.interface import CrmPort, PortError, Subscription, SubscriptionApi
 from shared.providers import registry
 from shared.workflows import listening
@@ -448,6 +449,7 @@ def reconcile_connection_with(
         record_result(db, result)
     else:
         result = reconcile_connection(db, connection_id, port)
+    observed.flush(db)  # what the port's calls observed (shared/port/observed.py)
     if not result.ok:
         log.warning(
             "subscription reconcile failed: %s",
@@ -486,7 +488,7 @@ def reconcile_subscriptions(db: Database) -> dict[str, int]:
     """The hourly sweep duty: `reconcile_all` with the ports the deployment builds."""
     from shared.providers.connect import port_for, port_for_app
 
-    results = reconcile_all(db, port_for, port_for_app)
+    results = reconcile_all(db, lambda connection_id: port_for(db, connection_id), port_for_app)
     return {"connections": len(results), "failed": sum(1 for r in results if not r.ok)}
 
 
@@ -602,6 +604,14 @@ def project_drift(
         else:
             rows = [r for r in tx.all(TENANT_TARGETS, tenant_id=tenant_id) if r["app_id"]]
         apps = {(r["provider"], r["app_id"]): get_app(tx, r["provider"], r["app_id"]) for r in rows}
+        # An app that reads a journal declares no webhook components: its subscriptions are
+        # made per install through the journal's API ("don't work with the feature component
+        # functionality", docs/vendors/hubspot-2026.md 2.1) by `reconcile_journal_app`.
+        apps = {
+            key: app
+            for key, app in apps.items()
+            if app is not None and journal.journal_accounts(tx, app) is None
+        }
         definitions = (
             [r["definition"] for r in tx.all(ACTIVE_DEFINITIONS, tenant_id=tenant_id)]
             if tenant_id is not None

@@ -30,6 +30,8 @@ from shared.triggers.events import unknown_event_type
 from shared.workflows import listening
 from shared.workflows.definition import (
     ANY_CRM,
+    DEBOUNCE_MAX_PERIOD_SECONDS,
+    DEBOUNCE_MAX_WAIT_SECONDS,
     JUMP_KEYS,
     Step,
     Trigger,
@@ -423,6 +425,71 @@ class _Validation:
                 ("trigger", "record"),
                 t.record,
                 "the record identity cannot read",
+                "it reads event, trigger and record",
+            )
+        if t.debounce is not None:
+            self.check_debounce(t)
+        if t.throttle is not None:
+            self.check_throttle(t)
+
+    def check_throttle(self, t: Trigger) -> None:
+        """`throttle`: a window of at most a day, a key that reads only what a rule reads; not
+        with debounce (a burst's run starts when its quiet time ends, not in a window's turn)."""
+        th = t.throttle
+        assert th is not None
+        where = ("trigger", "throttle")
+        if th.window_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+            self.add("error", (*where, "period"), f"period is at most 1d; found {th.period!r}")
+        if t.debounce is not None:
+            self.add(
+                "error",
+                where,
+                "throttle and debounce can't be combined yet: a debounced burst starts its run "
+                "when its quiet time ends",
+                at_key=True,
+            )
+        if th.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                th.key,
+                "a throttle key is read at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_debounce(self, t: Trigger) -> None:
+        """`debounce`: bounded durations, max_wait no shorter than period, a key that reads
+        only what a rule reads; and a trigger whose events are CRM or application events (a
+        cron tick or a poll hit is one occurrence per key by construction: nothing to fold)."""
+        d = t.debounce
+        assert d is not None
+        where = ("trigger", "debounce")
+        if t.cron is not None or t.poll is not None:
+            self.add(
+                "error",
+                where,
+                "debounce folds bursts of events for one record; a cron or poll trigger makes "
+                "one occurrence per tick or row",
+                at_key=True,
+            )
+        if d.period_seconds > DEBOUNCE_MAX_PERIOD_SECONDS:
+            self.add("error", (*where, "period"), f"period is at most 1h; found {d.period!r}")
+        if d.max_wait is not None:
+            if d.max_wait_seconds < d.period_seconds:
+                self.add(
+                    "error",
+                    (*where, "max_wait"),
+                    f"max_wait ({d.max_wait}) is shorter than period ({d.period}): a burst "
+                    "would always fire before its quiet time",
+                )
+            elif d.max_wait_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+                self.add(
+                    "error", (*where, "max_wait"), f"max_wait is at most 1d; found {d.max_wait!r}"
+                )
+        if d.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                d.key,
+                "a debounce key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
 

@@ -171,53 +171,35 @@ WITH input AS (
                 CAST(:records AS text[]))
          AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal,
                refusal_detail, entry_node, entry_type, record)
-), active AS (
-    -- not_while_running: the oldest live running run for the record, per binding, in one
-    -- sort for all of them (as a per-binding LATERAL … ORDER BY … LIMIT 1, each of K
-    -- bindings paid for setting up a sort even when its mode skipped the scan: at K=50 that
-    -- was most of the statement).
-    SELECT DISTINCT ON (i.workflow_id) i.workflow_id, ar.id, ar.created_at
-    FROM input i
-    JOIN workflow_runs ar ON ar.workflow_id = i.workflow_id AND ar.record_key = i.record_key
-    WHERE i.dedup_mode = 'not_while_running' AND ar.status = 'running'
-      AND ar.namespace = 'live'
-    ORDER BY i.workflow_id, ar.created_at
 ), seen AS (
     SELECT i.*,
            (c.event_id IS NOT NULL) AS claimed,
            CAST(coalesce(c.run_id, r.id) AS text) AS existing_run_id,
-           CAST(en.run_id AS text) AS enrolled_run_id, en.enrolled_at,
-           CAST(act.id AS text) AS active_run_id, act.created_at AS active_since,
+           CAST(dd.enrolled_run_id AS text) AS enrolled_run_id, dd.enrolled_at,
+           CAST(dd.active_run_id AS text) AS active_run_id, dd.active_since,
+           dd.reason AS dedup_reason, dd.detail AS dedup_detail,
            r.id IS NOT NULL AS has_start_run
     FROM input i
     LEFT JOIN delivery_claims c ON c.event_id = :event_id AND c.workflow_id = i.workflow_id
     LEFT JOIN workflow_runs r ON r.workflow_id = i.workflow_id AND r.start_key = :start_key
-    LEFT JOIN workflow_enrollments en
-           ON i.dedup_mode = 'once_per_record' AND en.workflow_id = i.workflow_id
-          AND en.record_key = i.record_key
-    LEFT JOIN active act ON act.workflow_id = i.workflow_id
+    -- The dedup rule, its reason and its words: migrations/0460_admission_dedup.sql, the one
+    -- definition would-run reads too (inlined here, read under this statement's snapshot).
+    LEFT JOIN admission_dedup(CAST(:workflow_ids AS uuid[]), CAST(:dedup_modes AS text[]),
+                              CAST(:record_keys AS text[])) dd
+           ON dd.workflow_id = i.workflow_id
 ), outcomes AS (
     SELECT s.*,
            CASE WHEN s.claimed OR s.has_start_run THEN 'handled'
                 WHEN s.refusal IS NOT NULL THEN s.refusal
-                WHEN s.enrolled_run_id IS NOT NULL THEN 'duplicate'
-                WHEN s.active_run_id IS NOT NULL THEN 'already_running'
+                WHEN s.dedup_reason IS NOT NULL THEN s.dedup_reason
                 ELSE 'admitted' END AS outcome
     FROM seen s
 ), decided AS (
-    -- The one home of the refusal details that depend on other runs (the others come
-    -- decided, with their detail, in :refusal_details). Times in ISO 8601.
+    -- The refusals decided before the transaction come with their detail in
+    -- :refusal_details; duplicate and already_running are worded by admission_dedup.
     SELECT o.*,
-           CASE o.outcome
-               WHEN 'duplicate' THEN
-                   'record ' || o.record_key || ' already enrolled by run ' || o.enrolled_run_id
-                   || ' at ' || (to_json(o.enrolled_at) #>> '{}') || ' (dedup once_per_record)'
-               WHEN 'already_running' THEN
-                   'run ' || o.active_run_id || ' for record ' || o.record_key
-                   || ' is still running (started ' || (to_json(o.active_since) #>> '{}')
-                   || '; dedup not_while_running)'
-               ELSE o.refusal_detail
-           END AS detail
+           CASE WHEN o.outcome = o.dedup_reason THEN o.dedup_detail
+                ELSE o.refusal_detail END AS detail
     FROM outcomes o
 ), ev AS (
     SELECT id, tenant_id, payload, payload_truncated FROM workflow_trigger_events
@@ -320,3 +302,46 @@ FROM admission_refusals ar JOIN workflows w ON w.id = ar.workflow_id
 WHERE ar.tenant_id = :tenant_id AND ar.record_key = :record_key
 ORDER BY ar.created_at DESC, ar.id DESC
 LIMIT CAST(:limit AS integer)
+
+-- name: admission_would_run_context
+-- "Would this record enroll?" (shared/admission/would_run.py), read-only: what
+-- admission_context reads about an event's tenant and connection, and this workflow's
+-- bindings, for a record no event names yet. No locks: nothing is decided. No row when the
+-- connection or the workflow is unknown, or they belong to different tenants (or not to
+-- :tenant_scope when given).
+SELECT c.tenant_id, CAST(c.id AS text) AS connection_id, t.credit_balance,
+       t.excluded_authors || coalesce(c.excluded_authors, '{}') AS excluded_authors,
+       c.status AS connection_status, c.provider AS connection_provider,
+       c.provider_user_id AS connection_user_id,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'event_type', b.event_type, 'workflow_id', b.workflow_id,
+                   'version_id', b.version_id, 'dedup_mode', b.dedup_mode,
+                   'definition', v.definition,
+                   'breaker_state', wb.state, 'breaker_opened_at', wb.opened_at,
+                   'breaker_reason', wb.reason, 'breaker_trials', wb.probes_admitted)
+                   ORDER BY b.event_type), '[]'::jsonb)
+          FROM trigger_bindings b
+          JOIN workflow_versions v ON v.id = b.version_id
+          LEFT JOIN workflow_breakers wb ON wb.workflow_id = b.workflow_id
+         WHERE b.tenant_id = c.tenant_id AND b.workflow_id = w.id) AS bindings
+FROM connections c
+JOIN tenants t ON t.id = c.tenant_id
+JOIN workflows w ON w.id = CAST(:workflow_id AS uuid) AND w.tenant_id = c.tenant_id
+WHERE c.id = CAST(:connection_id AS uuid)
+  AND (CAST(:tenant_scope AS text) IS NULL OR c.tenant_id = CAST(:tenant_scope AS text))
+
+-- name: admission_would_run_history
+-- The record's history in onceflow as admission's decision reads it, read-only: the echo
+-- markers alive now for the fields a change would carry (admission_context reads them with
+-- the same function, echo_markers_alive) and the dedup rule's answer (admission_admit reads
+-- admission_dedup too: migrations/0460_admission_dedup.sql).
+SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
+                        '[]'::jsonb)
+          FROM echo_markers_alive(
+                   CAST(:connection_id AS uuid), :object_type, :object_id,
+                   CAST(:fields AS text[]), statement_timestamp(),
+                   CAST(:echo_skew_seconds AS double precision)) m) AS echo_markers,
+       dd.reason AS dedup_reason, dd.detail AS dedup_detail,
+       CAST(dd.blocking_run_id AS text) AS blocking_run_id
+FROM admission_dedup(ARRAY[CAST(:workflow_id AS uuid)], ARRAY[CAST(:dedup_mode AS text)],
+                     ARRAY[CAST(:record_key AS text)]) dd

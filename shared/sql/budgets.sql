@@ -6,24 +6,35 @@
 -- read below cannot be stale when the row is written. Released at commit.
 SELECT pg_advisory_xact_lock(hashtextextended('budget:' || :budget_key, 0)) IS NOT NULL AS locked
 
--- name: budget_reservation_get
--- One reservation per application: the lineage's key and the step row (a replay's new step row
--- finds none and reserves against the cap; the attempts of one step find theirs).
-SELECT status, amount FROM budget_reservations
- WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
-
--- name: budget_used
--- Live reservations + settled spend of the rolling window.
-SELECT coalesce(sum(amount), 0) AS used
-  FROM budget_reservations
- WHERE budget_key = :budget_key AND status <> 'released'
-   AND reserved_at > now() - make_interval(secs => CAST(:window_seconds AS integer))
-
--- name: budget_reserve_insert
-INSERT INTO budget_reservations
-       (budget_key, idempotency_key, tenant_id, run_id, step_id, amount, status, landed_query)
-VALUES (:budget_key, :idempotency_key, :tenant_id, CAST(:run_id AS uuid),
-        CAST(:step_id AS uuid), :amount, 'reserved', CAST(:landed_query AS jsonb))
+-- name: budget_reserve
+-- The reservation in one statement (one round trip, issue 27), run after `budget_lock` — in a
+-- statement of its own, since a statement's snapshot is taken when it starts: this one's must
+-- come after the lock was granted, so that the sum sees every reservation decided before it.
+-- The window's live reservations + settled spend, this application's own reservation if it has
+-- one — one per application: the lineage's key and the step row (a replay's new step row finds
+-- none and reserves against the cap; the attempts of one step find theirs) — and, when it has
+-- none and the amount fits under the cap, its new reservation (`inserted`). A released one is
+-- reserved again by the caller (`budget_reserve_again`).
+WITH state AS (
+    SELECT (SELECT coalesce(sum(amount), 0)
+              FROM budget_reservations
+             WHERE budget_key = :budget_key AND status <> 'released'
+               AND reserved_at > now() - make_interval(secs => CAST(:window_seconds AS integer)))
+               AS used,
+           (SELECT status FROM budget_reservations
+             WHERE idempotency_key = :idempotency_key
+               AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid) LIMIT 1) AS existing
+), reserved AS (
+    INSERT INTO budget_reservations
+           (budget_key, idempotency_key, tenant_id, run_id, step_id, amount, status, landed_query)
+    SELECT :budget_key, :idempotency_key, :tenant_id, CAST(:run_id AS uuid),
+           CAST(:step_id AS uuid), CAST(:amount AS bigint), 'reserved',
+           CAST(:landed_query AS jsonb)
+      FROM state
+     WHERE existing IS NULL AND used + CAST(:amount AS bigint) <= CAST(:cap AS bigint)
+    RETURNING id
+)
+SELECT used, existing, EXISTS (SELECT 1 FROM reserved) AS inserted FROM state
 
 -- name: budget_reserve_again
 -- A released reservation (its attempt provably never applied) reserved again by the retry.

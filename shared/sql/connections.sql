@@ -2,24 +2,26 @@
 
 -- name: connection_get
 SELECT id::text AS id, tenant_id, provider, status, webhook_secret_env, api_credentials_env,
-       signature_versions, api_base_url, provider_account_id, watched_fields, excluded_authors
+       signature_versions, api_base_url, provider_account_id, watched_fields, excluded_authors,
+       credential_kind
   FROM connections
  WHERE id = CAST(:connection_id AS uuid)
 
 -- name: connection_get_for_tenant
 -- A tenant sees only its own connections: the tenant is part of the key, not a later filter.
 SELECT id::text AS id, tenant_id, provider, status, webhook_secret_env, api_credentials_env,
-       signature_versions, api_base_url, provider_account_id, watched_fields, excluded_authors
+       signature_versions, api_base_url, provider_account_id, watched_fields, excluded_authors,
+       credential_kind
   FROM connections
  WHERE id = CAST(:connection_id AS uuid) AND tenant_id = :tenant_id
 
 -- name: connection_insert
 INSERT INTO connections (tenant_id, provider, webhook_secret_env, api_credentials_env,
                          signature_versions, api_base_url, provider_account_id, watched_fields,
-                         provider_app_id, provider_user_id)
+                         provider_app_id, provider_user_id, credential_kind)
 VALUES (:tenant_id, :provider, :webhook_secret_env, :api_credentials_env,
         CAST(:signature_versions AS text[]), :api_base_url, :provider_account_id,
-        CAST(:watched_fields AS jsonb), :provider_app_id, :provider_user_id)
+        CAST(:watched_fields AS jsonb), :provider_app_id, :provider_user_id, :credential_kind)
 RETURNING id::text AS id
 
 -- name: connection_active_listeners

@@ -2,31 +2,33 @@
 -- (invariant 11), and a balance that one conditional UPDATE keeps from going negative under
 -- concurrency.
 
--- name: credits_savepoint
-SAVEPOINT onceflow_charge
+-- name: credits_charge
+-- The charge in one statement (one round trip, issue 27): the ledger row, and the debit only
+-- when that row is new. A concurrent insert of the same lineage key waits for the first to
+-- commit, then does nothing: the second caller learns "already charged" (no `charged_id`) and
+-- never debits. Unique only among live charges (credit_ledger_live_charge): a refunded charge no
+-- longer holds the lineage, so the replay that applies after a refund pays again, once. The
+-- debit re-checks the balance under the tenant row's lock, so concurrent charges never take it
+-- below zero. `charged_id` without `balance`: the row is new but the balance can't pay it — the
+-- caller deletes that row again in the same transaction (`credits_uncharge`).
+WITH ledger AS (
+    INSERT INTO credit_ledger (tenant_id, lineage_key, amount, block_type, run_id, step_id)
+    VALUES (:tenant_id, :lineage_key, :amount, :block_type,
+            CAST(:run_id AS uuid), CAST(:step_id AS uuid))
+    ON CONFLICT (lineage_key) WHERE refunded_at IS NULL DO NOTHING
+    RETURNING id
+), debit AS (
+    UPDATE tenants SET credit_balance = credit_balance - :amount
+     WHERE id = :tenant_id AND credit_balance >= :amount AND EXISTS (SELECT 1 FROM ledger)
+    RETURNING credit_balance
+)
+SELECT (SELECT id FROM ledger) AS charged_id, (SELECT credit_balance FROM debit) AS balance
 
--- name: credits_rollback_savepoint
-ROLLBACK TO SAVEPOINT onceflow_charge
-
--- name: credits_release_savepoint
-RELEASE SAVEPOINT onceflow_charge
-
--- name: credits_ledger_insert
--- A concurrent insert of the same lineage key waits for the first to commit, then does nothing:
--- the second caller learns "already charged" and never reaches the debit. Unique only among
--- live charges (credit_ledger_live_charge): a refunded charge no longer holds the lineage, so
--- the replay that applies after a refund pays again, once.
-INSERT INTO credit_ledger (tenant_id, lineage_key, amount, block_type, run_id, step_id)
-VALUES (:tenant_id, :lineage_key, :amount, :block_type,
-        CAST(:run_id AS uuid), CAST(:step_id AS uuid))
-ON CONFLICT (lineage_key) WHERE refunded_at IS NULL DO NOTHING
-RETURNING id
-
--- name: credits_debit
--- The row lock serializes concurrent debits; each re-checks the balance it sees after the wait.
-UPDATE tenants SET credit_balance = credit_balance - :amount
- WHERE id = :tenant_id AND credit_balance >= :amount
-RETURNING credit_balance
+-- name: credits_uncharge
+-- The ledger row this transaction wrote a moment ago for a charge the balance can't pay. No
+-- other transaction can see it yet (one charging the same key waits on it, and after this
+-- commits inserts its own), so deleting it is the same as never having written it.
+DELETE FROM credit_ledger WHERE id = :id
 
 -- name: credits_balance
 SELECT credit_balance FROM tenants WHERE id = :tenant_id

@@ -16,6 +16,15 @@ SELECT kek_env, data_key_sealed, refresh_token_sealed, access_token_sealed, acce
    FOR UPDATE
 
 -- name: oauth_tokens_put
+-- The grant, and the connection's credential kind made `oauth` in the same statement
+-- (migrations/0370): the kind changes only with a grant to back it. The CTE's guard
+-- (credential_kind <> 'oauth') makes a refresh's put, which finds the kind already set, update
+-- no connection row.
+WITH credential AS (
+    UPDATE connections SET credential_kind = 'oauth'
+     WHERE id = CAST(:connection_id AS uuid) AND credential_kind <> 'oauth'
+    RETURNING id
+)
 INSERT INTO connection_oauth_tokens (connection_id, kek_env, data_key_sealed,
                                      refresh_token_sealed, access_token_sealed,
                                      access_expires_at, refreshed_at)

@@ -65,8 +65,8 @@ ORDER BY t.id
 -- name: ops_connections_list
 -- Names of environment variables only; the values never leave the functions' environment.
 SELECT id, tenant_id, provider, status, provider_account_id, provider_app_id,
-       provider_user_id, api_base_url, webhook_secret_env, api_credentials_env, watched_fields,
-       created_at
+       provider_user_id, api_base_url, webhook_secret_env, api_credentials_env, credential_kind,
+       watched_fields, created_at
 FROM connections
 WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
 ORDER BY tenant_id, created_at, id
@@ -230,6 +230,12 @@ SELECT CAST(:new_run_id AS uuid), step_key, node_id, block_type, status, attempt
        error_class, outcome_code, branch_choice, id, created_at, started_at, finished_at
 FROM workflow_steps
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
+
+-- name: ops_replay_forget_ai_answers
+-- A replay that asks for fresh model answers (ReplayRequest.fresh_ai_answers): the answers
+-- journaled under the keys it runs again are forgotten, so its ai.generate steps ask the
+-- model instead of reusing them (shared/blocks/ai.py). The charge stays one per lineage key.
+DELETE FROM ai_answers WHERE idempotency_key = ANY(CAST(:keys AS text[]))
 
 -- name: ops_replay_step_restart
 -- A restarted step; :input_override (with :input_edited_by) is a person's edit of the chosen
@@ -413,7 +419,7 @@ SELECT status FROM workflow_runs WHERE id = CAST(:run_id AS uuid) AND namespace 
 -- (shared/port/observed.py), and the outcome of its last subscription reconcile (the sweep's
 -- hourly call with the connection's credentials). tenant_id NULL (admin) sees every tenant.
 SELECT CAST(c.id AS text) AS connection_id, c.tenant_id, c.provider, c.status,
-       c.api_credentials_env, t.kek_env AS oauth_kek_env, t.refreshed_at AS oauth_refreshed_at,
+       c.credential_kind, c.api_credentials_env, t.kek_env AS oauth_kek_env, t.refreshed_at AS oauth_refreshed_at,
        c.last_call_at, c.last_call_ok, c.last_call_error,
        r.ok AS last_reconcile_ok, r.reconciled_at AS last_reconciled_at,
        r.result -> 'errors' AS last_reconcile_errors

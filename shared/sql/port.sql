@@ -4,10 +4,10 @@
 -- name: port_connection_get
 -- An OAuth connection (a public app's install) has a sealed grant instead of a token variable;
 -- its refreshes take the app's OAuth client, named on the app (HubSpot's OAuth client secret
--- is the app's client secret).
+-- is the app's client secret). Its credential_kind says which (0370).
 SELECT c.id::text AS id, c.tenant_id, c.provider, c.status, c.api_base_url,
        c.api_credentials_env, c.provider_app_id, c.idempotency_property, c.webhook_secret_env,
-       EXISTS (SELECT 1 FROM connection_oauth_tokens t WHERE t.connection_id = c.id) AS oauth,
+       c.credential_kind, c.credential_kind = 'oauth' AS oauth,
        a.oauth_client_id_env, a.client_secret_env AS oauth_client_secret_env
   FROM connections c
   LEFT JOIN provider_apps a ON a.provider = c.provider AND a.app_id = c.provider_app_id

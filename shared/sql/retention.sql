@@ -88,6 +88,13 @@ WITH gone AS (
       AND NOT EXISTS (SELECT 1 FROM step_parks p WHERE p.resumed_event_id = e.id)
       AND NOT EXISTS (SELECT 1 FROM webhook_trigger_keys k WHERE k.event_id = e.id)
       AND NOT EXISTS (SELECT 1 FROM poll_records pr WHERE pr.event_id = e.id)
+      -- an event held in a debounce burst not fired yet: the fire reads it (and decides it)
+      AND NOT EXISTS (SELECT 1 FROM debounce_burst_events m
+                      JOIN debounce_bursts b ON b.id = m.burst_id
+                      WHERE m.event_id = e.id AND b.status <> 'fired')
+      -- an event waiting in a throttle's run-start queue: its start reads it
+      AND NOT EXISTS (SELECT 1 FROM run_start_queue q
+                      WHERE q.event_id = e.id AND q.status = 'queued')
       AND NOT EXISTS (SELECT 1 FROM cron_ticks t
                       WHERE t.event_id = e.id
                         AND NOT EXISTS (SELECT 1 FROM cron_ticks n
@@ -134,3 +141,37 @@ WITH gone AS (
     DELETE FROM webhook_inbox i WHERE i.id IN (SELECT id FROM gone) RETURNING i.id
 )
 SELECT (SELECT count(*) FROM gone_rows) AS inbox, (SELECT count(*) FROM unlinked) AS unlinked
+
+-- name: retention_bursts_delete
+-- Up to :batch debounce bursts fired more than :days ago whose run is gone (deleted with its
+-- lineage, or never started: the last event was refused), with their membership rows (ON
+-- DELETE CASCADE). A fired burst is final: nothing writes it again, so the delete races
+-- nothing but another retention pass (SKIP LOCKED). Open and closed bursts are never taken.
+WITH gone AS (
+    SELECT b.id FROM debounce_bursts b
+    WHERE b.status = 'fired'
+      AND b.fired_at < now() - make_interval(days => CAST(:days AS integer))
+      AND NOT EXISTS (SELECT 1 FROM workflow_runs r WHERE r.id = b.run_id)
+    ORDER BY b.fired_at
+    LIMIT CAST(:batch AS integer)
+    FOR UPDATE OF b SKIP LOCKED
+), gone_bursts AS (
+    DELETE FROM debounce_bursts b WHERE b.id IN (SELECT id FROM gone) RETURNING b.id
+)
+SELECT count(*) AS bursts FROM gone_bursts
+
+-- name: retention_run_starts_delete
+-- Up to :batch run-start queue entries started more than :days ago (the run they started
+-- carries everything; the entry was the wait). Queued entries are never taken. Nothing writes
+-- a started entry again but its own start's transaction, long committed (SKIP LOCKED anyway).
+WITH gone AS (
+    SELECT q.id FROM run_start_queue q
+    WHERE q.status = 'started'
+      AND q.started_at < now() - make_interval(days => CAST(:days AS integer))
+    ORDER BY q.started_at
+    LIMIT CAST(:batch AS integer)
+    FOR UPDATE OF q SKIP LOCKED
+), gone_starts AS (
+    DELETE FROM run_start_queue q WHERE q.id IN (SELECT id FROM gone) RETURNING q.id
+)
+SELECT count(*) AS run_starts FROM gone_starts

@@ -65,7 +65,10 @@ WITH claimed AS (
               r.trigger_payload, r.trigger_record, r.record_key, r.event_id, r.namespace,
               CAST(e.connection_id AS text) AS connection_id, e.event_type,
               e.record_object_type, e.record_object_id, e.source_event_id, e.occurred_at,
-              e.author_id, e.changed_fields
+              e.author_id, e.changed_fields,
+              -- A debounced run's burst (`event.burst`): one lookup by the unique run_id, that
+              -- of its lineage's root, so a replay reads the burst its original run read.
+              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.lineage_root) AS burst
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
@@ -99,6 +102,7 @@ SELECT (SELECT coalesce(jsonb_object_agg(p.step_key, jsonb_build_object(
 UPDATE workflow_steps
 SET lease_expires_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision))
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
+RETURNING id
 
 -- name: steps_mark_side_effect_started
 -- Invariant 10. Zero rows: an earlier attempt already set the marker (the outcome is unknown),
@@ -106,6 +110,7 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 UPDATE workflow_steps SET side_effect_started_at = now()
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
   AND side_effect_started_at IS NULL
+RETURNING id
 
 -- name: steps_withdraw_side_effect_mark
 -- The port proved the at-most-once request never applied (refused before it left, 429): take
@@ -113,6 +118,7 @@ WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:le
 UPDATE workflow_steps SET side_effect_started_at = NULL
 WHERE id = CAST(:step_id AS uuid) AND status = 'running' AND lease_id = CAST(:lease_id AS uuid)
   AND side_effect_started_at IS NOT NULL
+RETURNING id
 
 -- name: steps_settle
 -- The outcome, fenced on the lease: no `run_status` means this attempt lost its lease and

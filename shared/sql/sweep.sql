@@ -34,7 +34,7 @@ WHERE lease_id IN (
 -- Seconds until the earliest row one of the sweep's repairs would take (0 or less: due now),
 -- NULL when no row will ever come due by time alone. Read-only; each part mirrors its
 -- repair's filter (steps_reclaim_expired, steps_wake_due, steps_redispatch_lost,
--- outbox_requeue_undecided) and reads the head of that repair's index (ORDER BY … LIMIT 1),
+-- outbox_requeue_undecided, debounce_due, run_throttle_due_heads) and reads the head of that repair's index (ORDER BY … LIMIT 1),
 -- so an idle sweep asks it once and ends instead of polling. A part that filtered less than
 -- its repair would make the sweep wait for a row the repair never takes.
 SELECT EXTRACT(EPOCH FROM least(
@@ -64,5 +64,9 @@ SELECT EXTRACT(EPOCH FROM least(
             + make_interval(secs => CAST(:redeliver_after_seconds AS double precision))
      FROM workflow_trigger_events
      WHERE decided_at IS NULL AND undelivered_at IS NULL AND published_at IS NOT NULL
-     ORDER BY published_at LIMIT 1)
+     ORDER BY published_at LIMIT 1),
+    -- debounce_due: a burst not fired yet, by its fire time (debounce_bursts_due)
+    (SELECT fire_at FROM debounce_bursts WHERE status <> 'fired' ORDER BY fire_at LIMIT 1),
+    -- run_throttle_due_heads: a throttled start waiting for its window (run_start_queue_due)
+    (SELECT due_at FROM run_start_queue WHERE status = 'queued' ORDER BY due_at LIMIT 1)
 ) - now()) AS seconds

@@ -20,6 +20,32 @@ RETURNING used,
                               + make_interval(secs => throttle_windows.window_seconds)
                               - now()))::float8 AS seconds_left
 
+-- name: throttle_claim_connection
+-- `throttle_claim` for a connection's window, with the limit read from the connection row in
+-- the same statement (one round trip instead of two, issue 27); the same upsert, so the same
+-- exactness under racing instances. No row: the connection doesn't exist — nothing to count
+-- against (the port refuses it clearly).
+WITH limits AS (
+    SELECT rate_limit_per_window AS max, rate_limit_window_seconds AS window_seconds
+      FROM connections WHERE id = CAST(:connection_id AS uuid)
+), claimed AS (
+    INSERT INTO throttle_windows (scope, subject, window_seconds, window_start, used)
+    SELECT 'connection', :connection_id, l.window_seconds,
+           to_timestamp(floor(extract(epoch FROM now()) / l.window_seconds) * l.window_seconds),
+           1
+      FROM limits l
+    ON CONFLICT (scope, subject, window_seconds, window_start)
+    DO UPDATE SET used = throttle_windows.used + 1
+    RETURNING used,
+              throttle_windows.window_start
+                  + make_interval(secs => throttle_windows.window_seconds) AS window_end,
+              extract(epoch FROM (throttle_windows.window_start
+                                  + make_interval(secs => throttle_windows.window_seconds)
+                                  - now()))::float8 AS seconds_left
+)
+SELECT c.used, c.window_end, c.seconds_left, l.max, l.window_seconds
+  FROM claimed c CROSS JOIN limits l
+
 -- name: throttle_connection_limit
 SELECT rate_limit_per_window AS max, rate_limit_window_seconds AS window_seconds
   FROM connections WHERE id = CAST(:connection_id AS uuid)

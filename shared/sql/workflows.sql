@@ -83,9 +83,12 @@ SELECT w.tenant_id, a.workflow_id::text AS workflow_id, a.version_id::text AS ve
 -- name: workflows_reconcile_connections
 -- Connections whose provider subscriptions the hourly sweep keeps in line one by one: those of
 -- a registered provider app are reconciled per app instead (workflows_app_reconcile_apps).
+-- A service key has no webhooks to reconcile: "Service Keys do not support webhooks"
+-- (https://developers.hubspot.com/changelog/service-keys); its portal's events come through
+-- an app, and calling the subscriptions API with it would only be refused every hour.
 SELECT c.id::text AS id, c.tenant_id, c.provider
   FROM connections c
- WHERE c.status = 'active'
+ WHERE c.status = 'active' AND c.credential_kind <> 'service_key'
    AND NOT EXISTS (SELECT 1 FROM provider_apps p
                     WHERE p.provider = c.provider AND p.app_id = c.provider_app_id)
  ORDER BY c.id

@@ -31,10 +31,11 @@ from typing import Any
 from shared.blocks.base import NO_RETRY, BlockContext, BlockResult, BlockSpec
 from shared.core import queries
 from shared.core.crashpoints import crash_point
-from shared.core.db import Database
+from shared.core.db import Database, Tx
 from shared.core.errors import PermanentError, TransientError
 from shared.core.logs import LogEvent, get_logger, labelled, log_event
 from shared.gates.kind import WorkflowGates
+from shared.port import observed
 from shared.steps.claim import (
     ClaimedStep,
     Heartbeat,
@@ -44,7 +45,7 @@ from shared.steps.claim import (
     read_run_outputs,
     withdraw_side_effect_mark,
 )
-from shared.steps.gated import run_gated, settle_gates
+from shared.steps.gated import gate_settlement, run_gated, settle_gates
 from shared.steps.loops import Loop, enclosing_loop, foreach_of, iteration, loop_scope
 from shared.steps.outcomes import (
     OUTCOME_CONFIG_INVALID,
@@ -170,13 +171,23 @@ def advance_step(
     lookup = lookup or registry_lookup
     dispatch = dispatch or default_dispatch
     config = config or LeaseConfig.from_env()
-    with labelled(step_id=step_id):
+    # One pooled connection from the claim to the settle (issue 27): every transaction of
+    # this step, its gates, its block and its port runs on it, handed down as `ctx.db`. The
+    # lease keeper renews from its own thread, on a connection of its own.
+    with labelled(step_id=step_id), db.pinned():
         step = claim_step(db, step_id, config, namespace=namespace)
         if step is None:
             log.info("step not claimable (running elsewhere, parked, finished or run ended)")
             return Advanced(step_id=step_id, claimed=False, note="not claimable")
         with labelled(run_id=step.run_id, tenant=step.tenant_id):
-            return _run_claimed(db, step, lookup=lookup, dispatch=dispatch, config=config, now=now)
+            advanced = _run_claimed(
+                db, step, lookup=lookup, dispatch=dispatch, config=config, now=now
+            )
+        # What the block's port observed (its last call, the records it named), written after
+        # the settle committed, on this step's connection; nothing to write on most steps
+        # (shared/port/observed.py: at most once a minute per connection, labels on change).
+        observed.flush(db)
+        return advanced
 
 
 def advance_from_message(
@@ -255,7 +266,7 @@ def _run_claimed(
         iteration=index,
     )
     loop = enclosing_loop(graph, node, outputs.loop)
-    settlement, lost = _execute(
+    executed = _execute(
         db,
         step,
         node=node,
@@ -266,7 +277,8 @@ def _run_claimed(
         loop=loop,
         steps=outputs.steps,
     )
-    if lost:
+    settlement = executed.settlement
+    if executed.lost:
         log.warning("lease lost while the block ran; not settling (its successor owns it)")
         return Advanced(step_id=step.id, claimed=True, note="lease lost")
     try:
@@ -277,8 +289,27 @@ def _run_claimed(
         settlement = failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent")
         next_nodes, body = [], None
     return _finish(
-        db, step, settlement, next_nodes, dispatch, breaker=graph.breaker, loop=loop, body=body
+        db,
+        step,
+        settlement,
+        next_nodes,
+        dispatch,
+        breaker=graph.breaker,
+        loop=loop,
+        body=body,
+        gates=executed.gates,
     )
+
+
+@dataclass(frozen=True)
+class Executed:
+    """What running (or not running) the block decided."""
+
+    settlement: Settlement
+    # The lease was lost while the block ran: the attempt settles nothing.
+    lost: bool = False
+    # What settling the gates writes, run in the step's settle transaction (one commit).
+    gates: Callable[[Tx], None] | None = None
 
 
 def _execute(
@@ -292,8 +323,8 @@ def _execute(
     now: Callable[[], datetime],
     loop: Loop | None = None,
     steps: Mapping[str, Any],
-) -> tuple[Settlement, bool]:
-    """Run the block (or decide without running it); (settlement, lease lost)."""
+) -> Executed:
+    """Run the block (or decide without running it)."""
     at_most_once = spec.side_effect == "at_most_once"
     retry = NO_RETRY if spec.kind == "flow" else spec.retry
     if (
@@ -309,17 +340,16 @@ def _execute(
             f"{step.side_effect_started_at.isoformat()} and never recorded its result; "
             "check the provider, then replay"
         )
-        return failed(step.attempt, OUTCOME_UNKNOWN, msg, "permanent"), False
+        return Executed(failed(step.attempt, OUTCOME_UNKNOWN, msg, "permanent"))
     if served_delay(step.output):
-        return (
+        return Executed(
             Settlement(
                 status=StepStatus.SUCCEEDED,
                 attempt=step.attempt,
                 outcome_code="OK",
                 output=step.output,
                 next_nodes=tuple(node.successors()),
-            ),
-            False,
+            )
         )
     # A wait resumed by an event, a decision or its deadline settles from what resumed it
     # (journaled in its output), never by running its block again (shared/steps/parks.py).
@@ -327,7 +357,7 @@ def _execute(
         step.output, attempt=step.attempt, successors=[node.next] if node.next else []
     )
     if resumed is not None:
-        return resumed, False
+        return Executed(resumed)
     try:
         scope = build_scope(step, steps, loop)
         # A replay with an edited input runs the block on the person's edit (audited, and
@@ -342,7 +372,7 @@ def _execute(
         raise
     except Exception as exc:
         msg = f"config of step {node.id} is invalid: {exc}"
-        return failed(step.attempt, OUTCOME_CONFIG_INVALID, msg, "permanent"), False
+        return Executed(failed(step.attempt, OUTCOME_CONFIG_INVALID, msg, "permanent"))
 
     with Heartbeat(db, step, config) as heartbeat:
         ctx = BlockContext(
@@ -365,6 +395,7 @@ def _execute(
                 (lambda: withdraw_side_effect_mark(db, step)) if at_most_once else (lambda: False)
             ),
             node=node,
+            db=db,
         )
         outcome: BlockResult | BaseException
         outcome, passed = run_gated(spec, ctx, block_config, workflow, db=db)
@@ -382,8 +413,12 @@ def _execute(
         input=rendered,
     )
     # A lost lease settles nothing here: the attempt that owns the step now decides refunds.
-    settle_gates(ctx, passed, outcome, StepStatus.RUNNING if lost else settlement.status, db=db)
-    return settlement, lost
+    if lost:
+        # The attempt that owns the step now decides refunds; what this one took settles
+        # here, on its own (the step's settle is not this attempt's to write).
+        settle_gates(ctx, passed, outcome, StepStatus.RUNNING, db=db)
+        return Executed(settlement, lost=True)
+    return Executed(settlement, gates=gate_settlement(ctx, passed, outcome, settlement.status))
 
 
 def _count_run_for_breaker(
@@ -420,8 +455,9 @@ def _finish(
     breaker: Breaker | None = None,
     loop: Loop | None = None,
     body: Step | None = None,
+    gates: Callable[[Tx], None] | None = None,
 ) -> Advanced:
-    settled = settle_step(db, step, settlement, next_nodes, loop=loop, body=body)
+    settled = settle_step(db, step, settlement, next_nodes, loop=loop, body=body, gates=gates)
     if settled.fenced_out:
         log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")
         return Advanced(step_id=step.id, claimed=True, note="fenced out")

@@ -188,19 +188,19 @@ def _occurrence(row: Mapping[str, Any]) -> Occurrence:
 
 def renew_lease(db: Database, step: ClaimedStep, config: LeaseConfig) -> bool:
     """Extend the lease; False when it is gone (the holder must stop and not settle)."""
-    with db.transaction() as tx:
-        n = tx.execute(
+    with db.transaction() as tx:  # one statement, committed with it: one round trip
+        rows = tx.commit_with(
             HEARTBEAT, step_id=step.id, lease_id=step.lease_id, lease_seconds=config.lease_seconds
         )
-    return n == 1
+    return len(rows) == 1
 
 
 def mark_side_effect_started(db: Database, step: ClaimedStep) -> bool:
     """Set `side_effect_started_at` where still null, committed before returning (invariant
     10). False: an earlier attempt already got this far (outcome unknown), or the lease is gone;
     either way the at-most-once call must not be made."""
-    with db.transaction() as tx:
-        n = tx.execute(MARK_SIDE_EFFECT, step_id=step.id, lease_id=step.lease_id)
+    with db.transaction() as tx:  # one statement, committed with it: one round trip
+        n = len(tx.commit_with(MARK_SIDE_EFFECT, step_id=step.id, lease_id=step.lease_id))
     if n == 1:
         crash_point("after_side_effect_mark")
     return n == 1
@@ -209,8 +209,8 @@ def mark_side_effect_started(db: Database, step: ClaimedStep) -> bool:
 def withdraw_side_effect_mark(db: Database, step: ClaimedStep) -> bool:
     """Clear the marker again, fenced on the lease, when the port proved the request never
     applied. False: not withdrawn (a retry will then fail OUTCOME_UNKNOWN, which is safe)."""
-    with db.transaction() as tx:
-        n = tx.execute(WITHDRAW_SIDE_EFFECT, step_id=step.id, lease_id=step.lease_id)
+    with db.transaction() as tx:  # one statement, committed with it: one round trip
+        n = len(tx.commit_with(WITHDRAW_SIDE_EFFECT, step_id=step.id, lease_id=step.lease_id))
     return n == 1
 
 

@@ -10,14 +10,14 @@ each after the run row's lock (see the statement's comment in shared/sql/steps.s
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from shared.core import queries
 from shared.core.crashpoints import crash_point
-from shared.core.db import Database
+from shared.core.db import Database, Tx
 from shared.steps import awaits
 from shared.steps.claim import ClaimedStep
 from shared.steps.journal import insert_steps, step_key
@@ -58,8 +58,14 @@ def settle_step(
     *,
     loop: Loop | None = None,
     body: Step | None = None,
+    gates: Callable[[Tx], None] | None = None,
 ) -> Settled:
     """Write `settlement` for `step` if this attempt still holds its lease.
+
+    `gates`: what settling the attempt's gates writes (shared/steps/gated.py,
+    `gate_settlement`), run first in the same transaction, so it shares the settle's commit
+    (issue 27). Its writes are idempotent and do not depend on the lease: a settle fenced out
+    still commits them, as a separate transaction did before.
 
     In the same transaction: rows for `next_nodes` when the step succeeded and its run is
     still running (dispatched_at stamped: the caller publishes right after commit), otherwise
@@ -67,10 +73,17 @@ def settle_step(
     cancelled while the attempt ran gets no next steps, and a wait the step parked in is
     skipped."""
     if settlement.park is None and settlement.fan_out is None and loop is None:
-        folded = _settle_in_one_statement(db, step, settlement, next_nodes)
+        folded = _settle_in_one_statement(db, step, settlement, next_nodes, gates=gates)
         if folded is not None:
             return folded
-    return _settle_in_transaction(db, step, settlement, next_nodes, loop=loop, body=body)
+        gates = None  # committed with the statement that could not decide
+    return _settle_in_transaction(
+        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates
+    )
+
+
+def _no_gates(tx: Tx) -> None:
+    """No gate to settle."""
 
 
 def _settle_in_transaction(
@@ -81,6 +94,7 @@ def _settle_in_transaction(
     *,
     loop: Loop | None,
     body: Step | None,
+    gates: Callable[[Tx], None] | None = None,
 ) -> Settled:
     """The settle statement by statement, in one transaction under the run row's lock: for a
     wait (its park row first), a foreach, and whatever the one statement could not decide."""
@@ -97,6 +111,7 @@ def _settle_in_transaction(
         )
         wake_at = opened.deadline
     with db.transaction() as tx:
+        (gates or _no_gates)(tx)
         row = tx.one(
             SETTLE,
             **_settle_params(step, settlement, [], fold=False, wake_at=wake_at),
@@ -156,13 +171,20 @@ def _settle_in_transaction(
 
 
 def _settle_in_one_statement(
-    db: Database, step: ClaimedStep, settlement: Settlement, next_nodes: list[Step]
+    db: Database,
+    step: ClaimedStep,
+    settlement: Settlement,
+    next_nodes: list[Step],
+    *,
+    gates: Callable[[Tx], None] | None = None,
 ) -> Settled | None:
     """The settle, next rows and run end as one statement committed in its own round trip;
     None when the statement could not decide exactly and wrote nothing (the caller settles
     in a transaction)."""
     crash_point("before_settle_commit")  # nothing is written before the statement commits
     with db.transaction() as tx:
+        if gates is not None:
+            gates(tx)  # the gates' settle, committed with the step's (most writes queued)
         rows = tx.commit_with(
             SETTLE,
             **_settle_params(step, settlement, next_nodes, fold=True, wake_at=settlement.wake_at),

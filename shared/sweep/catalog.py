@@ -8,7 +8,9 @@ is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
 
 - `REPAIRS` run on every pass (a `Repair`, shared/core/duty.py): the step engine's reclaim of
   expired leases, wake-ups and re-dispatch of lost step-ready messages, then the re-publish of
-  trigger events admission never decided.
+  trigger events admission never decided, then the debounce bursts due now
+  (shared/admission/debounce_fire.py), then the heads of throttled run-start queues whose
+  window has room (shared/admission/run_throttle.py).
 - `DUTIES` each give the periodic `Duty`s of one owner, each claimed once per period across
   all sweep instances: the backlog report the alerts read (every minute), echo marker expiry,
   app events routed once their portal connects, provider journals read (every minute), ended
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from shared import triggers
+from shared.admission import debounce_fire, run_throttle_start
 from shared.core.duty import Duty, Repair, SweepConfig
 from shared.gates import budgets, throttle
 from shared.ingest import drops, echo, inbox, journal, outbox
@@ -36,6 +39,8 @@ REPAIRS: tuple[Repair, ...] = (
     repairs.wake_due_steps,
     repairs.redispatch_lost_steps,
     outbox.requeue_undecided_events,
+    debounce_fire.fire_due_bursts,
+    run_throttle_start.start_due_runs,
 )
 
 DUTIES: tuple[Callable[[SweepConfig], Sequence[Duty]], ...] = (

@@ -13,7 +13,10 @@ migrations/0300_retention.sql, never a scan of the table), oldest first:
 3. trigger events decided more than `decision_retention_days` ago (default 90) that no run
    names any more, with their delivery claims, admission refusals and superseded cron ticks;
 4. inbox rows processed more than `inbox_retention_days` ago (default 30); their events keep
-   their own payload and lose only the link to the raw delivery.
+   their own payload and lose only the link to the raw delivery;
+5. debounce bursts fired more than `decision_retention_days` ago whose run is gone, with
+   their membership rows; throttled run-start queue entries started that long ago. An event
+   held in a burst not fired yet, or waiting in a run-start queue, is never deleted.
 
 The lease history of finished runs has its own, shorter retention (`lease_history_days`,
 default 30: `trim_lease_history` in shared/steps/repairs.py); expired echo markers
@@ -69,6 +72,8 @@ LINEAGES_LOCK = SQL["retention_lineages_lock"]
 LINEAGES_DELETE = SQL["retention_lineages_delete"]
 EVENTS_DELETE = SQL["retention_events_delete"]
 INBOX_DELETE = SQL["retention_inbox_delete"]
+BURSTS_DELETE = SQL["retention_bursts_delete"]
+RUN_STARTS_DELETE = SQL["retention_run_starts_delete"]
 
 # Every five minutes, a pass of at most 10 s that deletes a quarter of that time: at about
 # 1,300 runs/s while deleting (`make bench-retention`, 2 vCPU) that is ~3,000 runs per pass,
@@ -160,6 +165,22 @@ def prune_inbox(db: Database, days: int, batch: int) -> dict[str, int]:
     return {k: int(row[k]) for k in ("inbox", "unlinked")}
 
 
+def prune_bursts(db: Database, days: int, batch: int) -> dict[str, int]:
+    """One batch of fired debounce bursts whose run is gone (shared/admission/debounce.py)."""
+    with db.transaction() as tx:
+        row = tx.one(BURSTS_DELETE, days=days, batch=batch)
+    assert row is not None
+    return {"bursts": int(row["bursts"])}
+
+
+def prune_run_starts(db: Database, days: int, batch: int) -> dict[str, int]:
+    """One batch of started run-start queue entries (shared/admission/run_throttle.py)."""
+    with db.transaction() as tx:
+        row = tx.one(RUN_STARTS_DELETE, days=days, batch=batch)
+    assert row is not None
+    return {"run_starts": int(row["run_starts"])}
+
+
 def prune(
     db: Database,
     retention: Retention,
@@ -191,6 +212,8 @@ def prune(
         ("", partial(prune_lineages, db, "live", retention.run_days, b), "runs"),
         ("", partial(prune_events, db, retention.decision_days, b), "events"),
         ("", partial(prune_inbox, db, retention.inbox_days, b), "inbox"),
+        ("", partial(prune_bursts, db, retention.decision_days, b), "bursts"),
+        ("", partial(prune_run_starts, db, retention.decision_days, b), "run_starts"),
     )
     for prefix, batch, key in passes:
         _until_done(counted(prefix, batch, key), pace)

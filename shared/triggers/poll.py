@@ -61,6 +61,7 @@ from shared.core.logs import get_logger
 from shared.gates.throttle import claim_slot
 from shared.ingest.echo import record_echo_marker
 from shared.ingest.outbox import TriggerEvent, emit
+from shared.port import observed
 from shared.port.interface import CrmPort, SearchFilter
 from shared.providers import connect, kinds, registry
 from shared.triggers import AddProblem, TriggerKind
@@ -194,7 +195,10 @@ def poll_pass(
         return clock() < deadline
 
     if src.crm is not None:
-        return _crm_pass(db, src, src.crm, max_pages=max_pages, more=more, port_for=port_for)
+        try:
+            return _crm_pass(db, src, src.crm, max_pages=max_pages, more=more, port_for=port_for)
+        finally:
+            observed.flush(db)  # what the pass's port calls observed (shared/port/observed.py)
     assert src.source is not None
     refused = tenant_problem(src.source, src.tenant_id)
     if refused is not None:  # a definition activated before the rule: never read
@@ -374,10 +378,10 @@ def _crm_pass(
     the record comes back in the next search and is stamped then (`decide`). Every call takes a
     slot of the connection's throttle window, shared with its blocks' calls; when the window is
     used up the pass stops there and the rest waits for the next pass."""
-    port = (port_for or connect.port_for)(crm.connection)
+    port = port_for(crm.connection) if port_for else connect.port_for(db, crm.connection)
     # The kind in onceflow's neutral words (Pipedrive's `person` is a `contact`): what the port
     # takes, and what the events' record keys and the echo markers of the stamps carry.
-    kind = registry.object_kind(crm.object_type, kinds.provider_of(crm.connection))
+    kind = registry.object_kind(crm.object_type, kinds.provider_of(db, crm.connection))
     crm = crm.model_copy(update={"object_type": kind or crm.object_type})
     filters = [
         *(SearchFilter(f.property, f.operator.upper(), f.value) for f in crm.filters),

@@ -84,7 +84,30 @@ class _Strict(BaseModel):
 # Trigger fields added after versions were first stored: left out of the canonical form while
 # unset, so a definition that doesn't use them hashes exactly as it did before they existed
 # (publishing it again still finds the version already stored).
-OPTIONAL_TRIGGER_FIELDS = ("cron", "time_zone", "catch_up", "webhook", "poll")
+OPTIONAL_TRIGGER_FIELDS = (
+    "cron",
+    "time_zone",
+    "catch_up",
+    "webhook",
+    "poll",
+    "debounce",
+    "throttle",
+)
+
+
+DURATION_PATTERN = r"^[1-9][0-9]{0,6}(s|m|h|d)$"
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def duration_seconds(text: str) -> int:
+    """`30s`, `1m`, `2h`, `1d` as seconds (the pattern above has been checked)."""
+    return int(text[:-1]) * _UNIT_SECONDS[text[-1]]
+
+
+# A debounce without max_wait waits at most this many periods after its burst's first event.
+DEBOUNCE_MAX_WAIT_FACTOR = 10
+DEBOUNCE_MAX_PERIOD_SECONDS = 3600
+DEBOUNCE_MAX_WAIT_SECONDS = 86_400
 
 
 class PollTable(_Strict):
@@ -152,6 +175,57 @@ class WebhookTrigger(_Strict):
     )
 
 
+class Debounce(_Strict):
+    """`debounce: {period, max_wait, key}`: events for one key within `period` of each other
+    form one burst, which starts one run (shared/admission/debounce.py)."""
+
+    period: str = Field(
+        pattern=DURATION_PATTERN,
+        description="Quiet time that ends a burst: the run starts this long after the burst's "
+        "last event (`5s`, `1m`, at most `1h`).",
+    )
+    max_wait: str | None = Field(
+        default=None,
+        pattern=DURATION_PATTERN,
+        description="The longest a burst waits after its first event, however busy it stays "
+        f"(at least `period`, at most `1d`); {DEBOUNCE_MAX_WAIT_FACTOR} times period if omitted.",
+    )
+    key: str | None = Field(
+        default=None,
+        description="CEL over `event`, `trigger` and `record` naming what a burst is about "
+        f"({SCOPE_REF}); the trigger's record if omitted.",
+    )
+
+    @property
+    def period_seconds(self) -> int:
+        return duration_seconds(self.period)
+
+    @property
+    def max_wait_seconds(self) -> int:
+        if self.max_wait is None:
+            return self.period_seconds * DEBOUNCE_MAX_WAIT_FACTOR
+        return duration_seconds(self.max_wait)
+
+
+class RunThrottle(_Strict):
+    """`throttle: {limit, period, key}`: at most `limit` runs started per window per key; the
+    events over it wait in order (shared/admission/run_throttle.py)."""
+
+    limit: int = Field(gt=0, le=100_000, description="Runs started per window.")
+    period: str = Field(
+        pattern=DURATION_PATTERN, description="The fixed window: `30s`, `1m`, `1h`, at most `1d`."
+    )
+    key: str | None = Field(
+        default=None,
+        description="CEL over `event`, `trigger` and `record` naming what shares a limit "
+        f"({SCOPE_REF}); the whole workflow if omitted.",
+    )
+
+    @property
+    def window_seconds(self) -> int:
+        return duration_seconds(self.period)
+
+
 class Trigger(_Strict):
     events: list[str] = Field(
         default_factory=list,
@@ -194,6 +268,19 @@ class Trigger(_Strict):
     watch: list[str] = Field(
         default_factory=list, description="Fields whose change fires a property-change trigger."
     )
+    throttle: RunThrottle | None = Field(
+        default=None,
+        description="Start at most `limit` runs per `period` (per `key`, or for the whole "
+        "workflow); the events over it are not refused: they wait, in order, and start when a "
+        "later window has room.",
+    )
+    debounce: Debounce | None = Field(
+        default=None,
+        description="Fold a burst of events for one record (or `key`) into one run: the run "
+        "starts `period` after the burst's last event, or `max_wait` after its first, with the "
+        "last event as `event` and the burst's events in `event.burst`; the others are refused "
+        "`superseded`, naming the run.",
+    )
 
     @model_serializer(mode="wrap")
     def _canonical(
@@ -204,15 +291,6 @@ class Trigger(_Strict):
             if data.get(name) is None:
                 data.pop(name, None)
         return data
-
-
-DURATION_PATTERN = r"^[1-9][0-9]{0,6}(s|m|h|d)$"
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-
-
-def duration_seconds(text: str) -> int:
-    """`30s`, `1m`, `2h`, `1d` as seconds (the pattern above has been checked)."""
-    return int(text[:-1]) * _UNIT_SECONDS[text[-1]]
 
 
 class RateLimit(_Strict):

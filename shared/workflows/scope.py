@@ -29,11 +29,14 @@ ROOTS: dict[str, str] = {
     "event": (
         "The trigger occurrence as onceflow recorded it: `id`, `type` (e.g. "
         "hubspot.contact.property_changed), `tenant_id`, `connection_id`, `source_event_id` "
-        "(the provider event's identity; for HubSpot portal:subscription:object:property:"
-        "occurredAt:eventId, since its eventId alone is not unique; the raw id is in "
-        "`payload`), `occurred_at` (a timestamp), `author_id` (who made the "
+        "(the provider event's identity; for HubSpot the change itself, portal:object.action:"
+        "typeId/objectId:property:occurredAt and a digest of the new value, so a webhook and "
+        "the journal's copy of one change are one event; the raw id is in `payload`), "
+        "`occurred_at` (a timestamp), `author_id` (who made the "
         "change, when the provider says), `changed_fields` ({property: new value} for a "
-        "property change, {} otherwise)."
+        "property change, {} otherwise) and, for a run of a debounced trigger only, `burst` "
+        "(the burst's events, oldest first, each with `id`, `occurred_at` and "
+        "`changed_fields`; the event itself is the burst's last)."
     ),
     "trigger": (
         "The event's payload exactly as the provider sent it: one element of a HubSpot webhook "
@@ -95,6 +98,9 @@ class Occurrence:
     payload: Mapping[str, Any] = field(default_factory=dict)
     record_object_type: str | None = None
     record_object_id: str | None = None
+    # A debounced run's burst (shared/admission/debounce.py): its events, oldest first, each
+    # {id, occurred_at, changed_fields}; None for every other run and at admission.
+    burst: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Occurrence:
@@ -114,6 +120,7 @@ class Occurrence:
             payload=row.get("payload") or {},
             record_object_type=row.get("record_object_type"),
             record_object_id=row.get("record_object_id"),
+            burst=None if row.get("burst") is None else tuple(row["burst"]),
         )
 
     @property
@@ -123,8 +130,8 @@ class Occurrence:
         return record_key(self.connection_id, self.record_object_type, self.record_object_id)
 
     def event(self) -> dict[str, Any]:
-        """The `event` root."""
-        return {
+        """The `event` root (with `burst` for a debounced run only)."""
+        event: dict[str, Any] = {
             "id": self.id,
             "type": self.type,
             "tenant_id": self.tenant_id,
@@ -134,6 +141,9 @@ class Occurrence:
             "author_id": self.author_id,
             "changed_fields": dict(self.changed_fields),
         }
+        if self.burst is not None:
+            event["burst"] = [dict(e) for e in self.burst]
+        return event
 
     def record(self) -> dict[str, Any]:
         """The event's own record as the `record` root ({} when the event names none)."""

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from shared.accounts import provider_apps
 from shared.accounts.provider_apps import ProviderApp
 from shared.core.settings import settings
+from shared.ingest import journal
 from shared.ingest.app_webhook import app_path
 from shared.ops import installs
 from shared.ops.api.http import Call
@@ -16,6 +17,8 @@ from shared.ops.models import (
     AppProjectReport,
     InstallConfirmed,
     InstallStarted,
+    JournalGap,
+    JournalState,
     ProjectDeclaration,
     ProjectSubscription,
     ProviderAppReport,
@@ -53,6 +56,7 @@ def provider_app_report(call: Call) -> ProviderAppReport:
         if app is None:
             raise not_found("provider app")
         unrouted = provider_apps.unrouted_summary(tx, app.provider, app.app_id)
+        journals = journal.app_journals(tx, app.provider, app.app_id)
     last = last_app_reconcile(call.db, app.provider, app.app_id)
     return ProviderAppReport(
         provider=app.provider,
@@ -61,6 +65,12 @@ def provider_app_report(call: Call) -> ProviderAppReport:
         platform=app.platform,
         unrouted=[UnroutedPortal.model_validate(row) for row in unrouted],
         subscriptions=dict(last) if last else None,
+        journals=[
+            JournalState.model_validate(
+                {**j, "gaps": [JournalGap.model_validate(g) for g in j["gaps"]]}
+            )
+            for j in journals
+        ],
     )
 
 

@@ -6,14 +6,24 @@ from __future__ import annotations
 from shared.accounts import connections
 from shared.ops.api.http import Call
 from shared.ops.api.tenants import tenant_of
+from shared.ops.errors import OpsError
 from shared.ops.models import ConnectionCreate, ConnectionList, ConnectionSummary
 from shared.ops.statements import CONNECTIONS_LIST
+from shared.providers import registry
 
 
 def create_connection(call: Call) -> ConnectionSummary:
     """A CRM connection of a tenant. It names environment variables, never secrets."""
     body: ConnectionCreate = call.body
     tenant_id = tenant_of(call, body.tenant_id)
+    kinds = registry.static_credential_kinds(body.provider)
+    if body.credential_kind not in kinds:
+        raise OpsError(
+            422,
+            "credential_kind_unsupported",
+            f"a {body.provider} connection holds one of {', '.join(kinds)}, "
+            f"not a {body.credential_kind}",
+        )
     with call.db.transaction() as tx:
         connection_id = connections.create_connection(
             tx,
@@ -26,6 +36,7 @@ def create_connection(call: Call) -> ConnectionSummary:
             watched_fields=body.watched_fields,
             provider_app_id=body.provider_app_id,
             provider_user_id=body.provider_user_id,
+            credential_kind=body.credential_kind,
         )
         rows = tx.all(CONNECTIONS_LIST, tenant_id=tenant_id)
     return next(ConnectionSummary.model_validate(r) for r in rows if str(r["id"]) == connection_id)

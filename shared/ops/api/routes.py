@@ -19,7 +19,12 @@ from shared.ops.api.credits import CreditsQuery, credits
 from shared.ops.api.events import list_stuck_inbox, requeue_event, requeue_inbox_row
 from shared.ops.api.health import get_health
 from shared.ops.api.http import Route
-from shared.ops.api.records import explain_record, list_refusals, search_records
+from shared.ops.api.records import (
+    explain_record,
+    list_refusals,
+    search_records,
+    would_run_now,
+)
 from shared.ops.api.rehearsals import rehearse
 from shared.ops.api.runs import (
     cancel_live_run,
@@ -108,6 +113,8 @@ from shared.ops.models import (
     VersionList,
     WorkflowList,
     WorkflowSource,
+    WouldRunAnswer,
+    WouldRunQuery,
 )
 from shared.providers import registry
 
@@ -251,6 +258,17 @@ ROUTES: tuple[Route, ...] = (
         "Why did (or didn't) my workflow run for this record?",
         query=RecordQuery,
         errors=(400, 401, 404, 422),
+    ),
+    Route(
+        "records.would_run",
+        "GET",
+        "/v1/records/would-run",
+        would_run_now,
+        WouldRunAnswer,
+        "Would this record start a run of this workflow now? Admission's answer and reason,"
+        " for the record as the CRM has it now, written nowhere",
+        query=WouldRunQuery,
+        errors=(400, 401, 404, 409, 422, 502),
     ),
     Route(
         "records.search",

@@ -100,6 +100,7 @@ def replay_failed_run(call: Call) -> ReplayResult:
         on_version=body.on_version,
         edited_input=body.input,
         by=call.principal.label,
+        fresh_ai_answers=body.fresh_ai_answers,
     )
     detail = run_detail(call.db, outcome.run_id, call.scope)
     return ReplayResult(

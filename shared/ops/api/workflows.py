@@ -278,6 +278,6 @@ def _reconcile_subscriptions_now(db: Database, tenant_id: str) -> None:
     the activation stands either way, each outcome is recorded, and the hourly sweep repairs
     what failed here."""
     try:
-        reconcile_tenant(db, tenant_id, port_for, port_for_app)
+        reconcile_tenant(db, tenant_id, lambda cid: port_for(db, cid), port_for_app)
     except Exception:
         log.warning("subscription reconcile after an activation failed", exc_info=True)

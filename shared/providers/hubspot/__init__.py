@@ -44,6 +44,12 @@ PROVIDER = Provider(
             "ticket": ("subject",),
         },
         record_pages=records.RECORD_PAGES,
+        # A private app's access token (legacy private apps: existing ones keep working) or a
+        # service key, their replacement for single-portal integrations: both static bearers
+        # with the same REST scopes and limits; a service key cannot be used for webhooks
+        # (https://developers.hubspot.com/changelog/service-keys,
+        # https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/account-service-keys).
+        credential_kinds=("token", "service_key"),
     ),
     app=AppWebhooks(event_account=apps.event_account, secret_env=apps.secret_env),
     oauth=OAuth(
@@ -52,10 +58,11 @@ PROVIDER = Provider(
         token_account=oauth.token_account,
         refresher=oauth.hubspot_refresher,
     ),
-    # onceflow event actions (shared/normalize/event.py naming) -> webhooks v3 event kinds.
-    # HubSpot's CRM objects are named as onceflow names them (/crm/v3/objects/contacts, …,
-    # /crm/v3/objects/tasks and /notes: https://developers.hubspot.com/docs/api/crm/understanding-the-crm).
+    # HubSpot's CRM objects are named as onceflow names them (/crm/objects/2026-09/contacts,
+    # …/tasks and …/notes: https://developers.hubspot.com/docs/api/crm/understanding-the-crm).
     object_kinds={k: k for k in ("contact", "company", "deal", "task", "note")},
+    # onceflow event actions (shared/normalize/event.py naming) -> a legacy app's webhook
+    # subscription event kinds (the same names as the v3 API had).
     subscription_event_kinds={
         "created": "creation",
         "property_changed": "propertyChange",

@@ -45,8 +45,10 @@ from shared.providers.hubspot.port import (
 
 AUTHORIZE_URL = "https://app.hubspot.com/oauth/authorize"
 REVOKED_STATUSES = frozenset({"BAD_REFRESH_TOKEN", "invalid_grant"})
-# What a 400 of the token endpoint may name its reason in (see the module's docstring).
-_REFUSAL_FIELDS = ("status", "subCategory", "error")
+# What a 400 of the token endpoint may name its reason in (see the module's docstring): v1's
+# `status`, the standard error body's `subCategory` (its `status` is then just "error"), or
+# OAuth's own `error` (RFC 6749 5.2).
+_REFUSAL_FIELDS = ("subCategory", "status", "error")
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,9 @@ def _refusal(response: httpx.Response) -> str | None:
         return None
     if not isinstance(body, dict):
         return None
-    named = [str(body[f]) for f in _REFUSAL_FIELDS if isinstance(body.get(f), str)]
+    named = [
+        str(body[f]) for f in _REFUSAL_FIELDS if isinstance(body.get(f), str) and body[f] != "error"
+    ]
     return next((n for n in named if n in REVOKED_STATUSES), named[0] if named else None)
 
 

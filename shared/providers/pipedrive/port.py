@@ -286,14 +286,17 @@ class PipedrivePort:
         webhook_url: str | None = None,
         webhook_auth: tuple[str, str] | None = None,
     ) -> None:
-        """`token`: the user's API token (`x-api-token`). `token_source`: an OAuth connection's
-        live access token instead (shared/providers/connect.py). `idempotency_property` is
-        ignored: Pipedrive has no unique-value property to key creates on.
+        """`token`: the user's API token (`x-api-token`). `token_source`: without a `token`, an
+        OAuth connection's live access token; with one, what a refused API token is reported
+        as (shared/providers/connect.py `_static_credential`: it raises, naming the variable).
+        `idempotency_property` is ignored: Pipedrive has no unique-value property to key
+        creates on.
         `webhook_url`/`webhook_auth`: where the webhooks this port creates deliver, and the
         HTTP Basic user and password they carry (the only credential, §1.2)."""
         del app_id, developer_api_key, idempotency_property  # no app-level API, no unique value
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
         self._token_source = token_source
+        self._static = token is not None  # an API token in x-api-token, never a Bearer
         self.webhook_url = webhook_url
         self.webhook_auth = webhook_auth
         self.rate_limit = RateLimitState(interval_ms=BURST_WINDOW_MS)
@@ -336,7 +339,9 @@ class PipedrivePort:
             # The access token was refused (expired early, or replaced): refresh once and try
             # once more. A 401 was not applied, so resending a create is safe; a second 401 is
             # final (classified below), never a loop.
-            rejected = response.request.headers.get("Authorization", "").removeprefix("Bearer ")
+            rejected = response.request.headers.get("x-api-token") or response.request.headers.get(
+                "Authorization", ""
+            ).removeprefix("Bearer ")
             token = self._token_source(rejected or None)
             response = self._send(method, path, json, params, token)
         self._read_rate_limit(response.headers, "search" if search else "all")
@@ -360,7 +365,7 @@ class PipedrivePort:
         token: str | None = None,
     ) -> httpx.Response:
         headers = None
-        if self._token_source is not None:
+        if self._token_source is not None and not self._static:
             headers = {"Authorization": f"Bearer {token or self._token_source(None)}"}
         try:
             return self._client.request(method, path, json=json, params=params, headers=headers)
