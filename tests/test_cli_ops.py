@@ -117,6 +117,14 @@ def test_onceflow_over_a_running_ops_function(
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM workflow_runs WHERE replay_of IS NOT NULL") == 3
     assert len(pubsub.pull_ids("step-ready", count=3, timeout=20)) == 3
+    # The earlier preview's token names the same three; acting on it now replays nothing
+    # more (each already replayed: refused), and acting again repeats its recorded outcomes.
+    code, out, _ = onceflow("bulk", "replay", "--bulk-token", preview["token"])
+    assert code == cli.EXIT_PROBLEMS and "0 of 3 replayed" in out
+    code, out, _ = onceflow("bulk", "replay", "--bulk-token", preview["token"])
+    assert "acted on before: nothing more done" in out
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM workflow_runs WHERE replay_of IS NOT NULL") == 3
     # Again by id: each is refused (already replayed), nothing new starts, exit 1.
     code, out, _ = onceflow("replay", *w["runs"])
     assert code == cli.EXIT_PROBLEMS and "0 of 3 replayed" in out

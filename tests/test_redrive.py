@@ -23,6 +23,7 @@ from tests.pubsub_emulator import (
 )
 
 pytestmark = pytest.mark.e2e
+TOKEN = re.compile(r'name="token" value="([^"]+)"')
 COUNT = re.compile(r'<tr data-hold="([^"]+)">.*?<td class="count">(\d+)</td>', re.S)
 
 
@@ -69,18 +70,26 @@ def test_redrive_previews_then_publishes_back_and_empties_the_holds(
         _counts(client.get("/ui/redrive").get_data(as_text=True))["trigger-events-dead-letter-hold"]
         == 1
     )
-    assert client.post("/ui/redrive", data={"csrf": "forged"}).status_code == 403
-    done = client.post("/ui/redrive", data={"csrf": csrf_value(admin)}).get_data(as_text=True)
+    (token,) = TOKEN.findall(preview)
+    # A message dead-lettered after the preview is not in its set: it stays on the hold.
+    publisher.publish(pubsub.topic_path("trigger-events-dead-letter"), b'{"event_id": 42}').result()
+    assert client.post("/ui/redrive", data={"csrf": "forged", "token": token}).status_code == 403
+    confirm = {"csrf": csrf_value(admin), "token": token}
+    done = client.post("/ui/redrive", data=confirm).get_data(as_text=True)
     assert "2 message(s) published again" in done
     assert pubsub.pull_ids("trigger-events", count=1, timeout=10) == [41]
     assert pubsub.pull_ids("step-ready", count=1, timeout=10) == ["s-1"]
-    again = client.post("/ui/redrive", data={"csrf": csrf_value(admin)}).get_data(as_text=True)
-    assert "0 message(s) published again" in again
+    # Confirming the same preview again shows its outcomes and publishes nothing more.
+    again = client.post("/ui/redrive", data=confirm).get_data(as_text=True)
+    assert "2 message(s) published again" in again
+    left = _counts(client.get("/ui/redrive").get_data(as_text=True))
+    assert left == {"trigger-events-dead-letter-hold": 1, "step-ready-dead-letter-hold": 0}
     with db.transaction() as tx:
         audited = tx.all(
-            "SELECT detail FROM ops_audit WHERE action = 'deadletters.redrive' ORDER BY id"
+            "SELECT target, detail FROM ops_audit WHERE action = 'deadletters.redrive'"
+            " ORDER BY target"
         )
-    assert [a["detail"] for a in audited] == [
-        {"trigger-events-dead-letter-hold": 1, "step-ready-dead-letter-hold": 1},
-        {"trigger-events-dead-letter-hold": 0, "step-ready-dead-letter-hold": 0},
+    assert [(a["target"], a["detail"]["ids"]) for a in audited] == [
+        ("step-ready-dead-letter-hold", ["s-1"]),
+        ("trigger-events-dead-letter-hold", ["41"]),
     ]

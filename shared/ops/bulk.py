@@ -1,37 +1,28 @@
-"""Bulk actions from the page, always in two steps: a preview that lists how many and which
-(`GET /ui/bulk`), then a confirmation that acts on exactly the targets it listed
-(`POST /ui/bulk`, CSRF-checked), so what runs is what the person saw, not whatever matches
-by the time they click.
-
-Each target goes through the API's own route (`OpsApi.run_route`), so each is scoped to the
-caller's tenant and audited one by one, refusals included. Repeating a bulk action is
-harmless: a run already replayed is refused (a replay lineage has one replay per run), a
-retried run is no longer failed, a requeued inbox row is no longer dead.
+"""Bulk actions on the page, worded for people. The work is the API's (shared/ops/api/bulk.py,
+`POST /v1/bulk/preview` then `POST /v1/bulk/act`): the page's preview (`GET /ui/bulk`) asks
+for a token naming exactly the targets it lists, and its confirmation (`POST /ui/bulk`,
+CSRF-checked) acts on that token, so what runs is what the person saw, not whatever matches by
+the time they click; a second click on the same confirmation does nothing more.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from shared.ops.errors import OpsError
 from shared.ops.models import (
-    ReplayRequest,
-    ReplayResult,
-    RetryRequest,
-    RunPage,
+    BulkActRequest,
+    BulkActResult,
+    BulkPreview,
+    BulkPreviewRequest,
     RunsQuery,
-    StuckInboxList,
-    StuckInboxQuery,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pydantic import BaseModel
-
-# At most this many targets per bulk action (a confirmation form carries their ids).
-MAX_TARGETS = 200
 
 
 @dataclass(frozen=True)
@@ -59,6 +50,13 @@ ACTIONS = {
         "Each is retried in place from its failed steps (fix the cause first).",
         "runs.retry",
     ),
+    "cancel": BulkAction(
+        "cancel",
+        "cancelled",
+        "running run(s)",
+        "Each stops: pending and parked steps are skipped, a running step finishes its attempt.",
+        "runs.cancel",
+    ),
     "requeue_inbox": BulkAction(
         "requeue",
         "requeued",
@@ -83,42 +81,48 @@ def action_named(name: str) -> BulkAction:
     return ACTIONS[name]
 
 
-def preview(
-    call: Callable[..., BaseModel], action: str, query: RunsQuery
-) -> tuple[list[Any], bool]:
-    """The targets the action would touch now, and whether more match than are listed."""
-    if action == "requeue_inbox":
-        listed = call("inbox.stuck", query=StuckInboxQuery(limit=MAX_TARGETS))
-        assert isinstance(listed, StuckInboxList)
-        dead = [r for r in listed.rows if r.status == "dead"]
-        return dead, len(listed.rows) == MAX_TARGETS
-    failed = query.model_copy(update={"status": "failed", "limit": MAX_TARGETS, "cursor": None})
-    page = call("runs.list", query=failed)
-    assert isinstance(page, RunPage)
-    return page.items, page.next_cursor is not None
+def preview(call: Callable[..., BaseModel], action: str, query: RunsQuery) -> BulkPreview:
+    """The API's preview (`bulk.preview`) for the page's filters: the token and what it names."""
+    listed = call(
+        "bulk.preview",
+        body=BulkPreviewRequest(
+            action=action,
+            workflow_id=query.workflow_id,
+            record_key=query.record_key,
+            created_after=query.created_after,
+            created_before=query.created_before,
+            event_type=query.event_type,
+            reason=f"bulk {ACTIONS[action].verb} from the ops page",
+        ),
+    )
+    assert isinstance(listed, BulkPreview)
+    return listed
 
 
-def perform(call: Callable[..., BaseModel], action: str, targets: list[str]) -> list[Outcome]:
-    spec = action_named(action)
-    outcomes = []
-    for target in dict.fromkeys(targets[:MAX_TARGETS]):  # each once, in the order listed
-        try:
-            if action == "requeue_inbox":
-                call(spec.route, path={"inbox_id": target})
-                outcomes.append(Outcome(target, True, "back in the drain"))
-                continue
-            body = (
-                ReplayRequest(reason="bulk replay from the ops page")
-                if action == "replay"
-                else RetryRequest(reason="bulk retry from the ops page")
-            )
-            result = call(spec.route, path={"run_id": target}, body=body)
-            if isinstance(result, ReplayResult):
-                outcomes.append(
-                    Outcome(target, True, f"new run {result.run.id}", f"/ui/runs/{result.run.id}")
-                )
-            else:
-                outcomes.append(Outcome(target, True, "retried", f"/ui/runs/{target}"))
-        except OpsError as err:
-            outcomes.append(Outcome(target, False, err.message))
-    return outcomes
+def preview_redrive(call: Callable[..., BaseModel]) -> BulkPreview:
+    """The API's preview of the Pub/Sub dead letters (admins only)."""
+    listed = call("bulk.preview", body=BulkPreviewRequest(action="redrive"))
+    assert isinstance(listed, BulkPreview)
+    return listed
+
+
+def perform_raw(call: Callable[..., BaseModel], token: str) -> BulkActResult:
+    """The API's act (`bulk.act`) on a preview's token."""
+    try:
+        body = BulkActRequest(token=token)
+    except ValueError:
+        raise OpsError(404, "not_found", "there is no such bulk preview") from None
+    result = call("bulk.act", body=body)
+    assert isinstance(result, BulkActResult)
+    return result
+
+
+def perform(call: Callable[..., BaseModel], token: str) -> list[Outcome]:
+    """The API's act on a preview's token, worded for the page."""
+    result = perform_raw(call, token)
+    return [
+        Outcome(o.target, True, o.message, f"/ui/runs/{o.run_id or o.target}")
+        if o.ok and result.action != "requeue_inbox"
+        else Outcome(o.target, o.ok, "back in the drain" if o.ok else o.message)
+        for o in result.outcomes
+    ]

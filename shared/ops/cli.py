@@ -601,50 +601,85 @@ def _decide(s: Session, args: argparse.Namespace, decision: str) -> int:
     return EXIT_OK
 
 
-def _targets(s: Session, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The runs a bulk action names: the ids given, or every failed run matching the filters."""
-    if args.runs:
-        return [{"id": r} for r in args.runs]
-    found: list[dict[str, Any]] = []
-    cursor = None
-    while True:
-        query = {**_run_filters(s, args), "status": "failed", "limit": 200, "cursor": cursor}
-        page = s.client.call("GET", "/v1/runs", query=query)
-        found += page["items"]
-        cursor = page["next_cursor"]
-        if not cursor or len(found) >= args.max:
-            return found[: args.max]
+def _bulk_by_token(s: Session, args: argparse.Namespace, action: str) -> int:
+    """`onceflow bulk ACTION [filters]` (and `replay|retry --failed`): the API's preview, whose
+    token names exactly the listed set; with --yes, act on it at once; `--bulk-token T` acts on
+    a token previewed earlier. Acting twice on one token does nothing more."""
+    token = args.bulk_token
+    if token is None:
+        body: dict[str, Any] = {
+            k: v for k, v in _run_filters(s, args).items() if k != "status" and v is not None
+        }
+        if getattr(args, "connection", None):
+            body["connection_id"] = args.connection
+        if args.reason:
+            body["reason"] = args.reason
+        preview = s.client.call("POST", "/v1/bulk/preview", body={"action": action, **body})
+        if not args.yes:
+
+            def show_preview() -> None:
+                print(
+                    f"{len(preview['targets'])} {action} target(s)"
+                    f"{' (more match)' if preview['more'] else ''}; nothing was done. "
+                    f"Act with: onceflow bulk {action} --bulk-token {preview['token']}",
+                    file=s.out,
+                )
+                for target in preview["targets"]:
+                    print(target, file=s.out)
+
+            s.emit(
+                {**preview, "would_apply_to": len(preview["targets"])},
+                show_preview,
+            )
+            return EXIT_OK
+        token = preview["token"]
+    result = s.client.call("POST", "/v1/bulk/act", body={"token": token})
+    refused = [o for o in result["outcomes"] if not o["ok"]]
+
+    def readable() -> None:
+        table(
+            [
+                (o["target"], "done" if o["ok"] else f"refused ({o['code']})", o["message"])
+                for o in result["outcomes"]
+            ],
+            ("target", action, "detail"),
+            s.out,
+        )
+        done = len(result["outcomes"]) - len(refused)
+        again = " (acted on before: nothing more done)" if result["repeated"] else ""
+        print(f"{done} of {len(result['outcomes'])} {BULK_PAST[action]}{again}", file=s.out)
+
+    s.emit(result, readable)
+    return EXIT_PROBLEMS if refused else EXIT_OK
+
+
+BULK_PAST = {
+    "replay": "replayed",
+    "retry": "retried",
+    "cancel": "cancelled",
+    "requeue_inbox": "requeued",
+}
 
 
 def _bulk(s: Session, args: argparse.Namespace, action: str) -> int:
-    if bool(args.runs) == bool(args.failed):
-        print(f"onceflow {action}: name RUN ids, or --failed with filters", file=s.err)
+    if bool(args.runs) == bool(args.failed or args.bulk_token):
+        print(
+            f"onceflow {action}: name RUN ids, or --failed with filters, or --bulk-token",
+            file=s.err,
+        )
         return EXIT_USAGE
-    targets = _targets(s, args)
-    if args.failed and not args.yes:
-        preview = {"action": action, "would_apply_to": len(targets), "runs": targets}
-
-        def show_preview() -> None:
-            print(f"{len(targets)} failed run(s) match; nothing was done (add --yes):", file=s.out)
-            table(
-                [
-                    (
-                        r["id"],
-                        r.get("workflow_name"),
-                        terminal.ago(r.get("created_at")),
-                        r.get("error"),
-                    )
-                    for r in targets
-                ],
-                ("run", "workflow", "started", "error"),
-                s.out,
-            )
-
-        s.emit(preview, show_preview)
-        return EXIT_OK
+    if args.failed or args.bulk_token:
+        return _bulk_by_token(s, args, action)
+    targets = [{"id": r} for r in args.runs]
     body: dict[str, Any] = {"reason": args.reason} if args.reason else {}
-    if getattr(args, "fresh_ai_answers", False):
-        body["fresh_ai_answers"] = True
+    if action == "replay":
+        body["on_version"] = args.on_version
+        if args.from_step:
+            body["from_step"] = args.from_step
+        if args.input is not None:
+            body["input"] = args.input
+        if getattr(args, "fresh_ai_answers", False):
+            body["fresh_ai_answers"] = True
     results: list[dict[str, Any]] = []
     progress = Progress(len(targets), s.err)
     for run in targets:
@@ -1141,21 +1176,58 @@ def parser() -> argparse.ArgumentParser:
         p = sub.add_parser(decision, parents=[remote], help=f"{decision} a waiting approval")
         p.add_argument("approval", metavar="APPROVAL", help="the approval's id")
         p.add_argument("--comment", help="why, kept with the decision and audited")
+    _bulk_parsers(sub, remote)
+    return top
+
+
+def _bulk_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """`replay` and `retry` (RUN ids one by one, or --failed by filter through a bulk token)
+    and `bulk` (any bulk action by filter: preview, then act on its token)."""
     for action, what in (("replay", "as new linked runs"), ("retry", "in place")):
         p = sub.add_parser(action, parents=[remote], help=f"{action} failed runs {what}")
         p.add_argument("runs", nargs="*", metavar="RUN")
         p.add_argument("--failed", action="store_true", help="every failed run matching filters")
         _filters(p, status=False)
         p.add_argument("--yes", action="store_true", help="act (without it --failed previews)")
-        p.add_argument("--max", type=int, default=1000, help="at most this many runs")
         p.add_argument("--reason", help="kept in the audit log")
+        p.add_argument("--bulk-token", help="act on a bulk preview's token (onceflow bulk)")
         if action == "replay":
+            p.add_argument("--from-step", help="replay from this step key (default: first failure)")
+            p.add_argument(
+                "--on-version",
+                choices=("run", "current"),
+                default="run",
+                help="the run's own version (default) or the workflow's current one",
+            )
+            p.add_argument(
+                "--input",
+                type=_json_object,
+                help="edited input (a JSON object) for --from-step; audited",
+            )
             p.add_argument(
                 "--fresh-ai-answers",
                 action="store_true",
                 help="ai.generate steps run again ask the model instead of reusing its answer",
             )
-    return top
+    p = sub.add_parser(
+        "bulk",
+        parents=[remote],
+        help="preview a bulk replay, retry, cancel or inbox requeue by filter, then act on its"
+        " token",
+    )
+    p.add_argument("action", choices=tuple(BULK_PAST))
+    _filters(p, status=False)
+    p.add_argument("--connection", metavar="CONNECTION_ID", help="requeue_inbox: one connection")
+    p.add_argument("--reason", help="kept in the audit log (required for cancel)")
+    p.add_argument("--yes", action="store_true", help="act at once on what the preview lists")
+    p.add_argument("--bulk-token", help="act on this earlier preview's token")
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("--input must be a JSON object")
+    return value
 
 
 LOCAL: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -1191,6 +1263,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "reject": lambda s, a: _decide(s, a, "reject"),
     "replay": lambda s, a: _bulk(s, a, "replay"),
     "retry": lambda s, a: _bulk(s, a, "retry"),
+    "bulk": lambda s, a: _bulk_by_token(s, a, a.action),
 }
 
 

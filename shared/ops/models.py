@@ -152,6 +152,23 @@ class ReplayRequest(_Request):
     reason: Text | None = Field(
         default=None, max_length=500, description="Why, for the audit trail."
     )
+    from_step: Text | None = Field(
+        default=None,
+        max_length=200,
+        description="The step key to replay from (a step the run reached); steps before it"
+        " are kept, never run again. Default: the first failure. A run that succeeded may be"
+        " replayed from a chosen step.",
+    )
+    on_version: Literal["run", "current"] = Field(
+        default="run",
+        description="Replay on the run's own version, or on the workflow's current one"
+        " (refused, naming the step, when a step the replay keeps or starts is not in it).",
+    )
+    input: dict[str, Any] | None = Field(
+        default=None,
+        description="An edited input (the block's config object) for `from_step`; who and"
+        " what are kept on the new step and in the audit trail.",
+    )
     fresh_ai_answers: bool = Field(
         default=False,
         description="The `ai.generate` steps the replay runs again ask the model afresh instead"
@@ -320,6 +337,10 @@ class StepView(_Response):
     idempotency_key: str | None
     side_effect_started_at: datetime | None
     input: Any
+    input_override: Any = Field(
+        default=None, description="A person's edit of the input, given when replaying from it."
+    )
+    input_edited_by: str | None = Field(default=None, description="Who edited the input.")
     output: Any
     error: str | None
     error_class: Literal["transient", "permanent"] | None
@@ -374,6 +395,10 @@ class RunDetail(_Response):
     namespace: Literal["live", "rehearsal"]
     trigger_payload: Any
     payload_truncated: bool
+    replay_from: str | None = Field(
+        default=None, description="The step this replay started from (null: its first failure)."
+    )
+    replay_by: str | None = Field(default=None, description="Who asked for this replay.")
     steps: list[StepView]
     charges: list[Charge] = Field(description="Ledger rows for this run's idempotency keys.")
     lineage: list[LineageEntry] = Field(description="Every live run of the replay lineage.")
@@ -1175,3 +1200,65 @@ class TokenList(_Response):
 
 class BootstrapRequest(_Request):
     label: Text = Field(default="bootstrap admin", min_length=1, max_length=200)
+
+
+BulkActionName = Literal["replay", "retry", "cancel", "requeue_inbox", "redrive"]
+
+
+class BulkPreviewRequest(_Request):
+    """Which runs (or dead inbox rows) an action would touch now. Runs are filtered like
+    `GET /v1/runs`; replay and retry take failed runs, cancel running ones; requeue_inbox
+    takes the dead inbox rows (optionally of one connection); redrive (admins only) the
+    messages waiting on the Pub/Sub dead-letter holds (`<hold>:<event or step id>`)."""
+
+    action: BulkActionName
+    workflow_id: UUID | None = None
+    record_key: Text | None = Field(
+        default=None, max_length=500, description=RECORD_KEY_DESCRIPTION
+    )
+    created_after: AwareDatetime | None = Field(default=None, description="Inclusive.")
+    created_before: AwareDatetime | None = Field(default=None, description="Exclusive.")
+    event_type: Text | None = Field(default=None, max_length=200, pattern=EVENT_TYPE_PATTERN)
+    connection_id: UUID | None = Field(
+        default=None, description="requeue_inbox only: the dead rows of this connection."
+    )
+    reason: Text | None = Field(
+        default=None,
+        max_length=500,
+        description="Why; kept on each target's audit row (required for cancel).",
+    )
+
+
+class BulkPreview(_Response):
+    token: UUID = Field(description="Names exactly `targets`; act on it with /v1/bulk/act.")
+    action: BulkActionName
+    tenant_id: str | None
+    targets: list[str] = Field(
+        description="Run ids (inbox row ids for requeue_inbox, `<hold>:<id>` for redrive), sorted."
+    )
+    more: bool = Field(description="More matched than one bulk action takes; narrow the filter.")
+    expires_at: datetime
+    runs: list[RunSummary] = Field(default=[], description="The runs listed, for people.")
+    inbox_rows: list[StuckInboxRow] = Field(default=[], description="requeue_inbox's rows.")
+
+
+class BulkActRequest(_Request):
+    token: UUID
+
+
+class BulkOutcome(_Response):
+    target: str
+    ok: bool
+    code: str | None = Field(default=None, description="The refusal's code when not ok.")
+    message: str
+    run_id: UUID | None = Field(default=None, description="A replay's new run.")
+
+
+class BulkActResult(_Response):
+    token: UUID
+    action: BulkActionName
+    repeated: bool = Field(
+        description="True when an earlier act on this token already ran: nothing was done"
+        " again, and these are its outcomes."
+    )
+    outcomes: list[BulkOutcome]

@@ -66,8 +66,7 @@ from shared.workflows.definition import WorkflowDefinition
 COOKIE = "onceflow_ops"
 COOKIE_PATH = "/ui"
 COOKIE_MAX_AGE = 8 * 3600
-# A bulk confirmation carries up to 200 ids (shared/ops/bulk.py MAX_TARGETS) besides its csrf
-# value and action.
+# Forms are small: a bulk confirmation carries its preview's token, csrf value and action.
 MAX_FORM_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 210
 MAX_RUNS_SHOWN = 25
@@ -513,15 +512,25 @@ def _bulk_preview(api: OpsApi, request: Request, viewer: Viewer) -> Response:
     _, query, notices = _run_filters(request)
     if notices:
         raise OpsError(400, "invalid_query", notices[0].text)
-    targets, more = bulk.preview(_caller(api, viewer), action, query)
-    return _bulk_page(viewer, action, spec, "preview", targets=targets, more=more, results=None)
+    listed = bulk.preview(_caller(api, viewer), action, query)
+    targets = listed.inbox_rows if action == "requeue_inbox" else listed.runs
+    return _bulk_page(
+        viewer,
+        action,
+        spec,
+        "preview",
+        targets=targets,
+        more=listed.more,
+        token=str(listed.token),
+        results=None,
+    )
 
 
 def _bulk_confirmed(api: OpsApi, request: Request, viewer: Viewer) -> Response:
     form = _check_csrf(request, viewer.token)
     action = form.get("action", "")
     spec = bulk.action_named(action)
-    results = bulk.perform(_caller(api, viewer), action, form.getlist("target"))
+    results = bulk.perform(_caller(api, viewer), form.get("token", ""))
     return _bulk_page(viewer, action, spec, "done", targets=[], more=False, results=results)
 
 
@@ -545,32 +554,33 @@ def _bulk_page(
 
 
 def _redrive(api: OpsApi, request: Request, viewer: Viewer, *, confirmed: bool) -> Response:
-    """Pub/Sub dead letters (shared/ops/redrive.py): machinery, so admins only; a tenant
-    token is told there is no such page, as for anything not theirs."""
+    """Pub/Sub dead letters through the bulk routes (shared/ops/api/bulk.py, action `redrive`):
+    the preview's token names the held messages it lists, and the confirmation redrives those
+    only. Machinery, so admins only; a tenant token is told there is no such page."""
     if not viewer.principal.is_admin:
         raise OpsError(404, "not_found", "there is no such page")
+    call = _caller(api, viewer)
+    token = ""
     if confirmed:
-        _check_csrf(request, viewer.token)
-    try:
-        holds = redrive.redrive() if confirmed else redrive.peek()
-    except TransientError as exc:
-        raise OpsError(503, "unavailable", f"Pub/Sub could not be reached: {exc}") from None
-    total = sum(h.messages for h in holds)
-    if confirmed:
-        auth.record_audit(
-            api.db,
-            viewer.principal,
-            action="deadletters.redrive",
-            target=None,
-            detail={h.subscription: h.messages for h in holds},
-        )
+        form = _check_csrf(request, viewer.token)
+        result = bulk.perform_raw(call, form.get("token", ""))
+        listed = [o.target for o in result.outcomes if o.ok]
+    else:
+        preview = bulk.preview_redrive(call)
+        listed, token = preview.targets, str(preview.token)
+    holds = [
+        redrive.HoldCount(hold, topic, len(ids), ids)
+        for hold, topic in redrive.DEAD_LETTER_HOLDS.items()
+        for ids in [[t.split(":", 1)[1] for t in listed if t.split(":", 1)[0] == hold]]
+    ]
     return render(
         "redrive.html",
         "Pub/Sub dead letters",
         viewer=viewer,
         holds=holds,
-        total=total,
+        total=len(listed),
         done=confirmed,
+        token=token,
     )
 
 

@@ -93,16 +93,38 @@ def peek(limit: int = MAX_PER_HOLD) -> list[HoldCount]:
     return out
 
 
-def redrive(limit: int = MAX_PER_HOLD) -> list[HoldCount]:
-    """Publish what waits on each hold back to its topic, then acknowledge it there."""
+def target_of(hold: str, data: bytes) -> str:
+    """How a bulk preview names one held message: its hold and its event or step id."""
+    return f"{hold}:{_id_of(data)}"
+
+
+def redrive(limit: int = MAX_PER_HOLD, only: frozenset[str] | None = None) -> list[HoldCount]:
+    """Publish what waits on each hold back to its topic, then acknowledge it there. `only`:
+    the messages a bulk preview listed (`target_of`); any other is handed back untouched."""
     subscriber = _subscriber()
     publisher = get_publisher()
     out = []
     try:
         for hold, topic in DEAD_LETTER_HOLDS.items():
             path = f"projects/{publisher.project}/subscriptions/{hold}"
-            # A message that is not one of ours (not a JSON object) stays on the hold.
-            received = [r for r in _pull(subscriber, path, limit) if _body(r.message.data)]
+            pulled = _pull(subscriber, path, limit)
+            # A message that is not one of ours (not a JSON object) stays on the hold, and so
+            # does one the preview did not list.
+            received = [
+                r
+                for r in pulled
+                if _body(r.message.data)
+                and (only is None or target_of(hold, r.message.data) in only)
+            ]
+            left = [r for r in pulled if r not in received]
+            if left:
+                subscriber.modify_ack_deadline(
+                    request={
+                        "subscription": path,
+                        "ack_ids": [r.ack_id for r in left],
+                        "ack_deadline_seconds": 0,
+                    }
+                )
             if received:
                 publisher.publish_many(topic, [_body(r.message.data) or {} for r in received])
                 subscriber.acknowledge(

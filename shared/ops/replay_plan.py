@@ -109,15 +109,21 @@ def first_error(steps: Sequence[JournalStep]) -> JournalStep | None:
     return failed[0][3]
 
 
-def plan_replay(definition: WorkflowDefinition, steps: Sequence[JournalStep]) -> ReplayPlan:
+def plan_replay(
+    definition: WorkflowDefinition,
+    steps: Sequence[JournalStep],
+    start: JournalStep | None = None,
+) -> ReplayPlan:
     """What a replay of a run with this journal does.
 
-    Roots: the first failed step; then any failed, skipped (a cancelled run's) or unsettled
+    Roots: `start` when a person chose the step to replay from, else the first failed step;
+    then any failed, skipped (a cancelled run's) or unsettled
     step the first region does not cover (nothing else would ever drive it again in the new
     run), and every iteration of a root's node that did not succeed (a foreach runs its
     items in any order, so the one that failed may have unsettled siblings on either side)."""
     first = first_error(steps)
-    roots: list[JournalStep] = [first] if first is not None else []
+    origin = start or first
+    roots: list[JournalStep] = [origin] if origin is not None else []
     region = reachable_nodes(definition, [r.node_id for r in roots], steps)
     while True:
         root_nodes = {r.node_id for r in roots}

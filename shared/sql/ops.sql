@@ -109,7 +109,8 @@ SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
        v.number AS version_number, r.start_key, r.event_id, r.record_key,
        record_label(l.label, l.email) AS record_label, r.dedup_mode,
        r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
-       r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason
+       r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason,
+       r.replay_from, r.replay_by
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 JOIN workflow_versions v ON v.id = r.version_id
@@ -130,6 +131,7 @@ SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_i
        s.lease_expires_at, s.wake_at, s.dispatched_at, s.idempotency_key,
        s.side_effect_started_at, s.input, s.output, s.error, s.error_class, s.outcome_code,
        s.branch_choice, s.copied_from, s.created_at, s.started_at, s.finished_at,
+       s.input_override, s.input_edited_by,
        CASE WHEN p.id IS NOT NULL THEN jsonb_build_object(
            'id', p.id, 'kind', p.kind, 'until', p.deadline, 'on_timeout', p.on_timeout,
            'timeout_goto', p.timeout_goto, 'event_type', p.event_type,
@@ -204,12 +206,14 @@ WHERE e.id = :event_id
 
 -- name: ops_replay_run_insert
 -- The replay reads the payload and the record the original's rule saw, so its steps render
--- what the original's did.
+-- what the original's did. It runs on :version_id (the run's own, or the workflow's current
+-- one when the operator asked for it), and names the step it started from and who asked.
 INSERT INTO workflow_runs (tenant_id, workflow_id, version_id, start_key, event_id, record_key,
                            dedup_mode, namespace, status, trigger_payload, payload_truncated,
-                           replay_of, lineage_root, trigger_record)
-SELECT tenant_id, workflow_id, version_id, :start_key, event_id, record_key, dedup_mode,
-       'live', 'running', trigger_payload, payload_truncated, id, lineage_root, trigger_record
+                           replay_of, lineage_root, trigger_record, replay_from, replay_by)
+SELECT tenant_id, workflow_id, CAST(:version_id AS uuid), :start_key, event_id, record_key,
+       dedup_mode, 'live', 'running', trigger_payload, payload_truncated, id, lineage_root,
+       trigger_record, :replay_from, :replay_by
 FROM workflow_runs
 WHERE id = CAST(:run_id AS uuid)
 RETURNING id, lineage_root
@@ -234,10 +238,13 @@ WHERE id = ANY(CAST(:step_ids AS uuid[]))
 DELETE FROM ai_answers WHERE idempotency_key = ANY(CAST(:keys AS text[]))
 
 -- name: ops_replay_step_restart
+-- A restarted step; :input_override (with :input_edited_by) is a person's edit of the chosen
+-- step's input, which the engine runs instead of the rendered config (steps_claim returns it).
 INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, idempotency_key,
-                            input)
+                            input, input_override, input_edited_by)
 VALUES (CAST(:new_run_id AS uuid), :step_key, :node_id, :block_type, 'pending',
-        :idempotency_key, CAST(:input AS jsonb))
+        :idempotency_key, CAST(:input AS jsonb), CAST(:input_override AS jsonb),
+        :input_edited_by)
 RETURNING id
 
 -- name: ops_retry_run_reopen
@@ -443,3 +450,28 @@ WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_a
   AND (CAST(:tenant_id AS text) IS NULL OR p.tenant_id = CAST(:tenant_id AS text))
 ORDER BY p.created_at, p.id
 LIMIT :limit
+
+-- name: ops_bulk_insert
+-- A bulk preview: exactly the targets it listed (sorted), the action and the caller's tenant.
+INSERT INTO ops_bulk_previews (tenant_id, action, targets, reason, token_id, expires_at)
+VALUES (:tenant_id, :action, CAST(:targets AS text[]), :reason, CAST(:token_id AS uuid),
+        now() + make_interval(secs => CAST(:ttl_seconds AS double precision)))
+RETURNING id, expires_at
+
+-- name: ops_bulk_get
+-- Scoped like every read: a tenant's token finds only its tenant's previews (an admin's, with
+-- tenant_id NULL, neither); an admin finds any.
+SELECT id, tenant_id, action, targets, reason, expires_at, acted_at, outcomes,
+       expires_at <= now() AS expired
+FROM ops_bulk_previews
+WHERE id = CAST(:bulk_id AS uuid)
+  AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+
+-- name: ops_bulk_acted
+-- The first act to finish records its outcomes; two acts racing on one token both ran each
+-- target through its own guarded statement (one outcome per run), and exactly one of them
+-- finds `acted_at IS NULL` here. Zero rows: another act recorded first (its outcomes stand).
+UPDATE ops_bulk_previews
+SET acted_at = now(), outcomes = CAST(:outcomes AS jsonb)
+WHERE id = CAST(:bulk_id AS uuid) AND acted_at IS NULL
+RETURNING id

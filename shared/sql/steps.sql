@@ -59,7 +59,7 @@ WITH claimed AS (
       AND r.namespace = CAST(:namespace AS text)
     RETURNING CAST(s.id AS text) AS id, CAST(s.run_id AS text) AS run_id, s.step_key, s.node_id,
               s.block_type, s.attempt, s.idempotency_key, s.side_effect_started_at, s.output,
-              r.tenant_id, CAST(r.workflow_id AS text) AS workflow_id,
+              s.input_override, r.tenant_id, CAST(r.workflow_id AS text) AS workflow_id,
               CAST(r.version_id AS text) AS version_id,
               CAST(r.lineage_root AS text) AS lineage_root,
               r.trigger_payload, r.trigger_record, r.record_key, r.event_id, r.namespace,

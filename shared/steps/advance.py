@@ -360,7 +360,13 @@ def _execute(
         return Executed(resumed)
     try:
         scope = build_scope(step, steps, loop)
-        rendered = render_config(node, scope)
+        # A replay with an edited input runs the block on the person's edit (audited, and
+        # shown on the step), not on the rendered config.
+        rendered = (
+            dict(step.input_override)
+            if step.input_override is not None
+            else render_config(node, scope)
+        )
         block_config = spec.config_model.model_validate(rendered)
     except TransientError:
         raise

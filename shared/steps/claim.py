@@ -81,6 +81,9 @@ class ClaimedStep:
     # The outputs of other steps are not here: `read_run_outputs` loads those the step reads.
     occurrence: Occurrence
     trigger_record: Mapping[str, Any] | None
+    # A person's edit of this step's input, made when replaying from it (shared/ops/replay.py):
+    # the block runs on it instead of its rendered config. None for every other step.
+    input_override: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def claim_step(
         connection_id=row["connection_id"],
         occurrence=_occurrence(row),
         trigger_record=row["trigger_record"],
+        input_override=row["input_override"],
     )
 
 

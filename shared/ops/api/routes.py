@@ -13,6 +13,7 @@ from shared.ops.api.apps import (
     install_app,
     provider_app_report,
 )
+from shared.ops.api.bulk import act_bulk, preview_bulk
 from shared.ops.api.connections import create_connection, list_connections
 from shared.ops.api.credits import CreditsQuery, credits
 from shared.ops.api.events import list_stuck_inbox, requeue_event, requeue_inbox_row
@@ -56,6 +57,10 @@ from shared.ops.models import (
     BootstrapRequest,
     BreakerStatus,
     BudgetStatus,
+    BulkActRequest,
+    BulkActResult,
+    BulkPreview,
+    BulkPreviewRequest,
     CancelRequest,
     CancelResult,
     ConnectionCreate,
@@ -168,6 +173,28 @@ ROUTES: tuple[Route, ...] = (
         body=CancelRequest,
         errors=(400, 401, 404, 409, 413, 422),
         path_params=("run_id",),
+    ),
+    Route(
+        "bulk.preview",
+        "POST",
+        "/v1/bulk/preview",
+        preview_bulk,
+        BulkPreview,
+        "Which runs (or dead inbox rows) a bulk replay, retry, cancel or requeue would touch"
+        " now; the token names exactly that set",
+        body=BulkPreviewRequest,
+        errors=(400, 401, 404, 413, 422, 503),
+    ),
+    Route(
+        "bulk.act",
+        "POST",
+        "/v1/bulk/act",
+        act_bulk,
+        BulkActResult,
+        "Act on a preview's token: each target once through its own route, audited; acting"
+        " again on the token does nothing more",
+        body=BulkActRequest,
+        errors=(400, 401, 404, 410, 413, 422, 503),
     ),
     Route(
         "approvals.list",

@@ -76,6 +76,8 @@ def run_detail(db: Database, run_id: str, scope: str | None, namespace: str = "l
         namespace=run["namespace"],
         trigger_payload=run["trigger_payload"],
         payload_truncated=run["payload_truncated"],
+        replay_from=run["replay_from"],
+        replay_by=run["replay_by"],
         steps=[StepView.model_validate({**s, "leases": leases.get(s["id"], [])}) for s in steps],
         charges=[Charge.model_validate(c) for c in charges],
         lineage=[LineageEntry.model_validate(r) for r in lineage],
@@ -87,14 +89,18 @@ def get_run(call: Call) -> RunDetail:
 
 
 def replay_failed_run(call: Call) -> ReplayResult:
+    body: ReplayRequest = call.body
     run_id = _path_run(call)
-    body: ReplayRequest | None = call.body
     outcome = replay.replay_run(
         call.db,
         run_id=run_id,
         tenant_scope=call.scope,
         dispatch=call.dispatch,
-        fresh_ai_answers=bool(body and body.fresh_ai_answers),
+        from_step=body.from_step,
+        on_version=body.on_version,
+        edited_input=body.input,
+        by=call.principal.label,
+        fresh_ai_answers=body.fresh_ai_answers,
     )
     detail = run_detail(call.db, outcome.run_id, call.scope)
     return ReplayResult(
