@@ -72,6 +72,7 @@ def emit_event(
     author_id: str | None = None,
     payload: Mapping[str, Any] | None = None,
     source_event_id: str | None = None,
+    author_source: str | None = None,
 ) -> int:
     with db.transaction() as tx:
         event_id = emit(
@@ -85,6 +86,7 @@ def emit_event(
                 record_object_type=object_type if object_id is not None else None,
                 record_object_id=object_id,
                 author_id=author_id,
+                author_source=author_source,
                 changed_fields=changed if changed is not None else {"lifecyclestage": "lead"},
             ),
         )

@@ -300,3 +300,17 @@ def test_a_crm_poll_source_takes_neutral_kinds_and_a_crms_own(kind: str, ok: boo
     )
     report = validate_text(HEAD + text, "w.yaml")
     assert [p.where for p in report.errors] == ([] if ok else ["trigger.poll.crm.object_type"])
+
+
+def test_a_generic_senders_own_names_are_left_as_it_sent_them() -> None:
+    """Only providers that declare kinds are renamed: a Standard Webhooks sender's
+    `contacts.updated` about `contacts` stays its own (it is no CRM of onceflow's)."""
+    body = json.dumps(
+        {
+            "type": "contacts.updated",
+            "timestamp": "2026-12-01T10:00:00Z",
+            "data": {"object_type": "contacts", "id": "7"},
+        }
+    ).encode()
+    (event,) = registry.normalize("standard", body, {"webhook-id": "msg_1"})
+    assert (event.event_type, event.object_type) == ("standard.contacts.updated", "contacts")

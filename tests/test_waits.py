@@ -696,3 +696,32 @@ def test_onceflows_own_echo_is_not_found_by_a_waits_lookback(db: Database) -> No
     flow.admit(flow.event({"hs_lead_status": "CONNECTED"}))  # before the wait parks
     run_id = flow.start()
     assert _steps(db, run_id)["wait_reply"]["status"] == "waiting_for_event"
+
+
+def test_a_lookback_asks_the_author_before_the_markers(db: Database) -> None:
+    """On a provider whose events name their author (Pipedrive: `change_source`, `user_id`),
+    a change made in the CRM's UI by the connection's own user, with the value onceflow just
+    wrote, is a person's answer, not an echo: the lookback finds it, as admission would have
+    offered it (shared/ingest/echo.py `authored_elsewhere`). It was skipped as an echo
+    before the lookback read the author."""
+    flow = Flow(db, _workflow(lookback={"hours": 1}), name="with-lookback")
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET provider = 'pipedrive', provider_user_id = '42'"
+            " WHERE id = CAST(:c AS uuid)",
+            c=flow.conn,
+        )
+    _mark_echo(flow, {"hs_lead_status": "CONNECTED"})
+    person = emit_event(
+        db,
+        connection_id=flow.conn,
+        event_type=REPLIED,
+        changed={"hs_lead_status": "CONNECTED"},
+        author_id="42",
+        author_source="app",
+    )
+    flow.admit(person)  # before the wait parks
+    run_id = flow.start()
+    wait = _steps(db, run_id)["wait_reply"]
+    assert wait["status"] == "succeeded", wait
+    assert wait["output"]["event"]["id"] == person

@@ -78,7 +78,10 @@ def object_kind_names() -> str:
 def _neutral_event(provider: Provider, event: NormalizedEvent) -> NormalizedEvent:
     """`event` with its object named by onceflow's neutral kind (Pipedrive's `person` is a
     `contact`), in its type and its record identity; the provider's own name stays in the
-    payload, which is the provider's event as it came."""
+    payload, which is the provider's event as it came. A provider that declares no kinds (a
+    generic scheme: its senders name their own types) is left as it is."""
+    if not provider.object_kinds:
+        return event
     kind = provider.object_kind(event.object_type) if event.object_type else None
     parts = event.event_type.split(".")
     own = parts[1] if len(parts) == 3 else None
@@ -92,6 +95,8 @@ def _neutral_event(provider: Provider, event: NormalizedEvent) -> NormalizedEven
 
 
 def _neutral_type(provider: Provider, event_type: str) -> str:
+    if not provider.object_kinds:
+        return event_type
     parts = event_type.split(".")
     kind = provider.object_kind(parts[1]) if len(parts) == 3 else None
     return ".".join((parts[0], kind, parts[2])) if kind else event_type

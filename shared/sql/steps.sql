@@ -594,9 +594,12 @@ WHERE p.id = CAST(:park_id AS bigint)
 -- resumes the parked step or notes the event for this read (the park row's lock orders the
 -- two): between them, none is missed. Read through the events' record index; bounded. With
 -- each event, the echo markers that could explain its change (the same function admission
--- reads them with): onceflow's own echo is no answer to a wait.
+-- reads them with), and who the author must be to be onceflow (its connection's provider and
+-- user: shared/ingest/echo.py): onceflow's own echo is no answer to a wait.
 SELECT e.id, e.tenant_id, e.event_type, e.connection_id, e.source_event_id, e.occurred_at,
        e.author_id, e.changed_fields, e.payload, e.record_object_type, e.record_object_id,
+       e.author_source, c.provider AS connection_provider,
+       c.provider_user_id AS connection_user_id,
        (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash, 'hex'))),
                         '[]'::jsonb)
           FROM echo_markers_alive(
@@ -605,6 +608,7 @@ SELECT e.id, e.tenant_id, e.event_type, e.connection_id, e.source_event_id, e.oc
                    CAST(:echo_skew_seconds AS double precision)) m
          WHERE e.connection_id IS NOT NULL) AS echo_markers
 FROM workflow_trigger_events e
+LEFT JOIN connections c ON c.id = e.connection_id
 WHERE e.tenant_id = CAST(:tenant_id AS text)
   AND e.record_object_type = CAST(:object_type AS text)
   AND e.record_object_id = CAST(:object_id AS text)

@@ -35,7 +35,12 @@ from shared.blocks.waits import await_key
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
-from shared.ingest.echo import ECHO_CLOCK_SKEW_SECONDS, is_echo, markers_from_json
+from shared.ingest.echo import (
+    ECHO_CLOCK_SKEW_SECONDS,
+    authored_elsewhere,
+    is_echo,
+    markers_from_json,
+)
 from shared.workflows.expressions import ExpressionError, evaluate_condition
 from shared.workflows.scope import Occurrence, wait_scope
 
@@ -285,7 +290,15 @@ def parked(tx: Tx, park: OpenedPark, request: ParkRequest, *, tenant_id: str) ->
         incoming = Occurrence.from_row(row)
         if incoming.record_key != request.record_key:
             continue  # same object on another connection
-        if is_echo(incoming.changed_fields, markers_from_json(row["echo_markers"])):
+        elsewhere = authored_elsewhere(
+            row["connection_provider"],
+            author_source=row["author_source"],
+            author_id=row["author_id"],
+            connection_user_id=row["connection_user_id"],
+        )
+        if is_echo(
+            incoming.changed_fields, markers_from_json(row["echo_markers"]), elsewhere=elsewhere
+        ):
             continue  # onceflow's own write coming back: no answer (admission skips it too)
         if not wait_matches(request.condition, incoming, request.scope, park.id):
             continue
