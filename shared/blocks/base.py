@@ -18,14 +18,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv6Address
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
-from shared.core.db import Database, Tx
 from shared.core.errors import ErrorClass
 from shared.port.interface import CrmPort
 from shared.workflows.definition import Step
+
+if TYPE_CHECKING:  # the driver stays out of the pure modules that import this (outcomes)
+    from shared.core.db import Database, Tx
 
 BlockKind = Literal["flow", "action"]
 SideEffect = Literal["none", "idempotent", "at_most_once"]
@@ -241,7 +243,7 @@ class LandedQuery:
 
 
 ResolveLanded = Callable[[BlockContext, BaseModel, Target], LandedQuery | None]
-BeforeCall = Callable[[Tx, BlockContext, BaseModel, Target], None]
+BeforeCall = Callable[["Tx", BlockContext, BaseModel, Target], None]
 
 
 @dataclass(frozen=True)
