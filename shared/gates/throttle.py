@@ -58,7 +58,11 @@ class ThrottleClaim:
 
 def claim(tx: Tx, limit: Limit) -> ThrottleClaim:
     row = tx.one(
-        CLAIM, scope=limit.scope, subject=limit.subject, window_seconds=limit.window_seconds
+        CLAIM,
+        scope=limit.scope,
+        subject=limit.subject,
+        window_seconds=limit.window_seconds,
+        limit_max=limit.max,
     )
     assert row is not None  # an upsert always returns its row
     return _claimed(limit, row)

@@ -1,0 +1,182 @@
+"""`GET /v1/limits` (issue 29, item 7): what each limit holds back now. The state is made by
+the real paths: steps parked THROTTLED by the connection-limit gate through `advance_step`,
+events queued by a run-start throttle and held in a debounce burst by real admission."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from devstack.fakecrm import FakeCrm
+from shared.core.db import Database
+from shared.ops.statements import LIMITS_PARKED_STEPS
+from shared.steps.advance import advance_step
+from tests.admission_support import activate_text, emit_event, make_tenant
+from tests.blocks_support import fake_crm, seed_connection, seed_tenant
+from tests.ops_support import bearer, mint
+from tests.steps_support import TENANT, definition, publish_version, start_run
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    with fake_crm(monkeypatch) as server:
+        yield server
+
+
+THROTTLED = """
+name: throttled
+tenant: acme
+trigger:
+  events: [hubspot.contact.property_changed]
+  dedup: every_time
+  throttle: {limit: 1, period: 1h}
+steps:
+  - id: start
+    type: end
+"""
+
+DEBOUNCED = """
+name: follow-up-on-edits
+tenant: acme
+trigger:
+  events: [hubspot.contact.property_changed]
+  dedup: every_time
+  debounce: {period: 5s, max_wait: 1m}
+steps:
+  - id: start
+    type: end
+"""
+
+
+def _limits(client: Any, token: str, query: str = "") -> dict[str, Any]:
+    got = client.get(f"/v1/limits{query}", headers=bearer(token))
+    assert got.status_code == 200, got.get_json()
+    body: dict[str, Any] = got.get_json()
+    return body
+
+
+def _admit(db: Database, event_id: int) -> None:
+    from shared.admission.admit import admit_event
+
+    admit_event(db, event_id, publish=lambda ids: None)
+
+
+def _create_task(db: Database, connection_id: str) -> str:
+    version = publish_version(
+        db,
+        definition(
+            [
+                {
+                    "id": "create_task",
+                    "type": "crm.create",
+                    "config": {
+                        "object_type": "tasks",
+                        "connection_id": connection_id,
+                        "properties": {"hs_task_subject": "Call Ada"},
+                    },
+                }
+            ]
+        ),
+    )
+    _, [step_id] = start_run(db, version)
+    return step_id
+
+
+def test_a_connection_limit_shows_the_steps_parked_behind_it_and_the_oldest_wait(
+    db: Database, fake: FakeCrm, client: Any
+) -> None:
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET rate_limit_per_window = 1, rate_limit_window_seconds = 3600"
+        )
+    steps = [_create_task(db, connection_id) for _ in range(4)]
+    for step_id in steps:
+        advance_step(db, step_id, dispatch=lambda ids: None)
+    with db.transaction() as tx:
+        parked = tx.all(
+            "SELECT started_at FROM workflow_steps WHERE outcome_code = 'THROTTLED' "
+            "AND status = 'waiting_for_retry' ORDER BY started_at"
+        )
+    assert len(parked) == 3  # one window slot: the first ran, three wait
+
+    body = _limits(client, mint(db, tenant=TENANT))
+    (view,) = [i for i in body["items"] if i["kind"] == "connection"]
+    assert view["subject"] == connection_id and view["tenant_id"] == TENANT
+    assert view["limit"] == 1 and view["period_seconds"] == 3600
+    assert view["admitted"] == 4  # claims over the limit count too (the window ends anyway)
+    assert view["waiting"] == 3 and view["waiting_what"] == "steps"
+    assert _same_instant(view["oldest_wait_since"], parked[0]["started_at"])
+    assert view["oldest_wait_seconds"] >= 0
+    assert view["next_at"] == view["window_end"]
+    assert body["truncated"] is False
+
+
+def _same_instant(shown: str, at: Any) -> bool:
+    from datetime import datetime
+
+    return datetime.fromisoformat(shown.replace("Z", "+00:00")) == at
+
+
+def test_a_run_start_throttle_shows_its_queued_events(db: Database, client: Any) -> None:
+    make_tenant(db)
+    workflow_id = activate_text(db, THROTTLED)
+    for i in range(4):
+        _admit(db, emit_event(db, object_id=str(i)))
+    body = _limits(client, mint(db, tenant="acme"))
+    (view,) = [i for i in body["items"] if i["kind"] == "run_start"]
+    assert view["subject"] == f"{workflow_id}|workflow"
+    assert view["limit"] == 1 and view["period_seconds"] == 3600
+    # The first started; the second claimed (over) and queued; the rest queued behind it.
+    assert view["admitted"] == 2
+    assert view["waiting"] == 3 and view["waiting_what"] == "events"
+    with db.transaction() as tx:
+        oldest = tx.scalar("SELECT min(queued_at) FROM run_start_queue")
+    assert _same_instant(view["oldest_wait_since"], oldest)
+
+
+def test_a_debounce_burst_shows_the_events_it_holds(db: Database, client: Any) -> None:
+    make_tenant(db)
+    workflow_id = activate_text(db, DEBOUNCED)
+    for _ in range(3):
+        _admit(db, emit_event(db, object_id="7"))
+    body = _limits(client, mint(db, tenant="acme"))
+    (view,) = [i for i in body["items"] if i["kind"] == "debounce"]
+    assert view["subject"].startswith(f"{workflow_id}|")
+    assert view["waiting"] == 3 and view["waiting_what"] == "events"
+    assert view["period_seconds"] == 5 and view["limit"] is None
+    with db.transaction() as tx:
+        burst = tx.one("SELECT first_event_at, fire_at FROM debounce_bursts")
+    assert burst is not None
+    assert _same_instant(view["oldest_wait_since"], burst["first_event_at"])
+    assert _same_instant(view["next_at"], burst["fire_at"])
+
+
+def test_another_tenants_limits_are_not_shown(db: Database, client: Any) -> None:
+    make_tenant(db)
+    make_tenant(db, "globex")
+    activate_text(db, THROTTLED)
+    for i in range(2):
+        _admit(db, emit_event(db, object_id=str(i)))
+    assert _limits(client, mint(db, tenant="globex"))["items"] == []
+    refused = client.get("/v1/limits?tenant_id=acme", headers=bearer(mint(db, tenant="globex")))
+    assert refused.status_code == 404
+    admin = mint(db, tenant=None)
+    assert {i["tenant_id"] for i in _limits(client, admin)["items"]} == {"acme"}
+    assert _limits(client, admin, "?tenant_id=globex")["items"] == []
+    assert [i["tenant_id"] for i in _limits(client, mint(db, tenant="acme"))["items"]] == ["acme"]
+
+
+def test_parked_steps_are_read_from_their_own_index(db: Database) -> None:
+    """0500's partial index serves the parked-steps read (not the sweep's due index, which
+    holds every waiting step)."""
+    with db.transaction() as tx:
+        tx.execute("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(
+            r["QUERY PLAN"]
+            for r in tx.all("EXPLAIN " + LIMITS_PARKED_STEPS.text, tenant_id="acme", limit=101)
+        )
+    assert "workflow_steps_throttled" in plan, plan
