@@ -180,3 +180,47 @@ def test_parked_steps_are_read_from_their_own_index(db: Database) -> None:
             for r in tx.all("EXPLAIN " + LIMITS_PARKED_STEPS.text, tenant_id="acme", limit=101)
         )
     assert "workflow_steps_throttled" in plan, plan
+
+
+@pytest.mark.e2e
+def test_onceflow_limits_prints_the_table_against_a_running_ops_function(
+    db: Database, ops_process: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import json
+
+    from shared.ops import cli
+
+    make_tenant(db)
+    workflow_id = activate_text(db, THROTTLED)
+    for i in range(3):
+        _admit(db, emit_event(db, object_id=str(i)))
+    monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_process)
+    monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", mint(db, tenant="acme"))
+
+    def onceflow(*argv: str) -> tuple[int, str]:
+        out, err = io.StringIO(), io.StringIO()
+        return cli.main(list(argv), out=out, err=err), out.getvalue()
+
+    code, out = onceflow("limits")
+    assert code == cli.EXIT_OK
+    header, row = (
+        out.splitlines()[0],
+        next(line for line in out.splitlines() if line.startswith("run_start")),
+    )
+    assert header.split() == [
+        "LIMIT",
+        "TENANT",
+        "SUBJECT",
+        "WINDOW",
+        "ADMITTED",
+        "WAITING",
+        "OLDEST",
+        "NEXT",
+    ]
+    assert workflow_id[:8] in row
+    assert "1 per 3600s" in row and "2 events" in row and "ago" in row
+    code, out = onceflow("limits", "--json")
+    assert code == cli.EXIT_OK
+    (view,) = json.loads(out)["items"]
+    assert view["kind"] == "run_start" and view["waiting"] == 2
