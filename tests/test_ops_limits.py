@@ -224,3 +224,19 @@ def test_onceflow_limits_prints_the_table_against_a_running_ops_function(
     assert code == cli.EXIT_OK
     (view,) = json.loads(out)["items"]
     assert view["kind"] == "run_start" and view["waiting"] == 2
+
+
+def test_the_ops_page_shows_the_limits_section(db: Database, client: Any) -> None:
+    make_tenant(db)
+    make_tenant(db, "globex")
+    workflow_id = activate_text(db, THROTTLED)
+    for i in range(3):
+        _admit(db, emit_event(db, object_id=str(i)))
+    assert client.post("/ui/login", data={"token": mint(db, "acme")}).status_code == 303
+    page = client.get("/ui").get_data(as_text=True)
+    assert "<h2>Limits</h2>" in page and 'class="limit-run_start"' in page
+    row = page.split('class="limit-run_start"')[1].split("</tr>")[0]
+    assert f"{workflow_id}|workflow" in row and "1 per 3600s" in row and "2 events" in row
+    client.post("/ui/login", data={"token": mint(db, "globex")})
+    other = client.get("/ui").get_data(as_text=True)
+    assert "<h2>Limits</h2>" in other and workflow_id not in other
