@@ -11,7 +11,11 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.core.db import Database
-from shared.ops.statements import LIMITS_PARKED_STEPS
+from shared.ops.statements import (
+    LIMITS_DEBOUNCE_BURSTS,
+    LIMITS_PARKED_STEPS,
+    LIMITS_RUN_START_QUEUE,
+)
 from shared.steps.advance import advance_step
 from tests.admission_support import activate_text, emit_event, make_tenant
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
@@ -115,6 +119,54 @@ def test_a_connection_limit_shows_the_steps_parked_behind_it_and_the_oldest_wait
     assert body["truncated"] is False
 
 
+def test_workflow_and_host_limits_show_the_steps_parked_behind_them(
+    db: Database, monkeypatch: pytest.MonkeyPatch, client: Any
+) -> None:
+    from shared.workflows.definition import WorkflowDefinition
+    from tests.blocks_support import http_target
+
+    seed_tenant(db)
+    with http_target(monkeypatch) as fake:
+        per_limit = {}
+        for name, limits in (
+            ("per-workflow", {"rate_limit": {"max": 1, "per": "1h"}}),
+            ("per-host", {"host_rate_limit": {"max": 1, "per": "1h"}}),
+        ):
+            version = publish_version(
+                db,
+                WorkflowDefinition.model_validate(
+                    {
+                        "name": name,
+                        "tenant": TENANT,
+                        "trigger": {"events": ["test.thing.created"]},
+                        "steps": [
+                            {
+                                "id": "call",
+                                "type": "http.request",
+                                "config": {"url": f"{fake.url}/_sink/hook"},
+                            }
+                        ],
+                        **limits,
+                    }
+                ),
+            )
+            for _ in range(3):
+                _, [step_id] = start_run(db, version)
+                advance_step(db, step_id, dispatch=lambda ids: None)
+            with db.transaction() as tx:
+                per_limit[name] = tx.scalar(
+                    "SELECT CAST(workflow_id AS text) FROM workflow_versions WHERE id = :v",
+                    v=version,
+                )
+    items = _limits(client, mint(db, tenant=TENANT))["items"]
+    (workflow,) = [i for i in items if i["kind"] == "workflow"]
+    assert workflow["subject"] == per_limit["per-workflow"]
+    assert (workflow["limit"], workflow["admitted"], workflow["waiting"]) == (1, 3, 2)
+    (host,) = [i for i in items if i["kind"] == "host"]
+    assert host["subject"] == f"{TENANT}|127.0.0.1" and host["tenant_id"] == TENANT
+    assert (host["limit"], host["admitted"], host["waiting"]) == (1, 3, 2)
+
+
 def _same_instant(shown: str, at: Any) -> bool:
     from datetime import datetime
 
@@ -170,16 +222,28 @@ def test_another_tenants_limits_are_not_shown(db: Database, client: Any) -> None
     assert [i["tenant_id"] for i in _limits(client, mint(db, tenant="acme"))["items"]] == ["acme"]
 
 
-def test_parked_steps_are_read_from_their_own_index(db: Database) -> None:
-    """0500's partial index serves the parked-steps read (not the sweep's due index, which
-    holds every waiting step)."""
+@pytest.mark.parametrize(
+    ("statement", "index"),
+    [
+        (LIMITS_PARKED_STEPS, "workflow_steps_throttled"),
+        (LIMITS_RUN_START_QUEUE, "run_start_queue_"),
+        (LIMITS_DEBOUNCE_BURSTS, "debounce_bursts_due"),
+    ],
+)
+@pytest.mark.parametrize("tenant", ["acme", None])
+def test_what_waits_is_read_from_indexes(
+    db: Database, statement: Any, index: str, tenant: str | None
+) -> None:
+    """Each "what waits" read is served by a partial index of the waiting rows only: 0500's
+    index of the THROTTLED steps (not the sweep's due index, which holds every waiting step),
+    the run-start queue's queued-only indexes, the bursts' unfired-only due index."""
     with db.transaction() as tx:
         tx.execute("SET LOCAL enable_seqscan = off")
         plan = "\n".join(
             r["QUERY PLAN"]
-            for r in tx.all("EXPLAIN " + LIMITS_PARKED_STEPS.text, tenant_id="acme", limit=101)
+            for r in tx.all("EXPLAIN " + statement.text, tenant_id=tenant, limit=101)
         )
-    assert "workflow_steps_throttled" in plan, plan
+    assert index in plan and "Seq Scan" not in plan, plan
 
 
 @pytest.mark.e2e

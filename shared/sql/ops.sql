@@ -481,9 +481,11 @@ RETURNING id
 -- and the limit it counts against (`limit_max`, NULL for a window claimed before 0500). The
 -- tenant comes from the subject: a connection's or workflow's row (by primary key), a run-start
 -- subject's workflow (`<workflow_id>|<key>`), a host subject's prefix (`<tenant>|<host>`).
--- A NULL :tenant_id is an admin's every tenant. The table holds live windows and those ended
--- within the hour (the sweep's delete_expired_throttle_windows), read newest first through
--- throttle_windows_start; bounded by :limit.
+-- A NULL :tenant_id is an admin's every tenant. Read whole, on purpose: the table holds only
+-- live windows and those ended within the hour (the sweep's delete_expired_throttle_windows
+-- keeps it so), one row per limit that counted lately, and a window may be longer than any
+-- bound an index range could assume (a connection's window is any number of seconds).
+-- Bounded by :limit, newest first.
 WITH w AS (
     SELECT w.scope, w.subject, w.window_seconds, w.window_start, w.used, w.limit_max,
            CASE WHEN w.scope IN ('workflow', 'run_start', 'connection')
@@ -491,8 +493,7 @@ WITH w AS (
                      ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
                 THEN CAST(split_part(w.subject, '|', 1) AS uuid) END AS owner_id
       FROM throttle_windows w
-     WHERE w.window_start > now() - interval '2 days'
-       AND w.window_start + make_interval(secs => w.window_seconds) > now()
+     WHERE w.window_start + make_interval(secs => w.window_seconds) > now()
 )
 SELECT w.scope, w.subject, w.window_seconds, w.window_start,
        w.window_start + make_interval(secs => w.window_seconds) AS window_end,
