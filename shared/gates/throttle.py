@@ -58,7 +58,11 @@ class ThrottleClaim:
 
 def claim(tx: Tx, limit: Limit) -> ThrottleClaim:
     row = tx.one(
-        CLAIM, scope=limit.scope, subject=limit.subject, window_seconds=limit.window_seconds
+        CLAIM,
+        scope=limit.scope,
+        subject=limit.subject,
+        window_seconds=limit.window_seconds,
+        limit_max=limit.max,
     )
     assert row is not None  # an upsert always returns its row
     return _claimed(limit, row)
@@ -104,6 +108,9 @@ def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:
 
 
 def throttled(limit: Limit, outcome: ThrottleClaim) -> BlockFailure:
+    """The parking failure. Its message is also how ops counts the steps parked behind each
+    limit (shared/sql/ops.sql `ops_limits_parked_steps` reads scope, subject, max and window
+    back out of the step's error): change the wording there too."""
     until = outcome.window_end.isoformat() if outcome.window_end is not None else "?"
     return BlockFailure(
         f"throttled until {until} by {limit.scope} limit ({limit.subject}: "

@@ -811,6 +811,43 @@ def _tenants_list(s: Session, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _limits(s: Session, args: argparse.Namespace) -> int:
+    """`GET /v1/limits` as a table: each limit, its window, what it admitted, what waits."""
+    result = s.client.call(
+        "GET", "/v1/limits", query={"tenant_id": args.tenant, "limit": args.limit}
+    )
+
+    def window(v: Mapping[str, Any]) -> str:
+        if v["period_seconds"] is None:
+            return "-"
+        per = f"{v['period_seconds']:g}s"
+        return f"quiet {per}" if v["limit"] is None else f"{v['limit']} per {per}"
+
+    def readable() -> None:
+        table(
+            [
+                (
+                    v["kind"],
+                    v["tenant_id"],
+                    v["subject"],
+                    window(v),
+                    v["admitted"] if v["kind"] != "debounce" else "-",
+                    f"{v['waiting']} {v['waiting_what']}" if v["waiting"] else "-",
+                    terminal.ago(v["oldest_wait_since"]) if v["oldest_wait_since"] else "-",
+                    terminal.ago(v["next_at"]) if v["next_at"] else "-",
+                )
+                for v in result["items"]
+            ],
+            ("limit", "tenant", "subject", "window", "admitted", "waiting", "oldest", "next"),
+            s.out,
+        )
+        if result["truncated"]:
+            print(f"(more than {args.limit} of a kind: --limit or --tenant)", file=s.out)
+
+    s.emit(result, readable)
+    return EXIT_OK
+
+
 def _watch(pairs: Sequence[str]) -> dict[str, list[str]]:
     """`contact:lifecyclestage` pairs as {"contact": ["lifecyclestage"]}."""
     watched: dict[str, list[str]] = {}
@@ -978,6 +1015,13 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true")
     p.add_argument("--half-open", action="store_true", help="resume on trial")
     p.add_argument("--reason", help="kept in the audit log")
+    p = sub.add_parser(
+        "limits",
+        parents=[remote],
+        help="what each rate limit, run-start throttle and debounce burst is holding back",
+    )
+    p.add_argument("--tenant", metavar="TENANT_ID", help="an admin token's filter")
+    p.add_argument("--limit", type=int, default=100, help="at most this many of each kind")
     _tenant_parsers(sub, remote)
     _connection_parsers(sub, remote)
     _token_parsers(sub, remote)
@@ -1241,6 +1285,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "breaker": _breaker,
     "tenants create": _tenants_create,
     "tenants list": _tenants_list,
+    "limits": _limits,
     "connections create": _connections_create,
     "connections list": _connections_list,
     "tokens create": _tokens_create,

@@ -1262,3 +1262,62 @@ class BulkActResult(_Response):
         " again, and these are its outcomes."
     )
     outcomes: list[BulkOutcome]
+
+
+# ---- limits -------------------------------------------------------------------------------
+
+LimitKind = Literal["connection", "workflow", "host", "run_start", "debounce"]
+
+
+class LimitsQuery(_Request):
+    tenant_id: Text | None = Field(
+        default=None,
+        max_length=200,
+        description="An admin token's filter to one tenant; a tenant token sees only its own.",
+    )
+    limit: int = Field(
+        default=100, ge=1, le=500, description="At most this many limits of each kind."
+    )
+
+
+class LimitView(_Response):
+    """One limit and what it holds back now."""
+
+    kind: LimitKind = Field(
+        description="connection, workflow and host: step rate limits (steps wait parked"
+        " THROTTLED); run_start: a trigger's throttle on starting runs (events wait queued);"
+        " debounce: an open burst (its events are held until it fires)."
+    )
+    tenant_id: str
+    subject: str = Field(
+        description="The connection id, the workflow id, `<tenant>|<host>`,"
+        " `<workflow_id>|<key>` (run_start), or `<workflow_id>|<key>` of a burst (debounce)."
+    )
+    limit: int | None = Field(
+        description="How many the window admits (a debounce: None, it admits one run)."
+    )
+    period_seconds: float | None = Field(
+        description="The window's length; a debounce's quiet period."
+    )
+    window_start: AwareDatetime | None = None
+    window_end: AwareDatetime | None = None
+    admitted: int = Field(description="Claims counted in the current window (over-limit included).")
+    waiting: int = Field(
+        description="Steps parked on it, events queued behind it, or events held in the burst."
+    )
+    waiting_what: Literal["steps", "events"]
+    oldest_wait_since: AwareDatetime | None = Field(
+        description="When the longest-waiting step or event began to wait."
+    )
+    oldest_wait_seconds: float | None
+    next_at: AwareDatetime | None = Field(
+        description="When the next waiter is let through: the window's end, a queue's due"
+        " time, a burst's fire time."
+    )
+
+
+class LimitsReport(_Response):
+    items: list[LimitView]
+    truncated: bool = Field(
+        description="A kind had more than `limit` rows: ask for more, or filter by tenant."
+    )

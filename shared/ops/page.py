@@ -44,6 +44,8 @@ from shared.ops.models import (
     CancelResult,
     DecisionRequest,
     DecisionResult,
+    LimitsQuery,
+    LimitsReport,
     RecordExplanation,
     RecordQuery,
     ReplayRequest,
@@ -71,6 +73,8 @@ MAX_FORM_BYTES = 16 * 1024
 MAX_FORM_FIELDS = 210
 MAX_RUNS_SHOWN = 25
 FAILED_ON_HOME = 10
+# The home page's limits section: at most this many of each kind (`onceflow limits` for more).
+LIMITS_ON_HOME = 20
 RUN_STATUSES = tuple(s.value for s in RunStatus)
 OUTCOME_WORDS = {
     "admitted": "ran",
@@ -363,6 +367,8 @@ def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
         matches = found
     failed = _call(api, viewer, "runs.list", query=RunsQuery(status="failed", limit=FAILED_ON_HOME))
     assert isinstance(failed, RunPage)
+    limits = _call(api, viewer, "limits.get", query=LimitsQuery(limit=LIMITS_ON_HOME))
+    assert isinstance(limits, LimitsReport)
     return render(
         "home.html",
         "Search",
@@ -372,6 +378,7 @@ def _home(api: OpsApi, request: Request, viewer: Viewer) -> Response:
         matches=matches,
         health=health_report(api.db, viewer.principal),
         failed=failed.items,
+        limits=limits,
     )
 
 

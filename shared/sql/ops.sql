@@ -475,3 +475,85 @@ UPDATE ops_bulk_previews
 SET acted_at = now(), outcomes = CAST(:outcomes AS jsonb)
 WHERE id = CAST(:bulk_id AS uuid) AND acted_at IS NULL
 RETURNING id
+
+-- name: ops_limits_windows
+-- `GET /v1/limits`: the live windows (not yet ended) of every limit, with what each admitted
+-- and the limit it counts against (`limit_max`, NULL for a window claimed before 0500). The
+-- tenant comes from the subject: a connection's or workflow's row (by primary key), a run-start
+-- subject's workflow (`<workflow_id>|<key>`), a host subject's prefix (`<tenant>|<host>`).
+-- A NULL :tenant_id is an admin's every tenant. Read whole, on purpose: the table holds only
+-- live windows and those ended within the hour (the sweep's delete_expired_throttle_windows
+-- keeps it so), one row per limit that counted lately, and a window may be longer than any
+-- bound an index range could assume (a connection's window is any number of seconds).
+-- Bounded by :limit, newest first.
+WITH w AS (
+    SELECT w.scope, w.subject, w.window_seconds, w.window_start, w.used, w.limit_max,
+           CASE WHEN w.scope IN ('workflow', 'run_start', 'connection')
+                 AND split_part(w.subject, '|', 1)
+                     ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
+                THEN CAST(split_part(w.subject, '|', 1) AS uuid) END AS owner_id
+      FROM throttle_windows w
+     WHERE w.window_start + make_interval(secs => w.window_seconds) > now()
+)
+SELECT w.scope, w.subject, w.window_seconds, w.window_start,
+       w.window_start + make_interval(secs => w.window_seconds) AS window_end,
+       w.used, w.limit_max, t.tenant_id
+  FROM w
+ CROSS JOIN LATERAL (
+    SELECT CASE w.scope
+           WHEN 'connection' THEN (SELECT c.tenant_id FROM connections c WHERE c.id = w.owner_id)
+           WHEN 'host' THEN split_part(w.subject, '|', 1)
+           ELSE (SELECT f.tenant_id FROM workflows f WHERE f.id = w.owner_id) END AS tenant_id
+ ) t
+ WHERE t.tenant_id IS NOT NULL
+   AND (CAST(:tenant_id AS text) IS NULL OR t.tenant_id = CAST(:tenant_id AS text))
+ ORDER BY w.window_start DESC, w.scope, w.subject
+ LIMIT CAST(:limit AS integer)
+
+-- name: ops_limits_parked_steps
+-- Steps parked behind a limit: `waiting_for_retry` with outcome THROTTLED, read from their own
+-- partial index (workflow_steps_throttled, 0500), grouped by the limit their error names. The
+-- error is written by shared/gates/throttle.py `throttled` as "throttled until T by <scope>
+-- limit (<subject>: <max> per <seconds>s)"; tests/test_ops_limits.py checks this pattern
+-- against that function's message. The oldest wait is the earliest first claim of a waiting
+-- step (a throttled step re-parks each window; its first claim is when it began to wait).
+SELECT m[1] AS scope, m[2] AS subject, CAST(max(m[3]) AS integer) AS limit_max,
+       CAST(max(m[4]) AS integer) AS window_seconds, r.tenant_id,
+       count(*) AS waiting, min(coalesce(s.started_at, s.created_at)) AS oldest_wait_since,
+       min(s.wake_at) AS next_wake_at
+  FROM workflow_steps s
+  JOIN workflow_runs r ON r.id = s.run_id
+ CROSS JOIN LATERAL regexp_match(
+        s.error, '^throttled until \S+ by ([a-z_]+) limit \((.+): ([0-9]+) per ([0-9]+)s\)') m
+ WHERE s.status = 'waiting_for_retry' AND s.outcome_code = 'THROTTLED'
+   AND (CAST(:tenant_id AS text) IS NULL OR r.tenant_id = CAST(:tenant_id AS text))
+ GROUP BY m[1], m[2], r.tenant_id
+ ORDER BY min(coalesce(s.started_at, s.created_at))
+ LIMIT CAST(:limit AS integer)
+
+-- name: ops_limits_run_start_queue
+-- Events waiting behind a run-start throttle (shared/admission/run_throttle.py), per
+-- (workflow, key), from the queue's partial head index (queued entries only).
+SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key,
+       max(q.limit_per_window) AS limit_max, max(q.window_seconds) AS window_seconds,
+       count(*) AS waiting, min(q.queued_at) AS oldest_wait_since, min(q.due_at) AS next_at
+  FROM run_start_queue q
+ WHERE q.status = 'queued'
+   AND (CAST(:tenant_id AS text) IS NULL OR q.tenant_id = CAST(:tenant_id AS text))
+ GROUP BY q.tenant_id, q.workflow_id, q.throttle_key
+ ORDER BY min(q.queued_at)
+ LIMIT CAST(:limit AS integer)
+
+-- name: ops_limits_debounce_bursts
+-- Events held in debounce bursts that have not fired (shared/admission/debounce.py): every
+-- event of an unfired burst waits for its fire. From the sweep's due index
+-- (debounce_bursts_due: status <> 'fired'), soonest fire first.
+SELECT b.tenant_id, CAST(b.workflow_id AS text) AS workflow_id, b.burst_key,
+       CAST(b.id AS text) AS burst_id, b.status, b.period_seconds,
+       extract(epoch FROM (b.max_fire_at - b.first_event_at))::float8 AS max_wait_seconds,
+       b.event_count AS waiting, b.first_event_at AS oldest_wait_since, b.fire_at AS next_at
+  FROM debounce_bursts b
+ WHERE b.status <> 'fired'
+   AND (CAST(:tenant_id AS text) IS NULL OR b.tenant_id = CAST(:tenant_id AS text))
+ ORDER BY b.fire_at
+ LIMIT CAST(:limit AS integer)

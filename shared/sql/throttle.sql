@@ -6,13 +6,15 @@
 -- One statement claims a slot: the window row is created by the first caller and bumped by the
 -- rest; ON CONFLICT makes concurrent first callers collapse onto one row instead of failing,
 -- and the row lock serializes the bumps, so `used` is exact however many instances race.
-INSERT INTO throttle_windows (scope, subject, window_seconds, window_start, used)
+-- `limit_max`: the limit this claim counts against, kept for ops' view of the window
+-- (the last claim's, should the limit change mid-window).
+INSERT INTO throttle_windows (scope, subject, window_seconds, window_start, used, limit_max)
 VALUES (:scope, :subject, CAST(:window_seconds AS integer),
         to_timestamp(floor(extract(epoch FROM now()) / CAST(:window_seconds AS integer))
                      * CAST(:window_seconds AS integer)),
-        1)
+        1, CAST(:limit_max AS integer))
 ON CONFLICT (scope, subject, window_seconds, window_start)
-DO UPDATE SET used = throttle_windows.used + 1
+DO UPDATE SET used = throttle_windows.used + 1, limit_max = excluded.limit_max
 RETURNING used,
           throttle_windows.window_start
               + make_interval(secs => throttle_windows.window_seconds) AS window_end,
@@ -29,13 +31,13 @@ WITH limits AS (
     SELECT rate_limit_per_window AS max, rate_limit_window_seconds AS window_seconds
       FROM connections WHERE id = CAST(:connection_id AS uuid)
 ), claimed AS (
-    INSERT INTO throttle_windows (scope, subject, window_seconds, window_start, used)
+    INSERT INTO throttle_windows (scope, subject, window_seconds, window_start, used, limit_max)
     SELECT 'connection', :connection_id, l.window_seconds,
            to_timestamp(floor(extract(epoch FROM now()) / l.window_seconds) * l.window_seconds),
-           1
+           1, l.max
       FROM limits l
     ON CONFLICT (scope, subject, window_seconds, window_start)
-    DO UPDATE SET used = throttle_windows.used + 1
+    DO UPDATE SET used = throttle_windows.used + 1, limit_max = excluded.limit_max
     RETURNING used,
               throttle_windows.window_start
                   + make_interval(secs => throttle_windows.window_seconds) AS window_end,

@@ -19,6 +19,7 @@ from shared.ops.api.credits import CreditsQuery, credits
 from shared.ops.api.events import list_stuck_inbox, requeue_event, requeue_inbox_row
 from shared.ops.api.health import get_health
 from shared.ops.api.http import Route
+from shared.ops.api.limits import get_limits
 from shared.ops.api.records import (
     explain_record,
     list_refusals,
@@ -77,6 +78,8 @@ from shared.ops.models import (
     InstallConfirmed,
     InstallRequest,
     InstallStarted,
+    LimitsQuery,
+    LimitsReport,
     LinkRequest,
     ProjectDeclaration,
     ProviderAppReport,
@@ -612,6 +615,18 @@ ROUTES: tuple[Route, ...] = (
         body=BootstrapRequest,
         status=201,
         errors=(400, 401, 409, 413, 422),
+    ),
+    Route(
+        "limits.get",
+        "GET",
+        "/v1/limits",
+        get_limits,
+        LimitsReport,
+        "What each limit holds back now: per connection, workflow, host and run-start throttle"
+        " key its window, what it admitted and what waits behind it (parked steps, queued"
+        " events), and per open debounce burst the events it holds; the oldest wait of each",
+        query=LimitsQuery,
+        errors=(400, 401, 404),
     ),
     Route(
         "health.get",
