@@ -172,7 +172,16 @@ def test_a_lineage_with_a_replay_not_finished_keeps_every_run_until_the_replay_i
     event_id, original = finished_run(db, conn, wf, "r1")
     with db.transaction() as tx:
         replay = str(
-            tx.scalar(OPS_SQL["ops_replay_run_insert"], run_id=original, start_key="replay:test")
+            tx.scalar(
+                OPS_SQL["ops_replay_run_insert"],
+                run_id=original,
+                version_id=tx.scalar(
+                    "SELECT version_id FROM workflow_runs WHERE id = CAST(:r AS uuid)", r=original
+                ),
+                start_key="replay:test",
+                replay_from=None,
+                replay_by=None,
+            )
         )
     age(db, run_id=original, event_id=event_id, days=200)
     prune(db, Retention())
