@@ -9,23 +9,27 @@
 CREATE TABLE admission_redecisions (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant_id    text NOT NULL REFERENCES tenants (id),
-    refusal_id   bigint NOT NULL REFERENCES admission_refusals (id),
-    event_id     bigint NOT NULL REFERENCES workflow_trigger_events (id),
+    -- Retention deletes a refusal with its event (shared/sql/retention.sql); its
+    -- re-decisions go with it. An event whose re-decision started a run is kept while the
+    -- run is (retention_events_delete keeps events a run names); the run's own retention
+    -- leaves the decision, without its run id.
+    refusal_id   bigint NOT NULL REFERENCES admission_refusals (id) ON DELETE CASCADE,
+    event_id     bigint NOT NULL REFERENCES workflow_trigger_events (id) ON DELETE CASCADE,
     workflow_id  uuid NOT NULL REFERENCES workflows (id),
     version_id   uuid NOT NULL REFERENCES workflow_versions (id),
     record_key   text,
     -- 'admitted' (run_id set) or the reason admission would record now, worded in `detail`.
     outcome      text NOT NULL,
     detail       text,
-    run_id       uuid REFERENCES workflow_runs (id),
+    run_id       uuid REFERENCES workflow_runs (id) ON DELETE SET NULL,
     bulk_id      uuid REFERENCES ops_bulk_previews (id),
     decided_at   timestamptz NOT NULL DEFAULT now(),
-    UNIQUE (event_id, workflow_id, version_id),
-    CHECK ((outcome = 'admitted') = (run_id IS NOT NULL))
+    UNIQUE (event_id, workflow_id, version_id)
 );
 CREATE UNIQUE INDEX admission_redecisions_one_run ON admission_redecisions (event_id, workflow_id)
-    WHERE run_id IS NOT NULL;
+    WHERE outcome = 'admitted';
 CREATE INDEX admission_redecisions_refusal ON admission_redecisions (refusal_id);
+CREATE INDEX admission_redecisions_run ON admission_redecisions (run_id);
 
 ALTER TABLE ops_bulk_previews DROP CONSTRAINT ops_bulk_previews_action_check;
 ALTER TABLE ops_bulk_previews ADD CONSTRAINT ops_bulk_previews_action_check

@@ -10,10 +10,13 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import pytest
+
 from shared.admission import redecide
 from shared.admission.admit import admit_event
 from shared.core.db import Database
 from shared.ops import cli
+from shared.sweep.retention import Retention, prune
 from tests.admission_support import (
     admit,
     at_barrier,
@@ -29,12 +32,12 @@ WRONG = 'record.lifecyclestage == "customer"'
 FIXED = 'record.lifecyclestage == "lead"'
 
 
-def _refused_then_fixed(db: Database) -> tuple[str, str, list[int]]:
+def _refused_then_fixed(db: Database, dedup: str = "once_per_record") -> tuple[str, str, list[int]]:
     """acme's `enroll` refuses a lead (101) and a subscriber (102), then its rule is fixed to
     take leads: (workflow id, connection id, the two events)."""
     make_tenant(db, "acme")
     conn = make_connection(db, "acme")
-    wf = bind_workflow(db, "enroll", rule=WRONG)
+    wf = bind_workflow(db, "enroll", rule=WRONG, dedup=dedup)
     events = [
         emit_event(db, connection_id=conn, object_id="101", changed={"lifecyclestage": "lead"}),
         emit_event(
@@ -42,7 +45,7 @@ def _refused_then_fixed(db: Database) -> tuple[str, str, list[int]]:
         ),
     ]
     assert [admit(db, e) for e in events] == [None, None]
-    assert bind_workflow(db, "enroll", rule=FIXED) == wf  # a new version, now current
+    assert bind_workflow(db, "enroll", rule=FIXED, dedup=dedup) == wf  # a new version, now current
     return wf, conn, events
 
 
@@ -140,10 +143,13 @@ def test_another_tenants_token_is_refused(
     assert count(db, "SELECT count(*) FROM admission_redecisions") == 0
 
 
-def test_redecide_racing_a_live_admission_for_the_record_keeps_once_per_record(
-    db: Database, database_url: str
+@pytest.mark.parametrize(
+    ("dedup", "loser"), [("once_per_record", "duplicate"), ("not_while_running", "already_running")]
+)
+def test_redecide_racing_a_live_admission_for_the_record_keeps_the_dedup_mode(
+    db: Database, database_url: str, dedup: str, loser: str
 ) -> None:
-    _, conn, _ = _refused_then_fixed(db)
+    _, conn, _ = _refused_then_fixed(db, dedup)
     lead = _refusal_ids(db)[0]
     # A new event for the same record arrives while the operator re-decides the old one.
     fresh = emit_event(db, connection_id=conn, object_id="101", changed={"lifecyclestage": "lead"})
@@ -157,16 +163,14 @@ def test_redecide_racing_a_live_admission_for_the_record_keeps_once_per_record(
     assert redecided is not None
     runs = count(db, "SELECT count(*) FROM workflow_runs WHERE record_key LIKE '%:contact:101'")
     assert runs == 1
-    # Exactly one of the two started it; the other was refused `duplicate`, recorded.
+    # Exactly one of the two started it; the other was refused by the mode, recorded.
     won = [redecided.outcome == "admitted", admitted.outcome == "admitted"]
     assert won.count(True) == 1, (redecided, admitted)
     if won[0]:
-        assert admitted.reason == "duplicate"
+        assert admitted.reason == loser
     else:
-        assert redecided.outcome == "duplicate"
-        assert (
-            count(db, "SELECT count(*) FROM admission_redecisions WHERE outcome = 'duplicate'") == 1
-        )
+        assert redecided.outcome == loser
+        assert count(db, "SELECT count(*) FROM admission_redecisions WHERE outcome = :o", o=loser)
 
 
 def _onceflow(*argv: str) -> tuple[int, str, str]:
@@ -194,3 +198,19 @@ def test_the_cli_previews_then_acts_on_the_token(
     assert "acted on before: nothing more done" in out
     assert count(db, "SELECT count(*) FROM workflow_runs") == 1 and len(dispatched.ids) == 1
     assert {lead, subscriber} == set(_refusal_ids(db))
+
+
+def test_retention_takes_re_decisions_with_their_refusals_and_runs(db: Database) -> None:
+    _refused_then_fixed(db)
+    lead, subscriber = _refusal_ids(db)
+    for refusal in (lead, subscriber):
+        assert redecide.redecide(db, refusal, tenant_id="acme", publish=lambda ids: None)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_runs SET status = 'succeeded',"
+            " finished_at = now() - interval '91 days'"
+        )
+        tx.execute("UPDATE workflow_trigger_events SET decided_at = now() - interval '91 days'")
+    done = prune(db, Retention(batch=10))
+    assert done["runs"] == 1 and done["events"] == 2 and done["refusals"] == 2
+    assert count(db, "SELECT count(*) FROM admission_redecisions") == 0

@@ -424,8 +424,8 @@ WITH prior AS (
     SELECT rd.outcome, rd.detail, CAST(rd.run_id AS text) AS run_id
     FROM admission_redecisions rd
     WHERE rd.event_id = :event_id AND rd.workflow_id = CAST(:workflow_id AS uuid)
-      AND (rd.version_id = CAST(:version_id AS uuid) OR rd.run_id IS NOT NULL)
-    ORDER BY rd.run_id IS NULL, rd.id
+      AND (rd.version_id = CAST(:version_id AS uuid) OR rd.outcome = 'admitted')
+    ORDER BY rd.outcome <> 'admitted', rd.id
     LIMIT 1
 ), dd AS (
     SELECT d.reason, d.detail
