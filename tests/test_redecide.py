@@ -105,6 +105,15 @@ def test_preview_then_act_readmits_what_the_fixed_rule_matches_once(
     assert count(db, "SELECT count(*) FROM admission_refusals") == 2
     assert count(db, "SELECT count(*) FROM ops_audit WHERE action = 'admission.redecide'") == 2
 
+    # The refusals list shows each re-decision beside its refusal.
+    listed = client.get(f"/v1/refusals?workflow_id={wf}", headers=h).get_json()["items"]
+    beside = {item["id"]: item for item in listed}
+    assert beside[lead]["reason"] == "rule_not_matched"
+    assert [(d["outcome"], d["run_id"]) for d in beside[lead]["redecisions"]] == [
+        ("admitted", runs[0]["id"])
+    ]
+    assert beside[subscriber]["redecisions"][0]["bulk_id"] == preview["token"]
+
     # Acting again on the token: its outcomes, nothing more.
     again = client.post("/v1/bulk/act", headers=h, json={"token": preview["token"]}).get_json()
     assert again["repeated"] is True

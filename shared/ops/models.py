@@ -405,6 +405,17 @@ class RunDetail(_Response):
     lineage: list[LineageEntry] = Field(description="Every live run of the replay lineage.")
 
 
+class Redecided(_Response):
+    """A refusal decided again under a later version (`POST /v1/bulk/act`, action redecide)."""
+
+    version_id: UUID
+    outcome: str = Field(description="`admitted` (see run_id) or the reason it met then.")
+    detail: str | None
+    run_id: UUID | None = Field(description="The run it started (None once pruned).")
+    bulk_id: UUID | None = Field(description="The bulk preview (token) it was acted on under.")
+    decided_at: datetime
+
+
 class Refusal(_Response):
     id: int
     tenant_id: str
@@ -417,6 +428,10 @@ class Refusal(_Response):
     detail: str
     explanation: str = Field(description="The reason in plain words.")
     created_at: datetime
+    redecisions: list[Redecided] = Field(
+        default=[],
+        description="Its re-decisions under later versions (the refusal itself stays).",
+    )
 
 
 class RefusalPage(_Response):
