@@ -223,3 +223,31 @@ def test_retention_takes_re_decisions_with_their_refusals_and_runs(db: Database)
     done = prune(db, Retention(batch=10))
     assert done["runs"] == 1 and done["events"] == 2 and done["refusals"] == 2
     assert count(db, "SELECT count(*) FROM admission_redecisions") == 0
+
+
+def test_events_refused_while_the_breaker_was_open_run_once_it_is_closed(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    make_tenant(db, "acme")
+    conn = make_connection(db, "acme")
+    wf = bind_workflow(db, "enroll", rule=FIXED)
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_breakers (workflow_id, state, opened_at, reason)"
+            " VALUES (:w, 'open', now(), 'three failures')",
+            w=wf,
+        )
+    event = emit_event(db, connection_id=conn, object_id="101", changed={"lifecyclestage": "lead"})
+    assert admit(db, event) is None
+    h = bearer(mint(db, "acme"))
+    body = {"action": "redecide", "reasons": ["workflow_paused"]}
+    still = client.post("/v1/bulk/preview", headers=h, json=body).get_json()
+    assert [d["outcome"] for d in still["redecisions"]] == ["workflow_paused"]
+    with db.transaction() as tx:
+        tx.execute("UPDATE workflow_breakers SET state = 'closed' WHERE workflow_id = :w", w=wf)
+    preview = client.post("/v1/bulk/preview", headers=h, json=body).get_json()
+    assert [d["would_run"] for d in preview["redecisions"]] == [True]
+    out = client.post("/v1/bulk/act", headers=h, json={"token": preview["token"]}).get_json()
+    assert [o["ok"] for o in out["outcomes"]] == [True]
+    assert count(db, "SELECT count(*) FROM workflow_runs WHERE event_id = :e", e=event) == 1
+    assert len(dispatched.ids) == 1
