@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from shared.admission.redecide import REDECIDABLE
 from shared.ops import terminal
 from shared.ops.client import ApiError, Credentials, OpsClient
 from shared.providers import registry
@@ -633,6 +634,11 @@ def _bulk_by_token(s: Session, args: argparse.Namespace, action: str) -> int:
             )
             return EXIT_OK
         token = preview["token"]
+    return _bulk_act(s, token, action)
+
+
+def _bulk_act(s: Session, token: str, action: str) -> int:
+    """Act on a bulk preview's token and say each target's outcome (a repeat does nothing)."""
     result = s.client.call("POST", "/v1/bulk/act", body={"token": token})
     refused = [o for o in result["outcomes"] if not o["ok"]]
 
@@ -658,7 +664,52 @@ BULK_PAST = {
     "retry": "retried",
     "cancel": "cancelled",
     "requeue_inbox": "requeued",
+    "redecide": "re-admitted",
 }
+
+
+def _redecide(s: Session, args: argparse.Namespace) -> int:
+    """`onceflow redecide [filters]`: the refusals (of --refusal reasons, refused in the window)
+    and what each workflow's current version says of them now; nothing is decided. With --yes
+    act at once; `--bulk-token T` acts on an earlier preview. Each (event, workflow, version)
+    is decided once: acting again does nothing more."""
+    if args.bulk_token:
+        return _bulk_act(s, args.bulk_token, "redecide")
+    body: dict[str, Any] = {
+        k: v for k, v in _run_filters(s, args).items() if k != "status" and v is not None
+    }
+    if args.refusal:
+        body["reasons"] = args.refusal
+    if args.reason:
+        body["reason"] = args.reason
+    preview = s.client.call("POST", "/v1/bulk/preview", body={"action": "redecide", **body})
+    if args.yes:
+        return _bulk_act(s, preview["token"], "redecide")
+
+    def readable() -> None:
+        table(
+            [
+                (
+                    str(d["refusal_id"]),
+                    d["record_key"] or "-",
+                    d["was_reason"],
+                    "would run" if d["would_run"] else f"{d['outcome']}: {d['detail']}",
+                )
+                for d in preview["redecisions"]
+            ],
+            ("refusal", "record", "was", "now"),
+            s.out,
+        )
+        runs = sum(1 for d in preview["redecisions"] if d["would_run"])
+        print(
+            f"{runs} of {len(preview['targets'])} refused event(s) would run now"
+            f"{' (more match)' if preview['more'] else ''}; nothing was done. "
+            f"Act with: onceflow redecide --bulk-token {preview['token']}",
+            file=s.out,
+        )
+
+    s.emit(preview, readable)
+    return EXIT_OK
 
 
 def _bulk(s: Session, args: argparse.Namespace, action: str) -> int:
@@ -1265,6 +1316,22 @@ def _bulk_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p.add_argument("--reason", help="kept in the audit log (required for cancel)")
     p.add_argument("--yes", action="store_true", help="act at once on what the preview lists")
     p.add_argument("--bulk-token", help="act on this earlier preview's token")
+    p = sub.add_parser(
+        "redecide",
+        parents=[remote],
+        help="decide refused events again under each workflow's current version (preview,"
+        " then act on its token)",
+    )
+    _filters(p, status=False)  # --since/--until: when the events were refused
+    p.add_argument(
+        "--refusal",
+        action="append",
+        choices=REDECIDABLE,
+        help="only refusals of this reason (repeatable; default: every re-decidable one)",
+    )
+    p.add_argument("--reason", help="why; kept in the audit log")
+    p.add_argument("--yes", action="store_true", help="act at once on what the preview lists")
+    p.add_argument("--bulk-token", help="act on this earlier preview's token")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -1309,6 +1376,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "replay": lambda s, a: _bulk(s, a, "replay"),
     "retry": lambda s, a: _bulk(s, a, "retry"),
     "bulk": lambda s, a: _bulk_by_token(s, a, a.action),
+    "redecide": _redecide,
 }
 
 

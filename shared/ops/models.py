@@ -14,6 +14,7 @@ from uuid import UUID
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from shared.admission.admit import Reason
+from shared.admission.redecide import Redecidable
 from shared.providers import registry
 from shared.workflows.definition import EVENT_TYPE_PATTERN
 
@@ -404,6 +405,17 @@ class RunDetail(_Response):
     lineage: list[LineageEntry] = Field(description="Every live run of the replay lineage.")
 
 
+class Redecided(_Response):
+    """A refusal decided again under a later version (`POST /v1/bulk/act`, action redecide)."""
+
+    version_id: UUID
+    outcome: str = Field(description="`admitted` (see run_id) or the reason it met then.")
+    detail: str | None
+    run_id: UUID | None = Field(description="The run it started (None once pruned).")
+    bulk_id: UUID | None = Field(description="The bulk preview (token) it was acted on under.")
+    decided_at: datetime
+
+
 class Refusal(_Response):
     id: int
     tenant_id: str
@@ -416,6 +428,10 @@ class Refusal(_Response):
     detail: str
     explanation: str = Field(description="The reason in plain words.")
     created_at: datetime
+    redecisions: list[Redecided] = Field(
+        default=[],
+        description="Its re-decisions under later versions (the refusal itself stays).",
+    )
 
 
 class RefusalPage(_Response):
@@ -1202,14 +1218,16 @@ class BootstrapRequest(_Request):
     label: Text = Field(default="bootstrap admin", min_length=1, max_length=200)
 
 
-BulkActionName = Literal["replay", "retry", "cancel", "requeue_inbox", "redrive"]
+BulkActionName = Literal["replay", "retry", "cancel", "requeue_inbox", "redrive", "redecide"]
 
 
 class BulkPreviewRequest(_Request):
     """Which runs (or dead inbox rows) an action would touch now. Runs are filtered like
     `GET /v1/runs`; replay and retry take failed runs, cancel running ones; requeue_inbox
     takes the dead inbox rows (optionally of one connection); redrive (admins only) the
-    messages waiting on the Pub/Sub dead-letter holds (`<hold>:<event or step id>`)."""
+    messages waiting on the Pub/Sub dead-letter holds (`<hold>:<event or step id>`);
+    redecide the admission refusals (of `reasons`, refused in the window) to decide again
+    under each workflow's current version."""
 
     action: BulkActionName
     workflow_id: UUID | None = None
@@ -1227,6 +1245,29 @@ class BulkPreviewRequest(_Request):
         max_length=500,
         description="Why; kept on each target's audit row (required for cancel).",
     )
+    reasons: list[Redecidable] | None = Field(
+        default=None,
+        max_length=5,
+        description="redecide only: the refusal reasons to decide again (default: all of them).",
+    )
+
+
+class RedecisionPreview(_Response):
+    """One refusal and what the workflow's current version says of it now."""
+
+    refusal_id: int
+    event_id: int
+    workflow_id: UUID
+    record_key: str | None
+    was_reason: str = Field(description="The refusal as admission recorded it (it stays).")
+    was_detail: str
+    version_id: UUID | None = Field(description="The current version (None: no longer bound).")
+    would_run: bool
+    outcome: str = Field(
+        description="`admitted`, or the reason it would be refused now (`not_bound`, "
+        "`holds_starts`: not decided at all)."
+    )
+    detail: str | None
 
 
 class BulkPreview(_Response):
@@ -1240,6 +1281,9 @@ class BulkPreview(_Response):
     expires_at: datetime
     runs: list[RunSummary] = Field(default=[], description="The runs listed, for people.")
     inbox_rows: list[StuckInboxRow] = Field(default=[], description="requeue_inbox's rows.")
+    redecisions: list[RedecisionPreview] = Field(
+        default=[], description="redecide's refusals and what the current version says now."
+    )
 
 
 class BulkActRequest(_Request):

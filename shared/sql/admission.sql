@@ -345,3 +345,144 @@ SELECT (SELECT coalesce(jsonb_agg(jsonb_build_array(m.field, encode(m.value_hash
        CAST(dd.blocking_run_id AS text) AS blocking_run_id
 FROM admission_dedup(ARRAY[CAST(:workflow_id AS uuid)], ARRAY[CAST(:dedup_mode AS text)],
                      ARRAY[CAST(:record_key AS text)]) dd
+
+-- name: admission_redecide_candidates
+-- Re-decide (shared/admission/redecide.py): the refusals of :reasons in the window, each with
+-- what admission_context reads about its event (echo markers excepted: an echo is refused
+-- `echo_suppressed`, which is never re-decided) and the workflow's binding for the event's
+-- type now (NULL columns when the workflow is no longer bound to it). Scoped like every ops
+-- read (:tenant_id NULL is an admin). :refusal_ids NULL lists by the filter (refusals whose
+-- event already started a run through a re-decision are left out: one run per event and
+-- workflow); given, exactly those rows, for an act. No locks: the decision takes them.
+SELECT ar.id AS refusal_id, ar.reason AS was_reason, ar.detail AS was_detail,
+       ar.created_at AS refused_at, CAST(ar.workflow_id AS text) AS workflow_id,
+       e.id, e.tenant_id, CAST(e.connection_id AS text) AS connection_id, e.event_type,
+       e.source_event_id, e.record_object_type, e.record_object_id, e.author_id,
+       e.author_source, e.changed_fields, e.occurred_at, e.payload,
+       CASE WHEN e.record_object_id IS NOT NULL
+            THEN coalesce(CAST(e.connection_id AS text), 'app') || ':'
+                 || e.record_object_type || ':' || e.record_object_id
+       END AS record_key,
+       t.credit_balance,
+       t.excluded_authors || coalesce(c.excluded_authors, '{}') AS excluded_authors,
+       c.status AS connection_status, c.provider AS connection_provider,
+       c.provider_user_id AS connection_user_id, '[]'::jsonb AS echo_markers,
+       CAST(b.version_id AS text) AS version_id, b.dedup_mode, v.definition,
+       wb.state AS breaker_state, wb.opened_at AS breaker_opened_at, wb.reason AS breaker_reason
+FROM admission_refusals ar
+JOIN workflow_trigger_events e ON e.id = ar.event_id
+JOIN tenants t ON t.id = e.tenant_id
+LEFT JOIN connections c ON c.id = e.connection_id
+LEFT JOIN trigger_bindings b
+       ON b.tenant_id = ar.tenant_id AND b.event_type = e.event_type
+      AND b.workflow_id = ar.workflow_id
+LEFT JOIN workflow_versions v ON v.id = b.version_id
+LEFT JOIN workflow_breakers wb ON wb.workflow_id = ar.workflow_id
+WHERE (CAST(:tenant_id AS text) IS NULL OR ar.tenant_id = CAST(:tenant_id AS text))
+  AND ar.reason = ANY(CAST(:reasons AS text[]))
+  AND (CAST(:refusal_ids AS bigint[]) IS NULL OR ar.id = ANY(CAST(:refusal_ids AS bigint[])))
+  AND (CAST(:refusal_ids AS bigint[]) IS NOT NULL OR NOT EXISTS (
+           SELECT 1 FROM admission_redecisions rd
+            WHERE rd.event_id = ar.event_id AND rd.workflow_id = ar.workflow_id
+              AND rd.run_id IS NOT NULL))
+  AND (CAST(:workflow_id AS uuid) IS NULL OR ar.workflow_id = CAST(:workflow_id AS uuid))
+  AND (CAST(:record_key AS text) IS NULL OR ar.record_key = CAST(:record_key AS text))
+  AND (CAST(:event_type AS text) IS NULL OR e.event_type = CAST(:event_type AS text))
+  AND (CAST(:created_after AS timestamptz) IS NULL
+       OR ar.created_at >= CAST(:created_after AS timestamptz))
+  AND (CAST(:created_before AS timestamptz) IS NULL
+       OR ar.created_at < CAST(:created_before AS timestamptz))
+ORDER BY ar.id
+LIMIT CAST(:limit AS integer)
+
+-- name: admission_redecide_dedup
+-- A preview's read of the dedup rule (migrations/0460_admission_dedup.sql, the one definition
+-- admission_admit and admission_redecide read): the reason and words a start would meet now.
+SELECT dd.reason, dd.detail, CAST(dd.blocking_run_id AS text) AS blocking_run_id
+FROM admission_dedup(ARRAY[CAST(:workflow_id AS uuid)], ARRAY[CAST(:dedup_mode AS text)],
+                     ARRAY[CAST(:record_key AS text)]) dd
+
+-- name: admission_redecide
+-- The re-decision of one refused pairing under the workflow's current version, one statement,
+-- after the caller took the record's dedup lock (admission_lock_records, the key admission's
+-- own locks hash) when its mode needs one: this statement's snapshot sees what the lock's
+-- previous holder — a live admission of a new event for the record, say — committed.
+-- In order of precedence:
+--   handled          this (event, workflow, version) was re-decided already, or the event
+--                    already started a run of the workflow by a re-decision: nothing is
+--                    written; the earlier decision is answered
+--   <refusal>        a reason decided before the statement (the rule, credits, the breaker …)
+--   duplicate / already_running   admission_dedup, as admission_admit reads it
+--   admitted         run row (start key `redecide:<event>:<version>`, pinned to the current
+--                    version, payload copied from the event row, the record the rule saw,
+--                    lineage root = its own id), enrollment (once_per_record), first step row
+-- Every decision but `handled` is written beside the refusal (admission_redecisions). Two
+-- re-decisions racing on one pairing: the unique key (event, workflow, version) — and, for an
+-- admitted one, the (workflow, start_key) and one-run-per-event indexes — let exactly one
+-- commit; the other fails with a conflict and, decided again, finds it (`handled`).
+WITH prior AS (
+    SELECT rd.outcome, rd.detail, CAST(rd.run_id AS text) AS run_id
+    FROM admission_redecisions rd
+    WHERE rd.event_id = :event_id AND rd.workflow_id = CAST(:workflow_id AS uuid)
+      AND (rd.version_id = CAST(:version_id AS uuid) OR rd.outcome = 'admitted')
+    ORDER BY rd.outcome <> 'admitted', rd.id
+    LIMIT 1
+), dd AS (
+    SELECT d.reason, d.detail
+    FROM admission_dedup(ARRAY[CAST(:workflow_id AS uuid)], ARRAY[CAST(:dedup_mode AS text)],
+                         ARRAY[CAST(:record_key AS text)]) d
+), decided AS (
+    SELECT CASE WHEN p.outcome IS NOT NULL THEN 'handled'
+                WHEN CAST(:refusal AS text) IS NOT NULL THEN CAST(:refusal AS text)
+                WHEN dd.reason IS NOT NULL THEN dd.reason
+                ELSE 'admitted' END AS outcome,
+           CASE WHEN p.outcome IS NOT NULL THEN p.detail
+                WHEN CAST(:refusal AS text) IS NOT NULL THEN CAST(:refusal_detail AS text)
+                ELSE dd.detail END AS detail,
+           p.outcome AS prior_outcome, p.run_id AS prior_run_id
+    FROM (SELECT 1) one LEFT JOIN prior p ON true LEFT JOIN dd ON true
+), ev AS (
+    SELECT id, tenant_id, payload, payload_truncated FROM workflow_trigger_events
+    WHERE id = :event_id
+), runs AS (
+    INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key, event_id,
+                               record_key, dedup_mode, namespace, trigger_payload,
+                               payload_truncated, lineage_root, trigger_record)
+    SELECT CAST(:run_id AS uuid), ev.tenant_id, CAST(:workflow_id AS uuid),
+           CAST(:version_id AS uuid), 'redecide:' || ev.id || ':' || CAST(:version_id AS text),
+           ev.id, CAST(:record_key AS text), CAST(:dedup_mode AS text), 'live', ev.payload,
+           ev.payload_truncated, CAST(:run_id AS uuid), CAST(:record AS jsonb)
+    FROM decided d CROSS JOIN ev
+    WHERE d.outcome = 'admitted'
+    RETURNING id
+), enrolled AS (
+    INSERT INTO workflow_enrollments (workflow_id, record_key, run_id)
+    SELECT CAST(:workflow_id AS uuid), CAST(:record_key AS text), CAST(:run_id AS uuid)
+    FROM decided d
+    WHERE d.outcome = 'admitted' AND CAST(:dedup_mode AS text) = 'once_per_record'
+      AND CAST(:record_key AS text) IS NOT NULL
+    RETURNING run_id
+), steps AS (
+    INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
+                                dispatched_at)
+    SELECT CAST(:run_id AS uuid), CAST(:entry_node AS text), CAST(:entry_node AS text),
+           CAST(:entry_type AS text),
+           onceflow_idempotency_key(CAST(:run_id AS text), CAST(:entry_node AS text)), now()
+    FROM decided d WHERE d.outcome = 'admitted'
+    RETURNING id
+), noted AS (
+    INSERT INTO admission_redecisions (tenant_id, refusal_id, event_id, workflow_id, version_id,
+                                       record_key, outcome, detail, run_id, bulk_id)
+    SELECT ev.tenant_id, :refusal_id, ev.id, CAST(:workflow_id AS uuid),
+           CAST(:version_id AS uuid), CAST(:record_key AS text), d.outcome, d.detail,
+           CASE WHEN d.outcome = 'admitted' THEN CAST(:run_id AS uuid) END,
+           CAST(:bulk_id AS uuid)
+    FROM decided d CROSS JOIN ev
+    WHERE d.outcome <> 'handled'
+    RETURNING id
+)
+SELECT d.outcome, d.detail, d.prior_outcome,
+       CASE WHEN d.outcome = 'admitted' THEN CAST(:run_id AS text) ELSE d.prior_run_id END
+           AS run_id,
+       (SELECT CAST(id AS text) FROM steps) AS step_id
+FROM decided d

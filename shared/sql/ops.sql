@@ -270,8 +270,15 @@ WHERE id = ANY(CAST(:step_ids AS uuid[]))
 RETURNING id
 
 -- name: ops_refusals_list
+-- Each refusal with its re-decisions beside it (shared/admission/redecide.py), oldest first,
+-- by the index on refusal_id.
 SELECT f.id, f.tenant_id, f.event_id, f.workflow_id, w.name AS workflow_name, f.version_id,
-       f.record_key, f.reason, f.detail, f.created_at
+       f.record_key, f.reason, f.detail, f.created_at,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'version_id', rd.version_id, 'outcome', rd.outcome, 'detail', rd.detail,
+                   'run_id', rd.run_id, 'bulk_id', rd.bulk_id, 'decided_at', rd.decided_at)
+                   ORDER BY rd.id), '[]'::jsonb)
+          FROM admission_redecisions rd WHERE rd.refusal_id = f.id) AS redecisions
 FROM admission_refusals f
 JOIN workflows w ON w.id = f.workflow_id
 WHERE (CAST(:tenant_id AS text) IS NULL OR f.tenant_id = CAST(:tenant_id AS text))

@@ -181,6 +181,8 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "steps_add_loop_outputs": _moves({S.SUCCEEDED}, set()),
     # shared/sql/admission.sql: the first step of an admitted run
     "admission_admit": _moves(NEW, {S.PENDING}),
+    # ... and of a run a re-decision started (shared/admission/redecide.py)
+    "admission_redecide": _moves(NEW, {S.PENDING}),
     # shared/sql/ops.sql: replay, retry, rehearsal
     "ops_replay_steps_copy": _moves(NEW, TERMINAL),
     "ops_replay_step_restart": _moves(NEW, {S.PENDING}),
@@ -246,6 +248,7 @@ RUN_INITIAL = frozenset({R.RUNNING})
 # Every statement that writes workflow_runs, in any SQL file, and the moves it makes.
 RUN_STATEMENTS: dict[str, Moves] = {
     "admission_admit": _moves(NEW, {R.RUNNING}),
+    "admission_redecide": _moves(NEW, {R.RUNNING}),
     "runs_finish_if_done": _moves({R.RUNNING}, {R.SUCCEEDED}),
     "runs_fail": _moves({R.RUNNING}, {R.FAILED}),
     # The settle's hot path ends the run in the statement that settles its step.

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from shared.admission import redecide
 from shared.ops import auth, redrive
 from shared.ops.api.events import requeue_inbox_row
 from shared.ops.api.http import Call, EmptyQuery
@@ -35,6 +36,7 @@ from shared.ops.models import (
     BulkPreview,
     BulkPreviewRequest,
     CancelRequest,
+    RedecisionPreview,
     ReplayRequest,
     ReplayResult,
     RetryRequest,
@@ -54,6 +56,7 @@ ROUTE_NAMES = {
     "retry": "runs.retry",
     "cancel": "runs.cancel",
     "requeue_inbox": "inbox.requeue",
+    "redecide": "admission.redecide",
 }
 # The run status each run action takes (the dead-letter list for replay and retry).
 RUN_STATUS = {"replay": "failed", "retry": "failed", "cancel": "running"}
@@ -101,6 +104,8 @@ def preview_bulk(call: Call) -> BulkPreview:
     q: BulkPreviewRequest = call.body
     if q.action == "cancel" and not q.reason:
         raise OpsError(422, "reason_required", "a bulk cancel needs a reason, kept on each run")
+    if q.action == "redecide":
+        return _preview_redecide(call, q)
     found = _matching(call, q)
     shown = found[:MAX_TARGETS]
     targets = sorted(str(r["id"]) for r in shown)
@@ -125,6 +130,93 @@ def preview_bulk(call: Call) -> BulkPreview:
         runs=[RunSummary.model_validate(r) for r in shown] if q.action in RUN_STATUS else [],
         inbox_rows=stuck_inbox_rows(shown) if q.action == "requeue_inbox" else [],
     )
+
+
+def _store(call: Call, q: BulkPreviewRequest, targets: list[str]) -> dict[str, Any]:
+    with call.db.transaction() as tx:
+        row = tx.one(
+            BULK_INSERT,
+            tenant_id=call.scope,
+            action=q.action,
+            targets=targets,
+            reason=q.reason,
+            token_id=call.principal.token_id,
+            ttl_seconds=TOKEN_TTL.total_seconds(),
+        )
+    assert row is not None
+    return row
+
+
+def _preview_redecide(call: Call, q: BulkPreviewRequest) -> BulkPreview:
+    """The refusals to decide again (shared/admission/redecide.py), each with what the
+    workflow's current version says of it now; the token names their refusal ids."""
+    found = redecide.preview(
+        call.db,
+        redecide.Filter(
+            tenant_id=call.scope,
+            workflow_id=str(q.workflow_id) if q.workflow_id else None,
+            record_key=q.record_key,
+            event_type=q.event_type,
+            created_after=q.created_after,
+            created_before=q.created_before,
+            reasons=q.reasons or redecide.REDECIDABLE,
+        ),
+        limit=MAX_TARGETS + 1,
+    )
+    shown = found[:MAX_TARGETS]
+    targets = sorted((str(r.refusal_id) for r in shown), key=int)
+    row = _store(call, q, targets)
+    return BulkPreview(
+        token=row["id"],
+        action=q.action,
+        tenant_id=call.scope,
+        targets=targets,
+        more=len(found) > MAX_TARGETS,
+        expires_at=row["expires_at"],
+        redecisions=[
+            RedecisionPreview.model_validate({**vars(r), "would_run": r.would_run}) for r in shown
+        ],
+    )
+
+
+def _redecided(call: Call, row: dict[str, Any]) -> list[BulkOutcome]:
+    """Each listed refusal decided again (once per event, workflow and version), audited."""
+    outcomes: list[BulkOutcome] = []
+    for target in row["targets"]:
+        done = redecide.redecide(
+            call.db,
+            int(target),
+            tenant_id=call.scope,
+            bulk_id=str(row["id"]),
+            publish=call.dispatch,
+        )
+        if done is None:
+            outcome = BulkOutcome(
+                target=target, ok=False, code="not_found", message="no such refusal"
+            )
+        else:
+            said = f"{done.outcome}: {done.detail}" + (" (decided before)" if done.repeated else "")
+            outcome = BulkOutcome(
+                target=target,
+                ok=done.would_run,
+                code=None if done.would_run else done.outcome,
+                message=said[:2000],
+                run_id=done.run_id,
+            )
+        auth.record_audit(
+            call.db,
+            call.principal,
+            action=ROUTE_NAMES["redecide"],
+            target=target,
+            detail={
+                "outcome": "done" if outcome.ok else "refused",
+                "bulk": str(row["id"]),
+                "reason": row["reason"],
+                **outcome.model_dump(mode="json"),
+            },
+        )
+        outcomes.append(outcome)
+    return outcomes
 
 
 def _one(call: Call, action: str, target: str, reason: str | None) -> BaseModel:
@@ -157,7 +249,12 @@ def act_bulk(call: Call) -> BulkActResult:
         return _result(row, row["outcomes"], repeated=True)
     if row["expired"]:
         raise OpsError(410, "preview_expired", "the preview expired; preview again")
-    outcomes = _redriven(call, row) if row["action"] == "redrive" else _each(call, row, body)
+    if row["action"] == "redrive":
+        outcomes = _redriven(call, row)
+    elif row["action"] == "redecide":
+        outcomes = _redecided(call, row)
+    else:
+        outcomes = _each(call, row, body)
     dumped = [o.model_dump(mode="json") for o in outcomes]
     with call.db.transaction() as tx:
         recorded = tx.one(BULK_ACTED, bulk_id=str(body.token), outcomes=json.dumps(dumped))
