@@ -684,6 +684,9 @@ def run_scenario(running: devstack.RunningStack, story: Story) -> Story:
         from devstack.demo_any_crm import AnyCrmChapter
 
         AnyCrmChapter(scenario).run()
+        from devstack.demo_ai import AiChapter
+
+        AiChapter(scenario).run()
     finally:
         receiver.close()
         db.close()

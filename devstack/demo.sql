@@ -72,3 +72,20 @@ SELECT count(*) FROM webhook_inbox WHERE app_id = :app_id AND received_at >= :si
 UPDATE workflow_steps s SET wake_at = now()
 FROM workflow_runs r
 WHERE r.id = s.run_id AND r.tenant_id = :tenant_id AND s.status = 'waiting_for_retry'
+
+-- name: demo_ai_run
+-- The tenant's lead-reply-classify runs that ended: the classify step's answer and tokens, what
+-- its charge came to, and the steps that succeeded (the route the answer took).
+SELECT r.id::text AS run_id, r.status,
+       c.output -> 'answer' AS answer,
+       c.output -> 'usage' ->> 'total_tokens' AS tokens,
+       (SELECT l.amount FROM credit_ledger l
+         WHERE l.step_id = c.id AND l.refunded_at IS NULL) AS charged,
+       (SELECT string_agg(s.step_key, ', ' ORDER BY s.created_at, s.step_key)
+          FROM workflow_steps s WHERE s.run_id = r.id AND s.status = 'succeeded') AS steps
+  FROM workflow_runs r
+  JOIN workflows w ON w.id = r.workflow_id
+  JOIN workflow_steps c ON c.run_id = r.id AND c.step_key = 'classify'
+ WHERE r.tenant_id = :tenant_id AND w.name = 'lead-reply-classify'
+   AND r.status IN ('succeeded', 'failed')
+ ORDER BY r.created_at

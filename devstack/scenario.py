@@ -11,7 +11,10 @@ The path is production's: the fake CRM sends a signed webhook to the real webhoo
 (served in-process), the inbox is drained, the event admitted, the steps advanced by the real
 engine with the catalog's blocks. Two things are doubles: Pub/Sub (an in-process queue, as the
 engine's tests use) and `http.request`, which records what it would send instead of sending it
-(a third party must not receive a scenario's test traffic).
+(a third party must not receive a scenario's test traffic). A workflow with an `ai.generate`
+step gets a third: the model, the fake Vertex AI endpoint (devstack/fakevertex) reached over
+real HTTP through Google's SDK, answering with the scenario's `model_answers` (the first whose
+key occurs in the prompt; else the smallest answer the step's schema allows).
 
 The virtual clock. The engine reads time in two places: SQL `now()`/`statement_timestamp()`
 (the sweep's wake of due delays, retries and wait deadlines; a wait's resume-by-event guard)
@@ -72,6 +75,9 @@ CONNECTION_ID = "0c0ffee0-5a1e-4000-8000-00000000a11c"
 # are signed with (the runner makes the secret; connections name their secret's variable).
 WEBHOOK_SECRET_ENV = "ONCEFLOW_SCENARIO_WEBHOOK_SECRET"  # noqa: S105 - a name
 WEBHOOK_KEY = b"onceflow scenario webhook key"
+# The Vertex AI project the scenario's tenant calls (only ever the fake).
+VERTEX_PROJECT = "onceflow-scenario"
+VERTEX_ENV = "ONCEFLOW_VERTEX_BASE_URL"
 # How many sweep passes one advance may take before the scenario is said to loop.
 MAX_WAKES = 500
 
@@ -182,6 +188,8 @@ class RunExpect(_Strict):
     status: str | None = None
     steps: list[str] | None = None
     branches: dict[str, str] | None = None
+    # step id -> the model's answer an `ai.generate` step received.
+    answers: dict[str, Any] | None = None
     crm_writes: list[CrmWrite] | None = None
     http: list[HttpCall] | None = None
     approvals: list[str] | None = None
@@ -198,6 +206,12 @@ class Scenario(_Strict):
     workflow: str
     description: str | None = None
     records: dict[str, RecordSpec] = {}
+    model_answers: dict[str, Any] = Field(
+        {},
+        description="for `ai.generate` steps: prompt substring -> the JSON answer the model"
+        " gives (the first whose key occurs in the prompt); unmatched prompts get the smallest"
+        " answer the step's schema allows",
+    )
     timeline: list[Moment]
     expect: Expect
 
@@ -434,9 +448,11 @@ class Driver:
         self.standard_connection: str | None = None
 
     # -- setting up
-    def seed(self, webhook_url: str) -> None:
+    def seed(self, webhook_url: str, *, model: bool = False) -> None:
         with self.db.transaction() as tx:
             seed.tenant(tx, self.tenant, credits=100_000, existing="update")
+            if model:
+                seed.vertex(tx, self.tenant, project=VERTEX_PROJECT)
             seed.connection(
                 tx,
                 self.tenant,
@@ -672,7 +688,8 @@ class Driver:
             out = []
             for run in runs:
                 steps = tx.all(
-                    "SELECT step_key, block_type, status, branch_choice FROM workflow_steps"
+                    "SELECT step_key, block_type, status, branch_choice, output"
+                    " FROM workflow_steps"
                     " WHERE run_id = CAST(:r AS uuid) AND status <> 'skipped'"
                     " ORDER BY created_at, started_at NULLS LAST, step_key",
                     r=run["id"],
@@ -698,6 +715,11 @@ class Driver:
                             if c["type"] == "http.request"
                         ],
                         "approvals": [a["step_key"] for a in approvals],
+                        "answers": {
+                            s["step_key"]: (s["output"] or {}).get("answer")
+                            for s in steps
+                            if s["block_type"] == "ai.generate" and s["status"] == "succeeded"
+                        },
                     }
                 )
         return {"admissions": list(self.observed.admissions), "runs": out}
@@ -813,6 +835,14 @@ def compare(loaded: Loaded, actual: Mapping[str, Any], ids: Mapping[str, str]) -
                 [f"{k} -> {v}" for k, v in want.branches.items()],
                 [f"{k} -> {v}" for k, v in got["branches"].items()],
             )
+        if want.answers is not None and not _matches(
+            want.answers, {k: got["answers"].get(k) for k in want.answers}
+        ):
+            failures += _diff(
+                f"run {n} answers",
+                [f"{k}: {json.dumps(v, sort_keys=True)}" for k, v in want.answers.items()],
+                [f"{k}: {json.dumps(v, sort_keys=True)}" for k, v in got["answers"].items()],
+            )
         if want.approvals is not None and want.approvals != got["approvals"]:
             failures += _diff(f"run {n} approvals", want.approvals, got["approvals"])
         for name in ("crm_writes", "http"):
@@ -830,12 +860,57 @@ def compare(loaded: Loaded, actual: Mapping[str, Any], ids: Mapping[str, str]) -
 
 def run_loaded(loaded: Loaded, db: Any, fake: FakeCrm, webhook_url: str, out: TextIO) -> int:
     """Play one checked scenario on a fresh database; print the result; its exit code."""
+    workflow = yaml.safe_load(loaded.workflow_path.read_text()) or {}
+    tenant = str(workflow.get("tenant", "acme"))
+    asks_model = any(
+        isinstance(step, Mapping) and step.get("type") == "ai.generate"
+        for step in workflow.get("steps") or []
+    )
+    with _model_double(loaded.scenario.model_answers, enabled=asks_model):
+        return _play(loaded, db, fake, webhook_url, out, tenant=tenant, model=asks_model)
+
+
+@contextmanager
+def _model_double(answers: Mapping[str, Any], *, enabled: bool) -> Iterator[None]:
+    """The fake Vertex AI endpoint for a workflow that asks a model, with the scenario's
+    answers; the block is pointed at it (`ONCEFLOW_VERTEX_BASE_URL`, put back afterwards), so
+    nothing reaches Google."""
+    if not enabled:
+        yield
+        return
+    from devstack.fakevertex.server import FakeVertex
+    from shared.core.settings import settings
+
+    model = FakeVertex(fixtures=dict(answers)).start()
+    before = os.environ.get(VERTEX_ENV)
+    os.environ[VERTEX_ENV] = model.base_url
+    settings.cache_clear()
+    try:
+        yield
+    finally:
+        model.stop()
+        if before is None:
+            os.environ.pop(VERTEX_ENV, None)
+        else:
+            os.environ[VERTEX_ENV] = before
+        settings.cache_clear()
+
+
+def _play(
+    loaded: Loaded,
+    db: Any,
+    fake: FakeCrm,
+    webhook_url: str,
+    out: TextIO,
+    *,
+    tenant: str,
+    model: bool,
+) -> int:
     from shared.providers import connect
 
-    tenant = str((yaml.safe_load(loaded.workflow_path.read_text()) or {}).get("tenant", "acme"))
     connect.forget_ports()
     driver = Driver(db, fake, loaded, tenant)
-    driver.seed(webhook_url)
+    driver.seed(webhook_url, model=model)
     for alias in loaded.scenario.records:
         if alias not in {m.create for m in loaded.scenario.timeline}:
             driver.create(alias)  # as the CRM holds it before the workflow is active

@@ -63,6 +63,26 @@ def tenant(
     return tenant_id
 
 
+def vertex(
+    tx: Tx,
+    tenant_id: str,
+    *,
+    project: str,
+    location: str = "global",
+    model: str | None = None,
+) -> None:
+    """Give tenant `tenant_id` the Vertex AI project, location and default model its
+    `ai.generate` steps call (tenants.vertex_*; None: the block's default model)."""
+    tx.execute(
+        "UPDATE tenants SET vertex_project = :p, vertex_location = :l, vertex_model = :m"
+        " WHERE id = :t",
+        p=project,
+        l=location,
+        m=model,
+        t=tenant_id,
+    )
+
+
 def connection(
     tx: Tx,
     tenant_id: str,

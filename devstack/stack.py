@@ -8,8 +8,9 @@
 - one functions-framework process per function in `shared/core/deployables.py`, started through
   `devstack.function_server` (functions-framework's own server plus the head deadline that
   Cloud Run's front end provides in the cloud);
-- the fake CRM (`devstack.fakecrm`, HubSpot) and the fake Pipedrive (`devstack.fakepipedrive`),
-  when those modules are present;
+- the fake CRM (`devstack.fakecrm`, HubSpot), the fake Pipedrive (`devstack.fakepipedrive`)
+  and the fake Vertex AI endpoint (`devstack.fakevertex`, where the functions' `ai.generate`
+  steps are sent: ONCEFLOW_VERTEX_BASE_URL), when those modules are present;
 - the local scheduler (`devstack.scheduler`), calling the scheduled functions at the cadence
   `infra/scheduler.tf` declares.
 
@@ -75,6 +76,9 @@ DEMO_SECRETS = {
     # on a delivery).
     "ONCEFLOW_DEMO_PIPEDRIVE_TOKEN": "local-demo-pipedrive-token",
     "ONCEFLOW_DEMO_PIPEDRIVE_CREDENTIALS": "onceflow:local-demo-pipedrive-password",
+    # The key the demo's email tool signs its reply webhooks with (Standard Webhooks: `whsec_`
+    # + base64 of the key; here base64 of "local-demo-email-tool-key").
+    "ONCEFLOW_DEMO_EMAIL_TOOL_SECRET": "whsec_bG9jYWwtZGVtby1lbWFpbC10b29sLWtleQ==",
 }
 # The Pipedrive user the fake's API token acts as: not the web app's user (the fake's
 # `ui_user_id`), so a company a person adds is never taken for onceflow's own write.
@@ -87,6 +91,8 @@ FUNCTION_ENV = {
     "PYTHONUNBUFFERED": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
+# Where the functions' ai.generate steps send Vertex AI calls (shared/core/settings.py).
+VERTEX_BASE_URL_ENV = "ONCEFLOW_VERTEX_BASE_URL"
 # Settings of the caller's shell that must not leak into the local functions.
 _SCRUBBED = ("INSTANCE_CONNECTION_NAME", "DATABASE_URL", "PUBSUB_EMULATOR_HOST", "PGHOST")
 
@@ -203,6 +209,10 @@ def fakepipedrive_available() -> bool:
     return (REPO / "devstack" / "fakepipedrive" / "__main__.py").exists()
 
 
+def fakevertex_available() -> bool:
+    return (REPO / "devstack" / "fakevertex" / "__main__.py").exists()
+
+
 def plan_ports(*, free: bool, with_postgres: bool, with_fakecrm: bool) -> dict[str, int]:
     names = ["pubsub"]
     if with_postgres:
@@ -211,6 +221,8 @@ def plan_ports(*, free: bool, with_postgres: bool, with_fakecrm: bool) -> dict[s
         names.append("fakecrm")
         if fakepipedrive_available():
             names.append("fakepipedrive")
+        if fakevertex_available():
+            names.append("fakevertex")
     names += [d.name for d in DEPLOYABLES]
     if free:
         return {n: free_port() for n in names}
@@ -219,7 +231,13 @@ def plan_ports(*, free: bool, with_postgres: bool, with_fakecrm: bool) -> dict[s
         base = int(raw)
     except ValueError:
         raise StackError(f"{PORT_BASE_ENV}={raw!r} is not a port number") from None
-    fixed = {"pubsub": base, "postgres": base + 1, "fakecrm": base + 2, "fakepipedrive": base + 3}
+    fixed = {
+        "pubsub": base,
+        "postgres": base + 1,
+        "fakecrm": base + 2,
+        "fakepipedrive": base + 3,
+        "fakevertex": base + 4,
+    }
     ports = {n: fixed[n] for n in names if n in fixed}
     for i, d in enumerate(DEPLOYABLES):
         ports[d.name] = base + 10 + i
@@ -375,6 +393,12 @@ def up(
         extra_env = {
             REDIRECT_URL_ENV: f"http://127.0.0.1:{ports['webhook']}{CALLBACK_PATH}",
             approval_links.PUBLIC_URL_ENV: f"http://127.0.0.1:{ports['webhook']}",
+            # ai.generate steps ask the fake Vertex AI endpoint, never Google.
+            **(
+                {VERTEX_BASE_URL_ENV: f"http://127.0.0.1:{ports['fakevertex']}"}
+                if "fakevertex" in ports
+                else {}
+            ),
             **(extra_env or {}),
         }
         fn_env = {**_base_env(), **function_env(database_url, emulator_host, extra_env)}
@@ -452,6 +476,19 @@ def up(
                 "url": f"http://127.0.0.1:{port}",
                 "health": "/_admin/state",
                 "log": str(root / "logs" / "fakepipedrive.log"),
+            }
+
+        if "fakevertex" in ports:
+            port = ports["fakevertex"]
+            command = [sys.executable, "-m", "devstack.fakevertex", str(port)]
+            _spawn(root, "fakevertex", command, fn_env)
+            components["fakevertex"] = {
+                "kind": "fakecrm",  # checked the same way: its admin route answers 200
+                "host": "127.0.0.1",
+                "port": port,
+                "url": f"http://127.0.0.1:{port}",
+                "health": "/_admin/health",
+                "log": str(root / "logs" / "fakevertex.log"),
             }
 
         if own_postgres:
@@ -692,6 +729,7 @@ def health(root: Path, info: Mapping[str, Any]) -> list[Health]:
         *(d.name for d in DEPLOYABLES),
         "fakecrm",
         "fakepipedrive",
+        "fakevertex",
         "scheduler",
     ]
     comps = info["components"]

@@ -5,6 +5,7 @@ journaled answer, a budget race, and rehearsals that call nothing."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -60,6 +61,18 @@ def _ledger(db: Database) -> int:
         return int(tx.scalar("SELECT count(*) FROM credit_ledger"))
 
 
+def _used_price(output: Any) -> int:
+    """What a call that used `output.usage.total_tokens` costs: one credit plus ten per
+    thousand tokens, rounded up (the spec's declared token price)."""
+    return 1 + math.ceil(output["usage"]["total_tokens"] * 10 / 1000)
+
+
+def _cap_price(prompt: str) -> int:
+    """What the gates take before the call: the answer's cap (256) plus the prompt at four
+    characters a token."""
+    return 1 + math.ceil((256 + math.ceil(len(prompt) / 4)) * 10 / 1000)
+
+
 def _wake_retries_and_advance(db: Database) -> None:
     """What time does: the retry wait ends and the sweep wakes the step."""
     with db.transaction() as tx:
@@ -105,7 +118,7 @@ def test_the_answer_is_asked_of_the_tenants_model_with_the_schema_and_journaled(
     assert generation["responseMimeType"] == "application/json"
     assert generation["responseJsonSchema"] == SCHEMA
     assert (generation["temperature"], generation["maxOutputTokens"]) == (0.2, 256)
-    assert _balance(db) == 10 - ai_block.GENERATE.price
+    assert _balance(db) == 10 - _used_price(step["output"])
 
 
 def test_a_non_conforming_answer_then_a_conforming_one_within_the_attempts(
@@ -124,7 +137,7 @@ def test_a_non_conforming_answer_then_a_conforming_one_within_the_attempts(
     assert step["status"] == "succeeded" and step["output"]["answer"] == ANSWER
     assert fake.call_count() == 2
     # Both attempts share the step's lineage key: charged once.
-    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+    assert _ledger(db) == 1 and _balance(db) == 10 - _used_price(step["output"])
 
 
 def test_answers_that_never_conform_fail_with_the_validation_error_after_the_attempts(
@@ -218,9 +231,13 @@ def test_a_replay_reuses_the_journaled_answer_and_is_not_charged_again(
 def test_a_budget_race_of_twenty_ai_steps_against_a_cap_of_five(
     db: Database, fake: FakeVertex
 ) -> None:
+    """Each step reserves at its token cap before the call, so the cap admits five calls even
+    though each then uses (and is settled at) less; what the five leave unused goes back to
+    the budget and the balance."""
     seed_tenant(db, credits=1000)
     configure_tenant(db)
-    cap = 5 * ai_block.GENERATE.price
+    at_cap = _cap_price("Classify the lead's reply: Sounds great")
+    cap = 5 * at_cap
     wf = definition([{"id": "classify", "type": "ai.generate", "config": CONFIG}]).model_copy(
         update={"budget": Budget(credits=cap, per="1d")}
     )
@@ -246,7 +263,56 @@ def test_a_budget_race_of_twenty_ai_steps_against_a_cap_of_five(
     assert [s["status"] for s in steps].count("succeeded") == 5
     assert {s["outcome_code"] for s in steps if s["status"] == "failed"} == {"BUDGET_EXCEEDED"}
     assert fake.call_count() == 5
-    assert _ledger(db) == 5 and _balance(db) == 1000 - cap
+    used = sum(_used_price(s["output"]) for s in steps if s["status"] == "succeeded")
+    assert used < cap  # the answers were shorter than the cap: the settle matters
+    assert _ledger(db) == 5 and _balance(db) == 1000 - used
+    with db.transaction() as tx:
+        spent = tx.scalar("SELECT sum(amount) FROM budget_reservations WHERE status = 'spent'")
+    assert int(spent) == used
+
+
+def test_a_call_that_used_fewer_tokens_than_its_cap_is_charged_and_spent_at_what_it_used(
+    db: Database, fake: FakeVertex
+) -> None:
+    """Reserved and charged at the cap before the call (seen by the fake while it answers),
+    settled at `usage.total_tokens` after it: the ledger, the balance and the budget
+    reservation all hold the actual price."""
+    seed_tenant(db, credits=10)
+    configure_tenant(db)
+    prompt = "Classify the lead's reply: Sounds great, call me Monday"
+    at_cap = _cap_price(prompt)
+    seen: list[tuple[int, int, int]] = []
+
+    def while_answering() -> None:
+        with db.transaction() as tx:
+            row = tx.one(
+                "SELECT (SELECT amount FROM credit_ledger) AS charged,"
+                " (SELECT amount FROM budget_reservations) AS reserved,"
+                " (SELECT credit_balance FROM tenants WHERE id = :t) AS balance",
+                t=TENANT,
+            )
+        assert row is not None
+        seen.append((int(row["charged"]), int(row["reserved"]), int(row["balance"])))
+
+    fake.on_call = while_answering
+    version = publish_version(
+        db,
+        definition([{"id": "classify", "type": "ai.generate", "config": CONFIG}]).model_copy(
+            update={"budget": Budget(credits=100, per="1d")}
+        ),
+    )
+    run_id, [step_id] = start_run(db, version, payload={"reply": "Sounds great, call me Monday"})
+    advance_step(db, step_id, dispatch=lambda ids: None)
+    step = steps_of(db, run_id)["classify"]
+    assert step["status"] == "succeeded", step["error"]
+    actual = _used_price(step["output"])
+    assert actual < at_cap
+    assert seen == [(at_cap, at_cap, 10 - at_cap)]
+    with db.transaction() as tx:
+        charged = tx.scalar("SELECT amount FROM credit_ledger")
+        reservation = tx.one("SELECT amount, status FROM budget_reservations")
+    assert charged == actual and _balance(db) == 10 - actual
+    assert reservation is not None and dict(reservation) == {"amount": actual, "status": "spent"}
 
 
 def test_a_rehearsal_calls_nothing_and_shows_the_declared_answer(
@@ -317,7 +383,7 @@ def test_an_attempt_after_the_answer_was_received_reuses_it_without_calling_the_
     assert again.outcome_code == "AI_ANSWER_REUSED" and again.output["reused"] is True
     assert again.output["answer"] == first.output["answer"] == ANSWER
     assert fake.call_count() == 1
-    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+    assert _ledger(db) == 1 and _balance(db) == 10 - _used_price(first.output)
     # A different request under the same key (an earlier step's output changed the prompt)
     # asks again.
     fresh = step.run(ai_block.GENERATE, config | {"prompt": "Sounds great, call me now"})
@@ -368,7 +434,7 @@ def test_a_replay_that_starts_the_ai_step_again_reuses_its_journaled_answer(
     assert replayed["outcome_code"] == "AI_ANSWER_REUSED"
     assert replayed["output"]["answer"] == ANSWER
     assert fake.call_count() == 1
-    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+    assert _ledger(db) == 1 and _balance(db) == 10 - _used_price(replayed["output"])
 
 
 def test_a_replay_asking_for_fresh_answers_asks_the_model_again_and_is_still_charged_once(
@@ -387,8 +453,13 @@ def test_a_replay_asking_for_fresh_answers_asks_the_model_again_and_is_still_cha
     assert (replayed["status"], replayed["outcome_code"]) == ("succeeded", "OK")
     assert replayed["output"]["answer"] == {"intent": "not_now", "confidence": 0.4}
     assert fake.call_count() == 2
-    # The lineage key is the same: the credits were charged once.
-    assert _ledger(db) == 1 and _balance(db) == 10 - ai_block.GENERATE.price
+    # The lineage key is the same: the credits were charged once, at what the first call
+    # used (the replay's step found that charge; it settles only a charge it made itself).
+    with db.transaction() as tx:
+        first_usage = tx.scalar(
+            "SELECT usage FROM ai_answers WHERE request_hash <> '' ORDER BY created_at LIMIT 1"
+        )
+    assert _ledger(db) == 1 and _balance(db) == 10 - _used_price({"usage": first_usage})
 
 
 def test_the_ops_api_replay_asks_for_fresh_answers_when_told(
@@ -444,7 +515,8 @@ def test_the_fake_answers_an_unknown_prompt_in_the_shape_the_schema_asks_for(
     db: Database, fake: FakeVertex
 ) -> None:
     """What the local stack relies on: any workflow's AI step gets a conforming answer."""
-    seed_tenant(db, credits=10)
+    # The default answer cap (1024 tokens) is charged before the call: 12 credits.
+    seed_tenant(db, credits=20)
     configure_tenant(db)
     result = StepRunner(db, "ai.generate").run(
         ai_block.GENERATE, {"prompt": "no fixture matches this", "schema": SCHEMA}

@@ -4,6 +4,7 @@ asked once per lineage key, and the credits are charged once."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -51,7 +52,8 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVertex]:
 def test_a_crash_after_the_answer_reuses_it_on_the_next_attempt(
     db: Database, database_url: str, fake: FakeVertex, point: str
 ) -> None:
-    seed_tenant(db, credits=10)
+    # The default answer cap (1024 tokens) is charged before the call: 12 credits.
+    seed_tenant(db, credits=20)
     configure_tenant(db)
     version = publish_version(
         db, definition([{"id": "classify", "type": "ai.generate", "config": CONFIG}])
@@ -96,3 +98,6 @@ def test_a_crash_after_the_answer_reuses_it_on_the_next_attempt(
     assert fake.call_count() == 1
     with db.transaction() as tx:
         assert tx.scalar("SELECT count(*) FROM credit_ledger") == 1
+        balance = tx.scalar("SELECT credit_balance FROM tenants")
+    # The reused answer reports the call that produced it: settled at what that call used.
+    assert balance == 20 - (1 + math.ceil(step["output"]["usage"]["total_tokens"] * 10 / 1000))

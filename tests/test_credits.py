@@ -125,3 +125,43 @@ def test_a_refunded_charge_frees_the_lineage_for_one_new_charge(db: Database) ->
         assert credits.balance(tx, "acme") == 10
         assert tx.scalar("SELECT count(*) FROM credit_ledger") == 2
         assert tx.scalar("SELECT count(*) FROM credit_refunds") == 2
+
+
+def test_a_token_price_settles_down_once_and_never_up_when_two_settles_overlap(
+    db: Database,
+) -> None:
+    """A charge taken at the token cap (5) comes down to what the call used (2). Two settles
+    of it overlap (the settle and a redelivery's): the second waits on the first's row lock
+    and, re-checking after it commits, pays nothing back; a settle above the charge changes
+    nothing."""
+    _tenant(db, 10)
+    key = f"step:{uuid.uuid4()}"
+    assert _charge(db, key, 5).status == "charged"
+    second_done = threading.Event()
+    errors: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            with db.transaction() as tx:
+                credits.settle_used(tx, lineage_key=key, step_id=None, amount=2)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            second_done.set()
+
+    with db.transaction() as tx:
+        # The settle's statement sent now (not with the COMMIT): the row stays locked until
+        # this transaction commits.
+        assert tx.one(credits.SETTLE_USED, lineage_key=key, step_id=None, amount=2) == {
+            "returned": 3
+        }
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert not second_done.wait(1.0)  # waiting on the first's lock
+    thread.join(timeout=30)
+    assert errors == []
+    with db.transaction() as tx:
+        credits.settle_used(tx, lineage_key=key, step_id=None, amount=4)  # never up
+    with db.transaction() as tx:
+        assert credits.balance(tx, "acme") == 10 - 2
+        assert tx.scalar("SELECT amount FROM credit_ledger") == 2

@@ -5,6 +5,7 @@ actual sequences and exits 1, an invalid scenario exits 2 with its file, line an
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +64,27 @@ def test_a_failed_expectation_prints_expected_and_actual_and_exits_1(
     assert "      -mark_stale" in lines  # the diff marks what did not happen
 
 
+def test_the_model_answers_the_scenario_declares_and_a_different_answer_fails_it(
+    tmp_path: Path, db: Database, fake: FakeCrm, webhook_url: str
+) -> None:
+    """The AI step's answer comes from the scenario's `model_answers` (the fake Vertex AI
+    endpoint, over HTTP): swapping Ada's answer for Bob's routes her run to `mark_later`,
+    and the expected answer, steps and writes are printed against the actual ones."""
+    source = (SCENARIOS_DIR / "lead-reply-classify.yaml").read_text()
+    wrong = source.replace(
+        '"call me Monday": {intent: interested', '"call me Monday": {intent: not_now'
+    )
+    assert wrong != source
+    wrong = wrong.replace("workflow: ../", f"workflow: {ROOT}/examples/workflows/")
+    path = tmp_path / "other-answer.yaml"
+    path.write_text(wrong)
+    code, printed = _run(path, db, fake, webhook_url)
+    assert code == scenario.EXIT_FAILED, printed
+    assert "  run 1 answers:" in printed and "  run 1 steps:" in printed
+    assert "      -call_task" in printed.splitlines()
+    assert os.environ.get("ONCEFLOW_VERTEX_BASE_URL") is None  # the double is put away
+
+
 def test_an_invalid_scenario_exits_2_naming_file_line_and_column(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -100,7 +122,6 @@ NOT_YET = {
     "weekday-contracts-digest",
     "enroll-pro-signups",
     "route-new-mqls",
-    "lead-reply-classify",
 }
 
 

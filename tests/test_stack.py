@@ -117,9 +117,11 @@ def test_up_status_second_up_and_down_leave_nothing_behind(reachable_tmp: Path) 
         assert status.stdout.count("healthy") == len(comps)
 
         pids = stack.read_pids(root)
-        # Both fake CRMs (HubSpot's and Pipedrive's) run beside the functions, answering.
+        # Both fake CRMs (HubSpot's and Pipedrive's) and the fake Vertex AI endpoint run beside
+        # the functions, answering.
         assert {p.name for p in pids} >= {"postgres", "pubsub", "scheduler", "fakecrm"} | {
-            "fakepipedrive"
+            "fakepipedrive",
+            "fakevertex",
         } | {d.name for d in DEPLOYABLES}
         assert all(p.alive() for p in pids)
         # Each function serves as many requests at once, with the same pool, as deployed.
@@ -132,6 +134,8 @@ def test_up_status_second_up_and_down_leave_nothing_behind(reachable_tmp: Path) 
                 )
                 wanted = function_process.concurrency_env(by_name(p.name))
                 assert {k: environ.get(k) for k in wanted} == wanted, p.name
+                # Their ai.generate steps ask the fake, never Google.
+                assert environ.get("ONCEFLOW_VERTEX_BASE_URL") == comps["fakevertex"]["url"]
 
         again = run_stack("up", "--root", str(root), "--free-ports", env=env)
         assert again.returncode == 3

@@ -98,6 +98,16 @@ def test_demo_starts_tells_and_stops_leaving_nothing_behind() -> None:
             ), crm
         assert told.count("new-company-any-crm started run") == 2
         assert "the fake Pipedrive served 1 read(s) of organization" in told
+        # The AI chapter: a reply classified by the fake Vertex AI, routed by the answer, and
+        # charged at the tokens it used.
+        classified = re.search(
+            r"lead-reply-classify run [0-9a-f-]{36} succeeded: the model answered "
+            r"\{\"intent\": \"interested\", .*call_task.*It used \d+ tokens and was charged "
+            r"(\d+) credit\(s\)",
+            " ".join(told.split()),
+        )
+        assert classified is not None, out
+        assert 0 < int(classified.group(1)) < 5  # below the 256-token cap's price
         assert "did not happen" not in out, out
         assert "stopped what the demo started" in out
         assert stack.read_pids(root / "local") == []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
@@ -52,6 +53,9 @@ class FakeVertex:
     default_answer: Any = None
     faults: list[Fault] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    # Run on each call before it is answered (a test looks at what was committed before the
+    # request left: the charge and the reservation).
+    on_call: Callable[[], None] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -115,6 +119,8 @@ class FakeVertex:
         with self._lock:
             self.calls.append(Call(**match.groupdict(), prompt=prompt, body=body))
             fault = self.faults.pop(0) if self.faults else None
+        if self.on_call is not None:
+            self.on_call()
         if fault == "429":
             return 429, _error(
                 429, "RESOURCE_EXHAUSTED", "Resource exhausted, please try again later."

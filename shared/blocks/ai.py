@@ -49,6 +49,7 @@ from shared.blocks.base import (
     Gate,
     RetryPolicy,
     Target,
+    TokenPrice,
     dry_run_result,
 )
 from shared.core import queries
@@ -346,6 +347,27 @@ def _journal(
         )
 
 
+# Google: "a token is equivalent to about 4 characters" for Gemini models
+# (https://docs.cloud.google.com/vertex-ai/generative-ai/docs/multimodal/get-token-count).
+CHARS_PER_TOKEN = 4
+
+
+def token_cap(config: BaseModel) -> int:
+    """The most tokens one call may use, reserved and charged before it: the answer's cap
+    plus the prompt at Google's four characters a token (an estimate, but the settle never
+    charges more than this, so an underestimate costs onceflow, never the tenant's cap)."""
+    assert isinstance(config, AiConfig)
+    return config.max_output_tokens + -(-len(config.prompt) // CHARS_PER_TOKEN)
+
+
+def tokens_used(output: Mapping[str, Any]) -> int | None:
+    """`usage.total_tokens` Vertex AI reported (prompt and answer; None: not reported). A
+    reused journaled answer reports the call that produced it."""
+    usage = output.get("usage")
+    total = usage.get("total_tokens") if isinstance(usage, Mapping) else None
+    return total if isinstance(total, int) else None
+
+
 GENERATE = BlockSpec(
     type_name="ai.generate",
     config_model=AiConfig,
@@ -353,7 +375,10 @@ GENERATE = BlockSpec(
     # Asking again is harmless to the world (nothing is written), only to the bill, which the
     # charge gate keeps to one per lineage key.
     side_effect="idempotent",
-    price=2,
+    # One credit a call, plus ten per thousand tokens: reserved and charged at `token_cap`
+    # before the call, settled down to `usage.total_tokens` after it.
+    price=1,
+    token_price=TokenPrice(per_1k_tokens=10, cap=token_cap, used=tokens_used),
     # Google's advice for 429: truncated exponential backoff, at least a second
     # (api-errors page above); the step's schedule waits longer than that.
     retry=RetryPolicy(max_attempts=3, first_backoff_seconds=30.0, max_backoff_seconds=600.0),
@@ -362,7 +387,8 @@ GENERATE = BlockSpec(
     target=vertex_target,
     description=(
         "Ask a Gemini model on Vertex AI for a JSON answer that must satisfy a schema "
-        "(checked on receipt, retried within the attempts); charged once per lineage."
+        "(checked on receipt, retried within the attempts); charged once per lineage, by the "
+        "tokens used."
     ),
 )
 SPECS = (GENERATE,)

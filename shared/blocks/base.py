@@ -13,6 +13,7 @@ and the step executor runs them in one order around the block (shared/gates/cata
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -243,6 +244,24 @@ class LandedQuery:
 
 
 ResolveLanded = Callable[[BlockContext, BaseModel, Target], LandedQuery | None]
+
+
+@dataclass(frozen=True)
+class TokenPrice:
+    """The part of a block's price that depends on the tokens its call uses: `per_1k_tokens`
+    credits per thousand tokens (rounded up), on top of the spec's `price`. Before the call the
+    gates take it at the most the call may use (`cap`, from the rendered config); the settle of
+    an attempt that applied lowers the charge and the budget reservation to what it used
+    (`used`, from the block's output; None: unknown, the cap stands). Never above the cap."""
+
+    per_1k_tokens: int
+    cap: Callable[[BaseModel], int]
+    used: Callable[[Mapping[str, Any]], int | None]
+
+    def credits(self, tokens: int) -> int:
+        return math.ceil(max(tokens, 0) * self.per_1k_tokens / 1000)
+
+
 BeforeCall = Callable[["Tx", BlockContext, BaseModel, Target], None]
 
 
@@ -280,6 +299,32 @@ class BlockSpec:
     # transaction, after every gate passed, so it shares their commit instead of paying one
     # of its own (issue 27). Not run for a rehearsal or a refused attempt.
     before_call: BeforeCall | None = None
+    # A price that grows with the tokens the call uses (an AI step's); None: `price` is all.
+    token_price: TokenPrice | None = None
+
+    @property
+    def priced(self) -> bool:
+        """Whether a call of this block costs credits (the charge and budget gates apply)."""
+        return self.price > 0 or self.token_price is not None
+
+    def price_before(self, config: BaseModel) -> int:
+        """What the gates take before the call: the price, at the token cap when it has a
+        token part (shared/gates/charge.py, reservation.py)."""
+        if self.token_price is None:
+            return self.price
+        return self.price + self.token_price.credits(self.token_price.cap(config))
+
+    def price_used(self, config: BaseModel, output: Mapping[str, Any] | None) -> int | None:
+        """What an attempt that applied costs, from what its output says it used; None when
+        the price taken before the call stands (no token part, or usage unknown). Never more
+        than `price_before`: the call can't be charged more than was reserved."""
+        if self.token_price is None or output is None:
+            return None
+        used = self.token_price.used(output)
+        if used is None:
+            return None
+        actual = self.price + self.token_price.credits(used)
+        return min(actual, self.price_before(config))
 
     @property
     def max_attempts(self) -> int:

@@ -61,11 +61,14 @@ def check_spec(spec: BlockSpec) -> None:
         raise RegistryError(
             f"flow-control block {spec.type_name!r} must have side_effect='none' and no retries"
         )
-    if spec.price > 0 and Gate.CHARGE not in spec.gates:
+    if spec.priced and Gate.CHARGE not in spec.gates:
         raise RegistryError(
-            f"block {spec.type_name!r} has price {spec.price} but does not declare the charge "
-            "gate: the executor would never charge it"
+            f"block {spec.type_name!r} has price {spec.price} (per 1k tokens: "
+            f"{spec.token_price and spec.token_price.per_1k_tokens}) but does not declare the "
+            "charge gate: the executor would never charge it"
         )
+    if spec.token_price is not None and spec.token_price.per_1k_tokens <= 0:
+        raise RegistryError(f"block {spec.type_name!r} has a token price that is not positive")
     limits = {Gate.CONNECTION_LIMIT, Gate.HOST_LIMIT}
     if spec.gates & limits and spec.target is None:
         raise RegistryError(

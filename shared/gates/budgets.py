@@ -130,9 +130,12 @@ def _landed_json(landed: LandedQuery | None) -> str | None:
     return None if landed is None else json.dumps(dataclasses.asdict(landed))
 
 
-def settle_spent(tx: Tx, idempotency_key: str, step_id: str | None) -> None:
-    # Nobody reads the answer: sent with the COMMIT of the gates' settle (one round trip).
-    tx.at_commit(SETTLE_SPENT, idempotency_key=idempotency_key, step_id=step_id)
+def settle_spent(
+    tx: Tx, idempotency_key: str, step_id: str | None, *, amount: int | None = None
+) -> None:
+    """Spent; at `amount` when the call used less than was reserved (a token price), never
+    more. Nobody reads the answer: sent with the COMMIT of the gates' settle (one round trip)."""
+    tx.at_commit(SETTLE_SPENT, idempotency_key=idempotency_key, step_id=step_id, amount=amount)
 
 
 def settle_released(tx: Tx, idempotency_key: str, step_id: str | None) -> None:

@@ -25,7 +25,10 @@ is one module (shaped by shared/gates/kind.py) and one line in `GATES`; the exec
 
 After the attempt is classified (`settle`), by what the outcome proves:
 
-    succeeded / applied         → the reservation is spent; the charge stands.
+    succeeded / applied         → the reservation is spent; the charge stands. A token price
+                                  (`BlockSpec.token_price`, an AI step's) was taken at its cap
+                                  before the call: both come down to what the output says it
+                                  used, never up (the difference goes back to the balance).
     provably not applied        → the reservation is released (a retry reserves again); when
                                   the step failed for good, the charge its attempts made is
                                   refunded, once (a refund row keyed to it) — also when this

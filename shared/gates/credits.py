@@ -40,6 +40,7 @@ BALANCE = SQL["credits_balance"]
 GRANT = SQL["credits_grant"]
 MARK_OUTCOME_UNKNOWN = SQL["credits_mark_outcome_unknown"]
 REFUND_INSERT = SQL["credits_refund_insert"]
+SETTLE_USED = SQL["credits_settle_used"]
 
 OUTCOME_INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
 ChargeStatus = Literal["charged", "already_charged", "insufficient"]
@@ -116,3 +117,10 @@ def refund(tx: Tx, *, lineage_key: str, reason: str, step_id: str | None) -> int
         return 0
     tx.scalar(GRANT, tenant_id=row["tenant_id"], amount=int(row["amount"]))
     return int(row["amount"])
+
+
+def settle_used(tx: Tx, *, lineage_key: str, step_id: str | None, amount: int) -> None:
+    """Lower the live charge step `step_id` made for `lineage_key` to `amount` (a token price
+    taken at the cap, settled at what the call used) and pay the difference back, once.
+    Nobody reads the answer: sent with the COMMIT of the gates' settle (one round trip)."""
+    tx.at_commit(SETTLE_USED, lineage_key=lineage_key, step_id=step_id, amount=amount)

@@ -94,6 +94,9 @@ class Verdict:
     step_failed: bool
     # The outcome's code (or the exception's type), for what a settle records.
     outcome_code: str
+    # What the attempt that applied costs by what it used (`BlockSpec.price_used`), when that
+    # is below what the gates took before the call; None: what they took stands.
+    used_price: int | None = None
 
 
 def refused_for_good(message: str, outcome_code: str) -> BlockFailure:

@@ -23,7 +23,9 @@ def _prepare(attempt: Attempt) -> Attempt:
 
 
 def _open(tx: Tx, attempt: Attempt) -> BlockFailure | None:
-    ctx, workflow, amount = attempt.ctx, attempt.workflow, attempt.spec.price
+    ctx, workflow = attempt.ctx, attempt.workflow
+    # At the token cap for a token price: the cap must hold for the most the call may use.
+    amount = attempt.spec.price_before(attempt.config)
     budget = workflow.budget
     assert budget is not None  # `applies` checked it
     outcome = budgets.reserve(
@@ -52,13 +54,14 @@ def _release(tx: Tx, attempt: Attempt) -> None:
 
 
 def _settle(tx: Tx, attempt: Attempt, verdict: Verdict) -> None:
-    """Sent → spent; provably not applied → released (a retry reserves again); fate unknown →
-    left reserved, marked so that it can only become spent."""
+    """Sent → spent (at what it used, for a token price); provably not applied → released (a
+    retry reserves again); fate unknown → left reserved, marked so that it can only become
+    spent."""
     if not verdict.opened:
         return
     key, step_id = attempt.ctx.idempotency_key, attempt.ctx.step_id
     if verdict.fate is Fate.APPLIED:
-        budgets.settle_spent(tx, key, step_id)
+        budgets.settle_spent(tx, key, step_id, amount=verdict.used_price)
     elif verdict.fate is Fate.NOT_APPLIED:
         budgets.settle_released(tx, key, step_id)
     else:
@@ -67,7 +70,7 @@ def _settle(tx: Tx, attempt: Attempt, verdict: Verdict) -> None:
 
 GATE = GateKind(
     gate=Gate.BUDGET,
-    applies=lambda attempt: attempt.workflow.budget is not None and attempt.spec.price > 0,
+    applies=lambda attempt: attempt.workflow.budget is not None and attempt.spec.priced,
     prepare=_prepare,
     open=_open,
     release=_release,

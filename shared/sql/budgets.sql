@@ -45,7 +45,11 @@ UPDATE budget_reservations
    AND status = 'released'
 
 -- name: budget_settle_spent
-UPDATE budget_reservations SET status = 'spent', settled_at = now(), settled_by = 'outcome'
+-- Spent, at `amount` when given (a token price settled at what the call used): LEAST, so a
+-- reservation never grows past what was checked against the cap. Guarded on status: of two
+-- settles of the same attempt one moves it, the other finds it spent and changes nothing.
+UPDATE budget_reservations SET status = 'spent', settled_at = now(), settled_by = 'outcome',
+       amount = LEAST(amount, coalesce(CAST(:amount AS bigint), amount))
  WHERE idempotency_key = :idempotency_key AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
    AND status = 'reserved'
 

@@ -66,3 +66,25 @@ SELECT id, tenant_id, amount, :reason, CAST(:step_id AS uuid)
   FROM refunded
 ON CONFLICT (charge_id) DO NOTHING
 RETURNING tenant_id, amount
+
+-- name: credits_settle_used
+-- A token price settled at what the call used: the live charge this step row made, taken at
+-- the cap before the call, comes down to `amount` and the difference goes back to the balance,
+-- in one statement. Only ever down (`amount > :amount`): of racing settles the first takes the
+-- row lock and lowers it; the other, re-checking after the wait, finds it no longer above and
+-- changes nothing (zero rows: settled already, refunded, or another step row's charge).
+WITH settled AS (
+    SELECT id, tenant_id, amount - CAST(:amount AS bigint) AS returned
+      FROM credit_ledger
+     WHERE lineage_key = :lineage_key AND refunded_at IS NULL
+       AND step_id IS NOT DISTINCT FROM CAST(:step_id AS uuid)
+       AND amount > CAST(:amount AS bigint)
+       FOR UPDATE
+), lowered AS (
+    UPDATE credit_ledger c SET amount = CAST(:amount AS bigint)
+      FROM settled s WHERE c.id = s.id
+    RETURNING s.tenant_id, s.returned
+)
+UPDATE tenants t SET credit_balance = t.credit_balance + l.returned
+  FROM lowered l WHERE t.id = l.tenant_id
+RETURNING l.returned

@@ -168,11 +168,18 @@ def gate_settlement(
     fate = fate_of(outcome)
     code = str(getattr(outcome, "outcome_code", type(outcome).__name__))
     failed = status is StepStatus.FAILED
+    # A token price comes down to what the call used (none: what the gates took stands).
+    used = (
+        attempt.spec.price_used(attempt.config, outcome.output)
+        if isinstance(outcome, BlockResult)
+        else None
+    )
 
     def settle(tx: Tx) -> None:
         for kind in settling:
             assert kind.settle is not None
-            kind.settle(tx, attempt, Verdict(fate, kind in passed.opened, failed, code))
+            opened = kind in passed.opened
+            kind.settle(tx, attempt, Verdict(fate, opened, failed, code, used_price=used))
 
     return settle
 
