@@ -200,7 +200,23 @@ def test_every_bound_pairing_gets_exactly_one_decision_through_kills_and_duplica
             bad = [p for p in pairings if (p["claims"], p["runs"] + p["refusals"]) != (1, 1)]
             assert bad == [], (tenant, bad[:5])
             # Exactly one run per contact for once_per_record (every contact ended on 'lead').
-            assert len(lead_runs) == CONTACTS_PER_PORTAL, tenant
+            # On failure, say where each missing contact's 'lead' change went: refused (and
+            # why), or never an event (and what the inbox did with the deliveries carrying it).
+            assert len(lead_runs) == CONTACTS_PER_PORTAL, (
+                tenant,
+                changes,
+                tx.all(
+                    "SELECT e.payload->>'objectId' AS contact,"
+                    "       e.payload->>'propertyValue' AS stage, e.occurred_at, f.reason, f.detail"
+                    " FROM admission_refusals f JOIN workflow_trigger_events e ON e.id = f.event_id"
+                    " WHERE f.workflow_id = CAST(:w AS uuid)",
+                    w=lead_wf,
+                ),
+                tx.all(
+                    "SELECT status, outcome->'dropped' AS dropped, count(*) AS n"
+                    " FROM webhook_inbox WHERE outcome ? 'dropped' GROUP BY 1, 2"
+                ),
+            )
             assert all(r["n"] == 1 and r["ok"] for r in lead_runs), tenant
             assert every_runs == len(changes), tenant
     print(
