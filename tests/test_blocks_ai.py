@@ -245,6 +245,19 @@ def test_a_budget_race_of_twenty_ai_steps_against_a_cap_of_five(
     runs = [start_run(db, version, payload={"reply": "Sounds great"}) for _ in range(20)]
     barrier = threading.Barrier(20)
     errors: list[BaseException] = []
+    # The model answers only once the other fifteen have been refused: a call settled before a
+    # slow thread asked for its reservation would give back what it didn't use, and that
+    # thread could then be served (the budget counts what is spent). Held, the race is the one
+    # this test names: twenty reservations at the cap against a budget of five. A sixth
+    # reservation would be a sixth call, and the wait below would time out and let it through.
+    done = threading.Condition()
+    finished = [0]
+
+    def hold() -> None:
+        with done:
+            done.wait_for(lambda: finished[0] >= 15, timeout=30)
+
+    fake.on_call = hold
 
     def one(step_id: str) -> None:
         try:
@@ -252,6 +265,10 @@ def test_a_budget_race_of_twenty_ai_steps_against_a_cap_of_five(
             advance_step(db, step_id, dispatch=lambda ids: None)
         except BaseException as exc:
             errors.append(exc)
+        finally:
+            with done:
+                finished[0] += 1
+                done.notify_all()
 
     threads = [threading.Thread(target=one, args=(ids[0],)) for _, ids in runs]
     for t in threads:
