@@ -267,9 +267,17 @@ class Settings:
     webhook_max_body_bytes: int = _setting(
         "WEBHOOK_MAX_BODY_BYTES",
         1024 * 1024,
-        "Webhook body size cap (413 above it). The other request limits are fixed; see the"
-        " security section.",
+        "Webhook body size cap (413 above it). The other request limits, but the deadline below,"
+        " are fixed; see the security section.",
         _whole(1),
+    )
+    request_deadline_seconds: float = _setting(
+        "REQUEST_DEADLINE_SECONDS",
+        10.0,
+        "How long a request's head (locally, `HeadDeadlineWorker`) and then its whole body may"
+        " take to arrive before the connection is cut (408 for a body): a stalled client holds"
+        " a thread at most this long.",
+        _seconds(positive=True),
     )
     webhook_nudge: bool = _setting(
         "WEBHOOK_NUDGE",
