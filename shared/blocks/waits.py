@@ -18,6 +18,13 @@ approval: parks the step until one of the people who may decide (`approvers`: a 
   on to `next`; rejected ends this path, or `on_reject: fail` fails the run, or
   `on_reject: {goto: <step>}` jumps there. The decision (who, when, comment) is the step's
   output and is audited.
+  Quorum: `required: N` approving votes of different approvers approve it; a reject by any
+  one rejects it unless `reject_quorum: M` asks for M. Each approver counts once (a second
+  click changes nothing); a vote after it closed is recorded as late, never a second resume.
+  Delivery (`channels`): `slack: {channel: C…}` posts it with Approve/Reject buttons (the
+  click comes back verified, shared/ops/slack_interactions.py); `email: true` mails each named
+  user a signed link. `remind_after` nudges those who have not voted, once; `escalate_after`
+  lets `escalate_to` (a role, users) decide too, and asks them, once.
 
 A rehearsal never waits: the step answers what it would have waited for and goes on.
 """
@@ -350,10 +357,56 @@ class Approvers(BaseModel):
         return self
 
 
+class SlackChannel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    channel: str = Field(
+        pattern=r"^[A-Z0-9]{2,40}$",
+        description="The Slack channel id (C…) the approval is posted to, with its buttons.",
+    )
+
+
+class Channels(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    slack: SlackChannel | None = Field(
+        default=None, description="Post it to a Slack channel (the tenant's Slack app)."
+    )
+    email: bool = Field(
+        default=False,
+        description="Mail each named user (their mapped address) a signed link to decide.",
+    )
+
+
+MAX_QUORUM = 50
+
+
 class ApprovalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     summary: str = Field(min_length=1, max_length=2000, description="What the approvers are shown.")
     approvers: Approvers
+    required: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_QUORUM,
+        description="How many different approvers must approve (default 1: the first decides).",
+    )
+    reject_quorum: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_QUORUM,
+        description="How many rejections reject it (default 1: a reject by any one ends it).",
+    )
+    channels: Channels = Field(
+        default_factory=Channels, description="Where the approvers are asked: Slack, email."
+    )
+    remind_after: Duration | None = Field(
+        default=None, description="Remind those who have not decided yet, once, after this long."
+    )
+    escalate_after: Duration | None = Field(
+        default=None, description="After this long undecided, `escalate_to` may decide too."
+    )
+    escalate_to: Approvers | None = Field(
+        default=None, description="Who is added (and asked) at `escalate_after`."
+    )
     expires_in: Duration = Field(description="How long the approval may wait (≤ 366 days).")
     on_timeout: Literal["reject", "proceed"] = Field(
         default="reject", description="`reject` (default) or `proceed` when nobody decided."
@@ -367,6 +420,17 @@ class ApprovalConfig(BaseModel):
     def _bounds(self) -> ApprovalConfig:
         if not timedelta(0) < self.expires_in.value <= MAX_WAIT:
             raise ValueError(f"expires_in must be positive and at most {MAX_WAIT.days} days")
+        if self.approvers.role is None and self.required > len(set(self.approvers.users)):
+            raise ValueError(
+                f"required is {self.required} but only {len(set(self.approvers.users))} users"
+                " are named (and no role): the approval could never be approved"
+            )
+        if (self.escalate_after is None) != (self.escalate_to is None):
+            raise ValueError("escalate_after and escalate_to go together")
+        for name in ("remind_after", "escalate_after"):
+            after: Duration | None = getattr(self, name)
+            if after is not None and not timedelta(0) < after.value < self.expires_in.value:
+                raise ValueError(f"{name} must be positive and shorter than expires_in")
         return self
 
 
@@ -381,6 +445,8 @@ def execute_approval(ctx: BlockContext, config: BaseModel) -> BlockResult:
     output: dict[str, Any] = {"summary": config.summary, "on_reject": on_reject}
     if ctx.dry_run:
         return BlockResult(output={**output, "rehearsal": "a live run would ask for approval"})
+    now = deadline - config.expires_in.value
+    escalate = config.escalate_to
     return BlockResult(
         output={**output, "expires_at": deadline.isoformat()},
         park=ParkRequest(
@@ -390,6 +456,16 @@ def execute_approval(ctx: BlockContext, config: BaseModel) -> BlockResult:
             approver_role=config.approvers.role,
             approver_users=tuple(config.approvers.users),
             summary=config.summary,
+            required=config.required,
+            reject_quorum=config.reject_quorum,
+            slack_channel=None if config.channels.slack is None else config.channels.slack.channel,
+            email=config.channels.email,
+            remind_at=None if config.remind_after is None else now + config.remind_after.value,
+            escalate_at=(
+                None if config.escalate_after is None else now + config.escalate_after.value
+            ),
+            escalate_role=None if escalate is None else escalate.role,
+            escalate_users=() if escalate is None else tuple(escalate.users),
         ),
     )
 

@@ -740,6 +740,17 @@ class DecisionResult(_Response):
     decided_by: str
     run_id: UUID
     step_key: str
+    resumed: bool = Field(
+        default=True,
+        description="Whether this decision resumed the step (false: the quorum waits for more,"
+        " or this approver had decided already).",
+    )
+    vote: Literal["counted", "duplicate"] = Field(
+        default="counted",
+        description="`duplicate`: this approver had decided already; nothing changed.",
+    )
+    approvals: int = Field(default=0, description="Approving decisions counted so far.")
+    required: int = Field(default=1, description="Approving decisions it needs.")
 
 
 class ApprovalLink(_Response):
