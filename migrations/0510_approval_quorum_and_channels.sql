@@ -97,9 +97,14 @@ CREATE TABLE approval_messages (
     last_error     text,
     created_at     timestamptz NOT NULL DEFAULT now(),
     UNIQUE (park_id, channel, purpose, recipient),
-    CONSTRAINT approval_messages_sent_or_due CHECK ((sent_at IS NULL) = (due_at IS NOT NULL))
+    -- A sent message is due no more; an unsent one without a due time was given up (after
+    -- its last attempt, `last_error` says why).
+    CONSTRAINT approval_messages_sent_is_not_due CHECK (sent_at IS NULL OR due_at IS NULL)
 );
-CREATE INDEX approval_messages_due ON approval_messages (due_at) WHERE sent_at IS NULL;
+CREATE INDEX approval_messages_due ON approval_messages (due_at)
+    WHERE sent_at IS NULL AND due_at IS NOT NULL;
+-- An update is made only of a posted message: one due before its post was sent (a vote while
+-- the post was in flight) waits here for the post, then is made.
 CREATE INDEX approval_messages_update_due ON approval_messages (update_due_at)
-    WHERE update_due_at IS NOT NULL;
+    WHERE update_due_at IS NOT NULL AND sent_at IS NOT NULL;
 CREATE INDEX approval_messages_park ON approval_messages (park_id);

@@ -564,3 +564,22 @@ SELECT b.tenant_id, CAST(b.workflow_id AS text) AS workflow_id, b.burst_key,
    AND (CAST(:tenant_id AS text) IS NULL OR b.tenant_id = CAST(:tenant_id AS text))
  ORDER BY b.fire_at
  LIMIT CAST(:limit AS integer)
+
+-- name: ops_slack_settings
+-- A tenant's Slack settings (migration 0510): the names of the variables holding its bot
+-- token and its Slack app's signing secret. No row: no such tenant.
+SELECT slack_bot_token_env, slack_signing_secret_env FROM tenants WHERE id = CAST(:tenant_id AS text)
+
+-- name: ops_approver_identity
+-- The onceflow user a verified Slack user id (or an email address) is in a tenant, and their
+-- roles: those of the user's live ops tokens in the tenant (the one place roles are given).
+-- No row: the identity is not mapped, and may decide nothing.
+SELECT i.onceflow_user,
+       ARRAY(SELECT DISTINCT r
+             FROM ops_tokens t, unnest(t.roles) AS r
+             WHERE t.tenant_id = i.tenant_id AND t.label = i.onceflow_user
+               AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
+             ORDER BY r) AS roles
+FROM approver_identities i
+WHERE i.tenant_id = CAST(:tenant_id AS text) AND i.channel = CAST(:channel AS text)
+  AND i.external_id = CAST(:external_id AS text)

@@ -835,9 +835,19 @@ LEFT JOIN approval_votes v ON v.park_id = p.id
 WHERE p.id = CAST(:park_id AS bigint)
 GROUP BY p.id
 
--- name: approvals_votes
--- Every vote of an approval, late ones included, for the ops view and the Slack message.
-SELECT voter, decision, via, counted, comment, created_at FROM approval_votes
-WHERE park_id = CAST(:park_id AS bigint)
-ORDER BY created_at, voter
+-- name: approvals_queue_asks
+-- The messages that ask an approval's approvers, queued with its park row (same transaction)
+-- for the sweep to send (shared/steps/approval_messages.py): a Slack post to its channel. A
+-- park written again by a crashed attempt's retry queues nothing twice (the unique key).
+INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
+SELECT p.id, p.tenant_id, 'slack', 'ask', p.slack_channel, now()
+FROM step_parks p
+WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval' AND p.slack_channel IS NOT NULL
+ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
 
+-- name: approvals_queue_update
+-- A counted vote or the decision changed what the approval's posted Slack message should say:
+-- its update is due now (the sweep makes it; a vote while an update is in flight sets it due
+-- again, and the next update renders the approval as it is then).
+UPDATE approval_messages SET update_due_at = now()
+WHERE park_id = CAST(:park_id AS bigint) AND channel = 'slack' AND purpose = 'ask'

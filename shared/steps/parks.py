@@ -54,6 +54,8 @@ RESUME = SQL["steps_resume_parked"]
 LOCK_STEP = SQL["parks_lock_waiting_step"]
 VOTE = SQL["approvals_vote"]
 TALLY = SQL["approvals_tally"]
+QUEUE_ASKS = SQL["approvals_queue_asks"]
+QUEUE_UPDATE = SQL["approvals_queue_update"]
 REGISTER_CORRELATIONS = SQL["parks_register_correlations"]
 
 # The most waits one event is offered to, and the most events one lookback reads: bounded
@@ -113,6 +115,9 @@ def open_park(
         assert row is not None  # an INSERT … ON CONFLICT DO UPDATE returns its row
         if park.mode is not None:
             _register_correlations(tx, tenant_id, park)
+        if park.slack_channel is not None:
+            # Asked through Slack: the post is queued with the park, sent by the sweep.
+            tx.execute(QUEUE_ASKS, park_id=row["id"])
     return OpenedPark(
         id=int(row["id"]), kind=row["kind"], deadline=row["deadline"], created_at=row["created_at"]
     )
@@ -419,6 +424,8 @@ def _vote(
             rejections=rejections,
             required=required,
         )
+    # Its posted Slack message shows each counted vote: an update is due (made by the sweep).
+    tx.execute(QUEUE_UPDATE, park_id=park_id)
     approved = approvals >= required
     if not approved and rejections < int(tally["reject_quorum"]):
         return Resumed(

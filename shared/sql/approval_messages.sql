@@ -1,0 +1,70 @@
+-- The approval messages the sweep sends (shared/steps/approval_messages.py).
+
+-- name: approval_messages_claim_sends
+-- The messages due to be sent, claimed by moving their due time past the send's timeout
+-- (`lease_seconds`): a sweep that crashes mid-send leaves a claim that lapses, and a second
+-- sweep skips rows the first has locked. Guarded on `sent_at IS NULL` and a due time that has
+-- come: zero rows, nothing due.
+UPDATE approval_messages m
+SET due_at = now() + make_interval(secs => CAST(:lease_seconds AS double precision)),
+    attempts = m.attempts + 1
+FROM (SELECT id FROM approval_messages
+      WHERE sent_at IS NULL AND due_at <= now()
+      ORDER BY due_at
+      LIMIT CAST(:batch AS integer)
+      FOR UPDATE SKIP LOCKED) due, tenants t
+WHERE m.id = due.id AND t.id = m.tenant_id AND m.sent_at IS NULL
+RETURNING m.id, m.park_id, m.tenant_id, m.channel, m.purpose, m.recipient,
+          t.slack_bot_token_env
+
+-- name: approval_messages_sent
+-- A message was sent: recorded once (guarded on sent_at IS NULL; zero rows: another sweep's
+-- lapsed claim sent it too, and this answer is dropped). A vote that came while it was being
+-- posted left update_due_at set: now that it is sent, that update is made (the index).
+UPDATE approval_messages
+SET sent_at = now(), due_at = NULL, slack_ts = CAST(:slack_ts AS text),
+    slack_channel = CAST(:slack_channel AS text), last_error = NULL
+WHERE id = CAST(:id AS bigint) AND sent_at IS NULL
+RETURNING id
+
+-- name: approval_messages_failed
+-- A send failed: why, and when to try again (the claim's due time is replaced) — or, after
+-- `max_attempts`, never (no due time: given up, `last_error` says why).
+UPDATE approval_messages
+SET due_at = CASE WHEN attempts >= CAST(:max_attempts AS integer) THEN NULL
+                  ELSE now() + make_interval(secs => CAST(:retry_seconds AS double precision))
+             END,
+    last_error = CAST(:error AS text)
+WHERE id = CAST(:id AS bigint) AND sent_at IS NULL
+
+-- name: approval_messages_claim_updates
+-- Posted messages whose update is due: claimed by clearing update_due_at (a vote after this
+-- sets it again, and the next pass updates again, rendering the approval as it is then).
+UPDATE approval_messages m
+SET update_due_at = NULL, updated_at = now()
+FROM (SELECT id FROM approval_messages
+      WHERE update_due_at <= now() AND sent_at IS NOT NULL
+      ORDER BY update_due_at
+      LIMIT CAST(:batch AS integer)
+      FOR UPDATE SKIP LOCKED) due, tenants t
+WHERE m.id = due.id AND t.id = m.tenant_id
+RETURNING m.id, m.park_id, m.tenant_id, m.slack_ts, m.slack_channel, t.slack_bot_token_env
+
+-- name: approval_messages_update_failed
+-- An update failed: due again later (unless a newer vote already made it due sooner).
+UPDATE approval_messages
+SET update_due_at = least(coalesce(update_due_at, 'infinity'),
+                          now() + make_interval(secs => CAST(:retry_seconds AS double precision))),
+    last_error = CAST(:error AS text)
+WHERE id = CAST(:id AS bigint)
+
+-- name: approval_messages_view
+-- What a message shows: the approval, its state, and its votes.
+SELECT p.id, p.summary, p.required, p.reject_quorum, p.deadline, p.decision, p.decided_by,
+       p.resumed_at, p.resumed_by,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('voter', v.voter, 'decision', v.decision,
+                                                     'counted', v.counted)
+                                  ORDER BY v.created_at, v.voter)
+                 FROM approval_votes v WHERE v.park_id = p.id), '[]'::jsonb) AS votes
+FROM step_parks p
+WHERE p.id = CAST(:park_id AS bigint)

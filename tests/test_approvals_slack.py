@@ -1,0 +1,241 @@
+"""Approvals asked in Slack, end to end over real HTTP (issue 31, item 4): the sweep posts the
+approval to the fake Slack Web API (devstack/fakeslack), the fake posts clicks back to the
+`webhook` function signed with Slack's v0 scheme, and the click is trusted only as far as its
+verified Slack user id maps to an onceflow user who may decide. A forged signature or a stale
+timestamp records nothing; a duplicated delivery is one vote; an unmapped user is refused
+with the reason; a late click resumes nothing; the message is updated with the decision and
+who made it (by the sweep, not inside the click's answer)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import functions_framework
+import pytest
+from werkzeug.serving import make_server
+
+from devstack import seed
+from devstack.fakeslack.server import FakeSlack
+from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
+from shared.ops.slack_interactions import PATH_PREFIX
+from shared.steps import approval_messages
+from shared.steps.parks import park_row
+from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, serving
+from tests.steps_blocks import Recorder, block_lookup
+from tests.steps_support import TENANT, definition, publish_version, start_run
+from tests.steps_support import steps_of as steps
+from tests.test_steps_engine import Queue
+
+BOT_TOKEN = "xoxb-test-token"
+SIGNING_SECRET = "test-signing-secret-0123456789"
+SLACK_IDS = {"ann": "U0ANN", "bob": "U0BOB", "cat": "U0CAT"}
+
+
+@pytest.fixture(name="slack")
+def slack_fixture(
+    db: Database, dispatched: Dispatched, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[FakeSlack]:
+    """The fake Slack, the tenant's Slack settings and identities, and the `webhook` function
+    served over HTTP as the fake's interaction URL."""
+    monkeypatch.setenv("TEST_SLACK_BOT", BOT_TOKEN)
+    monkeypatch.setenv("TEST_SLACK_SIGNING", SIGNING_SECRET)
+    with db.transaction() as tx:
+        seed.tenant(tx, TENANT, existing="keep")
+        tx.execute(
+            "UPDATE tenants SET slack_bot_token_env = 'TEST_SLACK_BOT',"
+            " slack_signing_secret_env = 'TEST_SLACK_SIGNING' WHERE id = :t",
+            t=TENANT,
+        )
+        for user, slack_id in SLACK_IDS.items():
+            tx.execute(
+                "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
+                " VALUES (:t, 'slack', :s, :u)",
+                t=TENANT,
+                s=slack_id,
+                u=user,
+            )
+    install_ops_api(db, dispatched, monkeypatch)  # the webhook's default_api: db, dispatch
+    app = functions_framework.create_app("webhook", ROOT_MAIN, "http")
+    fake = FakeSlack(bot_token=BOT_TOKEN, signing_secret=SIGNING_SECRET).start()
+    monkeypatch.setenv("ONCEFLOW_SLACK_API_URL", fake.api_url)
+    with serving(make_server("127.0.0.1", 0, app, threaded=True)) as base:
+        fake.interaction_url = f"{base}{PATH_PREFIX}{TENANT}"
+        yield fake
+    fake.stop()
+
+
+def _asked(db: Database, slack: FakeSlack, **config: Any) -> tuple[str, int, str]:
+    """A run parked on an approval asked in #deals: (run id, approval id, the message's ts)."""
+    run_id, park_id = _park(db, **config)
+    assert slack.messages == {}  # nothing is posted inline: the sweep sends it
+    _sweep(db)
+    (ts,) = list(slack.messages)
+    return run_id, park_id, ts
+
+
+def _park(db: Database, **config: Any) -> tuple[str, int]:
+    approval = {
+        "summary": "15% discount on deal 7",
+        "approvers": {"users": list(SLACK_IDS)},
+        "expires_in": {"days": 2},
+        "required": 2,
+        "channels": {"slack": {"channel": "C0DEALS"}},
+        **config,
+    }
+    nodes = [
+        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
+        {"id": "apply", "type": "test.noop"},
+    ]
+    run_id, ids = start_run(db, publish_version(db, definition(nodes)))
+    q = Queue()
+    q(ids)
+    q.drain(db, block_lookup(Recorder()))
+    gate = steps(db, run_id)["gate"]
+    assert gate["status"] == "waiting_for_approval"
+    return run_id, int(gate["park_id"])
+
+
+def _sweep(db: Database) -> None:
+    approval_messages.deliver_approval_messages(db, SweepConfig(), lambda ids: None, SweepReport())
+
+
+def _votes(db: Database, park_id: int) -> dict[str, tuple[str, bool, str]]:
+    with db.transaction() as tx:
+        rows = tx.all("SELECT * FROM approval_votes WHERE park_id = :p", p=park_id)
+    return {r["voter"]: (r["decision"], r["counted"], r["via"]) for r in rows}
+
+
+def _buttons(message: dict[str, Any]) -> list[str]:
+    return [
+        e["action_id"] for b in message["blocks"] if b["type"] == "actions" for e in b["elements"]
+    ]
+
+
+def test_two_managers_approve_in_slack_duplicates_and_a_late_click_change_nothing(
+    db: Database, slack: FakeSlack, dispatched: Dispatched
+) -> None:
+    _, park_id, ts = _asked(db, slack)
+    posted = slack.messages[ts]
+    assert posted["channel"] == "C0DEALS" and "15% discount on deal 7" in posted["text"]
+    assert _buttons(posted) == ["approve", "reject"]
+
+    # One click delivered twice (Slack's retry of the same bytes): one vote.
+    first, again = slack.click(ts, SLACK_IDS["ann"], "approve", duplicate=True)
+    assert (first.status, first.answer["vote"], first.answer["resumed"]) == (200, "counted", False)
+    assert first.answer["text"] == "recorded: 1 of 2 approvals"
+    assert (again.status, again.answer["vote"]) == (200, "duplicate")
+    assert _votes(db, park_id) == {"ann": ("approved", True, "slack")}
+    assert dispatched.ids == []
+
+    (second,) = slack.click(ts, SLACK_IDS["bob"], "approve")
+    assert second.answer == {
+        "ok": True,
+        "vote": "counted",
+        "resumed": True,
+        "text": "approved by bob",
+        "user": "bob",
+    }
+    assert len(dispatched.ids) == 1  # the resumed step, handed on once
+
+    (late,) = slack.click(ts, SLACK_IDS["cat"], "approve")
+    assert late.status == 200 and late.answer["vote"] == "late"
+    assert late.answer["text"].startswith("already decided by bob at ")
+    assert len(dispatched.ids) == 1 and _votes(db, park_id)["cat"] == ("approved", False, "slack")
+    # Ann clicks again after the decision, and that click is delivered once more later.
+    repeat, later = slack.click(ts, SLACK_IDS["ann"], "reject", late_duplicate_after=0.05)
+    assert [repeat.answer["vote"], later.answer["vote"]] == ["duplicate", "duplicate"]
+    assert later.answer["text"].startswith("already decided by bob at ")
+    assert len(dispatched.ids) == 1 and _votes(db, park_id)["ann"] == ("approved", True, "slack")
+
+    # The message is updated by the sweep: the decision and who made it, no more buttons.
+    _sweep(db)
+    shown = slack.messages[ts]
+    assert "*Approved* by bob (approvals: ann, bob)" in shown["text"]
+    assert _buttons(shown) == []
+    with db.transaction() as tx:
+        park = park_row(tx, park_id)
+        audit = tx.all(
+            "SELECT detail FROM ops_audit WHERE action = 'approvals.slack_decide' ORDER BY id"
+        )
+    assert park is not None and park["decided_by"] == "bob" and park["decision"] == "approved"
+    assert [a["detail"]["outcome"] for a in audit] == [
+        "counted",
+        "duplicate",
+        "resumed",
+        "late",
+        "duplicate",
+        "duplicate",
+    ]
+
+
+def test_a_forged_or_stale_click_or_an_unmapped_user_records_nothing(
+    db: Database, slack: FakeSlack
+) -> None:
+    _, park_id, ts = _asked(db, slack)
+    body = urllib.parse.urlencode(
+        {"payload": json.dumps(slack.payload(ts, SLACK_IDS["ann"], "approve"))}
+    ).encode()
+
+    forged = FakeSlack(bot_token=BOT_TOKEN, signing_secret="not-the-secret-at-all")
+    refused = slack.deliver(body, forged.signed(body))
+    assert (refused.status, refused.answer["error"]) == (401, "bad_signature")
+
+    stale = slack.deliver(body, slack.signed(body, timestamp=int(time.time()) - 301))
+    assert (stale.status, stale.answer["error"]) == (401, "stale_timestamp")
+
+    # The signature covers the body: the same headers over a changed click are refused.
+    headers = slack.signed(body)
+    tampered = body.replace(SLACK_IDS["ann"].encode(), SLACK_IDS["bob"].encode())
+    assert slack.deliver(tampered, headers).status == 401
+
+    (stranger,) = slack.click(ts, "U0MALLORY", "approve")
+    assert stranger.status == 403 and stranger.answer == {
+        "ok": False,
+        "error": "unmapped_user",
+        "reason": "Slack user U0MALLORY is not mapped to an onceflow user in this tenant",
+    }
+    assert _votes(db, park_id) == {}
+
+    # A mapped user the approval does not name: refused with who may decide.
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
+            " VALUES (:t, 'slack', 'U0DAVE', 'dave')",
+            t=TENANT,
+        )
+    (dave,) = slack.click(ts, "U0DAVE", "reject")
+    assert dave.status == 403 and dave.answer["reason"] == (
+        "only user ann or user bob or user cat may decide this approval"
+    )
+    assert _votes(db, park_id) == {}
+    with db.transaction() as tx:
+        park = park_row(tx, park_id)
+    assert park is not None and park["resumed_at"] is None
+
+
+def test_a_post_slack_refuses_is_tried_again_later_and_given_up_after_its_last_attempt(
+    db: Database, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_SLACK_BOT", "xoxb-revoked")
+    _park(db)
+    _sweep(db)
+    with db.transaction() as tx:
+        (row,) = tx.all("SELECT * FROM approval_messages")
+        assert row["sent_at"] is None and row["attempts"] == 1
+        assert row["last_error"] == "chat.postMessage: invalid_auth"
+        assert row["due_at"] > tx.scalar("SELECT now() + interval '50 seconds'")
+        tx.execute(
+            "UPDATE approval_messages SET due_at = now(), attempts = :n",
+            n=approval_messages.MAX_ATTEMPTS - 1,
+        )
+    _sweep(db)
+    with db.transaction() as tx:
+        (row,) = tx.all("SELECT * FROM approval_messages")
+    assert row["sent_at"] is None and row["due_at"] is None  # given up, and why
+    assert row["attempts"] == approval_messages.MAX_ATTEMPTS
+    assert slack.messages == {}
