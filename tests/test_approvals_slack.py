@@ -9,6 +9,7 @@ who made it (by the sweep, not inside the click's answer)."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -239,3 +240,82 @@ def test_a_post_slack_refuses_is_tried_again_later_and_given_up_after_its_last_a
     assert row["sent_at"] is None and row["due_at"] is None  # given up, and why
     assert row["attempts"] == approval_messages.MAX_ATTEMPTS
     assert slack.messages == {}
+
+
+def _due_now(db: Database, park_id: int, column: str) -> None:
+    assert column in ("remind_at", "escalate_at")
+    with db.transaction() as tx:
+        tx.execute(
+            f"UPDATE step_parks SET {column} = now() - interval '1 second' WHERE id = :p",
+            p=park_id,
+        )
+
+
+def _repair_at_a_barrier(db: Database) -> list[int]:
+    """The reminder/escalation repair run by two sweeps at once: what each moved."""
+    barrier = threading.Barrier(2)
+    moved: list[int] = []
+
+    def sweep() -> None:
+        barrier.wait()
+        moved.append(
+            approval_messages.remind_and_escalate_approvals(
+                db, SweepConfig(), lambda ids: None, SweepReport()
+            )
+        )
+
+    threads = [threading.Thread(target=sweep) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return sorted(moved)
+
+
+def test_a_reminder_nudges_the_undecided_once_and_escalation_adds_deciders_once(
+    db: Database, slack: FakeSlack, dispatched: Dispatched
+) -> None:
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
+            " VALUES (:t, 'slack', 'U0VIC', 'vic')",
+            t=TENANT,
+        )
+    _, park_id, ts = _asked(
+        db,
+        slack,
+        remind_after={"hours": 4},
+        escalate_after={"days": 1},
+        escalate_to={"users": ["vic"]},
+    )
+    slack.click(ts, SLACK_IDS["ann"], "approve")
+    (early,) = slack.click(ts, "U0VIC", "approve")
+    assert early.status == 403  # not before the escalation
+    assert _repair_at_a_barrier(db) == [0, 0]  # nothing due yet
+
+    _due_now(db, park_id, "remind_at")
+    assert _repair_at_a_barrier(db) == [0, 1]  # reminded once
+    _sweep(db)
+    (reminder,) = [m for t, m in slack.messages.items() if t != ts]
+    assert reminder["thread_ts"] == ts
+    assert reminder["text"] == (
+        "Reminder: this approval is still waiting for <@U0BOB>, <@U0CAT>: 15% discount on deal 7"
+    )
+
+    _due_now(db, park_id, "escalate_at")
+    assert _repair_at_a_barrier(db) == [0, 1]  # escalated once
+    _due_now(db, park_id, "remind_at")
+    assert _repair_at_a_barrier(db) == [0, 0]  # and reminded no more
+    _sweep(db)
+    (escalation,) = [m for t, m in slack.messages.items() if m is not reminder and t != ts]
+    assert escalation["text"] == "Escalated: now also for <@U0VIC>: 15% discount on deal 7"
+    assert "escalated to vic" in slack.messages[ts]["text"]
+
+    (vic,) = slack.click(ts, "U0VIC", "approve")
+    assert vic.answer["resumed"] is True and vic.answer["text"] == "approved by vic"
+    assert len(dispatched.ids) == 1
+    with db.transaction() as tx:
+        purposes = tx.all(
+            "SELECT purpose FROM approval_messages WHERE park_id = :p ORDER BY id", p=park_id
+        )
+    assert [r["purpose"] for r in purposes] == ["ask", "remind", "escalate"]

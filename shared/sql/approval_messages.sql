@@ -59,12 +59,76 @@ SET update_due_at = least(coalesce(update_due_at, 'infinity'),
 WHERE id = CAST(:id AS bigint)
 
 -- name: approval_messages_view
--- What a message shows: the approval, its state, and its votes.
+-- What a message shows: the approval, its state, its votes, the posted ask (a reminder is a
+-- reply in its thread) and the Slack ids of the users it names (to mention them).
 SELECT p.id, p.summary, p.required, p.reject_quorum, p.deadline, p.decision, p.decided_by,
-       p.resumed_at, p.resumed_by,
+       p.resumed_at, p.resumed_by, p.approver_role, p.approver_users, p.escalated_at,
+       p.escalate_role, p.escalate_users,
+       (SELECT a.slack_ts FROM approval_messages a
+        WHERE a.park_id = p.id AND a.channel = 'slack' AND a.purpose = 'ask') AS ask_ts,
+       coalesce((SELECT jsonb_object_agg(i.onceflow_user, i.external_id)
+                 FROM approver_identities i
+                 WHERE i.tenant_id = p.tenant_id AND i.channel = 'slack'
+                   AND i.onceflow_user = ANY (p.approver_users || p.escalate_users)),
+                '{}'::jsonb) AS slack_ids,
        coalesce((SELECT jsonb_agg(jsonb_build_object('voter', v.voter, 'decision', v.decision,
                                                      'counted', v.counted)
                                   ORDER BY v.created_at, v.voter)
                  FROM approval_votes v WHERE v.park_id = p.id), '[]'::jsonb) AS votes
 FROM step_parks p
 WHERE p.id = CAST(:park_id AS bigint)
+
+-- name: approvals_remind_due
+-- Approvals whose reminder is due, marked reminded and their reminder queued, in one
+-- statement: guarded on `reminded_at IS NULL` and the approval still open, so each is reminded
+-- at most once whatever sweeps run at once (a second finds it marked, or skips its lock). The
+-- park row is locked FOR NO KEY UPDATE, which a vote's foreign key share lock does not wait
+-- for, and no step row is taken: no lock cycle with a vote or a resume. Served by
+-- step_parks_remind_due.
+WITH due AS (
+    UPDATE step_parks p SET reminded_at = now()
+    FROM (SELECT id FROM step_parks
+          WHERE kind = 'approval' AND resumed_at IS NULL AND reminded_at IS NULL
+            AND remind_at IS NOT NULL AND remind_at <= now()
+          ORDER BY remind_at
+          LIMIT CAST(:batch AS integer)
+          FOR NO KEY UPDATE SKIP LOCKED) d
+    WHERE p.id = d.id AND p.reminded_at IS NULL AND p.resumed_at IS NULL
+    RETURNING p.id, p.tenant_id, p.slack_channel
+), queued AS (
+    INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
+    SELECT id, tenant_id, 'slack', 'remind', slack_channel, now()
+    FROM due WHERE slack_channel IS NOT NULL
+    ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
+    RETURNING id
+)
+SELECT id FROM due
+
+-- name: approvals_escalate_due
+-- Approvals whose escalation is due: marked escalated (from then on `escalate_role` and
+-- `escalate_users` may decide too: parks.may_decide), the escalation message queued and the
+-- posted ask's update made due (it says who may now decide) — once, guarded as
+-- approvals_remind_due is. Served by step_parks_escalate_due.
+WITH due AS (
+    UPDATE step_parks p SET escalated_at = now()
+    FROM (SELECT id FROM step_parks
+          WHERE kind = 'approval' AND resumed_at IS NULL AND escalated_at IS NULL
+            AND escalate_at IS NOT NULL AND escalate_at <= now()
+          ORDER BY escalate_at
+          LIMIT CAST(:batch AS integer)
+          FOR NO KEY UPDATE SKIP LOCKED) d
+    WHERE p.id = d.id AND p.escalated_at IS NULL AND p.resumed_at IS NULL
+    RETURNING p.id, p.tenant_id, p.slack_channel
+), queued AS (
+    INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
+    SELECT id, tenant_id, 'slack', 'escalate', slack_channel, now()
+    FROM due WHERE slack_channel IS NOT NULL
+    ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
+    RETURNING id
+), updated AS (
+    UPDATE approval_messages m SET update_due_at = now()
+    FROM due
+    WHERE m.park_id = due.id AND m.channel = 'slack' AND m.purpose = 'ask'
+    RETURNING m.id
+)
+SELECT id FROM due

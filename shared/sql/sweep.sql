@@ -74,5 +74,14 @@ SELECT EXTRACT(EPOCH FROM least(
     (SELECT due_at FROM approval_messages WHERE sent_at IS NULL AND due_at IS NOT NULL
      ORDER BY due_at LIMIT 1),
     (SELECT update_due_at FROM approval_messages
-     WHERE update_due_at IS NOT NULL AND sent_at IS NOT NULL ORDER BY update_due_at LIMIT 1)
+     WHERE update_due_at IS NOT NULL AND sent_at IS NOT NULL ORDER BY update_due_at LIMIT 1),
+    -- remind_and_escalate_approvals (approvals_remind_due, approvals_escalate_due)
+    (SELECT remind_at FROM step_parks
+     WHERE kind = 'approval' AND resumed_at IS NULL AND reminded_at IS NULL
+       AND remind_at IS NOT NULL
+     ORDER BY remind_at LIMIT 1),
+    (SELECT escalate_at FROM step_parks
+     WHERE kind = 'approval' AND resumed_at IS NULL AND escalated_at IS NULL
+       AND escalate_at IS NOT NULL
+     ORDER BY escalate_at LIMIT 1)
 ) - now()) AS seconds

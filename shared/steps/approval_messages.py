@@ -4,7 +4,9 @@ An approval with `channels.slack` queues its ask with its park row (approvals_qu
 transaction); each counted vote queues an update of the posted message (approvals_queue_update,
 in the vote's transaction). Neither is sent inline: the Slack interaction is answered at once
 (Slack wants an answer within 3 s), and this repair of the sweep sends what is due, from the
-partial indexes on `approval_messages` (shared/sweep/catalog.py REPAIRS):
+partial indexes on `approval_messages` (shared/sweep/catalog.py REPAIRS). Before it, the
+reminders and escalations come due (`remind_and_escalate_approvals`, from the partial indexes
+on `step_parks.remind_at` / `escalate_at`), each at most once per approval, and queue theirs:
 
     queued ─► claimed (due_at moved past the send's timeout) ─► sent (slack_ts kept)
                        └► failed: due again later, at most MAX_ATTEMPTS tries
@@ -38,6 +40,8 @@ FAILED = SQL["approval_messages_failed"]
 CLAIM_UPDATES = SQL["approval_messages_claim_updates"]
 UPDATE_FAILED = SQL["approval_messages_update_failed"]
 VIEW = SQL["approval_messages_view"]
+REMIND_DUE = SQL["approvals_remind_due"]
+ESCALATE_DUE = SQL["approvals_escalate_due"]
 
 SEND_TIMEOUT_SECONDS = 5.0
 LEASE_SECONDS = 30.0
@@ -91,6 +95,10 @@ def render(view: Mapping[str, Any]) -> dict[str, Any]:
         state = f"Waiting: {len(approvers)} of {view['required']} approvals"
         if approvers:
             state += f" ({', '.join(approvers)})"
+        if view["escalated_at"] is not None:
+            added = list(view["escalate_users"] or ())
+            added += [f"role {view['escalate_role']}"] if view["escalate_role"] else []
+            state += f"; escalated to {', '.join(added)}"
     text = f"{view['summary']}\n{state}"
     blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
     if view["resumed_at"] is None:
@@ -108,6 +116,28 @@ def render(view: Mapping[str, Any]) -> dict[str, Any]:
     return {"text": text, "blocks": blocks}
 
 
+def nudge(view: Mapping[str, Any], purpose: str) -> dict[str, Any]:
+    """A reminder (to those named who have not decided) or an escalation (to those it adds),
+    a reply in the ask's thread, mentioning each by their mapped Slack id."""
+    ids: Mapping[str, str] = view["slack_ids"] or {}
+    voted = {v["voter"] for v in view["votes"]}
+    if purpose == "remind":
+        users = [u for u in view["approver_users"] or () if u not in voted]
+        role = view["approver_role"]
+        lead = "Reminder: this approval is still waiting for"
+    else:
+        users = list(view["escalate_users"] or ())
+        role = view["escalate_role"]
+        lead = "Escalated: now also for"
+    who = [f"<@{ids[u]}>" if u in ids else u for u in users]
+    who += [f"role {role}"] if role else []
+    text = f"{lead} {', '.join(who) or 'its approvers'}: {view['summary']}"
+    said: dict[str, Any] = {"text": text}
+    if view["ask_ts"]:
+        said["thread_ts"] = view["ask_ts"]
+    return said
+
+
 def _button(label: str, action_id: str, value: str, style: str) -> dict[str, Any]:
     return {
         "type": "button",
@@ -123,6 +153,10 @@ def _view(db: Database, park_id: int) -> dict[str, Any]:
         row = tx.one(VIEW, park_id=park_id)
     assert row is not None  # messages are deleted with their park (ON DELETE CASCADE)
     return row
+
+
+def _said(view: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    return render(view) if row["purpose"] == "ask" else nudge(view, str(row["purpose"]))
 
 
 def _token(env: str | None) -> str:
@@ -145,7 +179,7 @@ def deliver_approval_messages(
             said = slack_call(
                 "chat.postMessage",
                 _token(row["slack_bot_token_env"]),
-                {"channel": row["recipient"], **render(_view(db, int(row["park_id"])))},
+                {"channel": row["recipient"], **_said(_view(db, int(row["park_id"])), row)},
             )
         except SlackError as exc:
             log.warning("approval %s: Slack post failed: %s", row["park_id"], exc)
@@ -180,3 +214,18 @@ def deliver_approval_messages(
             with db.transaction() as tx:
                 tx.execute(UPDATE_FAILED, id=row["id"], retry_seconds=RETRY_SECONDS, error=str(exc))
     return max(len(sends), len(updates))
+
+
+def remind_and_escalate_approvals(
+    db: Database, config: SweepConfig, dispatch: Dispatch, report: SweepReport
+) -> int:
+    """The sweep's repair, before the messages are sent: each approval whose `remind_after`
+    has passed is reminded, each whose `escalate_after` has passed escalates — each at most
+    once (guarded: approvals_remind_due, approvals_escalate_due); what they send is queued for
+    `deliver_approval_messages`. The number of approvals moved (a full batch: go again)."""
+    del dispatch, report  # neither moves a step
+    with db.transaction() as tx:
+        reminded = tx.all(REMIND_DUE, batch=config.batch)
+    with db.transaction() as tx:
+        escalated = tx.all(ESCALATE_DUE, batch=config.batch)
+    return max(len(reminded), len(escalated))
