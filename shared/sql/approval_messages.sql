@@ -15,7 +15,12 @@ FROM (SELECT id FROM approval_messages
       FOR UPDATE SKIP LOCKED) due, tenants t
 WHERE m.id = due.id AND t.id = m.tenant_id AND m.sent_at IS NULL
 RETURNING m.id, m.park_id, m.tenant_id, m.channel, m.purpose, m.recipient,
-          t.slack_bot_token_env
+          t.slack_bot_token_env, t.smtp_host, t.smtp_port, t.smtp_from, t.smtp_username,
+          t.smtp_password_env, t.smtp_starttls,
+          -- an email's address: the recipient user's mapped address (the first, if several)
+          (SELECT min(i.external_id) FROM approver_identities i
+           WHERE i.tenant_id = m.tenant_id AND i.channel = 'email'
+             AND i.onceflow_user = m.recipient) AS email_address
 
 -- name: approval_messages_sent
 -- A message was sent: recorded once (guarded on sent_at IS NULL; zero rows: another sweep's
@@ -62,6 +67,7 @@ WHERE id = CAST(:id AS bigint)
 -- What a message shows: the approval, its state, its votes, the posted ask (a reminder is a
 -- reply in its thread) and the Slack ids of the users it names (to mention them).
 SELECT p.id, p.summary, p.required, p.reject_quorum, p.deadline, p.decision, p.decided_by,
+       p.email,
        p.resumed_at, p.resumed_by, p.approver_role, p.approver_users, p.escalated_at,
        p.escalate_role, p.escalate_users,
        (SELECT a.slack_ts FROM approval_messages a
@@ -94,11 +100,17 @@ WITH due AS (
           LIMIT CAST(:batch AS integer)
           FOR NO KEY UPDATE SKIP LOCKED) d
     WHERE p.id = d.id AND p.reminded_at IS NULL AND p.resumed_at IS NULL
-    RETURNING p.id, p.tenant_id, p.slack_channel
+    RETURNING p.id, p.tenant_id, p.slack_channel, p.email, p.approver_users
 ), queued AS (
     INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
     SELECT id, tenant_id, 'slack', 'remind', slack_channel, now()
     FROM due WHERE slack_channel IS NOT NULL
+    UNION ALL
+    -- by email, those named who have not voted
+    SELECT due.id, due.tenant_id, 'email', 'remind', u.name, now()
+    FROM due, unnest(due.approver_users) AS u (name)
+    WHERE due.email AND NOT EXISTS (SELECT 1 FROM approval_votes v
+                                    WHERE v.park_id = due.id AND v.voter = u.name)
     ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
     RETURNING id
 )
@@ -118,11 +130,15 @@ WITH due AS (
           LIMIT CAST(:batch AS integer)
           FOR NO KEY UPDATE SKIP LOCKED) d
     WHERE p.id = d.id AND p.escalated_at IS NULL AND p.resumed_at IS NULL
-    RETURNING p.id, p.tenant_id, p.slack_channel
+    RETURNING p.id, p.tenant_id, p.slack_channel, p.email, p.escalate_users
 ), queued AS (
     INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
     SELECT id, tenant_id, 'slack', 'escalate', slack_channel, now()
     FROM due WHERE slack_channel IS NOT NULL
+    UNION ALL
+    SELECT due.id, due.tenant_id, 'email', 'escalate', u.name, now()
+    FROM due, unnest(due.escalate_users) AS u (name)
+    WHERE due.email
     ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
     RETURNING id
 ), updated AS (

@@ -1,4 +1,5 @@
-"""Approval messages that reach people: the Slack post that asks, and its update as votes come.
+"""Approval messages that reach people: the Slack post that asks, and its update as votes come;
+the email with a signed link to each named user (`channels.email`).
 
 An approval with `channels.slack` queues its ask with its park row (approvals_queue_asks, same
 transaction); each counted vote queues an update of the posted message (approvals_queue_update,
@@ -22,9 +23,11 @@ Slack's signed callback says (shared/ops/slack_interactions.py), mapped to an on
 from __future__ import annotations
 
 import json
+import smtplib
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from email.message import EmailMessage
 from typing import Any
 
 from shared.core import queries
@@ -32,6 +35,7 @@ from shared.core.db import Database
 from shared.core.duty import Dispatch, SweepConfig, SweepReport
 from shared.core.logs import get_logger
 from shared.core.settings import named_secret, settings
+from shared.steps.link_signing import LinksNotConfigured, make_link, public_url
 
 SQL = queries.load("approval_messages")
 CLAIM_SENDS = SQL["approval_messages_claim_sends"]
@@ -155,8 +159,52 @@ def _view(db: Database, park_id: int) -> dict[str, Any]:
     return row
 
 
-def _said(view: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
-    return render(view) if row["purpose"] == "ask" else nudge(view, str(row["purpose"]))
+class EmailError(Exception):
+    """The email could not be sent (or made); tried again later."""
+
+
+SUBJECTS = {
+    "ask": "Approval needed",
+    "remind": "Reminder: approval still needed",
+    "escalate": "Escalated: approval needed",
+}
+
+
+def send_email(row: Mapping[str, Any], view: Mapping[str, Any]) -> None:
+    """The approval's signed link (shared/steps/link_signing.py) for the recipient user,
+    mailed through the tenant's SMTP server (`tenants.smtp_*`; the password by secret
+    reference) to their mapped address. Opening the link decides nothing; its form posts the
+    decision as that user (a vote, via link)."""
+    address, user = row["email_address"], str(row["recipient"])
+    if not row["smtp_host"]:
+        raise EmailError("the tenant has no SMTP server (tenants.smtp_host)")
+    if not address:
+        raise EmailError(f"no email address is mapped for user {user}")
+    try:
+        link = make_link(int(view["id"]), user, view["deadline"])
+        url = public_url(link) or link.path
+    except LinksNotConfigured as exc:
+        raise EmailError(str(exc)) from None
+    message = EmailMessage()
+    message["From"] = row["smtp_from"]
+    message["To"] = address
+    message["Subject"] = f"{SUBJECTS[str(row['purpose'])]}: {view['summary'][:80]}"
+    message.set_content(
+        f"{view['summary']}\n\nApprove or reject (as {user}) here, until "
+        f"{view['deadline']:%Y-%m-%d %H:%M %Z}:\n{url}\n"
+    )
+    password = named_secret(row["smtp_password_env"]) if row["smtp_password_env"] else None
+    try:
+        with smtplib.SMTP(
+            row["smtp_host"], int(row["smtp_port"] or 25), timeout=SEND_TIMEOUT_SECONDS
+        ) as smtp:
+            if row["smtp_starttls"] and smtp.has_extn("starttls"):
+                smtp.starttls()
+            if row["smtp_username"] and password:
+                smtp.login(row["smtp_username"], password)
+            smtp.send_message(message)
+    except (smtplib.SMTPException, OSError) as exc:
+        raise EmailError(f"smtp: {exc}") from None
 
 
 def _token(env: str | None) -> str:
@@ -164,6 +212,26 @@ def _token(env: str | None) -> str:
     if token is None:
         raise SlackError(f"no Slack bot token: set the tenant's slack_bot_token_env ({env})")
     return token
+
+
+def _send(row: Mapping[str, Any], view: Mapping[str, Any]) -> dict[str, Any]:
+    """Send one claimed message; Slack's answer (its `ts`), or {} for an email or none sent.
+    The Slack ask is posted whatever the approval's state (it shows it); a reminder, an
+    escalation or an email link is not sent once the approval was decided: it would ask for
+    nothing."""
+    purpose = str(row["purpose"])
+    if row["channel"] == "slack" and purpose == "ask":
+        token = _token(row["slack_bot_token_env"])
+        return slack_call("chat.postMessage", token, {"channel": row["recipient"], **render(view)})
+    if view["resumed_at"] is not None:
+        return {}
+    if row["channel"] == "email":
+        send_email(row, view)
+        return {}
+    token = _token(row["slack_bot_token_env"])
+    return slack_call(
+        "chat.postMessage", token, {"channel": row["recipient"], **nudge(view, purpose)}
+    )
 
 
 def deliver_approval_messages(
@@ -176,13 +244,9 @@ def deliver_approval_messages(
         sends = tx.all(CLAIM_SENDS, lease_seconds=LEASE_SECONDS, batch=config.batch)
     for row in sends:
         try:
-            said = slack_call(
-                "chat.postMessage",
-                _token(row["slack_bot_token_env"]),
-                {"channel": row["recipient"], **_said(_view(db, int(row["park_id"])), row)},
-            )
-        except SlackError as exc:
-            log.warning("approval %s: Slack post failed: %s", row["park_id"], exc)
+            said = _send(row, _view(db, int(row["park_id"])))
+        except (SlackError, EmailError) as exc:
+            log.warning("approval %s: %s send failed: %s", row["park_id"], row["channel"], exc)
             with db.transaction() as tx:
                 tx.execute(
                     FAILED,

@@ -115,8 +115,8 @@ def open_park(
         assert row is not None  # an INSERT … ON CONFLICT DO UPDATE returns its row
         if park.mode is not None:
             _register_correlations(tx, tenant_id, park)
-        if park.slack_channel is not None:
-            # Asked through Slack: the post is queued with the park, sent by the sweep.
+        if park.slack_channel is not None or park.email:
+            # Asked through Slack or email: queued with the park, sent by the sweep.
             tx.execute(QUEUE_ASKS, park_id=row["id"])
     return OpenedPark(
         id=int(row["id"]), kind=row["kind"], deadline=row["deadline"], created_at=row["created_at"]
