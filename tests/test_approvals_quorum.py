@@ -9,7 +9,10 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from shared.core.db import Database
+from shared.publishing.validate import validate_text
 from shared.steps import parks
 from tests.ops_support import Dispatched, bearer, mint
 from tests.steps_blocks import Recorder, block_lookup
@@ -165,3 +168,74 @@ def test_the_api_answers_a_vote_short_of_quorum_as_recorded(
     assert len(dispatched.ids) == 1
     late = client.post(url, json={}, headers=bearer(ann))
     assert late.status_code == 409
+
+
+GATE = """\
+name: wf
+tenant: acme
+trigger:
+  events: [hubspot.deal.created]
+steps:
+  - id: gate
+    type: approval
+    config:
+      summary: "ok?"
+      approvers: {users: [erin, fay]}
+      expires_in: {days: 1}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "where", "at", "said"),
+    [
+        (
+            "      required: 3\n",
+            "steps[0].config.required",
+            (12, 17),
+            "required is 3 but only 2 users are named (and no role)",
+        ),
+        (
+            "      reject_quorum: 0\n",
+            "steps[0].config.reject_quorum",
+            (12, 22),
+            "greater than or equal to 1",
+        ),
+        (
+            "      remind_after: {days: 2}\n",
+            "steps[0].config.remind_after",
+            (12, 21),
+            "remind_after must be positive and shorter than expires_in",
+        ),
+        (
+            "      escalate_to: {role: vp}\n",
+            "steps[0].config.escalate_to",
+            (12, 20),
+            "escalate_to needs escalate_after",
+        ),
+        (
+            "      channels: {slack: {channel: '#deals'}}\n",
+            "steps[0].config.channels.slack.channel",
+            (12, 35),
+            "should match pattern",
+        ),
+    ],
+)
+def test_validation_points_at_the_approval_field_it_is_about(
+    extra: str, where: str, at: tuple[int, int], said: str
+) -> None:
+    report = validate_text(GATE + extra)
+    (problem,) = report.problems
+    assert (problem.where, (problem.line, problem.column)) == (where, at)
+    assert said in problem.message
+
+
+def test_a_quorum_of_a_role_and_slack_and_email_channels_validate() -> None:
+    extra = (
+        "      required: 2\n"
+        "      channels: {slack: {channel: C0DEALS}, email: true}\n"
+        "      remind_after: {hours: 4}\n"
+        "      escalate_after: {hours: 20}\n"
+        "      escalate_to: {role: vp}\n"
+    )
+    report = validate_text(GATE.replace("{users: [erin, fay]}", "{role: manager}") + extra)
+    assert report.ok, [str(p) for p in report.problems]

@@ -36,7 +36,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shared.blocks.base import (
     AwaitedEvent,
@@ -383,6 +383,16 @@ class ApprovalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     summary: str = Field(min_length=1, max_length=2000, description="What the approvers are shown.")
     approvers: Approvers
+    expires_in: Duration = Field(description="How long the approval may wait (≤ 366 days).")
+    on_timeout: Literal["reject", "proceed"] = Field(
+        default="reject", description="`reject` (default) or `proceed` when nobody decided."
+    )
+    on_reject: Literal["end", "fail"] | Goto = Field(
+        default="end",
+        description="On rejection: end this path (default), `fail` the run, or `{goto: <step>}`.",
+    )
+    # Declared after `approvers` and `expires_in`: their checks read those (each error then
+    # points at the field it is about, with its line and column).
     required: int = Field(
         default=1,
         ge=1,
@@ -405,32 +415,50 @@ class ApprovalConfig(BaseModel):
         default=None, description="After this long undecided, `escalate_to` may decide too."
     )
     escalate_to: Approvers | None = Field(
-        default=None, description="Who is added (and asked) at `escalate_after`."
+        default=None,
+        validate_default=True,
+        description="Who is added (and asked) at `escalate_after`.",
     )
-    expires_in: Duration = Field(description="How long the approval may wait (≤ 366 days).")
-    on_timeout: Literal["reject", "proceed"] = Field(
-        default="reject", description="`reject` (default) or `proceed` when nobody decided."
-    )
-    on_reject: Literal["end", "fail"] | Goto = Field(
-        default="end",
-        description="On rejection: end this path (default), `fail` the run, or `{goto: <step>}`.",
-    )
+
+    @field_validator("required")
+    @classmethod
+    def _reachable(cls, required: int, info: ValidationInfo) -> int:
+        approvers = info.data.get("approvers")
+        if isinstance(approvers, Approvers) and approvers.role is None:
+            named = len(set(approvers.users))
+            if required > named:
+                raise ValueError(
+                    f"required is {required} but only {named} users are named (and no role):"
+                    " the approval could never be approved"
+                )
+        return required
+
+    @field_validator("remind_after", "escalate_after")
+    @classmethod
+    def _before_expiry(cls, after: Duration | None, info: ValidationInfo) -> Duration | None:
+        expires_in = info.data.get("expires_in")
+        within = (
+            after is None
+            or not isinstance(expires_in, Duration)
+            or timedelta(0) < after.value < expires_in.value
+        )
+        if not within:
+            raise ValueError(f"{info.field_name} must be positive and shorter than expires_in")
+        return after
+
+    @field_validator("escalate_to")
+    @classmethod
+    def _escalation_pair(cls, to: Approvers | None, info: ValidationInfo) -> Approvers | None:
+        if info.data.get("escalate_after") is None and to is not None:
+            raise ValueError("escalate_to needs escalate_after: when to escalate")
+        if info.data.get("escalate_after") is not None and to is None:
+            raise ValueError("escalate_after needs escalate_to: a role or users to escalate to")
+        return to
 
     @model_validator(mode="after")
     def _bounds(self) -> ApprovalConfig:
         if not timedelta(0) < self.expires_in.value <= MAX_WAIT:
             raise ValueError(f"expires_in must be positive and at most {MAX_WAIT.days} days")
-        if self.approvers.role is None and self.required > len(set(self.approvers.users)):
-            raise ValueError(
-                f"required is {self.required} but only {len(set(self.approvers.users))} users"
-                " are named (and no role): the approval could never be approved"
-            )
-        if (self.escalate_after is None) != (self.escalate_to is None):
-            raise ValueError("escalate_after and escalate_to go together")
-        for name in ("remind_after", "escalate_after"):
-            after: Duration | None = getattr(self, name)
-            if after is not None and not timedelta(0) < after.value < self.expires_in.value:
-                raise ValueError(f"{name} must be positive and shorter than expires_in")
         return self
 
 
