@@ -26,11 +26,12 @@ from shared.core.duty import SweepConfig, SweepReport
 from shared.ops.slack_interactions import PATH_PREFIX
 from shared.steps import approval_messages
 from shared.steps.parks import park_row
+from shared.sweep.loop import run_sweep
 from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, serving
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import TENANT, definition, publish_version, start_run
 from tests.steps_support import steps_of as steps
-from tests.test_steps_engine import Queue
+from tests.test_steps_engine import Queue, make_past
 
 BOT_TOKEN = "xoxb-test-token"
 SIGNING_SECRET = "test-signing-secret-0123456789"
@@ -319,3 +320,19 @@ def test_a_reminder_nudges_the_undecided_once_and_escalation_adds_deciders_once(
             "SELECT purpose FROM approval_messages WHERE park_id = :p ORDER BY id", p=park_id
         )
     assert [r["purpose"] for r in purposes] == ["ask", "remind", "escalate"]
+
+
+def test_an_approval_that_expires_unanswered_is_shown_expired_in_slack(
+    db: Database, slack: FakeSlack
+) -> None:
+    run_id, _, ts = _asked(db, slack)
+    slack.click(ts, SLACK_IDS["ann"], "approve")
+    _sweep(db)
+    assert "Waiting: 1 of 2 approvals (ann)" in slack.messages[ts]["text"]
+    make_past(db, run_id)
+    run_sweep(db, 0, duties=[], dispatch=lambda ids: None)  # the deadline resumes it
+    shown = slack.messages[ts]
+    assert "*Expired* without a decision" in shown["text"] and _buttons(shown) == []
+    updates = len(slack.updates)
+    _sweep(db)
+    assert len(slack.updates) == updates  # shown once: nothing more to update

@@ -28,7 +28,8 @@ RETURNING m.id, m.park_id, m.tenant_id, m.channel, m.purpose, m.recipient,
 -- posted left update_due_at set: now that it is sent, that update is made (the index).
 UPDATE approval_messages
 SET sent_at = now(), due_at = NULL, slack_ts = CAST(:slack_ts AS text),
-    slack_channel = CAST(:slack_channel AS text), last_error = NULL
+    slack_channel = CAST(:slack_channel AS text), last_error = NULL,
+    shows_open = (channel = 'slack' AND purpose = 'ask')
 WHERE id = CAST(:id AS bigint) AND sent_at IS NULL
 RETURNING id
 
@@ -43,16 +44,24 @@ SET due_at = CASE WHEN attempts >= CAST(:max_attempts AS integer) THEN NULL
 WHERE id = CAST(:id AS bigint) AND sent_at IS NULL
 
 -- name: approval_messages_claim_updates
--- Posted messages whose update is due: claimed by clearing update_due_at (a vote after this
--- sets it again, and the next pass updates again, rendering the approval as it is then).
+-- Posted messages whose update is due — a vote or the decision asked for it (update_due_at),
+-- or the approval closed without one (its deadline, a cancel) while the message still shows
+-- it open — claimed by clearing update_due_at and noting whether the approval is still open
+-- (a vote after this sets update_due_at again, and the next pass renders the approval as it
+-- is then). Each part is read from its partial index (approval_messages_update_due,
+-- approval_messages_shows_open): both are small sets.
 UPDATE approval_messages m
-SET update_due_at = NULL, updated_at = now()
+SET update_due_at = NULL, updated_at = now(), shows_open = (p.resumed_at IS NULL)
 FROM (SELECT id FROM approval_messages
-      WHERE update_due_at <= now() AND sent_at IS NOT NULL
-      ORDER BY update_due_at
+      WHERE id IN (SELECT id FROM approval_messages
+                   WHERE update_due_at <= now() AND sent_at IS NOT NULL
+                   UNION
+                   SELECT o.id FROM approval_messages o JOIN step_parks op ON op.id = o.park_id
+                   WHERE o.shows_open AND o.sent_at IS NOT NULL AND op.resumed_at IS NOT NULL)
+      ORDER BY id
       LIMIT CAST(:batch AS integer)
-      FOR UPDATE SKIP LOCKED) due, tenants t
-WHERE m.id = due.id AND t.id = m.tenant_id
+      FOR UPDATE SKIP LOCKED) due, tenants t, step_parks p
+WHERE m.id = due.id AND t.id = m.tenant_id AND p.id = m.park_id
 RETURNING m.id, m.park_id, m.tenant_id, m.slack_ts, m.slack_channel, t.slack_bot_token_env
 
 -- name: approval_messages_update_failed

@@ -75,6 +75,9 @@ SELECT EXTRACT(EPOCH FROM least(
      ORDER BY due_at LIMIT 1),
     (SELECT update_due_at FROM approval_messages
      WHERE update_due_at IS NOT NULL AND sent_at IS NOT NULL ORDER BY update_due_at LIMIT 1),
+    (SELECT p.resumed_at FROM approval_messages m JOIN step_parks p ON p.id = m.park_id
+     WHERE m.shows_open AND m.sent_at IS NOT NULL AND p.resumed_at IS NOT NULL
+     ORDER BY p.resumed_at LIMIT 1),
     -- remind_and_escalate_approvals (approvals_remind_due, approvals_escalate_due)
     (SELECT remind_at FROM step_parks
      WHERE kind = 'approval' AND resumed_at IS NULL AND reminded_at IS NULL
