@@ -40,20 +40,16 @@ def smtp_fixture(
     fake = FakeSmtp().start()
     with db.transaction() as tx:
         seed.tenant(tx, TENANT, existing="keep")
-        tx.execute(
-            "UPDATE tenants SET smtp_host = '127.0.0.1', smtp_port = :port,"
-            " smtp_from = 'approvals@onceflow.test', smtp_starttls = false WHERE id = :t",
-            t=TENANT,
+        seed.smtp(
+            tx,
+            TENANT,
+            host="127.0.0.1",
             port=fake.bound_port,
+            sender="approvals@onceflow.test",
+            starttls=False,
         )
         for user, address in ADDRESSES.items():
-            tx.execute(
-                "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
-                " VALUES (:t, 'email', :a, :u)",
-                t=TENANT,
-                a=address,
-                u=user,
-            )
+            seed.approver_identity(tx, TENANT, channel="email", external_id=address, user=user)
     install_ops_api(db, dispatched, monkeypatch)
     app = functions_framework.create_app("webhook", ROOT_MAIN, "http")
     monkeypatch.setenv("ONCEFLOW_APPROVAL_LINK_SECRET", "s" * 32)

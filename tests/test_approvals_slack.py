@@ -48,19 +48,11 @@ def slack_fixture(
     monkeypatch.setenv("TEST_SLACK_SIGNING", SIGNING_SECRET)
     with db.transaction() as tx:
         seed.tenant(tx, TENANT, existing="keep")
-        tx.execute(
-            "UPDATE tenants SET slack_bot_token_env = 'TEST_SLACK_BOT',"
-            " slack_signing_secret_env = 'TEST_SLACK_SIGNING' WHERE id = :t",
-            t=TENANT,
+        seed.slack(
+            tx, TENANT, bot_token_env="TEST_SLACK_BOT", signing_secret_env="TEST_SLACK_SIGNING"
         )
         for user, slack_id in SLACK_IDS.items():
-            tx.execute(
-                "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
-                " VALUES (:t, 'slack', :s, :u)",
-                t=TENANT,
-                s=slack_id,
-                u=user,
-            )
+            seed.approver_identity(tx, TENANT, channel="slack", external_id=slack_id, user=user)
     install_ops_api(db, dispatched, monkeypatch)  # the webhook's default_api: db, dispatch
     app = functions_framework.create_app("webhook", ROOT_MAIN, "http")
     fake = FakeSlack(bot_token=BOT_TOKEN, signing_secret=SIGNING_SECRET).start()
@@ -205,11 +197,7 @@ def test_a_forged_or_stale_click_or_an_unmapped_user_records_nothing(
 
     # A mapped user the approval does not name: refused with who may decide.
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
-            " VALUES (:t, 'slack', 'U0DAVE', 'dave')",
-            t=TENANT,
-        )
+        seed.approver_identity(tx, TENANT, channel="slack", external_id="U0DAVE", user="dave")
     (dave,) = slack.click(ts, "U0DAVE", "reject")
     assert dave.status == 403 and dave.answer["reason"] == (
         "only user ann or user bob or user cat may decide this approval"
@@ -277,11 +265,7 @@ def test_a_reminder_nudges_the_undecided_once_and_escalation_adds_deciders_once(
     db: Database, slack: FakeSlack, dispatched: Dispatched
 ) -> None:
     with db.transaction() as tx:
-        tx.execute(
-            "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
-            " VALUES (:t, 'slack', 'U0VIC', 'vic')",
-            t=TENANT,
-        )
+        seed.approver_identity(tx, TENANT, channel="slack", external_id="U0VIC", user="vic")
     _, park_id, ts = _asked(
         db,
         slack,
