@@ -146,6 +146,9 @@ def test_two_managers_approve_in_slack_duplicates_and_a_late_click_change_nothin
     assert later.answer["text"].startswith("already decided by bob at ")
     assert len(dispatched.ids) == 1 and _votes(db, park_id)["ann"] == ("approved", True, "slack")
 
+    # Each click was answered well within Slack's 3 s (no outbound call in the answer).
+    assert max(d.seconds for d in slack.deliveries) < 1.0, [d.seconds for d in slack.deliveries]
+    assert slack.updates == []  # not yet: the update is the sweep's
     # The message is updated by the sweep: the decision and who made it, no more buttons.
     _sweep(db)
     shown = slack.messages[ts]

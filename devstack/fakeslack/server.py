@@ -41,6 +41,8 @@ class Delivery:
     headers: dict[str, str]
     status: int | None
     answer: Any
+    # How long onceflow took to answer (Slack shows the user an error after 3 s).
+    seconds: float = 0.0
 
 
 @dataclass
@@ -192,6 +194,7 @@ class FakeSlack:
         request = urllib.request.Request(  # noqa: S310 - a test's local URL
             self.interaction_url, data=body, headers=headers, method="POST"
         )
+        started = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=3) as answer:  # noqa: S310
                 delivery = Delivery(body, headers, answer.status, json.loads(answer.read()))
@@ -199,6 +202,7 @@ class FakeSlack:
             delivery = Delivery(body, headers, exc.code, json.loads(exc.read() or b"null"))
         except (urllib.error.URLError, TimeoutError):
             delivery = Delivery(body, headers, None, None)
+        delivery.seconds = time.monotonic() - started
         with self._lock:
             self.deliveries.append(delivery)
         return delivery
