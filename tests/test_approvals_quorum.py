@@ -239,3 +239,23 @@ def test_a_quorum_of_a_role_and_slack_and_email_channels_validate() -> None:
     )
     report = validate_text(GATE.replace("{users: [erin, fay]}", "{role: manager}") + extra)
     assert report.ok, [str(p) for p in report.problems]
+
+
+def test_the_ops_list_shows_the_quorums_progress_and_lists_it_to_those_escalated_to(
+    db: Database, client: Any
+) -> None:
+    _, park_id, _, _ = _parked(db, escalate_after={"hours": 4}, escalate_to={"role": "vp"})
+    ann, vp = mint(db, TENANT, label="ann"), mint(db, TENANT, label="vera", roles=("vp",))
+    _vote(db, park_id, "ann")
+    (item,) = client.get("/v1/approvals", headers=bearer(ann)).get_json()["items"]
+    assert (item["required"], item["approved_by"], item["escalated_at"]) == (2, ["ann"], None)
+    assert client.get("/v1/approvals", headers=bearer(vp)).get_json()["items"] == []
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE step_parks SET escalated_at = now(), escalate_at = now() WHERE id = :p",
+            p=park_id,
+        )
+    (listed,) = client.get("/v1/approvals", headers=bearer(vp)).get_json()["items"]
+    assert listed["id"] == park_id and listed["escalate_role"] == "vp"
+    done = client.post(f"/v1/approvals/{park_id}/approve", json={}, headers=bearer(vp))
+    assert done.status_code == 200 and done.get_json()["resumed"] is True

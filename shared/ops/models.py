@@ -728,6 +728,15 @@ class ApprovalView(_Response):
     expires_at: datetime
     on_timeout: Literal["reject", "proceed"]
     created_at: datetime
+    required: int = Field(default=1, description="Approvals it needs (its quorum).")
+    approved_by: list[str] = Field(
+        default_factory=list, description="Who has approved so far (the quorum's progress)."
+    )
+    escalated_at: datetime | None = Field(
+        default=None, description="When it escalated (then escalate_role/users may decide too)."
+    )
+    escalate_role: str | None = None
+    escalate_users: list[str] = Field(default_factory=list)
 
 
 class ApprovalList(_Response):

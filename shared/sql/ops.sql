@@ -444,12 +444,17 @@ ORDER BY name
 
 -- name: ops_approvals_open
 -- Approvals waiting for a decision in the caller's scope (the API keeps those the caller may
--- decide), oldest first, through the open-approvals partial index. One past its expiry takes
+-- decide, escalation included: parks.may_decide reads escalated_at and whom it adds), oldest
+-- first, through the open-approvals partial index. One past its expiry takes
 -- no decision any more (steps_resume_parked): not listed, though the sweep may not have
 -- rejected (or let proceed) it yet.
 SELECT p.id, CAST(p.run_id AS text) AS run_id, s.step_key, p.tenant_id, p.summary,
        p.approver_role, p.approver_users, p.deadline AS expires_at, p.on_timeout,
-       p.created_at
+       p.created_at, p.required, p.escalated_at, p.escalate_role, p.escalate_users,
+       -- the quorum so far (migration 0510): who approved, and how many
+       ARRAY(SELECT v.voter FROM approval_votes v
+             WHERE v.park_id = p.id AND v.counted AND v.decision = 'approved'
+             ORDER BY v.created_at, v.voter) AS approved_by
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
 WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_approval'

@@ -29,7 +29,14 @@ def list_approvals(call: Call) -> ApprovalList:
     mine = [r for r in rows if may_decide(r, user=call.principal.label, roles=call.principal.roles)]
     return ApprovalList(
         items=[
-            ApprovalView.model_validate({**r, "approver_users": list(r["approver_users"] or ())})
+            ApprovalView.model_validate(
+                {
+                    **r,
+                    "approver_users": list(r["approver_users"] or ()),
+                    "escalate_users": list(r["escalate_users"] or ()),
+                    "approved_by": list(r["approved_by"] or ()),
+                }
+            )
             for r in mine
         ]
     )
