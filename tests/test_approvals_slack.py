@@ -26,7 +26,7 @@ from shared.core.duty import SweepConfig, SweepReport
 from shared.ops.slack_interactions import PATH_PREFIX
 from shared.steps import approval_messages
 from shared.steps.parks import park_row
-from shared.sweep.loop import run_sweep
+from shared.sweep.loop import next_due_seconds, run_sweep
 from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, serving
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import TENANT, definition, publish_version, start_run
@@ -216,7 +216,11 @@ def test_a_post_slack_refuses_is_tried_again_later_and_given_up_after_its_last_a
 ) -> None:
     monkeypatch.setenv("TEST_SLACK_BOT", "xoxb-revoked")
     _park(db)
+    due_in = next_due_seconds(db, SweepConfig())
+    assert due_in is not None and due_in <= 0  # the sweep passes again for the post at once
     _sweep(db)
+    due_in = next_due_seconds(db, SweepConfig())
+    assert due_in is not None and 50 < due_in <= approval_messages.RETRY_SECONDS
     with db.transaction() as tx:
         (row,) = tx.all("SELECT * FROM approval_messages")
         assert row["sent_at"] is None and row["attempts"] == 1
@@ -232,6 +236,8 @@ def test_a_post_slack_refuses_is_tried_again_later_and_given_up_after_its_last_a
     assert row["sent_at"] is None and row["due_at"] is None  # given up, and why
     assert row["attempts"] == approval_messages.MAX_ATTEMPTS
     assert slack.messages == {}
+    due_in = next_due_seconds(db, SweepConfig())  # nothing left but the approval's deadline
+    assert due_in is not None and due_in > 86400
 
 
 def _due_now(db: Database, park_id: int, column: str) -> None:

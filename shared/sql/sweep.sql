@@ -34,7 +34,8 @@ WHERE lease_id IN (
 -- Seconds until the earliest row one of the sweep's repairs would take (0 or less: due now),
 -- NULL when no row will ever come due by time alone. Read-only; each part mirrors its
 -- repair's filter (steps_reclaim_expired, steps_wake_due, steps_redispatch_lost,
--- outbox_requeue_undecided, debounce_due, run_throttle_due_heads, the approval messages') and reads the head of that repair's index (ORDER BY … LIMIT 1),
+-- outbox_requeue_undecided, debounce_due, run_throttle_due_heads) and reads the head of that repair's index (ORDER BY … LIMIT 1),
+-- the approvals' reminders, escalations and messages included (shared/steps/approval_messages.py),
 -- so an idle sweep asks it once and ends instead of polling. A part that filtered less than
 -- its repair would make the sweep wait for a row the repair never takes.
 SELECT EXTRACT(EPOCH FROM least(
