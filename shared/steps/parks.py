@@ -448,6 +448,8 @@ def _vote(
         decided_by=user,
         comment=comment,
     )
-    return replace(
-        done, vote="counted", approvals=approvals, rejections=rejections, required=required
-    )
+    # Not moved though the quorum is complete: the deadline passed between the vote and the
+    # resume (both judge it by the statement's clock) — only the deadline resumes it now, and
+    # this vote came too late to decide anything.
+    vote = "counted" if done.moved else "late"
+    return replace(done, vote=vote, approvals=approvals, rejections=rejections, required=required)
