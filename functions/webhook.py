@@ -4,7 +4,9 @@ redirect back from an app install, `GET /oauth/{provider}/callback`, and signed 
 `/ui/decide/...`: this is the one public function, and those pages are authenticated by what
 the browser brings (the install's single-use state, shared/accounts/oauth_install_http.py; the
 link's
-signature, shared/ops/approval_links.py). Nothing else of the ops page is served here.
+signature, shared/ops/approval_links.py), and Slack's interaction callbacks for approval
+messages, `POST /slack/interactions/<tenant>` (Slack's signature, shared/ops/slack_interactions.py).
+Nothing else of the ops page is served here.
 
 Thin: turn the Flask request into a `WebhookRequest`, let `shared.ingest.receive` decide,
 answer with its JSON, then nudge the drain (after the response is decided; never fails it).
@@ -21,10 +23,10 @@ import functions_framework
 
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
-from shared.core.request_body import detached
+from shared.core.request_body import BodyRefused, detached, read_body
 from shared.ingest import app_webhook, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
-from shared.ops import install_callback
+from shared.ops import install_callback, slack_interactions
 from shared.ops.approval_links import PATH_PREFIX as APPROVAL_LINK_PREFIX
 
 
@@ -40,6 +42,8 @@ def webhook(request: Any) -> flask.Response:
 
         with traced(request.headers), labelled(function="webhook"):
             return detached(handle_approval_link(default_api(), request), request)
+    if slack_interactions.is_path(request.path):
+        return _slack_interaction(request)
     with traced(request.headers), labelled(function="webhook"):
         receive = (
             app_webhook.receive_app_webhook
@@ -68,4 +72,37 @@ def webhook(request: Any) -> flask.Response:
     return detached(
         flask.Response(json.dumps(answer.body), status=answer.status, mimetype="application/json"),
         request,
+    )
+
+
+def _slack_interaction(request: Any) -> flask.Response:
+    """A Slack button click: the raw body (the signature covers its exact bytes), decided by
+    shared/ops/slack_interactions.py, answered at once."""
+    from shared.ops.api.app import default_api
+
+    with traced(request.headers), labelled(function="webhook"):
+        if request.method != "POST":
+            status, body = 405, {"ok": False, "error": "method_not_allowed"}
+        else:
+            try:
+                raw = read_body(
+                    request.stream.read,
+                    declared_length=request.content_length,
+                    cap=slack_interactions.MAX_BODY_BYTES,
+                    environ=request.environ,
+                )
+            except BodyRefused as refused:
+                status, body = refused.status, {"ok": False, "error": refused.code}
+            else:
+                api = default_api()
+                answer = slack_interactions.handle(
+                    api.db,
+                    api.dispatch,
+                    path=request.path,
+                    headers=dict(request.headers),
+                    body=raw,
+                )
+                status, body = answer.status, answer.body
+    return detached(
+        flask.Response(json.dumps(body), status=status, mimetype="application/json"), request
     )

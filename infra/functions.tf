@@ -219,9 +219,10 @@ resource "google_cloudfunctions2_function" "function" {
       # that starts at HubSpot comes back to the app's own callback (this URL + /<app id>),
       # and the code exchange must repeat that redirect URI exactly.
       ONCEFLOW_OAUTH_REDIRECT_URL = contains(["ops", "webhook"], each.key) ? local.hubspot_oauth_redirect_url : ""
-      # Where approvers open the signed links ops makes (shared/ops/approval_links.py,
-      # PUBLIC_URL_ENV): webhook serves them, for the same reason as the install callback.
-      ONCEFLOW_PUBLIC_URL = each.key == "ops" ? local.webhook_public_base_url : ""
+      # Where approvers open the signed links ops makes and sweep mails (channels.email;
+      # shared/steps/link_signing.py, PUBLIC_URL_ENV): webhook serves them, for the same reason
+      # as the install callback.
+      ONCEFLOW_PUBLIC_URL = contains(["ops", "sweep"], each.key) ? local.webhook_public_base_url : ""
       # Where ops' health view reads the scheduler jobs (shared/ops/health.py).
       SCHEDULER_LOCATION = var.region
       # The Cloud Functions API adds this to every gen2 function; declared so that a plan of

@@ -126,13 +126,14 @@ variable "secrets" {
       version   = "1"
       functions = ["ops"]
     }
-    # Signs approval links (shared/ops/approval_links.py, SECRET_ENV): without it no link can be
-    # made or used. At least 16 random characters. ops makes links; webhook, the public
-    # function, serves them to approvers' browsers.
+    # Signs approval links (shared/steps/link_signing.py, SECRET_ENV): without it no link can be
+    # made or used. At least 16 random characters. ops makes links; sweep mails them to the
+    # approvers of an approval with `channels.email`; webhook, the public function, serves them
+    # to approvers' browsers.
     "onceflow-approval-link-secret" = {
       env_var   = "ONCEFLOW_APPROVAL_LINK_SECRET"
       version   = "1"
-      functions = ["ops", "webhook"]
+      functions = ["ops", "webhook", "sweep"]
     }
     # Seals OAuth refresh and access tokens at rest (shared/accounts/oauth_tokens.py, TOKEN_KEK_ENV):
     # 32 random bytes, base64. Read by webhook, which seals the grant at an install's callback,

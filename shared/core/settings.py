@@ -460,6 +460,12 @@ class Settings:
         " sets it to the webhook's base, the local stack to its webhook process). Unset: a link"
         " is answered as a path to append to the ops URL.",
     )
+    slack_api_url: str = _setting(
+        "ONCEFLOW_SLACK_API_URL",
+        "https://slack.com/api",
+        "The Slack Web API base the approval messages are posted to (`chat.postMessage`,"
+        " `chat.update`); the local stack and the tests point it at devstack/fakeslack.",
+    )
     oauth_redirect_url: str | None = _setting(
         "ONCEFLOW_OAUTH_REDIRECT_URL",
         None,
