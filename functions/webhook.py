@@ -24,6 +24,7 @@ import functions_framework
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
 from shared.core.request_body import BodyRefused, detached, read_body
+from shared.core.settings import settings
 from shared.ingest import app_webhook, nudge
 from shared.ingest.receive import WebhookRequest, receive_webhook
 from shared.ops import install_callback, slack_interactions
@@ -90,6 +91,7 @@ def _slack_interaction(request: Any) -> flask.Response:
                     declared_length=request.content_length,
                     cap=slack_interactions.MAX_BODY_BYTES,
                     environ=request.environ,
+                    deadline_seconds=settings().request_deadline_seconds,
                 )
             except BodyRefused as refused:
                 status, body = refused.status, {"ok": False, "error": refused.code}
