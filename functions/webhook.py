@@ -19,6 +19,7 @@ from typing import Any
 import flask
 import functions_framework
 
+from shared.core import tracing
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
 from shared.core.request_body import detached
@@ -40,7 +41,11 @@ def webhook(request: Any) -> flask.Response:
 
         with traced(request.headers), labelled(function="webhook"):
             return detached(handle_approval_link(default_api(), request), request)
-    with traced(request.headers), labelled(function="webhook"):
+    with (
+        traced(request.headers),
+        labelled(function="webhook"),
+        tracing.span("webhook", headers=request.headers, path=request.path),
+    ):
         receive = (
             app_webhook.receive_app_webhook
             if app_webhook.is_app_path(request.path)

@@ -1,0 +1,16 @@
+-- Trace context stored with the rows an event causes (migrations/0530_trace_context.sql).
+-- Run only when tracing is on (shared/core/tracing.py).
+
+-- name: tracing_stamp
+-- Transaction-local: the rows this transaction inserts record this context (the columns'
+-- default reads it); it ends with the transaction, so a pooled connection carries nothing over.
+SELECT set_config('onceflow.trace_context', :context, true) AS context
+
+-- name: tracing_inbox_context
+SELECT trace_context FROM webhook_inbox WHERE id = :id
+
+-- name: tracing_event_context
+SELECT trace_context FROM workflow_trigger_events WHERE id = :id
+
+-- name: tracing_step_context
+SELECT trace_context FROM workflow_steps WHERE id = CAST(:id AS uuid)
