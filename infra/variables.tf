@@ -194,6 +194,16 @@ variable "log_level" {
   default     = "INFO"
 }
 
+variable "tracing" {
+  description = "ONCEFLOW_TRACING for every function: off (no SDK loaded) or gcp (spans to Cloud Trace, metrics to Cloud Monitoring)."
+  type        = string
+  default     = "off"
+  validation {
+    condition     = contains(["off", "gcp"], var.tracing)
+    error_message = "tracing is off or gcp (console is for the local stack)."
+  }
+}
+
 variable "network_name" {
   description = "VPC network created for the private Cloud SQL address, the connector and the Cloud Build pool."
   type        = string

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from shared.core import queries
+from shared.core.logs import get_logger
 from shared.core.settings import settings
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ STORED = {
     "step": SQL["tracing_step_context"],
 }
 TRACEPARENT = "traceparent"
+log = get_logger(__name__)
 _NOOP: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
 
@@ -131,7 +133,13 @@ def _state() -> _On | None:
     with _lock:
         if not _decided:
             mode = settings().tracing
-            _on = None if mode == "off" else _On(*_exporters(mode))
+            try:
+                _on = None if mode == "off" else _On(*_exporters(mode))
+            except Exception as exc:
+                # Telemetry never fails a delivery: no credentials for Cloud Trace (a local
+                # run with `gcp`), say, leaves this process untraced, once, with the reason.
+                log.warning("tracing %s could not start, tracing off: %r", mode, exc)
+                _on = None
             _decided = True
     return _on
 
