@@ -152,6 +152,31 @@ def test_one_trace_from_the_webhook_to_the_run_after_its_delay(
     assert metrics["onceflow.step.duration"] >= 3  # first, later (twice: park, serve), last
 
 
+def test_a_step_written_outside_any_span_joins_the_trace_of_its_runs_event(
+    db: Database, spans: tuple[InMemorySpanExporter, Any]
+) -> None:
+    """The sweep starts a debounced or queued run outside any span, so its rows carry no
+    context (simulated here by clearing what admission stored): its steps resume from the
+    event that caused the run, not from a trace of their own."""
+    exporter, _ = spans
+    make_tenant(db)
+    bind_workflow(db, "late", steps=[{"id": "only", "type": "end"}])
+    with tracing.span("webhook", headers={"traceparent": CALLER}):
+        event_id = emit_event(db, connection_id=plain_connection(db))
+    queue = Queue()
+    (outcome,) = admission.admit_event(db, event_id, publish=queue).outcomes
+    with db.transaction() as tx:
+        tx.execute("UPDATE workflow_runs SET trace_context = NULL WHERE id = :r", r=outcome.run_id)
+        tx.execute(
+            "UPDATE workflow_steps SET trace_context = NULL WHERE run_id = :r", r=outcome.run_id
+        )
+    exporter.clear()
+    queue.drain(db, block_lookup(Recorder()))
+    (step,) = exporter.get_finished_spans()
+    assert step.name == "block end"
+    assert f"{step.context.trace_id:032x}" == CALLER_TRACE
+
+
 def _push(message: Any, subscription: str) -> dict[str, Any]:
     """What a push subscription POSTs for a pulled message, attributes included."""
     return {

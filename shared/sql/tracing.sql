@@ -13,4 +13,11 @@ SELECT trace_context FROM webhook_inbox WHERE id = :id
 SELECT trace_context FROM workflow_trigger_events WHERE id = :id
 
 -- name: tracing_step_context
-SELECT trace_context FROM workflow_steps WHERE id = CAST(:id AS uuid)
+-- The step's own context; else its run's; else its trigger event's. A step row written
+-- outside any span (a debounced or queued run started by the sweep, a replay started from
+-- ops) still joins the trace of the event that caused its run.
+SELECT coalesce(s.trace_context, r.trace_context, e.trace_context) AS trace_context
+FROM workflow_steps s
+JOIN workflow_runs r ON r.id = s.run_id
+LEFT JOIN workflow_trigger_events e ON e.id = r.event_id
+WHERE s.id = CAST(:id AS uuid)
