@@ -18,6 +18,7 @@ import functions_framework
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 from shared.admission import admit as admission
 from shared.core import tracing
@@ -43,6 +44,7 @@ from tests.ingest_support import (
 )
 from tests.pubsub_emulator import PubsubProject
 from tests.steps_blocks import Recorder, block_lookup
+from tests.steps_support import definition, publish_version, start_run
 from tests.test_steps_engine import Queue, make_past
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -175,6 +177,36 @@ def test_a_step_written_outside_any_span_joins_the_trace_of_its_runs_event(
     (step,) = exporter.get_finished_spans()
     assert step.name == "block end"
     assert f"{step.context.trace_id:032x}" == CALLER_TRACE
+
+
+def test_a_failed_step_marks_its_span_and_counts_the_failed_run(
+    db: Database, spans: tuple[InMemorySpanExporter, Any]
+) -> None:
+    exporter, reader = spans
+    version = publish_version(
+        db,
+        definition(
+            [
+                {"id": "a", "type": "test.noop", "next": "b"},
+                {"id": "b", "type": "test.fail_permanent"},
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    queue = Queue()
+    queue(first)
+    queue.drain(db, block_lookup(Recorder()))
+    by_step = {
+        s.attributes["onceflow.step"]: s
+        for s in exporter.get_finished_spans()
+        if s.attributes and "onceflow.step" in s.attributes
+    }
+    assert by_step["a"].status.status_code is StatusCode.UNSET
+    assert by_step["b"].status.status_code is StatusCode.ERROR
+    assert by_step["b"].attributes is not None
+    assert by_step["b"].attributes["onceflow.outcome"] == "HTTP_400"
+    assert by_step["b"].attributes["onceflow.run_id"] == run_id
+    assert _metric_points(reader)["onceflow.runs.failed"] == 1
 
 
 def _push(message: Any, subscription: str) -> dict[str, Any]:

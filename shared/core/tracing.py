@@ -220,8 +220,9 @@ def _attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def annotate(name: str | None = None, **attributes: Any) -> None:
-    """Name the current span (e.g. after the block it turned out to run) and add attributes."""
+def annotate(name: str | None = None, *, error: str | None = None, **attributes: Any) -> None:
+    """Name the current span (e.g. after the block it turned out to run), add attributes, and
+    mark it failed with `error` (a step that settled failed raised nothing the span saw)."""
     if _state() is None:
         return
     from opentelemetry import trace
@@ -230,6 +231,8 @@ def annotate(name: str | None = None, **attributes: Any) -> None:
     if name is not None:
         current.update_name(name)
     current.set_attributes(_attributes(attributes))
+    if error is not None:
+        current.set_status(trace.Status(trace.StatusCode.ERROR, error))
 
 
 def traceparent() -> str | None:

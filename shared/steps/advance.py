@@ -480,6 +480,11 @@ def _finish(
     if settled.fenced_out:
         log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")
         return Advanced(step_id=step.id, claimed=True, note="fenced out")
+    tracing.annotate(
+        outcome=settlement.outcome_code,
+        status=settlement.status,
+        error=settlement.error if settlement.status == "failed" else None,
+    )
     log.info(
         "step settled %s (%s), run %s",
         settlement.status,
