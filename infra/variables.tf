@@ -204,6 +204,16 @@ variable "tracing" {
   }
 }
 
+variable "tracing_sample_ratio" {
+  description = "ONCEFLOW_TRACING_SAMPLE_RATIO: the share of events traced when tracing is gcp (each whole or not at all)."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.tracing_sample_ratio >= 0 && var.tracing_sample_ratio <= 1
+    error_message = "tracing_sample_ratio is from 0 to 1."
+  }
+}
+
 variable "network_name" {
   description = "VPC network created for the private Cloud SQL address, the connector and the Cloud Build pool."
   type        = string

@@ -82,7 +82,7 @@ def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[InMemorySpanExporte
         tracing.reset()
 
 
-def _deliver(db: Database, connection_id: str) -> int:
+def _deliver(db: Database, connection_id: str, caller: str | None = None) -> int:
     """A person changes a contact; HubSpot's signed webhook reaches the real function; the
     drain stores the event. The event's id."""
     path = f"/hubspot/{connection_id}"
@@ -90,7 +90,10 @@ def _deliver(db: Database, connection_id: str) -> int:
     answer = webhook_client().post(
         path,
         data=body,
-        headers={**hubspot_v3_headers(body, BASE + path), "traceparent": CALLER},
+        headers={
+            **hubspot_v3_headers(body, BASE + path),
+            **({"traceparent": caller} if caller else {}),
+        },
         base_url=BASE,
     )
     assert answer.status_code == 200, answer.data
@@ -109,7 +112,7 @@ def test_one_trace_from_the_webhook_to_the_run_after_its_delay(
     exporter, reader = spans
     connection_id = make_connection(db)
     workflow_id = activate_text(db, WORKFLOW)
-    event_id = _deliver(db, connection_id)
+    event_id = _deliver(db, connection_id, CALLER)
     queue = Queue()
     lookup = block_lookup(Recorder())
     (outcome,) = admission.admit_event(db, event_id, publish=queue).outcomes
@@ -207,6 +210,27 @@ def test_a_failed_step_marks_its_span_and_counts_the_failed_run(
     assert by_step["b"].attributes["onceflow.outcome"] == "HTTP_400"
     assert by_step["b"].attributes["onceflow.run_id"] == run_id
     assert _metric_points(reader)["onceflow.runs.failed"] == 1
+
+
+def test_an_event_left_out_by_the_sample_ratio_is_left_out_at_every_hop(
+    db: Database, spans: tuple[InMemorySpanExporter, Any]
+) -> None:
+    """Sampled at the webhook or not at all: the stored `traceparent` carries the decision to
+    the drain, admission and the steps, so an event is never traced in part."""
+    exporter, _ = spans
+    tracing.configure(exporter, InMemoryMetricReader(), sample_ratio=0.0)
+    connection_id = make_connection(db)
+    activate_text(db, WORKFLOW)
+    event_id = _deliver(db, connection_id, caller=None)
+    queue = Queue()
+    admission.admit_event(db, event_id, publish=queue)
+    queue.drain(db, block_lookup(Recorder()))
+    assert exporter.get_finished_spans() == ()
+    with db.transaction() as tx:
+        stored = [r["trace_context"] for r in tx.all("SELECT trace_context FROM workflow_steps")]
+    # One trace still (its id in every row), its W3C `sampled` flag (bit 0) off in each.
+    assert len({c.split("-")[1] for c in stored}) == 1, stored
+    assert all(int(c.split("-")[3], 16) & 1 == 0 for c in stored), stored
 
 
 def _push(message: Any, subscription: str) -> dict[str, Any]:

@@ -167,6 +167,19 @@ def _tracing(name: str, raw: str) -> str:
 TRACING = Form("`off`, `gcp` or `console`.", _tracing)
 
 
+def _fraction(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise SettingError(f"{name} must be a number from 0 to 1, not {raw!r}")
+    return value
+
+
+FRACTION = Form("A number from 0 to 1.", _fraction)
+
+
 def _setting(
     env: str, default: Any, description: str, form: Form = TEXT, *, secret: bool = False
 ) -> Any:
@@ -270,6 +283,13 @@ class Settings:
         "OpenTelemetry spans and metrics (shared/core/tracing.py): `gcp` exports to Cloud Trace"
         " and Cloud Monitoring, `console` prints them to stdout; `off` loads no SDK at all.",
         TRACING,
+    )
+    tracing_sample_ratio: float = _setting(
+        "ONCEFLOW_TRACING_SAMPLE_RATIO",
+        1.0,
+        "Share of events traced when tracing is on, decided once at the webhook (or wherever the"
+        " trace starts) and kept by every later hop through the stored `traceparent`.",
+        FRACTION,
     )
 
     # --- the webhook and the fast path ---------------------------------------------------

@@ -50,15 +50,19 @@ _NOOP: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 class _On:
     """The SDK objects, built once when tracing is on (imports happen only here)."""
 
-    def __init__(self, span_exporter: Any, metric_reader: Any) -> None:
+    def __init__(self, span_exporter: Any, metric_reader: Any, sample_ratio: float) -> None:
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         resource = Resource.create({"service.name": "onceflow"})
-        self.tracer_provider = TracerProvider(resource=resource)
+        # Parent-based: a trace's first span decides (the ratio), every later hop follows the
+        # sampled flag of the traceparent it resumes from, so an event is traced whole or not.
+        sampler = ParentBased(TraceIdRatioBased(sample_ratio))
+        self.tracer_provider = TracerProvider(resource=resource, sampler=sampler)
         processor = (
             SimpleSpanProcessor(span_exporter)
             if type(span_exporter).__name__ in ("InMemorySpanExporter", "ConsoleSpanExporter")
@@ -134,7 +138,8 @@ def _state() -> _On | None:
         if not _decided:
             mode = settings().tracing
             try:
-                _on = None if mode == "off" else _On(*_exporters(mode))
+                ratio = settings().tracing_sample_ratio
+                _on = None if mode == "off" else _On(*_exporters(mode), ratio)
             except Exception as exc:
                 # Telemetry never fails a delivery: no credentials for Cloud Trace (a local
                 # run with `gcp`), say, leaves this process untraced, once, with the reason.
@@ -144,13 +149,13 @@ def _state() -> _On | None:
     return _on
 
 
-def configure(span_exporter: Any, metric_reader: Any) -> None:
+def configure(span_exporter: Any, metric_reader: Any, *, sample_ratio: float = 1.0) -> None:
     """Turn tracing on with these exporters (tests: the SDK's in-memory ones)."""
     global _on, _decided
     with _lock:
         if _on is not None:
             _on.shutdown()
-        _on, _decided = _On(span_exporter, metric_reader), True
+        _on, _decided = _On(span_exporter, metric_reader, sample_ratio), True
 
 
 def reset() -> None:
@@ -196,7 +201,11 @@ def _span(
     from opentelemetry import trace
 
     parent = _traceparent_in(headers) if headers is not None else None
-    if parent is None and stored is not None and not trace.get_current_span().is_recording():
+    if (
+        parent is None
+        and stored is not None
+        and not trace.get_current_span().get_span_context().is_valid
+    ):
         parent = stored()
     context = on.propagator.extract({TRACEPARENT: parent}) if parent else None
     with on.tracer.start_as_current_span(
