@@ -21,6 +21,7 @@ from typing import Any
 import flask
 import functions_framework
 
+from shared.core import tracing
 from shared.core.db import get_database
 from shared.core.logs import labelled, traced
 from shared.core.request_body import BodyRefused, detached, read_body
@@ -51,19 +52,21 @@ def webhook(request: Any) -> flask.Response:
             if app_webhook.is_app_path(request.path)
             else receive_webhook
         )
-        answer = receive(
-            WebhookRequest(
-                method=request.method,
-                path=request.path,
-                query_string=request.query_string.decode("latin-1"),
-                scheme=request.scheme,
-                host=request.host,
-                headers=dict(request.headers),
-                content_length=request.content_length,
-                read=request.stream.read,
-                environ=request.environ,
-            )
+        webhook_request = WebhookRequest(
+            method=request.method,
+            path=request.path,
+            query_string=request.query_string.decode("latin-1"),
+            scheme=request.scheme,
+            host=request.host,
+            headers=dict(request.headers),
+            content_length=request.content_length,
+            read=request.stream.read,
+            environ=request.environ,
         )
+        # The trace's first span (or the caller's `traceparent`, continued): what it stores
+        # carries its context to the drain, admission and every step (shared/core/tracing.py).
+        with tracing.span("webhook", headers=request.headers, path=request.path):
+            answer = receive(webhook_request)
     if answer.stored is not None or answer.event_id is not None:
         # Best effort by contract: the schedule drains anyway, so a nudge can't fail a delivery.
         with contextlib.suppress(Exception):

@@ -209,6 +209,10 @@ resource "google_cloudfunctions2_function" "function" {
       # (https://cloud.google.com/functions/docs/configuring/concurrency).
       THREADS   = tostring(var.request_concurrency[each.key])
       LOG_LEVEL = var.log_level
+      # OpenTelemetry (shared/core/tracing.py): off, or spans to Cloud Trace and metrics to
+      # Cloud Monitoring (the grants in iam.tf follow this variable).
+      ONCEFLOW_TRACING              = var.tracing
+      ONCEFLOW_TRACING_SAMPLE_RATIO = tostring(var.tracing_sample_ratio)
       # The URI HubSpot signs is the URL it called. Behind the cloudfunctions.net URL the
       # request path has no function-name prefix, so without this the signature base differs
       # and every delivery is refused 401 (shared/ingest/receive.py, public_uri).

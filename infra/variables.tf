@@ -195,6 +195,26 @@ variable "log_level" {
   default     = "INFO"
 }
 
+variable "tracing" {
+  description = "ONCEFLOW_TRACING for every function: off (no SDK loaded) or gcp (spans to Cloud Trace, metrics to Cloud Monitoring)."
+  type        = string
+  default     = "off"
+  validation {
+    condition     = contains(["off", "gcp"], var.tracing)
+    error_message = "tracing is off or gcp (console is for the local stack)."
+  }
+}
+
+variable "tracing_sample_ratio" {
+  description = "ONCEFLOW_TRACING_SAMPLE_RATIO: the share of events traced when tracing is gcp (each whole or not at all)."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.tracing_sample_ratio >= 0 && var.tracing_sample_ratio <= 1
+    error_message = "tracing_sample_ratio is from 0 to 1."
+  }
+}
+
 variable "network_name" {
   description = "VPC network created for the private Cloud SQL address, the connector and the Cloud Build pool."
   type        = string
