@@ -34,13 +34,13 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
+from shared.port.http import classify_transport_error
 from shared.port.interface import PortError
 from shared.providers.descriptor import CodeRefused, TokenAccount
 from shared.providers.hubspot import versions
 from shared.providers.hubspot.port import (
     DEFAULT_BASE_URL,
     classify_response,
-    classify_transport_error,
 )
 
 AUTHORIZE_URL = "https://app.hubspot.com/oauth/authorize"

@@ -35,12 +35,12 @@ from urllib.parse import quote, urlencode, urlsplit
 import httpx
 
 from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
+from shared.port.http import classify_transport_error
 from shared.port.interface import PortError
 from shared.providers.descriptor import CodeRefused, TokenAccount
 from shared.providers.pipedrive.port import (
     DEFAULT_BASE_URL,
     classify_response,
-    classify_transport_error,
 )
 
 OAUTH_BASE = "https://oauth.pipedrive.com"
