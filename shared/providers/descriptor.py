@@ -140,14 +140,6 @@ class Crm:
     credential_kinds: tuple[str, ...] = ("token",)
 
 
-class CodeRefused(Exception):
-    """The provider refused to exchange an install's code (used twice, expired, …)."""
-
-    def __init__(self, status: str) -> None:
-        super().__init__(status)
-        self.status = status
-
-
 @dataclass(frozen=True)
 class TokenAccount:
     account_id: str  # the provider account (portal) a token acts for
@@ -157,7 +149,9 @@ class TokenAccount:
 @dataclass(frozen=True)
 class OAuth:
     authorize_url: Callable[..., str]  # client_id, redirect_uri, scopes, state, base
-    exchange_code: Callable[..., Grant]  # raises CodeRefused, PortError
+    exchange_code: Callable[
+        ..., Grant
+    ]  # raises CodeRefused (accounts/token_endpoint.py), PortError
     token_account: Callable[..., TokenAccount]  # access token, client_id, client_secret, base_url
     refresher: Callable[..., Refresher]  # client_id, client_secret, base_url
 
