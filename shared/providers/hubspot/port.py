@@ -196,14 +196,21 @@ def read_rate_limit(headers: httpx.Headers) -> tuple[RateLimitState, float | Non
         return int(value) if value is not None and value.isdigit() else None
 
     remaining = number("X-HubSpot-RateLimit-Remaining")
+    interval_ms = number("X-HubSpot-RateLimit-Interval-Milliseconds")
+    # Daily headers come only with private-app (and service-key) calls: "OAuth authenticated
+    # calls will not include X-HubSpot-RateLimit-Daily or X-HubSpot-RateLimit-Daily-Remaining
+    # because there is no daily limit for these calls"
+    # (https://developers.hubspot.com/changelog/rate-limit-headers-will-now-appear-for-oauth-authenticated-calls).
+    daily_remaining = number("X-HubSpot-RateLimit-Daily-Remaining")
     state = RateLimitState(
         remaining=remaining,
         max=number("X-HubSpot-RateLimit-Max"),
-        interval_ms=number("X-HubSpot-RateLimit-Interval-Milliseconds"),
-        extra={
-            "daily": number("X-HubSpot-RateLimit-Daily"),
-            "daily_remaining": number("X-HubSpot-RateLimit-Daily-Remaining"),
-        },
+        interval_ms=interval_ms,
+        extra={"daily": number("X-HubSpot-RateLimit-Daily"), "daily_remaining": daily_remaining},
+        # The ten-secondly window is rolling and its headers don't say where in it we are:
+        # assume a whole interval is left to run.
+        reset_seconds=interval_ms / 1000 if interval_ms else None,
+        daily_remaining=daily_remaining,
     )
     spent = state.interval_ms / 1000 if remaining == 0 and state.interval_ms else None
     return state, spent

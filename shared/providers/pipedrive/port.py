@@ -174,19 +174,23 @@ def read_rate_limit(headers: httpx.Headers) -> tuple[RateLimitState, float | Non
     left the next call would be a certain 429, so until the reset the same answer names
     (seconds), else a whole burst window (§4)."""
     remaining = _number(headers.get("x-ratelimit-remaining"))
+    reset = _number(headers.get("x-ratelimit-reset"))
+    seconds = float(reset) if reset is not None and reset > 0 else BURST_WINDOW_MS / 1000
+    tokens_left = _number(headers.get("x-daily-ratelimit-token-remaining"))  # UNCONFIRMED
+    # API tokens only, and POST/PUT only (changelog "daily-api-limit-for-postput-endpoints"):
+    # taken as the daily figure too, the tighter of the two, which at 0 also parks reads.
+    requests_left = _number(headers.get("x-daily-requests-left"))
+    daily = [n for n in (tokens_left, requests_left) if n is not None]
     state = RateLimitState(
         remaining=remaining,
         max=_number(headers.get("x-ratelimit-limit")),
         interval_ms=BURST_WINDOW_MS,
-        extra={
-            "daily_remaining": _number(headers.get("x-daily-ratelimit-token-remaining")),
-            "daily_requests_left": _number(headers.get("x-daily-requests-left")),
-        },
+        extra={"daily_remaining": tokens_left, "daily_requests_left": requests_left},
+        reset_seconds=seconds,
+        daily_remaining=min(daily) if daily else None,
     )
     if remaining != 0:
         return state, None
-    reset = _number(headers.get("x-ratelimit-reset"))
-    seconds = reset if reset is not None and reset > 0 else BURST_WINDOW_MS / 1000
     return state, float(math.ceil(seconds))
 
 
