@@ -19,11 +19,14 @@ import pytest
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from shared.core.db import Database
 from shared.gates import throttle
+from shared.port import budget
+from shared.port.interface import RateLimitState
 from shared.providers import connect
 from shared.providers.hubspot import versions
 from shared.providers.hubspot.port import read_rate_limit as hubspot_limits
 from shared.providers.pipedrive.port import read_rate_limit as pipedrive_limits
 from shared.steps.advance import advance_step
+from tests.admission_support import at_barrier
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
 from tests.ops_support import bearer, mint
 from tests.steps_support import TENANT, definition, publish_version, start_run
@@ -203,3 +206,22 @@ def test_each_vendor_reads_its_headers_into_the_neutral_budget() -> None:
         7,
         None,
     )
+
+
+def test_racing_claims_for_the_portals_last_call_let_exactly_one_through(
+    db: Database, database_url: str
+) -> None:
+    """Two instances' gates at a barrier for the one call the headers said is left: the row
+    lock queues them, so exactly one takes it and the other is told to park."""
+    seed_tenant(db)
+    connection_id = seed_connection(db, "http://127.0.0.1:9")
+    with db.transaction() as tx:
+        budget.observe(tx, connection_id, RateLimitState(remaining=1, reset_seconds=60.0))
+
+    def take(own: Database) -> budget.Spent | None:
+        return own.run(lambda tx: budget.take(tx, connection_id))
+
+    results = at_barrier(database_url, [take, take])
+    assert sorted(r is None for r in results) == [False, True]
+    (spent,) = [r for r in results if r is not None]
+    assert spent.kind == "window" and spent.seconds_left > 50
