@@ -16,7 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from devstack.fakepipedrive import FakePipedrive, FakePipedriveConfig
 from shared.core.db import Database
 from shared.gates import throttle
 from shared.port import budget
@@ -225,3 +227,63 @@ def test_racing_claims_for_the_portals_last_call_let_exactly_one_through(
     assert sorted(r is None for r in results) == [False, True]
     (spent,) = [r for r in results if r is not None]
     assert spent.kind == "window" and spent.seconds_left > 50
+
+
+def test_pipedrive_steps_park_when_the_companys_daily_budget_is_spent_by_every_token(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipedrive: the daily token budget is the company's, spent by its other tokens too; the
+    answers say what is left (`x-daily-ratelimit-token-remaining`, sent here:
+    `token_budget_headers`), and two workflows on the connection park at 0 instead of 429."""
+    monkeypatch.setenv("PIPEDRIVE_TOKEN", "pd-api-token")
+    config = FakePipedriveConfig(
+        api_tokens={"pd-api-token": 7, "another-integration": 7},
+        token_budget_headers=True,
+        daily_budget=15,
+        create_cost=5,
+    )
+    connect.forget_ports()
+    fake = FakePipedrive(config).start()
+    try:
+        seed_tenant(db)
+        with db.transaction() as tx:
+            connection_id = seed.connection(
+                tx,
+                TENANT,
+                provider="pipedrive",
+                webhook_secret_env="PIPEDRIVE_CREDENTIALS",
+                api_credentials_env="PIPEDRIVE_TOKEN",
+                api_base_url=fake.url,
+            )
+
+        def deal_step(workflow: str) -> str:
+            create = {"object_type": "deals", "properties": {"title": "Ada"}}
+            steps = [
+                {
+                    "id": "create_deal",
+                    "type": "crm.create",
+                    "config": {**create, "connection_id": connection_id},
+                }
+            ]
+            return start_run(db, publish_version(db, definition(steps, name=workflow)))[1][0]
+
+        # The company's other integration creates a deal: 5 of 15 spent.
+        other = httpx.post(
+            fake.url + "/api/v2/deals",
+            json={"title": "theirs"},
+            headers={"x-api-token": "another-integration"},
+            timeout=5,
+        )
+        assert other.headers["x-daily-ratelimit-token-remaining"] == "10"
+        a1, b1, a2, b2 = (deal_step(n) for n in ("wf-a", "wf-b", "wf-a", "wf-b"))
+        assert _advance(db, a1)["status"] == "succeeded"  # 5 left
+        assert _advance(db, b1)["status"] == "succeeded"  # 0 left
+        for step_id in (a2, b2):
+            parked = _advance(db, step_id)
+            assert parked["outcome_code"] == "THROTTLED"
+            assert "the portal's daily API budget is spent" in parked["error"]
+        assert not [r for r in fake.requests if r.get("status") == 429]
+        assert len(fake.stored("deal")) == 3  # theirs and the two creates
+    finally:
+        fake.stop()
+        connect.forget_ports()
