@@ -287,3 +287,15 @@ def test_pipedrive_steps_park_when_the_companys_daily_budget_is_spent_by_every_t
     finally:
         fake.stop()
         connect.forget_ports()
+
+
+def test_an_answer_with_plenty_left_writes_no_budget_row(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Most calls leave the portal far from its limits: they cost no write (budget.worth_noting)."""
+    with fake_crm(monkeypatch) as fake:  # 190 per 10 s, a million a day
+        seed_tenant(db)
+        connection_id = seed_connection(db, fake.url)
+        assert _advance(db, _create_task_step(db, connection_id, "wf-a"))["status"] == "succeeded"
+        with db.transaction() as tx:
+            assert tx.scalar("SELECT count(*) FROM connection_rate_budgets") == 0

@@ -45,6 +45,21 @@ NARROWED = SQL["connection_budget_narrowed"]
 QUIET_WINDOWS = 3
 
 
+# An answer is written down only when the portal is getting low (the rest would cost every
+# CRM step a write for nothing: an untouched row narrows nothing): at most a quarter of the
+# short window left, or this few calls of the day.
+LOW_WINDOW_FRACTION = 0.25
+LOW_DAILY_CALLS = 1000
+
+
+def worth_noting(state: RateLimitState) -> bool:
+    if state.daily_remaining is not None and state.daily_remaining <= LOW_DAILY_CALLS:
+        return True
+    if state.remaining is None:
+        return False
+    return state.max is None or state.remaining <= state.max * LOW_WINDOW_FRACTION
+
+
 def seconds_to_next_utc_hour(now: datetime | None = None) -> float:
     now = now or datetime.now(UTC)
     hour = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)

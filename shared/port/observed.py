@@ -152,7 +152,8 @@ def note_budget(connection_id: str, state: RateLimitState | None, error: PortErr
         retry_after = error.retry_after or 0.0
         _write(lambda tx: budget.shrink(tx, connection_id, retry_after))
         return
-    if state is not None and (error is None or error.status is not None):  # it answered
+    answered = error is None or error.status is not None
+    if state is not None and answered and budget.worth_noting(state):
         _write(lambda tx: budget.observe(tx, connection_id, state))
 
 
