@@ -1378,6 +1378,12 @@ class LimitView(_Response):
         description="When the next waiter is let through: the window's end, a queue's due"
         " time, a burst's fire time."
     )
+    reason: str | None = Field(
+        default=None,
+        description="A connection: why the portal's shared rate budget narrows its window now"
+        " (a spent daily budget or rate window by the vendor's headers, or a 429 that shrank"
+        " it); None when only the configured window applies.",
+    )
 
 
 class LimitsReport(_Response):
