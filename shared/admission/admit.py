@@ -103,7 +103,7 @@ from shared.ingest.echo import (
 from shared.providers import registry
 from shared.steps import awaits
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
-from shared.workflows.definition import Debounce, RunThrottle, WorkflowDefinition
+from shared.workflows.definition import RunThrottle, WorkflowDefinition
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
@@ -133,10 +133,12 @@ Reason = Literal[
     "workflow_paused",
     "definition_unreadable",
     "superseded",
+    "batched",
 ]
 REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
-# `debounced`: the event joined a burst (shared/admission/debounce.py); the burst's fire
-# decides the pairing later (its run, or `superseded`).
+# `debounced`: the event joined a burst or a batch (shared/admission/debounce.py); its fire
+# decides the pairing later (its run, or `superseded`/`batched`). An event that fills a batch
+# is `admitted` (the batch's run is its run) or refused as any last event of a burst is.
 # `queued`: the trigger's throttle on starting runs is full (shared/admission/run_throttle.py);
 # the pairing waits in order and the sweep starts its run when a window has room.
 Outcome = Literal["admitted", "refused", "handled", "debounced", "queued"]
@@ -225,9 +227,10 @@ class _Trigger:
     entry_price: int
     # The trigger's `watch` list (empty: every field).
     watch: frozenset[str] = frozenset()
-    # `debounce` (shared/admission/debounce.py) and its compiled `key`, when declared.
-    debounce: Debounce | None = None
-    debounce_key: CompiledExpression | None = None
+    # `debounce` or `batch` (shared/admission/debounce.py) and its compiled `key`, when
+    # declared.
+    gathering: debounce.Gathering | None = None
+    gathering_key: CompiledExpression | None = None
     # `throttle` (shared/admission/run_throttle.py) and its compiled `key`, when declared.
     throttle: RunThrottle | None = None
     throttle_key: CompiledExpression | None = None
@@ -279,10 +282,10 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         record_expr = (
             None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
         )
-        debouncing = parsed.trigger.debounce
-        debounce_key = (
-            compile_expression(debouncing.key)
-            if debouncing is not None and debouncing.key is not None
+        gathering = debounce.Gathering.of(parsed.trigger.debounce, parsed.trigger.batch)
+        gathering_key = (
+            compile_expression(gathering.key)
+            if gathering is not None and gathering.key is not None
             else None
         )
     except (ValidationError, ExpressionError) as exc:
@@ -302,8 +305,8 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         throttle=parsed.trigger.throttle,
         throttle_key=_compiled_key(parsed.trigger.throttle),
         watch=frozenset(parsed.trigger.watch),
-        debounce=debouncing,
-        debounce_key=debounce_key,
+        gathering=gathering,
+        gathering_key=gathering_key,
     )
     with _triggers_lock:
         if len(_triggers) >= _TRIGGER_CACHE_SIZE:
@@ -709,10 +712,9 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     outcomes += waiting
     # Before the decision statement, which stays the transaction's last (it or MARK_DECIDED
     # stamps the event decided: from then on its burst row holds it).
-    outcomes += [
-        BindingOutcome(j.workflow_id, "handled" if j.held else "debounced", detail=j.detail)
-        for j in debounce.join_bursts(tx, event_id=event_id, tenant_id=event.tenant_id, joins=joins)
-    ]
+    gathered, fired_steps = _gather(tx, event, joins)
+    outcomes += gathered
+    dispatch += fired_steps
     open_waits = row["open_waits"]
     await_keys, awaiting = _open_awaits(tx, event, row)
     # The decision is the transaction's last statement, and commits in its own round trip,
@@ -814,7 +816,7 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
     joins: list[BurstJoin] = []
     for p in plans:
         trigger = p.trigger
-        if p.refusal is not None or trigger is None or trigger.debounce is None:
+        if p.refusal is not None or trigger is None or trigger.gathering is None:
             kept.append(p)
             continue
         record = event.scope.values["record"] if p.record is None else json.loads(p.record)
@@ -822,7 +824,7 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
             event.scope if p.record is None else {**event.scope.values, "record": record}
         )
         key, missing = debounce.burst_key(
-            trigger.debounce, trigger.debounce_key, p.record_key, scope
+            trigger.gathering, trigger.gathering_key, p.record_key, scope
         )
         if key is None:
             refusal = _Refusal(
@@ -844,10 +846,62 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
                 trigger_record=p.record or debounce.record_json(record),
                 entry_node=p.entry_node,
                 entry_type=p.entry_type,
-                debounce=trigger.debounce,
+                gathering=trigger.gathering,
             )
         )
     return kept, joins
+
+
+def _gather(
+    tx: Tx, event: EventFacts, joins: list[BurstJoin]
+) -> tuple[list[BindingOutcome], list[str]]:
+    """Each join's event joins its burst or batch (shared/admission/debounce.py); an event
+    that fills its batch starts the batch's run now, in this transaction (its last event is
+    this one), and the batch's other events are refused `batched`. (outcomes, first steps)."""
+    outcomes: list[BindingOutcome] = []
+    dispatch: list[str] = []
+    by_workflow = {j.workflow_id: j for j in joins}
+    for j in debounce.join_bursts(tx, event_id=event.id, tenant_id=event.tenant_id, joins=joins):
+        if j.full:
+            outcome, step_id = _fire_full_batch(tx, j, by_workflow[j.workflow_id])
+            outcomes.append(outcome)
+            if step_id is not None:
+                dispatch.append(step_id)
+            continue
+        outcomes.append(
+            BindingOutcome(j.workflow_id, "handled" if j.held else "debounced", detail=j.detail)
+        )
+    return outcomes, dispatch
+
+
+def _fire_full_batch(
+    tx: Tx, joined: debounce.Joined, join: BurstJoin
+) -> tuple[BindingOutcome, str | None]:
+    """Fire the batch `joined` filled, in admission's transaction (shared/admission/
+    debounce_fire.py `fire_in`, the sweep's own fire): (this event's outcome, its first step).
+    The record lock the fire takes is this admission's own (advisory locks nest)."""
+    from shared.admission import debounce_fire  # it imports this module's decision statement
+
+    # Filled and not committed: a kill here must lose nothing (tests/test_batches.py).
+    crash_point("admission_batch_filled")
+    due = {
+        "id": joined.burst_id,
+        "workflow_id": joined.workflow_id,
+        "record_key": join.record_key,
+        "dedup_mode": join.dedup_mode,
+    }
+    fired = debounce_fire.fire_in(tx, due)
+    if fired is None:  # the join set its fire time to now: only a broken invariant gets here
+        raise TransientError(f"batch {joined.burst_id} filled but did not fire")
+    detail = f"{joined.detail}; {fired.superseded} other event(s) batched into it"
+    if fired.outcome == "admitted":
+        return BindingOutcome(joined.workflow_id, "admitted", fired.run_id, detail=detail), (
+            fired.step_id
+        )
+    if fired.outcome == "handled":
+        return BindingOutcome(joined.workflow_id, "handled", fired.run_id), None
+    reason: Reason = fired.outcome  # type: ignore[assignment]
+    return BindingOutcome(joined.workflow_id, "refused", reason=reason, detail=detail), None
 
 
 def _throttled(

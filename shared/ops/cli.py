@@ -882,7 +882,7 @@ def _limits(s: Session, args: argparse.Namespace) -> int:
                     v["tenant_id"],
                     v["subject"],
                     window(v),
-                    v["admitted"] if v["kind"] != "debounce" else "-",
+                    v["admitted"] if v["kind"] not in ("debounce", "batch") else "-",
                     f"{v['waiting']} {v['waiting_what']}" if v["waiting"] else "-",
                     terminal.ago(v["oldest_wait_since"]) if v["oldest_wait_since"] else "-",
                     terminal.ago(v["next_at"]) if v["next_at"] else "-",

@@ -65,6 +65,8 @@ REASON_WORDS = {
     "superseded": "The workflow waits for a record's changes to settle (debounce): a later "
     "change of the same burst started the run instead, and that run lists this change among "
     "the burst's events.",
+    "batched": "The workflow handles its events in batches: this one was gathered into a "
+    "batch whose run (named in the detail) handles it, listed among the batch's events.",
 }
 
 

@@ -1310,7 +1310,7 @@ class BulkActResult(_Response):
 
 # ---- limits -------------------------------------------------------------------------------
 
-LimitKind = Literal["connection", "workflow", "host", "run_start", "debounce"]
+LimitKind = Literal["connection", "workflow", "host", "run_start", "debounce", "batch"]
 
 
 class LimitsQuery(_Request):
@@ -1330,7 +1330,8 @@ class LimitView(_Response):
     kind: LimitKind = Field(
         description="connection, workflow and host: step rate limits (steps wait parked"
         " THROTTLED); run_start: a trigger's throttle on starting runs (events wait queued);"
-        " debounce: an open burst (its events are held until it fires)."
+        " debounce: an open burst (its events are held until it fires); batch: an open batch"
+        " (its events are held until it is full or its max_wait ends)."
     )
     tenant_id: str
     subject: str = Field(
@@ -1338,10 +1339,11 @@ class LimitView(_Response):
         " `<workflow_id>|<key>` (run_start), or `<workflow_id>|<key>` of a burst (debounce)."
     )
     limit: int | None = Field(
-        description="How many the window admits (a debounce: None, it admits one run)."
+        description="How many the window admits (a debounce: None, it admits one run; a"
+        " batch: its max_size)."
     )
     period_seconds: float | None = Field(
-        description="The window's length; a debounce's quiet period."
+        description="The window's length; a debounce's quiet period; a batch's max_wait."
     )
     window_start: AwareDatetime | None = None
     window_end: AwareDatetime | None = None

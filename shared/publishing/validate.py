@@ -431,6 +431,8 @@ class _Validation:
             self.check_debounce(t)
         if t.throttle is not None:
             self.check_throttle(t)
+        if t.batch is not None:
+            self.check_batch(t)
 
     def check_throttle(self, t: Trigger) -> None:
         """`throttle`: a window of at most a day, a key that reads only what a rule reads; not
@@ -453,6 +455,49 @@ class _Validation:
                 (*where, "key"),
                 th.key,
                 "a throttle key is read at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_batch(self, t: Trigger) -> None:
+        """`batch`: events of CRM or application triggers; max_wait at most a day; one run for
+        many records, so `dedup: every_time` (a record's dedup would judge the batch by its last
+        event's record); not with debounce or throttle (a batch's run starts when it is full or
+        its max_wait ends, in neither a quiet time's nor a window's turn); a key that reads only
+        what a rule reads."""
+        b = t.batch
+        assert b is not None
+        where = ("trigger", "batch")
+        if t.cron is not None or t.poll is not None:
+            self.add(
+                "error",
+                where,
+                "batch gathers events; a cron or poll trigger makes one occurrence per tick or row",
+                at_key=True,
+            )
+        if b.max_wait_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+            self.add("error", (*where, "max_wait"), f"max_wait is at most 1d; found {b.max_wait!r}")
+        if t.dedup != "every_time":
+            self.add(
+                "error",
+                where,
+                f"a batch starts one run for many records: it needs `dedup: every_time` (found "
+                f"{t.dedup})",
+                at_key=True,
+            )
+        for other in ("debounce", "throttle"):
+            if getattr(t, other) is not None:
+                self.add(
+                    "error",
+                    where,
+                    f"batch and {other} can't be combined: a batch's run starts when it is "
+                    "full or its max_wait ends",
+                    at_key=True,
+                )
+        if b.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                b.key,
+                "a batch key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
 

@@ -558,7 +558,9 @@ SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key,
 SELECT b.tenant_id, CAST(b.workflow_id AS text) AS workflow_id, b.burst_key,
        CAST(b.id AS text) AS burst_id, b.status, b.period_seconds,
        extract(epoch FROM (b.max_fire_at - b.first_event_at))::float8 AS max_wait_seconds,
-       b.event_count AS waiting, b.first_event_at AS oldest_wait_since, b.fire_at AS next_at
+       b.event_count AS waiting, b.first_event_at AS oldest_wait_since, b.fire_at AS next_at,
+       -- a batch (max_size set) is the same gathering with a size as its limit
+       b.max_size
   FROM debounce_bursts b
  WHERE b.status <> 'fired'
    AND (CAST(:tenant_id AS text) IS NULL OR b.tenant_id = CAST(:tenant_id AS text))

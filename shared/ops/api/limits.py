@@ -74,10 +74,13 @@ def get_limits(call: Call) -> LimitsReport:
         v = view("run_start", f"{r['workflow_id']}|{r['throttle_key']}", r["tenant_id"], "events")
         _waits(v, r, next_at=r["next_at"])
     for b in bursts[: q.limit]:
-        v = view("debounce", f"{b['workflow_id']}|{b['burst_key']}|{b['burst_id']}", "", "events")
+        kind = "debounce" if b["max_size"] is None else "batch"
+        v = view(kind, f"{b['workflow_id']}|{b['burst_key']}|{b['burst_id']}", "", "events")
         v.update(tenant_id=b["tenant_id"], subject=f"{b['workflow_id']}|{b['burst_key']}")
         _waits(v, b, next_at=b["next_at"])
         v["period_seconds"] = float(b["period_seconds"])
+        if b["max_size"] is not None:
+            v["limit"] = int(b["max_size"])  # a batch fires when it holds this many
     items = [
         LimitView(
             **v,
