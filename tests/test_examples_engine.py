@@ -402,6 +402,22 @@ def _import_contacts_batched(stack: ExampleStack, workflow_id: str) -> None:
     assert all(f"batched into run {run['id']}" in r["detail"] for r in batched)
 
 
+def _company_sync_two_at_a_time(stack: ExampleStack, workflow_id: str) -> None:
+    """Three contacts move to Acme: each run tells the planning service once; with the engine
+    draining each run before the next event, none had to wait (tests/test_concurrency.py
+    holds runs open to show the waiting)."""
+    moved = []
+    for name in ("Ada", "Bo", "Cy"):
+        contact = stack.fake.create_record("contacts", {"firstname": name}, PERSON)
+        stack.pump()
+        moved.append(contact.id)
+    for contact_id in moved:
+        stack.person("contacts", contact_id, {"company": "Acme"})
+    assert [s["body"]["contact_id"] for s in stack.sent] == moved
+    with stack.db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM concurrency_slots") == 0  # all ended
+
+
 def _deal_amount_alert(stack: ExampleStack, workflow_id: str) -> None:
     """Three amount changes under a limit of 20 an hour: each starts its run at once, and the
     throttle's window for the hour counts them."""
@@ -473,6 +489,7 @@ SCENARIOS = {
     "invoice-paid-webhook": _invoice_paid_webhook,
     "sync-edited-contact": _sync_edited_contact,
     "import-contacts-batched": _import_contacts_batched,
+    "company-sync-two-at-a-time": _company_sync_two_at_a_time,
     "deal-amount-alert": _deal_amount_alert,
     "new-company-any-crm": _new_company_any_crm,
     "lead-reply-classify": _lead_reply_classify,

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -65,6 +65,13 @@ from shared.workflows.expressions import (
 SQL = queries.load("debounce")
 CLOSE_OVERDUE = SQL["debounce_close_overdue"]
 JOIN = SQL["debounce_join"]
+FIRE = SQL["debounce_fire"]
+SETTLE_MEMBERS = SQL["debounce_settle_members"]
+# Admission's own dedup lock on a (workflow, record), taken by the fire as admission takes it.
+LOCK_RECORDS = queries.load("admission")["admission_lock_records"]
+# Admission's decision statement for the burst's last event (admit.py `decide_gathered`),
+# passed in: this module is admission's dependency, not the other way round.
+Decide = Callable[[Tx, Mapping[str, Any]], Mapping[str, Any]]
 
 
 # The key of a batch without `key`: one batch at a time for the whole workflow.
@@ -229,3 +236,50 @@ def join_bursts(tx: Tx, *, event_id: int, tenant_id: str, joins: list[BurstJoin]
 
 def record_json(record: Mapping[str, Any]) -> str:
     return json.dumps(record, default=str)
+
+
+@dataclass(frozen=True)
+class Fired:
+    burst_id: str
+    # `admitted` (run_id is the run), `handled` (the pairing was decided before), or the
+    # last event's refusal reason (duplicate, already_running).
+    outcome: str
+    run_id: str | None
+    last_event_id: int
+    superseded: int
+    step_id: str | None
+
+
+def fire_in(
+    tx: Tx, due: Mapping[str, Any], decide: Decide, *, commit: bool = False
+) -> Fired | None:
+    """The fire (shared/admission/debounce_fire.py, steps 1 to 4) in the caller's
+    transaction: the sweep's own (`commit`: the settle commits in its round trip), or the
+    admission whose event filled a batch (shared/admission/admit.py), which fires it before
+    its own decision statement and commits both at once —
+    so a batch is never left full and unfired, and a crash before that commit leaves the
+    event undecided and the batch as it was (the event's redelivery fills it again)."""
+    if due["dedup_mode"] != "every_time" and due["record_key"] is not None:
+        tx.one(LOCK_RECORDS, lock_keys=[f"{due['workflow_id']}|{due['record_key']}"])
+    burst = tx.one(FIRE, burst_id=due["id"], record_key=due["record_key"])
+    if burst is None:
+        return None
+    last = int(burst["last_event_id"])
+    row = decide(tx, burst)
+    outcome = str(row["outcome"])
+    run_id = row["run_id"] if outcome in ("admitted", "handled") else None
+    settled = (tx.commit_with if commit else tx.all)(
+        SETTLE_MEMBERS,
+        burst_id=burst["id"],
+        outcome=outcome,
+        run_id=run_id,
+        outcome_detail=row["detail"],
+    )
+    return Fired(
+        burst_id=burst["id"],
+        outcome=outcome,
+        run_id=run_id,
+        last_event_id=last,
+        superseded=int(settled[0]["superseded"]) if settled else 0,
+        step_id=row["step_id"] if outcome == "admitted" else None,
+    )

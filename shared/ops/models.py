@@ -1310,7 +1310,9 @@ class BulkActResult(_Response):
 
 # ---- limits -------------------------------------------------------------------------------
 
-LimitKind = Literal["connection", "workflow", "host", "run_start", "debounce", "batch"]
+LimitKind = Literal[
+    "connection", "workflow", "host", "run_start", "debounce", "batch", "concurrency"
+]
 
 
 class LimitsQuery(_Request):
@@ -1331,7 +1333,8 @@ class LimitView(_Response):
         description="connection, workflow and host: step rate limits (steps wait parked"
         " THROTTLED); run_start: a trigger's throttle on starting runs (events wait queued);"
         " debounce: an open burst (its events are held until it fires); batch: an open batch"
-        " (its events are held until it is full or its max_wait ends)."
+        " (its events are held until it is full or its max_wait ends); concurrency: a"
+        " workflow's key with runs waiting for a slot (they start as runs of the key end)."
     )
     tenant_id: str
     subject: str = Field(
@@ -1347,7 +1350,10 @@ class LimitView(_Response):
     )
     window_start: AwareDatetime | None = None
     window_end: AwareDatetime | None = None
-    admitted: int = Field(description="Claims counted in the current window (over-limit included).")
+    admitted: int = Field(
+        description="Claims counted in the current window (over-limit included); for a"
+        " concurrency key, the runs running (holding a slot)."
+    )
     waiting: int = Field(
         description="Steps parked on it, events queued behind it, or events held in the burst."
     )

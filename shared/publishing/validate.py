@@ -379,6 +379,8 @@ class _Validation:
             self.check_step(d, index, step, graph)
         self.check_object_kinds(d)
         self.check_stops(d)
+        if d.concurrency is not None:
+            self.check_concurrency(d)
         self.check_risks(d)
 
     def check_object_kinds(self, d: WorkflowDefinition) -> None:
@@ -537,6 +539,36 @@ class _Validation:
                 "a debounce key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
+
+    def check_concurrency(self, d: WorkflowDefinition) -> None:
+        """`concurrency`: a key that reads only what a rule reads (it is judged at admission);
+        not with a trigger's debounce, batch or throttle (those start their held runs
+        themselves, later, outside the slot count: not combined yet)."""
+        c = d.concurrency
+        assert c is not None
+        self.check_before_the_run(
+            ("concurrency", "key"),
+            c.key,
+            "a concurrency key is read at admission, before the run exists: it cannot read",
+            "it reads event, trigger and record",
+        )
+        if d.trigger.cron is not None or d.trigger.poll is not None:
+            self.add(
+                "error",
+                ("concurrency",),
+                "concurrency holds runs admitted from events; a cron or poll trigger starts its "
+                "runs on its own",
+                at_key=True,
+            )
+        for other in ("debounce", "batch", "throttle"):
+            if getattr(d.trigger, other) is not None:
+                self.add(
+                    "error",
+                    ("concurrency",),
+                    f"concurrency and the trigger's {other} can't be combined yet: a held "
+                    "start would bypass the slot count",
+                    at_key=True,
+                )
 
     def check_stops(self, d: WorkflowDefinition) -> None:
         """`cancel_on` and `goal` are judged on an admitted event, as a trigger rule is: they

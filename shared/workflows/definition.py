@@ -235,6 +235,22 @@ class Batch(_Strict):
         return duration_seconds(self.max_wait)
 
 
+CONCURRENCY_MAX_LIMIT = 10_000
+
+
+class Concurrency(_Strict):
+    """`concurrency: {key, limit}`: at most `limit` runs of the workflow running at once per
+    key; the runs over it wait, in admission order, and start when a run of the key ends
+    (shared/admission/concurrency.py)."""
+
+    key: str = Field(
+        min_length=1,
+        description="CEL over `event`, `trigger` and `record` naming what shares the limit "
+        f"({SCOPE_REF}), e.g. `record.company_id` or `record.hubspot_owner_id`.",
+    )
+    limit: int = Field(gt=0, le=CONCURRENCY_MAX_LIMIT, description="Running runs at most, per key.")
+
+
 class RunThrottle(_Strict):
     """`throttle: {limit, period, key}`: at most `limit` runs started per window per key; the
     events over it wait in order (shared/admission/run_throttle.py)."""
@@ -478,6 +494,24 @@ class WorkflowDefinition(_Strict):
         "rule reads it (`event`, `trigger`, `record`): the first time it holds, the run ends "
         "`goal_met`. A step in flight finishes; nothing starts after.",
     )
+
+    concurrency: Concurrency | None = Field(
+        default=None,
+        description="At most `limit` runs running at once per `key` (beyond the trigger's "
+        "`dedup`): a run over it is not refused, it waits, in admission order, and starts "
+        "when a run of its key ends.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _canonical(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        # Added after versions were first stored: left out while unset, so a definition that
+        # doesn't use it hashes as it did before (as OPTIONAL_TRIGGER_FIELDS).
+        data: dict[str, Any] = handler(self)
+        if data.get("concurrency") is None:
+            data.pop("concurrency", None)
+        return data
 
     def step(self, step_id: str) -> Step:
         for s in self.steps:

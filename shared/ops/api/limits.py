@@ -71,8 +71,11 @@ def get_limits(call: Call) -> LimitsReport:
         v = view(p["scope"], p["subject"], p["tenant_id"], "steps")
         _waits(v, p, next_at=p["next_wake_at"])
     for r in queued[: q.limit]:
-        v = view("run_start", f"{r['workflow_id']}|{r['throttle_key']}", r["tenant_id"], "events")
+        kind = "run_start" if r["gate"] == "throttle" else "concurrency"
+        v = view(kind, f"{r['workflow_id']}|{r['throttle_key']}", r["tenant_id"], "events")
         _waits(v, r, next_at=r["next_at"])
+        if kind == "concurrency":
+            v["admitted"] = int(r["running"])  # running runs holding a slot of the key
     for b in bursts[: q.limit]:
         kind = "debounce" if b["max_size"] is None else "batch"
         v = view(kind, f"{b['workflow_id']}|{b['burst_key']}|{b['burst_id']}", "", "events")
