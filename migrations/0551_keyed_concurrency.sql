@@ -34,6 +34,37 @@ CREATE TABLE concurrency_slots (
 );
 CREATE INDEX concurrency_slots_key ON concurrency_slots (workflow_id, concurrency_key);
 
+-- Grant a free slot of (workflow, key) to its oldest waiting entry, under the key's lock held
+-- by the caller, when fewer than the limit are taken: `p_limit`, or (NULL) the limit the
+-- entry was queued under (a version that lowered it lets slots drain without handing them
+-- over). The entry granted (its slot taken, due now), or NULL.
+CREATE FUNCTION onceflow_concurrency_grant_next(p_workflow uuid, p_key text, p_limit integer)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    nxt bigint;
+    head_limit integer;
+BEGIN
+    SELECT q.id, q.limit_per_window INTO nxt, head_limit FROM run_start_queue q
+     WHERE q.workflow_id = p_workflow AND q.throttle_key = p_key
+       AND q.status = 'queued' AND q.gate = 'concurrency' AND q.granted_at IS NULL
+     ORDER BY q.id LIMIT 1;
+    IF nxt IS NULL THEN
+        RETURN NULL;
+    END IF;
+    IF (SELECT count(*) FROM concurrency_slots c
+         WHERE c.workflow_id = p_workflow AND c.concurrency_key = p_key)
+       >= coalesce(p_limit, head_limit) THEN
+        RETURN NULL;
+    END IF;
+    UPDATE run_start_queue SET granted_at = now(), due_at = now()
+     WHERE id = nxt AND status = 'queued' AND granted_at IS NULL;
+    INSERT INTO concurrency_slots (run_id, workflow_id, concurrency_key)
+    SELECT q.run_id, q.workflow_id, q.throttle_key FROM run_start_queue q WHERE q.id = nxt;
+    RETURN nxt;
+END
+$$;
+
 -- Free `p_run`'s slot and hand it to the key's next waiting entry, under the key's lock (the
 -- same advisory lock admission takes: shared/sql/concurrency.sql `concurrency_lock`). The
 -- entry granted, or NULL (no slot held, or nobody waits: the slot is simply free).
@@ -41,7 +72,6 @@ CREATE FUNCTION onceflow_concurrency_pass_slot(p_run uuid) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     s concurrency_slots%ROWTYPE;
-    nxt bigint;
 BEGIN
     SELECT * INTO s FROM concurrency_slots WHERE run_id = p_run;
     IF NOT FOUND THEN
@@ -53,18 +83,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;  -- passed on by a racer that held the lock first
     END IF;
-    SELECT q.id INTO nxt FROM run_start_queue q
-     WHERE q.workflow_id = s.workflow_id AND q.throttle_key = s.concurrency_key
-       AND q.status = 'queued' AND q.gate = 'concurrency' AND q.granted_at IS NULL
-     ORDER BY q.id LIMIT 1;
-    IF nxt IS NULL THEN
-        RETURN NULL;
-    END IF;
-    UPDATE run_start_queue SET granted_at = now(), due_at = now()
-     WHERE id = nxt AND status = 'queued' AND granted_at IS NULL;
-    INSERT INTO concurrency_slots (run_id, workflow_id, concurrency_key)
-    SELECT q.run_id, q.workflow_id, q.throttle_key FROM run_start_queue q WHERE q.id = nxt;
-    RETURN nxt;
+    RETURN onceflow_concurrency_grant_next(s.workflow_id, s.concurrency_key, NULL);
 END
 $$;
 

@@ -280,3 +280,18 @@ def test_a_cancel_hands_the_slot_over_and_the_sweeps_repair_starts_the_run(
     start_granted_runs(db, SweepConfig(), lambda ids: None, report)
     assert report.runs_started_from_queue == 1
     assert running(db, "acme") == [events[1], events[2]]
+
+
+def test_a_raised_limit_serves_the_waiting_runs_first(db: Database) -> None:
+    """Limit 2, two running, three waiting; a new version raises it to 3. The next event of
+    the key grants the free slot to the oldest waiting run (started by the repair) and waits
+    behind the others itself: no new event overtakes a waiting one."""
+    workflow_id = limited(db)
+    events = [event(db, "acme", i) for i in range(5)]
+    for e in events:
+        admit(db, e)
+    activate_text(db, WORKFLOW.replace("limit: 2", "limit: 3"))
+    late = event(db, "acme", 9)
+    assert admit(db, late).outcome_for(workflow_id).outcome == "queued"
+    assert start_granted(db) == 1
+    assert running(db, "acme") == events[:3]

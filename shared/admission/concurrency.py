@@ -28,8 +28,11 @@ Slots (`concurrency_slots`, migrations/0551_keyed_concurrency.sql), and what kee
   pairing is refused then (a run of the record started meanwhile), its slot passes on to the
   next waiting entry in the same transaction.
 
-A version that lowers or raises `limit` applies to admissions from then on; slots already
-taken stay until their runs end.
+A version that changes `limit` applies to what it admits: a run's end hands its slot to the
+next waiting entry only while the key holds fewer slots than the limit that entry was queued
+under (`onceflow_concurrency_grant_next`), so a lowered limit drains as its entries come up.
+A raised one lets the next admission of the key grant the free slots to the oldest waiting
+entries first (this pairing queues behind them: no new event overtakes a waiting one).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ ENQUEUE = SQL["concurrency_enqueue"]
 GRANTED = SQL["concurrency_granted"]
 START = SQL["concurrency_start"]
 PASS_SLOT = SQL["concurrency_pass_slot"]
+GRANT_NEXT = SQL["concurrency_grant_next"]
 NEXT_WAITING = SQL["concurrency_next_waiting"]
 __all__ = ["OUTCOME"]
 
@@ -106,9 +110,15 @@ def take_or_wait(tx: Tx, *, event_id: int, tenant_id: str, item: Limited) -> Wai
     tx.one(LOCK, **keys)
     state = tx.one(STATE, **keys)
     assert state is not None
-    if int(state["waiting"]) == 0 and int(state["taken"]) < item.limit:
+    taken, waiting = int(state["taken"]), int(state["waiting"])
+    if waiting == 0 and taken < item.limit:
         tx.execute(TAKE, run_id=item.run_id, **keys)
         return None
+    # Slots free while others wait (a newer version raised the limit): the oldest get them
+    # first, in order (started by the repair, due now); this pairing queues behind them.
+    while waiting > 0 and taken < item.limit:
+        tx.one(GRANT_NEXT, limit=item.limit, **keys)
+        taken, waiting = taken + 1, waiting - 1
     row = tx.one(
         ENQUEUE,
         tenant_id=tenant_id,

@@ -87,6 +87,13 @@ RETURNING id, event_id, CAST(workflow_id AS text) AS workflow_id,
           (SELECT wb.reason FROM workflow_breakers wb
             WHERE wb.workflow_id = run_start_queue.workflow_id) AS breaker_reason
 
+-- name: concurrency_grant_next
+-- Under the lock, people waiting and a slot free (the limit was raised by a newer version
+-- since they queued): the oldest waiting entry gets it now, as a run's end would have given
+-- it (the migration's function). The entry granted, or NULL.
+SELECT onceflow_concurrency_grant_next(CAST(:workflow_id AS uuid), :concurrency_key,
+                                       CAST(:limit AS integer)) AS granted
+
 -- name: concurrency_pass_slot
 -- An entry that started no run (its pairing was refused) holds a slot no run will free: pass
 -- it to the next waiting entry now (the migration's function, under the key's lock). The
