@@ -321,3 +321,15 @@ def test_the_limits_view_shows_what_an_open_batch_holds(db: Database, client: An
     assert view["subject"] == f"{workflow_id}|workflow"
     assert (view["limit"], view["period_seconds"], view["waiting"]) == (100, 120.0, 3)
     assert view["waiting_what"] == "events" and view["oldest_wait_seconds"] is not None
+
+
+def test_the_ops_page_shows_an_open_batch(db: Database, client: Any) -> None:
+    from tests.ops_support import mint
+
+    workflow_id = batched(db, max_size=100, max_wait="2m")
+    for i in range(3):
+        admit(db, created(db, i))
+    assert client.post("/ui/login", data={"token": mint(db, "acme")}).status_code == 303
+    page = client.get("/ui").get_data(as_text=True)
+    row = page.split('class="limit-batch"')[1].split("</tr>")[0]
+    assert f"{workflow_id}|workflow" in row and "100 or 120s" in row and "3 events" in row

@@ -295,3 +295,16 @@ def test_a_raised_limit_serves_the_waiting_runs_first(db: Database) -> None:
     assert admit(db, late).outcome_for(workflow_id).outcome == "queued"
     assert start_granted(db) == 1
     assert running(db, "acme") == events[:3]
+
+
+def test_the_ops_page_shows_a_keys_limit_running_and_waiting(db: Database, client: Any) -> None:
+    from tests.ops_support import mint
+
+    workflow_id = limited(db)
+    for i in range(4):
+        admit(db, event(db, "acme", i))
+    assert client.post("/ui/login", data={"token": mint(db, "acme")}).status_code == 303
+    page = client.get("/ui").get_data(as_text=True)
+    row = page.split('class="limit-concurrency"')[1].split("</tr>")[0]
+    assert f"{workflow_id}|key:acme" in row
+    assert "2 at once" in row and "<td>2</td>" in row and "2 events" in row
