@@ -308,3 +308,85 @@ def test_the_ops_page_shows_a_keys_limit_running_and_waiting(db: Database, clien
     row = page.split('class="limit-concurrency"')[1].split("</tr>")[0]
     assert f"{workflow_id}|key:acme" in row
     assert "2 at once" in row and "<td>2</td>" in row and "2 events" in row
+
+
+def test_a_kill_after_a_runs_end_and_before_the_next_start_loses_nothing(
+    db: Database, database_url: str
+) -> None:
+    """A real step process ends a run of the key (its settle commits, handing the slot over)
+    and is killed before it starts the granted run. The grant is committed with the end: the
+    sweep's repair starts that run, once."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from shared.core.crashpoints import EXIT_CODE
+
+    limited(db)
+    events = [event(db, "acme", i) for i in range(3)]
+    for e in events:
+        admit(db, e)
+    with db.transaction() as tx:
+        step_id = tx.scalar(
+            "SELECT CAST(s.id AS text) FROM workflow_steps s JOIN workflow_runs r "
+            "ON r.id = s.run_id WHERE r.event_id = :e",
+            e=events[0],
+        )
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        NO_GCE_CHECK="true",
+        ONCEFLOW_ENABLE_CRASH_POINTS="1",
+        ONCEFLOW_CRASH_POINTS="after_commit_before_publish:1",
+    )
+    script = (
+        "from shared.core.db import get_database\n"
+        "from shared.steps.advance import advance_step\n"
+        f"advance_step(get_database(), {step_id!r}, dispatch=lambda ids: None)\n"
+        "print('survived')\n"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        env=env,
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        timeout=120,
+    )
+    assert child.returncode == EXIT_CODE, child.stderr.decode()[-2000:]
+    assert running(db, "acme") == [events[1]]  # ended, and the next not started yet
+    assert start_granted(db) == 1 and start_granted(db) == 0
+    assert running(db, "acme") == [events[1], events[2]]
+
+
+def test_a_granted_start_that_is_refused_passes_its_slot_on(db: Database) -> None:
+    """The workflow's breaker opened while runs waited: each granted start is refused
+    `workflow_paused` (a wait is no way around the breaker) and hands its slot to the next
+    waiting run in the same transaction, so no slot is left held by a run that never started."""
+    from shared.steps.cancel import cancel_run
+
+    workflow_id = limited(db)
+    events = [event(db, "acme", i) for i in range(5)]
+    for e in events:
+        admit(db, e)
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO workflow_breakers (workflow_id, state, opened_at, reason)"
+            " VALUES (CAST(:w AS uuid), 'open', now(), '10 runs failed in a row')",
+            w=workflow_id,
+        )
+        run_id = tx.scalar(
+            "SELECT CAST(id AS text) FROM workflow_runs WHERE event_id = :e", e=events[0]
+        )
+    cancel_run(db, run_id, by="test", reason="free a slot")
+    assert start_granted(db) == 3
+    assert {f["event_id"]: f["reason"] for f in refusals(db)} == dict.fromkeys(
+        events[2:], "workflow_paused"
+    )
+    with db.transaction() as tx:
+        slots = tx.all("SELECT CAST(run_id AS text) AS run_id FROM concurrency_slots")
+        held_by = tx.scalar(
+            "SELECT CAST(id AS text) FROM workflow_runs WHERE event_id = :e", e=events[1]
+        )
+    assert [s["run_id"] for s in slots] == [held_by]
