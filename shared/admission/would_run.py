@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from shared.admission import debounce, run_throttle
+from shared.admission import concurrency, debounce, run_throttle
 from shared.admission.admit import (
     DefinitionUnreadable,
     EventFacts,
@@ -281,6 +281,16 @@ def _held(
         notes.append(
             f"throttle: at most {trigger.throttle.limit} runs start per {trigger.throttle.period} "
             f"for key {slot}; when that window is full the run waits in order (queued)"
+        )
+    if trigger.concurrency is not None and trigger.concurrency_key is not None:
+        slot, missing = concurrency.concurrency_key(
+            trigger.concurrency, trigger.concurrency_key, scope
+        )
+        if slot is None:
+            return ("missing_record_identity", missing or "no concurrency key"), ()
+        notes.append(
+            f"concurrency: at most {trigger.concurrency.limit} runs run at once for key {slot}; "
+            "when that many are running the run waits in order (queued) until one ends"
         )
     return None, tuple(notes)
 
