@@ -333,3 +333,31 @@ def test_the_ops_page_shows_an_open_batch(db: Database, client: Any) -> None:
     page = client.get("/ui").get_data(as_text=True)
     row = page.split('class="limit-batch"')[1].split("</tr>")[0]
     assert f"{workflow_id}|workflow" in row and "100 or 120s" in row and "3 events" in row
+
+
+def test_an_import_of_1000_contacts_in_batches_of_100(db: Database) -> None:
+    """The example's promise at its size: 1,000 created contacts, `max_size: 100` → exactly
+    10 runs (each started by the admission of its hundredth event) and 990 `batched`. Prints
+    the admissions' latency: `pytest tests/test_batches.py -k 1000 -s`."""
+    workflow_id = batched(db, max_size=100, max_wait="2m")
+    events = [created(db, i) for i in range(1000)]
+    joining: list[float] = []
+    filling: list[float] = []
+    started = time.perf_counter()
+    for e in events:
+        t = time.perf_counter()
+        outcome = admit(db, e).outcome_for(workflow_id).outcome
+        (filling if outcome == "admitted" else joining).append(time.perf_counter() - t)
+    total = time.perf_counter() - started
+    assert len(filling) == 10 and len(runs(db)) == 10
+    assert count(db, "SELECT count(*) FROM admission_refusals WHERE reason = 'batched'") == 990
+    assert sweep(db) == 0
+
+    def ms(xs: list[float], p: float) -> float:
+        return sorted(xs)[int(p * (len(xs) - 1))] * 1000
+
+    print(
+        f"\n1,000 events in batches of 100: {total:.2f} s; an event joining p50 "
+        f"{ms(joining, 0.5):.1f} ms / p99 {ms(joining, 0.99):.1f} ms; the filling event "
+        f"(fires 100) p50 {ms(filling, 0.5):.1f} ms / max {max(filling) * 1000:.1f} ms"
+    )
