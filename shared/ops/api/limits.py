@@ -1,9 +1,11 @@
 """Limits: `/v1/limits` — what each limit is holding back now (issue 29, item 7).
 
 For every connection, workflow and host rate limit and every run-start throttle key with a
-live window or something waiting behind it, and every debounce burst not yet fired: its window
-(limit and period), what the window admitted, what waits (steps parked THROTTLED, events in
-`run_start_queue`, events held in the burst) and since when the oldest has waited. One read
+live window or something waiting behind it, every keyed-concurrency key with runs waiting for
+a slot, and every debounce burst or batch not yet fired: its window (limit and period; a
+concurrency key's limit and its running runs; a batch's max_size and max_wait), what the window
+admitted, what waits (steps parked THROTTLED, events in `run_start_queue`, events held in the
+burst or batch) and since when the oldest has waited. One read
 statement per kind (shared/sql/ops.sql `ops_limits_*`), each from an index and bounded; a
 tenant token sees its own tenant's limits, an admin every tenant's (or one it names).
 """
