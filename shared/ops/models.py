@@ -1330,7 +1330,9 @@ class BulkActResult(_Response):
 
 # ---- limits -------------------------------------------------------------------------------
 
-LimitKind = Literal["connection", "workflow", "host", "run_start", "debounce"]
+LimitKind = Literal[
+    "connection", "workflow", "host", "run_start", "debounce", "batch", "concurrency"
+]
 
 
 class LimitsQuery(_Request):
@@ -1350,7 +1352,9 @@ class LimitView(_Response):
     kind: LimitKind = Field(
         description="connection, workflow and host: step rate limits (steps wait parked"
         " THROTTLED); run_start: a trigger's throttle on starting runs (events wait queued);"
-        " debounce: an open burst (its events are held until it fires)."
+        " debounce: an open burst (its events are held until it fires); batch: an open batch"
+        " (its events are held until it is full or its max_wait ends); concurrency: a"
+        " workflow's key with runs waiting for a slot (they start as runs of the key end)."
     )
     tenant_id: str
     subject: str = Field(
@@ -1358,14 +1362,18 @@ class LimitView(_Response):
         " `<workflow_id>|<key>` (run_start), or `<workflow_id>|<key>` of a burst (debounce)."
     )
     limit: int | None = Field(
-        description="How many the window admits (a debounce: None, it admits one run)."
+        description="How many the window admits (a debounce: None, it admits one run; a"
+        " batch: its max_size)."
     )
     period_seconds: float | None = Field(
-        description="The window's length; a debounce's quiet period."
+        description="The window's length; a debounce's quiet period; a batch's max_wait."
     )
     window_start: AwareDatetime | None = None
     window_end: AwareDatetime | None = None
-    admitted: int = Field(description="Claims counted in the current window (over-limit included).")
+    admitted: int = Field(
+        description="Claims counted in the current window (over-limit included); for a"
+        " concurrency key, the runs running (holding a slot)."
+    )
     waiting: int = Field(
         description="Steps parked on it, events queued behind it, or events held in the burst."
     )

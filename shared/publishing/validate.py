@@ -379,6 +379,8 @@ class _Validation:
             self.check_step(d, index, step, graph)
         self.check_object_kinds(d)
         self.check_stops(d)
+        if d.concurrency is not None:
+            self.check_concurrency(d)
         self.check_risks(d)
 
     def check_object_kinds(self, d: WorkflowDefinition) -> None:
@@ -431,6 +433,8 @@ class _Validation:
             self.check_debounce(t)
         if t.throttle is not None:
             self.check_throttle(t)
+        if t.batch is not None:
+            self.check_batch(t)
 
     def check_throttle(self, t: Trigger) -> None:
         """`throttle`: a window of at most a day, a key that reads only what a rule reads; not
@@ -453,6 +457,49 @@ class _Validation:
                 (*where, "key"),
                 th.key,
                 "a throttle key is read at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_batch(self, t: Trigger) -> None:
+        """`batch`: events of CRM or application triggers; max_wait at most a day; one run for
+        many records, so `dedup: every_time` (a record's dedup would judge the batch by its last
+        event's record); not with debounce or throttle (a batch's run starts when it is full or
+        its max_wait ends, in neither a quiet time's nor a window's turn); a key that reads only
+        what a rule reads."""
+        b = t.batch
+        assert b is not None
+        where = ("trigger", "batch")
+        if t.cron is not None or t.poll is not None:
+            self.add(
+                "error",
+                where,
+                "batch gathers events; a cron or poll trigger makes one occurrence per tick or row",
+                at_key=True,
+            )
+        if b.max_wait_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+            self.add("error", (*where, "max_wait"), f"max_wait is at most 1d; found {b.max_wait!r}")
+        if t.dedup != "every_time":
+            self.add(
+                "error",
+                where,
+                f"a batch starts one run for many records: it needs `dedup: every_time` (found "
+                f"{t.dedup})",
+                at_key=True,
+            )
+        for other in ("debounce", "throttle"):
+            if getattr(t, other) is not None:
+                self.add(
+                    "error",
+                    where,
+                    f"batch and {other} can't be combined: a batch's run starts when it is "
+                    "full or its max_wait ends",
+                    at_key=True,
+                )
+        if b.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                b.key,
+                "a batch key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
 
@@ -492,6 +539,36 @@ class _Validation:
                 "a debounce key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
+
+    def check_concurrency(self, d: WorkflowDefinition) -> None:
+        """`concurrency`: a key that reads only what a rule reads (it is judged at admission);
+        not with a trigger's debounce, batch or throttle (those start their held runs
+        themselves, later, outside the slot count: not combined yet)."""
+        c = d.concurrency
+        assert c is not None
+        self.check_before_the_run(
+            ("concurrency", "key"),
+            c.key,
+            "a concurrency key is read at admission, before the run exists: it cannot read",
+            "it reads event, trigger and record",
+        )
+        if d.trigger.cron is not None or d.trigger.poll is not None:
+            self.add(
+                "error",
+                ("concurrency",),
+                "concurrency holds runs admitted from events; a cron or poll trigger starts its "
+                "runs on its own",
+                at_key=True,
+            )
+        for other in ("debounce", "batch", "throttle"):
+            if getattr(d.trigger, other) is not None:
+                self.add(
+                    "error",
+                    ("concurrency",),
+                    f"concurrency and the trigger's {other} can't be combined yet: a held "
+                    "start would bypass the slot count",
+                    at_key=True,
+                )
 
     def check_stops(self, d: WorkflowDefinition) -> None:
         """`cancel_on` and `goal` are judged on an admitted event, as a trigger rule is: they

@@ -68,7 +68,11 @@ WITH claimed AS (
               e.author_id, e.changed_fields,
               -- A debounced run's burst (`event.burst`): one lookup by the unique run_id, that
               -- of its lineage's root, so a replay reads the burst its original run read.
-              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.lineage_root) AS burst
+              (SELECT b.events FROM debounce_bursts b
+                WHERE b.run_id = r.lineage_root AND b.max_size IS NULL) AS burst,
+              -- A batch's run's events (`event.batch`), the same way.
+              (SELECT b.events FROM debounce_bursts b
+                WHERE b.run_id = r.lineage_root AND b.max_size IS NOT NULL) AS batch
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
