@@ -249,8 +249,10 @@ RETURNING id
 
 -- name: ops_retry_run_reopen
 -- Only a failed run is reopened; zero rows means someone else retried or replayed it first.
+-- A compensated run goes back to its main phase: the compensations that ran keep their rows,
+-- so a second failure undoes only what succeeded since (steps_next_compensation).
 UPDATE workflow_runs
-SET status = 'running', finished_at = NULL, error = NULL
+SET status = 'running', finished_at = NULL, error = NULL, phase = 'main'
 WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
 
 -- name: ops_retry_step_reset

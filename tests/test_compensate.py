@@ -1,0 +1,180 @@
+"""Undo (issue 30, item 6): a step's `compensate:` runs, through the real step engine, when its
+run fails after it succeeded — once, in reverse order, under its own idempotency key — against
+the fake CRM over real HTTP."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from devstack.fakecrm import FakeCrm
+from shared.blocks.base import BlockSpec
+from shared.core.db import Database
+from shared.steps.advance import Advanced, advance_step
+from tests.blocks_support import fake_crm, seed_connection, seed_tenant
+from tests.steps_blocks import Recorder, block_lookup
+from tests.steps_support import definition, publish_version, run_row, start_run, steps_of
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCrm]:
+    with fake_crm(monkeypatch) as server:
+        yield server
+
+
+def _create_task(connection_id: str, subject: str, nxt: str) -> dict[str, Any]:
+    """A step that creates a CRM task and, as its undo, marks that very task cancelled (the
+    undo reads the step's own output: the id the CRM gave)."""
+    sid = subject.lower().replace(" ", "_")
+    return {
+        "id": sid,
+        "type": "crm.create",
+        "config": {
+            "object_type": "tasks",
+            "connection_id": connection_id,
+            "properties": {"hs_task_subject": subject, "hs_timestamp": "2026-12-03T10:00:00Z"},
+        },
+        "compensate": {
+            "type": "crm.update",
+            "config": {
+                "object_type": "tasks",
+                "connection_id": connection_id,
+                "object_id": "${{ steps." + sid + ".output.id }}",
+                "properties": {"hs_task_subject": "CANCELLED: " + subject},
+            },
+        },
+        "next": nxt,
+    }
+
+
+class Engine:
+    """Delivers step-ready messages the way Pub/Sub would (each published id once, in order),
+    and remembers every id ever published so a test can deliver one again."""
+
+    def __init__(self, db: Database, lookup: Callable[[str], BlockSpec]) -> None:
+        self.db, self.lookup = db, lookup
+        self.queue: deque[str] = deque()
+        self.published: list[str] = []
+
+    def dispatch(self, ids: Sequence[str]) -> None:
+        self.queue.extend(ids)
+        self.published.extend(ids)
+
+    def advance(self, step_id: str) -> Advanced:
+        return advance_step(self.db, step_id, lookup=self.lookup, dispatch=self.dispatch)
+
+    def drain(self, first: Sequence[str]) -> None:
+        self.queue.extend(first)
+        while self.queue:
+            self.advance(self.queue.popleft())
+
+
+def _patches(fake: FakeCrm) -> list[dict[str, Any]]:
+    return [r for r in fake.state()["requests"] if r["method"] == "PATCH"]
+
+
+def test_a_failed_run_undoes_the_task_its_first_step_created_once_even_when_redelivered(
+    db: Database, fake: FakeCrm
+) -> None:
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    engine = Engine(db, block_lookup(Recorder()))
+    version = publish_version(
+        db,
+        definition(
+            [
+                _create_task(connection_id, "Call Ada", "fail"),
+                {"id": "fail", "type": "test.fail_permanent"},
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.drain(first)
+
+    steps = steps_of(db, run_id)
+    assert steps["fail"]["status"] == "failed"
+    undo = steps["compensate:call_ada"]
+    assert undo["status"] == "succeeded", undo["error"]
+    assert undo["block_type"] == "crm.update"
+    # Its own idempotency key, not the step's it undoes.
+    assert undo["idempotency_key"] == f"onceflow:{run_id}:compensate:call_ada"
+    assert undo["idempotency_key"] != steps["call_ada"]["idempotency_key"]
+    [task] = fake.records("tasks")
+    assert task["properties"]["hs_task_subject"] == "CANCELLED: Call Ada"
+    run = run_row(db, run_id)
+    assert run["status"] == "failed" and run["phase"] == "compensating"
+    assert "step fail failed (HTTP_400)" in run["error"]
+
+    # Pub/Sub delivers the compensation's message again, and every other one too: nothing
+    # runs twice, the task is corrected exactly once.
+    for step_id in list(engine.published):
+        assert not engine.advance(step_id).claimed
+    assert len(_patches(fake)) == 1
+    assert run_row(db, run_id)["status"] == "failed"
+
+
+def test_compensations_run_in_reverse_order_of_success_and_a_failed_one_does_not_stop_the_rest(
+    db: Database, fake: FakeCrm
+) -> None:
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    recorder = Recorder()
+    engine = Engine(db, block_lookup(recorder))
+    version = publish_version(
+        db,
+        definition(
+            [
+                _create_task(connection_id, "First", "middle"),
+                # An undo that fails permanently: recorded, and the next undo still runs.
+                {
+                    "id": "middle",
+                    "type": "test.noop",
+                    "compensate": {"type": "test.fail_permanent"},
+                    "next": "second",
+                },
+                _create_task(connection_id, "Second", "fail"),
+                {"id": "fail", "type": "test.fail_permanent"},
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.drain(first)
+
+    steps = steps_of(db, run_id)
+    undone = sorted(
+        (s for k, s in steps.items() if k.startswith("compensate:")),
+        key=lambda s: s["started_at"],
+    )
+    assert [s["step_key"] for s in undone] == [
+        "compensate:second",
+        "compensate:middle",
+        "compensate:first",
+    ]
+    assert [s["status"] for s in undone] == ["succeeded", "failed", "succeeded"]
+    assert undone[1]["outcome_code"] == "HTTP_400"
+    subjects = sorted(t["properties"]["hs_task_subject"] for t in fake.records("tasks"))
+    assert subjects == ["CANCELLED: First", "CANCELLED: Second"]
+    assert recorder.count("compensate:middle") == 1
+    # The run ends failed with the original error; each undo's outcome is on its row.
+    run = run_row(db, run_id)
+    assert run["status"] == "failed" and "step fail failed" in run["error"]
+
+
+def test_a_run_that_succeeds_runs_no_compensation(db: Database, fake: FakeCrm) -> None:
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    engine = Engine(db, block_lookup(Recorder()))
+    version = publish_version(
+        db,
+        definition(
+            [_create_task(connection_id, "Call Ada", "done"), {"id": "done", "type": "test.noop"}]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.drain(first)
+    assert run_row(db, run_id)["status"] == "succeeded"
+    assert not [k for k in steps_of(db, run_id) if k.startswith("compensate:")]
+    assert _patches(fake) == []
