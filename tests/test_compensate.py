@@ -4,6 +4,7 @@ the fake CRM over real HTTP."""
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -11,11 +12,12 @@ from typing import Any
 import pytest
 
 from devstack.fakecrm import FakeCrm
-from shared.blocks.base import BlockSpec
+from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec
 from shared.core.db import Database
 from shared.steps.advance import Advanced, advance_step
+from shared.steps.cancel import cancel_run
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
-from tests.steps_blocks import Recorder, block_lookup
+from tests.steps_blocks import Recorder, block_lookup, spec
 from tests.steps_support import definition, publish_version, run_row, start_run, steps_of
 
 
@@ -178,3 +180,92 @@ def test_a_run_that_succeeds_runs_no_compensation(db: Database, fake: FakeCrm) -
     assert run_row(db, run_id)["status"] == "succeeded"
     assert not [k for k in steps_of(db, run_id) if k.startswith("compensate:")]
     assert _patches(fake) == []
+
+
+def test_a_cancel_racing_the_failing_settle_at_a_barrier_stops_the_run_or_lets_the_undo_end(
+    db: Database,
+) -> None:
+    """Exactly one of them decides the run: the cancel (cancelled, nothing undone: a cancel
+    doesn't compensate) or the failure (compensating; the cancel is refused with the reason and
+    the undo runs to the end, the run failed). Never both, never a compensation cut short."""
+    barrier = threading.Barrier(2)
+    recorder = Recorder()
+
+    def fails_at_the_barrier(ctx: BlockContext, config: object) -> BlockResult:
+        barrier.wait()
+        raise BlockFailure("bad request", error_class="permanent", outcome_code="HTTP_400")
+
+    engine = Engine(
+        db,
+        block_lookup(recorder, **{"test.race_fail": spec("test.race_fail", fails_at_the_barrier)}),
+    )
+    version = publish_version(
+        db,
+        definition(
+            [
+                {
+                    "id": "done_first",
+                    "type": "test.noop",
+                    "compensate": {"type": "test.noop"},
+                    "next": "fail",
+                },
+                {"id": "fail", "type": "test.race_fail"},
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.advance(first[0])
+    [fail_id] = list(engine.queue)
+    engine.queue.clear()
+    settled: list[Advanced] = []
+    advancing = threading.Thread(target=lambda: settled.append(engine.advance(fail_id)))
+    advancing.start()
+    barrier.wait()
+    cancelled = cancel_run(db, run_id, by="alice", reason="stop")
+    advancing.join(30)
+    assert cancelled is not None and settled
+    engine.drain([])
+    run, steps = run_row(db, run_id), steps_of(db, run_id)
+    assert steps["fail"]["status"] == "failed"
+    if cancelled.moved:
+        assert run["status"] == "cancelled" and run["phase"] == "main"
+        assert "compensate:done_first" not in steps
+        assert recorder.count("compensate:done_first") == 0
+    else:
+        assert cancelled.status == "running" and cancelled.phase == "compensating"
+        assert "compensations" in (cancelled.why_not or "")
+        assert run["status"] == "failed"
+        assert steps["compensate:done_first"]["status"] == "succeeded"
+        assert recorder.count("compensate:done_first") == 1
+
+
+def test_a_cancel_of_a_compensating_run_is_refused_and_the_undo_finishes(db: Database) -> None:
+    recorder = Recorder()
+    engine = Engine(db, block_lookup(recorder))
+    version = publish_version(
+        db,
+        definition(
+            [
+                {
+                    "id": "done_first",
+                    "type": "test.noop",
+                    "compensate": {"type": "test.noop"},
+                    "next": "fail",
+                },
+                {"id": "fail", "type": "test.fail_permanent"},
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.advance(first[0])
+    engine.advance(engine.queue.popleft())  # fails: the compensation is created, pending
+    assert run_row(db, run_id)["phase"] == "compensating"
+    assert steps_of(db, run_id)["compensate:done_first"]["status"] == "pending"
+
+    refused = cancel_run(db, run_id, by="alice", reason="stop")
+    assert refused is not None and not refused.moved
+    assert refused.why_not is not None and "running its compensations" in refused.why_not
+    engine.drain([])
+    assert run_row(db, run_id)["status"] == "failed"
+    assert steps_of(db, run_id)["compensate:done_first"]["status"] == "succeeded"
+    assert recorder.count("compensate:done_first") == 1

@@ -499,8 +499,11 @@ FOR UPDATE
 -- so it creates no next steps (settle_step). The row returned is the newest one whether or not
 -- this statement moved it: a loser (the run already ended, a second cancel) says who won and
 -- when; `running_steps` is read under the lock too. No row: no such live run in scope.
+-- A run in its compensating phase (shared/steps/saga.py) is not cancelled: a step failed
+-- first, the run will end failed, and a cancel would leave its undo half done; the loser's
+-- row says `phase`.
 WITH run AS (
-    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
     FROM workflow_runs
     WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
       AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
@@ -511,7 +514,7 @@ WITH run AS (
         cancel_reason = CAST(:reason AS text),
         error = 'cancelled by ' || CAST(:by AS text) || ': ' || CAST(:reason AS text)
     FROM run
-    WHERE r.id = run.id AND r.status = 'running'
+    WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
     RETURNING r.id, r.status, r.finished_at, r.cancelled_by, r.cancel_reason
 ), skipped AS (
     UPDATE workflow_steps s
@@ -530,7 +533,7 @@ SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
        coalesce(c.status, run.status) AS status,
        coalesce(c.finished_at, run.finished_at) AS finished_at,
        coalesce(c.cancelled_by, run.cancelled_by) AS cancelled_by,
-       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason,
+       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason, run.phase,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
@@ -546,9 +549,10 @@ FROM run LEFT JOIN cancelled c ON c.id = run.id
 -- every settle of the run, and a step in flight keeps its lease, finishes its attempt, and its
 -- settle creates nothing after it (the run is no longer running). The row returned is the
 -- newest whether or not this moved it: a loser (the run already ended: a cancel, another
--- goal event, its last step) says how. No row: no such live run.
+-- goal event, its last step) says how; a compensating run is left to finish its undo, as the
+-- cancel leaves it. No row: no such live run.
 WITH run AS (
-    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
     FROM workflow_runs
     WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
     FOR UPDATE
@@ -556,7 +560,7 @@ WITH run AS (
     UPDATE workflow_runs r
     SET status = 'goal_met', finished_at = now(), error = NULL
     FROM run
-    WHERE r.id = run.id AND r.status = 'running'
+    WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
     RETURNING r.id, r.status, r.finished_at
 ), skipped AS (
     UPDATE workflow_steps s
@@ -574,7 +578,7 @@ WITH run AS (
 SELECT CAST(run.id AS text) AS run_id, e.id IS NOT NULL AS moved,
        coalesce(e.status, run.status) AS status,
        coalesce(e.finished_at, run.finished_at) AS finished_at,
-       run.cancelled_by, run.cancel_reason,
+       run.cancelled_by, run.cancel_reason, run.phase,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
