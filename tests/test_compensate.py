@@ -4,7 +4,11 @@ the fake CRM over real HTTP."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -13,7 +17,11 @@ import pytest
 
 from devstack.fakecrm import FakeCrm
 from shared.blocks.base import BlockContext, BlockFailure, BlockResult, BlockSpec
+from shared.core.crashpoints import EXIT_CODE
 from shared.core.db import Database
+from shared.core.duty import SweepConfig, SweepReport
+from shared.ops.api.runs import run_detail
+from shared.steps import repairs
 from shared.steps.advance import Advanced, advance_step
 from shared.steps.cancel import cancel_run
 from tests.blocks_support import fake_crm, seed_connection, seed_tenant
@@ -116,6 +124,13 @@ def test_a_failed_run_undoes_the_task_its_first_step_created_once_even_when_rede
         assert not engine.advance(step_id).claimed
     assert len(_patches(fake)) == 1
     assert run_row(db, run_id)["status"] == "failed"
+
+    # The run API (GET /v1/runs/{id}) shows the phase and the undo with its outcome.
+    detail = run_detail(db, run_id, None)
+    assert detail.phase == "compensating" and detail.run.status == "failed"
+    [shown] = [s for s in detail.steps if s.step_key == "compensate:call_ada"]
+    assert shown.status == "succeeded" and shown.block_type == "crm.update"
+    assert shown.input is not None and shown.input["object_id"] == task["id"]
 
 
 def test_compensations_run_in_reverse_order_of_success_and_a_failed_one_does_not_stop_the_rest(
@@ -269,3 +284,87 @@ def test_a_cancel_of_a_compensating_run_is_refused_and_the_undo_finishes(db: Dat
     assert run_row(db, run_id)["status"] == "failed"
     assert steps_of(db, run_id)["compensate:done_first"]["status"] == "succeeded"
     assert recorder.count("compensate:done_first") == 1
+
+
+CHILD = (
+    "import sys\n"
+    "from shared.core.db import get_database\n"
+    "from shared.steps.advance import advance_step\n"
+    "advance_step(get_database(), sys.argv[1], dispatch=lambda ids: None)\n"
+)
+LEASE = {"ONCEFLOW_STEP_LEASE_SECONDS": "1.5", "ONCEFLOW_STEP_HEARTBEAT_SECONDS": "0.5"}
+
+
+def test_a_compensation_killed_after_its_call_is_reclaimed_and_settles_once(
+    db: Database, database_url: str, fake: FakeCrm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process running the undo dies after the CRM applied it and before the settle
+    committed (crash point before_settle_commit, exit 137): the sweep reclaims the expired
+    lease, the undo runs again under the same idempotency key (crm.update is idempotent: the
+    same write, the same result), and its row settles once; the run then ends failed."""
+    for name, value in LEASE.items():
+        monkeypatch.setenv(name, value)
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    engine = Engine(db, block_lookup(Recorder()))
+    version = publish_version(
+        db,
+        definition(
+            [
+                _create_task(connection_id, "Call Ada", "fail"),
+                {
+                    # A catalog block that fails for good: the record does not exist (404).
+                    "id": "fail",
+                    "type": "crm.update",
+                    "config": {
+                        "object_type": "tasks",
+                        "connection_id": connection_id,
+                        "object_id": "404404404",
+                        "properties": {"hs_task_subject": "x"},
+                    },
+                },
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.advance(first[0])
+    engine.advance(engine.queue.popleft())
+    assert steps_of(db, run_id)["fail"]["status"] == "failed"
+    [undo_id] = list(engine.queue)
+    engine.queue.clear()
+
+    env = dict(
+        os.environ,
+        DATABASE_URL=database_url,
+        NO_GCE_CHECK="true",
+        ONCEFLOW_ENABLE_CRASH_POINTS="1",
+        ONCEFLOW_CRASH_POINTS="before_settle_commit",
+        **LEASE,
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, undo_id],
+        check=False,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert child.returncode == EXIT_CODE, child.stderr[-2000:]
+    assert steps_of(db, run_id)["compensate:call_ada"]["status"] == "running"
+    assert len(_patches(fake)) == 2  # the failing update, and the undo that landed
+
+    config = SweepConfig.from_env()
+    deadline = time.monotonic() + 20
+    while steps_of(db, run_id)["compensate:call_ada"]["status"] == "running":
+        assert time.monotonic() < deadline, "the expired lease was never reclaimed"
+        time.sleep(0.3)
+        repairs.reclaim_expired_leases(db, config, engine.dispatch, SweepReport())
+    engine.drain([])
+    engine.advance(undo_id)  # and Pub/Sub's late redelivery of the first message
+
+    undo = steps_of(db, run_id)["compensate:call_ada"]
+    assert undo["status"] == "succeeded" and undo["attempt"] == 2
+    [task] = fake.records("tasks")
+    assert task["properties"]["hs_task_subject"] == "CANCELLED: Call Ada"
+    undo_calls = [p for p in _patches(fake) if task["id"] in p["path"]]
+    assert len(undo_calls) == 2  # sent again after the crash: at least once, idempotent
+    assert run_row(db, run_id)["status"] == "failed"

@@ -110,7 +110,7 @@ SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
        record_label(l.label, l.email) AS record_label, r.dedup_mode,
        r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
        r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason,
-       r.replay_from, r.replay_by
+       r.replay_from, r.replay_by, r.phase
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 JOIN workflow_versions v ON v.id = r.version_id
