@@ -368,3 +368,40 @@ def test_a_compensation_killed_after_its_call_is_reclaimed_and_settles_once(
     undo_calls = [p for p in _patches(fake) if task["id"] in p["path"]]
     assert len(undo_calls) == 2  # sent again after the crash: at least once, idempotent
     assert run_row(db, run_id)["status"] == "failed"
+
+
+def test_a_replay_of_a_compensated_run_does_the_undone_step_again_and_copies_no_undo(
+    db: Database, fake: FakeCrm
+) -> None:
+    from shared.ops.replay import replay_run
+
+    seed_tenant(db)
+    connection_id = seed_connection(db, fake.url)
+    engine = Engine(db, block_lookup(Recorder()))
+    version = publish_version(
+        db,
+        definition(
+            [
+                _create_task(connection_id, "Call Ada", "fail"),
+                {"id": "fail", "type": "test.fail_permanent"},
+            ]
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.drain(first)
+    assert run_row(db, run_id)["status"] == "failed"
+
+    replayed = replay_run(db, run_id=run_id, tenant_scope=None, dispatch=engine.dispatch)
+    assert [s.step_key for s in replayed.plan.restart] == ["call_ada"]
+    assert replayed.plan.copy == ()
+    engine.drain([])
+    steps = steps_of(db, replayed.run_id)
+    # The task was created again (its first one was undone), the failure undid it again.
+    assert steps["call_ada"]["status"] == "succeeded"
+    assert steps["compensate:call_ada"]["status"] == "succeeded"
+    assert steps["compensate:call_ada"]["idempotency_key"] == (
+        f"onceflow:{run_id}:compensate:call_ada"
+    )
+    subjects = [t["properties"]["hs_task_subject"] for t in fake.records("tasks")]
+    assert subjects == ["CANCELLED: Call Ada", "CANCELLED: Call Ada"]
+    assert run_row(db, replayed.run_id)["status"] == "failed"
