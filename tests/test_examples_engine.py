@@ -202,6 +202,15 @@ def _deal_closed_won(stack: ExampleStack, workflow_id: str) -> None:
     assert [s["step"] for s in stack.sent] == ["notify_billing"]
 
 
+def _deal_won_kickoff(stack: ExampleStack, workflow_id: str) -> None:
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    stack.pump()
+    stack.person("deals", deal.id, {"dealstage": "closedwon"})
+    (task,) = _task_shown_on(stack, "deals", deal.id)
+    assert task["properties"]["hs_task_subject"] == f"Kickoff for deal {deal.id}"
+    assert [s["step"] for s in stack.sent] == ["notify_billing"]
+
+
 def _deal_contacts_foreach(stack: ExampleStack, workflow_id: str) -> None:
     deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
     contacts = [
@@ -481,6 +490,7 @@ SCENARIOS = {
     "enroll-new-lead": _enroll_new_lead,
     "deal-closed-won": _deal_closed_won,
     "deal-contacts-foreach": _deal_contacts_foreach,
+    "deal-won-kickoff": _deal_won_kickoff,
     "discount-approval": _discount_approval,
     "lead-replied-reengage": _lead_replied_reengage,
     "weekday-contracts-digest": _weekday_contracts_digest,

@@ -400,6 +400,12 @@ class RunDetail(_Response):
         default=None, description="The step this replay started from (null: its first failure)."
     )
     replay_by: str | None = Field(default=None, description="Who asked for this replay.")
+    phase: Literal["main", "compensating"] = Field(
+        default="main",
+        description="`compensating`: a step failed and the run is undoing the steps that "
+        "declare `compensate:` (their rows are the steps keyed `compensate:<step>`, each with "
+        "its outcome); it ends failed. A failed run that compensated keeps this phase.",
+    )
     steps: list[StepView]
     charges: list[Charge] = Field(description="Ledger rows for this run's idempotency keys.")
     lineage: list[LineageEntry] = Field(description="Every live run of the replay lineage.")

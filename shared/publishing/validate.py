@@ -708,25 +708,50 @@ class _Validation:
         for path, compiled in self.check_step_config(i, step):
             for ref in sorted(compiled.step_refs):
                 self.check_reference(d, step, path, ref, graph)
+        self.check_compensation(d, i, step, graph)
 
-    def check_step_config(self, i: int, step: Step) -> list[tuple[PathT, CompiledExpression]]:
-        """Block type, config and expressions of one step; its compiled expressions."""
+    def check_compensation(
+        self, d: WorkflowDefinition, i: int, step: Step, graph: _Graph | None
+    ) -> None:
+        """A step's `compensate:` (shared/steps/saga.py): a known action block with a config it
+        accepts, reading the output of the step it undoes or of steps before it."""
+        undo = step.compensation()
+        if undo is None:
+            return
+        base: PathT = ("steps", i, "compensate")
+        if registry.is_registered(undo.type) and registry.get(undo.type).kind == "flow":
+            self.add(
+                "error",
+                (*base, "type"),
+                f"{undo.type} is flow control: a compensation undoes a side effect with an "
+                "action block (crm.update, http.request, …)",
+            )
+        for path, compiled in self.check_step_config(i, undo, base=base):
+            for ref in sorted(compiled.step_refs):
+                if ref != step.id:  # the undo reads what the step it undoes returned
+                    self.check_reference(d, step, path, ref, graph)
+
+    def check_step_config(
+        self, i: int, step: Step, *, base: PathT | None = None
+    ) -> list[tuple[PathT, CompiledExpression]]:
+        """Block type, config and expressions of one step (or, under `base`, of a step's
+        compensation); its compiled expressions."""
+        base = ("steps", i) if base is None else base
         if not registry.is_registered(step.type):
             known = ", ".join(s.type_name for s in registry.all_specs())
-            self.add(
-                "error", ("steps", i, "type"), f"unknown block type {step.type!r} (known: {known})"
-            )
+            self.add("error", (*base, "type"), f"unknown block type {step.type!r} (known: {known})")
         else:
             spec = registry.get(step.type)
             try:
                 spec.config_model.model_validate(step.config)
             except ValidationError as exc:
-                self.model_errors(exc, ("steps", i, "config"), skip_templates=step.config)
+                self.model_errors(exc, (*base, "config"), skip_templates=step.config)
             if spec.config_warnings is not None:
                 for where, message in spec.config_warnings(step.config):
-                    self.add("warning", ("steps", i, "config", *where), message)
+                    self.add("warning", (*base, "config", *where), message)
+        # A compensation's expressions are its config's only (it has no edges or branches).
         expressions: list[tuple[PathT, str]] = [
-            (("steps", i, *where), src) for where, src in step_expressions(step)
+            ((*base, *where), src) for where, src in step_expressions(step)
         ]
         compiled_all: list[tuple[PathT, CompiledExpression]] = []
         for path, src in expressions:

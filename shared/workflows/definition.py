@@ -405,6 +405,25 @@ JUMP_KEYS = ("on_timeout", "on_reject")
 CONDITION_KEYS: dict[str, tuple[str, ...]] = {"wait_for": ("when",)}
 
 
+class Compensation(_Strict):
+    """`compensate: {type, config}` on a step: the block that undoes what the step did (delete
+    the task it created, post a correction), run when the run fails after the step succeeded
+    (shared/steps/saga.py). Its config reads the step's output as `steps.<id>.output`."""
+
+    type: str = Field(description="Block type of the undo, e.g. crm.update, http.request.")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The undo block's config; a value may be a `${{ … }}` template over the "
+        f"expression scope ({SCOPE_REF}), `steps.<this step>.output` included.",
+    )
+
+
+# Step fields added after versions were first stored: left out of the canonical form while
+# unset, so a definition that doesn't use them hashes exactly as it did before (as the
+# trigger's OPTIONAL_TRIGGER_FIELDS).
+OPTIONAL_STEP_FIELDS = ("compensate",)
+
+
 class Step(_Strict):
     id: str = Field(pattern=STEP_ID_PATTERN)
     type: str = Field(description="Block type, e.g. crm.create, http.request, branch, delay, end.")
@@ -416,6 +435,28 @@ class Step(_Strict):
     next: str | None = None
     branches: list[Branch] = Field(default_factory=list)
     otherwise: str | None = None
+    compensate: Compensation | None = Field(
+        default=None,
+        description="What undoes this step when its run fails after it succeeded: run once, "
+        "in reverse order of the steps that succeeded, each under its own idempotency key.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _canonical(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in OPTIONAL_STEP_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+    def compensation(self) -> Step | None:
+        """The undo as a node the engine runs: this step's id (its journal key is
+        `compensate:<id>`, shared/steps/journal.py), the undo's block and config, no edges."""
+        if self.compensate is None:
+            return None
+        return Step(id=self.id, type=self.compensate.type, config=self.compensate.config)
 
     def successors(self) -> list[str]:
         """Every node this step can lead to, in declaration order: its branches, `otherwise`,
