@@ -1,0 +1,254 @@
+"""Outbound events (issue 30 item 4): written with their fact, sent signed (Standard Webhooks)
+to a real receiver on 127.0.0.1, at least once with one id across attempts, retried with
+backoff, given up at the cap, re-sendable, sent once per attempt by racing sweeps, and never
+sent to an address the SSRF guard refuses."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from shared.core.db import Database
+from shared.core.errors import PermanentError
+from shared.core.netguard import NetPolicy
+from shared.ingest import outbound as events
+from shared.publishing import outbound
+from shared.steps import settle
+from shared.steps.claim import LeaseConfig, claim_step
+from shared.steps.outcomes import Settlement
+from shared.steps.states import StepStatus
+from tests.admission_support import at_barrier
+from tests.steps_support import TENANT, chain, definition, publish_version, start_run
+
+SECRET_ENV = "OUTBOUND_TEST_SECRET"
+SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+LEASE = LeaseConfig(lease_seconds=60, heartbeat_seconds=30)
+FAILED = Settlement(
+    status=StepStatus.FAILED,
+    attempt=1,
+    outcome_code="HTTP_400",
+    error="bad request",
+    error_class="permanent",
+)
+
+
+class Receiver:
+    """A real HTTP server on 127.0.0.1: answers the queued statuses in turn (then 200) and
+    records every request with its arrival time."""
+
+    def __init__(self) -> None:
+        self.statuses: list[int] = []
+        self.requests: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver.lock:
+                    receiver.requests.append(
+                        {"at": time.monotonic(), "headers": dict(self.headers), "body": body}
+                    )
+                    status = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(status)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def ids(self) -> list[str]:
+        return [r["headers"]["webhook-id"] for r in self.requests]
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    # The same allowance the http.request block's tests use (tests/blocks_support.py).
+    monkeypatch.setattr(outbound, "net_policy", lambda: NetPolicy(allow_loopback=True))
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+    r.server.server_close()
+
+
+def _subscribe(db: Database, url: str, types: list[str]) -> str:
+    with db.transaction() as tx:
+        tx.execute(
+            "INSERT INTO tenants (id, name) VALUES (:t, :t) ON CONFLICT DO NOTHING", t=TENANT
+        )
+        return str(
+            events.subscribe(
+                tx, tenant_id=TENANT, url=url, event_types=types, secret_env=SECRET_ENV
+            )["id"]
+        )
+
+
+def _deliveries(db: Database) -> list[dict[str, Any]]:
+    with db.transaction() as tx:
+        return [
+            dict(r)
+            for r in tx.all(
+                "SELECT * FROM outbound_deliveries ORDER BY subscription_id, event_type"
+            )
+        ]
+
+
+def _emit(db: Database, key: str = "approval.requested:s1") -> None:
+    with db.transaction() as tx:
+        events.emit(
+            tx, tenant_id=TENANT, event_type="approval.requested", key=key, data={"step": key}
+        )
+
+
+def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """An independent Standard Webhooks verifier (written from the spec, not from ours)."""
+    key = base64.b64decode(secret.split("_", 1)[1])
+    content = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, content, hashlib.sha256).digest()).decode()
+    signatures = [s.split(",", 1) for s in headers["webhook-signature"].split(" ")]
+    fresh = abs(time.time() - int(headers["webhook-timestamp"])) < 300
+    return fresh and any(v == "v1" and hmac.compare_digest(sig, expected) for v, sig in signatures)
+
+
+def test_a_receiver_that_fails_then_succeeds_gets_one_id_over_several_attempts_with_backoff(
+    db: Database, receiver: Receiver
+) -> None:
+    _subscribe(db, receiver.url, ["approval.requested"])
+    _emit(db)
+    receiver.statuses = [500, 500]
+    base = 0.3
+    passes = 0
+    while not _deliveries(db)[0]["delivered_at"] and passes < 200:
+        outbound.deliver_due(db, backoff_base=base)
+        passes += 1
+        time.sleep(0.02)
+    [row] = _deliveries(db)
+    assert row["status"] == "delivered" and row["attempts"] == 3
+    assert len(receiver.requests) == 3 and len(set(receiver.ids())) == 1
+    assert receiver.ids()[0] == row["id"] and row["id"].startswith("msg_")
+    at = [r["at"] for r in receiver.requests]
+    # Backoff: base after the first failure, twice base after the second.
+    assert at[1] - at[0] >= base and at[2] - at[1] >= 2 * base
+    for request in receiver.requests:
+        assert verify(SECRET, request["headers"], request["body"])
+        assert not verify(SECRET, request["headers"], request["body"] + b" ")
+    body = json.loads(receiver.requests[0]["body"])
+    assert body["type"] == "approval.requested" and body["data"] == {
+        "step": "approval.requested:s1"
+    }
+    assert {r["body"] for r in receiver.requests} == {receiver.requests[0]["body"]}
+
+
+def test_a_delivery_is_given_up_after_its_attempts_recorded_and_resent_with_the_same_id(
+    db: Database, receiver: Receiver
+) -> None:
+    _subscribe(db, receiver.url, ["approval.requested"])
+    _emit(db)
+    receiver.statuses = [503, 503]
+    for _ in range(3):
+        outbound.deliver_due(db, backoff_base=0.0, max_attempts=2)
+    [row] = _deliveries(db)
+    assert row["status"] == "given_up" and row["attempts"] == 2
+    assert row["last_status"] == 503 and "HTTP 503" in row["last_error"]
+    assert len(receiver.requests) == 2
+
+    assert outbound.resend(db, row["id"], tenant_id="someone-else") is False
+    assert outbound.resend(db, row["id"], tenant_id=TENANT) is True
+    done = outbound.deliver_due(db, backoff_base=0.0, max_attempts=2)
+    assert done.delivered == [row["id"]]
+    [after] = _deliveries(db)
+    assert after["status"] == "delivered" and after["attempts"] == 3
+    assert receiver.ids() == [row["id"]] * 3
+
+
+def test_two_sweeps_at_a_barrier_send_each_attempt_once(
+    db: Database, database_url: str, receiver: Receiver
+) -> None:
+    _subscribe(db, receiver.url, ["approval.requested"])
+    for i in range(6):
+        _emit(db, key=f"approval.requested:s{i}")
+    passes = at_barrier(database_url, [outbound.deliver_due, outbound.deliver_due])
+    delivered = [i for p in passes for i in p.delivered]
+    assert sorted(delivered) == sorted({d["id"] for d in _deliveries(db)})
+    assert sorted(receiver.ids()) == sorted(delivered)  # each sent exactly once
+    assert all(d["attempts"] == 1 for d in _deliveries(db))
+
+
+def _failing_run(db: Database, name: str) -> tuple[Any, str]:
+    version = publish_version(db, definition(chain(2, "test.noop"), name=name))
+    run_id, (step_id,) = start_run(db, version)
+    step = claim_step(db, step_id, LEASE)
+    assert step is not None
+    return step, run_id
+
+
+def test_a_failing_run_announces_run_failed_once_per_subscription_even_when_re_executed(
+    db: Database, receiver: Receiver
+) -> None:
+    first = _subscribe(db, receiver.url, ["run.failed", "run.succeeded"])
+    second = _subscribe(db, receiver.url + "/2", ["run.failed"])
+    _subscribe(db, receiver.url + "/3", ["run.succeeded"])
+
+    # A settle transaction that rolls back leaves no event: the event is the fact's.
+    step, run_id = _failing_run(db, "rolled-back")
+    with pytest.raises(PermanentError, match="before its commit"), db.transaction() as tx:
+        tx.execute(settle.FAIL_RUN, run_id=run_id, error="x")
+        assert tx.scalar("SELECT count(*) FROM outbound_deliveries") == 2
+        raise RuntimeError("the settle's transaction fails before its commit")
+    assert _deliveries(db) == []
+
+    # Executed again: once by the one-statement settle, again (a redelivered step message)
+    # fenced out, and the emit of the same fact re-executed writes nothing new.
+    settled = settle.settle_step(db, step, FAILED, [])
+    assert settled.run_failed
+    assert settle.settle_step(db, step, FAILED, []).fenced_out
+    with db.transaction() as tx:
+        again = tx.scalar(
+            "SELECT outbound_emit('acme', 'run.failed', 'run.failed:' || :r, '{}')", r=run_id
+        )
+    assert again == 0
+    # The transactional settle path (another run) ends its run the same way.
+    other, other_run = _failing_run(db, "in-transaction")
+    assert settle._settle_in_transaction(db, other, FAILED, [], loop=None, body=None).run_failed
+
+    rows = _deliveries(db)
+    assert sorted((str(r["subscription_id"]), r["data"]["run_id"]) for r in rows) == sorted(
+        [(first, run_id), (second, run_id), (first, other_run), (second, other_run)]
+    )
+    assert {r["event_type"] for r in rows} == {"run.failed"}
+    while outbound.deliver_due(db).touched:
+        pass
+    assert sorted(receiver.ids()) == sorted(r["id"] for r in rows)
+
+
+def test_a_subscription_to_a_private_address_is_refused_with_a_reason(
+    db: Database, receiver: Receiver
+) -> None:
+    # The test allowance is loopback only; the rest of the policy stands.
+    assert outbound.destination_refusal(receiver.url) is None
+    reason = outbound.destination_refusal("http://10.1.2.3/hook")
+    assert reason is not None and "private address 10.1.2.3" in reason
+    meta = outbound.destination_refusal("http://169.254.169.254/computeMetadata/v1/")
+    assert meta is not None and "metadata" in meta
+    # A row that got past the check (DNS changed since) is refused again at the attempt.
+    _subscribe(db, "http://10.1.2.3/hook", ["approval.requested"])
+    _emit(db)
+    outbound.deliver_due(db, backoff_base=0.0)
+    [row] = _deliveries(db)
+    assert row["status"] == "pending" and "private address 10.1.2.3" in row["last_error"]
+    assert receiver.requests == []
