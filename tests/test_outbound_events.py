@@ -13,20 +13,23 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
+from devstack import seed
 from shared.core.db import Database
 from shared.core.errors import PermanentError
 from shared.core.netguard import NetPolicy
 from shared.ingest import outbound as events
+from shared.ops.models import OutboundEventType
 from shared.publishing import outbound
 from shared.steps import settle
 from shared.steps.claim import LeaseConfig, claim_step
 from shared.steps.outcomes import Settlement
 from shared.steps.states import StepStatus
 from tests.admission_support import at_barrier
+from tests.ops_support import bearer, mint
 from tests.steps_support import TENANT, chain, definition, publish_version, start_run
 
 SECRET_ENV = "OUTBOUND_TEST_SECRET"
@@ -252,3 +255,52 @@ def test_a_subscription_to_a_private_address_is_refused_with_a_reason(
     [row] = _deliveries(db)
     assert row["status"] == "pending" and "private address 10.1.2.3" in row["last_error"]
     assert receiver.requests == []
+
+
+def test_ops_subscribes_refuses_private_urls_lists_deliveries_and_resends(
+    db: Database, client: Any, receiver: Receiver
+) -> None:
+    for tenant in (TENANT, "other"):
+        with db.transaction() as tx:
+            seed.tenant(tx, tenant, existing="keep")
+    h = bearer(mint(db, TENANT))
+    body = {"url": "http://10.0.0.7/hook", "event_types": ["run.failed"], "secret_env": SECRET_ENV}
+    refused = client.post("/v1/outbound/subscriptions", json=body, headers=h)
+    assert refused.status_code == 422
+    assert "private address 10.0.0.7" in refused.get_json()["message"]
+
+    body = {**body, "url": receiver.url, "event_types": ["approval.requested"]}
+    made = client.post("/v1/outbound/subscriptions", json=body, headers=h)
+    assert made.status_code == 201, made.get_json()
+    listed = client.get("/v1/outbound/subscriptions", headers=h).get_json()["items"]
+    assert [s["id"] for s in listed] == [made.get_json()["id"]]
+    other = bearer(mint(db, "other"))
+    assert client.get("/v1/outbound/subscriptions", headers=other).get_json()["items"] == []
+
+    _emit(db)
+    receiver.statuses = [500]
+    outbound.deliver_due(db, backoff_base=3600.0)
+    [row] = client.get("/v1/outbound/deliveries", headers=h).get_json()["items"]
+    assert row["status"] == "pending" and row["attempts"] == 1
+    assert row["last_status"] == 500 and "HTTP 500" in row["last_error"]
+
+    resend = f"/v1/outbound/deliveries/{row['id']}/resend"
+    assert client.post(resend, headers=other).status_code == 404
+    assert client.post(resend, headers=h).status_code == 200
+    assert outbound.deliver_due(db).delivered == [row["id"]]
+    [after] = client.get("/v1/outbound/deliveries", headers=h).get_json()["items"]
+    assert after["status"] == "delivered" and after["attempts"] == 2
+    assert receiver.ids() == [row["id"]] * 2
+
+    disabled = client.post(
+        f"/v1/outbound/subscriptions/{made.get_json()['id']}/enabled",
+        json={"enabled": False},
+        headers=h,
+    )
+    assert disabled.status_code == 200 and disabled.get_json()["enabled"] is False
+    _emit(db, key="approval.requested:later")
+    assert len(_deliveries(db)) == 1
+
+
+def test_the_api_lists_the_event_types_the_emit_knows() -> None:
+    assert get_args(OutboundEventType) == events.EVENT_TYPES
