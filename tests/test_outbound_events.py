@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import io
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ from shared.core.db import Database
 from shared.core.errors import PermanentError
 from shared.core.netguard import NetPolicy
 from shared.ingest import outbound as events
+from shared.ops import cli
 from shared.ops.models import OutboundEventType
 from shared.publishing import outbound
 from shared.steps import settle
@@ -304,3 +306,40 @@ def test_ops_subscribes_refuses_private_urls_lists_deliveries_and_resends(
 
 def test_the_api_lists_the_event_types_the_emit_knows() -> None:
     assert get_args(OutboundEventType) == events.EVENT_TYPES
+
+
+def test_onceflow_outbound_subscribes_lists_and_resends_through_the_ops_api(
+    db: Database, ops_server: str, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with db.transaction() as tx:
+        seed.tenant(tx, TENANT, existing="keep")
+    monkeypatch.setenv("ONCEFLOW_OPS_URL", ops_server)
+    monkeypatch.setenv("ONCEFLOW_OPS_TOKEN", mint(db, TENANT))
+
+    def onceflow(*argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        return cli.main(list(argv), out=out, err=err), out.getvalue(), err.getvalue()
+
+    secret = ("--secret-env", SECRET_ENV)
+    code, _, err = onceflow(
+        "outbound", "subscribe", "http://192.168.1.9/x", "--event", "run.failed", *secret
+    )
+    assert code == cli.EXIT_REFUSED and "private address 192.168.1.9" in err, err
+    code, out, _ = onceflow(
+        "outbound", "subscribe", receiver.url, "--event", "approval.requested", *secret
+    )
+    assert code == cli.EXIT_OK and receiver.url in out
+    code, out, _ = onceflow("outbound", "subscriptions")
+    assert code == cli.EXIT_OK and "http://127.0.0.1:" in out and "approval.requested" in out
+
+    _emit(db)
+    receiver.statuses = [500]
+    outbound.deliver_due(db, backoff_base=3600.0)
+    code, out, _ = onceflow("outbound", "deliveries", "--json")
+    [row] = json.loads(out)["items"]
+    assert code == cli.EXIT_OK and row["attempts"] == 1 and row["status"] == "pending"
+    code, out, _ = onceflow("outbound", "resend", row["id"])
+    assert code == cli.EXIT_OK and row["id"] in out
+    assert outbound.deliver_due(db).delivered == [row["id"]]
+    code, out, _ = onceflow("outbound", "deliveries", "--status", "delivered")
+    assert code == cli.EXIT_OK and row["id"][:12] in out and "delivered" in out
