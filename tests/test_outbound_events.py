@@ -23,6 +23,7 @@ from shared.core.db import Database
 from shared.core.errors import PermanentError
 from shared.core.netguard import NetPolicy
 from shared.ingest import outbound as events
+from shared.ingest import outbox
 from shared.ops import cli
 from shared.ops.models import OutboundEventType
 from shared.publishing import outbound
@@ -30,7 +31,8 @@ from shared.steps import settle
 from shared.steps.claim import LeaseConfig, claim_step
 from shared.steps.outcomes import Settlement
 from shared.steps.states import StepStatus
-from tests.admission_support import at_barrier
+from tests import test_approvals, test_breaker
+from tests.admission_support import at_barrier, emit_event, make_connection, make_tenant
 from tests.ops_support import bearer, mint
 from tests.steps_support import TENANT, chain, definition, publish_version, start_run
 
@@ -343,3 +345,39 @@ def test_onceflow_outbound_subscribes_lists_and_resends_through_the_ops_api(
     assert outbound.deliver_due(db).delivered == [row["id"]]
     code, out, _ = onceflow("outbound", "deliveries", "--status", "delivered")
     assert code == cli.EXIT_OK and row["id"][:12] in out and "delivered" in out
+
+
+def test_each_fact_is_announced_once_with_its_fact(db: Database, receiver: Receiver) -> None:
+    """The other four facts through their real paths: a breaker trip among runs failing at
+    once (and their run.failed), the refusal of the next event, an event the outbox sweep gives
+    up, an approval asked for."""
+    make_tenant(db)
+    conn = make_connection(db)
+    _subscribe(db, receiver.url, list(events.EVENT_TYPES))
+    workflow_id = test_breaker._bind(db, after_failures=2)
+    test_breaker._advance_together(db, test_breaker._admit(db, conn, 3))
+    assert test_breaker._admit(db, conn, 1, start=3) == []  # refused: workflow_paused
+
+    undelivered = emit_event(db, connection_id=conn, event_type="test.nobody.listens")
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_trigger_events SET published_at = now() - interval '1 hour'"
+            " WHERE id = :e",
+            e=undelivered,
+        )
+    assert outbox.requeue_undecided(db, after_seconds=0, max_redeliveries=0, batch=10).given_up
+    _, park_id, _, _ = test_approvals._parked(db)
+
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for row in _deliveries(db):
+        by_type.setdefault(row["event_type"], []).append(row["data"])
+    assert len(by_type.pop("run.failed")) == 3
+    [tripped] = by_type.pop("breaker.tripped")
+    assert tripped["workflow_id"] == workflow_id
+    refused = by_type.pop("event.refused")
+    assert [r["reason"] for r in refused] == ["workflow_paused"]
+    [given_up] = by_type.pop("event.undelivered")
+    assert given_up["event_id"] == undelivered
+    [asked] = by_type.pop("approval.requested")
+    assert asked["park_id"] == park_id and asked["summary"] == "20% discount on deal 7"
+    assert by_type == {}

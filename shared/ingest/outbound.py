@@ -57,6 +57,15 @@ def emit(tx: Tx, *, tenant_id: str, event_type: str, key: str, data: Mapping[str
     return int(written or 0)
 
 
+def approval_requested(tx: Tx, tenant_id: str, park_id: int, **data: Any) -> int:
+    """approval.requested, written with the approval's park row (shared/steps/parks.py
+    `open_park`); keyed by the park, so the open that returns an existing park adds nothing.
+    `data`: what the event carries (run, step, summary, approvers, deadline)."""
+    key = f"approval.requested:{park_id}"
+    data = {"park_id": park_id, **data}
+    return emit(tx, tenant_id=tenant_id, event_type="approval.requested", key=key, data=data)
+
+
 def subscribe(
     tx: Tx, *, tenant_id: str, url: str, event_types: Sequence[str], secret_env: str
 ) -> dict[str, Any]:

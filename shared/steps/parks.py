@@ -35,6 +35,7 @@ from shared.blocks.waits import await_key
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
+from shared.ingest import outbound
 from shared.ingest.echo import (
     ECHO_CLOCK_SKEW_SECONDS,
     authored_elsewhere,
@@ -102,6 +103,18 @@ def open_park(
         assert row is not None  # an INSERT … ON CONFLICT DO UPDATE returns its row
         if park.mode is not None:
             _register_correlations(tx, tenant_id, park)
+        if park.kind == "approval":  # with its park row; keyed by it, so a retry adds none
+            outbound.approval_requested(
+                tx,
+                tenant_id,
+                row["id"],
+                run_id=run_id,
+                step_id=step_id,
+                summary=park.summary,
+                approver_role=park.approver_role,
+                approver_users=list(park.approver_users),
+                deadline=park.deadline,
+            )
     return OpenedPark(
         id=int(row["id"]), kind=row["kind"], deadline=row["deadline"], created_at=row["created_at"]
     )
