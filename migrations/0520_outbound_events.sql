@@ -139,3 +139,7 @@ END $$;
 CREATE TRIGGER workflow_breakers_outbound AFTER UPDATE OF state ON workflow_breakers
     FOR EACH ROW WHEN (OLD.state <> 'open' AND NEW.state = 'open')
     EXECUTE FUNCTION outbound_on_breaker_trip();
+
+-- Retention reads finished deliveries by when they finished (outbound_deliveries_expire).
+CREATE INDEX outbound_deliveries_finished
+    ON outbound_deliveries (coalesce(delivered_at, given_up_at)) WHERE status <> 'pending';

@@ -20,6 +20,7 @@ import pytest
 
 from devstack import seed
 from shared.core.db import Database
+from shared.core.duty import SweepConfig
 from shared.core.errors import PermanentError
 from shared.core.netguard import NetPolicy
 from shared.ingest import outbound as events
@@ -31,6 +32,7 @@ from shared.steps import settle
 from shared.steps.claim import LeaseConfig, claim_step
 from shared.steps.outcomes import Settlement
 from shared.steps.states import StepStatus
+from shared.sweep.loop import run_sweep
 from tests import test_approvals, test_breaker
 from tests.admission_support import at_barrier, emit_event, make_connection, make_tenant
 from tests.ops_support import bearer, mint
@@ -76,7 +78,7 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
 
     def ids(self) -> list[str]:
         return [r["headers"]["webhook-id"] for r in self.requests]
@@ -381,3 +383,34 @@ def test_each_fact_is_announced_once_with_its_fact(db: Database, receiver: Recei
     [asked] = by_type.pop("approval.requested")
     assert asked["park_id"] == park_id and asked["summary"] == "20% discount on deal 7"
     assert by_type == {}
+
+
+def test_the_scheduled_sweep_sends_what_is_due(db: Database, receiver: Receiver) -> None:
+    """The repair is in the sweep's catalog: one pass of the real loop delivers."""
+    _subscribe(db, receiver.url, ["approval.requested"])
+    _emit(db)
+    run_sweep(db, 0, config=SweepConfig(), dispatch=lambda ids: None, duties=[])
+    [row] = _deliveries(db)
+    assert row["status"] == "delivered" and receiver.ids() == [row["id"]]
+
+
+def test_finished_deliveries_are_deleted_after_the_retention_and_pending_ones_never(
+    db: Database, receiver: Receiver
+) -> None:
+    _subscribe(db, receiver.url, ["approval.requested"])
+    for key in ("old-delivered", "old-pending", "new-delivered"):
+        _emit(db, key=f"approval.requested:{key}")
+    outbound.deliver_due(db)
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE outbound_deliveries SET delivered_at = now() - interval '91 days',"
+            " created_at = now() - interval '91 days' WHERE event_key LIKE '%old-delivered'"
+        )
+        tx.execute(
+            "UPDATE outbound_deliveries SET status = 'pending', delivered_at = NULL,"
+            " created_at = now() - interval '91 days' WHERE event_key LIKE '%old-pending'"
+        )
+    [duty] = outbound.sweep_duties(SweepConfig(decision_retention_days=90, retention_batch=1))
+    assert duty.run(db) == {"deleted": 1}
+    left = sorted(r["event_key"].split(":")[1] for r in _deliveries(db))
+    assert left == ["new-delivered", "old-pending"]

@@ -35,7 +35,7 @@ from typing import Any
 
 from shared.core import queries
 from shared.core.db import Database
-from shared.core.duty import Dispatch, SweepConfig, SweepReport
+from shared.core.duty import Dispatch, Duty, SweepConfig, SweepReport
 from shared.core.logs import get_logger
 from shared.core.netguard import (
     AddressRefused,
@@ -52,6 +52,7 @@ MARK_DELIVERED = SQL["outbound_mark_delivered"]
 MARK_FAILED = SQL["outbound_mark_failed"]
 RESEND = SQL["outbound_resend"]
 DELIVERIES_LIST = SQL["outbound_deliveries_list"]
+EXPIRE = SQL["outbound_deliveries_expire"]
 
 MAX_ATTEMPTS = 8
 BACKOFF_BASE_SECONDS = 30.0
@@ -184,6 +185,28 @@ def deliver_outbound_events(
 ) -> int:
     """The sweep's repair (every pass): the rows touched. `dispatch` is for steps, unused."""
     return deliver_due(db, batch=min(config.batch, BATCH)).touched
+
+
+def expire_finished(db: Database, *, days: int, batch: int) -> int:
+    """Delete delivered and given-up deliveries finished more than `days` ago, batch by batch
+    (each its own transaction); how many. Pending ones are never deleted."""
+    deleted = 0
+    while True:
+        with db.transaction() as tx:
+            n = tx.execute(EXPIRE, days=days, batch=batch)
+        deleted += n
+        if n < batch:
+            return deleted
+
+
+def sweep_duties(config: SweepConfig) -> tuple[Duty, ...]:
+    """Finished deliveries are kept as long as decisions are (`decision_retention_days`)."""
+
+    def expire(db: Database) -> dict[str, int]:
+        days, batch = config.decision_retention_days, config.retention_batch
+        return {"deleted": expire_finished(db, days=days, batch=batch)}
+
+    return (Duty("expire_outbound_deliveries", 3600.0, expire),)
 
 
 def resend(db: Database, delivery_id: str, *, tenant_id: str | None) -> bool:

@@ -90,3 +90,15 @@ WHERE (CAST(:tenant_id AS text) IS NULL OR d.tenant_id = CAST(:tenant_id AS text
   AND (CAST(:status AS text) IS NULL OR d.status = CAST(:status AS text))
 ORDER BY d.created_at DESC, d.id
 LIMIT CAST(:limit AS integer)
+
+-- name: outbound_deliveries_expire
+-- Retention: delivered and given-up deliveries finished more than :days ago, a batch at a
+-- time (a pending one is never deleted: it is a promise still being kept). SKIP LOCKED so two
+-- sweeps never wait on one row.
+DELETE FROM outbound_deliveries
+WHERE id IN (SELECT id FROM outbound_deliveries
+              WHERE status = ANY('{delivered,given_up}')
+                AND coalesce(delivered_at, given_up_at)
+                    < now() - make_interval(days => CAST(:days AS integer))
+              LIMIT CAST(:batch AS integer)
+                FOR UPDATE SKIP LOCKED)

@@ -17,8 +17,8 @@ is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
   app events routed once their portal connects, provider journals read (every minute), ended
   throttle windows, budget reservations left open, provider subscription repair (hourly), the
   lease history of long-finished runs, pre-admission drops and install states (hourly),
-  retention (every five minutes), and the trigger kinds' own (cron ticks, webhook-trigger key
-  expiry, table and CRM polls).
+  retention (every five minutes), finished outbound deliveries (hourly), and the trigger kinds'
+  own (cron ticks, webhook-trigger key expiry, table and CRM polls).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ DUTIES: tuple[Callable[[SweepConfig], Sequence[Duty]], ...] = (
     drops.sweep_duties,
     install.sweep_duties,
     retention.sweep_duties,
+    outbound.sweep_duties,
     triggers.sweep_duties,
 )
 
