@@ -12,6 +12,7 @@ from typing import Any
 
 import functions_framework
 
+from shared.core import tracing
 from shared.core.db import get_database
 from shared.core.logs import labelled
 from shared.steps.advance import advance_from_message
@@ -19,5 +20,5 @@ from shared.steps.advance import advance_from_message
 
 @functions_framework.cloud_event
 def advance_step(event: Any) -> None:
-    with labelled(function="advance_step"):
+    with labelled(function="advance_step"), tracing.message_span("advance_step", event.data):
         advance_from_message(get_database(), event.data, message_id=event["id"])

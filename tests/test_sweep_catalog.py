@@ -62,4 +62,6 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "requeue_undecided_events",
         "fire_due_bursts",
         "start_due_runs",
+        "remind_and_escalate_approvals",
+        "deliver_approval_messages",
     ]

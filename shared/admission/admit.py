@@ -88,7 +88,7 @@ from pydantic import ValidationError
 
 from shared.admission import debounce, run_throttle, stops
 from shared.admission.debounce import BurstJoin
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, PermanentError, TransientError
@@ -932,10 +932,12 @@ def admit_event(
 
     Raises EventNotFound (permanent) for an unknown id, TransientError when it should be
     retried (the database, or the step-ready publish after commit)."""
-    with labelled(event_id=event_id):
+    stored = tracing.stored_in(db, "event", event_id)
+    with labelled(event_id=event_id), tracing.span("admit", stored=stored, event_id=event_id):
         for attempt in range(1, seams.attempts + 1):
             try:
                 with db.transaction() as tx:
+                    tracing.stamp(tx)  # the run and its first steps continue this trace
                     done = _admit_in_transaction(tx, event_id, seams)
                     if seams.before_commit is not None:
                         seams.before_commit()
@@ -962,6 +964,7 @@ def admit_event(
                     ) from exc
         # After commit: a lost publish is repaired by redelivery (we raise) or by the sweep.
         publish(done.dispatch)
+        tracing.count("onceflow.runs.started", sum(o.outcome == "admitted" for o in done.outcomes))
         # One line per event, however many workflows are bound (refusal details are in the
         # admission_refusals table).
         log.info(

@@ -1,6 +1,8 @@
 """The connection limit: a slot in the step's connection's window (`rate_limit_per_window` per
-`rate_limit_window_seconds` on the connection row, shared/gates/throttle.py). A connection that
-doesn't exist has no window: the gate passes and the port refuses it clearly."""
+`rate_limit_window_seconds` on the connection row, shared/gates/throttle.py), narrowed to what
+the portal has left by the vendor's rate-limit headers (shared/port/budget.py: a spent daily
+budget or short window parks the step before it takes a slot; a 429 shrinks the window). A
+connection that doesn't exist has no window: the gate passes and the port refuses it clearly."""
 
 from __future__ import annotations
 
@@ -8,11 +10,18 @@ from shared.blocks.base import BlockFailure, Gate
 from shared.core.db import Tx
 from shared.gates import throttle
 from shared.gates.kind import Attempt, GateKind
+from shared.port import budget
 
 
 def _open(tx: Tx, attempt: Attempt) -> BlockFailure | None:
     assert attempt.target.connection_id is not None  # `applies` checked it
-    return throttle.claim_connection_or_refusal(tx, attempt.target.connection_id)
+    connection_id = attempt.target.connection_id
+    spent = budget.take(tx, connection_id)
+    if spent is not None:
+        limit = throttle.Limit("connection", connection_id, spent.max, spent.window_seconds)
+        outcome = throttle.ThrottleClaim(False, 0, spent.max, spent.seconds_left, spent.until)
+        return throttle.throttled(limit, outcome, reason=spent.reason)
+    return throttle.claim_connection_or_refusal(tx, connection_id)
 
 
 GATE = GateKind(

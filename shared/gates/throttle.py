@@ -107,14 +107,15 @@ def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:
     return claim(tx, limit)
 
 
-def throttled(limit: Limit, outcome: ThrottleClaim) -> BlockFailure:
+def throttled(limit: Limit, outcome: ThrottleClaim, reason: str | None = None) -> BlockFailure:
     """The parking failure. Its message is also how ops counts the steps parked behind each
     limit (shared/sql/ops.sql `ops_limits_parked_steps` reads scope, subject, max and window
-    back out of the step's error): change the wording there too."""
+    back out of the step's error): change the wording there too. `reason`: why, after the
+    part ops reads (a portal's spent budget, shared/port/budget.py)."""
     until = outcome.window_end.isoformat() if outcome.window_end is not None else "?"
     return BlockFailure(
         f"throttled until {until} by {limit.scope} limit ({limit.subject}: "
-        f"{limit.max} per {limit.window_seconds}s)",
+        f"{limit.max} per {limit.window_seconds}s)" + (f": {reason}" if reason else ""),
         error_class="transient",
         outcome_code=OUTCOME_THROTTLED,
         retry_after=max(outcome.seconds_left, 0.05),

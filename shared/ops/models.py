@@ -728,6 +728,15 @@ class ApprovalView(_Response):
     expires_at: datetime
     on_timeout: Literal["reject", "proceed"]
     created_at: datetime
+    required: int = Field(default=1, description="Approvals it needs (its quorum).")
+    approved_by: list[str] = Field(
+        default_factory=list, description="Who has approved so far (the quorum's progress)."
+    )
+    escalated_at: datetime | None = Field(
+        default=None, description="When it escalated (then escalate_role/users may decide too)."
+    )
+    escalate_role: str | None = None
+    escalate_users: list[str] = Field(default_factory=list)
 
 
 class ApprovalList(_Response):
@@ -740,6 +749,17 @@ class DecisionResult(_Response):
     decided_by: str
     run_id: UUID
     step_key: str
+    resumed: bool = Field(
+        default=True,
+        description="Whether this decision resumed the step (false: the quorum waits for more,"
+        " or this approver had decided already).",
+    )
+    vote: Literal["counted", "duplicate"] = Field(
+        default="counted",
+        description="`duplicate`: this approver had decided already; nothing changed.",
+    )
+    approvals: int = Field(default=0, description="Approving decisions counted so far.")
+    required: int = Field(default=1, description="Approving decisions it needs.")
 
 
 class ApprovalLink(_Response):
@@ -1436,6 +1456,12 @@ class LimitView(_Response):
     next_at: AwareDatetime | None = Field(
         description="When the next waiter is let through: the window's end, a queue's due"
         " time, a burst's fire time."
+    )
+    reason: str | None = Field(
+        default=None,
+        description="A connection: why the portal's shared rate budget narrows its window now"
+        " (a spent daily budget or rate window by the vendor's headers, or a 429 that shrank"
+        " it); None when only the configured window applies.",
     )
 
 

@@ -444,12 +444,17 @@ ORDER BY name
 
 -- name: ops_approvals_open
 -- Approvals waiting for a decision in the caller's scope (the API keeps those the caller may
--- decide), oldest first, through the open-approvals partial index. One past its expiry takes
+-- decide, escalation included: parks.may_decide reads escalated_at and whom it adds), oldest
+-- first, through the open-approvals partial index. One past its expiry takes
 -- no decision any more (steps_resume_parked): not listed, though the sweep may not have
 -- rejected (or let proceed) it yet.
 SELECT p.id, CAST(p.run_id AS text) AS run_id, s.step_key, p.tenant_id, p.summary,
        p.approver_role, p.approver_users, p.deadline AS expires_at, p.on_timeout,
-       p.created_at
+       p.created_at, p.required, p.escalated_at, p.escalate_role, p.escalate_users,
+       -- the quorum so far (migration 0510): who approved, and how many
+       ARRAY(SELECT v.voter FROM approval_votes v
+             WHERE v.park_id = p.id AND v.counted AND v.decision = 'approved'
+             ORDER BY v.created_at, v.voter) AS approved_by
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
 WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_approval'
@@ -564,3 +569,22 @@ SELECT b.tenant_id, CAST(b.workflow_id AS text) AS workflow_id, b.burst_key,
    AND (CAST(:tenant_id AS text) IS NULL OR b.tenant_id = CAST(:tenant_id AS text))
  ORDER BY b.fire_at
  LIMIT CAST(:limit AS integer)
+
+-- name: ops_slack_settings
+-- A tenant's Slack settings (migration 0510): the names of the variables holding its bot
+-- token and its Slack app's signing secret. No row: no such tenant.
+SELECT slack_bot_token_env, slack_signing_secret_env FROM tenants WHERE id = CAST(:tenant_id AS text)
+
+-- name: ops_approver_identity
+-- The onceflow user a verified Slack user id (or an email address) is in a tenant, and their
+-- roles: those of the user's live ops tokens in the tenant (the one place roles are given).
+-- No row: the identity is not mapped, and may decide nothing.
+SELECT i.onceflow_user,
+       ARRAY(SELECT DISTINCT r
+             FROM ops_tokens t, unnest(t.roles) AS r
+             WHERE t.tenant_id = i.tenant_id AND t.label = i.onceflow_user
+               AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
+             ORDER BY r) AS roles
+FROM approver_identities i
+WHERE i.tenant_id = CAST(:tenant_id AS text) AND i.channel = CAST(:channel AS text)
+  AND i.external_id = CAST(:external_id AS text)

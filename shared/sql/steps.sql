@@ -560,14 +560,20 @@ WHERE p.id = k.park_id AND p.resumed_at IS NULL
 -- keys admission finds it by in `await_keys` (shared/steps/awaits.py); NULL otherwise.
 INSERT INTO step_parks (step_id, run_id, tenant_id, kind, deadline, on_timeout, timeout_goto,
                         event_type, record_key, condition, scope, lookback_seconds,
-                        approver_role, approver_users, summary, mode, awaits, await_keys)
+                        approver_role, approver_users, summary, mode, awaits, await_keys,
+                        required, reject_quorum, slack_channel, email, remind_at,
+                        escalate_at, escalate_role, escalate_users)
 VALUES (CAST(:step_id AS uuid), CAST(:run_id AS uuid), CAST(:tenant_id AS text),
         CAST(:kind AS text), CAST(:deadline AS timestamptz), CAST(:on_timeout AS text),
         CAST(:timeout_goto AS text), CAST(:event_type AS text), CAST(:record_key AS text),
         CAST(:condition AS text), CAST(:scope AS jsonb),
         CAST(:lookback_seconds AS double precision), CAST(:approver_role AS text),
         CAST(:approver_users AS text[]), CAST(:summary AS text), CAST(:mode AS text),
-        CAST(:awaits AS jsonb), CAST(:await_keys AS text[]))
+        CAST(:awaits AS jsonb), CAST(:await_keys AS text[]), CAST(:required AS integer),
+        CAST(:reject_quorum AS integer), CAST(:slack_channel AS text),
+        CAST(:email AS boolean), CAST(:remind_at AS timestamptz),
+        CAST(:escalate_at AS timestamptz), CAST(:escalate_role AS text),
+        CAST(:escalate_users AS text[]))
 ON CONFLICT (step_id) WHERE resumed_at IS NULL DO UPDATE SET step_id = EXCLUDED.step_id
 RETURNING id, kind, deadline, created_at, resumed_at
 
@@ -579,6 +585,8 @@ SELECT p.id, CAST(p.step_id AS text) AS step_id, CAST(p.run_id AS text) AS run_i
        p.approver_users, p.summary, p.decision, p.decided_by, p.decision_comment,
        p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at, p.parked_at,
        p.early_event_id, p.deadline <= statement_timestamp() AS expired,
+       p.required, p.reject_quorum, p.slack_channel, p.email, p.remind_at, p.reminded_at,
+       p.escalate_at, p.escalate_role, p.escalate_users, p.escalated_at,
        s.status AS step_status, s.step_key, r.status AS run_status
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
@@ -792,3 +800,59 @@ WHERE e.created_at >= CAST(:since AS timestamptz)
   AND e.event_type = ANY(CAST(:event_types AS text[]))
 ORDER BY e.id
 LIMIT CAST(:limit AS integer)
+
+-- name: approvals_vote
+-- One approver's vote on an approval, recorded once: the primary key (park, voter) makes a
+-- second click by the same person, or a redelivered Slack interaction of one click, insert
+-- nothing (zero rows: they had voted; their first vote stands). The caller holds the
+-- step row's lock (parks_lock_waiting_step), taken by every voter first, so votes on one
+-- approval are counted one after another and this statement sees every vote committed
+-- before it. `counted` is false for a vote that comes after the approval closed (a quorum
+-- reached, its deadline passed, its run ended): recorded as the late click it is, and never
+-- counted towards a resume.
+INSERT INTO approval_votes (park_id, tenant_id, voter, decision, via, comment, counted)
+SELECT p.id, p.tenant_id, CAST(:voter AS text), CAST(:decision AS text), CAST(:via AS text),
+       CAST(:comment AS text),
+       p.resumed_at IS NULL AND p.deadline > statement_timestamp() AND r.status = 'running'
+FROM step_parks p
+JOIN workflow_runs r ON r.id = p.run_id
+WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval'
+ON CONFLICT (park_id, voter) DO NOTHING
+RETURNING counted
+
+-- name: approvals_tally
+-- The counted votes of an approval and its quorum, read under the step row's lock (see
+-- approvals_vote): whether this vote completed a quorum is decided on every vote before it.
+SELECT p.required, p.reject_quorum,
+       count(v.voter) FILTER (WHERE v.counted AND v.decision = 'approved') AS approvals,
+       count(v.voter) FILTER (WHERE v.counted AND v.decision = 'rejected') AS rejections,
+       coalesce(jsonb_agg(jsonb_build_object('voter', v.voter, 'decision', v.decision,
+                                             'via', v.via, 'at', v.created_at)
+                          ORDER BY v.created_at, v.voter) FILTER (WHERE v.counted),
+                '[]'::jsonb) AS votes
+FROM step_parks p
+LEFT JOIN approval_votes v ON v.park_id = p.id
+WHERE p.id = CAST(:park_id AS bigint)
+GROUP BY p.id
+
+-- name: approvals_queue_asks
+-- The messages that ask an approval's approvers, queued with its park row (same transaction)
+-- for the sweep to send (shared/steps/approval_messages.py): a Slack post to its channel, an
+-- email with a signed link to each named user. A park written again by a crashed attempt's
+-- retry queues nothing twice (the unique key).
+INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
+SELECT p.id, p.tenant_id, 'slack', 'ask', p.slack_channel, now()
+FROM step_parks p
+WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval' AND p.slack_channel IS NOT NULL
+UNION ALL
+SELECT p.id, p.tenant_id, 'email', 'ask', u.name, now()
+FROM step_parks p, unnest(p.approver_users) AS u (name)
+WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval' AND p.email
+ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
+
+-- name: approvals_queue_update
+-- A counted vote or the decision changed what the approval's posted Slack message should say:
+-- its update is due now (the sweep makes it; a vote while an update is in flight sets it due
+-- again, and the next update renders the approval as it is then).
+UPDATE approval_messages SET update_due_at = now()
+WHERE park_id = CAST(:park_id AS bigint) AND channel = 'slack' AND purpose = 'ask'

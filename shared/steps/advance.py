@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.blocks.base import NO_RETRY, BlockContext, BlockResult, BlockSpec
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.core.errors import PermanentError, TransientError
@@ -174,12 +174,16 @@ def advance_step(
     # One pooled connection from the claim to the settle (issue 27): every transaction of
     # this step, its gates, its block and its port runs on it, handed down as `ctx.db`. The
     # lease keeper renews from its own thread, on a connection of its own.
-    with labelled(step_id=step_id), db.pinned():
+    stored = tracing.stored_in(db, "step", step_id)
+    with labelled(step_id=step_id), db.pinned(), tracing.span("step", stored=stored):
         step = claim_step(db, step_id, config, namespace=namespace)
         if step is None:
             log.info("step not claimable (running elsewhere, parked, finished or run ended)")
             return Advanced(step_id=step_id, claimed=False, note="not claimable")
-        with labelled(run_id=step.run_id, tenant=step.tenant_id):
+        if tracing.enabled():
+            tracing.annotate(f"block {step.block_type}", **_span_attributes(step))
+        timed = tracing.timed("onceflow.step.duration", block=step.block_type)
+        with labelled(run_id=step.run_id, tenant=step.tenant_id), timed:
             advanced = _run_claimed(
                 db, step, lookup=lookup, dispatch=dispatch, config=config, now=now
             )
@@ -188,6 +192,21 @@ def advance_step(
         # (shared/port/observed.py: at most once a minute per connection, labels on change).
         observed.flush(db)
         return advanced
+
+
+def _span_attributes(step: ClaimedStep) -> dict[str, Any]:
+    """What a step's span and metrics say: the run, the step, the record, tenant, workflow."""
+    return {
+        "run_id": step.run_id,
+        "step": step.step_key,
+        "step_id": step.id,
+        "block": step.block_type,
+        "attempt": step.attempt,
+        "record": step.record_key,
+        "tenant": step.tenant_id,
+        "workflow_id": step.workflow_id,
+        "version_id": step.version_id,
+    }
 
 
 def advance_from_message(
@@ -461,6 +480,11 @@ def _finish(
     if settled.fenced_out:
         log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")
         return Advanced(step_id=step.id, claimed=True, note="fenced out")
+    tracing.annotate(
+        outcome=settlement.outcome_code,
+        status=settlement.status,
+        error=settlement.error if settlement.status == "failed" else None,
+    )
     log.info(
         "step settled %s (%s), run %s",
         settlement.status,
@@ -468,6 +492,7 @@ def _finish(
         settled.run_status,
     )
     if settled.run_failed:
+        tracing.count("onceflow.runs.failed", tenant=step.tenant_id, workflow_id=step.workflow_id)
         log_event(
             log,
             LogEvent.RUN_FAILED,

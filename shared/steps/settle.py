@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.steps import awaits
@@ -111,6 +111,7 @@ def _settle_in_transaction(
         )
         wake_at = opened.deadline
     with db.transaction() as tx:
+        tracing.stamp(tx)  # the next steps' rows continue this step's trace
         (gates or _no_gates)(tx)
         row = tx.one(
             SETTLE,
@@ -183,6 +184,7 @@ def _settle_in_one_statement(
     in a transaction)."""
     crash_point("before_settle_commit")  # nothing is written before the statement commits
     with db.transaction() as tx:
+        tracing.stamp(tx)  # the next steps' rows continue this step's trace
         if gates is not None:
             gates(tx)  # the gates' settle, committed with the step's (most writes queued)
         rows = tx.commit_with(

@@ -10,7 +10,9 @@ is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
   expired leases, wake-ups and re-dispatch of lost step-ready messages, then the re-publish of
   trigger events admission never decided, then the debounce bursts due now
   (shared/admission/debounce_fire.py), then the heads of throttled run-start queues whose
-  window has room (shared/admission/run_throttle.py), then the outbound events due now
+  window has room (shared/admission/run_throttle.py), then the approvals' reminders and
+  escalations due and the approval messages due (Slack posts and their updates,
+  shared/steps/approval_messages.py), then the outbound events due now
   (shared/publishing/outbound.py: sent signed, retried with backoff, given up at the cap).
 - `DUTIES` each give the periodic `Duty`s of one owner, each claimed once per period across
   all sweep instances: the backlog report the alerts read (every minute), echo marker expiry,
@@ -32,7 +34,7 @@ from shared.gates import budgets, throttle
 from shared.ingest import drops, echo, inbox, journal, outbox
 from shared.providers import install
 from shared.publishing import outbound, subscriptions
-from shared.steps import repairs
+from shared.steps import approval_messages, repairs
 from shared.sweep import backlog, retention
 
 REPAIRS: tuple[Repair, ...] = (
@@ -42,6 +44,8 @@ REPAIRS: tuple[Repair, ...] = (
     outbox.requeue_undecided_events,
     debounce_fire.fire_due_bursts,
     run_throttle_start.start_due_runs,
+    approval_messages.remind_and_escalate_approvals,
+    approval_messages.deliver_approval_messages,
     outbound.deliver_outbound_events,
 )
 

@@ -23,6 +23,7 @@ from shared.ops.statements import (
     LIMITS_RUN_START_QUEUE,
     LIMITS_WINDOWS,
 )
+from shared.port import budget
 
 
 def get_limits(call: Call) -> LimitsReport:
@@ -36,7 +37,8 @@ def get_limits(call: Call) -> LimitsReport:
         parked = tx.all(LIMITS_PARKED_STEPS, **bound)
         queued = tx.all(LIMITS_RUN_START_QUEUE, **bound)
         bursts = tx.all(LIMITS_DEBOUNCE_BURSTS, **bound)
-    truncated = any(len(rows) > q.limit for rows in (windows, parked, queued, bursts))
+        narrowed = tx.all(budget.NARROWED, **bound)
+    truncated = any(len(rows) > q.limit for rows in (windows, parked, queued, bursts, narrowed))
     now = datetime.now(UTC)
     views: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -54,6 +56,7 @@ def get_limits(call: Call) -> LimitsReport:
                 "waiting_what": what,
                 "oldest_wait_since": None,
                 "next_at": None,
+                "reason": None,
             },
         )
 
@@ -67,6 +70,15 @@ def get_limits(call: Call) -> LimitsReport:
             window_end=w["window_end"],
             admitted=int(w["used"]),
         )
+    for n in narrowed[: q.limit]:
+        # The portal's budget narrows the connection now: say why (shared/port/budget.py).
+        v = view("connection", n["connection_id"], n["tenant_id"], "steps")
+        v["reason"] = budget.narrowed_reason(n)
+        if v["limit"] is None:
+            v["limit"] = int(n["shrunk_max"] if n["kind"] == "shrunk" else n["configured_max"])
+            v["period_seconds"] = float(n["window_seconds"])
+        if v["next_at"] is None:
+            v["next_at"] = n["until"]
     for p in parked[: q.limit]:
         v = view(p["scope"], p["subject"], p["tenant_id"], "steps")
         _waits(v, p, next_at=p["next_wake_at"])
