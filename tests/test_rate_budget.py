@@ -19,6 +19,7 @@ import pytest
 from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.fakepipedrive import FakePipedrive, FakePipedriveConfig
+from shared.blocks.base import BlockFailure
 from shared.core.db import Database
 from shared.gates import throttle
 from shared.port import budget
@@ -220,13 +221,14 @@ def test_racing_claims_for_the_portals_last_call_let_exactly_one_through(
     with db.transaction() as tx:
         budget.observe(tx, connection_id, RateLimitState(remaining=1, reset_seconds=60.0))
 
-    def take(own: Database) -> budget.Spent | None:
-        return own.run(lambda tx: budget.take(tx, connection_id))
+    def take(own: Database) -> BlockFailure | None:
+        return own.run(lambda tx: throttle.claim_connection_or_refusal(tx, connection_id))
 
     results = at_barrier(database_url, [take, take])
     assert sorted(r is None for r in results) == [False, True]
     (spent,) = [r for r in results if r is not None]
-    assert spent.kind == "window" and spent.seconds_left > 50
+    assert "the portal's rate window is spent" in str(spent)
+    assert spent.retry_after is not None and spent.retry_after > 50
 
 
 def test_pipedrive_steps_park_when_the_companys_daily_budget_is_spent_by_every_token(

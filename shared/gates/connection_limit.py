@@ -10,18 +10,11 @@ from shared.blocks.base import BlockFailure, Gate
 from shared.core.db import Tx
 from shared.gates import throttle
 from shared.gates.kind import Attempt, GateKind
-from shared.port import budget
 
 
 def _open(tx: Tx, attempt: Attempt) -> BlockFailure | None:
     assert attempt.target.connection_id is not None  # `applies` checked it
-    connection_id = attempt.target.connection_id
-    spent = budget.take(tx, connection_id)
-    if spent is not None:
-        limit = throttle.Limit("connection", connection_id, spent.max, spent.window_seconds)
-        outcome = throttle.ThrottleClaim(False, 0, spent.max, spent.seconds_left, spent.until)
-        return throttle.throttled(limit, outcome, reason=spent.reason)
-    return throttle.claim_connection_or_refusal(tx, connection_id)
+    return throttle.claim_connection_or_refusal(tx, attempt.target.connection_id)
 
 
 GATE = GateKind(

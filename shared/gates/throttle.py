@@ -27,6 +27,7 @@ from shared.blocks.base import BlockFailure
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
+from shared.port import budget
 
 SQL = queries.load("throttle")
 CLAIM = SQL["throttle_claim"]
@@ -89,12 +90,19 @@ def connection_limit(tx: Tx, connection_id: str) -> Limit | None:
 
 
 def claim_connection_or_refusal(tx: Tx, connection_id: str) -> BlockFailure | None:
-    """`claim_or_refusal` for the connection's window, the limit read in the claim's own
-    statement; None also for a connection that doesn't exist (nothing to count against)."""
+    """`claim_or_refusal` for the connection's window, narrowed by the portal's budget
+    (shared/port/budget.py), the limit and the budget read in the claim's own statement; None
+    also for a connection that doesn't exist (nothing to count against)."""
     row = tx.one(CLAIM_CONNECTION, connection_id=connection_id)
     if row is None:
         return None
     limit = Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
+    if row["spent"] is not None:
+        # The portal's budget, by the vendor's headers, is spent: no slot was claimed.
+        spent = ThrottleClaim(
+            False, 0, limit.max, max(float(row["seconds_left"]), 0.05), row["window_end"]
+        )
+        return throttled(limit, spent, reason=budget.reason(str(row["spent"]), row["window_end"]))
     outcome = _claimed(limit, row)
     return None if outcome.allowed else throttled(limit, outcome)
 

@@ -5,8 +5,9 @@ After every call, a port whose provider declares `Crm.rate_budget` (shared/provi
 descriptor.py) hands what its vendor's headers said (`RateLimitState.remaining`,
 `reset_seconds`, `daily_remaining`: each vendor folder's `read_rate_limit` parses them) to
 `observe`, and a 429 to `shrink`; shared/port/observed.py queues both and the step's executor
-writes them after its settle. The connection-limit gate (shared/gates/connection_limit.py)
-calls `take` before it claims a slot in the connection's window, so every workflow and every
+writes them after its settle. The connection-limit gate's claim (`throttle_claim_connection`,
+shared/sql/throttle.sql) takes one call from the budget in the statement that claims a slot in
+the connection's window, so every workflow and every
 instance on the connection counts against the same Postgres row, and a step parks THROTTLED
 with the reason instead of spending a request on a certain 429. The portal's budget is
 shared by every app and token on it (another integration spends it too), which is why the
@@ -26,7 +27,6 @@ next answer.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,7 +37,6 @@ from shared.port.interface import RateLimitState
 SQL = queries.load("connection_budget")
 OBSERVE = SQL["connection_budget_observe"]
 SHRINK = SQL["connection_budget_shrink"]
-TAKE = SQL["connection_budget_take"]
 NARROWED = SQL["connection_budget_narrowed"]
 
 # How many of the connection's windows must pass without a 429 before a shrunk window is
@@ -91,18 +90,6 @@ def shrink(tx: Tx, connection_id: str, retry_after: float) -> None:
     )
 
 
-@dataclass(frozen=True)
-class Spent:
-    """The portal's budget is spent: park until `until`."""
-
-    kind: str  # "daily" or "window"
-    until: datetime
-    seconds_left: float
-    max: int  # the connection's window, as the claim counts it
-    window_seconds: int
-    reason: str
-
-
 def reason(kind: str, until: datetime | None) -> str:
     at = until.isoformat() if until is not None else "?"
     if kind == "daily":
@@ -110,22 +97,6 @@ def reason(kind: str, until: datetime | None) -> str:
     if kind == "window":
         return f"the portal's rate window is spent (0 left by its headers) until {at}"
     return f"a 429 shrank the connection's window until {at} (restored after a quiet period)"
-
-
-def take(tx: Tx, connection_id: str) -> Spent | None:
-    """Take one call from the portal's budget; the `Spent` to park on when none is left."""
-    row = tx.one(TAKE, connection_id=connection_id)
-    if row is None or row["spent"] is None:
-        return None
-    kind = str(row["spent"])
-    return Spent(
-        kind=kind,
-        until=row["until"],
-        seconds_left=max(float(row["seconds_left"]), 0.05),
-        max=int(row["max"]),
-        window_seconds=int(row["window_seconds"]),
-        reason=reason(kind, row["until"]),
-    )
 
 
 def narrowed_reason(row: Mapping[str, Any]) -> str:
