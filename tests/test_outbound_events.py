@@ -414,3 +414,17 @@ def test_finished_deliveries_are_deleted_after_the_retention_and_pending_ones_ne
     assert duty.run(db) == {"deleted": 1}
     left = sorted(r["event_key"].split(":")[1] for r in _deliveries(db))
     assert left == ["new-delivered", "old-pending"]
+
+
+def test_a_rotated_secret_signs_with_both_keys_until_the_old_one_is_removed(
+    db: Database, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    new = "whsec_" + base64.b64encode(b"another key of thirty-two bytes!").decode()
+    monkeypatch.setenv(SECRET_ENV, f"{new} {SECRET}")
+    _subscribe(db, receiver.url, ["approval.requested"])
+    _emit(db)
+    outbound.deliver_due(db)
+    [request] = receiver.requests
+    assert len(request["headers"]["webhook-signature"].split(" ")) == 2
+    assert verify(SECRET, request["headers"], request["body"])
+    assert verify(new, request["headers"], request["body"])

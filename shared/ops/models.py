@@ -1149,7 +1149,8 @@ class OutboundSubscriptionCreate(_Request):
         pattern=ENV_NAME_PATTERN,
         max_length=100,
         description="The *name* of the environment variable holding the Standard Webhooks"
-        " secret ('whsec_' + base64), never the secret.",
+        " secret ('whsec_' + base64; several, space-separated, while rotating: each signs),"
+        " never the secret.",
     )
 
 

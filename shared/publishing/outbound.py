@@ -68,12 +68,17 @@ log = get_logger(__name__)
 net_policy: Callable[[], NetPolicy] = NetPolicy.from_env
 
 
-def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
-    """The `webhook-signature` header value for one attempt."""
-    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+def sign(secrets: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """The `webhook-signature` header value for one attempt. `secrets` may hold several
+    space-separated 'whsec_' secrets (a rotation: the new one added, the old one removed once
+    the receiver moved): one signature each, space-separated, as the spec lists them."""
     signed = msg_id.encode() + b"." + str(timestamp).encode() + b"." + body
-    digest = hmac.new(key, signed, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode()
+    signatures = []
+    for secret in secrets.split():
+        key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+        digest = hmac.new(key, signed, hashlib.sha256).digest()
+        signatures.append("v1," + base64.b64encode(digest).decode())
+    return " ".join(signatures)
 
 
 def backoff_seconds(attempt: int, base: float = BACKOFF_BASE_SECONDS) -> float:
