@@ -47,6 +47,7 @@ def test_the_catalog_keeps_the_sweeps_duty_order() -> None:
         "trim_pre_admission_drops",
         "trim_oauth_install_states",
         "retention",
+        "expire_outbound_deliveries",
         "fire_cron_ticks",
         "expire_webhook_trigger_keys",
         "poll_sources",
@@ -65,4 +66,5 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "start_granted_runs",
         "remind_and_escalate_approvals",
         "deliver_approval_messages",
+        "deliver_outbound_events",
     ]

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shared.admission.redecide import REDECIDABLE
-from shared.ops import terminal
+from shared.ops import cli_outbound, terminal
 from shared.ops.client import ApiError, Credentials, OpsClient
 from shared.providers import registry
 from shared.providers.descriptor import ProjectSpec, SubscriptionKey
@@ -1081,6 +1081,7 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     _tenant_parsers(sub, remote)
     _connection_parsers(sub, remote)
     _token_parsers(sub, remote)
+    cli_outbound.add_parsers(sub, remote)
 
 
 def _tenant_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
@@ -1382,6 +1383,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "retry": lambda s, a: _bulk(s, a, "retry"),
     "bulk": lambda s, a: _bulk_by_token(s, a, a.action),
     "redecide": _redecide,
+    **cli_outbound.COMMANDS,
 }
 
 

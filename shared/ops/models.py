@@ -1130,6 +1130,86 @@ ENV_NAME_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 RoleName = Annotated[Text, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")]
 
 
+# ---- outbound events (shared/ops/api/outbound.py) ------------------------------------------
+OutboundEventType = Literal[
+    "run.failed",
+    "run.succeeded",
+    "event.refused",
+    "event.undelivered",
+    "breaker.tripped",
+    "approval.requested",
+]
+
+
+class OutboundSubscriptionCreate(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    url: Text = Field(
+        max_length=2048,
+        description="http(s) URL the events are POSTed to; refused when the SSRF guard refuses"
+        " its address (private, loopback, metadata, …).",
+    )
+    event_types: list[OutboundEventType] = Field(min_length=1, max_length=6)
+    secret_env: Text = Field(
+        pattern=ENV_NAME_PATTERN,
+        max_length=100,
+        description="The *name* of the environment variable holding the Standard Webhooks"
+        " secret ('whsec_' + base64; several, space-separated, while rotating: each signs),"
+        " never the secret.",
+    )
+
+
+class OutboundSubscription(_Response):
+    id: UUID
+    tenant_id: str
+    url: str
+    event_types: list[str]
+    secret_env: str
+    enabled: bool
+    created_at: datetime
+
+
+class OutboundSubscriptionList(_Response):
+    items: list[OutboundSubscription]
+
+
+class OutboundSubscriptionEnable(_Request):
+    enabled: bool
+
+
+class OutboundDeliveriesQuery(_Request):
+    status: Literal["pending", "delivered", "given_up"] | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+
+
+class OutboundDelivery(_Response):
+    id: str = Field(description="The `webhook-id` every attempt carries.")
+    subscription_id: UUID
+    tenant_id: str
+    url: str
+    event_type: str
+    event_key: str
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_status: int | None
+    last_error: str | None
+    last_attempt_at: datetime | None
+    delivered_at: datetime | None
+    given_up_at: datetime | None
+    created_at: datetime
+
+
+class OutboundDeliveryList(_Response):
+    items: list[OutboundDelivery]
+
+
+class OutboundResendResult(_Response):
+    id: str
+    resent: bool = True
+
+
 class TenantCreate(_Request):
     id: Text = Field(pattern=TENANT_ID_PATTERN, description="What definitions name as `tenant`.")
     name: Text | None = Field(default=None, max_length=200, description="Defaults to the id.")
