@@ -211,6 +211,24 @@ def _deal_won_kickoff(stack: ExampleStack, workflow_id: str) -> None:
     assert [s["step"] for s in stack.sent] == ["notify_billing"]
 
 
+def _deal_won_handoff(stack: ExampleStack, workflow_id: str) -> None:
+    """The deal is won; its company's billing account opens, then the contract is signed: the
+    `mode: all` wait resumes on the second (the company's change correlated on the company's
+    id) and the kickoff task shows on the deal and on the company."""
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    company = stack.fake.create_record(
+        "companies", {"name": "Acme"}, PERSON, body=_linked("deals", deal.id, 342)
+    )
+    stack.pump()
+    stack.person("deals", deal.id, {"dealstage": "closedwon"})
+    stack.person("companies", company.id, {"billing_status": "active"})
+    assert _task_shown_on(stack, "deals", deal.id) == []  # the contract is not signed yet
+    stack.person("deals", deal.id, {"contract_status": "signed"})
+    (task,) = _task_shown_on(stack, "companies", company.id)
+    assert task["properties"]["hs_task_subject"] == "Book the kickoff meeting with Acme"
+    assert _task_shown_on(stack, "deals", deal.id) == [task]
+
+
 def _deal_contacts_foreach(stack: ExampleStack, workflow_id: str) -> None:
     deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
     contacts = [
@@ -489,6 +507,7 @@ BEFORE_ACTIVATION = {"enroll-pro-signups": _signups_table}
 SCENARIOS = {
     "enroll-new-lead": _enroll_new_lead,
     "deal-closed-won": _deal_closed_won,
+    "deal-won-handoff": _deal_won_handoff,
     "deal-contacts-foreach": _deal_contacts_foreach,
     "deal-won-kickoff": _deal_won_kickoff,
     "discount-approval": _discount_approval,
