@@ -804,12 +804,16 @@ def _after_the_decision(
 ) -> list[str]:
     """What the event's first decision also does to runs already running, in its transaction:
     stop those it cancels or whose goal it meets, then offer it to the open waits; the ids of
-    the steps it resumed."""
+    the steps it resumed (and of the first finally steps of the runs it cancelled)."""
     dispatch: list[str] = []
     if stoppable:
         # Runs about this record whose workflow stops on this event (`cancel_on`) or whose
         # goal it meets, before any of their waits is offered it (shared/admission/stops.py).
-        stops.stop_runs(tx, event.occurrence, event.scope, stoppable, echo=event.echo)
+        # A run cancelled into its finally phase: its first finally step is published too.
+        for stopped in stops.stop_runs(
+            tx, event.occurrence, event.scope, stoppable, echo=event.echo
+        ):
+            dispatch += stopped.to_dispatch
     if open_waits and not event.echo:
         # The first decision of an event also offers it to the open waits it can match
         # (wait_for; statement 1 read them by index), in this transaction; each resume is

@@ -38,8 +38,10 @@ log = get_logger(__name__)
 @dataclass(frozen=True)
 class Stopped:
     run_id: str
-    status: str  # cancelled | goal_met
+    status: str  # cancelled | goal_met (running: cancelled into its finally phase)
     moved: bool
+    # The first finally step a cancel created (shared/steps/finale.py): published after commit.
+    to_dispatch: tuple[str, ...] = ()
 
 
 def _holds(condition: str, scope: PreparedScope, run_id: str, what: str) -> bool:
@@ -85,5 +87,5 @@ def stop_runs(
         else:
             continue
         if done is not None:
-            stopped.append(Stopped(run_id, done.status, done.moved))
+            stopped.append(Stopped(run_id, done.status, done.moved, done.to_dispatch))
     return stopped

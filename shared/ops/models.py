@@ -400,11 +400,18 @@ class RunDetail(_Response):
         default=None, description="The step this replay started from (null: its first failure)."
     )
     replay_by: str | None = Field(default=None, description="Who asked for this replay.")
-    phase: Literal["main", "compensating"] = Field(
+    phase: Literal["main", "compensating", "finally"] = Field(
         default="main",
         description="`compensating`: a step failed and the run is undoing the steps that "
         "declare `compensate:` (their rows are the steps keyed `compensate:<step>`, each with "
-        "its outcome); it ends failed. A failed run that compensated keeps this phase.",
+        "its outcome); it ends failed. A failed run that compensated keeps this phase. "
+        "`finally`: the run's end is decided (`final_status`) and its `finally:` steps run "
+        "(the steps keyed `finally:<id>`); a run that ran them keeps this phase.",
+    )
+    final_status: Literal["succeeded", "failed", "cancelled"] | None = Field(
+        default=None,
+        description="How the run's main phase decided it ends, kept while its `finally:` "
+        "steps run; it ends so, or failed when a finally step failed. Null: no finally steps.",
     )
     steps: list[StepView]
     charges: list[Charge] = Field(description="Ledger rows for this run's idempotency keys.")

@@ -110,7 +110,7 @@ SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
        record_label(l.label, l.email) AS record_label, r.dedup_mode,
        r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
        r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason,
-       r.replay_from, r.replay_by, r.phase
+       r.replay_from, r.replay_by, r.phase, r.final_status
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 JOIN workflow_versions v ON v.id = r.version_id
@@ -250,9 +250,10 @@ RETURNING id
 -- name: ops_retry_run_reopen
 -- Only a failed run is reopened; zero rows means someone else retried or replayed it first.
 -- A compensated run goes back to its main phase: the compensations that ran keep their rows,
--- so a second failure undoes only what succeeded since (steps_next_compensation).
+-- so a second failure undoes only what succeeded since (steps_next_compensation); finally
+-- steps that ran keep theirs and do not run again (shared/steps/finale.py `start`).
 UPDATE workflow_runs
-SET status = 'running', finished_at = NULL, error = NULL, phase = 'main'
+SET status = 'running', finished_at = NULL, error = NULL, phase = 'main', final_status = NULL
 WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
 
 -- name: ops_retry_step_reset

@@ -307,6 +307,64 @@ UPDATE workflow_runs SET status = 'failed', finished_at = now()
 WHERE id = CAST(:run_id AS uuid) AND status = 'running' AND phase = 'compensating'
 RETURNING id
 
+-- name: runs_begin_finally
+-- The run's end is decided (`final_status`: its last main step succeeded with nothing left to
+-- do, a step failed, or its last compensation settled) and its version declares `finally:`
+-- (shared/steps/finale.py): it stays `running`, in the `finally` phase, while its finally
+-- steps run; the failure's error, when one, recorded now. Runs under the run row's lock (the
+-- settle's), guarded on the phase it leaves (`from_phase`) and, for a success, on nothing
+-- being left to do: zero rows means another settle or a cancel decided first (each of them
+-- takes the same lock and the same guard), so the finally steps begin at most once.
+UPDATE workflow_runs r
+SET phase = 'finally', final_status = CAST(:final_status AS text),
+    error = coalesce(CAST(:error AS text), r.error)
+WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running'
+  AND r.phase = CAST(:from_phase AS text)
+  AND (NOT CAST(:when_done AS boolean)
+       OR NOT EXISTS (SELECT 1 FROM workflow_steps s
+                       WHERE s.run_id = r.id
+                         AND s.status NOT IN ('succeeded', 'skipped', 'failed')))
+RETURNING r.id
+
+-- name: steps_skip_open_of_final_run
+-- Entering the finally phase: the run's steps that are not finally steps and are still pending
+-- or parked (parallel branches; a main step that settled into a wait after the phase began)
+-- will never run, as a failed run's: skipped RUN_ENDED, their parks closed. A finally step
+-- (`finally:…`, its own waits included) is never among them. Runs under the run lock.
+WITH skipped AS (
+    UPDATE workflow_steps s
+    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'RUN_ENDED'
+    WHERE s.run_id = CAST(:run_id AS uuid) AND s.step_key NOT LIKE 'finally:%'
+      AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.park_id
+)
+UPDATE step_parks p SET resumed_at = now(), resumed_by = 'cancel'
+FROM skipped k
+WHERE p.id = k.park_id AND p.resumed_at IS NULL
+
+-- name: runs_end_finally
+-- The run's finally steps are done (none pending, running or parked): it ends as its main
+-- phase decided (`final_status`), or `failed` when a finally step failed (its error appended
+-- to the run's: `:error`, the failing step's, when this settle is that step's). Under the run
+-- row's lock (the settle's), guarded on the phase: zero rows means a finally step is still
+-- open (it ends the run when it settles) or the run ended already; it ends once.
+UPDATE workflow_runs r
+SET status = CASE WHEN EXISTS (SELECT 1 FROM workflow_steps f
+                                WHERE f.run_id = r.id AND f.step_key LIKE 'finally:%'
+                                  AND f.status = 'failed') THEN 'failed'
+                  WHEN r.final_status = 'cancelled' THEN 'cancelled'
+                  WHEN r.final_status = 'failed' THEN 'failed'
+                  ELSE 'succeeded' END,
+    finished_at = now(),
+    error = CASE WHEN CAST(:error AS text) IS NULL THEN r.error
+                 ELSE left(coalesce(r.error || '; then ', '') || CAST(:error AS text), 4000) END
+WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running' AND r.phase = 'finally'
+  AND NOT EXISTS (SELECT 1 FROM workflow_steps s
+                   WHERE s.run_id = r.id AND s.step_key LIKE 'finally:%'
+                     AND s.status NOT IN ('succeeded', 'skipped', 'failed'))
+RETURNING r.status
+
 -- name: versions_definition
 SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
 
@@ -504,22 +562,34 @@ FOR UPDATE
 -- this statement moved it: a loser (the run already ended, a second cancel) says who won and
 -- when; `running_steps` is read under the lock too. No row: no such live run in scope.
 -- A run in its compensating phase (shared/steps/saga.py) is not cancelled: a step failed
--- first, the run will end failed, and a cancel would leave its undo half done; the loser's
--- row says `phase`.
+-- first, the run will end failed, and a cancel would leave its undo half done; nor is one in
+-- its finally phase (shared/steps/finale.py): its end is decided and its finally steps are
+-- what is left of it. The loser's row says `phase`.
+-- A run whose version declares `finally:` is not ended here: the same guarded move keeps it
+-- `running` in its finally phase with `final_status` cancelled (who and why recorded as for
+-- any cancel), and `first_final` (the first finally step's definition, only then) tells the
+-- caller to create that step in this transaction (shared/steps/finale.py `start`).
 WITH run AS (
-    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
-    FROM workflow_runs
-    WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
-      AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
-    FOR UPDATE
+    SELECT wr.id, wr.status, wr.phase, wr.finished_at, wr.cancelled_by, wr.cancel_reason,
+           wr.lineage_root, v.definition -> 'finally' -> 0 AS first_final
+    FROM workflow_runs wr
+    JOIN workflow_versions v ON v.id = wr.version_id
+    WHERE wr.id = CAST(:run_id AS uuid) AND wr.namespace = 'live'
+      AND (CAST(:tenant_id AS text) IS NULL OR wr.tenant_id = CAST(:tenant_id AS text))
+    FOR UPDATE OF wr
 ), cancelled AS (
     UPDATE workflow_runs r
-    SET status = 'cancelled', finished_at = now(), cancelled_by = CAST(:by AS text),
+    SET status = CASE WHEN run.first_final IS NULL THEN 'cancelled' ELSE 'running' END,
+        finished_at = CASE WHEN run.first_final IS NULL THEN now() END,
+        phase = CASE WHEN run.first_final IS NULL THEN r.phase ELSE 'finally' END,
+        final_status = CASE WHEN run.first_final IS NULL THEN r.final_status
+                            ELSE 'cancelled' END,
+        cancelled_by = CAST(:by AS text),
         cancel_reason = CAST(:reason AS text),
         error = 'cancelled by ' || CAST(:by AS text) || ': ' || CAST(:reason AS text)
     FROM run
     WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
-    RETURNING r.id, r.status, r.finished_at, r.cancelled_by, r.cancel_reason
+    RETURNING r.id, r.status, r.phase, r.finished_at, r.cancelled_by, r.cancel_reason
 ), skipped AS (
     UPDATE workflow_steps s
     SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'CANCELLED'
@@ -537,7 +607,9 @@ SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
        coalesce(c.status, run.status) AS status,
        coalesce(c.finished_at, run.finished_at) AS finished_at,
        coalesce(c.cancelled_by, run.cancelled_by) AS cancelled_by,
-       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason, run.phase,
+       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason,
+       coalesce(c.phase, run.phase) AS phase, CAST(run.lineage_root AS text) AS lineage_root,
+       CASE WHEN c.phase = 'finally' THEN run.first_final END AS first_final,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps

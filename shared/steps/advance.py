@@ -45,6 +45,7 @@ from shared.steps.claim import (
     read_run_outputs,
     withdraw_side_effect_mark,
 )
+from shared.steps.finale import Finale
 from shared.steps.gated import gate_settlement, run_gated, settle_gates
 from shared.steps.loops import Loop, enclosing_loop, foreach_of, iteration, loop_scope
 from shared.steps.outcomes import (
@@ -64,7 +65,7 @@ from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Breaker, Step, WorkflowDefinition
 from shared.workflows.scope import RunFacts, step_scope, steps_read
-from shared.workflows.step_keys import compensated_key
+from shared.workflows.step_keys import compensated_key, is_final
 
 SQL = queries.load("steps")
 VERSION_DEFINITION = SQL["versions_definition"]
@@ -272,6 +273,7 @@ def _run_claimed(
             [],
             dispatch,
             saga=Saga.of(graph),
+            final=Finale.of(graph),
         )
     try:
         spec = lookup(step.block_type)
@@ -284,6 +286,7 @@ def _run_claimed(
             [],
             dispatch,
             saga=Saga.of(graph),
+            final=Finale.of(graph),
         )
 
     workflow = WorkflowGates.of(step.workflow_id, graph)
@@ -313,7 +316,9 @@ def _run_claimed(
         log.warning("lease lost while the block ran; not settling (its successor owns it)")
         return Advanced(step_id=step.id, claimed=True, note="lease lost")
     try:
-        next_nodes = [graph.step(n) for n in settlement.next_nodes]
+        # A finally step leads to finally steps only (shared/steps/finale.py).
+        follows = graph.final_step if is_final(step.step_key) else graph.step
+        next_nodes = [follows(n) for n in settlement.next_nodes]
         body = graph.step(settlement.fan_out.body) if settlement.fan_out else None
     except KeyError as exc:
         msg = f"step leads to unknown node {exc.args[0]!r}"
@@ -330,12 +335,16 @@ def _run_claimed(
         body=body,
         gates=executed.gates,
         saga=Saga.of(graph),
+        final=Finale.of(graph),
     )
 
 
 def _node(graph: WorkflowDefinition, step: ClaimedStep) -> Step:
     """The node a claimed row runs: its own, or for a compensation row (`compensate:<key>`,
-    shared/steps/saga.py) the undo its node declares, which has no edges."""
+    shared/steps/saga.py) the undo its node declares, which has no edges; for a finally row
+    (`finally:<id>`, shared/steps/finale.py) the step of the `finally:` list."""
+    if is_final(step.step_key):
+        return graph.final_step(step.node_id)
     node = graph.step(step.node_id)
     if compensated_key(step.step_key) is None:
         return node
@@ -501,9 +510,18 @@ def _finish(
     body: Step | None = None,
     gates: Callable[[Tx], None] | None = None,
     saga: Saga | None = None,
+    final: Finale | None = None,
 ) -> Advanced:
     settled = settle_step(
-        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates, saga=saga
+        db,
+        step,
+        settlement,
+        next_nodes,
+        loop=loop,
+        body=body,
+        gates=gates,
+        saga=saga,
+        final=final,
     )
     if settled.fenced_out:
         log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")

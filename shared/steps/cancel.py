@@ -9,18 +9,25 @@ lease and finishes its attempt; its settle sees the run ended and creates no nex
 (shared/steps/settle.py). The journal is kept, so the run can be replayed
 (shared/ops/replay.py). A cancel that loses — the run ended first, or another cancel won —
 changes nothing and says who won and when.
+
+A run whose version declares `finally:` (shared/steps/finale.py) is not ended by the cancel:
+the same statement keeps it running in its finally phase (ending `cancelled` after its finally
+steps), and the first finally step is created in the cancel's transaction, published after
+its commit (`to_dispatch`). A run already in its finally phase is not cancelled (409).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
+from shared.steps import finale
+from shared.workflows.definition import Step
 
 SQL = queries.load("steps")
 CANCEL_LOCK = SQL["runs_cancel_lock"]
@@ -43,8 +50,11 @@ class Cancellation:
     skipped_steps: tuple[str, ...] = ()
     # Finishing their attempt; their settle creates nothing after them.
     running_steps: tuple[str, ...] = ()
-    # `compensating`: a step failed first and the run is undoing its steps (shared/steps/saga.py).
+    # `compensating`: a step failed first and the run is undoing its steps (shared/steps/saga.py);
+    # `finally`: its end is decided and its finally steps run (shared/steps/finale.py).
     phase: str = "main"
+    # The first finally step this cancel created (publish after commit).
+    to_dispatch: tuple[str, ...] = ()
 
     @property
     def why_not(self) -> str | None:
@@ -56,6 +66,11 @@ class Cancellation:
                 "a step failed and the run is running its compensations; it ends failed when "
                 "they are done (a cancel would leave the undo half done)"
             )
+        if self.status == "running" and self.phase == finale.FINALLY:
+            return (
+                "the run's end is decided and it is running its finally steps; it ends when "
+                "they are done (a cancel would cut them short)"
+            )
         at = self.finished_at.isoformat() if self.finished_at else "an unknown time"
         if self.status == "cancelled":
             why = f": {self.cancel_reason}" if self.cancel_reason else ""
@@ -64,13 +79,32 @@ class Cancellation:
 
 
 def cancel_run(
-    db: Database, run_id: str, *, by: str, reason: str, tenant_scope: str | None = None
+    db: Database,
+    run_id: str,
+    *,
+    by: str,
+    reason: str,
+    tenant_scope: str | None = None,
+    dispatch: Callable[[Sequence[str]], None] | None = None,
 ) -> Cancellation | None:
     """Cancel the live run `run_id` (in `tenant_scope`, None for every tenant). None: no such
-    run. Repeating it is harmless: the second call changes nothing and says who cancelled."""
+    run. Repeating it is harmless: the second call changes nothing and says who cancelled.
+    `dispatch` publishes the first finally step a cancel created, after commit (a lost
+    publish: the sweep re-dispatches the stamped row)."""
     with db.transaction() as tx:
         outcome = cancel_in(tx, run_id, by=by, reason=reason, tenant_scope=tenant_scope)
+    if outcome is not None and outcome.to_dispatch:
+        try:
+            (dispatch or _publish)(outcome.to_dispatch)
+        except Exception as exc:
+            log.warning("step-ready publish failed after commit; the sweep will retry: %s", exc)
     return outcome
+
+
+def _publish(step_ids: Sequence[str]) -> None:
+    from shared.core.pubsub import publish_step_ready
+
+    publish_step_ready(step_ids)
 
 
 def cancel_in(
@@ -85,6 +119,11 @@ def cancel_in(
     if row is None:
         return None
     outcome = _cancellation(row)
+    if row.get("first_final") is not None:
+        # Kept running in its finally phase by the statement above: its first finally step.
+        first = Step.model_validate(row["first_final"])
+        ids = finale.start(tx, run_id, str(row["lineage_root"]), first)
+        outcome = replace(outcome, to_dispatch=ids)
     if outcome.moved:
         log.info(
             "run %s cancelled by %s (%d step(s) skipped, %d finishing their attempt)",

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 from shared.core import queries
 from shared.core.db import Tx
+from shared.steps import finale
 from shared.steps.claim import ClaimedStep
+from shared.steps.finale import Finale
 from shared.steps.journal import insert_steps
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Step, WorkflowDefinition
@@ -72,18 +74,28 @@ class Undoing:
 
 
 def settled(
-    tx: Tx, step: ClaimedStep, status: StepStatus, saga: Saga, error: str
+    tx: Tx,
+    step: ClaimedStep,
+    status: StepStatus,
+    saga: Saga,
+    error: str,
+    *,
+    phase: str,
+    final: Finale | None = None,
 ) -> Undoing | None:
     """What the saga does with `step`'s settle (status `status`), in its transaction after
     `steps_settle` locked the run row; None: nothing, the settle goes on as in any run.
 
     - compensating: a compensation that ended (succeeded or failed) creates the next one or
-      ends the run; a main step in flight when the phase began creates nothing (as in a
-      failed run) and a wait it settled into is skipped at once (nothing would serve it);
-    - main: a failure with something to undo begins the compensating phase."""
-    if run_phase(tx, step.run_id) == COMPENSATING:
+      ends the run (or, with `final`, begins its finally steps, shared/steps/finale.py); a
+      main step in flight when the phase began creates nothing (as in a failed run) and a
+      wait it settled into is skipped at once (nothing would serve it);
+    - main: a failure with something to undo begins the compensating phase.
+
+    `phase`: the run's, read by the caller under the same lock (`run_phase`)."""
+    if phase == COMPENSATING:
         if compensated_key(step.step_key) is not None:
-            return following(tx, step, saga) if status.terminal else Undoing()
+            return following(tx, step, saga, final) if status.terminal else Undoing()
         if status.parked:
             skip_open(tx, step.run_id)
         return Undoing()
@@ -111,11 +123,16 @@ def skip_open(tx: Tx, run_id: str) -> None:
     tx.execute(SKIP_OPEN, run_id=run_id)
 
 
-def following(tx: Tx, step: ClaimedStep, saga: Saga) -> Undoing:
+def following(tx: Tx, step: ClaimedStep, saga: Saga, final: Finale | None = None) -> Undoing:
     """After a compensation settled (terminal): the next one's row (created pending, stamped
-    dispatched: the caller publishes it after commit); none left: the run ends failed."""
+    dispatched: the caller publishes it after commit); none left: the run ends failed, or
+    with `final` enters its finally phase (it ends failed after its finally steps)."""
     row = tx.one(NEXT, run_id=step.run_id, node_ids=sorted(saga.undo))
     if row is None:
+        if final is not None:
+            begun = finale.begin(tx, step, final, final_status="failed", from_phase=COMPENSATING)
+            if begun is not None:
+                return Undoing(to_dispatch=begun)
         return Undoing(run_failed=tx.one(END, run_id=step.run_id) is not None)
     return _create(tx, step, saga, row)
 

@@ -18,9 +18,10 @@ from typing import Any
 from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
-from shared.steps import awaits
+from shared.steps import awaits, finale
 from shared.steps import saga as undo
 from shared.steps.claim import ClaimedStep
+from shared.steps.finale import Finale
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
 from shared.steps.outcomes import Settlement
@@ -62,8 +63,13 @@ def settle_step(
     body: Step | None = None,
     gates: Callable[[Tx], None] | None = None,
     saga: Saga | None = None,
+    final: Finale | None = None,
 ) -> Settled:
     """Write `settlement` for `step` if this attempt still holds its lease.
+
+    `final`: the `finally:` steps the run's version declares (shared/steps/finale.py). With
+    them too the settle runs as a transaction under the run row's lock: a run that would end
+    enters its finally phase instead, and a settle in that phase creates finally steps only.
 
     `saga`: the compensations the run's version declares (shared/steps/saga.py). With them the
     settle always runs as a transaction under the run row's lock: the run's phase decides what
@@ -79,13 +85,27 @@ def settle_step(
     the run's end — failed when the step failed, succeeded when nothing is left to do. A run
     cancelled while the attempt ran gets no next steps, and a wait the step parked in is
     skipped."""
-    if settlement.park is None and settlement.fan_out is None and loop is None and saga is None:
+    if (
+        settlement.park is None
+        and settlement.fan_out is None
+        and loop is None
+        and saga is None
+        and final is None
+    ):
         folded = _settle_in_one_statement(db, step, settlement, next_nodes, gates=gates)
         if folded is not None:
             return folded
         gates = None  # committed with the statement that could not decide
     return _settle_in_transaction(
-        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates, saga=saga
+        db,
+        step,
+        settlement,
+        next_nodes,
+        loop=loop,
+        body=body,
+        gates=gates,
+        saga=saga,
+        final=final,
     )
 
 
@@ -103,6 +123,7 @@ def _settle_in_transaction(
     body: Step | None,
     gates: Callable[[Tx], None] | None = None,
     saga: Saga | None = None,
+    final: Finale | None = None,
 ) -> Settled:
     """The settle statement by statement, in one transaction under the run row's lock: for a
     wait (its park row first), a foreach, and whatever the one statement could not decide."""
@@ -132,22 +153,45 @@ def _settle_in_transaction(
         run_status = str(row["run_status"])
         dispatch: list[str] = []
         run_failed = False
-        # The run's compensations decide first when it declares any (shared/steps/saga.py).
+        # The run's phase, when its version declares compensations or finally steps: read
+        # once, under the lock `steps_settle` took.
+        phase = undo.MAIN if saga is None and final is None else undo.run_phase(tx, step.run_id)
+        # In its finally phase the run's finally steps decide (shared/steps/finale.py): None
+        # only for a finally step that parked, which parks below as in any run. Otherwise its
+        # compensations decide first when it declares any (shared/steps/saga.py).
+        ending = (
+            finale.settled(tx, step, settlement.status, next_nodes, _run_error(step, settlement))
+            if final is not None and phase == finale.FINALLY
+            else None
+        )
         undone = (
             None
-            if saga is None
-            else undo.settled(tx, step, settlement.status, saga, _run_error(step, settlement))
+            if saga is None or phase == finale.FINALLY
+            else undo.settled(
+                tx,
+                step,
+                settlement.status,
+                saga,
+                _run_error(step, settlement),
+                phase=phase,
+                final=final,
+            )
         )
-        if undone is not None:
+        if ending is not None:
+            dispatch += ending.to_dispatch
+            run_status = ending.run_status or run_status
+            run_failed = ending.run_status == "failed"
+        elif undone is not None:
             dispatch += undone.to_dispatch
             if undone.run_failed:
                 run_status, run_failed = "failed", True
         elif settlement.status is StepStatus.FAILED:
-            if tx.execute(FAIL_RUN, run_id=step.run_id, error=_run_error(step, settlement)):
-                run_status = "failed"
-                run_failed = True
+            dispatch, run_failed = _fail(tx, step, settlement, final)
+            run_status = "failed" if run_failed else run_status
         elif settlement.status is StepStatus.SUCCEEDED and run_status == "running":
-            dispatch, finished = _go_on(tx, step, settlement, next_nodes, loop=loop, body=body)
+            dispatch, finished = _go_on(
+                tx, step, settlement, next_nodes, loop=loop, body=body, final=final
+            )
             if finished:
                 run_status = "succeeded"
         elif settlement.status.parked and run_status in STOPPED:
@@ -168,6 +212,22 @@ def _settle_in_transaction(
     )
 
 
+def _fail(
+    tx: Tx, step: ClaimedStep, settlement: Settlement, final: Finale | None
+) -> tuple[list[str], bool]:
+    """A step of the run failed with nothing to undo: the run fails — or, with `final`,
+    enters its finally phase (the first finally step to dispatch; it ends failed after them).
+    Whether this settle failed the run (not: another end was decided first)."""
+    error = _run_error(step, settlement)
+    if final is not None:
+        begun = finale.begin(
+            tx, step, final, final_status="failed", from_phase=undo.MAIN, error=error
+        )
+        if begun is not None:
+            return list(begun), False
+    return [], bool(tx.execute(FAIL_RUN, run_id=step.run_id, error=error))
+
+
 def _go_on(
     tx: Tx,
     step: ClaimedStep,
@@ -176,9 +236,11 @@ def _go_on(
     *,
     loop: Loop | None,
     body: Step | None,
+    final: Finale | None = None,
 ) -> tuple[list[str], bool]:
     """A step of a running run succeeded: its next rows (to dispatch), and whether the run
-    succeeded because nothing is left to do."""
+    succeeded because nothing is left to do — or, with `final`, entered its finally phase
+    instead (the first finally step to dispatch; the run is still running)."""
     dispatch: list[str] = []
     if next_nodes:
         dispatch = insert_steps(
@@ -200,8 +262,14 @@ def _go_on(
         )
     elif loop is not None:
         dispatch += after_item(tx, run_id=step.run_id, lineage_root=step.lineage_root, loop=loop)
-    finished = not dispatch and bool(tx.execute(FINISH_IF_DONE, run_id=step.run_id))
-    return dispatch, finished
+    if dispatch:
+        return dispatch, False
+    if final is not None:
+        begun = finale.begin(
+            tx, step, final, final_status="succeeded", from_phase=undo.MAIN, when_done=True
+        )
+        return list(begun or ()), False
+    return dispatch, bool(tx.execute(FINISH_IF_DONE, run_id=step.run_id))
 
 
 def _settle_in_one_statement(

@@ -26,13 +26,13 @@ class StepStatus(StrEnum):
     retry and replay. Out: the claim in `advance_step` (→ running), ops cancel (→ skipped)."""
 
     RUNNING = "running"
-    """Executing its steps; in its `compensating` phase (`phase`, shared/steps/saga.py) it is
-    undoing its succeeded steps after one failed, and ends failed. In: admission (a new live
-    run), replay (a new run of the lineage), a rehearsal's start, ops retry of a failed run
-    (reopened in place, back in its main phase). Out: the engine when no step is left (→
-    succeeded) or a step failed (→ failed; after its compensations when it has any), the
-    sweep's reclaim of a step that failed (→ failed), ops cancel and the end of a rehearsal
-    (→ cancelled)."""
+    """Claimed under a lease (`lease_id`, `lease_expires_at`); heartbeats extend it. In: the
+    claim, which also opens the lease's history row (`LeaseEnd`). Out: settle, fenced on the
+    lease id (→ succeeded, failed, waiting_*); the sweep when the lease expired, fenced on the
+    old lease id (→ pending; or failed with OUTCOME_UNKNOWN when an at-most-once side effect
+    may have started and its block doesn't decide the retry itself; or, when the run has
+    ended meanwhile, skipped — failed OUTCOME_UNKNOWN if marked). Both close the history row
+    in the same statement."""
 
     WAITING_FOR_DELAY = "waiting_for_delay"
     """A delay is being served; `wake_at` is when it is over (the wait is then *served*: the
@@ -199,6 +199,9 @@ STEP_STATEMENTS: dict[str, Moves] = {
     # shared/sql/steps.sql: a run entering its compensating phase (shared/steps/saga.py) skips
     # its main-phase steps still open, as a failed run's are
     "steps_skip_open_of_compensating_run": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
+    # shared/sql/steps.sql: a run entering its finally phase (shared/steps/finale.py) skips its
+    # other steps still open, as a failed run's are
+    "steps_skip_open_of_final_run": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
 }
 # Their new status is a parameter (the settlement's) or copied from another row, so only the
 # declaration says which; for every other statement the test reads it from the text.
@@ -213,10 +216,12 @@ class RunStatus(StrEnum):
     """Executing its steps; in its `compensating` phase (`phase`, shared/steps/saga.py) it is
     undoing its succeeded steps after one failed, and ends failed. In: admission (a new live
     run), replay (a new run of the lineage), a rehearsal's start, ops retry of a failed run
-    (reopened in place, back in its main phase). Out: the engine when no step is left (→
-    succeeded) or a step failed (→ failed; after its compensations when it has any), the
-    sweep's reclaim of a step that failed (→ failed), ops cancel and the end of a rehearsal
-    (→ cancelled)."""
+    (reopened in place, back in its main phase). In its `finally` phase (shared/steps/
+    finale.py) its end is decided (`final_status`) and its `finally:` steps run. Out: the
+    engine when no step is left (→ succeeded) or a step failed (→ failed; after its
+    compensations when it has any), the sweep's reclaim of a step that failed (→ failed), ops
+    cancel and the end of a rehearsal (→ cancelled); with `finally:` steps, each of these
+    engine ends and a cancel after them (→ final_status, or failed when one failed)."""
 
     SUCCEEDED = "succeeded"
     """Terminal, with `finished_at`: every step settled and none failed. Out: never."""
@@ -264,12 +269,19 @@ RUN_STATEMENTS: dict[str, Moves] = {
     "ops_retry_run_reopen": _moves({R.FAILED}, {R.RUNNING}),
     "ops_rehearsal_run_insert": _moves(NEW, {R.RUNNING}),
     "ops_rehearsal_stop": _moves({R.RUNNING}, {R.CANCELLED}),
-    "runs_cancel": _moves({R.RUNNING}, {R.CANCELLED}),
+    # A run whose version declares `finally:` stays running (its finally phase, shared/steps/
+    # finale.py) and ends cancelled after its finally steps.
+    "runs_cancel": _moves({R.RUNNING}, {R.CANCELLED, R.RUNNING}),
     "runs_end_goal_met": _moves({R.RUNNING}, {R.GOAL_MET}),
     # shared/steps/saga.py: a failure with something to undo keeps the run running, in its
     # compensating phase (not a status move); the last compensation's settle fails it.
     "runs_begin_compensating": _moves({R.RUNNING}, set()),
     "runs_end_compensated": _moves({R.RUNNING}, {R.FAILED}),
+    # shared/steps/finale.py: a run whose end is decided and whose version declares `finally:`
+    # stays running in its finally phase (not a status move); the last finally step's settle
+    # ends it as decided (`final_status`), or failed when a finally step failed.
+    "runs_begin_finally": _moves({R.RUNNING}, set()),
+    "runs_end_finally": _moves({R.RUNNING}, {R.SUCCEEDED, R.FAILED, R.CANCELLED}),
 }
 
 

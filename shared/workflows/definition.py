@@ -543,6 +543,17 @@ class WorkflowDefinition(_Strict):
         "when a run of its key ends.",
     )
 
+    # `finally` is a Python keyword: the field is `finally_`, read and written as `finally`.
+    finally_: list[Step] | None = Field(
+        default=None,
+        alias="finally",
+        min_length=1,
+        description="Steps run once whatever the run's end — succeeded, failed (after its "
+        "compensations) or cancelled — the first one first, chained by `next` among "
+        "themselves (waits allowed). The run then ends as its main phase decided, or failed "
+        "when a finally step failed.",
+    )
+
     @model_serializer(mode="wrap")
     def _canonical(
         self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
@@ -552,10 +563,20 @@ class WorkflowDefinition(_Strict):
         data: dict[str, Any] = handler(self)
         if data.get("concurrency") is None:
             data.pop("concurrency", None)
+        final = data.pop("finally_", data.pop("finally", None))
+        if final is not None:
+            data["finally"] = final
         return data
 
     def step(self, step_id: str) -> Step:
         for s in self.steps:
+            if s.id == step_id:
+                return s
+        raise KeyError(step_id)
+
+    def final_step(self, step_id: str) -> Step:
+        """A step of the `finally:` list (shared/steps/finale.py) by its id."""
+        for s in self.finally_ or ():
             if s.id == step_id:
                 return s
         raise KeyError(step_id)

@@ -1,5 +1,5 @@
-"""The journal keys of a run's compensations: pure, so replay planning (shared/ops/replay_plan.py)
-reads them without importing the database layer."""
+"""The journal keys of a run's compensations and `finally:` steps: pure, so replay planning
+(shared/ops/replay_plan.py) reads them without importing the database layer."""
 
 from __future__ import annotations
 
@@ -17,3 +17,17 @@ def compensation_key(key: str) -> str:
 def compensated_key(key: str) -> str | None:
     """The step key a compensation row undoes; None for any other row."""
     return key[len(COMPENSATION_PREFIX) :] if key.startswith(COMPENSATION_PREFIX) else None
+
+
+# The journal key of a `finally:` step (shared/steps/finale.py): `finally:<step id>`, its
+# idempotency key then `onceflow:<lineage root>:finally:<step id>`, its own.
+FINAL_PREFIX = "finally:"
+
+
+def final_key(step_id: str) -> str:
+    return FINAL_PREFIX + step_id
+
+
+def is_final(key: str) -> bool:
+    """Whether a row is one of the run's `finally:` steps."""
+    return key.startswith(FINAL_PREFIX)

@@ -79,6 +79,7 @@ def run_detail(db: Database, run_id: str, scope: str | None, namespace: str = "l
         replay_from=run["replay_from"],
         replay_by=run["replay_by"],
         phase=run["phase"],
+        final_status=run["final_status"],
         steps=[StepView.model_validate({**s, "leases": leases.get(s["id"], [])}) for s in steps],
         charges=[Charge.model_validate(c) for c in charges],
         lineage=[LineageEntry.model_validate(r) for r in lineage],
@@ -118,7 +119,12 @@ def cancel_live_run(call: Call) -> CancelResult:
     body: CancelRequest = call.body
     run_id = _path_run(call)
     outcome = cancel_run(
-        call.db, run_id, by=call.principal.label, reason=body.reason, tenant_scope=call.scope
+        call.db,
+        run_id,
+        by=call.principal.label,
+        reason=body.reason,
+        tenant_scope=call.scope,
+        dispatch=call.dispatch,
     )
     if outcome is None:
         raise not_found("run")
