@@ -313,6 +313,11 @@ def load(path: str | Path) -> Loaded:
         workflow_name = str(definition.get("name", ""))
         step_ids = {
             str(st.get("id")) for st in definition.get("steps") or [] if isinstance(st, dict)
+        } | {
+            # A `finally:` step's row is journaled as `finally:<id>` (shared/steps/finale.py).
+            "finally:" + str(st.get("id"))
+            for st in definition.get("finally") or []
+            if isinstance(st, dict)
         }
     for alias, rec in scenario.records.items():
         for j, link in enumerate(rec.links):

@@ -211,6 +211,18 @@ def _deal_won_kickoff(stack: ExampleStack, workflow_id: str) -> None:
     assert [s["step"] for s in stack.sent] == ["notify_billing"]
 
 
+def _deal_desk_review(stack: ExampleStack, workflow_id: str) -> None:
+    """The desk's queue answers: the review task, then the finally steps (the summary, then
+    the rep's task), each once, after the main steps."""
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    stack.pump()
+    stack.person("deals", deal.id, {"discount_requested": "true"})
+    assert [s["step"] for s in stack.sent] == ["tell_the_desk", "finally:post_summary"]
+    review, rep = _task_shown_on(stack, "deals", deal.id)
+    assert review["properties"]["hs_task_subject"].startswith("Deal desk: review")
+    assert rep["properties"]["hs_task_subject"].startswith("Your discount request")
+
+
 def _deal_won_handoff(stack: ExampleStack, workflow_id: str) -> None:
     """The deal is won; its company's billing account opens, then the contract is signed: the
     `mode: all` wait resumes on the second (the company's change correlated on the company's
@@ -510,6 +522,7 @@ SCENARIOS = {
     "deal-won-handoff": _deal_won_handoff,
     "deal-contacts-foreach": _deal_contacts_foreach,
     "deal-won-kickoff": _deal_won_kickoff,
+    "deal-desk-review": _deal_desk_review,
     "discount-approval": _discount_approval,
     "lead-replied-reengage": _lead_replied_reengage,
     "weekday-contracts-digest": _weekday_contracts_digest,

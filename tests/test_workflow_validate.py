@@ -729,3 +729,66 @@ def test_a_compensation_is_checked_like_a_step_with_its_position() -> None:
     )
     assert "refers to step 'done', which cannot have run before 'create'" in p.message
     assert p.line == 11
+
+
+FINALLY = """\
+steps:
+  - id: create
+    type: crm.create
+    config: {object_type: tasks, properties: {subject: "Call"}}
+finally:
+  - id: summary
+    type: {final_type}
+    config: {final_config}
+    next: {final_next}
+  - id: notify
+    type: end
+"""
+
+
+def _with_finally(final_type: str, final_config: str, final_next: str = "notify") -> str:
+    return HEAD + (
+        FINALLY.replace("{final_type}", final_type)
+        .replace("{final_config}", final_config)
+        .replace("{final_next}", final_next)
+    )
+
+
+def test_a_finally_list_reading_a_main_step_validates_and_keeps_its_name() -> None:
+    report = validate_text(
+        _with_finally(
+            "http.request",
+            '{method: POST, url: "https://hooks.example.com/x", '
+            'body: {task: "${{ steps.create.output.id }}"}}',
+        ),
+        "wf.yaml",
+    )
+    assert report.ok, [str(p) for p in report.problems]
+    assert report.definition is not None and report.definition.finally_ is not None
+    assert [s.id for s in report.definition.finally_] == ["summary", "notify"]
+    assert "finally" in report.definition.model_dump(mode="json")
+
+
+def test_a_finally_step_is_checked_like_a_step_with_its_position() -> None:
+    p = _one(_with_finally("crm.nope", "{}"))
+    assert "unknown block type 'crm.nope'" in p.message
+    assert (p.file, p.line, p.column) == ("wf.yaml", 11, 11)
+    p = _one(_with_finally("end", "{}", "create"))
+    assert "a finally step leads to another finally step" in p.message
+    assert (p.line, p.column) == (13, 11)
+    p = _one(
+        _with_finally(
+            "http.request",
+            '{method: POST, url: "https://hooks.example.com/x", '
+            'body: {n: "${{ steps.notify.output.id }}"}}',
+        )
+    )
+    assert "a finally step reads the main steps' outputs" in p.message and p.line == 12
+    p = _one(
+        HEAD
+        + FINALLY.replace("id: summary", "id: create")
+        .replace("{final_type}", "end")
+        .replace("{final_config}", "{}")
+        .replace("    next: {final_next}\n", "")
+    )
+    assert "duplicate step id 'create'" in p.message and p.line == 10

@@ -377,6 +377,7 @@ class _Validation:
             self.check_shape(d, graph)
         for index, step in enumerate(d.steps):
             self.check_step(d, index, step, graph)
+        self.check_finally(d, ids)
         self.check_object_kinds(d)
         self.check_stops(d)
         if d.concurrency is not None:
@@ -710,6 +711,54 @@ class _Validation:
                 self.check_reference(d, step, path, ref, graph)
         self.check_compensation(d, i, step, graph)
 
+    def check_finally(self, d: WorkflowDefinition, main_ids: set[str]) -> None:
+        """The `finally:` list (shared/steps/finale.py): steps like the main ones, with ids of
+        their own, leading only to one another (no cycle), no foreach (one step per row) and
+        no `compensate:` (the run has ended its main phase); their expressions read the main
+        steps' outputs."""
+        final = d.finally_ or []
+        ids: set[str] = set()
+        for i, step in enumerate(final):
+            if step.id in ids or step.id in main_ids:
+                self.add(
+                    "error",
+                    ("finally", i, "id"),
+                    f"duplicate step id {step.id!r} (a finally step's id is its own, "
+                    "distinct from the main steps')",
+                )
+            ids.add(step.id)
+        follows: dict[str, list[str]] = {}
+        for i, step in enumerate(final):
+            for path, target in _edges(i, step, section="finally"):
+                if target not in ids or target == step.id:
+                    self.add(
+                        "error",
+                        path,
+                        f"edge to {target!r}: a finally step leads to another finally step "
+                        f"(finally: {', '.join(sorted(ids))})",
+                    )
+                follows.setdefault(step.id, []).append(target)
+            if step.type == "foreach":
+                self.add("error", ("finally", i, "type"), "a finally step cannot be a foreach")
+            if step.compensate is not None:
+                self.add(
+                    "error",
+                    ("finally", i, "compensate"),
+                    "a finally step has no `compensate:` (it runs after the run's main phase)",
+                    at_key=True,
+                )
+            for path, compiled in self.check_step_config(i, step, base=("finally", i)):
+                for ref in sorted(compiled.step_refs):
+                    if ref not in main_ids:
+                        self.add(
+                            "error",
+                            path,
+                            f"refers to step {ref!r}: a finally step reads the main steps' "
+                            "outputs (missing when the step did not run: guard with has())",
+                        )
+        if final and _cycles(final[0].id, follows):
+            self.add("error", ("finally", 0, "id"), "the finally steps lead in a cycle")
+
     def check_compensation(
         self, d: WorkflowDefinition, i: int, step: Step, graph: _Graph | None
     ) -> None:
@@ -902,21 +951,41 @@ class _Validation:
 # ---------------------------------------------------------------- graph
 
 
-def _edges(i: int, step: Step) -> list[tuple[PathT, str]]:
+def _edges(i: int, step: Step, section: str = "steps") -> list[tuple[PathT, str]]:
+    """A step's edges with their paths; `section`: the list it is in (`steps`, `finally`)."""
     out: list[tuple[PathT, str]] = []
     if step.next:
-        out.append((("steps", i, "next"), step.next))
+        out.append(((section, i, "next"), step.next))
     for j, b in enumerate(step.branches):
-        out.append((("steps", i, "branches", j, "next"), b.next))
+        out.append(((section, i, "branches", j, "next"), b.next))
     if step.otherwise:
-        out.append((("steps", i, "otherwise"), step.otherwise))
+        out.append(((section, i, "otherwise"), step.otherwise))
     for key in JUMP_KEYS:
         value = step.config.get(key)
         if isinstance(value, Mapping) and isinstance(value.get("goto"), str):
-            out.append((("steps", i, "config", key, "goto"), value["goto"]))
+            out.append(((section, i, "config", key, "goto"), value["goto"]))
     if step.type == "foreach" and isinstance(step.config.get("do"), str):
-        out.append((("steps", i, "config", "do"), step.config["do"]))
+        out.append(((section, i, "config", "do"), step.config["do"]))
     return out
+
+
+def _cycles(start: str, follows: Mapping[str, list[str]]) -> bool:
+    """Whether the steps reachable from `start` lead back to one on the way (depth first)."""
+    on_path: set[str] = set()
+    done: set[str] = set()
+
+    def visit(node: str) -> bool:
+        if node in on_path:
+            return True
+        if node in done:
+            return False
+        on_path.add(node)
+        found = any(visit(n) for n in follows.get(node, ()))
+        on_path.discard(node)
+        done.add(node)
+        return found
+
+    return visit(start)
 
 
 class _Graph:
