@@ -182,3 +182,33 @@ def test_run_page_says_a_run_is_compensating_and_offers_no_cancel(
     assert "undoing the steps that declare <code>compensate:</code>" in page
     assert "compensate:a" in page
     assert "Cancel run" not in page
+
+
+def test_run_page_says_a_run_is_running_its_finally_steps_and_offers_no_cancel(
+    db: Database, client: Any
+) -> None:
+    seed_tenant(db, "acme")
+    wf, v = seed_workflow(db, "acme", STEPS, name="final")
+    run = seed_run(
+        db,
+        "acme",
+        wf,
+        v,
+        [
+            JournalRow("a", "succeeded"),
+            JournalRow(
+                "finally:notify_rep", "pending", block_type="http.request", node_id="notify_rep"
+            ),
+        ],
+        status="running",
+    )
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_runs SET phase = 'finally', final_status = 'succeeded' WHERE id = :r",
+            r=run,
+        )
+    client.post("/ui/login", data={"token": mint(db, "acme")})
+    page = client.get(f"/ui/runs/{run}").get_data(as_text=True)
+    assert "The run's end is decided (succeeded): its <code>finally:</code> steps" in page
+    assert "finally:notify_rep" in page
+    assert "Cancel run" not in page
