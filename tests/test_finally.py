@@ -245,3 +245,36 @@ def test_a_cancel_racing_the_last_main_settle_at_a_barrier_runs_finally_exactly_
     else:
         assert "finally steps" in (cancelled.why_not or "")
         assert run["status"] == "succeeded" and run["final_status"] == "succeeded"
+
+
+def test_a_replay_of_a_run_that_ran_finally_copies_no_finally_step_and_runs_them_at_its_end(
+    db: Database,
+) -> None:
+    from shared.ops.replay import replay_run
+
+    recorder = Recorder()
+    engine = Engine(db, block_lookup(recorder))
+    version = publish_version(
+        db,
+        _definition(
+            [
+                {"id": "a", "type": "test.noop", "next": "fail"},
+                {"id": "fail", "type": "test.fail_permanent"},
+            ],
+            FINAL,
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.drain(first)
+    assert run_row(db, run_id)["status"] == "failed"
+
+    replayed = replay_run(db, run_id=run_id, tenant_scope=None, dispatch=engine.dispatch)
+    assert [s.step_key for s in replayed.plan.copy] == ["a"]
+    assert [s.step_key for s in replayed.plan.restart] == ["fail"]
+    engine.drain([])
+    steps = steps_of(db, replayed.run_id)
+    # The replay ends like any run: its own finally steps, once, after its failure.
+    assert steps["finally:summary"]["status"] == "succeeded"
+    assert steps["finally:notify_rep"]["status"] == "succeeded"
+    assert run_row(db, replayed.run_id)["status"] == "failed"
+    assert recorder.count("finally:summary") == 2  # the run's, then the replay's

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shared.workflows.definition import WorkflowDefinition
-from shared.workflows.step_keys import compensated_key
+from shared.workflows.step_keys import compensated_key, is_final
 
 SETTLED = frozenset({"succeeded", "skipped", "failed"})
 # Settled without having done their work: a replay starts them again.
@@ -127,7 +127,9 @@ def plan_replay(
     # earliest of them that leads to the chosen (or failed) step, so the steps after it run
     # again in order with its new output.
     undone_keys = {k for s in steps if (k := compensated_key(s.step_key)) is not None}
-    steps = [s for s in steps if compensated_key(s.step_key) is None]
+    # Its `finally:` rows are not replayed either (shared/steps/finale.py): they ran at that
+    # run's end; the replay runs its own at its end.
+    steps = [s for s in steps if compensated_key(s.step_key) is None and not is_final(s.step_key)]
     first = first_error(steps)
     origin = start or first
     for s in sorted(

@@ -542,7 +542,10 @@ def _finish(
         log_event(
             log,
             LogEvent.RUN_FAILED,
-            f"run failed: step {step.step_key} failed ({settlement.outcome_code})",
+            f"run failed: step {step.step_key} failed ({settlement.outcome_code})"
+            if settlement.status == "failed"
+            else f"run failed: its finally steps are done after step {step.step_key} "
+            "(the failure was decided before them)",
             level=logging.WARNING,
             run_id=step.run_id,
             outcome_code=str(settlement.outcome_code),
