@@ -14,6 +14,7 @@ from shared.steps.advance import Advanced
 from shared.steps.cancel import cancel_run
 from shared.sweep.loop import run_sweep
 from shared.workflows.definition import WorkflowDefinition
+from tests.ops_support import Dispatched, bearer, mint
 from tests.steps_blocks import Recorder, block_lookup, spec
 from tests.steps_support import TENANT, publish_version, run_row, start_run, steps_of
 from tests.test_compensate import Engine
@@ -278,3 +279,39 @@ def test_a_replay_of_a_run_that_ran_finally_copies_no_finally_step_and_runs_them
     assert steps["finally:notify_rep"]["status"] == "succeeded"
     assert run_row(db, replayed.run_id)["status"] == "failed"
     assert recorder.count("finally:summary") == 2  # the run's, then the replay's
+
+
+def test_the_ops_api_cancels_into_the_finally_phase_then_answers_409_with_the_reason(
+    db: Database, client: Any, dispatched: Dispatched
+) -> None:
+    recorder = Recorder()
+    engine = Engine(db, block_lookup(recorder))
+    version = publish_version(
+        db,
+        _definition(
+            [
+                {"id": "wait", "type": "delay", "config": {"minutes": 30}, "next": "never"},
+                {"id": "never", "type": "test.noop"},
+            ],
+            FINAL,
+        ),
+    )
+    run_id, first = start_run(db, version)
+    engine.drain(first)
+    token = mint(db, TENANT, label="carol")
+    url = f"/v1/runs/{run_id}/cancel"
+    done = client.post(url, json={"reason": "deal lost"}, headers=bearer(token))
+    assert done.status_code == 200, done.get_json()
+    body = done.get_json()
+    assert body["skipped_steps"] == ["wait"]
+    assert body["run"]["status"] == "running" and body["run"]["cancelled_by"] == "carol"
+    # The first finally step, published after the cancel committed.
+    assert dispatched.ids == [steps_of(db, run_id)["finally:summary"]["id"]]
+    again = client.post(url, json={"reason": "me too"}, headers=bearer(token))
+    assert again.status_code == 409 and again.get_json()["code"] == "run_not_running"
+    assert "running its finally steps" in again.get_json()["message"]
+    shown = client.get(f"/v1/runs/{run_id}", headers=bearer(token)).get_json()
+    assert (shown["phase"], shown["final_status"]) == ("finally", "cancelled")
+    engine.drain(dispatched.ids)
+    _finally_ran_once(db, run_id, recorder)
+    assert run_row(db, run_id)["status"] == "cancelled"
