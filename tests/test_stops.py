@@ -52,7 +52,11 @@ class Stoppable:
     test block) instead of the network."""
 
     def __init__(
-        self, db: Database, touch: Any = None, steps: list[dict[str, Any]] | None = None
+        self,
+        db: Database,
+        touch: Any = None,
+        steps: list[dict[str, Any]] | None = None,
+        final: list[dict[str, Any]] | None = None,
     ) -> None:
         self.db = db
         self.q = Queue()
@@ -73,6 +77,7 @@ class Stoppable:
                 "cancel_on": [{"event": CHANGED, "when": UNQUALIFIED}],
                 "goal": CUSTOMER,
                 "steps": steps or _steps_with_delay(),
+                **({"finally": final} if final else {}),
             }
             self.workflow_id = seed.activate_source(tx, json.dumps(source), tenant_id="acme")
 
@@ -152,6 +157,29 @@ def test_a_cancel_on_event_cancels_the_run_through_the_cancel_and_names_the_even
     # Redelivered, the event changes nothing more.
     flow.admit(stop)
     assert _run(db, run_id)["cancelled_by"] == f"event {stop}"
+
+
+def test_a_cancel_on_event_runs_the_finally_steps_once_then_the_run_ends_cancelled(
+    db: Database,
+) -> None:
+    """The event's admission cancels the run into its finally phase and publishes the first
+    finally step after its commit; redelivered, the event starts no second finally."""
+    flow = Stoppable(db, final=[{"id": "tell_rep", "type": "http.request", "config": HOOK}])
+    run_id = flow.run()
+    stop = flow.change({"hs_lead_status": "UNQUALIFIED"})
+    flow.admit(stop)
+    run = _run(db, run_id)
+    assert (run["status"], run["phase"], run["final_status"]) == ("running", "finally", "cancelled")
+    assert run["cancelled_by"] == f"event {stop}"
+    flow.drain()
+    journal = _journal(db, run_id)
+    assert journal["finally:tell_rep"]["status"] == "succeeded"
+    assert journal["pause"]["status"] == "skipped" and "again" not in journal
+    assert _run(db, run_id)["status"] == "cancelled"
+    flow.admit(stop)
+    flow.drain()
+    assert _journal(db, run_id)["finally:tell_rep"]["attempt"] == 1
+    assert _run(db, run_id)["status"] == "cancelled"
 
 
 def test_a_goal_met_ends_the_run_goal_met_and_skips_what_is_left(db: Database) -> None:
