@@ -1,5 +1,5 @@
 -- finally: (issue 30, item 6): a run whose version declares a `finally:` list does not end
--- when its main phase (or its compensations, or a cancel) decides how it ends: it stays
+-- when its main phase (or its compensations, a cancel, its goal met) decides how it ends: it stays
 -- `running` in the `finally` phase, with that decision kept in `final_status`, while its
 -- finally steps run (one step row each, step_key `finally:<id>`, shared/steps/finale.py); the
 -- last one ends the run `final_status` (or `failed` when a finally step failed). Runs of
@@ -10,7 +10,7 @@ ALTER TABLE workflow_runs ADD CONSTRAINT workflow_runs_phase_check
 ALTER TABLE workflow_runs
     ADD COLUMN final_status text
         CONSTRAINT workflow_runs_final_status_check
-        CHECK (final_status IN ('succeeded', 'failed', 'cancelled'));
+        CHECK (final_status IN ('succeeded', 'failed', 'cancelled', 'goal_met'));
 
 -- A finally step's row is journaled under `finally:<step id>`: a step id never holds ':', so
 -- neither a node's own key nor a compensation's can take its place.

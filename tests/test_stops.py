@@ -182,6 +182,23 @@ def test_a_cancel_on_event_runs_the_finally_steps_once_then_the_run_ends_cancell
     assert _run(db, run_id)["status"] == "cancelled"
 
 
+def test_a_goal_met_runs_the_finally_steps_once_then_the_run_ends_goal_met(db: Database) -> None:
+    flow = Stoppable(db, final=[{"id": "tell_rep", "type": "http.request", "config": HOOK}])
+    run_id = flow.run()
+    customer = flow.change({"lifecyclestage": "customer"})
+    flow.admit(customer)
+    run = _run(db, run_id)
+    assert (run["status"], run["phase"], run["final_status"]) == ("running", "finally", "goal_met")
+    flow.drain()
+    journal = _journal(db, run_id)
+    assert journal["finally:tell_rep"]["status"] == "succeeded"
+    assert journal["pause"]["outcome_code"] == "GOAL_MET" and "again" not in journal
+    assert _run(db, run_id)["status"] == "goal_met"
+    flow.admit(customer)
+    flow.drain()
+    assert _journal(db, run_id)["finally:tell_rep"]["attempt"] == 1
+
+
 def test_a_goal_met_ends_the_run_goal_met_and_skips_what_is_left(db: Database) -> None:
     flow = Stoppable(db)
     run_id = flow.run()

@@ -38,9 +38,9 @@ log = get_logger(__name__)
 @dataclass(frozen=True)
 class Stopped:
     run_id: str
-    status: str  # cancelled | goal_met (running: cancelled into its finally phase)
+    status: str  # cancelled | goal_met (running: stopped into its finally phase)
     moved: bool
-    # The first finally step a cancel created (shared/steps/finale.py): published after commit.
+    # The first finally step the stop created (shared/steps/finale.py): published after commit.
     to_dispatch: tuple[str, ...] = ()
 
 

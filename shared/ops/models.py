@@ -408,7 +408,7 @@ class RunDetail(_Response):
         "`finally`: the run's end is decided (`final_status`) and its `finally:` steps run "
         "(the steps keyed `finally:<id>`); a run that ran them keeps this phase.",
     )
-    final_status: Literal["succeeded", "failed", "cancelled"] | None = Field(
+    final_status: Literal["succeeded", "failed", "cancelled", "goal_met"] | None = Field(
         default=None,
         description="How the run's main phase decided it ends, kept while its `finally:` "
         "steps run; it ends so, or failed when a finally step failed. Null: no finally steps.",

@@ -354,6 +354,7 @@ SET status = CASE WHEN EXISTS (SELECT 1 FROM workflow_steps f
                                 WHERE f.run_id = r.id AND f.step_key LIKE 'finally:%'
                                   AND f.status = 'failed') THEN 'failed'
                   WHEN r.final_status = 'cancelled' THEN 'cancelled'
+                  WHEN r.final_status = 'goal_met' THEN 'goal_met'
                   WHEN r.final_status = 'failed' THEN 'failed'
                   ELSE 'succeeded' END,
     finished_at = now(),
@@ -626,18 +627,27 @@ FROM run LEFT JOIN cancelled c ON c.id = run.id
 -- settle creates nothing after it (the run is no longer running). The row returned is the
 -- newest whether or not this moved it: a loser (the run already ended: a cancel, another
 -- goal event, its last step) says how; a compensating run is left to finish its undo, as the
--- cancel leaves it. No row: no such live run.
+-- cancel leaves it (and a run in its finally phase, its finally steps). No row: no such live
+-- run. As the cancel: a run whose version declares `finally:` stays `running` in its finally
+-- phase (final_status goal_met) and `first_final` asks the caller for its first finally step.
 WITH run AS (
-    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
-    FROM workflow_runs
-    WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
-    FOR UPDATE
+    SELECT wr.id, wr.status, wr.phase, wr.finished_at, wr.cancelled_by, wr.cancel_reason,
+           wr.lineage_root, v.definition -> 'finally' -> 0 AS first_final
+    FROM workflow_runs wr
+    JOIN workflow_versions v ON v.id = wr.version_id
+    WHERE wr.id = CAST(:run_id AS uuid) AND wr.namespace = 'live'
+    FOR UPDATE OF wr
 ), ended AS (
     UPDATE workflow_runs r
-    SET status = 'goal_met', finished_at = now(), error = NULL
+    SET status = CASE WHEN run.first_final IS NULL THEN 'goal_met' ELSE 'running' END,
+        finished_at = CASE WHEN run.first_final IS NULL THEN now() END,
+        phase = CASE WHEN run.first_final IS NULL THEN r.phase ELSE 'finally' END,
+        final_status = CASE WHEN run.first_final IS NULL THEN r.final_status
+                            ELSE 'goal_met' END,
+        error = NULL
     FROM run
     WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
-    RETURNING r.id, r.status, r.finished_at
+    RETURNING r.id, r.status, r.phase, r.finished_at
 ), skipped AS (
     UPDATE workflow_steps s
     SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'GOAL_MET'
@@ -654,7 +664,9 @@ WITH run AS (
 SELECT CAST(run.id AS text) AS run_id, e.id IS NOT NULL AS moved,
        coalesce(e.status, run.status) AS status,
        coalesce(e.finished_at, run.finished_at) AS finished_at,
-       run.cancelled_by, run.cancel_reason, run.phase,
+       run.cancelled_by, run.cancel_reason, coalesce(e.phase, run.phase) AS phase,
+       CAST(run.lineage_root AS text) AS lineage_root,
+       CASE WHEN e.phase = 'finally' THEN run.first_final END AS first_final,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps

@@ -10,10 +10,11 @@ lease and finishes its attempt; its settle sees the run ended and creates no nex
 (shared/ops/replay.py). A cancel that loses — the run ended first, or another cancel won —
 changes nothing and says who won and when.
 
-A run whose version declares `finally:` (shared/steps/finale.py) is not ended by the cancel:
-the same statement keeps it running in its finally phase (ending `cancelled` after its finally
-steps), and the first finally step is created in the cancel's transaction, published after
-its commit (`to_dispatch`). A run already in its finally phase is not cancelled (409).
+A run whose version declares `finally:` (shared/steps/finale.py) is not ended by the cancel
+(nor by its goal met): the same statement keeps it running in its finally phase (ending
+`cancelled`, or `goal_met`, after its finally steps), and the first finally step is created in
+the same transaction, published after its commit (`to_dispatch`). A run already in its finally
+phase is not cancelled (409).
 """
 
 from __future__ import annotations
@@ -118,12 +119,7 @@ def cancel_in(
     row = tx.one(CANCEL, run_id=run_id, tenant_id=tenant_scope, by=by, reason=reason)
     if row is None:
         return None
-    outcome = _cancellation(row)
-    if row.get("first_final") is not None:
-        # Kept running in its finally phase by the statement above: its first finally step.
-        first = Step.model_validate(row["first_final"])
-        ids = finale.start(tx, run_id, str(row["lineage_root"]), first)
-        outcome = replace(outcome, to_dispatch=ids)
+    outcome = _with_finally(tx, run_id, row)
     if outcome.moved:
         log.info(
             "run %s cancelled by %s (%d step(s) skipped, %d finishing their attempt)",
@@ -145,7 +141,7 @@ def end_goal_met(tx: Tx, run_id: str) -> Cancellation | None:
     row = tx.one(GOAL_MET, run_id=run_id)
     if row is None:
         return None
-    outcome = _cancellation(row)
+    outcome = _with_finally(tx, run_id, row)
     if outcome.moved:
         log.info(
             "run %s met its goal (%d step(s) skipped, %d finishing their attempt)",
@@ -154,6 +150,17 @@ def end_goal_met(tx: Tx, run_id: str) -> Cancellation | None:
             len(outcome.running_steps),
         )
     return outcome
+
+
+def _with_finally(tx: Tx, run_id: str, row: Mapping[str, Any]) -> Cancellation:
+    """The outcome of `runs_cancel` or `runs_end_goal_met`; when that statement kept the run
+    running in its finally phase (`first_final`), its first finally step is created now, in
+    the same transaction (shared/steps/finale.py)."""
+    outcome = _cancellation(row)
+    if row["first_final"] is None:
+        return outcome
+    first = Step.model_validate(row["first_final"])
+    return replace(outcome, to_dispatch=finale.start(tx, run_id, str(row["lineage_root"]), first))
 
 
 def _cancellation(row: Mapping[str, Any]) -> Cancellation:

@@ -221,7 +221,8 @@ class RunStatus(StrEnum):
     engine when no step is left (→ succeeded) or a step failed (→ failed; after its
     compensations when it has any), the sweep's reclaim of a step that failed (→ failed), ops
     cancel and the end of a rehearsal (→ cancelled); with `finally:` steps, each of these
-    engine ends and a cancel after them (→ final_status, or failed when one failed)."""
+    engine ends, a cancel and a goal met after them (→ final_status, or failed when one
+    failed)."""
 
     SUCCEEDED = "succeeded"
     """Terminal, with `finished_at`: every step settled and none failed. Out: never."""
@@ -272,7 +273,8 @@ RUN_STATEMENTS: dict[str, Moves] = {
     # A run whose version declares `finally:` stays running (its finally phase, shared/steps/
     # finale.py) and ends cancelled after its finally steps.
     "runs_cancel": _moves({R.RUNNING}, {R.CANCELLED, R.RUNNING}),
-    "runs_end_goal_met": _moves({R.RUNNING}, {R.GOAL_MET}),
+    # Like the cancel: a run with `finally:` steps stays running (its finally phase).
+    "runs_end_goal_met": _moves({R.RUNNING}, {R.GOAL_MET, R.RUNNING}),
     # shared/steps/saga.py: a failure with something to undo keeps the run running, in its
     # compensating phase (not a status move); the last compensation's settle fails it.
     "runs_begin_compensating": _moves({R.RUNNING}, set()),
@@ -281,7 +283,7 @@ RUN_STATEMENTS: dict[str, Moves] = {
     # stays running in its finally phase (not a status move); the last finally step's settle
     # ends it as decided (`final_status`), or failed when a finally step failed.
     "runs_begin_finally": _moves({R.RUNNING}, set()),
-    "runs_end_finally": _moves({R.RUNNING}, {R.SUCCEEDED, R.FAILED, R.CANCELLED}),
+    "runs_end_finally": _moves({R.RUNNING}, {R.SUCCEEDED, R.FAILED, R.CANCELLED, R.GOAL_MET}),
 }
 
 
