@@ -216,11 +216,11 @@ def _deal_desk_review(stack: ExampleStack, workflow_id: str) -> None:
     the rep's task), each once, after the main steps."""
     deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
     stack.pump()
-    stack.person("deals", deal.id, {"discount_requested": "true"})
+    stack.person("deals", deal.id, {"dealstage": "contractsent"})
     assert [s["step"] for s in stack.sent] == ["tell_the_desk", "finally:post_summary"]
     review, rep = _task_shown_on(stack, "deals", deal.id)
     assert review["properties"]["hs_task_subject"].startswith("Deal desk: review")
-    assert rep["properties"]["hs_task_subject"].startswith("Your discount request")
+    assert rep["properties"]["hs_task_subject"].startswith("The deal desk has handled")
 
 
 def _deal_won_handoff(stack: ExampleStack, workflow_id: str) -> None:

@@ -273,6 +273,7 @@ def test_reconcile_records_the_outcome_per_connection(db: Database) -> None:
     # one of them is still active its subscription stays.
     watching = (
         "deal-closed-won",
+        "deal-desk-review",
         "discount-approval",
         "deal-contacts-foreach",
         "deal-won-kickoff",
