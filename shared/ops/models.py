@@ -1203,6 +1203,101 @@ class ConnectionList(_Response):
     items: list[ConnectionSummary]
 
 
+# ---- how approvals reach people (issue 31 item 4): a tenant's Slack app and SMTP server,
+# by the names of the variables holding their secrets, and who is who ------------------------
+
+EnvName = Annotated[Text, Field(pattern=ENV_NAME_PATTERN, max_length=100)]
+
+
+class SlackSettingsSet(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    bot_token_env: EnvName | None = Field(
+        description="The *name* of the variable holding the bot token (`chat:write`), for the"
+        " `sweep` function. Null, with `signing_secret_env` null: the tenant has no Slack."
+    )
+    signing_secret_env: EnvName | None = Field(
+        description="The *name* of the variable holding the Slack app's signing secret, for the"
+        " `webhook` function."
+    )
+
+
+class SmtpSettingsSet(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    host: Text | None = Field(
+        description="The SMTP server. Null (and nothing else given): the tenant sends no email."
+    )
+    port: int | None = Field(default=None, ge=1, le=65535, description="Default 587.")
+    sender: Text | None = Field(default=None, description="The From address.")
+    username: Text | None = Field(default=None, max_length=320)
+    password_env: EnvName | None = Field(
+        default=None, description="The *name* of the variable holding the password (`sweep`)."
+    )
+    starttls: bool = True
+
+
+class SlackSettings(_Response):
+    bot_token_env: str
+    signing_secret_env: str
+
+
+class SmtpSettings(_Response):
+    host: str
+    port: int | None = Field(description="Null: the sweep's default, 25.")
+    sender: str
+    username: str | None
+    password_env: str | None
+    starttls: bool
+
+
+class MessagingSettings(_Response):
+    tenant_id: str
+    slack: SlackSettings | None = Field(description="Null: the tenant has no Slack.")
+    smtp: SmtpSettings | None = Field(description="Null: the tenant sends no email.")
+
+
+class MessagingQuery(_Request):
+    tenant_id: Text | None = Field(default=None, description="Required with an admin token.")
+
+
+class ApproverIdentityRef(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    slack_user_id: Text | None = Field(
+        default=None, max_length=320, description="A Slack user id (U… or W…). Or `email`."
+    )
+    email: Text | None = Field(default=None, max_length=320, description="Or `slack_user_id`.")
+
+
+class ApproverIdentityCreate(ApproverIdentityRef):
+    user: Text = Field(
+        min_length=1,
+        max_length=200,
+        description="The onceflow user (the label of their ops tokens) approvals name.",
+    )
+
+
+class ApproverIdentity(_Response):
+    tenant_id: str
+    channel: Literal["slack", "email"]
+    external_id: str
+    user: str
+    created_at: datetime
+
+
+class ApproverIdentityList(_Response):
+    items: list[ApproverIdentity]
+
+
+class ApproverIdentityQuery(_Request):
+    tenant_id: Text | None = Field(default=None, description="An admin token's filter.")
+    user: Text | None = Field(default=None, max_length=200)
+
+
 class TokenCreate(_Request):
     tenant_id: Text | None = Field(
         default=None, description="The tenant the token is scoped to; omit with `admin`."

@@ -588,3 +588,71 @@ SELECT i.onceflow_user,
 FROM approver_identities i
 WHERE i.tenant_id = CAST(:tenant_id AS text) AND i.channel = CAST(:channel AS text)
   AND i.external_id = CAST(:external_id AS text)
+
+-- name: ops_messaging_settings
+-- How a tenant's approvals reach people: the names of the variables holding its Slack app's
+-- secrets and its SMTP server (migrations 0510, 0511); never a secret. No row: no such tenant.
+SELECT id AS tenant_id, slack_bot_token_env, slack_signing_secret_env, smtp_host, smtp_port,
+       smtp_from, smtp_username, smtp_password_env, smtp_starttls
+FROM tenants WHERE id = CAST(:tenant_id AS text)
+
+-- name: ops_slack_settings_set
+-- A tenant's Slack app, set whole (both names, or neither: no Slack). Settings, not a state:
+-- the last writer's pair stands, and a pair is never half of one writer's and half another's
+-- (one row, one UPDATE). Zero rows: no such tenant.
+UPDATE tenants
+SET slack_bot_token_env = CAST(:bot_token_env AS text),
+    slack_signing_secret_env = CAST(:signing_secret_env AS text)
+WHERE id = CAST(:tenant_id AS text)
+RETURNING id
+
+-- name: ops_smtp_settings_set
+-- A tenant's SMTP server, set whole (host NULL: no email, every other column cleared with it).
+-- As for Slack: one UPDATE of one row, the last writer's settings stand. Zero rows: no such
+-- tenant.
+UPDATE tenants
+SET smtp_host = CAST(:host AS text), smtp_port = CAST(:port AS integer),
+    smtp_from = CAST(:sender AS text), smtp_username = CAST(:username AS text),
+    smtp_password_env = CAST(:password_env AS text), smtp_starttls = CAST(:starttls AS boolean)
+WHERE id = CAST(:tenant_id AS text)
+RETURNING id
+
+-- name: ops_tenant_user_known
+-- Whether `user` is someone in the tenant: the label of one of its live ops tokens (the one
+-- place users and their roles are given; an approval names users by that label).
+SELECT 1 FROM ops_tokens
+WHERE tenant_id = CAST(:tenant_id AS text) AND label = CAST(:user AS text)
+  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+LIMIT 1
+
+-- name: ops_approver_identity_insert
+-- Map a Slack user id or an email address to a onceflow user. An identity already mapped is
+-- left as it is (no row returned: the caller answers 409 with who it is mapped to), so a
+-- mistyped add never silently re-points someone else's clicks.
+INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)
+VALUES (CAST(:tenant_id AS text), CAST(:channel AS text), CAST(:external_id AS text),
+        CAST(:user AS text))
+ON CONFLICT (tenant_id, channel, external_id) DO NOTHING
+RETURNING tenant_id, channel, external_id, onceflow_user AS user, created_at
+
+-- name: ops_approver_identity_get
+SELECT tenant_id, channel, external_id, onceflow_user AS user, created_at
+FROM approver_identities
+WHERE tenant_id = CAST(:tenant_id AS text) AND channel = CAST(:channel AS text)
+  AND external_id = CAST(:external_id AS text)
+
+-- name: ops_approver_identity_delete
+-- Unmap an identity: its clicks and links decide nothing from now on (the lookup finds no
+-- row). Zero rows: it was not mapped (or a concurrent remove took it first).
+DELETE FROM approver_identities
+WHERE tenant_id = CAST(:tenant_id AS text) AND channel = CAST(:channel AS text)
+  AND external_id = CAST(:external_id AS text)
+RETURNING tenant_id, channel, external_id, onceflow_user AS user, created_at
+
+-- name: ops_approver_identities_list
+SELECT tenant_id, channel, external_id, onceflow_user AS user, created_at
+FROM approver_identities
+WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+  AND (CAST(:user AS text) IS NULL OR onceflow_user = CAST(:user AS text))
+ORDER BY tenant_id, onceflow_user, channel, external_id
+LIMIT 1000
