@@ -293,6 +293,35 @@ class AwaitedView(_Response):
     value: str = Field(description="What `on` must equal, computed when the wait parked.")
 
 
+class VoteView(_Response):
+    """One approver's vote on an approval (approval_votes)."""
+
+    voter: str
+    decision: Literal["approved", "rejected"]
+    via: Literal["ops", "link", "slack", "email"]
+    counted: bool = Field(description="False: it came after the approval closed.")
+    at: datetime
+
+
+class MessageView(_Response):
+    """One message the sweep sends for an approval (approval_messages)."""
+
+    channel: Literal["slack", "email"]
+    purpose: Literal["ask", "remind", "escalate"]
+    recipient: str = Field(description="A Slack channel, or the onceflow user mailed.")
+    state: Literal["queued", "sent", "failed"] = Field(
+        description="queued: due (again, after `attempts` failed ones); failed: the sweep gave"
+        " up after its last attempt, `last_error` says why."
+    )
+    attempts: int
+    last_error: str | None
+    sent_at: datetime | None
+    next_attempt_at: datetime | None
+    update_pending: bool = Field(
+        description="A vote or the decision is still to be shown in the posted message."
+    )
+
+
 class WaitView(_Response):
     """What a parked step waits (or waited) for: its park row (shared/steps/parks.py)."""
 
@@ -322,6 +351,13 @@ class WaitView(_Response):
     decision: Literal["approved", "rejected"] | None
     decided_by: str | None
     decision_comment: str | None
+    required: int = Field(default=1, description="An approval: approving votes it needs.")
+    reject_quorum: int = Field(default=1, description="An approval: rejecting votes that end it.")
+    votes: list[VoteView] = Field(default_factory=list, description="An approval's votes.")
+    messages: list[MessageView] = Field(
+        default_factory=list,
+        description="An approval's Slack and email messages and how far each got.",
+    )
 
 
 class StepView(_Response):

@@ -142,7 +142,28 @@ SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_i
            'decided_by', p.decided_by, 'decision_comment', p.decision_comment,
            'mode', p.mode, 'awaits', p.awaits,
            'matched', (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]'::jsonb)
-                         FROM jsonb_object_keys(p.matched) AS k)) END AS waits_for
+                         FROM jsonb_object_keys(p.matched) AS k),
+           'required', p.required, 'reject_quorum', p.reject_quorum,
+           -- An approval's votes so far, late ones (counted false) included.
+           'votes', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                'voter', v.voter, 'decision', v.decision, 'via', v.via,
+                                'counted', v.counted, 'at', v.created_at)
+                              ORDER BY v.created_at, v.voter), '[]'::jsonb)
+                     FROM approval_votes v WHERE v.park_id = p.id),
+           -- What the sweep was to send and how far it got: sent; queued (due again, perhaps
+           -- after failed attempts); failed (no longer due, never sent: the sweep gave up,
+           -- approval_messages_sent_is_not_due). At most a handful per approval.
+           'messages', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                   'channel', m.channel, 'purpose', m.purpose,
+                                   'recipient', m.recipient,
+                                   'state', CASE WHEN m.sent_at IS NOT NULL THEN 'sent'
+                                                 WHEN m.due_at IS NOT NULL THEN 'queued'
+                                                 ELSE 'failed' END,
+                                   'attempts', m.attempts, 'last_error', m.last_error,
+                                   'sent_at', m.sent_at, 'next_attempt_at', m.due_at,
+                                   'update_pending', m.update_due_at IS NOT NULL)
+                                 ORDER BY m.created_at, m.id), '[]'::jsonb)
+                        FROM approval_messages m WHERE m.park_id = p.id)) END AS waits_for
 FROM workflow_steps s
 LEFT JOIN step_parks p ON p.id = s.park_id
 WHERE s.run_id = CAST(:run_id AS uuid)
