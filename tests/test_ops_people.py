@@ -55,7 +55,7 @@ def test_an_operator_sets_slack_smtp_and_people_with_the_cli(
         "--signing-secret-env", "ACME_SLACK_SIGNING",
     )  # fmt: skip
     assert code == 0, err
-    assert "$ACME_SLACK_BOT" in out and "$ACME_SLACK_SIGNING" in out
+    assert "$ACME_SLACK_BOT (not set in ops)" in out and "$ACME_SLACK_SIGNING" in out
     code, out, err = onceflow(
         "messaging", "smtp", "--host", "smtp.example.com", "--from", "approvals@acme.test",
         "--username", "mailer", "--password-env", "ACME_SMTP_PASSWORD",
@@ -78,7 +78,10 @@ def test_an_operator_sets_slack_smtp_and_people_with_the_cli(
     assert json.loads(out)["slack"] == {
         "bot_token_env": "ACME_SLACK_BOT",
         "signing_secret_env": "ACME_SLACK_SIGNING",
+        "bot_token_set": False,  # the ops process has neither variable
+        "signing_secret_set": False,
     }
+    assert json.loads(out)["smtp"]["password_set"] is False
 
     code, out, err = onceflow("approvers", "add", "--slack", "U024BE7LH", "--user", "bob")
     assert code == 0 and "slack U024BE7LH is bob in acme" in out, err
@@ -194,3 +197,18 @@ def test_bad_input_is_refused_with_its_reason_and_tenants_stay_apart(
     paths = httpx.get(f"{ops_process}/openapi.json", timeout=10).json()["paths"]
     assert {"/v1/messaging", "/v1/messaging/slack", "/v1/messaging/smtp",
             "/v1/approver-identities", "/v1/approver-identities/remove"} <= set(paths)  # fmt: skip
+
+
+def test_show_says_whether_each_named_variable_is_set_never_its_value(
+    db: Database, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed_tenant(db, "acme")
+    acme = bearer(mint(db, "acme", label="ann"))
+    monkeypatch.setenv("ACME_SLACK_BOT", "xoxb-the-real-token")
+    body = {"bot_token_env": "ACME_SLACK_BOT", "signing_secret_env": "ACME_SLACK_SIGNING"}
+    answer = client.post("/v1/messaging/slack", json=body, headers=acme)
+    assert answer.status_code == 200, answer.get_json()
+    slack = answer.get_json()["slack"]
+    assert (slack["bot_token_set"], slack["signing_secret_set"]) == (True, False)
+    shown = client.get("/v1/messaging", headers=acme).get_data(as_text=True)
+    assert "xoxb-the-real-token" not in shown and '"bot_token_set":true' in shown.replace(" ", "")

@@ -42,15 +42,17 @@ def _print_settings(s: Session, m: dict[str, Any]) -> None:
     print(f"tenant {m['tenant_id']}", file=s.out)
     if slack:
         print(
-            f"  slack: bot token in ${slack['bot_token_env']},"
-            f" signing secret in ${slack['signing_secret_env']}",
+            f"  slack: bot token in ${slack['bot_token_env']}{_here(slack['bot_token_set'])},"
+            f" signing secret in ${slack['signing_secret_env']}"
+            f"{_here(slack['signing_secret_set'])}",
             file=s.out,
         )
     else:
         print("  slack: (none)", file=s.out)
     if smtp:
         login = (
-            f", login {smtp['username']} (password in ${smtp['password_env']})"
+            f", login {smtp['username']} (password in ${smtp['password_env']}"
+            f"{_here(smtp['password_set'])})"
             if smtp["username"]
             else ""
         )
@@ -62,6 +64,11 @@ def _print_settings(s: Session, m: dict[str, Any]) -> None:
         )
     else:
         print("  smtp: (none)", file=s.out)
+
+
+def _here(is_set: bool | None) -> str:
+    """Whether the ops function has the variable (the function that reads it needs it too)."""
+    return "" if is_set else " (not set in ops)"
 
 
 def _messaging_show(s: Session, args: argparse.Namespace) -> int:

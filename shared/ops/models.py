@@ -1275,9 +1275,17 @@ class SmtpSettingsSet(_Request):
     starttls: bool = True
 
 
+_SET_HERE = (
+    "Whether the variable is set in the ops function that answered (as a connection's"
+    " credentials_configured): the function that reads it ({}) needs it mounted too."
+)
+
+
 class SlackSettings(_Response):
     bot_token_env: str
     signing_secret_env: str
+    bot_token_set: bool = Field(description=_SET_HERE.format("sweep"))
+    signing_secret_set: bool = Field(description=_SET_HERE.format("webhook"))
 
 
 class SmtpSettings(_Response):
@@ -1286,6 +1294,9 @@ class SmtpSettings(_Response):
     sender: str
     username: str | None
     password_env: str | None
+    password_set: bool | None = Field(
+        description=_SET_HERE.format("sweep") + " Null: no password is named."
+    )
     starttls: bool
 
 

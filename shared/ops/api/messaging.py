@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from shared.core.settings import named_secret
 from shared.ops.api.approver_identities import address_problem
 from shared.ops.api.http import Call, named_tenant
 from shared.ops.errors import OpsError, not_found
@@ -105,11 +106,19 @@ def _settings(call: Call, tenant_id: str) -> MessagingSettings:
     return settings_of(row)
 
 
+def _set_here(variable: str) -> bool:
+    """The variable is set in this (the ops) function's environment, as a connection's
+    credentials_configured is judged (shared/ops/health.py); never its value."""
+    return named_secret(variable) is not None
+
+
 def settings_of(row: Mapping[str, Any]) -> MessagingSettings:
     slack = (
         SlackSettings(
             bot_token_env=row["slack_bot_token_env"],
             signing_secret_env=row["slack_signing_secret_env"],
+            bot_token_set=_set_here(row["slack_bot_token_env"]),
+            signing_secret_set=_set_here(row["slack_signing_secret_env"]),
         )
         if row["slack_bot_token_env"] and row["slack_signing_secret_env"]
         else None
@@ -121,6 +130,7 @@ def settings_of(row: Mapping[str, Any]) -> MessagingSettings:
             sender=row["smtp_from"],
             username=row["smtp_username"],
             password_env=row["smtp_password_env"],
+            password_set=_set_here(row["smtp_password_env"]) if row["smtp_password_env"] else None,
             starttls=row["smtp_starttls"],
         )
         if row["smtp_host"]
