@@ -6,6 +6,7 @@ SMTP server; the votes go through the guarded decide."""
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from devstack import seed
 from devstack.fakesmtp import FakeSmtp
 from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
+from shared.ops import cli
 from shared.steps import approval_messages
 from tests.ops_support import bearer, mint
 from tests.steps_support import TENANT
@@ -21,7 +23,7 @@ from tests.test_approvals_quorum import _parked, _vote
 
 
 def test_the_run_card_shows_the_quorum_votes_and_each_messages_delivery(
-    db: Database, client: Any, monkeypatch: pytest.MonkeyPatch
+    db: Database, client: Any, ops_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ONCEFLOW_APPROVAL_LINK_SECRET", "s" * 32)
     monkeypatch.setenv("ONCEFLOW_PUBLIC_URL", "http://onceflow.test")
@@ -67,3 +69,10 @@ def test_the_run_card_shows_the_quorum_votes_and_each_messages_delivery(
     assert "2 of 2 approvals" in html
     assert "email ask to bob: queued" in html and bob["last_error"] in html
     assert "email ask to ann: sent" in html
+
+    out, err = io.StringIO(), io.StringIO()
+    assert cli.main(["show", run_id, "--url", ops_server, "--token", token], out, err) == 0, err
+    shown = out.getvalue()
+    assert "gate: 2 of 2 approvals: ann approved via ops, cat approved via ops" in shown
+    assert "email ask to bob: queued, 1 attempt, last error: no email address" in shown
+    assert "email ask to ann: sent" in shown

@@ -257,6 +257,8 @@ def _show(s: Session, args: argparse.Namespace) -> int:
             ("step", "block", "status", "attempts", "outcome", "error"),
             s.out,
         )
+        for line in (line for st in d["steps"] for line in cli_people.approval_lines(st)):
+            print(terminal.wrap(line), file=s.out)
 
     s.emit(d, readable)
     return EXIT_OK

@@ -71,6 +71,29 @@ def _here(is_set: bool | None) -> str:
     return "" if is_set else " (not set in ops)"
 
 
+def approval_lines(step: dict[str, Any]) -> list[str]:
+    """How a parked approval step reached people, for `onceflow show`: its votes against its
+    quorum, and each Slack or email message's state (with the last error of one not sent)."""
+    w = step.get("waits_for")
+    if not w or w["kind"] != "approval":
+        return []
+    approving = [v for v in w["votes"] if v["counted"] and v["decision"] == "approved"]
+    votes = ", ".join(
+        f"{v['voter']} {v['decision']} via {v['via']}{'' if v['counted'] else ' (late)'}"
+        for v in w["votes"]
+    )
+    lines = [f"{step['step_key']}: {len(approving)} of {w['required']} approvals"
+             + (f": {votes}" if votes else "")]  # fmt: skip
+    for m in w["messages"]:
+        line = f"  {m['channel']} {m['purpose']} to {m['recipient']}: {m['state']}"
+        if m["state"] != "sent":
+            line += f", {m['attempts']} attempt{'' if m['attempts'] == 1 else 's'}"
+            if m["last_error"]:
+                line += f", last error: {m['last_error']}"
+        lines.append(line)
+    return lines
+
+
 def _messaging_show(s: Session, args: argparse.Namespace) -> int:
     m = s.client.call("GET", "/v1/messaging", query={"tenant_id": args.tenant})
     s.emit(m, lambda: _print_settings(s, m))
