@@ -663,8 +663,10 @@ WHERE tenant_id = CAST(:tenant_id AS text) AND channel = CAST(:channel AS text)
   AND external_id = CAST(:external_id AS text)
 
 -- name: ops_approver_identity_delete
--- Unmap an identity: its clicks and links decide nothing from now on (the lookup finds no
--- row). Zero rows: it was not mapped (or a concurrent remove took it first).
+-- Unmap an identity: a Slack user's clicks decide nothing from now on, and no more mail goes
+-- to an address (both look it up when used). A link already mailed is signed for its user,
+-- not the address, and votes until its deadline. Zero rows: it was not mapped (or a
+-- concurrent remove took it first).
 DELETE FROM approver_identities
 WHERE tenant_id = CAST(:tenant_id AS text) AND channel = CAST(:channel AS text)
   AND external_id = CAST(:external_id AS text)

@@ -645,7 +645,9 @@ ROUTES: tuple[Route, ...] = (
         "/v1/approver-identities/remove",
         remove_identity,
         ApproverIdentity,
-        "Unmap a Slack user id or an email address: its clicks and links decide nothing after",
+        "Unmap a Slack user id or an email address: that Slack user's clicks decide nothing"
+        " from then on and no more approval mail goes to the address (a link already mailed"
+        " votes as its user until the approval's deadline)",
         body=ApproverIdentityRef,
         errors=(400, 401, 404, 413, 422),
     ),
