@@ -47,6 +47,7 @@ def test_the_catalog_keeps_the_sweeps_duty_order() -> None:
         "trim_pre_admission_drops",
         "trim_oauth_install_states",
         "retention",
+        "expire_outbound_deliveries",
         "fire_cron_ticks",
         "expire_webhook_trigger_keys",
         "poll_sources",
@@ -62,6 +63,8 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "requeue_undecided_events",
         "fire_due_bursts",
         "start_due_runs",
+        "start_granted_runs",
         "remind_and_escalate_approvals",
         "deliver_approval_messages",
+        "deliver_outbound_events",
     ]

@@ -27,6 +27,7 @@ from shared.blocks.base import BlockFailure
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
+from shared.port import budget
 
 SQL = queries.load("throttle")
 CLAIM = SQL["throttle_claim"]
@@ -89,12 +90,19 @@ def connection_limit(tx: Tx, connection_id: str) -> Limit | None:
 
 
 def claim_connection_or_refusal(tx: Tx, connection_id: str) -> BlockFailure | None:
-    """`claim_or_refusal` for the connection's window, the limit read in the claim's own
-    statement; None also for a connection that doesn't exist (nothing to count against)."""
+    """`claim_or_refusal` for the connection's window, narrowed by the portal's budget
+    (shared/port/budget.py), the limit and the budget read in the claim's own statement; None
+    also for a connection that doesn't exist (nothing to count against)."""
     row = tx.one(CLAIM_CONNECTION, connection_id=connection_id)
     if row is None:
         return None
     limit = Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
+    if row["spent"] is not None:
+        # The portal's budget, by the vendor's headers, is spent: no slot was claimed.
+        spent = ThrottleClaim(
+            False, 0, limit.max, max(float(row["seconds_left"]), 0.05), row["window_end"]
+        )
+        return throttled(limit, spent, reason=budget.reason(str(row["spent"]), row["window_end"]))
     outcome = _claimed(limit, row)
     return None if outcome.allowed else throttled(limit, outcome)
 
@@ -107,14 +115,15 @@ def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:
     return claim(tx, limit)
 
 
-def throttled(limit: Limit, outcome: ThrottleClaim) -> BlockFailure:
+def throttled(limit: Limit, outcome: ThrottleClaim, reason: str | None = None) -> BlockFailure:
     """The parking failure. Its message is also how ops counts the steps parked behind each
     limit (shared/sql/ops.sql `ops_limits_parked_steps` reads scope, subject, max and window
-    back out of the step's error): change the wording there too."""
+    back out of the step's error): change the wording there too. `reason`: why, after the
+    part ops reads (a portal's spent budget, shared/port/budget.py)."""
     until = outcome.window_end.isoformat() if outcome.window_end is not None else "?"
     return BlockFailure(
         f"throttled until {until} by {limit.scope} limit ({limit.subject}: "
-        f"{limit.max} per {limit.window_seconds}s)",
+        f"{limit.max} per {limit.window_seconds}s)" + (f": {reason}" if reason else ""),
         error_class="transient",
         outcome_code=OUTCOME_THROTTLED,
         retry_after=max(outcome.seconds_left, 0.05),

@@ -110,7 +110,7 @@ SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
        record_label(l.label, l.email) AS record_label, r.dedup_mode,
        r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
        r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason,
-       r.replay_from, r.replay_by
+       r.replay_from, r.replay_by, r.phase
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 JOIN workflow_versions v ON v.id = r.version_id
@@ -270,8 +270,10 @@ RETURNING id
 
 -- name: ops_retry_run_reopen
 -- Only a failed run is reopened; zero rows means someone else retried or replayed it first.
+-- A compensated run goes back to its main phase: the compensations that ran keep their rows,
+-- so a second failure undoes only what succeeded since (steps_next_compensation).
 UPDATE workflow_runs
-SET status = 'running', finished_at = NULL, error = NULL
+SET status = 'running', finished_at = NULL, error = NULL, phase = 'main'
 WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
 
 -- name: ops_retry_step_reset
@@ -565,15 +567,21 @@ SELECT m[1] AS scope, m[2] AS subject, CAST(max(m[3]) AS integer) AS limit_max,
  LIMIT CAST(:limit AS integer)
 
 -- name: ops_limits_run_start_queue
--- Events waiting behind a run-start throttle (shared/admission/run_throttle.py), per
--- (workflow, key), from the queue's partial head index (queued entries only).
-SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key,
+-- Events waiting behind a run-start throttle (shared/admission/run_throttle.py) or a keyed
+-- concurrency limit (shared/admission/concurrency.py: `gate`), per (workflow, key), from the
+-- queue's partial head index (queued entries only). For a concurrency key, `running` is the
+-- slots taken (concurrency_slots_key); `next_at` is set only once a run's end granted a slot.
+SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key, q.gate,
        max(q.limit_per_window) AS limit_max, max(q.window_seconds) AS window_seconds,
-       count(*) AS waiting, min(q.queued_at) AS oldest_wait_since, min(q.due_at) AS next_at
+       count(*) AS waiting, min(q.queued_at) AS oldest_wait_since,
+       CASE WHEN min(q.due_at) < 'infinity' THEN min(q.due_at) END AS next_at,
+       (SELECT count(*) FROM concurrency_slots s
+         WHERE q.gate = 'concurrency' AND s.workflow_id = q.workflow_id
+           AND s.concurrency_key = q.throttle_key) AS running
   FROM run_start_queue q
  WHERE q.status = 'queued'
    AND (CAST(:tenant_id AS text) IS NULL OR q.tenant_id = CAST(:tenant_id AS text))
- GROUP BY q.tenant_id, q.workflow_id, q.throttle_key
+ GROUP BY q.tenant_id, q.workflow_id, q.throttle_key, q.gate
  ORDER BY min(q.queued_at)
  LIMIT CAST(:limit AS integer)
 
@@ -584,7 +592,9 @@ SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key,
 SELECT b.tenant_id, CAST(b.workflow_id AS text) AS workflow_id, b.burst_key,
        CAST(b.id AS text) AS burst_id, b.status, b.period_seconds,
        extract(epoch FROM (b.max_fire_at - b.first_event_at))::float8 AS max_wait_seconds,
-       b.event_count AS waiting, b.first_event_at AS oldest_wait_since, b.fire_at AS next_at
+       b.event_count AS waiting, b.first_event_at AS oldest_wait_since, b.fire_at AS next_at,
+       -- a batch (max_size set) is the same gathering with a size as its limit
+       b.max_size
   FROM debounce_bursts b
  WHERE b.status <> 'fired'
    AND (CAST(:tenant_id AS text) IS NULL OR b.tenant_id = CAST(:tenant_id AS text))

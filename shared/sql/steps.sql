@@ -68,7 +68,11 @@ WITH claimed AS (
               e.author_id, e.changed_fields,
               -- A debounced run's burst (`event.burst`): one lookup by the unique run_id, that
               -- of its lineage's root, so a replay reads the burst its original run read.
-              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.lineage_root) AS burst
+              (SELECT b.events FROM debounce_bursts b
+                WHERE b.run_id = r.lineage_root AND b.max_size IS NULL) AS burst,
+              -- A batch's run's events (`event.batch`), the same way.
+              (SELECT b.events FROM debounce_bursts b
+                WHERE b.run_id = r.lineage_root AND b.max_size IS NOT NULL) AS batch
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
@@ -237,9 +241,9 @@ FROM facts LEFT JOIN settled ON true
 
 -- name: runs_finish_if_done
 -- The run succeeded when none of its steps is left to do. Zero rows: something is still
--- pending, running or parked, or the run already ended.
+-- pending, running or parked, the run already ended, or it is compensating (it will fail).
 UPDATE workflow_runs r SET status = 'succeeded', finished_at = now()
-WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running'
+WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running' AND r.phase = 'main'
   AND NOT EXISTS (SELECT 1 FROM workflow_steps s
                    WHERE s.run_id = r.id AND s.status NOT IN ('succeeded', 'skipped', 'failed'))
 
@@ -247,6 +251,61 @@ WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running'
 -- A step failed terminally: the run fails and keeps its journal (the dead-letter list).
 UPDATE workflow_runs SET status = 'failed', finished_at = now(), error = CAST(:error AS text)
 WHERE id = CAST(:run_id AS uuid) AND status = 'running'
+
+-- name: runs_phase
+-- The run's phase, read in the settle's transaction after `steps_settle` locked the run row:
+-- no other settle, cancel or reclaim of the run can change it before this commits.
+SELECT phase FROM workflow_runs WHERE id = CAST(:run_id AS uuid)
+
+-- name: runs_begin_compensating
+-- A step failed and some step that declares `compensate:` succeeded before: the run stays
+-- `running` (so its compensation steps are claimed, woken and re-dispatched like any step) in
+-- the `compensating` phase, the failure recorded as its error now. Runs under the run row's
+-- lock (the settle's): zero rows means the run is not running in its main phase (cancelled,
+-- already failed or compensating: another branch's failure won), and nothing is compensated
+-- twice.
+UPDATE workflow_runs SET phase = 'compensating', error = CAST(:error AS text)
+WHERE id = CAST(:run_id AS uuid) AND status = 'running' AND phase = 'main'
+RETURNING id
+
+-- name: steps_skip_open_of_compensating_run
+-- Entering the compensating phase: the run's other main-phase steps that are pending or parked
+-- (parallel branches) will never run, like a failed run's: skipped RUN_ENDED, their parks
+-- closed. A compensation row (`compensate:…`) is never among them. Runs under the run lock.
+WITH skipped AS (
+    UPDATE workflow_steps s
+    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'RUN_ENDED'
+    WHERE s.run_id = CAST(:run_id AS uuid) AND s.step_key NOT LIKE 'compensate:%'
+      AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.park_id
+)
+UPDATE step_parks p SET resumed_at = now(), resumed_by = 'cancel'
+FROM skipped k
+WHERE p.id = k.park_id AND p.resumed_at IS NULL
+
+-- name: steps_next_compensation
+-- The next step to undo: of the run's succeeded steps whose node declares `compensate:`
+-- (`node_ids`), the one that finished last and has no compensation row yet. Read under the
+-- run lock, so the settles that created the rows it checks are all visible; one at a time,
+-- so compensations run in reverse order of the steps' success, and the unique
+-- (run_id, step_key) makes each at most once.
+SELECT s.step_key, s.node_id
+FROM workflow_steps s
+WHERE s.run_id = CAST(:run_id AS uuid) AND s.status = 'succeeded'
+  AND s.node_id = ANY(CAST(:node_ids AS text[])) AND s.step_key NOT LIKE 'compensate:%'
+  AND NOT EXISTS (SELECT 1 FROM workflow_steps c
+                   WHERE c.run_id = s.run_id AND c.step_key = 'compensate:' || s.step_key)
+ORDER BY s.finished_at DESC, s.step_key DESC
+LIMIT 1
+
+-- name: runs_end_compensated
+-- The last compensation settled (succeeded or failed, each recorded on its row): the run ends
+-- `failed` with the error recorded when the phase began. Zero rows: it ended already (a
+-- cancel stopped the compensations).
+UPDATE workflow_runs SET status = 'failed', finished_at = now()
+WHERE id = CAST(:run_id AS uuid) AND status = 'running' AND phase = 'compensating'
+RETURNING id
 
 -- name: versions_definition
 SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
@@ -444,8 +503,11 @@ FOR UPDATE
 -- so it creates no next steps (settle_step). The row returned is the newest one whether or not
 -- this statement moved it: a loser (the run already ended, a second cancel) says who won and
 -- when; `running_steps` is read under the lock too. No row: no such live run in scope.
+-- A run in its compensating phase (shared/steps/saga.py) is not cancelled: a step failed
+-- first, the run will end failed, and a cancel would leave its undo half done; the loser's
+-- row says `phase`.
 WITH run AS (
-    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
     FROM workflow_runs
     WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
       AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
@@ -456,7 +518,7 @@ WITH run AS (
         cancel_reason = CAST(:reason AS text),
         error = 'cancelled by ' || CAST(:by AS text) || ': ' || CAST(:reason AS text)
     FROM run
-    WHERE r.id = run.id AND r.status = 'running'
+    WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
     RETURNING r.id, r.status, r.finished_at, r.cancelled_by, r.cancel_reason
 ), skipped AS (
     UPDATE workflow_steps s
@@ -475,7 +537,7 @@ SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
        coalesce(c.status, run.status) AS status,
        coalesce(c.finished_at, run.finished_at) AS finished_at,
        coalesce(c.cancelled_by, run.cancelled_by) AS cancelled_by,
-       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason,
+       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason, run.phase,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
@@ -491,9 +553,10 @@ FROM run LEFT JOIN cancelled c ON c.id = run.id
 -- every settle of the run, and a step in flight keeps its lease, finishes its attempt, and its
 -- settle creates nothing after it (the run is no longer running). The row returned is the
 -- newest whether or not this moved it: a loser (the run already ended: a cancel, another
--- goal event, its last step) says how. No row: no such live run.
+-- goal event, its last step) says how; a compensating run is left to finish its undo, as the
+-- cancel leaves it. No row: no such live run.
 WITH run AS (
-    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
     FROM workflow_runs
     WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
     FOR UPDATE
@@ -501,7 +564,7 @@ WITH run AS (
     UPDATE workflow_runs r
     SET status = 'goal_met', finished_at = now(), error = NULL
     FROM run
-    WHERE r.id = run.id AND r.status = 'running'
+    WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
     RETURNING r.id, r.status, r.finished_at
 ), skipped AS (
     UPDATE workflow_steps s
@@ -519,7 +582,7 @@ WITH run AS (
 SELECT CAST(run.id AS text) AS run_id, e.id IS NOT NULL AS moved,
        coalesce(e.status, run.status) AS status,
        coalesce(e.finished_at, run.finished_at) AS finished_at,
-       run.cancelled_by, run.cancel_reason,
+       run.cancelled_by, run.cancel_reason, run.phase,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps

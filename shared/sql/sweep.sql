@@ -68,8 +68,11 @@ SELECT EXTRACT(EPOCH FROM least(
      ORDER BY published_at LIMIT 1),
     -- debounce_due: a burst not fired yet, by its fire time (debounce_bursts_due)
     (SELECT fire_at FROM debounce_bursts WHERE status <> 'fired' ORDER BY fire_at LIMIT 1),
-    -- run_throttle_due_heads: a throttled start waiting for its window (run_start_queue_due)
-    (SELECT due_at FROM run_start_queue WHERE status = 'queued' ORDER BY due_at LIMIT 1),
+    -- run_throttle_due_heads: a throttled start waiting for its window, and
+    -- concurrency_granted: a run handed a slot (run_start_queue_due); a run still waiting for
+    -- a slot is due at 'infinity' (a run's end grants it, no clock does)
+    (SELECT due_at FROM run_start_queue WHERE status = 'queued' AND due_at < 'infinity'
+     ORDER BY due_at LIMIT 1),
     -- deliver_approval_messages: a message to send, an update of a posted one
     -- (approval_messages_claim_sends, approval_messages_claim_updates)
     (SELECT due_at FROM approval_messages WHERE sent_at IS NULL AND due_at IS NOT NULL

@@ -59,10 +59,12 @@ from shared.steps.outcomes import (
     resumed_settlement,
     served_delay,
 )
+from shared.steps.saga import Saga
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Breaker, Step, WorkflowDefinition
 from shared.workflows.scope import RunFacts, step_scope, steps_read
+from shared.workflows.step_keys import compensated_key
 
 SQL = queries.load("steps")
 VERSION_DEFINITION = SQL["versions_definition"]
@@ -260,18 +262,28 @@ def _run_claimed(
             db, step, failed(step.attempt, OUTCOME_GRAPH_UNREADABLE, msg, "permanent"), [], dispatch
         )
     try:
-        node = graph.step(step.node_id)
+        node = _node(graph, step)
     except KeyError:
         msg = f"node {step.node_id!r} is not in version {step.version_id}"
         return _finish(
-            db, step, failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent"), [], dispatch
+            db,
+            step,
+            failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent"),
+            [],
+            dispatch,
+            saga=Saga.of(graph),
         )
     try:
         spec = lookup(step.block_type)
     except Exception as exc:
         msg = f"unknown block type {step.block_type!r}: {exc}"
         return _finish(
-            db, step, failed(step.attempt, OUTCOME_UNKNOWN_BLOCK, msg, "permanent"), [], dispatch
+            db,
+            step,
+            failed(step.attempt, OUTCOME_UNKNOWN_BLOCK, msg, "permanent"),
+            [],
+            dispatch,
+            saga=Saga.of(graph),
         )
 
     workflow = WorkflowGates.of(step.workflow_id, graph)
@@ -317,7 +329,20 @@ def _run_claimed(
         loop=loop,
         body=body,
         gates=executed.gates,
+        saga=Saga.of(graph),
     )
+
+
+def _node(graph: WorkflowDefinition, step: ClaimedStep) -> Step:
+    """The node a claimed row runs: its own, or for a compensation row (`compensate:<key>`,
+    shared/steps/saga.py) the undo its node declares, which has no edges."""
+    node = graph.step(step.node_id)
+    if compensated_key(step.step_key) is None:
+        return node
+    undo = node.compensation()
+    if undo is None:
+        raise KeyError(f"compensate of {step.node_id}")
+    return undo
 
 
 @dataclass(frozen=True)
@@ -475,8 +500,11 @@ def _finish(
     loop: Loop | None = None,
     body: Step | None = None,
     gates: Callable[[Tx], None] | None = None,
+    saga: Saga | None = None,
 ) -> Advanced:
-    settled = settle_step(db, step, settlement, next_nodes, loop=loop, body=body, gates=gates)
+    settled = settle_step(
+        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates, saga=saga
+    )
     if settled.fenced_out:
         log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")
         return Advanced(step_id=step.id, claimed=True, note="fenced out")

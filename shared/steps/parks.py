@@ -35,6 +35,7 @@ from shared.blocks.waits import await_key
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
+from shared.ingest import outbound
 from shared.ingest.echo import (
     ECHO_CLOCK_SKEW_SECONDS,
     authored_elsewhere,
@@ -118,6 +119,18 @@ def open_park(
         if park.slack_channel is not None or park.email:
             # Asked through Slack or email: queued with the park, sent by the sweep.
             tx.execute(QUEUE_ASKS, park_id=row["id"])
+        if park.kind == "approval":  # with its park row; keyed by it, so a retry adds none
+            outbound.approval_requested(
+                tx,
+                tenant_id,
+                row["id"],
+                run_id=run_id,
+                step_id=step_id,
+                summary=park.summary,
+                approver_role=park.approver_role,
+                approver_users=list(park.approver_users),
+                deadline=park.deadline,
+            )
     return OpenedPark(
         id=int(row["id"]), kind=row["kind"], deadline=row["deadline"], created_at=row["created_at"]
     )
