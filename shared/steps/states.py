@@ -196,6 +196,11 @@ STEP_STATEMENTS: dict[str, Moves] = {
     # shared/sql/steps.sql: the workflow's goal met (admission), like the cancel
     "runs_end_goal_met": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
     "steps_skip_parked_of_ended_run": _moves(PARKED, {S.SKIPPED}),
+    # shared/sql/limit_queue.sql: a limit's gate takes its grant / place; the grantor serves
+    # the line (shared/gates/limit_queue.py)
+    "limit_queue_claim": _moves({S.RUNNING}, set()),
+    "limit_queue_join": _moves({S.RUNNING}, set()),
+    "limit_queue_grant": _moves({S.WAITING_FOR_RETRY}, {S.PENDING}),
 }
 # Their new status is a parameter (the settlement's) or copied from another row, so only the
 # declaration says which; for every other statement the test reads it from the text.

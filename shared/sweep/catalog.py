@@ -10,7 +10,8 @@ is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
   expired leases, wake-ups and re-dispatch of lost step-ready messages, then the re-publish of
   trigger events admission never decided, then the debounce bursts due now
   (shared/admission/debounce_fire.py), then the heads of throttled run-start queues whose
-  window has room (shared/admission/run_throttle.py).
+  window has room (shared/admission/run_throttle.py), then the lines behind step limits whose
+  next window has opened (shared/gates/limit_queue.py).
 - `DUTIES` each give the periodic `Duty`s of one owner, each claimed once per period across
   all sweep instances: the backlog report the alerts read (every minute), echo marker expiry,
   app events routed once their portal connects, provider journals read (every minute), ended
@@ -27,7 +28,7 @@ from collections.abc import Callable, Sequence
 from shared import triggers
 from shared.admission import debounce_fire, run_throttle_start
 from shared.core.duty import Duty, Repair, SweepConfig
-from shared.gates import budgets, throttle
+from shared.gates import budgets, limit_queue, throttle
 from shared.ingest import drops, echo, inbox, journal, outbox
 from shared.providers import install
 from shared.publishing import subscriptions
@@ -41,6 +42,7 @@ REPAIRS: tuple[Repair, ...] = (
     outbox.requeue_undecided_events,
     debounce_fire.fire_due_bursts,
     run_throttle_start.start_due_runs,
+    limit_queue.grant_due_limits,
 )
 
 DUTIES: tuple[Callable[[SweepConfig], Sequence[Duty]], ...] = (
