@@ -15,9 +15,9 @@ So the local stack starts functions-framework exactly as `functions-framework --
 `gunicorn.conf.py` are ignored):
 
 - `worker_class`: the threaded worker with a *head deadline*: a request's line and headers must
-  arrive within `HEAD_DEADLINE_SECONDS` of the thread taking the connection, or the read side is
-  shut down and the connection closed. The body has its own deadline in the functions
-  (`shared.core.request_body`), which holds in the cloud too.
+  arrive within `REQUEST_DEADLINE_SECONDS` (a setting) of the thread taking the connection, or
+  the read side is shut down and the connection closed. The body has its own deadline in the
+  functions (`shared.core.request_body`), which holds in the cloud too.
 - `limit_request_line`: gunicorn's default (4094) instead of functions-framework's unlimited.
 
 Threads and workers are read by functions-framework from the environment (`THREADS`,
@@ -42,8 +42,8 @@ from functions_framework._http import create_server
 from gunicorn.workers.gthread import ThreadWorker
 
 from shared.core.request_body import SocketDeadline
+from shared.core.settings import settings
 
-HEAD_DEADLINE_SECONDS = 10.0
 LIMIT_REQUEST_LINE = 4094
 
 
@@ -68,7 +68,7 @@ class HeadDeadlineWorker(ThreadWorker):  # type: ignore[misc]
     request_log: RequestLog | None = None
 
     def handle(self, conn: Any) -> Any:
-        deadline = SocketDeadline(conn.sock, HEAD_DEADLINE_SECONDS).start()
+        deadline = SocketDeadline(conn.sock, settings().request_deadline_seconds).start()
         conn.head_deadline = deadline
         try:
             return super().handle(conn)

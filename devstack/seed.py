@@ -83,6 +83,56 @@ def vertex(
     )
 
 
+def slack(tx: Tx, tenant_id: str, *, bot_token_env: str, signing_secret_env: str) -> None:
+    """Give tenant `tenant_id` its Slack app for approvals (tenants.slack_*_env: the names of
+    the variables holding the bot token and the app's signing secret)."""
+    tx.execute(
+        "UPDATE tenants SET slack_bot_token_env = :b, slack_signing_secret_env = :s WHERE id = :t",
+        b=bot_token_env,
+        s=signing_secret_env,
+        t=tenant_id,
+    )
+
+
+def smtp(
+    tx: Tx,
+    tenant_id: str,
+    *,
+    host: str,
+    port: int,
+    sender: str,
+    username: str | None = None,
+    password_env: str | None = None,
+    starttls: bool = True,
+) -> None:
+    """Give tenant `tenant_id` the SMTP server its approval emails go through (tenants.smtp_*;
+    the password by the name of its variable)."""
+    tx.execute(
+        "UPDATE tenants SET smtp_host = :h, smtp_port = :p, smtp_from = :f, smtp_username = :u,"
+        " smtp_password_env = :pw, smtp_starttls = :tls WHERE id = :t",
+        h=host,
+        p=port,
+        f=sender,
+        u=username,
+        pw=password_env,
+        tls=starttls,
+        t=tenant_id,
+    )
+
+
+def approver_identity(tx: Tx, tenant_id: str, *, channel: str, external_id: str, user: str) -> None:
+    """Map a Slack user id or an email address (`channel`: slack | email) to onceflow user
+    `user` in the tenant: who a click or a mailbox is, for approvals."""
+    tx.execute(
+        "INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)"
+        " VALUES (:t, :c, :e, :u)",
+        t=tenant_id,
+        c=channel,
+        e=external_id,
+        u=user,
+    )
+
+
 def connection(
     tx: Tx,
     tenant_id: str,

@@ -12,11 +12,12 @@ from typing import Any
 import functions_framework
 
 from shared.admission.admit import admit_delivery
+from shared.core import tracing
 from shared.core.db import get_database
 from shared.core.logs import labelled
 
 
 @functions_framework.cloud_event
 def admit_event(event: Any) -> None:
-    with labelled(function="admit_event"):
+    with labelled(function="admit_event"), tracing.message_span("admit_event", event.data):
         admit_delivery(get_database(), event.data, message_id=event["id"])

@@ -209,6 +209,10 @@ resource "google_cloudfunctions2_function" "function" {
       # (https://cloud.google.com/functions/docs/configuring/concurrency).
       THREADS   = tostring(var.request_concurrency[each.key])
       LOG_LEVEL = var.log_level
+      # OpenTelemetry (shared/core/tracing.py): off, or spans to Cloud Trace and metrics to
+      # Cloud Monitoring (the grants in iam.tf follow this variable).
+      ONCEFLOW_TRACING              = var.tracing
+      ONCEFLOW_TRACING_SAMPLE_RATIO = tostring(var.tracing_sample_ratio)
       # The URI HubSpot signs is the URL it called. Behind the cloudfunctions.net URL the
       # request path has no function-name prefix, so without this the signature base differs
       # and every delivery is refused 401 (shared/ingest/receive.py, public_uri).
@@ -219,9 +223,10 @@ resource "google_cloudfunctions2_function" "function" {
       # that starts at HubSpot comes back to the app's own callback (this URL + /<app id>),
       # and the code exchange must repeat that redirect URI exactly.
       ONCEFLOW_OAUTH_REDIRECT_URL = contains(["ops", "webhook"], each.key) ? local.hubspot_oauth_redirect_url : ""
-      # Where approvers open the signed links ops makes (shared/ops/approval_links.py,
-      # PUBLIC_URL_ENV): webhook serves them, for the same reason as the install callback.
-      ONCEFLOW_PUBLIC_URL = each.key == "ops" ? local.webhook_public_base_url : ""
+      # Where approvers open the signed links ops makes and sweep mails (channels.email;
+      # shared/steps/link_signing.py, PUBLIC_URL_ENV): webhook serves them, for the same reason
+      # as the install callback.
+      ONCEFLOW_PUBLIC_URL = contains(["ops", "sweep"], each.key) ? local.webhook_public_base_url : ""
       # Where ops' health view reads the scheduler jobs (shared/ops/health.py).
       SCHEDULER_LOCATION = var.region
       # The Cloud Functions API adds this to every gen2 function; declared so that a plan of

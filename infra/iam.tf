@@ -95,6 +95,20 @@ resource "google_project_iam_member" "deployer_sql" {
   member   = google_service_account.deployer.member
 }
 
+# --- telemetry (only with var.tracing = "gcp": shared/core/tracing.py) -----------------------
+
+resource "google_project_iam_member" "function_telemetry" {
+  for_each = var.tracing == "gcp" ? merge([
+    for fn, _ in local.functions : {
+      for r in ["roles/cloudtrace.agent", "roles/monitoring.metricWriter"] :
+      "${fn}/${r}" => { function = fn, role = r }
+    }
+  ]...) : {}
+  project = var.project_id
+  role    = each.value.role
+  member  = google_service_account.function[each.value.function].member
+}
+
 # --- Pub/Sub --------------------------------------------------------------------------------
 
 resource "google_pubsub_topic_iam_member" "publisher" {

@@ -126,13 +126,14 @@ variable "secrets" {
       version   = "1"
       functions = ["ops"]
     }
-    # Signs approval links (shared/ops/approval_links.py, SECRET_ENV): without it no link can be
-    # made or used. At least 16 random characters. ops makes links; webhook, the public
-    # function, serves them to approvers' browsers.
+    # Signs approval links (shared/steps/link_signing.py, SECRET_ENV): without it no link can be
+    # made or used. At least 16 random characters. ops makes links; sweep mails them to the
+    # approvers of an approval with `channels.email`; webhook, the public function, serves them
+    # to approvers' browsers.
     "onceflow-approval-link-secret" = {
       env_var   = "ONCEFLOW_APPROVAL_LINK_SECRET"
       version   = "1"
-      functions = ["ops", "webhook"]
+      functions = ["ops", "webhook", "sweep"]
     }
     # Seals OAuth refresh and access tokens at rest (shared/accounts/oauth_tokens.py, TOKEN_KEK_ENV):
     # 32 random bytes, base64. Read by webhook, which seals the grant at an install's callback,
@@ -192,6 +193,26 @@ variable "log_level" {
   description = "LOG_LEVEL for every function."
   type        = string
   default     = "INFO"
+}
+
+variable "tracing" {
+  description = "ONCEFLOW_TRACING for every function: off (no SDK loaded) or gcp (spans to Cloud Trace, metrics to Cloud Monitoring)."
+  type        = string
+  default     = "off"
+  validation {
+    condition     = contains(["off", "gcp"], var.tracing)
+    error_message = "tracing is off or gcp (console is for the local stack)."
+  }
+}
+
+variable "tracing_sample_ratio" {
+  description = "ONCEFLOW_TRACING_SAMPLE_RATIO: the share of events traced when tracing is gcp (each whole or not at all)."
+  type        = number
+  default     = 1
+  validation {
+    condition     = var.tracing_sample_ratio >= 0 && var.tracing_sample_ratio <= 1
+    error_message = "tracing_sample_ratio is from 0 to 1."
+  }
 }
 
 variable "network_name" {

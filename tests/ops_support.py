@@ -285,7 +285,10 @@ def ops_server_fixture(
 def serving(server: HTTPServer) -> Iterator[str]:
     """Serve `server` (bound to a free port on 127.0.0.1) from a thread; its base URL. Shut
     down and closed on the way out."""
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for the loop to look (0.5 s by default, per server).
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_port}"

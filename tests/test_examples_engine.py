@@ -202,6 +202,33 @@ def _deal_closed_won(stack: ExampleStack, workflow_id: str) -> None:
     assert [s["step"] for s in stack.sent] == ["notify_billing"]
 
 
+def _deal_won_kickoff(stack: ExampleStack, workflow_id: str) -> None:
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    stack.pump()
+    stack.person("deals", deal.id, {"dealstage": "closedwon"})
+    (task,) = _task_shown_on(stack, "deals", deal.id)
+    assert task["properties"]["hs_task_subject"] == f"Kickoff for deal {deal.id}"
+    assert [s["step"] for s in stack.sent] == ["notify_billing"]
+
+
+def _deal_won_handoff(stack: ExampleStack, workflow_id: str) -> None:
+    """The deal is won; its company's billing account opens, then the contract is signed: the
+    `mode: all` wait resumes on the second (the company's change correlated on the company's
+    id) and the kickoff task shows on the deal and on the company."""
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    company = stack.fake.create_record(
+        "companies", {"name": "Acme"}, PERSON, body=_linked("deals", deal.id, 342)
+    )
+    stack.pump()
+    stack.person("deals", deal.id, {"dealstage": "closedwon"})
+    stack.person("companies", company.id, {"billing_status": "active"})
+    assert _task_shown_on(stack, "deals", deal.id) == []  # the contract is not signed yet
+    stack.person("deals", deal.id, {"contract_status": "signed"})
+    (task,) = _task_shown_on(stack, "companies", company.id)
+    assert task["properties"]["hs_task_subject"] == "Book the kickoff meeting with Acme"
+    assert _task_shown_on(stack, "deals", deal.id) == [task]
+
+
 def _deal_contacts_foreach(stack: ExampleStack, workflow_id: str) -> None:
     deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
     contacts = [
@@ -376,6 +403,48 @@ def _sync_edited_contact(stack: ExampleStack, workflow_id: str) -> None:
     assert all(f"absorbed by run {run['id']}" in r["detail"] for r in superseded)
 
 
+def _import_contacts_batched(stack: ExampleStack, workflow_id: str) -> None:
+    """Three contacts created: one open batch (full at 100) until its max_wait, when the
+    sweep's repair fires it; one request names the three, the two earlier events are refused
+    `batched`, naming that run."""
+    created = []
+    for name in ("Ada", "Bo", "Cy"):
+        created.append(stack.fake.create_record("contacts", {"firstname": name}, PERSON))
+        stack.pump()
+    assert stack.runs(workflow_id) == []  # the batch is still open
+    with stack.db.transaction() as tx:
+        tx.execute("UPDATE debounce_bursts SET fire_at = now() WHERE status = 'open'")
+    fire_due_bursts(stack.db, SweepConfig(), stack.queue, SweepReport())
+    stack.queue.drain(stack.db, stack.lookup, limit=1000)
+    (run,) = stack.runs(workflow_id)
+    (sent,) = stack.sent
+    assert sent["body"]["count"] == 3
+    assert sent["body"]["contact_ids"] == [c.id for c in created]
+    with stack.db.transaction() as tx:
+        batched = tx.all(
+            "SELECT reason, detail FROM admission_refusals WHERE workflow_id = CAST(:w AS uuid)",
+            w=workflow_id,
+        )
+    assert [r["reason"] for r in batched] == ["batched", "batched"]
+    assert all(f"batched into run {run['id']}" in r["detail"] for r in batched)
+
+
+def _company_sync_two_at_a_time(stack: ExampleStack, workflow_id: str) -> None:
+    """Three contacts move to Acme: each run tells the planning service once; with the engine
+    draining each run before the next event, none had to wait (tests/test_concurrency.py
+    holds runs open to show the waiting)."""
+    moved = []
+    for name in ("Ada", "Bo", "Cy"):
+        contact = stack.fake.create_record("contacts", {"firstname": name}, PERSON)
+        stack.pump()
+        moved.append(contact.id)
+    for contact_id in moved:
+        stack.person("contacts", contact_id, {"company": "Acme"})
+    assert [s["body"]["contact_id"] for s in stack.sent] == moved
+    with stack.db.transaction() as tx:
+        assert tx.scalar("SELECT count(*) FROM concurrency_slots") == 0  # all ended
+
+
 def _deal_amount_alert(stack: ExampleStack, workflow_id: str) -> None:
     """Three amount changes under a limit of 20 an hour: each starts its run at once, and the
     throttle's window for the hour counts them."""
@@ -438,7 +507,9 @@ BEFORE_ACTIVATION = {"enroll-pro-signups": _signups_table}
 SCENARIOS = {
     "enroll-new-lead": _enroll_new_lead,
     "deal-closed-won": _deal_closed_won,
+    "deal-won-handoff": _deal_won_handoff,
     "deal-contacts-foreach": _deal_contacts_foreach,
+    "deal-won-kickoff": _deal_won_kickoff,
     "discount-approval": _discount_approval,
     "lead-replied-reengage": _lead_replied_reengage,
     "weekday-contracts-digest": _weekday_contracts_digest,
@@ -446,6 +517,8 @@ SCENARIOS = {
     "route-new-mqls": _route_new_mqls,
     "invoice-paid-webhook": _invoice_paid_webhook,
     "sync-edited-contact": _sync_edited_contact,
+    "import-contacts-batched": _import_contacts_batched,
+    "company-sync-two-at-a-time": _company_sync_two_at_a_time,
     "deal-amount-alert": _deal_amount_alert,
     "new-company-any-crm": _new_company_any_crm,
     "lead-reply-classify": _lead_reply_classify,

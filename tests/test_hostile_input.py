@@ -157,7 +157,7 @@ def test_reader_errors_are_400_with_their_name() -> None:
         raise _Unframeable("Invalid chunk size: 'zz'")
 
     with pytest.raises(BodyRefused) as err:
-        read_body(read, declared_length=None, cap=100)
+        read_body(read, declared_length=None, cap=100, deadline_seconds=10)
     assert (err.value.status, err.value.code, err.value.check) == (
         400,
         "malformed_body",
@@ -168,13 +168,14 @@ def test_reader_errors_are_400_with_their_name() -> None:
 
 def test_sizes_declared_and_read() -> None:
     with pytest.raises(BodyRefused) as err:
-        read_body(lambda n: b"x" * n, declared_length=10**10, cap=100)
+        read_body(lambda n: b"x" * n, declared_length=10**10, cap=100, deadline_seconds=10)
     assert (err.value.status, err.value.check) == (413, "content_length")
     with pytest.raises(BodyRefused) as err:
-        read_body(lambda n: b"x" * n, declared_length=None, cap=100)
+        read_body(lambda n: b"x" * n, declared_length=None, cap=100, deadline_seconds=10)
     assert (err.value.status, err.value.check) == (413, "body_read")
     parts = [b"abc", b"def", b""]
-    assert read_body(lambda n: parts.pop(0), declared_length=6, cap=100) == b"abcdef"
+    read = read_body(lambda n: parts.pop(0), declared_length=6, cap=100, deadline_seconds=10)
+    assert read == b"abcdef"
 
 
 def test_a_stalled_body_is_cut_at_the_deadline_and_answered_408() -> None:

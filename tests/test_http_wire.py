@@ -29,6 +29,7 @@ from tests.ops_support import mint
 
 pytestmark = pytest.mark.e2e
 THREADS = 4  # per process; the stall tests open more stalled connections than this
+DEADLINE = 2.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ def stack(db: Database, database_url: str) -> Iterator[Stack]:
         "WEBHOOK_MAX_BODY_BYTES": "4096",
         "PUBLIC_BASE_URL": "",
         "THREADS": str(THREADS),
+        # The head and body deadlines, short so the stall tests wait seconds, not tens.
+        "REQUEST_DEADLINE_SECONDS": str(DEADLINE),
     }
     with serve("webhook", env) as webhook, serve("ops", env) as ops:
         yield Stack(webhook, ops, connection, token)
@@ -278,8 +281,8 @@ def test_stalled_connections_dont_stop_either_function(stack: Stack, db: Databas
     leave: connected and silent, half a request head, a head and part of a declared body (to a
     route that reads it), and an oversize declared body. While they all stay open, each
     function still answers a real request: each stall costs a thread at most the head or body
-    deadline (10 s), an oversize one none, where before they held every thread until the
-    client went away."""
+    deadline (`REQUEST_DEADLINE_SECONDS`), an oversize one none, where before they held every
+    thread until the client went away."""
     webhook_path = f"/hubspot/{stack.connection}"
     auth = {"Authorization": f"Bearer {stack.token}", "Content-Type": "application/json"}
     stalls: list[socket.socket] = []

@@ -1104,7 +1104,8 @@ def test_approval_links_can_be_signed_in_the_cloud(tf: Terraform) -> None:
         spec["env_var"]: set(spec["functions"])
         for spec in tf.variables["secrets"]["default"].values()
     }
-    assert handed.get(approval_links.SECRET_ENV) == {"ops", "webhook"}
+    # ... and the sweep mails approval links (channels.email: shared/steps/approval_messages.py).
+    assert handed.get(approval_links.SECRET_ENV) == {"ops", "webhook", "sweep"}
 
 
 # --- people's browsers ----------------------------------------------------------------------
@@ -1125,7 +1126,7 @@ def test_a_browser_without_a_google_token_opens_an_approval_link_and_nothing_els
 
     service = one(tf.resources[(FUNCTION_RESOURCE, "function")]["service_config"])
     assert service["environment_variables"][approval_links.PUBLIC_URL_ENV] == (
-        '${each.key == "ops" ? local.webhook_public_base_url : ""}'
+        '${contains(["ops", "sweep"], each.key) ? local.webhook_public_base_url : ""}'
     )
     publishers = tf.locals["publishers"]
     assert "step_ready" in publishers["webhook"]

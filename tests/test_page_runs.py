@@ -157,3 +157,28 @@ def test_run_page_shows_escaped_capped_input_output_and_every_attempt(
     assert client.get(f"/ui/runs/{run}").status_code == 404
     assert client.get(f"/ui/runs/{uuid.uuid4()}").status_code == 404
     assert client.get("/ui/runs/not-a-uuid").status_code == 404
+
+
+def test_run_page_says_a_run_is_compensating_and_offers_no_cancel(
+    db: Database, client: Any
+) -> None:
+    seed_tenant(db, "acme")
+    wf, v = seed_workflow(db, "acme", STEPS, name="undo")
+    run = seed_run(
+        db,
+        "acme",
+        wf,
+        v,
+        [
+            JournalRow("a", "succeeded"),
+            JournalRow("compensate:a", "pending", block_type="crm.update", node_id="a"),
+        ],
+        status="running",
+    )
+    with db.transaction() as tx:
+        tx.execute("UPDATE workflow_runs SET phase = 'compensating' WHERE id = :r", r=run)
+    client.post("/ui/login", data={"token": mint(db, "acme")})
+    page = client.get(f"/ui/runs/{run}").get_data(as_text=True)
+    assert "undoing the steps that declare <code>compensate:</code>" in page
+    assert "compensate:a" in page
+    assert "Cancel run" not in page

@@ -52,9 +52,21 @@ EXAMPLE_KEYS = {
     ("contact", "propertyChange", "company"),
     # deal-amount-alert's throttled trigger.
     ("deal", "propertyChange", "amount"),
+    # deal-won-handoff's mode-all wait reads these: no trigger watches them.
+    ("deal", "propertyChange", "contract_status"),
+    ("company", "propertyChange", "billing_status"),
+}
+# What only deal-won-handoff's wait needs.
+KICKOFF_KEYS = {
+    ("deal", "propertyChange", "contract_status"),
+    ("company", "propertyChange", "billing_status"),
 }
 # What only the deal examples need.
-DEAL_KEYS = {("deal", "propertyChange", "dealstage"), ("deal", "propertyChange", "amount")}
+DEAL_KEYS = {
+    ("deal", "propertyChange", "dealstage"),
+    ("deal", "propertyChange", "amount"),
+    *KICKOFF_KEYS,
+}
 
 
 class PortDouble:
@@ -259,7 +271,13 @@ def test_reconcile_records_the_outcome_per_connection(db: Database) -> None:
     assert len(last["result"]["created"]) == len(EXAMPLE_KEYS)
     # Deactivating the workflows that watch deal stages removes what only they needed; while
     # one of them is still active its subscription stays.
-    watching = ("deal-closed-won", "discount-approval", "deal-contacts-foreach")
+    watching = (
+        "deal-closed-won",
+        "discount-approval",
+        "deal-contacts-foreach",
+        "deal-won-kickoff",
+        "deal-won-handoff",
+    )
     for name in watching:
         if name != watching[0]:
             assert subs.reconcile_connection(db, connection_id, port).deleted == ()
@@ -267,8 +285,9 @@ def test_reconcile_records_the_outcome_per_connection(db: Database) -> None:
             wf = tx.scalar("SELECT id::text FROM workflows WHERE name = :n", n=name)
             versions.deactivate(tx, tenant_id="acme", workflow_id=wf)
     result = subs.reconcile_connection(db, connection_id, port)
-    assert result.deleted == (("deal", "propertyChange", "dealstage"),)
-    assert set(port.keys()) == EXAMPLE_KEYS - {("deal", "propertyChange", "dealstage")}
+    gone = {("deal", "propertyChange", "dealstage"), *KICKOFF_KEYS}
+    assert set(result.deleted) == gone
+    assert set(port.keys()) == EXAMPLE_KEYS - gone
 
 
 def test_reconcile_all_records_a_connection_whose_port_cannot_be_built(db: Database) -> None:

@@ -116,7 +116,6 @@ def test_an_invalid_scenario_exits_2_naming_file_line_and_column(
 # Examples whose trigger a scenario's timeline can't yet drive: a schedule (the virtual clock
 # moves time forward from the real now, so which mornings are weekdays would depend on the day
 # the test runs) and a poll of a table or of the CRM (no poll moment yet).
-# A model call neither (the runner starts no fake Vertex AI endpoint yet).
 # tests/test_examples_engine.py runs them end to end.
 NOT_YET = {
     "weekday-contracts-digest",

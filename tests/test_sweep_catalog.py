@@ -47,6 +47,7 @@ def test_the_catalog_keeps_the_sweeps_duty_order() -> None:
         "trim_pre_admission_drops",
         "trim_oauth_install_states",
         "retention",
+        "expire_outbound_deliveries",
         "fire_cron_ticks",
         "expire_webhook_trigger_keys",
         "poll_sources",
@@ -63,4 +64,8 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "fire_due_bursts",
         "start_due_runs",
         "grant_due_limits",
+        "start_granted_runs",
+        "remind_and_escalate_approvals",
+        "deliver_approval_messages",
+        "deliver_outbound_events",
     ]

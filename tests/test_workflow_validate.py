@@ -675,3 +675,57 @@ def test_each_awaited_property_change_is_listened_to() -> None:
         f for x in listening.listeners(definition) if x.where == "steps.wait" for f in x.fields
     )
     assert fields == ["hs_lead_status", "lifecyclestage"]
+
+
+COMPENSATED = """\
+steps:
+  - id: create
+    type: crm.create
+    config: {object_type: tasks, properties: {subject: "Call"}}
+    compensate:
+      type: {undo_type}
+      config: {undo_config}
+    next: done
+  - id: done
+    type: end
+"""
+
+
+def _compensated(undo_type: str, undo_config: str) -> str:
+    return HEAD + COMPENSATED.replace("{undo_type}", undo_type).replace(
+        "{undo_config}", undo_config
+    )
+
+
+def test_a_compensation_reading_the_output_of_the_step_it_undoes_validates() -> None:
+    report = validate_text(
+        _compensated(
+            "crm.update",
+            '{object_type: tasks, object_id: "${{ steps.create.output.id }}", '
+            "properties: {subject: Cancelled}}",
+        ),
+        "wf.yaml",
+    )
+    assert report.ok, [str(p) for p in report.problems]
+    assert report.definition is not None
+    undo = report.definition.step("create").compensation()
+    assert undo is not None and undo.type == "crm.update"
+
+
+def test_a_compensation_is_checked_like_a_step_with_its_position() -> None:
+    p = _one(_compensated("crm.nope", "{}"))
+    assert "unknown block type 'crm.nope'" in p.message
+    assert (p.file, p.line, p.column) == ("wf.yaml", 10, 13)
+    p = _one(_compensated("crm.update", "{object_type: tasks, properties: {subject: x}}"))
+    assert "object_id" in p.message and p.line == 11
+    p = _one(_compensated("delay", "{seconds: 5}"))
+    assert "flow control" in p.message and (p.line, p.column) == (10, 13)
+    p = _one(
+        _compensated(
+            "crm.update",
+            '{object_type: tasks, object_id: "${{ steps.done.output.id }}", '
+            "properties: {subject: x}}",
+        )
+    )
+    assert "refers to step 'done', which cannot have run before 'create'" in p.message
+    assert p.line == 11

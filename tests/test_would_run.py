@@ -381,3 +381,34 @@ def test_debounce_and_throttle_hold_a_start_as_admission_does(
     assert decided.reason == answer.reason
     if refused is not None:
         assert decided.detail == answer.detail
+
+
+@pytest.mark.parametrize(
+    ("key", "refused", "outcome"),
+    [
+        ("record.lifecyclestage", None, "admitted"),
+        ("trigger.nowhere", "missing_record_identity", "refused"),
+    ],
+)
+def test_keyed_concurrency_is_said_as_admission_takes_it(
+    scene: Scene, key: str, refused: str | None, outcome: str
+) -> None:
+    """Keyed concurrency (shared/admission/concurrency.py): a key admission can't have is
+    refused alike; otherwise the limit is said beside the answer (it holds, never refuses)."""
+    object_id = scene.contact(lifecyclestage="lead")
+    wf = activate_text(
+        scene.db,
+        "name: keyed\ntenant: acme\n"
+        "trigger: {events: [hubspot.contact.property_changed], watch: [lifecyclestage], "
+        f"dedup: every_time}}\nconcurrency: {{key: '{key}', limit: 1}}\n"
+        "steps: [{id: done, type: end}]\n",
+    )
+    answer = would_run(scene.db, workflow_id=wf, record_key=scene.key(object_id))
+    assert answer.reason == refused, answer.detail
+    if refused is None:
+        assert answer.notes[0].startswith("concurrency: at most 1 runs run at once for key")
+    decided = admit_event(
+        scene.db, _announce(scene, answer, object_id), publish=Published()
+    ).outcome_for(wf)
+    assert decided.outcome == outcome
+    assert decided.reason == answer.reason

@@ -79,8 +79,15 @@ class FakeCrmConfig:
     portal_id: int = 62515
     # When set, CRM and webhook-management calls must carry `Authorization: Bearer <token>`.
     token: str | None = None
+    # The ten-secondly window. Private-app tokens and service keys of one portal share one
+    # window and one daily budget (a second integration on the portal spends them too); the
+    # app's OAuth tokens have a window of their own per portal and no daily limit, and their
+    # answers carry no daily headers ("OAuth authenticated calls will not include
+    # X-HubSpot-RateLimit-Daily or X-HubSpot-RateLimit-Daily-Remaining because there is no
+    # daily limit for these calls": HubSpot changelog, rate limit headers for OAuth calls).
     rate_limit_max: int = 190
     rate_limit_interval_ms: int = 10_000
+    daily_limit: int = 1_000_000  # per portal, private apps (Enterprise's figure)
     # Real HubSpot only sends events somebody subscribed to; locally, sending every change is
     # friendlier until reconcile has run. Tests of subscriptions turn this on.
     require_subscriptions: bool = False
@@ -179,9 +186,9 @@ class FakeCrm:
             DeliveryMode.named(self.config.delivery),
         )
         self.revoked_service_keys: set[str] = set()
-        self._window_start = 0.0
-        self._window_used = 0
-        self._daily_used = 0
+        # Per (portal, "oauth" | "private"): [window start, used in it]; per portal: daily used.
+        self._windows: dict[tuple[int, str], list[float]] = {}
+        self._daily_used: dict[int, int] = {}
         self._rate_lock = threading.Lock()
         crm = self
 
@@ -257,28 +264,44 @@ class FakeCrm:
         return Grant(body["access_token"], body["refresh_token"], body["expires_in"])
 
     # --- rate limiting, HubSpot style -------------------------------------------------------
-    def take_rate(self) -> tuple[bool, dict[str, str], float]:
+    def take_rate(self, portal: int, oauth: bool) -> tuple[bool, dict[str, str], float, str]:
+        """One call against the portal's limits: (allowed, the answer's rate-limit headers,
+        seconds until the window lets one through, the spent policy's name)."""
         with self._rate_lock:
             now = time.monotonic()
             interval = self.config.rate_limit_interval_ms / 1000
-            if now - self._window_start >= interval:
-                self._window_start = now
-                self._window_used = 0
-            allowed = self._window_used < self.config.rate_limit_max
+            window = self._windows.setdefault((portal, "oauth" if oauth else "private"), [now, 0])
+            if now - window[0] >= interval:
+                window[0], window[1] = now, 0
+            daily_used = self._daily_used.get(portal, 0)
+            daily_spent = not oauth and daily_used >= self.config.daily_limit
+            allowed = window[1] < self.config.rate_limit_max and not daily_spent
             if allowed:
-                self._window_used += 1
-                self._daily_used += 1
-            remaining = max(self.config.rate_limit_max - self._window_used, 0)
+                window[1] += 1
+                if not oauth:
+                    daily_used += 1
+                    self._daily_used[portal] = daily_used
             headers = {
                 "X-HubSpot-RateLimit-Max": str(self.config.rate_limit_max),
-                "X-HubSpot-RateLimit-Remaining": str(remaining),
+                "X-HubSpot-RateLimit-Remaining": str(
+                    max(self.config.rate_limit_max - int(window[1]), 0)
+                ),
                 "X-HubSpot-RateLimit-Interval-Milliseconds": str(
                     self.config.rate_limit_interval_ms
                 ),
-                "X-HubSpot-RateLimit-Daily": "1000000",
-                "X-HubSpot-RateLimit-Daily-Remaining": str(1_000_000 - self._daily_used),
             }
-            return allowed, headers, max(interval - (now - self._window_start), 0.0)
+            if not oauth:
+                headers["X-HubSpot-RateLimit-Daily"] = str(self.config.daily_limit)
+                headers["X-HubSpot-RateLimit-Daily-Remaining"] = str(
+                    max(self.config.daily_limit - daily_used, 0)
+                )
+            wait = max(interval - (now - window[0]), 0.0)
+            return allowed, headers, wait, "DAILY" if daily_spent else "TEN_SECONDLY_ROLLING"
+
+    def reset_daily(self) -> None:
+        """Midnight in every portal's time zone: the daily budgets start again."""
+        with self._rate_lock:
+            self._daily_used.clear()
 
     # --- writes and the webhooks they cause -------------------------------------------------
     def _event(
@@ -833,15 +856,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(200, info)
                 return
             portal = self._authorize(path, parse_qs(url.query))
-            allowed, rate_headers, wait = self.fake.take_rate()
+            bearer = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+            oauth = self.fake.oauth.portal_of(bearer)[0] == "live"
+            allowed, rate_headers, wait, policy = self.fake.take_rate(portal, oauth)
             if not allowed:
                 raise _Reply(
                     429,
                     {
                         "status": "error",
-                        "message": "You have reached your ten_secondly_rolling limit.",
+                        "message": f"You have reached your {policy.lower()} limit.",
                         "errorType": "RATE_LIMIT",
-                        "policyName": "TEN_SECONDLY_ROLLING",
+                        "policyName": policy,
                         "category": "RATE_LIMITS",
                     },
                     {

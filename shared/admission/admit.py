@@ -86,9 +86,9 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from shared.admission import debounce, run_throttle, stops
+from shared.admission import concurrency, debounce, run_throttle, stops
 from shared.admission.debounce import BurstJoin
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.core.errors import ConflictError, PermanentError, TransientError
@@ -103,7 +103,7 @@ from shared.ingest.echo import (
 from shared.providers import registry
 from shared.steps import awaits
 from shared.steps.parks import MAX_WAITS_PER_EVENT, offer_event
-from shared.workflows.definition import Debounce, RunThrottle, WorkflowDefinition
+from shared.workflows.definition import Concurrency, RunThrottle, WorkflowDefinition
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
@@ -133,12 +133,16 @@ Reason = Literal[
     "workflow_paused",
     "definition_unreadable",
     "superseded",
+    "batched",
 ]
 REASONS: frozenset[str] = frozenset(Reason.__args__)  # type: ignore[attr-defined]
-# `debounced`: the event joined a burst (shared/admission/debounce.py); the burst's fire
-# decides the pairing later (its run, or `superseded`).
+# `debounced`: the event joined a burst or a batch (shared/admission/debounce.py); its fire
+# decides the pairing later (its run, or `superseded`/`batched`). An event that fills a batch
+# is `admitted` (the batch's run is its run) or refused as any last event of a burst is.
 # `queued`: the trigger's throttle on starting runs is full (shared/admission/run_throttle.py);
-# the pairing waits in order and the sweep starts its run when a window has room.
+# the pairing waits in order and the sweep starts its run when a window has room. Or the
+# workflow's keyed concurrency is full (shared/admission/concurrency.py): the pairing waits
+# in order and starts when a run of its key ends.
 Outcome = Literal["admitted", "refused", "handled", "debounced", "queued"]
 
 # Attempts of the whole admission when a unique index, a deadlock or a dropped connection
@@ -225,12 +229,16 @@ class _Trigger:
     entry_price: int
     # The trigger's `watch` list (empty: every field).
     watch: frozenset[str] = frozenset()
-    # `debounce` (shared/admission/debounce.py) and its compiled `key`, when declared.
-    debounce: Debounce | None = None
-    debounce_key: CompiledExpression | None = None
+    # `debounce` or `batch` (shared/admission/debounce.py) and its compiled `key`, when
+    # declared.
+    gathering: debounce.Gathering | None = None
+    gathering_key: CompiledExpression | None = None
     # `throttle` (shared/admission/run_throttle.py) and its compiled `key`, when declared.
     throttle: RunThrottle | None = None
     throttle_key: CompiledExpression | None = None
+    # The workflow's `concurrency` (shared/admission/concurrency.py) and its compiled `key`.
+    concurrency: Concurrency | None = None
+    concurrency_key: CompiledExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -279,10 +287,12 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         record_expr = (
             None if parsed.trigger.record == "event" else compile_expression(parsed.trigger.record)
         )
-        debouncing = parsed.trigger.debounce
-        debounce_key = (
-            compile_expression(debouncing.key)
-            if debouncing is not None and debouncing.key is not None
+        gathering = debounce.Gathering.of(parsed.trigger.debounce, parsed.trigger.batch)
+        limited = parsed.concurrency
+        limited_key = None if limited is None else compile_expression(limited.key)
+        gathering_key = (
+            compile_expression(gathering.key)
+            if gathering is not None and gathering.key is not None
             else None
         )
     except (ValidationError, ExpressionError) as exc:
@@ -302,8 +312,10 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         throttle=parsed.trigger.throttle,
         throttle_key=_compiled_key(parsed.trigger.throttle),
         watch=frozenset(parsed.trigger.watch),
-        debounce=debouncing,
-        debounce_key=debounce_key,
+        gathering=gathering,
+        gathering_key=gathering_key,
+        concurrency=limited,
+        concurrency_key=limited_key,
     )
     with _triggers_lock:
         if len(_triggers) >= _TRIGGER_CACHE_SIZE:
@@ -696,6 +708,8 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
         tx.one(LOCK_RECORDS, lock_keys=extra_locks)
     plans, joins = _debounced(event, plans)
     plans, waiting = _throttled(tx, event, plans)
+    plans, limited, slotted = _limited(tx, event, plans)
+    waiting += limited
     half_open = {str(b["workflow_id"]) for b in bindings if b.get("breaker_state") == "half_open"}
     probe_ids: list[str] = []
     if half_open:
@@ -709,17 +723,16 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     outcomes += waiting
     # Before the decision statement, which stays the transaction's last (it or MARK_DECIDED
     # stamps the event decided: from then on its burst row holds it).
-    outcomes += [
-        BindingOutcome(j.workflow_id, "handled" if j.held else "debounced", detail=j.detail)
-        for j in debounce.join_bursts(tx, event_id=event_id, tenant_id=event.tenant_id, joins=joins)
-    ]
+    gathered, fired_steps = _gather(tx, event, joins)
+    outcomes += gathered
+    dispatch += fired_steps
     open_waits = row["open_waits"]
     await_keys, awaiting = _open_awaits(tx, event, row)
     # The decision is the transaction's last statement, and commits in its own round trip,
     # unless open waits are offered the event after it (or a test seam runs before commit).
     stoppable = row.get("stoppable_runs") or []
     offers = open_waits or awaiting or stoppable
-    last = tx.commit_with if not offers and seams.before_commit is None else tx.all
+    last = tx.commit_with if not offers and not slotted and seams.before_commit is None else tx.all
     late_resume: list[str] = []
     if plans:
         rows = last(
@@ -754,6 +767,8 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     elif row["decided_at"] is None:
         # Nothing bound to decide (or only pairings decided before decided_at existed).
         last(MARK_DECIDED, event_id=event_id)
+    # Slots taken for runs the decision refused go back, under the key locks still held.
+    concurrency.release_unstarted(tx, slotted)
     dispatch += _after_the_decision(
         tx,
         event,
@@ -814,7 +829,7 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
     joins: list[BurstJoin] = []
     for p in plans:
         trigger = p.trigger
-        if p.refusal is not None or trigger is None or trigger.debounce is None:
+        if p.refusal is not None or trigger is None or trigger.gathering is None:
             kept.append(p)
             continue
         record = event.scope.values["record"] if p.record is None else json.loads(p.record)
@@ -822,7 +837,7 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
             event.scope if p.record is None else {**event.scope.values, "record": record}
         )
         key, missing = debounce.burst_key(
-            trigger.debounce, trigger.debounce_key, p.record_key, scope
+            trigger.gathering, trigger.gathering_key, p.record_key, scope
         )
         if key is None:
             refusal = _Refusal(
@@ -844,10 +859,60 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
                 trigger_record=p.record or debounce.record_json(record),
                 entry_node=p.entry_node,
                 entry_type=p.entry_type,
-                debounce=trigger.debounce,
+                gathering=trigger.gathering,
             )
         )
     return kept, joins
+
+
+def _gather(
+    tx: Tx, event: EventFacts, joins: list[BurstJoin]
+) -> tuple[list[BindingOutcome], list[str]]:
+    """Each join's event joins its burst or batch (shared/admission/debounce.py); an event
+    that fills its batch starts the batch's run now, in this transaction (its last event is
+    this one), and the batch's other events are refused `batched`. (outcomes, first steps)."""
+    outcomes: list[BindingOutcome] = []
+    dispatch: list[str] = []
+    by_workflow = {j.workflow_id: j for j in joins}
+    for j in debounce.join_bursts(tx, event_id=event.id, tenant_id=event.tenant_id, joins=joins):
+        if j.full:
+            outcome, step_id = _fire_full_batch(tx, j, by_workflow[j.workflow_id])
+            outcomes.append(outcome)
+            if step_id is not None:
+                dispatch.append(step_id)
+            continue
+        outcomes.append(
+            BindingOutcome(j.workflow_id, "handled" if j.held else "debounced", detail=j.detail)
+        )
+    return outcomes, dispatch
+
+
+def _fire_full_batch(
+    tx: Tx, joined: debounce.Joined, join: BurstJoin
+) -> tuple[BindingOutcome, str | None]:
+    """Fire the batch `joined` filled, in admission's transaction (shared/admission/
+    debounce.py `fire_in`, the sweep's own fire): (this event's outcome, its first step).
+    The record lock the fire takes is this admission's own (advisory locks nest)."""
+    # Filled and not committed: a kill here must lose nothing (tests/test_batches.py).
+    crash_point("admission_batch_filled")
+    due = {
+        "id": joined.burst_id,
+        "workflow_id": joined.workflow_id,
+        "record_key": join.record_key,
+        "dedup_mode": join.dedup_mode,
+    }
+    fired = debounce.fire_in(tx, due, decide_gathered)
+    if fired is None:  # the join set its fire time to now: only a broken invariant gets here
+        raise TransientError(f"batch {joined.burst_id} filled but did not fire")
+    detail = f"{joined.detail}; {fired.superseded} other event(s) batched into it"
+    if fired.outcome == "admitted":
+        return BindingOutcome(joined.workflow_id, "admitted", fired.run_id, detail=detail), (
+            fired.step_id
+        )
+    if fired.outcome == "handled":
+        return BindingOutcome(joined.workflow_id, "handled", fired.run_id), None
+    reason: Reason = fired.outcome  # type: ignore[assignment]
+    return BindingOutcome(joined.workflow_id, "refused", reason=reason, detail=detail), None
 
 
 def _throttled(
@@ -901,6 +966,65 @@ def _throttled(
     return kept, waiting
 
 
+def _limited(
+    tx: Tx, event: EventFacts, plans: list[_Plan]
+) -> tuple[list[_Plan], list[BindingOutcome], list[str]]:
+    """The plans that would start a run of a workflow with keyed concurrency take a slot of
+    their key (shared/admission/concurrency.py): taken, they are admitted as usual; otherwise
+    they wait in order, not refused. (The plans left for the decision statement, the waiting,
+    the run ids that took a slot.)"""
+    kept: list[_Plan] = []
+    waiting: list[BindingOutcome] = []
+    slotted: list[str] = []
+    for p in plans:
+        trigger = p.trigger
+        if (
+            p.refusal is not None
+            or trigger is None
+            or trigger.concurrency is None
+            or trigger.concurrency_key is None
+        ):
+            kept.append(p)
+            continue
+        record = event.scope.values["record"] if p.record is None else json.loads(p.record)
+        scope: PreparedScope | dict[str, Any] = (
+            event.scope if p.record is None else {**event.scope.values, "record": record}
+        )
+        key, missing = concurrency.concurrency_key(
+            trigger.concurrency, trigger.concurrency_key, scope
+        )
+        if key is None:
+            refusal = _Refusal(
+                p.workflow_id,
+                p.version_id,
+                p.record_key,
+                "missing_record_identity",
+                missing or "no concurrency key",
+            )
+            kept.append(replace(p, refusal=refusal))
+            continue
+        item = concurrency.Limited(
+            workflow_id=p.workflow_id,
+            version_id=p.version_id,
+            dedup_mode=p.dedup_mode,
+            record_key=p.record_key,
+            concurrency_key=key,
+            trigger_record=p.record or json.dumps(record, default=str),
+            entry_node=p.entry_node,
+            entry_type=p.entry_type,
+            limit=trigger.concurrency.limit,
+            run_id=p.run_id,
+        )
+        wait = concurrency.take_or_wait(tx, event_id=event.id, tenant_id=event.tenant_id, item=item)
+        if wait is None:
+            kept.append(p)  # a slot of its key: the run starts now
+            slotted.append(p.run_id)
+        else:
+            outcome: Outcome = "queued" if wait.queued_now else "handled"
+            waiting.append(BindingOutcome(p.workflow_id, outcome, detail=wait.detail))
+    return kept, waiting, slotted
+
+
 def _outcome(plan: _Plan, row: Mapping[str, Any]) -> tuple[BindingOutcome, _Refusal | None]:
     """One binding's row of the admit statement, which also wrote its refusal (the details
     that depend on other runs, duplicate and already_running, are worded there)."""
@@ -932,10 +1056,12 @@ def admit_event(
 
     Raises EventNotFound (permanent) for an unknown id, TransientError when it should be
     retried (the database, or the step-ready publish after commit)."""
-    with labelled(event_id=event_id):
+    stored = tracing.stored_in(db, "event", event_id)
+    with labelled(event_id=event_id), tracing.span("admit", stored=stored, event_id=event_id):
         for attempt in range(1, seams.attempts + 1):
             try:
                 with db.transaction() as tx:
+                    tracing.stamp(tx)  # the run and its first steps continue this trace
                     done = _admit_in_transaction(tx, event_id, seams)
                     if seams.before_commit is not None:
                         seams.before_commit()
@@ -962,6 +1088,7 @@ def admit_event(
                     ) from exc
         # After commit: a lost publish is repaired by redelivery (we raise) or by the sweep.
         publish(done.dispatch)
+        tracing.count("onceflow.runs.started", sum(o.outcome == "admitted" for o in done.outcomes))
         # One line per event, however many workflows are bound (refusal details are in the
         # admission_refusals table).
         log.info(
@@ -1014,6 +1141,25 @@ def decide_held_pairing(
         probe_ids=[],
     )
     return row
+
+
+def decide_gathered(tx: Tx, burst: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The decision for a fired burst's or batch's last event (the `debounce_fire` row): the
+    same statement as any admission, with the run id the gathering chose when it opened;
+    `workflow_paused` when the workflow's breaker is open now."""
+    return decide_held_pairing(
+        tx,
+        event_id=int(burst["last_event_id"]),
+        workflow_id=burst["workflow_id"],
+        version_id=burst["version_id"],
+        dedup_mode=burst["dedup_mode"],
+        run_id=burst["run_id"],
+        record_key=burst["record_key"],
+        entry_node=burst["entry_node"],
+        entry_type=burst["entry_type"],
+        trigger_record=burst["trigger_record"],
+        refusal=paused_now(burst),
+    )
 
 
 def record_poisoned(

@@ -1,4 +1,17 @@
-"""Debounce per record, admission's side: an event joins its burst instead of starting a run.
+"""Gatherings, admission's side: an event joins its debounce burst or its batch instead of
+starting a run.
+
+A gathering is events held in one `debounce_bursts` row until it fires one run; two close
+rules (`Gathering`): a debounce burst fires `period` after its last event (or `max_wait` after
+its first); a batch (`batch: {max_size, max_wait, key}`) fires when full — by the admission
+whose event fills it, in that admission's transaction (`Joined.full`, then
+shared/admission/debounce_fire.py `fire_in`) — or `max_wait` after its first event (the
+sweep, by the same due index). One row kind, one join, one fire, one settle: a batch differs
+only in its close rule, in the default key (the whole workflow, not the record), in its
+members' reason (`batched`, not `superseded`) and in the scope's name for its events
+(`event.batch`, not `event.burst`).
+
+The debounce, in detail:
 
 A trigger with `debounce: {period, max_wait, key}` (shared/workflows/definition.py) folds
 the events for one key (default: the trigger's record) that arrive within `period` of each
@@ -34,14 +47,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from shared.core import queries
 from shared.core.db import Tx
-from shared.workflows.definition import Debounce
+from shared.workflows.definition import Batch, Debounce
 from shared.workflows.expressions import (
     CompiledExpression,
     ExpressionError,
@@ -52,6 +65,56 @@ from shared.workflows.expressions import (
 SQL = queries.load("debounce")
 CLOSE_OVERDUE = SQL["debounce_close_overdue"]
 JOIN = SQL["debounce_join"]
+FIRE = SQL["debounce_fire"]
+SETTLE_MEMBERS = SQL["debounce_settle_members"]
+# Admission's own dedup lock on a (workflow, record), taken by the fire as admission takes it.
+LOCK_RECORDS = queries.load("admission")["admission_lock_records"]
+# Admission's decision statement for the burst's last event (admit.py `decide_gathered`),
+# passed in: this module is admission's dependency, not the other way round.
+Decide = Callable[[Tx, Mapping[str, Any]], Mapping[str, Any]]
+
+
+# The key of a batch without `key`: one batch at a time for the whole workflow.
+WHOLE_WORKFLOW = "workflow"
+
+
+@dataclass(frozen=True)
+class Gathering:
+    """A trigger's close rule for its gatherings: `debounce` (quiet time `period`, at most
+    `max_wait`, grouped by record by default) or `batch` (full at `max_size`, at most
+    `max_wait`, one batch for the workflow by default). A batch's `period` is its max_wait, so
+    its fire time stays at first event + max_wait until the event that fills it."""
+
+    kind: Literal["debounce", "batch"]
+    period_seconds: int
+    max_wait_seconds: int
+    max_size: int | None
+    # The `key` expression's source (None: the default key).
+    key: str | None
+    # How the rule reads in a message: `5s` (a debounce's period), `100 events or 1m`.
+    said: str
+
+    @classmethod
+    def of(cls, debounce: Debounce | None, batch: Batch | None) -> Gathering | None:
+        if debounce is not None:
+            return cls(
+                "debounce",
+                debounce.period_seconds,
+                debounce.max_wait_seconds,
+                None,
+                debounce.key,
+                debounce.period,
+            )
+        if batch is not None:
+            return cls(
+                "batch",
+                batch.max_wait_seconds,
+                batch.max_wait_seconds,
+                batch.max_size,
+                batch.key,
+                f"{batch.max_size} events or {batch.max_wait}",
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -68,7 +131,7 @@ class BurstJoin:
     trigger_record: str
     entry_node: str
     entry_type: str
-    debounce: Debounce
+    gathering: Gathering
 
 
 @dataclass(frozen=True)
@@ -81,36 +144,50 @@ class Joined:
     # A new burst (False: an open one took the event); `held`: a redelivery found it there.
     opened: bool
     held: bool
+    # A batch this event filled: it fires now, in the admission's transaction.
+    full: bool = False
+    kind: str = "debounce"
 
     @property
     def detail(self) -> str:
+        what = "batch" if self.kind == "batch" else "burst"
         if self.held:
-            return f"held in burst {self.burst_id} (a redelivery: nothing changed)"
+            return f"held in {what} {self.burst_id} (a redelivery: nothing changed)"
+        if self.full:
+            return f"filled batch {self.burst_id} ({self.event_count} events): it started now"
         how = "opened" if self.opened else f"joined ({self.event_count} events so far)"
+        unless = (
+            "unless it is full first"
+            if self.kind == "batch"
+            else "unless another event of the burst comes first"
+        )
         return (
-            f"{how} burst {self.burst_id}: it starts run {self.run_id} at "
-            f"{self.fire_at.isoformat()} unless another event of the burst comes first"
+            f"{how} {what} {self.burst_id}: it starts run {self.run_id} at "
+            f"{self.fire_at.isoformat()} {unless}"
         )
 
 
 def burst_key(
-    debounce: Debounce,
+    gathering: Gathering,
     key_expression: CompiledExpression | None,
     record_key: str | None,
     scope: PreparedScope | Mapping[str, Any],
 ) -> tuple[str | None, str | None]:
-    """(the burst's key, why there is none): the trigger's record, or the `key` expression
-    over the rule scope (the record the rule saw)."""
-    if debounce.key is None or key_expression is None:
+    """(the gathering's key, why there is none): by default the trigger's record (debounce)
+    or the whole workflow (batch); else the `key` expression over the rule scope (the record
+    the rule saw)."""
+    if gathering.key is None or key_expression is None:
+        if gathering.kind == "batch":
+            return WHOLE_WORKFLOW, None
         if record_key is None:
             return None, "a debounced trigger groups events by record, and this event names none"
         return record_key, None
     try:
         value = evaluate(key_expression, scope)
     except ExpressionError as exc:
-        return None, f"the debounce key `{debounce.key}` could not be evaluated: {exc}"
+        return None, f"the {gathering.kind} key `{gathering.key}` could not be evaluated: {exc}"
     if value is None or value == "" or isinstance(value, Mapping | list):
-        return None, f"the debounce key `{debounce.key}` gave {value!r:.80}, not a key"
+        return None, f"the {gathering.kind} key `{gathering.key}` gave {value!r:.80}, not a key"
     return f"key:{value}", None
 
 
@@ -136,8 +213,9 @@ def join_bursts(tx: Tx, *, event_id: int, tenant_id: str, joins: list[BurstJoin]
             trigger_record=j.trigger_record,
             entry_node=j.entry_node,
             entry_type=j.entry_type,
-            period_seconds=float(j.debounce.period_seconds),
-            max_wait_seconds=float(j.debounce.max_wait_seconds),
+            period_seconds=float(j.gathering.period_seconds),
+            max_wait_seconds=float(j.gathering.max_wait_seconds),
+            max_size=j.gathering.max_size,
         )
         assert row is not None  # joined, opened or held: one row, always
         out.append(
@@ -149,6 +227,8 @@ def join_bursts(tx: Tx, *, event_id: int, tenant_id: str, joins: list[BurstJoin]
                 event_count=int(row["event_count"]),
                 opened=bool(row["opened"]),
                 held=bool(row["held"]),
+                full=bool(row["full"]) and not bool(row["held"]),
+                kind=j.gathering.kind,
             )
         )
     return out
@@ -156,3 +236,50 @@ def join_bursts(tx: Tx, *, event_id: int, tenant_id: str, joins: list[BurstJoin]
 
 def record_json(record: Mapping[str, Any]) -> str:
     return json.dumps(record, default=str)
+
+
+@dataclass(frozen=True)
+class Fired:
+    burst_id: str
+    # `admitted` (run_id is the run), `handled` (the pairing was decided before), or the
+    # last event's refusal reason (duplicate, already_running).
+    outcome: str
+    run_id: str | None
+    last_event_id: int
+    superseded: int
+    step_id: str | None
+
+
+def fire_in(
+    tx: Tx, due: Mapping[str, Any], decide: Decide, *, commit: bool = False
+) -> Fired | None:
+    """The fire (shared/admission/debounce_fire.py, steps 1 to 4) in the caller's
+    transaction: the sweep's own (`commit`: the settle commits in its round trip), or the
+    admission whose event filled a batch (shared/admission/admit.py), which fires it before
+    its own decision statement and commits both at once —
+    so a batch is never left full and unfired, and a crash before that commit leaves the
+    event undecided and the batch as it was (the event's redelivery fills it again)."""
+    if due["dedup_mode"] != "every_time" and due["record_key"] is not None:
+        tx.one(LOCK_RECORDS, lock_keys=[f"{due['workflow_id']}|{due['record_key']}"])
+    burst = tx.one(FIRE, burst_id=due["id"], record_key=due["record_key"])
+    if burst is None:
+        return None
+    last = int(burst["last_event_id"])
+    row = decide(tx, burst)
+    outcome = str(row["outcome"])
+    run_id = row["run_id"] if outcome in ("admitted", "handled") else None
+    settled = (tx.commit_with if commit else tx.all)(
+        SETTLE_MEMBERS,
+        burst_id=burst["id"],
+        outcome=outcome,
+        run_id=run_id,
+        outcome_detail=row["detail"],
+    )
+    return Fired(
+        burst_id=burst["id"],
+        outcome=outcome,
+        run_id=run_id,
+        last_event_id=last,
+        superseded=int(settled[0]["superseded"]) if settled else 0,
+        step_id=row["step_id"] if outcome == "admitted" else None,
+    )

@@ -26,73 +26,24 @@ UPDATE wins, the other finds zero rows (the race test holds them at a barrier).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from shared.admission.admit import LOCK_RECORDS, decide_held_pairing, paused_now
-from shared.admission.debounce import SQL
+from shared.admission.admit import decide_gathered
+from shared.admission.debounce import SQL, Fired, fire_in
 from shared.core.db import Database
 from shared.core.duty import Dispatch, SweepConfig, SweepReport
 from shared.core.logs import get_logger
 
 DUE = SQL["debounce_due"]
-FIRE = SQL["debounce_fire"]
-SETTLE_MEMBERS = SQL["debounce_settle_members"]
+__all__ = ["DUE", "Fired", "fire_burst", "fire_due_bursts", "fire_in"]
 log = get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class Fired:
-    burst_id: str
-    # `admitted` (run_id is the run), `handled` (the pairing was decided before), or the
-    # last event's refusal reason (duplicate, already_running).
-    outcome: str
-    run_id: str | None
-    last_event_id: int
-    superseded: int
-    step_id: str | None
 
 
 def fire_burst(db: Database, due: Mapping[str, Any]) -> Fired | None:
     """Fire one burst read by `debounce_due` (id, workflow_id, record_key, dedup_mode). None
     when another racer decided it, or it is no longer due; see the module docstring."""
     with db.transaction() as tx:
-        if due["dedup_mode"] != "every_time" and due["record_key"] is not None:
-            tx.one(LOCK_RECORDS, lock_keys=[f"{due['workflow_id']}|{due['record_key']}"])
-        burst = tx.one(FIRE, burst_id=due["id"], record_key=due["record_key"])
-        if burst is None:
-            return None
-        last = int(burst["last_event_id"])
-        row = decide_held_pairing(
-            tx,
-            event_id=last,
-            workflow_id=burst["workflow_id"],
-            version_id=burst["version_id"],
-            dedup_mode=burst["dedup_mode"],
-            run_id=burst["run_id"],
-            record_key=burst["record_key"],
-            entry_node=burst["entry_node"],
-            entry_type=burst["entry_type"],
-            trigger_record=burst["trigger_record"],
-            refusal=paused_now(burst),
-        )
-        outcome = str(row["outcome"])
-        run_id = row["run_id"] if outcome in ("admitted", "handled") else None
-        settled = tx.commit_with(
-            SETTLE_MEMBERS,
-            burst_id=burst["id"],
-            outcome=outcome,
-            run_id=run_id,
-            outcome_detail=row["detail"],
-        )
-    return Fired(
-        burst_id=burst["id"],
-        outcome=outcome,
-        run_id=run_id,
-        last_event_id=last,
-        superseded=int(settled[0]["superseded"]) if settled else 0,
-        step_id=row["step_id"] if outcome == "admitted" else None,
-    )
+        return fire_in(tx, due, decide_gathered, commit=True)
 
 
 def fire_due_bursts(

@@ -17,14 +17,16 @@ didn't parse (`definition_unreadable`), the breaker (`workflow_paused`, once res
 credits (`insufficient_credits`, once topped up). Not: `duplicate` and `already_running` (the
 dedup mode said no on purpose; re-admitting would break it), `echo_suppressed` (onceflow's
 own write coming back: running on it is the loop the marker prevents), `superseded` (a later
-change of the debounce burst started the run that stands for it), `provider_suppressed` (a
+change of the debounce burst started the run that stands for it), `batched` (the batch's run
+holds the event), `provider_suppressed` (a
 paused connection or an excluded author is the tenant's own choice, not a bug).
 
 A re-decided event starts at most one run per workflow, ever: its start key is
 `redecide:<event>:<version>` and a partial unique index allows one re-decision with a run per
 (event, workflow) (migrations/0490_admission_redecisions.sql). A current version that
-debounces or throttles starts is not re-decided (`holds_starts`): those hold a start in a
-burst or a queue that an old event can't join in order; say so rather than start around them.
+debounces, batches, throttles or limits the concurrency of its starts is not re-decided
+(`holds_starts`): those hold a start in a burst, a batch or a queue that an old event can't
+join in order (or a slot count it would bypass); say so rather than start around them.
 A half-open breaker's trial slots are left to live events (`workflow_paused`).
 """
 
@@ -126,8 +128,15 @@ def _judge(row: Mapping[str, Any]) -> _Judged:
         trigger = _trigger_for(str(row["version_id"]), row["definition"])
     except DefinitionUnreadable as exc:
         return _Judged(("definition_unreadable", str(exc)), facts.record_key, {})
-    if trigger.debounce is not None or trigger.throttle is not None:
-        why = "the current version debounces or throttles its starts; re-decide starts no run"
+    if (
+        trigger.gathering is not None
+        or trigger.throttle is not None
+        or trigger.concurrency is not None
+    ):
+        why = (
+            "the current version debounces, batches, throttles or limits the concurrency of its "
+            "starts; re-decide starts no run"
+        )
         return _Judged(("holds_starts", why), facts.record_key, {}, recordable=False)
     key, record, refused = static_refusal(facts, trigger, str(row["dedup_mode"]))
     if refused is None and row["breaker_state"] == "open":

@@ -97,12 +97,23 @@ def throttle_key(
     """(the key the limit is counted per, why there is none)."""
     if th.key is None or key_expression is None:
         return WHOLE_WORKFLOW, None
+    return key_of("throttle", th.key, key_expression, scope)
+
+
+def key_of(
+    what: str,
+    source: str,
+    key_expression: CompiledExpression,
+    scope: PreparedScope | Mapping[str, Any],
+) -> tuple[str | None, str | None]:
+    """A limit's key from its CEL expression over the rule scope: `key:<value>`, or (None,
+    why there is none). The throttle's and keyed concurrency's one rule."""
     try:
         value = evaluate(key_expression, scope)
     except ExpressionError as exc:
-        return None, f"the throttle key `{th.key}` could not be evaluated: {exc}"
+        return None, f"the {what} key `{source}` could not be evaluated: {exc}"
     if value is None or value == "" or isinstance(value, Mapping | list):
-        return None, f"the throttle key `{th.key}` gave {value!r:.80}, not a key"
+        return None, f"the {what} key `{source}` gave {value!r:.80}, not a key"
     return f"key:{value}", None
 
 

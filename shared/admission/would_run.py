@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from shared.admission import debounce, run_throttle
+from shared.admission import concurrency, debounce, run_throttle
 from shared.admission.admit import (
     DefinitionUnreadable,
     EventFacts,
@@ -260,14 +260,19 @@ def _held(
     if record is not facts.scope.values["record"]:
         scope = {**facts.scope.values, "record": record}
     notes: list[str] = []
-    if trigger.debounce is not None:
-        burst, missing = debounce.burst_key(trigger.debounce, trigger.debounce_key, key, scope)
+    gathering = trigger.gathering
+    if gathering is not None:
+        burst, missing = debounce.burst_key(gathering, trigger.gathering_key, key, scope)
         if burst is None:
             return ("missing_record_identity", missing or "no burst key"), ()
         notes.append(
             f"debounce: the change would join burst {burst}; the run starts "
-            f"{trigger.debounce.period} after the burst's last change (a later change of the "
+            f"{gathering.said} after the burst's last change (a later change of the "
             "burst supersedes this one), decided then against the record's runs as above"
+            if gathering.kind == "debounce"
+            else f"batch: the event would join batch {burst}; its run starts when the batch "
+            f"holds {gathering.max_size} events or {gathering.max_wait_seconds}s after its "
+            "first, with the batch's last event (the others are batched into it)"
         )
     if trigger.throttle is not None:
         slot, missing = run_throttle.throttle_key(trigger.throttle, trigger.throttle_key, scope)
@@ -276,6 +281,16 @@ def _held(
         notes.append(
             f"throttle: at most {trigger.throttle.limit} runs start per {trigger.throttle.period} "
             f"for key {slot}; when that window is full the run waits in order (queued)"
+        )
+    if trigger.concurrency is not None and trigger.concurrency_key is not None:
+        slot, missing = concurrency.concurrency_key(
+            trigger.concurrency, trigger.concurrency_key, scope
+        )
+        if slot is None:
+            return ("missing_record_identity", missing or "no concurrency key"), ()
+        notes.append(
+            f"concurrency: at most {trigger.concurrency.limit} runs run at once for key {slot}; "
+            "when that many are running the run waits in order (queued) until one ends"
         )
     return None, tuple(notes)
 

@@ -176,6 +176,17 @@ class ParkRequest:
     approver_role: str | None = None
     approver_users: tuple[str, ...] = ()
     summary: str | None = None
+    # Its quorum: approving votes that approve it, rejecting votes that reject it.
+    required: int = 1
+    reject_quorum: int = 1
+    # Where it is delivered (a Slack channel; a signed link mailed to the named users), when
+    # the undecided are reminded, and when (and to whom) it escalates.
+    slack_channel: str | None = None
+    email: bool = False
+    remind_at: datetime | None = None
+    escalate_at: datetime | None = None
+    escalate_role: str | None = None
+    escalate_users: tuple[str, ...] = ()
 
 
 class BlockFailure(Exception):

@@ -18,6 +18,13 @@ approval: parks the step until one of the people who may decide (`approvers`: a 
   on to `next`; rejected ends this path, or `on_reject: fail` fails the run, or
   `on_reject: {goto: <step>}` jumps there. The decision (who, when, comment) is the step's
   output and is audited.
+  Quorum: `required: N` approving votes of different approvers approve it; a reject by any
+  one rejects it unless `reject_quorum: M` asks for M. Each approver counts once (a second
+  click changes nothing); a vote after it closed is recorded as late, never a second resume.
+  Delivery (`channels`): `slack: {channel: C…}` posts it with Approve/Reject buttons (the
+  click comes back verified, shared/ops/slack_interactions.py); `email: true` mails each named
+  user a signed link. `remind_after` nudges those who have not voted, once; `escalate_after`
+  lets `escalate_to` (a role, users) decide too, and asks them, once.
 
 A rehearsal never waits: the step answers what it would have waited for and goes on.
 """
@@ -29,7 +36,7 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from shared.blocks.base import (
     AwaitedEvent,
@@ -350,6 +357,28 @@ class Approvers(BaseModel):
         return self
 
 
+class SlackChannel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    channel: str = Field(
+        pattern=r"^[A-Z0-9]{2,40}$",
+        description="The Slack channel id (C…) the approval is posted to, with its buttons.",
+    )
+
+
+class Channels(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    slack: SlackChannel | None = Field(
+        default=None, description="Post it to a Slack channel (the tenant's Slack app)."
+    )
+    email: bool = Field(
+        default=False,
+        description="Mail each named user (their mapped address) a signed link to decide.",
+    )
+
+
+MAX_QUORUM = 50
+
+
 class ApprovalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     summary: str = Field(min_length=1, max_length=2000, description="What the approvers are shown.")
@@ -362,6 +391,69 @@ class ApprovalConfig(BaseModel):
         default="end",
         description="On rejection: end this path (default), `fail` the run, or `{goto: <step>}`.",
     )
+    # Declared after `approvers` and `expires_in`: their checks read those (each error then
+    # points at the field it is about, with its line and column).
+    required: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_QUORUM,
+        description="How many different approvers must approve (default 1: the first decides).",
+    )
+    reject_quorum: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_QUORUM,
+        description="How many rejections reject it (default 1: a reject by any one ends it).",
+    )
+    channels: Channels = Field(
+        default_factory=Channels, description="Where the approvers are asked: Slack, email."
+    )
+    remind_after: Duration | None = Field(
+        default=None, description="Remind those who have not decided yet, once, after this long."
+    )
+    escalate_after: Duration | None = Field(
+        default=None, description="After this long undecided, `escalate_to` may decide too."
+    )
+    escalate_to: Approvers | None = Field(
+        default=None,
+        validate_default=True,
+        description="Who is added (and asked) at `escalate_after`.",
+    )
+
+    @field_validator("required")
+    @classmethod
+    def _reachable(cls, required: int, info: ValidationInfo) -> int:
+        approvers = info.data.get("approvers")
+        if isinstance(approvers, Approvers) and approvers.role is None:
+            named = len(set(approvers.users))
+            if required > named:
+                raise ValueError(
+                    f"required is {required} but only {named} users are named (and no role):"
+                    " the approval could never be approved"
+                )
+        return required
+
+    @field_validator("remind_after", "escalate_after")
+    @classmethod
+    def _before_expiry(cls, after: Duration | None, info: ValidationInfo) -> Duration | None:
+        expires_in = info.data.get("expires_in")
+        within = (
+            after is None
+            or not isinstance(expires_in, Duration)
+            or timedelta(0) < after.value < expires_in.value
+        )
+        if not within:
+            raise ValueError(f"{info.field_name} must be positive and shorter than expires_in")
+        return after
+
+    @field_validator("escalate_to")
+    @classmethod
+    def _escalation_pair(cls, to: Approvers | None, info: ValidationInfo) -> Approvers | None:
+        if info.data.get("escalate_after") is None and to is not None:
+            raise ValueError("escalate_to needs escalate_after: when to escalate")
+        if info.data.get("escalate_after") is not None and to is None:
+            raise ValueError("escalate_after needs escalate_to: a role or users to escalate to")
+        return to
 
     @model_validator(mode="after")
     def _bounds(self) -> ApprovalConfig:
@@ -381,6 +473,8 @@ def execute_approval(ctx: BlockContext, config: BaseModel) -> BlockResult:
     output: dict[str, Any] = {"summary": config.summary, "on_reject": on_reject}
     if ctx.dry_run:
         return BlockResult(output={**output, "rehearsal": "a live run would ask for approval"})
+    now = deadline - config.expires_in.value
+    escalate = config.escalate_to
     return BlockResult(
         output={**output, "expires_at": deadline.isoformat()},
         park=ParkRequest(
@@ -390,6 +484,16 @@ def execute_approval(ctx: BlockContext, config: BaseModel) -> BlockResult:
             approver_role=config.approvers.role,
             approver_users=tuple(config.approvers.users),
             summary=config.summary,
+            required=config.required,
+            reject_quorum=config.reject_quorum,
+            slack_channel=None if config.channels.slack is None else config.channels.slack.channel,
+            email=config.channels.email,
+            remind_at=None if config.remind_after is None else now + config.remind_after.value,
+            escalate_at=(
+                None if config.escalate_after is None else now + config.escalate_after.value
+            ),
+            escalate_role=None if escalate is None else escalate.role,
+            escalate_users=() if escalate is None else tuple(escalate.users),
         ),
     )
 

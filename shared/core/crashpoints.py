@@ -34,7 +34,13 @@ DRAIN_CRASH_POINTS = ("drain_after_commit_before_publish",)
 JOURNAL_CRASH_POINTS = ("journal_after_store_before_offset",)
 # Between admission's commit of an event joining a debounce burst and the burst's fire.
 # ... and between its commit of an event queued behind a full run-start throttle and the start.
-DEBOUNCE_CRASH_POINTS = ("admission_after_debounce_join", "admission_after_run_queued")
+# ... and, inside the admission transaction, between an event filling a batch and the batch's
+# run starting (nothing committed: the event's redelivery fills it again).
+DEBOUNCE_CRASH_POINTS = (
+    "admission_after_debounce_join",
+    "admission_after_run_queued",
+    "admission_batch_filled",
+)
 KNOWN_POINTS = (
     CRASH_POINTS
     + POLL_CRASH_POINTS

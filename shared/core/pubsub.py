@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from shared.core import tracing
 from shared.core.errors import PermanentError, TransientError
 from shared.core.settings import settings
 
@@ -63,6 +64,7 @@ class Publisher:
         client = self._get_client()
         path = self.topic_path(topic)
         bodies = [json.dumps(dict(m), separators=(",", ":")).encode() for m in messages]
+        attributes = tracing.message_attributes()  # {} unless published inside a span
         ids: list[str] = []
         for start in range(0, len(bodies), MAX_MESSAGES_PER_REQUEST):
             chunk = bodies[start : start + MAX_MESSAGES_PER_REQUEST]
@@ -72,7 +74,7 @@ class Publisher:
                 answer = GapicPublisher.publish(
                     client,
                     topic=path,
-                    messages=[PubsubMessage(data=body) for body in chunk],
+                    messages=[PubsubMessage(data=body, attributes=attributes) for body in chunk],
                     timeout=PUBLISH_TIMEOUT_SECONDS,
                 )
             except Exception as exc:

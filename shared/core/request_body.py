@@ -9,11 +9,11 @@ working for it, so it is read here only:
 - **Framing.** Whatever the server's body reader raises on the client's bytes (a chunk size that
   is not hex, a missing chunk terminator, a connection that ends early) is the client's
   malformed body: 400 `malformed_body`.
-- **Time.** The whole body must arrive within `BODY_DEADLINE_SECONDS` of the first read. A
-  client that stalls or trickles is cut off at the deadline (its socket's read side is shut
-  down, so a read blocked inside the server wakes up) and answered 408. A per-read timeout
-  alone would not do: the server's reader keeps reading until it has the bytes it asked for,
-  and a trickle of one byte a second restarts any per-read clock.
+- **Time.** The whole body must arrive within `REQUEST_DEADLINE_SECONDS` (a setting, 10 s by
+  default) of the first read. A client that stalls or trickles is cut off at the deadline (its
+  socket's read side is shut down, so a read blocked inside the server wakes up) and answered
+  408. A per-read timeout alone would not do: the server's reader keeps reading until it has
+  the bytes it asked for, and a trickle of one byte a second restarts any per-read clock.
 - **Nesting.** JSON deeper than `MAX_JSON_DEPTH` is refused before it is parsed (400), so the
   parser's recursion limit is never what stops it.
 
@@ -41,7 +41,6 @@ READ_CHUNK_BYTES = 64 * 1024
 # the cloud and locally); the second key is ours.
 SOCKET_KEY = "gunicorn.socket"
 CONSUMED_KEY = "onceflow.body_consumed"
-BODY_DEADLINE_SECONDS = 10.0
 MAX_JSON_DEPTH = 32
 
 
@@ -120,7 +119,7 @@ def read_body(
     declared_length: int | None,
     cap: int,
     environ: MutableMapping[str, Any] | None = None,
-    deadline_seconds: float = BODY_DEADLINE_SECONDS,
+    deadline_seconds: float,
 ) -> bytes:
     """The whole body, or `BodyRefused`: 413 over `cap` (declared or read; the rest is never
     read), 408 past the deadline, 400 when the server's reader can't frame the client's bytes.

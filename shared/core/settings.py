@@ -155,6 +155,29 @@ def _absolute_url(name: str, raw: str) -> str:
 
 
 ABSOLUTE_URL = Form("An absolute `http(s)://` URL.", _absolute_url)
+_TRACING = ("off", "gcp", "console")
+
+
+def _tracing(name: str, raw: str) -> str:
+    if raw.lower() not in _TRACING:
+        raise SettingError(f"{name} must be one of {', '.join(_TRACING)}, not {raw!r}")
+    return raw.lower()
+
+
+TRACING = Form("`off`, `gcp` or `console`.", _tracing)
+
+
+def _fraction(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise SettingError(f"{name} must be a number from 0 to 1, not {raw!r}")
+    return value
+
+
+FRACTION = Form("A number from 0 to 1.", _fraction)
 
 
 def _setting(
@@ -254,6 +277,20 @@ class Settings:
         " `GOOGLE_CLOUD_PROJECT`); unset, the report says the schedule can't be read.",
     )
     log_level: str = _setting("LOG_LEVEL", "INFO", "Level of the JSON logs.", LOG_LEVEL)
+    tracing: str = _setting(
+        "ONCEFLOW_TRACING",
+        "off",
+        "OpenTelemetry spans and metrics (shared/core/tracing.py): `gcp` exports to Cloud Trace"
+        " and Cloud Monitoring, `console` prints them to stdout; `off` loads no SDK at all.",
+        TRACING,
+    )
+    tracing_sample_ratio: float = _setting(
+        "ONCEFLOW_TRACING_SAMPLE_RATIO",
+        1.0,
+        "Share of events traced when tracing is on, decided once at the webhook (or wherever the"
+        " trace starts) and kept by every later hop through the stored `traceparent`.",
+        FRACTION,
+    )
 
     # --- the webhook and the fast path ---------------------------------------------------
     public_base_url: str | None = _setting(
@@ -267,9 +304,17 @@ class Settings:
     webhook_max_body_bytes: int = _setting(
         "WEBHOOK_MAX_BODY_BYTES",
         1024 * 1024,
-        "Webhook body size cap (413 above it). The other request limits are fixed; see the"
-        " security section.",
+        "Webhook body size cap (413 above it). The other request limits, but the deadline below,"
+        " are fixed; see the security section.",
         _whole(1),
+    )
+    request_deadline_seconds: float = _setting(
+        "REQUEST_DEADLINE_SECONDS",
+        10.0,
+        "How long a request's head (locally, `HeadDeadlineWorker`) and then its whole body may"
+        " take to arrive before the connection is cut (408 for a body): a stalled client holds"
+        " a thread at most this long.",
+        _seconds(positive=True),
     )
     webhook_nudge: bool = _setting(
         "WEBHOOK_NUDGE",
@@ -451,6 +496,12 @@ class Settings:
         "The public URL of the `webhook` function, where approval links are opened (`infra/`"
         " sets it to the webhook's base, the local stack to its webhook process). Unset: a link"
         " is answered as a path to append to the ops URL.",
+    )
+    slack_api_url: str = _setting(
+        "ONCEFLOW_SLACK_API_URL",
+        "https://slack.com/api",
+        "The Slack Web API base the approval messages are posted to (`chat.postMessage`,"
+        " `chat.update`); the local stack and the tests point it at devstack/fakeslack.",
     )
     oauth_redirect_url: str | None = _setting(
         "ONCEFLOW_OAUTH_REDIRECT_URL",

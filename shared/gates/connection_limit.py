@@ -1,7 +1,9 @@
 """The connection limit: a slot in the step's connection's window (`rate_limit_per_window` per
-`rate_limit_window_seconds` on the connection row, shared/gates/throttle.py), served in turn
-when steps wait for it (shared/gates/limit_queue.py). A connection that doesn't exist has no
-window: the gate passes and the port refuses it clearly."""
+`rate_limit_window_seconds` on the connection row, shared/gates/throttle.py), narrowed to what
+the portal has left by the vendor's rate-limit headers (shared/port/budget.py: a spent daily
+budget or short window parks the step before it takes a slot; a 429 shrinks the window), and
+served in turn when steps wait for it (shared/gates/limit_queue.py). A connection that doesn't
+exist has no window: the gate passes and the port refuses it clearly."""
 
 from __future__ import annotations
 

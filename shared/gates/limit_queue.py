@@ -53,6 +53,7 @@ from shared.core.duty import Dispatch, SweepConfig, SweepReport
 from shared.core.logs import get_logger
 from shared.gates import throttle
 from shared.gates.kind import Attempt
+from shared.port import budget
 
 SQL = queries.load("limit_queue")
 CLAIM = SQL["limit_queue_claim"]
@@ -109,6 +110,14 @@ def open_in_turn(
     if row is None:
         return None  # a connection that doesn't exist: nothing to count against
     limit = throttle.Limit(scope, subject, int(row["max"]), int(row["window_seconds"]))
+    if row["spent"] is not None:
+        # The portal's budget, by the vendor's headers, is spent: nothing was counted, and the
+        # step parks until then outside the line (a grant it held is spent with it).
+        until: datetime = row["spent_until"]
+        spent = throttle.ThrottleClaim(
+            False, 0, limit.max, max(float(row["spent_seconds_left"]), 0.05), until
+        )
+        return throttle.throttled(limit, spent, reason=budget.reason(str(row["spent"]), until))
     if row["granted"]:
         return None
     used = row["used"]
@@ -153,7 +162,9 @@ def grant(tx: Tx, key: str) -> Granted:
     }
     window = tx.one(WINDOW, **params)
     assert window is not None  # an upsert returns its row
-    room = max(int(line["limit_max"]) - int(window["used"]), 0)
+    # While the portal's budget is spent, the line waits for it (the grantor's next turn).
+    spent_until = line["spent_until"]
+    room = 0 if spent_until is not None else max(int(line["limit_max"]) - int(window["used"]), 0)
     rows = (
         tx.all(
             GRANT,
@@ -168,7 +179,10 @@ def grant(tx: Tx, key: str) -> Granted:
     )
     turns = [int(r["limit_turn"]) for r in rows if r["limit_turn"] is not None]
     tx.execute(
-        SERVED, limit_key=key, turn=max(turns) if turns else None, next_due=window["window_end"]
+        SERVED,
+        limit_key=key,
+        turn=max(turns) if turns else None,
+        next_due=spent_until if spent_until is not None else window["window_end"],
     )
     return Granted([r["id"] for r in rows], room)
 

@@ -30,7 +30,6 @@ from shared.core.duty import Duty, SweepConfig
 
 SQL = queries.load("throttle")
 CLAIM = SQL["throttle_claim"]
-CLAIM_CONNECTION = SQL["throttle_claim_connection"]
 CONNECTION_LIMIT = SQL["throttle_connection_limit"]
 DELETE_EXPIRED = SQL["throttle_windows_delete_expired"]
 
@@ -88,17 +87,6 @@ def connection_limit(tx: Tx, connection_id: str) -> Limit | None:
     return Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
 
 
-def claim_connection_or_refusal(tx: Tx, connection_id: str) -> BlockFailure | None:
-    """`claim_or_refusal` for the connection's window, the limit read in the claim's own
-    statement; None also for a connection that doesn't exist (nothing to count against)."""
-    row = tx.one(CLAIM_CONNECTION, connection_id=connection_id)
-    if row is None:
-        return None
-    limit = Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
-    outcome = _claimed(limit, row)
-    return None if outcome.allowed else throttled(limit, outcome)
-
-
 def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:
     """A slot in the connection's window."""
     limit = connection_limit(tx, connection_id)
@@ -107,14 +95,15 @@ def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:
     return claim(tx, limit)
 
 
-def throttled(limit: Limit, outcome: ThrottleClaim) -> BlockFailure:
+def throttled(limit: Limit, outcome: ThrottleClaim, reason: str | None = None) -> BlockFailure:
     """The parking failure. Its message is also how ops counts the steps parked behind each
     limit (shared/sql/ops.sql `ops_limits_parked_steps` reads scope, subject, max and window
-    back out of the step's error): change the wording there too."""
+    back out of the step's error): change the wording there too. `reason`: why, after the
+    part ops reads (a portal's spent budget, shared/port/budget.py)."""
     until = outcome.window_end.isoformat() if outcome.window_end is not None else "?"
     return BlockFailure(
         f"throttled until {until} by {limit.scope} limit ({limit.subject}: "
-        f"{limit.max} per {limit.window_seconds}s)",
+        f"{limit.max} per {limit.window_seconds}s)" + (f": {reason}" if reason else ""),
         error_class="transient",
         outcome_code=OUTCOME_THROTTLED,
         retry_after=max(outcome.seconds_left, 0.05),

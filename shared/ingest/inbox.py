@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 from shared.accounts import connections, provider_apps
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, TransactionLost, Tx
 from shared.core.duty import Duty, SweepConfig
@@ -80,6 +80,7 @@ class Stored:
 
 def store(tx: Tx, connection_id: str, body: bytes, headers: Mapping[str, str]) -> Stored:
     """Keep a verified body; a byte-identical retry on the same connection is the same row."""
+    tracing.stamp(tx)
     row = tx.one(
         STORE,
         connection_id=connection_id,
@@ -95,6 +96,7 @@ def store_for_app(
     tx: Tx, app: provider_apps.ProviderApp, body: bytes, headers: Mapping[str, str]
 ) -> Stored:
     """Keep a verified app-level body once; the drain splits it per connection."""
+    tracing.stamp(tx)
     row = tx.one(
         STORE_FOR_APP,
         app_provider=app.provider,
@@ -354,6 +356,15 @@ class ConnectionContext:
 
 
 def _process_fenced(
+    tx: Tx, row: ClaimedRow, lease_id: str, context: ConnectionContext
+) -> tuple[RowResult, int]:
+    """`_process_row` in the drain's span, a child of the webhook's that stored the row."""
+    stored = lambda: tracing.stored(tx, "inbox", row.id)  # noqa: E731 - read only when on
+    with tracing.span("drain", stored=stored, inbox_id=row.id):
+        return _process_row(tx, row, lease_id, context)
+
+
+def _process_row(
     tx: Tx, row: ClaimedRow, lease_id: str, context: ConnectionContext
 ) -> tuple[RowResult, int]:
     """One row, already fenced on its lease: parse → shadow records → outbox → stamp, in the

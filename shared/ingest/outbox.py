@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.db import Database, Tx
 from shared.core.duty import Dispatch, SweepConfig, SweepReport
 from shared.core.errors import PermanentError, TransientError
@@ -113,6 +113,7 @@ def emit(tx: Tx, event: TriggerEvent) -> int | None:
     if (event.record_object_type is None) != (event.record_object_id is None):
         raise PermanentError("record identity needs both object type and object id, or neither")
     payload, truncated = fit_payload(event.payload)
+    tracing.stamp(tx)
     event_id = tx.scalar(
         INSERT,
         tenant_id=event.tenant_id,

@@ -60,6 +60,7 @@ def read_webhook_body(request: WebhookRequest) -> bytes:
         declared_length=request.content_length,
         cap=settings().webhook_max_body_bytes,
         environ=request.environ,
+        deadline_seconds=settings().request_deadline_seconds,
     )
 
 

@@ -5,67 +5,49 @@ HMAC-SHA256 under `ONCEFLOW_APPROVAL_LINK_SECRET` (no link can be made or used w
 Opening it (GET) only shows the approval — mail scanners fetch links — and its form posts the
 decision, which goes through the same guarded resume as any other (shared/steps/parks.py):
 the first decision wins, so a link decides at most once and a second use answers "already
-decided by X at T". Every use is audited (`approvals.link_decide`, no token).
+decided by X at T". Every use is audited (`approvals.link_decide`, no token). The signature
+itself is shared/steps/link_signing.py's (the sweep's approval email makes links too); here, the
+ops side: a 409 when links are not configured, and the check of an opened link.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from shared.core.db import Database
-from shared.core.settings import settings
 from shared.ops.errors import OpsError
 from shared.ops.statements import AUDIT_INSERT
+from shared.steps import link_signing as signing
+from shared.steps.link_signing import (
+    PATH_PREFIX,
+    PUBLIC_URL_ENV,
+    SECRET_ENV,
+    Link,
+    configured,
+    public_url,
+    signature,
+)
 
-SECRET_ENV = "ONCEFLOW_APPROVAL_LINK_SECRET"  # noqa: S105 - a variable name
-PATH_PREFIX = "/ui/decide"
-# Where an approver's browser opens a link: the public `webhook` function's URL (it serves
-# PATH_PREFIX/... and nothing else of the page; functions/webhook.py). Unset (the local stack
-# without it, tests): the API answers the path only, to append to the ops URL.
-PUBLIC_URL_ENV = "ONCEFLOW_PUBLIC_URL"
-
-
-@dataclass(frozen=True)
-class Link:
-    approval_id: int
-    user: str
-    expires: int  # unix seconds: the approval's expiry
-
-    @property
-    def path(self) -> str:
-        return f"{PATH_PREFIX}/{self.approval_id}/{self.user}/{self.expires}/{_sign(self)}"
+__all__ = ["PATH_PREFIX", "PUBLIC_URL_ENV", "SECRET_ENV", "Link", "make_link", "public_url"]
 
 
-def _secret() -> bytes:
-    value = settings().approval_link_secret or ""
-    if len(value) < 16:
+def _require_secret() -> None:
+    if not configured():
         raise OpsError(
             409,
             "links_not_configured",
             f"approval links need {SECRET_ENV} (at least 16 characters) on the ops and webhook"
             " functions",
         )
-    return value.encode("utf-8")
-
-
-def _sign(link: Link) -> str:
-    message = f"{link.approval_id}:{link.user}:{link.expires}".encode()
-    return hmac.new(_secret(), message, hashlib.sha256).hexdigest()
 
 
 def make_link(approval_id: int, user: str, expires_at: datetime) -> Link:
-    return Link(approval_id, user, int(expires_at.timestamp()))
-
-
-def public_url(link: Link) -> str | None:
-    """The link as an approver opens it, on the public function; None when not configured."""
-    base = (settings().public_url or "").rstrip("/")
-    return f"{base}{link.path}" if base else None
+    """A link (the signing is shared/steps/link_signing.py's); a 409 when links can't be made."""
+    _require_secret()
+    return signing.make_link(approval_id, user, expires_at)
 
 
 def verified(parts: list[str], now: datetime | None = None) -> Link:
@@ -74,7 +56,8 @@ def verified(parts: list[str], now: datetime | None = None) -> Link:
     if len(parts) != 4 or not parts[0].isdigit() or not parts[2].isdigit():
         raise OpsError(404, "not_found", "there is no such page")
     link = Link(int(parts[0]), parts[1], int(parts[2]))
-    if not hmac.compare_digest(parts[3], _sign(link)):
+    _require_secret()
+    if not hmac.compare_digest(parts[3], signature(link)):
         raise OpsError(403, "bad_link", "this approval link is not valid")
     if (now or datetime.now(UTC)).timestamp() > link.expires:
         raise OpsError(410, "link_expired", "this approval link has expired")

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shared.admission.redecide import REDECIDABLE
-from shared.ops import terminal
+from shared.ops import cli_outbound, terminal
 from shared.ops.client import ApiError, Credentials, OpsClient
 from shared.providers import registry
 from shared.providers.descriptor import ProjectSpec, SubscriptionKey
@@ -869,9 +869,13 @@ def _limits(s: Session, args: argparse.Namespace) -> int:
     )
 
     def window(v: Mapping[str, Any]) -> str:
+        if v["kind"] == "concurrency":
+            return f"{v['limit']} at once"
         if v["period_seconds"] is None:
             return "-"
         per = f"{v['period_seconds']:g}s"
+        if v["kind"] == "batch":
+            return f"{v['limit']} or {per}"
         return f"quiet {per}" if v["limit"] is None else f"{v['limit']} per {per}"
 
     def readable() -> None:
@@ -882,7 +886,7 @@ def _limits(s: Session, args: argparse.Namespace) -> int:
                     v["tenant_id"],
                     v["subject"],
                     window(v),
-                    v["admitted"] if v["kind"] != "debounce" else "-",
+                    v["admitted"] if v["kind"] not in ("debounce", "batch") else "-",
                     f"{v['waiting']} {v['waiting_what']}" if v["waiting"] else "-",
                     terminal.ago(v["oldest_wait_since"]) if v["oldest_wait_since"] else "-",
                     terminal.ago(v["next_at"]) if v["next_at"] else "-",
@@ -1069,13 +1073,15 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "limits",
         parents=[remote],
-        help="what each rate limit, run-start throttle and debounce burst is holding back",
+        help="what each rate limit, run-start throttle, concurrency key, debounce burst and "
+        "batch is holding back",
     )
     p.add_argument("--tenant", metavar="TENANT_ID", help="an admin token's filter")
     p.add_argument("--limit", type=int, default=100, help="at most this many of each kind")
     _tenant_parsers(sub, remote)
     _connection_parsers(sub, remote)
     _token_parsers(sub, remote)
+    cli_outbound.add_parsers(sub, remote)
 
 
 def _tenant_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
@@ -1377,6 +1383,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "retry": lambda s, a: _bulk(s, a, "retry"),
     "bulk": lambda s, a: _bulk_by_token(s, a, a.action),
     "redecide": _redecide,
+    **cli_outbound.COMMANDS,
 }
 
 

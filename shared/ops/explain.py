@@ -65,6 +65,8 @@ REASON_WORDS = {
     "superseded": "The workflow waits for a record's changes to settle (debounce): a later "
     "change of the same burst started the run instead, and that run lists this change among "
     "the burst's events.",
+    "batched": "The workflow handles its events in batches: this one was gathered into a "
+    "batch whose run (named in the detail) handles it, listed among the batch's events.",
 }
 
 
@@ -316,17 +318,25 @@ def _held_decision(workflow_id: str, name: str, held: dict[str, Any]) -> Decisio
 
 
 def _waiting_decision(workflow_id: str, name: str, waiting: dict[str, Any]) -> Decision:
-    """A pairing waiting in a throttle's run-start queue (shared/admission/run_throttle.py)."""
-    return Decision(
-        workflow_id=workflow_id,
-        workflow_name=name,
-        outcome="undecided",
-        explanation=(
+    """A pairing waiting in the run-start queue: behind a throttle's full window
+    (shared/admission/run_throttle.py) or for a keyed-concurrency slot
+    (shared/admission/concurrency.py)."""
+    if waiting["gate"] == "concurrency":
+        explanation = (
+            f"The workflow runs at most {waiting['limit_per_window']} run(s) at once for this "
+            f"event's key (concurrency), and that many were running: this event waits its "
+            f"turn, with {waiting['ahead']} ahead of it. Its run starts when a run of the key "
+            "ends; it is not refused."
+        )
+    else:
+        explanation = (
             f"The workflow starts at most {waiting['limit_per_window']} run(s) per "
             f"{waiting['window_seconds']} s (throttle), and that window was full: this event "
             f"waits its turn, with {waiting['ahead']} ahead of it. Its run starts when a window "
             f"has room (the next from {waiting['due_at'].isoformat()}); it is not refused."
-        ),
+        )
+    return Decision(
+        workflow_id=workflow_id, workflow_name=name, outcome="undecided", explanation=explanation
     )
 
 

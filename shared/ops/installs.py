@@ -11,6 +11,9 @@ function's URL, which ops learns from `ONCEFLOW_OAUTH_REDIRECT_URL`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from shared.accounts.provider_apps import is_app_id
 from shared.core.db import Database
 from shared.ops import auth
@@ -24,7 +27,26 @@ from shared.ops.models import (
 )
 from shared.ops.statements import TENANT_EXISTS
 from shared.providers import install as oauth_install
-from shared.providers.install import InstallRefused
+from shared.providers.install import Installed, InstallRefused
+
+
+@contextmanager
+def _refusals_answered() -> Iterator[None]:
+    """The install flow's refusals, as the API's errors (their status, code and words)."""
+    try:
+        yield
+    except InstallRefused as refused:
+        raise OpsError(refused.status, refused.code, refused.message) from None
+
+
+def _confirmed(done: Installed) -> InstallConfirmed:
+    return InstallConfirmed(
+        tenant_id=done.tenant_id,
+        app_id=done.app_id,
+        portal_id=done.portal_id,
+        connection_id=done.connection_id,
+        outcome=done.outcome,
+    )
 
 
 def _tenant(principal: auth.Principal, named: str | None) -> str:
@@ -45,14 +67,12 @@ def start(
     tenant_id = _tenant(principal, body.tenant_id)
     if not is_app_id(app_id):
         raise OpsError(404, "not_found", "no such provider app")
-    try:
+    with _refusals_answered():
         redirect_uri = oauth_install.configured_redirect_url()
-    except InstallRefused as refused:
-        raise OpsError(refused.status, refused.code, refused.message) from None
     with db.transaction() as tx:
         if tx.one(TENANT_EXISTS, tenant_id=tenant_id) is None:
             raise OpsError(404, "not_found", "no such tenant")
-        try:
+        with _refusals_answered():
             started = oauth_install.start(
                 tx,
                 tenant_id=tenant_id,
@@ -61,8 +81,6 @@ def start(
                 started_by=principal.token_id,
                 provider=provider,
             )
-        except InstallRefused as refused:
-            raise OpsError(refused.status, refused.code, refused.message) from None
     return InstallStarted(
         tenant_id=tenant_id,
         app_id=app_id,
@@ -79,7 +97,7 @@ def confirm(
     the code its callback page showed."""
     if not is_app_id(app_id):
         raise OpsError(404, "not_found", "no such install waiting for confirmation")
-    try:
+    with _refusals_answered():
         done = oauth_install.confirm(
             db,
             app_id=app_id,
@@ -87,15 +105,7 @@ def confirm(
             token_id=principal.token_id,
             provider=provider,
         )
-    except InstallRefused as refused:
-        raise OpsError(refused.status, refused.code, refused.message) from None
-    return InstallConfirmed(
-        tenant_id=done.tenant_id,
-        app_id=done.app_id,
-        portal_id=done.portal_id,
-        connection_id=done.connection_id,
-        outcome=done.outcome,
-    )
+    return _confirmed(done)
 
 
 def claim(
@@ -111,7 +121,7 @@ def claim(
         known = tx.one(TENANT_EXISTS, tenant_id=tenant_id) is not None
     if not known:
         raise OpsError(404, "not_found", "no such tenant")
-    try:
+    with _refusals_answered():
         done = oauth_install.claim(
             db,
             app_id=app_id,
@@ -121,12 +131,4 @@ def claim(
             token_id=principal.token_id,
             provider=provider,
         )
-    except InstallRefused as refused:
-        raise OpsError(refused.status, refused.code, refused.message) from None
-    return InstallConfirmed(
-        tenant_id=done.tenant_id,
-        app_id=done.app_id,
-        portal_id=done.portal_id,
-        connection_id=done.connection_id,
-        outcome=done.outcome,
-    )
+    return _confirmed(done)

@@ -400,6 +400,12 @@ class RunDetail(_Response):
         default=None, description="The step this replay started from (null: its first failure)."
     )
     replay_by: str | None = Field(default=None, description="Who asked for this replay.")
+    phase: Literal["main", "compensating"] = Field(
+        default="main",
+        description="`compensating`: a step failed and the run is undoing the steps that "
+        "declare `compensate:` (their rows are the steps keyed `compensate:<step>`, each with "
+        "its outcome); it ends failed. A failed run that compensated keeps this phase.",
+    )
     steps: list[StepView]
     charges: list[Charge] = Field(description="Ledger rows for this run's idempotency keys.")
     lineage: list[LineageEntry] = Field(description="Every live run of the replay lineage.")
@@ -728,6 +734,15 @@ class ApprovalView(_Response):
     expires_at: datetime
     on_timeout: Literal["reject", "proceed"]
     created_at: datetime
+    required: int = Field(default=1, description="Approvals it needs (its quorum).")
+    approved_by: list[str] = Field(
+        default_factory=list, description="Who has approved so far (the quorum's progress)."
+    )
+    escalated_at: datetime | None = Field(
+        default=None, description="When it escalated (then escalate_role/users may decide too)."
+    )
+    escalate_role: str | None = None
+    escalate_users: list[str] = Field(default_factory=list)
 
 
 class ApprovalList(_Response):
@@ -740,6 +755,17 @@ class DecisionResult(_Response):
     decided_by: str
     run_id: UUID
     step_key: str
+    resumed: bool = Field(
+        default=True,
+        description="Whether this decision resumed the step (false: the quorum waits for more,"
+        " or this approver had decided already).",
+    )
+    vote: Literal["counted", "duplicate"] = Field(
+        default="counted",
+        description="`duplicate`: this approver had decided already; nothing changed.",
+    )
+    approvals: int = Field(default=0, description="Approving decisions counted so far.")
+    required: int = Field(default=1, description="Approving decisions it needs.")
 
 
 class ApprovalLink(_Response):
@@ -1104,6 +1130,86 @@ ENV_NAME_PATTERN = r"^[A-Z][A-Z0-9_]*$"
 RoleName = Annotated[Text, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")]
 
 
+# ---- outbound events (shared/ops/api/outbound.py) ------------------------------------------
+OutboundEventType = Literal[
+    "run.failed",
+    "run.succeeded",
+    "event.refused",
+    "event.undelivered",
+    "breaker.tripped",
+    "approval.requested",
+]
+
+
+class OutboundSubscriptionCreate(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    url: Text = Field(
+        max_length=2048,
+        description="http(s) URL the events are POSTed to; refused when the SSRF guard refuses"
+        " its address (private, loopback, metadata, …).",
+    )
+    event_types: list[OutboundEventType] = Field(min_length=1, max_length=6)
+    secret_env: Text = Field(
+        pattern=ENV_NAME_PATTERN,
+        max_length=100,
+        description="The *name* of the environment variable holding the Standard Webhooks"
+        " secret ('whsec_' + base64; several, space-separated, while rotating: each signs),"
+        " never the secret.",
+    )
+
+
+class OutboundSubscription(_Response):
+    id: UUID
+    tenant_id: str
+    url: str
+    event_types: list[str]
+    secret_env: str
+    enabled: bool
+    created_at: datetime
+
+
+class OutboundSubscriptionList(_Response):
+    items: list[OutboundSubscription]
+
+
+class OutboundSubscriptionEnable(_Request):
+    enabled: bool
+
+
+class OutboundDeliveriesQuery(_Request):
+    status: Literal["pending", "delivered", "given_up"] | None = None
+    limit: int = Field(default=50, ge=1, le=200)
+
+
+class OutboundDelivery(_Response):
+    id: str = Field(description="The `webhook-id` every attempt carries.")
+    subscription_id: UUID
+    tenant_id: str
+    url: str
+    event_type: str
+    event_key: str
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_status: int | None
+    last_error: str | None
+    last_attempt_at: datetime | None
+    delivered_at: datetime | None
+    given_up_at: datetime | None
+    created_at: datetime
+
+
+class OutboundDeliveryList(_Response):
+    items: list[OutboundDelivery]
+
+
+class OutboundResendResult(_Response):
+    id: str
+    resent: bool = True
+
+
 class TenantCreate(_Request):
     id: Text = Field(pattern=TENANT_ID_PATTERN, description="What definitions name as `tenant`.")
     name: Text | None = Field(default=None, max_length=200, description="Defaults to the id.")
@@ -1310,7 +1416,9 @@ class BulkActResult(_Response):
 
 # ---- limits -------------------------------------------------------------------------------
 
-LimitKind = Literal["connection", "workflow", "host", "run_start", "debounce"]
+LimitKind = Literal[
+    "connection", "workflow", "host", "run_start", "debounce", "batch", "concurrency"
+]
 
 
 class LimitsQuery(_Request):
@@ -1330,7 +1438,9 @@ class LimitView(_Response):
     kind: LimitKind = Field(
         description="connection, workflow and host: step rate limits (steps wait parked"
         " THROTTLED); run_start: a trigger's throttle on starting runs (events wait queued);"
-        " debounce: an open burst (its events are held until it fires)."
+        " debounce: an open burst (its events are held until it fires); batch: an open batch"
+        " (its events are held until it is full or its max_wait ends); concurrency: a"
+        " workflow's key with runs waiting for a slot (they start as runs of the key end)."
     )
     tenant_id: str
     subject: str = Field(
@@ -1338,14 +1448,18 @@ class LimitView(_Response):
         " `<workflow_id>|<key>` (run_start), or `<workflow_id>|<key>` of a burst (debounce)."
     )
     limit: int | None = Field(
-        description="How many the window admits (a debounce: None, it admits one run)."
+        description="How many the window admits (a debounce: None, it admits one run; a"
+        " batch: its max_size)."
     )
     period_seconds: float | None = Field(
-        description="The window's length; a debounce's quiet period."
+        description="The window's length; a debounce's quiet period; a batch's max_wait."
     )
     window_start: AwareDatetime | None = None
     window_end: AwareDatetime | None = None
-    admitted: int = Field(description="Claims counted in the current window (over-limit included).")
+    admitted: int = Field(
+        description="Claims counted in the current window (over-limit included); for a"
+        " concurrency key, the runs running (holding a slot)."
+    )
     waiting: int = Field(
         description="Steps parked on it, events queued behind it, or events held in the burst."
     )
@@ -1357,6 +1471,12 @@ class LimitView(_Response):
     next_at: AwareDatetime | None = Field(
         description="When the next waiter is let through: the window's end, a queue's due"
         " time, a burst's fire time."
+    )
+    reason: str | None = Field(
+        default=None,
+        description="A connection: why the portal's shared rate budget narrows its window now"
+        " (a spent daily budget or rate window by the vendor's headers, or a 429 that shrank"
+        " it); None when only the configured window applies.",
     )
 
 

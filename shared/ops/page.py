@@ -245,6 +245,7 @@ def _link_decision(api: OpsApi, request: Request, link: Link, park: dict[str, An
             roles=(),
             comment=comment,
             tenant_scope=None,
+            via="link",
         )
     except NotAllowed as exc:
         record_use(api.db, link, tenant, {"outcome": "refused", "why": str(exc)})
@@ -254,6 +255,10 @@ def _link_decision(api: OpsApi, request: Request, link: Link, park: dict[str, An
         record_use(api.db, link, tenant, {"outcome": "refused", "why": outcome.expired})
         message = f"{outcome.expired}; no decision is taken."
         return _link_page(link, park, message, error=True, status=410)
+    if outcome.awaiting_quorum:
+        record_use(api.db, link, tenant, {"outcome": "voted", "decision": decision})
+        said = f"{outcome.approvals} of {outcome.required} approvals so far"
+        return _link_page(link, park, f"Thank you: {decision} ({said}).")
     if not outcome.moved:
         record_use(api.db, link, tenant, {"outcome": "refused", "why": outcome.why_not})
         return _link_page(link, park, outcome.why_not, error=True, status=409)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shared.workflows.definition import WorkflowDefinition
+from shared.workflows.step_keys import compensated_key
 
 SETTLED = frozenset({"succeeded", "skipped", "failed"})
 # Settled without having done their work: a replay starts them again.
@@ -121,8 +122,21 @@ def plan_replay(
     step the first region does not cover (nothing else would ever drive it again in the new
     run), and every iteration of a root's node that did not succeed (a foreach runs its
     items in any order, so the one that failed may have unsettled siblings on either side)."""
+    # A compensated run (shared/steps/saga.py): its compensation rows are not replayed, and a
+    # step whose effect its compensation undid is not done any more: the replay starts at the
+    # earliest of them that leads to the chosen (or failed) step, so the steps after it run
+    # again in order with its new output.
+    undone_keys = {k for s in steps if (k := compensated_key(s.step_key)) is not None}
+    steps = [s for s in steps if compensated_key(s.step_key) is None]
     first = first_error(steps)
     origin = start or first
+    for s in sorted(
+        (s for s in steps if s.step_key in undone_keys),
+        key=lambda s: (s.finished_at or datetime.min, s.step_key),
+    ):
+        if origin is None or origin.node_id in reachable_nodes(definition, [s.node_id], steps):
+            origin = s
+            break
     roots: list[JournalStep] = [origin] if origin is not None else []
     region = reachable_nodes(definition, [r.node_id for r in roots], steps)
     while True:

@@ -200,6 +200,11 @@ class RateLimitState:
     max: int | None = None
     interval_ms: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Vendor-neutral, for the portal's shared budget (shared/port/budget.py): how long the
+    # short window `remaining` speaks of lasts from now, and what the daily budget has left
+    # (None: the answer did not say).
+    reset_seconds: float | None = None
+    daily_remaining: int | None = None
 
 
 def plural_object_type(object_type: str) -> str:

@@ -25,12 +25,13 @@ from typing import Any, TypeVar
 from shared.core import queries
 from shared.core.db import Database
 from shared.core.logs import get_logger
-from shared.port import record_labels
+from shared.port import budget, record_labels
 from shared.port.interface import (
     Association,
     Capabilities,
     CrmPort,
     PortError,
+    RateLimitState,
     Record,
     SearchFilter,
     SearchPage,
@@ -143,6 +144,19 @@ def note_records(
     _write(write)
 
 
+def note_budget(connection_id: str, state: RateLimitState | None, error: PortError | None) -> None:
+    """What a call's answer said of the portal's budget (shared/port/budget.py): its headers
+    narrow the connection's window, a 429 shrinks it. Written at the next flush, like the other
+    notes; a note that can't be written is dropped, and the next answer says again."""
+    if error is not None and error.status == 429:
+        retry_after = error.retry_after or 0.0
+        _write(lambda tx: budget.shrink(tx, connection_id, retry_after))
+        return
+    answered = error is None or error.status is not None
+    if state is not None and answered and budget.worth_noting(state):
+        _write(lambda tx: budget.observe(tx, connection_id, state))
+
+
 class ObservedPort:
     """A `CrmPort` that notes its calls (module docstring); everything else is the adapter's."""
 
@@ -152,8 +166,13 @@ class ObservedPort:
         connection_id: str,
         singular: Callable[[str], str],
         name_properties: record_labels.NameProperties,
+        *,
+        rate_budget: bool = False,
     ) -> None:
+        """`rate_budget`: the provider declares `Crm.rate_budget` — the adapter's `rate_limit`
+        after each call is noted for the portal's shared budget (`note_budget`)."""
         self._inner = inner
+        self._rate_budget = rate_budget
         self._connection_id = connection_id
         self._singular = singular
         self._name_properties = name_properties  # the provider's (record_labels)
@@ -171,8 +190,12 @@ class ObservedPort:
         except PortError as exc:
             answered = exc.code in ANSWERED_CODES
             note_call(self._connection_id, answered, None if answered else f"{exc.code}: {exc}")
+            if self._rate_budget:
+                note_budget(self._connection_id, getattr(self._inner, "rate_limit", None), exc)
             raise
         note_call(self._connection_id, True, None)
+        if self._rate_budget:
+            note_budget(self._connection_id, getattr(self._inner, "rate_limit", None), None)
         return result
 
     def _seen(self, records: Iterable[Record]) -> None:

@@ -188,6 +188,7 @@ def _cached_port(
                 settings.connection_id,
                 singular_object_type,
                 crm.label_properties,
+                rate_budget=crm.rate_budget,
             )
             _cache[key] = port
         return port

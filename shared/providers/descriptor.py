@@ -138,14 +138,11 @@ class Crm:
     # The static credentials its API takes in `connections.api_credentials_env`
     # (shared/accounts/connections.py CREDENTIAL_KINDS): "token", and maybe "service_key".
     credential_kinds: tuple[str, ...] = ("token",)
-
-
-class CodeRefused(Exception):
-    """The provider refused to exchange an install's code (used twice, expired, …)."""
-
-    def __init__(self, status: str) -> None:
-        super().__init__(status)
-        self.status = status
+    # Its port's `rate_limit` reads the portal's shared budget from the vendor's rate-limit
+    # headers after every call (`RateLimitState.remaining`/`reset_seconds`/`daily_remaining`,
+    # parsed in the vendor folder), so the connection's window narrows to what the portal has
+    # left and a 429 shrinks it (shared/port/budget.py, the one place that narrows).
+    rate_budget: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,7 +154,8 @@ class TokenAccount:
 @dataclass(frozen=True)
 class OAuth:
     authorize_url: Callable[..., str]  # client_id, redirect_uri, scopes, state, base
-    exchange_code: Callable[..., Grant]  # raises CodeRefused, PortError
+    # raises CodeRefused (shared/accounts/token_endpoint.py), PortError
+    exchange_code: Callable[..., Grant]
     token_account: Callable[..., TokenAccount]  # access token, client_id, client_secret, base_url
     refresher: Callable[..., Refresher]  # client_id, client_secret, base_url
 

@@ -58,13 +58,14 @@ from urllib.parse import urlsplit
 
 from shared.accounts import connections, oauth_tokens, provider_apps
 from shared.accounts.provider_apps import ProviderApp
+from shared.accounts.token_endpoint import CodeRefused
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
 from shared.core.settings import settings
 from shared.port.interface import PortError
 from shared.providers import registry
-from shared.providers.descriptor import CodeRefused, OAuth, Provider, TokenAccount
+from shared.providers.descriptor import OAuth, Provider, TokenAccount
 
 SQL = queries.load("oauth_install")
 STATE_INSERT = SQL["oauth_install_state_insert"]

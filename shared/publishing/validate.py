@@ -379,6 +379,8 @@ class _Validation:
             self.check_step(d, index, step, graph)
         self.check_object_kinds(d)
         self.check_stops(d)
+        if d.concurrency is not None:
+            self.check_concurrency(d)
         self.check_risks(d)
 
     def check_object_kinds(self, d: WorkflowDefinition) -> None:
@@ -431,6 +433,8 @@ class _Validation:
             self.check_debounce(t)
         if t.throttle is not None:
             self.check_throttle(t)
+        if t.batch is not None:
+            self.check_batch(t)
 
     def check_throttle(self, t: Trigger) -> None:
         """`throttle`: a window of at most a day, a key that reads only what a rule reads; not
@@ -453,6 +457,49 @@ class _Validation:
                 (*where, "key"),
                 th.key,
                 "a throttle key is read at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
+
+    def check_batch(self, t: Trigger) -> None:
+        """`batch`: events of CRM or application triggers; max_wait at most a day; one run for
+        many records, so `dedup: every_time` (a record's dedup would judge the batch by its last
+        event's record); not with debounce or throttle (a batch's run starts when it is full or
+        its max_wait ends, in neither a quiet time's nor a window's turn); a key that reads only
+        what a rule reads."""
+        b = t.batch
+        assert b is not None
+        where = ("trigger", "batch")
+        if t.cron is not None or t.poll is not None:
+            self.add(
+                "error",
+                where,
+                "batch gathers events; a cron or poll trigger makes one occurrence per tick or row",
+                at_key=True,
+            )
+        if b.max_wait_seconds > DEBOUNCE_MAX_WAIT_SECONDS:
+            self.add("error", (*where, "max_wait"), f"max_wait is at most 1d; found {b.max_wait!r}")
+        if t.dedup != "every_time":
+            self.add(
+                "error",
+                where,
+                f"a batch starts one run for many records: it needs `dedup: every_time` (found "
+                f"{t.dedup})",
+                at_key=True,
+            )
+        for other in ("debounce", "throttle"):
+            if getattr(t, other) is not None:
+                self.add(
+                    "error",
+                    where,
+                    f"batch and {other} can't be combined: a batch's run starts when it is "
+                    "full or its max_wait ends",
+                    at_key=True,
+                )
+        if b.key is not None:
+            self.check_before_the_run(
+                (*where, "key"),
+                b.key,
+                "a batch key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
 
@@ -492,6 +539,36 @@ class _Validation:
                 "a debounce key is read at admission, before the run exists: it cannot read",
                 "it reads event, trigger and record",
             )
+
+    def check_concurrency(self, d: WorkflowDefinition) -> None:
+        """`concurrency`: a key that reads only what a rule reads (it is judged at admission);
+        not with a trigger's debounce, batch or throttle (those start their held runs
+        themselves, later, outside the slot count: not combined yet)."""
+        c = d.concurrency
+        assert c is not None
+        self.check_before_the_run(
+            ("concurrency", "key"),
+            c.key,
+            "a concurrency key is read at admission, before the run exists: it cannot read",
+            "it reads event, trigger and record",
+        )
+        if d.trigger.cron is not None or d.trigger.poll is not None:
+            self.add(
+                "error",
+                ("concurrency",),
+                "concurrency holds runs admitted from events; a cron or poll trigger starts its "
+                "runs on its own",
+                at_key=True,
+            )
+        for other in ("debounce", "batch", "throttle"):
+            if getattr(d.trigger, other) is not None:
+                self.add(
+                    "error",
+                    ("concurrency",),
+                    f"concurrency and the trigger's {other} can't be combined yet: a held "
+                    "start would bypass the slot count",
+                    at_key=True,
+                )
 
     def check_stops(self, d: WorkflowDefinition) -> None:
         """`cancel_on` and `goal` are judged on an admitted event, as a trigger rule is: they
@@ -631,25 +708,50 @@ class _Validation:
         for path, compiled in self.check_step_config(i, step):
             for ref in sorted(compiled.step_refs):
                 self.check_reference(d, step, path, ref, graph)
+        self.check_compensation(d, i, step, graph)
 
-    def check_step_config(self, i: int, step: Step) -> list[tuple[PathT, CompiledExpression]]:
-        """Block type, config and expressions of one step; its compiled expressions."""
+    def check_compensation(
+        self, d: WorkflowDefinition, i: int, step: Step, graph: _Graph | None
+    ) -> None:
+        """A step's `compensate:` (shared/steps/saga.py): a known action block with a config it
+        accepts, reading the output of the step it undoes or of steps before it."""
+        undo = step.compensation()
+        if undo is None:
+            return
+        base: PathT = ("steps", i, "compensate")
+        if registry.is_registered(undo.type) and registry.get(undo.type).kind == "flow":
+            self.add(
+                "error",
+                (*base, "type"),
+                f"{undo.type} is flow control: a compensation undoes a side effect with an "
+                "action block (crm.update, http.request, …)",
+            )
+        for path, compiled in self.check_step_config(i, undo, base=base):
+            for ref in sorted(compiled.step_refs):
+                if ref != step.id:  # the undo reads what the step it undoes returned
+                    self.check_reference(d, step, path, ref, graph)
+
+    def check_step_config(
+        self, i: int, step: Step, *, base: PathT | None = None
+    ) -> list[tuple[PathT, CompiledExpression]]:
+        """Block type, config and expressions of one step (or, under `base`, of a step's
+        compensation); its compiled expressions."""
+        base = ("steps", i) if base is None else base
         if not registry.is_registered(step.type):
             known = ", ".join(s.type_name for s in registry.all_specs())
-            self.add(
-                "error", ("steps", i, "type"), f"unknown block type {step.type!r} (known: {known})"
-            )
+            self.add("error", (*base, "type"), f"unknown block type {step.type!r} (known: {known})")
         else:
             spec = registry.get(step.type)
             try:
                 spec.config_model.model_validate(step.config)
             except ValidationError as exc:
-                self.model_errors(exc, ("steps", i, "config"), skip_templates=step.config)
+                self.model_errors(exc, (*base, "config"), skip_templates=step.config)
             if spec.config_warnings is not None:
                 for where, message in spec.config_warnings(step.config):
-                    self.add("warning", ("steps", i, "config", *where), message)
+                    self.add("warning", (*base, "config", *where), message)
+        # A compensation's expressions are its config's only (it has no edges or branches).
         expressions: list[tuple[PathT, str]] = [
-            (("steps", i, *where), src) for where, src in step_expressions(step)
+            ((*base, *where), src) for where, src in step_expressions(step)
         ]
         compiled_all: list[tuple[PathT, CompiledExpression]] = []
         for path, src in expressions:

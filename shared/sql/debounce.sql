@@ -43,28 +43,34 @@ WITH held AS (
 ), joined AS (
     UPDATE debounce_bursts b
     SET last_event_id = :event_id, last_event_at = now(), event_count = b.event_count + 1,
-        fire_at = least(now() + make_interval(secs => b.period_seconds), b.max_fire_at),
+        -- A batch this event fills is due now (the caller fires it in this transaction; the
+        -- sweep's due index would find it if that were ever left undone).
+        fire_at = CASE WHEN b.event_count + 1 >= b.max_size THEN now()
+                       ELSE least(now() + make_interval(secs => b.period_seconds),
+                                  b.max_fire_at) END,
         version_id = CAST(:version_id AS uuid), dedup_mode = :dedup_mode,
         record_key = :record_key, trigger_record = CAST(:trigger_record AS jsonb),
         entry_node = :entry_node, entry_type = :entry_type
     WHERE b.workflow_id = CAST(:workflow_id AS uuid) AND b.burst_key = :burst_key
       AND b.status = 'open' AND b.fire_at > now()
+      AND (b.max_size IS NULL OR b.event_count < b.max_size)
       AND NOT EXISTS (SELECT 1 FROM held)
-    RETURNING b.id, b.run_id, b.fire_at, b.event_count
+    RETURNING b.id, b.run_id, b.fire_at, b.event_count, b.max_size
 ), opened AS (
     INSERT INTO debounce_bursts (id, tenant_id, workflow_id, burst_key, run_id, version_id,
                                  dedup_mode, record_key, trigger_record, entry_node,
                                  entry_type, period_seconds, first_event_id, last_event_id,
-                                 first_event_at, last_event_at, fire_at, max_fire_at)
+                                 first_event_at, last_event_at, fire_at, max_fire_at, max_size)
     SELECT CAST(:burst_id AS uuid), :tenant_id, CAST(:workflow_id AS uuid), :burst_key,
            CAST(:run_id AS uuid), CAST(:version_id AS uuid), :dedup_mode, :record_key,
            CAST(:trigger_record AS jsonb), :entry_node, :entry_type,
            CAST(:period_seconds AS double precision), :event_id, :event_id, now(), now(),
            now() + make_interval(secs => least(CAST(:period_seconds AS double precision),
                                                CAST(:max_wait_seconds AS double precision))),
-           now() + make_interval(secs => CAST(:max_wait_seconds AS double precision))
+           now() + make_interval(secs => CAST(:max_wait_seconds AS double precision)),
+           CAST(:max_size AS integer)
     WHERE NOT EXISTS (SELECT 1 FROM joined) AND NOT EXISTS (SELECT 1 FROM held)
-    RETURNING id, run_id, fire_at, event_count
+    RETURNING id, run_id, fire_at, event_count, max_size
 ), burst AS (
     SELECT * FROM joined UNION ALL SELECT * FROM opened
 ), member AS (
@@ -73,10 +79,11 @@ WITH held AS (
     RETURNING burst_id
 )
 SELECT CAST(b.id AS text) AS burst_id, CAST(b.run_id AS text) AS run_id, b.fire_at,
-       b.event_count, EXISTS (SELECT 1 FROM opened) AS opened, false AS held
+       b.event_count, EXISTS (SELECT 1 FROM opened) AS opened, false AS held,
+       coalesce(b.event_count >= b.max_size, false) AS full
 FROM burst b
 UNION ALL
-SELECT h.burst_id, CAST(d.run_id AS text), d.fire_at, d.event_count, false, true
+SELECT h.burst_id, CAST(d.run_id AS text), d.fire_at, d.event_count, false, true, false
 FROM held h JOIN debounce_bursts d ON d.id = CAST(h.burst_id AS uuid)
 
 -- name: debounce_due
@@ -116,7 +123,8 @@ RETURNING CAST(id AS text) AS id, tenant_id, CAST(workflow_id AS text) AS workfl
 
 -- name: debounce_settle_members
 -- In the fire's transaction, after the last event was decided by admission's own statement:
--- every other event of the burst gets its delivery claim and is refused `superseded`, naming
+-- every other event of the burst gets its delivery claim and is refused `superseded` (a
+-- batch's: `batched`, with the run id the same way), naming
 -- the run that absorbed it (or, when the last event was itself refused, why no run started);
 -- and the burst keeps its events, oldest first, for the run's scope (`event.burst`).
 -- Guarded on `status = 'fired' AND outcome IS NULL`: the fire that just won is the only
@@ -128,16 +136,21 @@ WITH b AS (
     SET outcome = CAST(:outcome AS text),
         events = (SELECT coalesce(jsonb_agg(jsonb_build_object(
                          'id', e.id, 'occurred_at', e.occurred_at,
-                         'changed_fields', e.changed_fields) ORDER BY e.id), '[]'::jsonb)
+                         'changed_fields', e.changed_fields,
+                         -- which record each event is about (a batch's events are about many)
+                         'record_object_type', e.record_object_type,
+                         'record_object_id', e.record_object_id) ORDER BY e.id), '[]'::jsonb)
                     FROM debounce_burst_events m
                     JOIN workflow_trigger_events e ON e.id = m.event_id
                    WHERE m.burst_id = d.id)
     WHERE d.id = CAST(:burst_id AS uuid) AND d.status = 'fired' AND d.outcome IS NULL
     RETURNING d.id, d.tenant_id, d.workflow_id, d.version_id, d.last_event_id, d.event_count,
-              d.burst_key
+              d.burst_key, d.max_size
 ), superseded AS (
     SELECT m.event_id, m.workflow_id, b.tenant_id, b.version_id, e.record_key, b.id AS burst_id,
-           b.last_event_id, b.event_count, b.burst_key
+           b.last_event_id, b.event_count, b.burst_key,
+           -- a batch's members are `batched` into its run, a burst's `superseded` by it
+           CASE WHEN b.max_size IS NULL THEN 'superseded' ELSE 'batched' END AS reason
     FROM b
     JOIN debounce_burst_events m ON m.burst_id = b.id AND m.event_id <> b.last_event_id
     LEFT JOIN LATERAL (
@@ -153,12 +166,15 @@ WITH b AS (
 ), refusals AS (
     INSERT INTO admission_refusals (tenant_id, event_id, workflow_id, version_id, record_key,
                                     reason, detail)
-    SELECT s.tenant_id, s.event_id, s.workflow_id, s.version_id, s.record_key, 'superseded',
-           'superseded by event ' || s.last_event_id || ', the last of burst '
+    SELECT s.tenant_id, s.event_id, s.workflow_id, s.version_id, s.record_key, s.reason,
+           CASE WHEN s.reason = 'batched'
+                THEN 'batched with event ' || s.last_event_id || ', the last of batch '
+                ELSE 'superseded by event ' || s.last_event_id || ', the last of burst ' END
            || CAST(s.burst_id AS text) || ' (' || s.event_count || ' events for key '
            || s.burst_key || '): '
            || CASE WHEN CAST(:outcome AS text) IN ('admitted', 'handled')
-                   THEN 'absorbed by run ' || CAST(:run_id AS text)
+                   THEN CASE WHEN s.reason = 'batched' THEN 'batched into run '
+                             ELSE 'absorbed by run ' END || CAST(:run_id AS text)
                    ELSE 'no run started, the last event was refused ' || CAST(:outcome AS text)
                         || ': ' || coalesce(CAST(:outcome_detail AS text), '') END
     FROM superseded s JOIN claims c ON c.event_id = s.event_id

@@ -8,15 +8,41 @@
 -- step holds for this limit is taken (and cleared, with its place in the line); else, when no
 -- step waits in the line, a slot is claimed as throttle_claim does (the same upsert, so the
 -- same exactness under racing instances); when steps wait (or are bound to the line), nothing
--- is counted and the caller joins the line. The step row is written only when it holds a grant or a place (a guarded
--- UPDATE; zero rows is the common case: nothing to clear). No `max` row: a connection that
--- doesn't exist — nothing to count against.
-WITH limits AS (
-    SELECT CAST(:limit_max AS integer) AS max, CAST(:window_seconds AS integer) AS window_seconds
+-- is counted and the caller joins the line. The step row is written only when it holds a
+-- grant or a place (a guarded UPDATE; zero rows is the common case: nothing to clear). No
+-- `max` row: a connection that doesn't exist — nothing to count against.
+-- A connection's window is also narrowed by the portal's rate budget (connection_rate_budgets,
+-- shared/port/budget.py): its max is the configured one, LEAST'd with `shrunk_max` while a 429
+-- shrank it (`shrunk_until`; the same rule as throttle_connection_limit), and a spent daily
+-- budget (else short window) refuses with `spent` and `spent_until` before anything is
+-- counted. The budget row is locked FOR UPDATE first and read from the lock (not the
+-- statement's snapshot): racing claims queue on it, each seeing what the one before it left,
+-- so exactly `remaining` of them take a call. A call is taken from each live figure by every
+-- step that goes — the one whose claim fits the window AND the one that holds a grant (a grant
+-- counted a window slot, never the portal's budget: a grant must not bypass a spent day); a
+-- step refused by the window or sent to the line makes no call and takes none.
+WITH b AS (
+    SELECT connection_id, remaining, remaining_until, daily_remaining, daily_until,
+           shrunk_max, shrunk_until
+      FROM connection_rate_budgets WHERE connection_id = CAST(:connection_id AS uuid)
+       FOR UPDATE
+), limits AS (
+    SELECT CAST(:limit_max AS integer) AS max, CAST(:window_seconds AS integer) AS window_seconds,
+           CAST(NULL AS text) AS spent, CAST(NULL AS timestamptz) AS spent_until,
+           CAST(NULL AS uuid) AS budget_row
      WHERE CAST(:connection_id AS text) IS NULL
     UNION ALL
-    SELECT rate_limit_per_window, rate_limit_window_seconds
-      FROM connections WHERE id = CAST(:connection_id AS uuid)
+    SELECT CASE WHEN b.shrunk_until > now() THEN LEAST(c.rate_limit_per_window, b.shrunk_max)
+                ELSE c.rate_limit_per_window END,
+           c.rate_limit_window_seconds,
+           CASE WHEN b.daily_until > now() AND b.daily_remaining <= 0 THEN 'daily'
+                WHEN b.remaining_until > now() AND b.remaining <= 0 THEN 'window' END,
+           CASE WHEN b.daily_until > now() AND b.daily_remaining <= 0 THEN b.daily_until
+                ELSE b.remaining_until END,
+           b.connection_id
+      FROM connections c
+      LEFT JOIN b ON b.connection_id = c.id
+     WHERE c.id = CAST(:connection_id AS uuid)
 ), previous AS (
     SELECT s.limit_granted FROM workflow_steps s WHERE s.id = CAST(:step_id AS uuid)
 ), cleared AS (
@@ -48,16 +74,31 @@ WITH limits AS (
            to_timestamp(floor(extract(epoch FROM now()) / l.window_seconds) * l.window_seconds),
            1, l.max
       FROM limits l
-     WHERE NOT (SELECT fresh FROM granted) AND NOT (SELECT anyone FROM waiting)
+     WHERE l.spent IS NULL
+       AND NOT (SELECT fresh FROM granted) AND NOT (SELECT anyone FROM waiting)
     ON CONFLICT (scope, subject, window_seconds, window_start)
     DO UPDATE SET used = throttle_windows.used + 1, limit_max = excluded.limit_max
     RETURNING used
+), taken AS (
+    -- the call is taken by a step that goes only: a grant, or a claim that fits the window
+    UPDATE connection_rate_budgets r
+       SET remaining = CASE WHEN r.remaining_until > now() THEN r.remaining - 1
+                            ELSE r.remaining END,
+           daily_remaining = CASE WHEN r.daily_until > now() THEN r.daily_remaining - 1
+                                  ELSE r.daily_remaining END
+      FROM limits l
+     WHERE r.connection_id = l.budget_row AND l.spent IS NULL
+       AND ((SELECT fresh FROM granted)
+            OR EXISTS (SELECT 1 FROM claimed c WHERE c.used <= l.max))
+    RETURNING r.connection_id
 )
 SELECT l.max, l.window_seconds, g.fresh AS granted, w.anyone AS waiting, c.used,
+       l.spent, l.spent_until,
        to_timestamp((floor(extract(epoch FROM now()) / l.window_seconds) + 1)
                     * l.window_seconds) AS window_end,
        extract(epoch FROM to_timestamp((floor(extract(epoch FROM now()) / l.window_seconds) + 1)
-                                       * l.window_seconds) - now())::float8 AS seconds_left
+                                       * l.window_seconds) - now())::float8 AS seconds_left,
+       extract(epoch FROM (l.spent_until - now()))::float8 AS spent_seconds_left
   FROM limits l CROSS JOIN granted g CROSS JOIN waiting w LEFT JOIN claimed c ON true
 
 -- name: limit_queue_join
@@ -99,10 +140,25 @@ SELECT limit_key FROM limit_queues
 
 -- name: limit_queue_lock
 -- The grantor's lock on the line: two grantors of one limit take turns, so the second reads
--- the window the first counted its grants in.
-SELECT scope, subject, limit_max, window_seconds, served_turn
-  FROM limit_queues WHERE limit_key = :limit_key
-   FOR UPDATE
+-- the window the first counted its grants in. A connection's line is served by the
+-- connection's window as it is now (shrunk after a 429, the rule of throttle_connection_limit),
+-- not the one stored when a step joined; and while the portal's budget is spent
+-- (`spent_until`) nothing is granted: every grant would be refused at its gate.
+SELECT q.scope, q.subject,
+       CASE WHEN c.id IS NULL THEN q.limit_max
+            WHEN b.shrunk_until > now() THEN LEAST(c.rate_limit_per_window, b.shrunk_max)
+            ELSE c.rate_limit_per_window END AS limit_max,
+       coalesce(c.rate_limit_window_seconds, q.window_seconds) AS window_seconds,
+       q.served_turn,
+       CASE WHEN b.daily_until > now() AND b.daily_remaining <= 0 THEN b.daily_until
+            WHEN b.remaining_until > now() AND b.remaining <= 0 THEN b.remaining_until
+            END AS spent_until
+  FROM limit_queues q
+  LEFT JOIN connections c
+    ON c.id = CASE WHEN q.scope = 'connection' THEN CAST(q.subject AS uuid) END
+  LEFT JOIN connection_rate_budgets b ON b.connection_id = c.id
+ WHERE q.limit_key = :limit_key
+   FOR UPDATE OF q
 
 -- name: limit_queue_window
 -- The current window of the limit, created uncounted when no claim opened it yet, and locked

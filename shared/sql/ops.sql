@@ -110,7 +110,7 @@ SELECT r.id, r.tenant_id, r.workflow_id, w.name AS workflow_name, r.version_id,
        record_label(l.label, l.email) AS record_label, r.dedup_mode,
        r.namespace, r.status, r.error, r.replay_of, r.lineage_root, r.trigger_payload,
        r.payload_truncated, r.created_at, r.finished_at, r.cancelled_by, r.cancel_reason,
-       r.replay_from, r.replay_by
+       r.replay_from, r.replay_by, r.phase
 FROM workflow_runs r
 JOIN workflows w ON w.id = r.workflow_id
 JOIN workflow_versions v ON v.id = r.version_id
@@ -249,8 +249,10 @@ RETURNING id
 
 -- name: ops_retry_run_reopen
 -- Only a failed run is reopened; zero rows means someone else retried or replayed it first.
+-- A compensated run goes back to its main phase: the compensations that ran keep their rows,
+-- so a second failure undoes only what succeeded since (steps_next_compensation).
 UPDATE workflow_runs
-SET status = 'running', finished_at = NULL, error = NULL
+SET status = 'running', finished_at = NULL, error = NULL, phase = 'main'
 WHERE id = CAST(:run_id AS uuid) AND status = 'failed'
 
 -- name: ops_retry_step_reset
@@ -444,12 +446,17 @@ ORDER BY name
 
 -- name: ops_approvals_open
 -- Approvals waiting for a decision in the caller's scope (the API keeps those the caller may
--- decide), oldest first, through the open-approvals partial index. One past its expiry takes
+-- decide, escalation included: parks.may_decide reads escalated_at and whom it adds), oldest
+-- first, through the open-approvals partial index. One past its expiry takes
 -- no decision any more (steps_resume_parked): not listed, though the sweep may not have
 -- rejected (or let proceed) it yet.
 SELECT p.id, CAST(p.run_id AS text) AS run_id, s.step_key, p.tenant_id, p.summary,
        p.approver_role, p.approver_users, p.deadline AS expires_at, p.on_timeout,
-       p.created_at
+       p.created_at, p.required, p.escalated_at, p.escalate_role, p.escalate_users,
+       -- the quorum so far (migration 0510): who approved, and how many
+       ARRAY(SELECT v.voter FROM approval_votes v
+             WHERE v.park_id = p.id AND v.counted AND v.decision = 'approved'
+             ORDER BY v.created_at, v.voter) AS approved_by
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
 WHERE p.kind = 'approval' AND p.resumed_at IS NULL AND s.status = 'waiting_for_approval'
@@ -539,15 +546,21 @@ SELECT m[1] AS scope, m[2] AS subject, CAST(max(m[3]) AS integer) AS limit_max,
  LIMIT CAST(:limit AS integer)
 
 -- name: ops_limits_run_start_queue
--- Events waiting behind a run-start throttle (shared/admission/run_throttle.py), per
--- (workflow, key), from the queue's partial head index (queued entries only).
-SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key,
+-- Events waiting behind a run-start throttle (shared/admission/run_throttle.py) or a keyed
+-- concurrency limit (shared/admission/concurrency.py: `gate`), per (workflow, key), from the
+-- queue's partial head index (queued entries only). For a concurrency key, `running` is the
+-- slots taken (concurrency_slots_key); `next_at` is set only once a run's end granted a slot.
+SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key, q.gate,
        max(q.limit_per_window) AS limit_max, max(q.window_seconds) AS window_seconds,
-       count(*) AS waiting, min(q.queued_at) AS oldest_wait_since, min(q.due_at) AS next_at
+       count(*) AS waiting, min(q.queued_at) AS oldest_wait_since,
+       CASE WHEN min(q.due_at) < 'infinity' THEN min(q.due_at) END AS next_at,
+       (SELECT count(*) FROM concurrency_slots s
+         WHERE q.gate = 'concurrency' AND s.workflow_id = q.workflow_id
+           AND s.concurrency_key = q.throttle_key) AS running
   FROM run_start_queue q
  WHERE q.status = 'queued'
    AND (CAST(:tenant_id AS text) IS NULL OR q.tenant_id = CAST(:tenant_id AS text))
- GROUP BY q.tenant_id, q.workflow_id, q.throttle_key
+ GROUP BY q.tenant_id, q.workflow_id, q.throttle_key, q.gate
  ORDER BY min(q.queued_at)
  LIMIT CAST(:limit AS integer)
 
@@ -558,9 +571,30 @@ SELECT q.tenant_id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key,
 SELECT b.tenant_id, CAST(b.workflow_id AS text) AS workflow_id, b.burst_key,
        CAST(b.id AS text) AS burst_id, b.status, b.period_seconds,
        extract(epoch FROM (b.max_fire_at - b.first_event_at))::float8 AS max_wait_seconds,
-       b.event_count AS waiting, b.first_event_at AS oldest_wait_since, b.fire_at AS next_at
+       b.event_count AS waiting, b.first_event_at AS oldest_wait_since, b.fire_at AS next_at,
+       -- a batch (max_size set) is the same gathering with a size as its limit
+       b.max_size
   FROM debounce_bursts b
  WHERE b.status <> 'fired'
    AND (CAST(:tenant_id AS text) IS NULL OR b.tenant_id = CAST(:tenant_id AS text))
  ORDER BY b.fire_at
  LIMIT CAST(:limit AS integer)
+
+-- name: ops_slack_settings
+-- A tenant's Slack settings (migration 0510): the names of the variables holding its bot
+-- token and its Slack app's signing secret. No row: no such tenant.
+SELECT slack_bot_token_env, slack_signing_secret_env FROM tenants WHERE id = CAST(:tenant_id AS text)
+
+-- name: ops_approver_identity
+-- The onceflow user a verified Slack user id (or an email address) is in a tenant, and their
+-- roles: those of the user's live ops tokens in the tenant (the one place roles are given).
+-- No row: the identity is not mapped, and may decide nothing.
+SELECT i.onceflow_user,
+       ARRAY(SELECT DISTINCT r
+             FROM ops_tokens t, unnest(t.roles) AS r
+             WHERE t.tenant_id = i.tenant_id AND t.label = i.onceflow_user
+               AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
+             ORDER BY r) AS roles
+FROM approver_identities i
+WHERE i.tenant_id = CAST(:tenant_id AS text) AND i.channel = CAST(:channel AS text)
+  AND i.external_id = CAST(:external_id AS text)

@@ -15,7 +15,7 @@ SELECT pg_advisory_xact_lock(hashtextextended('run_start|' || :workflow_id || '|
 -- starts a run only when none does, so a new event never overtakes a waiting one.
 SELECT count(*) AS waiting FROM run_start_queue
 WHERE workflow_id = CAST(:workflow_id AS uuid) AND throttle_key = :throttle_key
-  AND status = 'queued'
+  AND status = 'queued' AND gate = 'throttle'
 
 -- name: run_throttle_enqueue
 -- The pairing waits, after every event already queued for its key, until `due_at` (the end
@@ -34,7 +34,8 @@ WITH ins AS (
             coalesce(CAST(:due_at AS timestamptz),
                      (SELECT max(w.due_at) FROM run_start_queue w
                        WHERE w.workflow_id = CAST(:workflow_id AS uuid)
-                         AND w.throttle_key = :throttle_key AND w.status = 'queued'),
+                         AND w.throttle_key = :throttle_key AND w.status = 'queued'
+                         AND w.gate = 'throttle'),
                      now()))
     ON CONFLICT (event_id, workflow_id) DO NOTHING
     RETURNING id, due_at, true AS queued_now
@@ -52,10 +53,10 @@ WHERE q.event_id = :event_id AND q.workflow_id = CAST(:workflow_id AS uuid)
 SELECT q.id, CAST(q.workflow_id AS text) AS workflow_id, q.throttle_key, q.record_key,
        q.dedup_mode
 FROM run_start_queue q
-WHERE q.status = 'queued' AND q.due_at <= now()
+WHERE q.status = 'queued' AND q.due_at <= now() AND q.gate = 'throttle'
   AND NOT EXISTS (SELECT 1 FROM run_start_queue e
                   WHERE e.workflow_id = q.workflow_id AND e.throttle_key = q.throttle_key
-                    AND e.status = 'queued' AND e.id < q.id)
+                    AND e.status = 'queued' AND e.gate = 'throttle' AND e.id < q.id)
 ORDER BY q.due_at, q.id
 LIMIT CAST(:batch AS integer)
 
@@ -64,7 +65,7 @@ LIMIT CAST(:batch AS integer)
 SELECT q.id, q.record_key, q.dedup_mode, q.limit_per_window, q.window_seconds
 FROM run_start_queue q
 WHERE q.workflow_id = CAST(:workflow_id AS uuid) AND q.throttle_key = :throttle_key
-  AND q.status = 'queued'
+  AND q.status = 'queued' AND q.gate = 'throttle'
 ORDER BY q.id
 LIMIT 1
 
@@ -97,7 +98,7 @@ WHERE id = :id AND status = 'started' AND outcome IS NULL
 -- the queue lock; zero rows: nothing queued any more.
 UPDATE run_start_queue SET due_at = CAST(:due_at AS timestamptz)
 WHERE workflow_id = CAST(:workflow_id AS uuid) AND throttle_key = :throttle_key
-  AND status = 'queued' AND due_at < CAST(:due_at AS timestamptz)
+  AND status = 'queued' AND gate = 'throttle' AND due_at < CAST(:due_at AS timestamptz)
 
 -- name: run_throttle_waiting_for_events
 -- Ops' "why didn't it run?": the pairings of these events waiting in a run-start queue.
@@ -106,7 +107,7 @@ SELECT q.event_id, CAST(q.workflow_id AS text) AS workflow_id, q.id AS queue_id,
        q.limit_per_window, q.window_seconds,
        (SELECT count(*) FROM run_start_queue e
          WHERE e.workflow_id = q.workflow_id AND e.throttle_key = q.throttle_key
-           AND e.status = 'queued' AND e.id < q.id) AS ahead
+           AND e.status = 'queued' AND e.gate = q.gate AND e.id < q.id) AS ahead, q.gate
 FROM run_start_queue q
 WHERE q.event_id = ANY(CAST(:event_ids AS bigint[])) AND q.tenant_id = :tenant_id
   AND q.status = 'queued'

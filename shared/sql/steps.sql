@@ -71,7 +71,11 @@ WITH claimed AS (
               e.author_id, e.changed_fields,
               -- A debounced run's burst (`event.burst`): one lookup by the unique run_id, that
               -- of its lineage's root, so a replay reads the burst its original run read.
-              (SELECT b.events FROM debounce_bursts b WHERE b.run_id = r.lineage_root) AS burst
+              (SELECT b.events FROM debounce_bursts b
+                WHERE b.run_id = r.lineage_root AND b.max_size IS NULL) AS burst,
+              -- A batch's run's events (`event.batch`), the same way.
+              (SELECT b.events FROM debounce_bursts b
+                WHERE b.run_id = r.lineage_root AND b.max_size IS NOT NULL) AS batch
 ), lease AS (
     INSERT INTO workflow_step_leases (lease_id, step_id, attempt)
     SELECT CAST(:lease_id AS uuid), CAST(:step_id AS uuid), c.attempt FROM claimed c
@@ -241,9 +245,9 @@ FROM facts LEFT JOIN settled ON true
 
 -- name: runs_finish_if_done
 -- The run succeeded when none of its steps is left to do. Zero rows: something is still
--- pending, running or parked, or the run already ended.
+-- pending, running or parked, the run already ended, or it is compensating (it will fail).
 UPDATE workflow_runs r SET status = 'succeeded', finished_at = now()
-WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running'
+WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running' AND r.phase = 'main'
   AND NOT EXISTS (SELECT 1 FROM workflow_steps s
                    WHERE s.run_id = r.id AND s.status NOT IN ('succeeded', 'skipped', 'failed'))
 
@@ -251,6 +255,61 @@ WHERE r.id = CAST(:run_id AS uuid) AND r.status = 'running'
 -- A step failed terminally: the run fails and keeps its journal (the dead-letter list).
 UPDATE workflow_runs SET status = 'failed', finished_at = now(), error = CAST(:error AS text)
 WHERE id = CAST(:run_id AS uuid) AND status = 'running'
+
+-- name: runs_phase
+-- The run's phase, read in the settle's transaction after `steps_settle` locked the run row:
+-- no other settle, cancel or reclaim of the run can change it before this commits.
+SELECT phase FROM workflow_runs WHERE id = CAST(:run_id AS uuid)
+
+-- name: runs_begin_compensating
+-- A step failed and some step that declares `compensate:` succeeded before: the run stays
+-- `running` (so its compensation steps are claimed, woken and re-dispatched like any step) in
+-- the `compensating` phase, the failure recorded as its error now. Runs under the run row's
+-- lock (the settle's): zero rows means the run is not running in its main phase (cancelled,
+-- already failed or compensating: another branch's failure won), and nothing is compensated
+-- twice.
+UPDATE workflow_runs SET phase = 'compensating', error = CAST(:error AS text)
+WHERE id = CAST(:run_id AS uuid) AND status = 'running' AND phase = 'main'
+RETURNING id
+
+-- name: steps_skip_open_of_compensating_run
+-- Entering the compensating phase: the run's other main-phase steps that are pending or parked
+-- (parallel branches) will never run, like a failed run's: skipped RUN_ENDED, their parks
+-- closed. A compensation row (`compensate:…`) is never among them. Runs under the run lock.
+WITH skipped AS (
+    UPDATE workflow_steps s
+    SET status = 'skipped', finished_at = now(), wake_at = NULL, outcome_code = 'RUN_ENDED'
+    WHERE s.run_id = CAST(:run_id AS uuid) AND s.step_key NOT LIKE 'compensate:%'
+      AND s.status IN ('pending', 'waiting_for_delay', 'waiting_for_retry', 'waiting_for_event',
+                       'waiting_for_approval')
+    RETURNING s.park_id
+)
+UPDATE step_parks p SET resumed_at = now(), resumed_by = 'cancel'
+FROM skipped k
+WHERE p.id = k.park_id AND p.resumed_at IS NULL
+
+-- name: steps_next_compensation
+-- The next step to undo: of the run's succeeded steps whose node declares `compensate:`
+-- (`node_ids`), the one that finished last and has no compensation row yet. Read under the
+-- run lock, so the settles that created the rows it checks are all visible; one at a time,
+-- so compensations run in reverse order of the steps' success, and the unique
+-- (run_id, step_key) makes each at most once.
+SELECT s.step_key, s.node_id
+FROM workflow_steps s
+WHERE s.run_id = CAST(:run_id AS uuid) AND s.status = 'succeeded'
+  AND s.node_id = ANY(CAST(:node_ids AS text[])) AND s.step_key NOT LIKE 'compensate:%'
+  AND NOT EXISTS (SELECT 1 FROM workflow_steps c
+                   WHERE c.run_id = s.run_id AND c.step_key = 'compensate:' || s.step_key)
+ORDER BY s.finished_at DESC, s.step_key DESC
+LIMIT 1
+
+-- name: runs_end_compensated
+-- The last compensation settled (succeeded or failed, each recorded on its row): the run ends
+-- `failed` with the error recorded when the phase began. Zero rows: it ended already (a
+-- cancel stopped the compensations).
+UPDATE workflow_runs SET status = 'failed', finished_at = now()
+WHERE id = CAST(:run_id AS uuid) AND status = 'running' AND phase = 'compensating'
+RETURNING id
 
 -- name: versions_definition
 SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
@@ -448,8 +507,11 @@ FOR UPDATE
 -- so it creates no next steps (settle_step). The row returned is the newest one whether or not
 -- this statement moved it: a loser (the run already ended, a second cancel) says who won and
 -- when; `running_steps` is read under the lock too. No row: no such live run in scope.
+-- A run in its compensating phase (shared/steps/saga.py) is not cancelled: a step failed
+-- first, the run will end failed, and a cancel would leave its undo half done; the loser's
+-- row says `phase`.
 WITH run AS (
-    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
     FROM workflow_runs
     WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
       AND (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
@@ -460,7 +522,7 @@ WITH run AS (
         cancel_reason = CAST(:reason AS text),
         error = 'cancelled by ' || CAST(:by AS text) || ': ' || CAST(:reason AS text)
     FROM run
-    WHERE r.id = run.id AND r.status = 'running'
+    WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
     RETURNING r.id, r.status, r.finished_at, r.cancelled_by, r.cancel_reason
 ), skipped AS (
     UPDATE workflow_steps s
@@ -479,7 +541,7 @@ SELECT CAST(run.id AS text) AS run_id, c.id IS NOT NULL AS moved,
        coalesce(c.status, run.status) AS status,
        coalesce(c.finished_at, run.finished_at) AS finished_at,
        coalesce(c.cancelled_by, run.cancelled_by) AS cancelled_by,
-       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason,
+       coalesce(c.cancel_reason, run.cancel_reason) AS cancel_reason, run.phase,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
@@ -495,9 +557,10 @@ FROM run LEFT JOIN cancelled c ON c.id = run.id
 -- every settle of the run, and a step in flight keeps its lease, finishes its attempt, and its
 -- settle creates nothing after it (the run is no longer running). The row returned is the
 -- newest whether or not this moved it: a loser (the run already ended: a cancel, another
--- goal event, its last step) says how. No row: no such live run.
+-- goal event, its last step) says how; a compensating run is left to finish its undo, as the
+-- cancel leaves it. No row: no such live run.
 WITH run AS (
-    SELECT id, status, finished_at, cancelled_by, cancel_reason
+    SELECT id, status, phase, finished_at, cancelled_by, cancel_reason
     FROM workflow_runs
     WHERE id = CAST(:run_id AS uuid) AND namespace = 'live'
     FOR UPDATE
@@ -505,7 +568,7 @@ WITH run AS (
     UPDATE workflow_runs r
     SET status = 'goal_met', finished_at = now(), error = NULL
     FROM run
-    WHERE r.id = run.id AND r.status = 'running'
+    WHERE r.id = run.id AND r.status = 'running' AND run.phase = 'main'
     RETURNING r.id, r.status, r.finished_at
 ), skipped AS (
     UPDATE workflow_steps s
@@ -523,7 +586,7 @@ WITH run AS (
 SELECT CAST(run.id AS text) AS run_id, e.id IS NOT NULL AS moved,
        coalesce(e.status, run.status) AS status,
        coalesce(e.finished_at, run.finished_at) AS finished_at,
-       run.cancelled_by, run.cancel_reason,
+       run.cancelled_by, run.cancel_reason, run.phase,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM skipped),
                 CAST(ARRAY[] AS text[])) AS skipped_steps,
        coalesce((SELECT array_agg(step_key ORDER BY step_key) FROM workflow_steps
@@ -564,14 +627,20 @@ WHERE p.id = k.park_id AND p.resumed_at IS NULL
 -- keys admission finds it by in `await_keys` (shared/steps/awaits.py); NULL otherwise.
 INSERT INTO step_parks (step_id, run_id, tenant_id, kind, deadline, on_timeout, timeout_goto,
                         event_type, record_key, condition, scope, lookback_seconds,
-                        approver_role, approver_users, summary, mode, awaits, await_keys)
+                        approver_role, approver_users, summary, mode, awaits, await_keys,
+                        required, reject_quorum, slack_channel, email, remind_at,
+                        escalate_at, escalate_role, escalate_users)
 VALUES (CAST(:step_id AS uuid), CAST(:run_id AS uuid), CAST(:tenant_id AS text),
         CAST(:kind AS text), CAST(:deadline AS timestamptz), CAST(:on_timeout AS text),
         CAST(:timeout_goto AS text), CAST(:event_type AS text), CAST(:record_key AS text),
         CAST(:condition AS text), CAST(:scope AS jsonb),
         CAST(:lookback_seconds AS double precision), CAST(:approver_role AS text),
         CAST(:approver_users AS text[]), CAST(:summary AS text), CAST(:mode AS text),
-        CAST(:awaits AS jsonb), CAST(:await_keys AS text[]))
+        CAST(:awaits AS jsonb), CAST(:await_keys AS text[]), CAST(:required AS integer),
+        CAST(:reject_quorum AS integer), CAST(:slack_channel AS text),
+        CAST(:email AS boolean), CAST(:remind_at AS timestamptz),
+        CAST(:escalate_at AS timestamptz), CAST(:escalate_role AS text),
+        CAST(:escalate_users AS text[]))
 ON CONFLICT (step_id) WHERE resumed_at IS NULL DO UPDATE SET step_id = EXCLUDED.step_id
 RETURNING id, kind, deadline, created_at, resumed_at
 
@@ -583,6 +652,8 @@ SELECT p.id, CAST(p.step_id AS text) AS step_id, CAST(p.run_id AS text) AS run_i
        p.approver_users, p.summary, p.decision, p.decided_by, p.decision_comment,
        p.resumed_at, p.resumed_by, p.resumed_event_id, p.created_at, p.parked_at,
        p.early_event_id, p.deadline <= statement_timestamp() AS expired,
+       p.required, p.reject_quorum, p.slack_channel, p.email, p.remind_at, p.reminded_at,
+       p.escalate_at, p.escalate_role, p.escalate_users, p.escalated_at,
        s.status AS step_status, s.step_key, r.status AS run_status
 FROM step_parks p
 JOIN workflow_steps s ON s.id = p.step_id
@@ -796,3 +867,59 @@ WHERE e.created_at >= CAST(:since AS timestamptz)
   AND e.event_type = ANY(CAST(:event_types AS text[]))
 ORDER BY e.id
 LIMIT CAST(:limit AS integer)
+
+-- name: approvals_vote
+-- One approver's vote on an approval, recorded once: the primary key (park, voter) makes a
+-- second click by the same person, or a redelivered Slack interaction of one click, insert
+-- nothing (zero rows: they had voted; their first vote stands). The caller holds the
+-- step row's lock (parks_lock_waiting_step), taken by every voter first, so votes on one
+-- approval are counted one after another and this statement sees every vote committed
+-- before it. `counted` is false for a vote that comes after the approval closed (a quorum
+-- reached, its deadline passed, its run ended): recorded as the late click it is, and never
+-- counted towards a resume.
+INSERT INTO approval_votes (park_id, tenant_id, voter, decision, via, comment, counted)
+SELECT p.id, p.tenant_id, CAST(:voter AS text), CAST(:decision AS text), CAST(:via AS text),
+       CAST(:comment AS text),
+       p.resumed_at IS NULL AND p.deadline > statement_timestamp() AND r.status = 'running'
+FROM step_parks p
+JOIN workflow_runs r ON r.id = p.run_id
+WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval'
+ON CONFLICT (park_id, voter) DO NOTHING
+RETURNING counted
+
+-- name: approvals_tally
+-- The counted votes of an approval and its quorum, read under the step row's lock (see
+-- approvals_vote): whether this vote completed a quorum is decided on every vote before it.
+SELECT p.required, p.reject_quorum,
+       count(v.voter) FILTER (WHERE v.counted AND v.decision = 'approved') AS approvals,
+       count(v.voter) FILTER (WHERE v.counted AND v.decision = 'rejected') AS rejections,
+       coalesce(jsonb_agg(jsonb_build_object('voter', v.voter, 'decision', v.decision,
+                                             'via', v.via, 'at', v.created_at)
+                          ORDER BY v.created_at, v.voter) FILTER (WHERE v.counted),
+                '[]'::jsonb) AS votes
+FROM step_parks p
+LEFT JOIN approval_votes v ON v.park_id = p.id
+WHERE p.id = CAST(:park_id AS bigint)
+GROUP BY p.id
+
+-- name: approvals_queue_asks
+-- The messages that ask an approval's approvers, queued with its park row (same transaction)
+-- for the sweep to send (shared/steps/approval_messages.py): a Slack post to its channel, an
+-- email with a signed link to each named user. A park written again by a crashed attempt's
+-- retry queues nothing twice (the unique key).
+INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
+SELECT p.id, p.tenant_id, 'slack', 'ask', p.slack_channel, now()
+FROM step_parks p
+WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval' AND p.slack_channel IS NOT NULL
+UNION ALL
+SELECT p.id, p.tenant_id, 'email', 'ask', u.name, now()
+FROM step_parks p, unnest(p.approver_users) AS u (name)
+WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval' AND p.email
+ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
+
+-- name: approvals_queue_update
+-- A counted vote or the decision changed what the approval's posted Slack message should say:
+-- its update is due now (the sweep makes it; a vote while an update is in flight sets it due
+-- again, and the next update renders the approval as it is then).
+UPDATE approval_messages SET update_due_at = now()
+WHERE park_id = CAST(:park_id AS bigint) AND channel = 'slack' AND purpose = 'ask'

@@ -35,6 +35,7 @@ WHERE lease_id IN (
 -- NULL when no row will ever come due by time alone. Read-only; each part mirrors its
 -- repair's filter (steps_reclaim_expired, steps_wake_due, steps_redispatch_lost,
 -- outbox_requeue_undecided, debounce_due, run_throttle_due_heads) and reads the head of that repair's index (ORDER BY … LIMIT 1),
+-- the approvals' reminders, escalations and messages included (shared/steps/approval_messages.py),
 -- so an idle sweep asks it once and ends instead of polling. A part that filtered less than
 -- its repair would make the sweep wait for a row the repair never takes.
 SELECT EXTRACT(EPOCH FROM least(
@@ -67,6 +68,27 @@ SELECT EXTRACT(EPOCH FROM least(
      ORDER BY published_at LIMIT 1),
     -- debounce_due: a burst not fired yet, by its fire time (debounce_bursts_due)
     (SELECT fire_at FROM debounce_bursts WHERE status <> 'fired' ORDER BY fire_at LIMIT 1),
-    -- run_throttle_due_heads: a throttled start waiting for its window (run_start_queue_due)
-    (SELECT due_at FROM run_start_queue WHERE status = 'queued' ORDER BY due_at LIMIT 1)
+    -- run_throttle_due_heads: a throttled start waiting for its window, and
+    -- concurrency_granted: a run handed a slot (run_start_queue_due); a run still waiting for
+    -- a slot is due at 'infinity' (a run's end grants it, no clock does)
+    (SELECT due_at FROM run_start_queue WHERE status = 'queued' AND due_at < 'infinity'
+     ORDER BY due_at LIMIT 1),
+    -- deliver_approval_messages: a message to send, an update of a posted one
+    -- (approval_messages_claim_sends, approval_messages_claim_updates)
+    (SELECT due_at FROM approval_messages WHERE sent_at IS NULL AND due_at IS NOT NULL
+     ORDER BY due_at LIMIT 1),
+    (SELECT update_due_at FROM approval_messages
+     WHERE update_due_at IS NOT NULL AND sent_at IS NOT NULL ORDER BY update_due_at LIMIT 1),
+    (SELECT p.resumed_at FROM approval_messages m JOIN step_parks p ON p.id = m.park_id
+     WHERE m.shows_open AND m.sent_at IS NOT NULL AND p.resumed_at IS NOT NULL
+     ORDER BY p.resumed_at LIMIT 1),
+    -- remind_and_escalate_approvals (approvals_remind_due, approvals_escalate_due)
+    (SELECT remind_at FROM step_parks
+     WHERE kind = 'approval' AND resumed_at IS NULL AND reminded_at IS NULL
+       AND remind_at IS NOT NULL
+     ORDER BY remind_at LIMIT 1),
+    (SELECT escalate_at FROM step_parks
+     WHERE kind = 'approval' AND resumed_at IS NULL AND escalated_at IS NULL
+       AND escalate_at IS NOT NULL
+     ORDER BY escalate_at LIMIT 1)
 ) - now()) AS seconds

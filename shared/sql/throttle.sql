@@ -22,35 +22,15 @@ RETURNING used,
                               + make_interval(secs => throttle_windows.window_seconds)
                               - now()))::float8 AS seconds_left
 
--- name: throttle_claim_connection
--- `throttle_claim` for a connection's window, with the limit read from the connection row in
--- the same statement (one round trip instead of two, issue 27); the same upsert, so the same
--- exactness under racing instances. No row: the connection doesn't exist — nothing to count
--- against (the port refuses it clearly).
-WITH limits AS (
-    SELECT rate_limit_per_window AS max, rate_limit_window_seconds AS window_seconds
-      FROM connections WHERE id = CAST(:connection_id AS uuid)
-), claimed AS (
-    INSERT INTO throttle_windows (scope, subject, window_seconds, window_start, used, limit_max)
-    SELECT 'connection', :connection_id, l.window_seconds,
-           to_timestamp(floor(extract(epoch FROM now()) / l.window_seconds) * l.window_seconds),
-           1, l.max
-      FROM limits l
-    ON CONFLICT (scope, subject, window_seconds, window_start)
-    DO UPDATE SET used = throttle_windows.used + 1, limit_max = excluded.limit_max
-    RETURNING used,
-              throttle_windows.window_start
-                  + make_interval(secs => throttle_windows.window_seconds) AS window_end,
-              extract(epoch FROM (throttle_windows.window_start
-                                  + make_interval(secs => throttle_windows.window_seconds)
-                                  - now()))::float8 AS seconds_left
-)
-SELECT c.used, c.window_end, c.seconds_left, l.max, l.window_seconds
-  FROM claimed c CROSS JOIN limits l
-
 -- name: throttle_connection_limit
-SELECT rate_limit_per_window AS max, rate_limit_window_seconds AS window_seconds
-  FROM connections WHERE id = CAST(:connection_id AS uuid)
+-- The connection's window as the connection-limit gate counts it (limit_queue_claim,
+-- shared/sql/limit_queue.sql: shrunk after a 429).
+SELECT CASE WHEN b.shrunk_until > now() THEN LEAST(c.rate_limit_per_window, b.shrunk_max)
+            ELSE c.rate_limit_per_window END AS max,
+       c.rate_limit_window_seconds AS window_seconds
+  FROM connections c
+  LEFT JOIN connection_rate_budgets b ON b.connection_id = c.id
+ WHERE c.id = CAST(:connection_id AS uuid)
 
 -- name: throttle_windows_delete_expired
 -- Windows that ended more than an hour ago (the sweep calls this; rows are tiny either way).

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from shared.blocks.base import NO_RETRY, BlockContext, BlockResult, BlockSpec
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.core.errors import PermanentError, TransientError
@@ -59,10 +59,12 @@ from shared.steps.outcomes import (
     resumed_settlement,
     served_delay,
 )
+from shared.steps.saga import Saga
 from shared.steps.settle import settle_step
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Breaker, Step, WorkflowDefinition
 from shared.workflows.scope import RunFacts, step_scope, steps_read
+from shared.workflows.step_keys import compensated_key
 
 SQL = queries.load("steps")
 VERSION_DEFINITION = SQL["versions_definition"]
@@ -174,12 +176,16 @@ def advance_step(
     # One pooled connection from the claim to the settle (issue 27): every transaction of
     # this step, its gates, its block and its port runs on it, handed down as `ctx.db`. The
     # lease keeper renews from its own thread, on a connection of its own.
-    with labelled(step_id=step_id), db.pinned():
+    stored = tracing.stored_in(db, "step", step_id)
+    with labelled(step_id=step_id), db.pinned(), tracing.span("step", stored=stored):
         step = claim_step(db, step_id, config, namespace=namespace)
         if step is None:
             log.info("step not claimable (running elsewhere, parked, finished or run ended)")
             return Advanced(step_id=step_id, claimed=False, note="not claimable")
-        with labelled(run_id=step.run_id, tenant=step.tenant_id):
+        if tracing.enabled():
+            tracing.annotate(f"block {step.block_type}", **_span_attributes(step))
+        timed = tracing.timed("onceflow.step.duration", block=step.block_type)
+        with labelled(run_id=step.run_id, tenant=step.tenant_id), timed:
             advanced = _run_claimed(
                 db, step, lookup=lookup, dispatch=dispatch, config=config, now=now
             )
@@ -188,6 +194,21 @@ def advance_step(
         # (shared/port/observed.py: at most once a minute per connection, labels on change).
         observed.flush(db)
         return advanced
+
+
+def _span_attributes(step: ClaimedStep) -> dict[str, Any]:
+    """What a step's span and metrics say: the run, the step, the record, tenant, workflow."""
+    return {
+        "run_id": step.run_id,
+        "step": step.step_key,
+        "step_id": step.id,
+        "block": step.block_type,
+        "attempt": step.attempt,
+        "record": step.record_key,
+        "tenant": step.tenant_id,
+        "workflow_id": step.workflow_id,
+        "version_id": step.version_id,
+    }
 
 
 def advance_from_message(
@@ -241,18 +262,28 @@ def _run_claimed(
             db, step, failed(step.attempt, OUTCOME_GRAPH_UNREADABLE, msg, "permanent"), [], dispatch
         )
     try:
-        node = graph.step(step.node_id)
+        node = _node(graph, step)
     except KeyError:
         msg = f"node {step.node_id!r} is not in version {step.version_id}"
         return _finish(
-            db, step, failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent"), [], dispatch
+            db,
+            step,
+            failed(step.attempt, OUTCOME_UNKNOWN_NODE, msg, "permanent"),
+            [],
+            dispatch,
+            saga=Saga.of(graph),
         )
     try:
         spec = lookup(step.block_type)
     except Exception as exc:
         msg = f"unknown block type {step.block_type!r}: {exc}"
         return _finish(
-            db, step, failed(step.attempt, OUTCOME_UNKNOWN_BLOCK, msg, "permanent"), [], dispatch
+            db,
+            step,
+            failed(step.attempt, OUTCOME_UNKNOWN_BLOCK, msg, "permanent"),
+            [],
+            dispatch,
+            saga=Saga.of(graph),
         )
 
     workflow = WorkflowGates.of(step.workflow_id, graph)
@@ -298,7 +329,20 @@ def _run_claimed(
         loop=loop,
         body=body,
         gates=executed.gates,
+        saga=Saga.of(graph),
     )
+
+
+def _node(graph: WorkflowDefinition, step: ClaimedStep) -> Step:
+    """The node a claimed row runs: its own, or for a compensation row (`compensate:<key>`,
+    shared/steps/saga.py) the undo its node declares, which has no edges."""
+    node = graph.step(step.node_id)
+    if compensated_key(step.step_key) is None:
+        return node
+    undo = node.compensation()
+    if undo is None:
+        raise KeyError(f"compensate of {step.node_id}")
+    return undo
 
 
 @dataclass(frozen=True)
@@ -456,11 +500,19 @@ def _finish(
     loop: Loop | None = None,
     body: Step | None = None,
     gates: Callable[[Tx], None] | None = None,
+    saga: Saga | None = None,
 ) -> Advanced:
-    settled = settle_step(db, step, settlement, next_nodes, loop=loop, body=body, gates=gates)
+    settled = settle_step(
+        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates, saga=saga
+    )
     if settled.fenced_out:
         log.warning("settle fenced out: the lease was reclaimed; outcome not recorded")
         return Advanced(step_id=step.id, claimed=True, note="fenced out")
+    tracing.annotate(
+        outcome=settlement.outcome_code,
+        status=settlement.status,
+        error=settlement.error if settlement.status == "failed" else None,
+    )
     log.info(
         "step settled %s (%s), run %s",
         settlement.status,
@@ -468,6 +520,7 @@ def _finish(
         settled.run_status,
     )
     if settled.run_failed:
+        tracing.count("onceflow.runs.failed", tenant=step.tenant_id, workflow_id=step.workflow_id)
         log_event(
             log,
             LogEvent.RUN_FAILED,

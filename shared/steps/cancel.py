@@ -43,12 +43,19 @@ class Cancellation:
     skipped_steps: tuple[str, ...] = ()
     # Finishing their attempt; their settle creates nothing after them.
     running_steps: tuple[str, ...] = ()
+    # `compensating`: a step failed first and the run is undoing its steps (shared/steps/saga.py).
+    phase: str = "main"
 
     @property
     def why_not(self) -> str | None:
         """Why this cancel changed nothing, in words for the person who asked (None: it won)."""
         if self.moved:
             return None
+        if self.status == "running" and self.phase == "compensating":
+            return (
+                "a step failed and the run is running its compensations; it ends failed when "
+                "they are done (a cancel would leave the undo half done)"
+            )
         at = self.finished_at.isoformat() if self.finished_at else "an unknown time"
         if self.status == "cancelled":
             why = f": {self.cancel_reason}" if self.cancel_reason else ""
@@ -120,4 +127,5 @@ def _cancellation(row: Mapping[str, Any]) -> Cancellation:
         cancel_reason=row["cancel_reason"],
         skipped_steps=tuple(row["skipped_steps"] or ()),
         running_steps=tuple(row["running_steps"] or ()),
+        phase=str(row.get("phase") or "main"),
     )

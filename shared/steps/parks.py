@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from shared.blocks.waits import await_key
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.logs import get_logger
+from shared.ingest import outbound
 from shared.ingest.echo import (
     ECHO_CLOCK_SKEW_SECONDS,
     authored_elsewhere,
@@ -51,6 +52,11 @@ LOOKBACK_EVENTS = SQL["parks_lookback_events"]
 NOTE_EARLY_EVENT = SQL["parks_note_early_event"]
 MARK_PARKED = SQL["parks_mark_parked"]
 RESUME = SQL["steps_resume_parked"]
+LOCK_STEP = SQL["parks_lock_waiting_step"]
+VOTE = SQL["approvals_vote"]
+TALLY = SQL["approvals_tally"]
+QUEUE_ASKS = SQL["approvals_queue_asks"]
+QUEUE_UPDATE = SQL["approvals_queue_update"]
 REGISTER_CORRELATIONS = SQL["parks_register_correlations"]
 
 # The most waits one event is offered to, and the most events one lookback reads: bounded
@@ -98,10 +104,33 @@ def open_park(
             await_keys=None
             if park.mode is None
             else [await_key(tenant_id, a.event_type, a.on, a.value) for a in park.awaits],
+            required=park.required,
+            reject_quorum=park.reject_quorum,
+            slack_channel=park.slack_channel,
+            email=park.email,
+            remind_at=park.remind_at,
+            escalate_at=park.escalate_at,
+            escalate_role=park.escalate_role,
+            escalate_users=list(park.escalate_users),
         )
         assert row is not None  # an INSERT … ON CONFLICT DO UPDATE returns its row
         if park.mode is not None:
             _register_correlations(tx, tenant_id, park)
+        if park.slack_channel is not None or park.email:
+            # Asked through Slack or email: queued with the park, sent by the sweep.
+            tx.execute(QUEUE_ASKS, park_id=row["id"])
+        if park.kind == "approval":  # with its park row; keyed by it, so a retry adds none
+            outbound.approval_requested(
+                tx,
+                tenant_id,
+                row["id"],
+                run_id=run_id,
+                step_id=step_id,
+                summary=park.summary,
+                approver_role=park.approver_role,
+                approver_users=list(park.approver_users),
+                deadline=park.deadline,
+            )
     return OpenedPark(
         id=int(row["id"]), kind=row["kind"], deadline=row["deadline"], created_at=row["created_at"]
     )
@@ -130,6 +159,18 @@ class Resumed:
     resumed_at: datetime | None = None
     # The park row as it is now (None when it moved, or the park does not exist).
     park: Mapping[str, Any] | None = None
+    # An approval's vote (decide_approval): `counted` (it counted: it resumed the step, or
+    # the quorum still waits for more), `duplicate` (this approver had voted: nothing
+    # changed), `late` (recorded after the approval closed: nothing changed); with the tally.
+    vote: str | None = None
+    approvals: int = 0
+    rejections: int = 0
+    required: int = 1
+
+    @property
+    def awaiting_quorum(self) -> bool:
+        """The vote counted and the approval still waits for more votes."""
+        return not self.moved and self.vote == "counted"
 
     @property
     def expired(self) -> str | None:
@@ -166,7 +207,9 @@ class Resumed:
             return said
         if p["run_status"] != "running":
             return f"its run already ended {p['run_status']}"
-        return f"the step is not waiting (it is {p['step_status']})"
+        if self.vote == "duplicate":
+            said = "your decision was already recorded; a second one changes nothing"
+        return said or f"the step is not waiting (it is {p['step_status']})"
 
 
 def park_row(tx: Tx, park_id: int, tenant_scope: str | None = None) -> dict[str, Any] | None:
@@ -320,10 +363,24 @@ class NotAllowed(PermissionError):
 
 
 def may_decide(park: Mapping[str, Any], *, user: str, roles: Sequence[str]) -> bool:
-    """Whether `user` (with `roles`) is among those the approval names."""
-    return user in (park["approver_users"] or ()) or (
-        park["approver_role"] is not None and park["approver_role"] in roles
-    )
+    """Whether `user` (with `roles`) is among those the approval names — once it escalated
+    (`escalated_at`), those it escalated to as well."""
+    users = list(park["approver_users"] or ())
+    role_names = [park["approver_role"]] if park["approver_role"] else []
+    if park.get("escalated_at") is not None:
+        users += park.get("escalate_users") or ()
+        role_names += [park["escalate_role"]] if park.get("escalate_role") else []
+    return user in users or any(r in roles for r in role_names)
+
+
+def deciders(park: Mapping[str, Any]) -> str:
+    """Who may decide, in words ("role manager or user erin")."""
+    who = [f"role {park['approver_role']}"] if park["approver_role"] else []
+    who += [f"user {u}" for u in park["approver_users"] or ()]
+    if park.get("escalated_at") is not None:
+        who += [f"role {park['escalate_role']}"] if park.get("escalate_role") else []
+        who += [f"user {u}" for u in park.get("escalate_users") or ()]
+    return " or ".join(who)
 
 
 def decide_approval(
@@ -335,11 +392,14 @@ def decide_approval(
     roles: Sequence[str],
     comment: str | None,
     tenant_scope: str | None,
+    via: str = "ops",
 ) -> Resumed | None:
-    """Approve or reject a waiting approval: the guarded resume, in one transaction. None: no
-    such approval in the caller's scope. Raises `NotAllowed` when the caller may not decide
-    it. The first decision wins; a later one changes nothing and says "already decided by X
-    at T"."""
+    """`user` votes on a waiting approval, in one transaction; the vote that completes its
+    quorum (`required` approvals, or `reject_quorum` rejections) resumes it through the guarded
+    resume. None: no such approval in the caller's scope. Raises `NotAllowed` when the caller
+    may not decide it. Each approver counts once: a second vote changes nothing (`duplicate`);
+    a vote after the approval closed is kept as `late` and changes nothing, saying "already
+    decided by X at T". With the default quorum (1 and 1) the first decision wins, as ever."""
     if decision not in ("approved", "rejected"):
         raise ValueError(f"a decision is approved or rejected, not {decision!r}")
     refusal: str | None = None
@@ -348,18 +408,61 @@ def decide_approval(
         if park is None or park["kind"] != "approval":
             return None
         if may_decide(park, user=user, roles=roles):
-            said = {"kind": "approval", "decision": decision, "decided_by": user}
-            return resume_park(
-                tx,
-                park_id,
-                by="decision",
-                output={"resumed": {**said, "comment": comment}},
-                decision=decision,
-                decided_by=user,
-                comment=comment,
-            )
-        who = [f"role {park['approver_role']}"] if park["approver_role"] else []
-        who += [f"user {u}" for u in park["approver_users"] or ()]
-        refusal = f"only {' or '.join(who)} may decide this approval"
+            return _vote(tx, park_id, decision=decision, user=user, comment=comment, via=via)
+        refusal = f"only {deciders(park)} may decide this approval"
     # Raised outside the transaction: the database layer translates what escapes it.
     raise NotAllowed(refusal)
+
+
+def _vote(
+    tx: Tx, park_id: int, *, decision: str, user: str, comment: str | None, via: str
+) -> Resumed:
+    # The step row's lock first (as every writer of step and park takes them): the voters of
+    # one approval queue here, so the tally below sees each vote committed before this one,
+    # and exactly one vote finds the quorum complete (the resume is guarded besides).
+    tx.one(LOCK_STEP, park_id=park_id)
+    row = tx.one(VOTE, park_id=park_id, voter=user, decision=decision, via=via, comment=comment)
+    tally = tx.one(TALLY, park_id=park_id)
+    assert tally is not None  # the park row exists: read by the caller in this transaction
+    approvals, rejections = int(tally["approvals"]), int(tally["rejections"])
+    required = int(tally["required"])
+    if row is None or not row["counted"]:
+        vote = "duplicate" if row is None else "late"
+        return Resumed(
+            park_id,
+            False,
+            park=park_row(tx, park_id),
+            vote=vote,
+            approvals=approvals,
+            rejections=rejections,
+            required=required,
+        )
+    # Its posted Slack message shows each counted vote: an update is due (made by the sweep).
+    tx.execute(QUEUE_UPDATE, park_id=park_id)
+    approved = approvals >= required
+    if not approved and rejections < int(tally["reject_quorum"]):
+        return Resumed(
+            park_id,
+            False,
+            park=park_row(tx, park_id),
+            vote="counted",
+            approvals=approvals,
+            rejections=rejections,
+            required=required,
+        )
+    final = "approved" if approved else "rejected"
+    said = {"kind": "approval", "decision": final, "decided_by": user, "votes": tally["votes"]}
+    done = resume_park(
+        tx,
+        park_id,
+        by="decision",
+        output={"resumed": {**said, "comment": comment}},
+        decision=final,
+        decided_by=user,
+        comment=comment,
+    )
+    # Not moved though the quorum is complete: the deadline passed between the vote and the
+    # resume (both judge it by the statement's clock) — only the deadline resumes it now, and
+    # this vote came too late to decide anything.
+    vote = "counted" if done.moved else "late"
+    return replace(done, vote=vote, approvals=approvals, rejections=rejections, required=required)

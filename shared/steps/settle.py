@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.steps import awaits
+from shared.steps import saga as undo
 from shared.steps.claim import ClaimedStep
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
 from shared.steps.outcomes import Settlement
 from shared.steps.parks import open_park, parked
+from shared.steps.saga import Saga
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Step
 
@@ -59,8 +61,13 @@ def settle_step(
     loop: Loop | None = None,
     body: Step | None = None,
     gates: Callable[[Tx], None] | None = None,
+    saga: Saga | None = None,
 ) -> Settled:
     """Write `settlement` for `step` if this attempt still holds its lease.
+
+    `saga`: the compensations the run's version declares (shared/steps/saga.py). With them the
+    settle always runs as a transaction under the run row's lock: the run's phase decides what
+    a failure or a compensation's end does, which the one statement does not read.
 
     `gates`: what settling the attempt's gates writes (shared/steps/gated.py,
     `gate_settlement`), run first in the same transaction, so it shares the settle's commit
@@ -72,13 +79,13 @@ def settle_step(
     the run's end — failed when the step failed, succeeded when nothing is left to do. A run
     cancelled while the attempt ran gets no next steps, and a wait the step parked in is
     skipped."""
-    if settlement.park is None and settlement.fan_out is None and loop is None:
+    if settlement.park is None and settlement.fan_out is None and loop is None and saga is None:
         folded = _settle_in_one_statement(db, step, settlement, next_nodes, gates=gates)
         if folded is not None:
             return folded
         gates = None  # committed with the statement that could not decide
     return _settle_in_transaction(
-        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates
+        db, step, settlement, next_nodes, loop=loop, body=body, gates=gates, saga=saga
     )
 
 
@@ -95,6 +102,7 @@ def _settle_in_transaction(
     loop: Loop | None,
     body: Step | None,
     gates: Callable[[Tx], None] | None = None,
+    saga: Saga | None = None,
 ) -> Settled:
     """The settle statement by statement, in one transaction under the run row's lock: for a
     wait (its park row first), a foreach, and whatever the one statement could not decide."""
@@ -111,6 +119,7 @@ def _settle_in_transaction(
         )
         wake_at = opened.deadline
     with db.transaction() as tx:
+        tracing.stamp(tx)  # the next steps' rows continue this step's trace
         (gates or _no_gates)(tx)
         row = tx.one(
             SETTLE,
@@ -123,34 +132,23 @@ def _settle_in_transaction(
         run_status = str(row["run_status"])
         dispatch: list[str] = []
         run_failed = False
-        if settlement.status is StepStatus.FAILED:
+        # The run's compensations decide first when it declares any (shared/steps/saga.py).
+        undone = (
+            None
+            if saga is None
+            else undo.settled(tx, step, settlement.status, saga, _run_error(step, settlement))
+        )
+        if undone is not None:
+            dispatch += undone.to_dispatch
+            if undone.run_failed:
+                run_status, run_failed = "failed", True
+        elif settlement.status is StepStatus.FAILED:
             if tx.execute(FAIL_RUN, run_id=step.run_id, error=_run_error(step, settlement)):
                 run_status = "failed"
                 run_failed = True
         elif settlement.status is StepStatus.SUCCEEDED and run_status == "running":
-            if next_nodes:
-                dispatch = insert_steps(
-                    tx,
-                    run_id=step.run_id,
-                    lineage_root=step.lineage_root,
-                    nodes=next_nodes,
-                    stamp_dispatched=True,
-                )
-            # A foreach starts its first iterations; an iteration starts the next ones, or
-            # after the last, what follows the loop (shared/steps/loops.py).
-            if settlement.fan_out is not None and body is not None:
-                dispatch += start_items(
-                    tx,
-                    run_id=step.run_id,
-                    lineage_root=step.lineage_root,
-                    fan_out=settlement.fan_out,
-                    body=body,
-                )
-            elif loop is not None:
-                dispatch += after_item(
-                    tx, run_id=step.run_id, lineage_root=step.lineage_root, loop=loop
-                )
-            if not dispatch and tx.execute(FINISH_IF_DONE, run_id=step.run_id):
+            dispatch, finished = _go_on(tx, step, settlement, next_nodes, loop=loop, body=body)
+            if finished:
                 run_status = "succeeded"
         elif settlement.status.parked and run_status in STOPPED:
             # Cancelled while this attempt ran: the attempt is recorded (lease history), but
@@ -170,6 +168,42 @@ def _settle_in_transaction(
     )
 
 
+def _go_on(
+    tx: Tx,
+    step: ClaimedStep,
+    settlement: Settlement,
+    next_nodes: list[Step],
+    *,
+    loop: Loop | None,
+    body: Step | None,
+) -> tuple[list[str], bool]:
+    """A step of a running run succeeded: its next rows (to dispatch), and whether the run
+    succeeded because nothing is left to do."""
+    dispatch: list[str] = []
+    if next_nodes:
+        dispatch = insert_steps(
+            tx,
+            run_id=step.run_id,
+            lineage_root=step.lineage_root,
+            nodes=next_nodes,
+            stamp_dispatched=True,
+        )
+    # A foreach starts its first iterations; an iteration starts the next ones, or
+    # after the last, what follows the loop (shared/steps/loops.py).
+    if settlement.fan_out is not None and body is not None:
+        dispatch += start_items(
+            tx,
+            run_id=step.run_id,
+            lineage_root=step.lineage_root,
+            fan_out=settlement.fan_out,
+            body=body,
+        )
+    elif loop is not None:
+        dispatch += after_item(tx, run_id=step.run_id, lineage_root=step.lineage_root, loop=loop)
+    finished = not dispatch and bool(tx.execute(FINISH_IF_DONE, run_id=step.run_id))
+    return dispatch, finished
+
+
 def _settle_in_one_statement(
     db: Database,
     step: ClaimedStep,
@@ -183,6 +217,7 @@ def _settle_in_one_statement(
     in a transaction)."""
     crash_point("before_settle_commit")  # nothing is written before the statement commits
     with db.transaction() as tx:
+        tracing.stamp(tx)  # the next steps' rows continue this step's trace
         if gates is not None:
             gates(tx)  # the gates' settle, committed with the step's (most writes queued)
         rows = tx.commit_with(

@@ -26,13 +26,13 @@ class StepStatus(StrEnum):
     retry and replay. Out: the claim in `advance_step` (→ running), ops cancel (→ skipped)."""
 
     RUNNING = "running"
-    """Claimed under a lease (`lease_id`, `lease_expires_at`); heartbeats extend it. In: the
-    claim, which also opens the lease's history row (`LeaseEnd`). Out: settle, fenced on the
-    lease id (→ succeeded, failed, waiting_*); the sweep when the lease expired, fenced on the
-    old lease id (→ pending; or failed with OUTCOME_UNKNOWN when an at-most-once side effect
-    may have started and its block doesn't decide the retry itself; or, when the run has
-    ended meanwhile, skipped — failed OUTCOME_UNKNOWN if marked). Both close the history row
-    in the same statement."""
+    """Executing its steps; in its `compensating` phase (`phase`, shared/steps/saga.py) it is
+    undoing its succeeded steps after one failed, and ends failed. In: admission (a new live
+    run), replay (a new run of the lineage), a rehearsal's start, ops retry of a failed run
+    (reopened in place, back in its main phase). Out: the engine when no step is left (→
+    succeeded) or a step failed (→ failed; after its compensations when it has any), the
+    sweep's reclaim of a step that failed (→ failed), ops cancel and the end of a rehearsal
+    (→ cancelled)."""
 
     WAITING_FOR_DELAY = "waiting_for_delay"
     """A delay is being served; `wake_at` is when it is over (the wait is then *served*: the
@@ -201,6 +201,9 @@ STEP_STATEMENTS: dict[str, Moves] = {
     "limit_queue_claim": _moves({S.RUNNING}, set()),
     "limit_queue_join": _moves({S.RUNNING}, set()),
     "limit_queue_grant": _moves({S.WAITING_FOR_RETRY}, {S.PENDING}),
+    # shared/sql/steps.sql: a run entering its compensating phase (shared/steps/saga.py) skips
+    # its main-phase steps still open, as a failed run's are
+    "steps_skip_open_of_compensating_run": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
 }
 # Their new status is a parameter (the settlement's) or copied from another row, so only the
 # declaration says which; for every other statement the test reads it from the text.
@@ -212,10 +215,13 @@ QUERY_TRANSITIONS = STEP_STATEMENTS
 
 class RunStatus(StrEnum):
     RUNNING = "running"
-    """Executing its steps. In: admission (a new live run), replay (a new run of the lineage),
-    a rehearsal's start, ops retry of a failed run (reopened in place). Out: the engine when no
-    step is left (→ succeeded) or a step failed (→ failed), the sweep's reclaim of a step that
-    failed (→ failed), ops cancel and the end of a rehearsal (→ cancelled)."""
+    """Executing its steps; in its `compensating` phase (`phase`, shared/steps/saga.py) it is
+    undoing its succeeded steps after one failed, and ends failed. In: admission (a new live
+    run), replay (a new run of the lineage), a rehearsal's start, ops retry of a failed run
+    (reopened in place, back in its main phase). Out: the engine when no step is left (→
+    succeeded) or a step failed (→ failed; after its compensations when it has any), the
+    sweep's reclaim of a step that failed (→ failed), ops cancel and the end of a rehearsal
+    (→ cancelled)."""
 
     SUCCEEDED = "succeeded"
     """Terminal, with `finished_at`: every step settled and none failed. Out: never."""
@@ -265,6 +271,10 @@ RUN_STATEMENTS: dict[str, Moves] = {
     "ops_rehearsal_stop": _moves({R.RUNNING}, {R.CANCELLED}),
     "runs_cancel": _moves({R.RUNNING}, {R.CANCELLED}),
     "runs_end_goal_met": _moves({R.RUNNING}, {R.GOAL_MET}),
+    # shared/steps/saga.py: a failure with something to undo keeps the run running, in its
+    # compensating phase (not a status move); the last compensation's settle fails it.
+    "runs_begin_compensating": _moves({R.RUNNING}, set()),
+    "runs_end_compensated": _moves({R.RUNNING}, {R.FAILED}),
 }
 
 

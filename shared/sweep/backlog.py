@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.core import queries
+from shared.core import queries, tracing
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
 from shared.core.logs import LogEvent, get_logger, log_event
@@ -80,6 +80,8 @@ def report_backlog(db: Database) -> dict[str, float]:
         outbox_oldest_seconds=backlog.outbox_oldest_seconds,
         steps_oldest_pending_seconds=backlog.steps_oldest_pending_seconds,
     )
+    for queue, age in ages.items():
+        tracing.gauge("onceflow.backlog.age", age, queue=queue.removesuffix("_seconds"))
     return ages
 
 

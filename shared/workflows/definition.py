@@ -92,6 +92,7 @@ OPTIONAL_TRIGGER_FIELDS = (
     "poll",
     "debounce",
     "throttle",
+    "batch",
 )
 
 
@@ -207,6 +208,49 @@ class Debounce(_Strict):
         return duration_seconds(self.max_wait)
 
 
+BATCH_MAX_SIZE = 10_000
+
+
+class Batch(_Strict):
+    """`batch: {max_size, max_wait, key}`: up to `max_size` events (per key) start one run,
+    fired when full or `max_wait` after the batch's first event (shared/admission/debounce.py:
+    a batch is a gathering like a debounce burst, with another close rule)."""
+
+    max_size: int = Field(
+        ge=2, le=BATCH_MAX_SIZE, description=f"Events per run: 2 to {BATCH_MAX_SIZE}."
+    )
+    max_wait: str = Field(
+        pattern=DURATION_PATTERN,
+        description="The longest a batch waits after its first event before its run starts "
+        "with what it has (`30s`, `5m`, at most `1d`).",
+    )
+    key: str | None = Field(
+        default=None,
+        description="CEL over `event`, `trigger` and `record` naming what is batched together "
+        f"({SCOPE_REF}); one batch for the whole workflow if omitted.",
+    )
+
+    @property
+    def max_wait_seconds(self) -> int:
+        return duration_seconds(self.max_wait)
+
+
+CONCURRENCY_MAX_LIMIT = 10_000
+
+
+class Concurrency(_Strict):
+    """`concurrency: {key, limit}`: at most `limit` runs of the workflow running at once per
+    key; the runs over it wait, in admission order, and start when a run of the key ends
+    (shared/admission/concurrency.py)."""
+
+    key: str = Field(
+        min_length=1,
+        description="CEL over `event`, `trigger` and `record` naming what shares the limit "
+        f"({SCOPE_REF}), e.g. `record.company_id` or `record.hubspot_owner_id`.",
+    )
+    limit: int = Field(gt=0, le=CONCURRENCY_MAX_LIMIT, description="Running runs at most, per key.")
+
+
 class RunThrottle(_Strict):
     """`throttle: {limit, period, key}`: at most `limit` runs started per window per key; the
     events over it wait in order (shared/admission/run_throttle.py)."""
@@ -281,6 +325,13 @@ class Trigger(_Strict):
         "last event as `event` and the burst's events in `event.burst`; the others are refused "
         "`superseded`, naming the run.",
     )
+    batch: Batch | None = Field(
+        default=None,
+        description="Gather up to `max_size` events (per `key`, or for the whole workflow) into "
+        "one run, started when the batch is full or `max_wait` after its first event: the run's "
+        "`event` is the batch's last, and `event.batch` lists every event of it, oldest first; "
+        "the others are refused `batched`, naming the run. Needs `dedup: every_time`.",
+    )
 
     @model_serializer(mode="wrap")
     def _canonical(
@@ -354,6 +405,25 @@ JUMP_KEYS = ("on_timeout", "on_reject")
 CONDITION_KEYS: dict[str, tuple[str, ...]] = {"wait_for": ("when",)}
 
 
+class Compensation(_Strict):
+    """`compensate: {type, config}` on a step: the block that undoes what the step did (delete
+    the task it created, post a correction), run when the run fails after the step succeeded
+    (shared/steps/saga.py). Its config reads the step's output as `steps.<id>.output`."""
+
+    type: str = Field(description="Block type of the undo, e.g. crm.update, http.request.")
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The undo block's config; a value may be a `${{ … }}` template over the "
+        f"expression scope ({SCOPE_REF}), `steps.<this step>.output` included.",
+    )
+
+
+# Step fields added after versions were first stored: left out of the canonical form while
+# unset, so a definition that doesn't use them hashes exactly as it did before (as the
+# trigger's OPTIONAL_TRIGGER_FIELDS).
+OPTIONAL_STEP_FIELDS = ("compensate",)
+
+
 class Step(_Strict):
     id: str = Field(pattern=STEP_ID_PATTERN)
     type: str = Field(description="Block type, e.g. crm.create, http.request, branch, delay, end.")
@@ -365,6 +435,28 @@ class Step(_Strict):
     next: str | None = None
     branches: list[Branch] = Field(default_factory=list)
     otherwise: str | None = None
+    compensate: Compensation | None = Field(
+        default=None,
+        description="What undoes this step when its run fails after it succeeded: run once, "
+        "in reverse order of the steps that succeeded, each under its own idempotency key.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _canonical(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in OPTIONAL_STEP_FIELDS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+    def compensation(self) -> Step | None:
+        """The undo as a node the engine runs: this step's id (its journal key is
+        `compensate:<id>`, shared/steps/journal.py), the undo's block and config, no edges."""
+        if self.compensate is None:
+            return None
+        return Step(id=self.id, type=self.compensate.type, config=self.compensate.config)
 
     def successors(self) -> list[str]:
         """Every node this step can lead to, in declaration order: its branches, `otherwise`,
@@ -443,6 +535,24 @@ class WorkflowDefinition(_Strict):
         "rule reads it (`event`, `trigger`, `record`): the first time it holds, the run ends "
         "`goal_met`. A step in flight finishes; nothing starts after.",
     )
+
+    concurrency: Concurrency | None = Field(
+        default=None,
+        description="At most `limit` runs running at once per `key` (beyond the trigger's "
+        "`dedup`): a run over it is not refused, it waits, in admission order, and starts "
+        "when a run of its key ends.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _canonical(
+        self, handler: SerializerFunctionWrapHandler, info: SerializationInfo
+    ) -> dict[str, Any]:
+        # Added after versions were first stored: left out while unset, so a definition that
+        # doesn't use it hashes as it did before (as OPTIONAL_TRIGGER_FIELDS).
+        data: dict[str, Any] = handler(self)
+        if data.get("concurrency") is None:
+            data.pop("concurrency", None)
+        return data
 
     def step(self, step_id: str) -> Step:
         for s in self.steps:

@@ -36,7 +36,10 @@ ROOTS: dict[str, str] = {
         "change, when the provider says), `changed_fields` ({property: new value} for a "
         "property change, {} otherwise) and, for a run of a debounced trigger only, `burst` "
         "(the burst's events, oldest first, each with `id`, `occurred_at` and "
-        "`changed_fields`; the event itself is the burst's last)."
+        "`changed_fields`; the event itself is the burst's last); for a run of a batched "
+        "trigger only, `batch` (the batch's events, oldest first, each with `id`, "
+        "`occurred_at`, `changed_fields`, `record_object_type` and `record_object_id`; the "
+        "event itself is the batch's last)."
     ),
     "trigger": (
         "The event's payload exactly as the provider sent it: one element of a HubSpot webhook "
@@ -101,6 +104,9 @@ class Occurrence:
     # A debounced run's burst (shared/admission/debounce.py): its events, oldest first, each
     # {id, occurred_at, changed_fields}; None for every other run and at admission.
     burst: tuple[Mapping[str, Any], ...] | None = None
+    # A batch's run's events (a batch is a gathering like a burst: shared/admission/debounce.py),
+    # oldest first, each also with `record_object_type` and `record_object_id`.
+    batch: tuple[Mapping[str, Any], ...] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Occurrence:
@@ -121,6 +127,7 @@ class Occurrence:
             record_object_type=row.get("record_object_type"),
             record_object_id=row.get("record_object_id"),
             burst=None if row.get("burst") is None else tuple(row["burst"]),
+            batch=None if row.get("batch") is None else tuple(row["batch"]),
         )
 
     @property
@@ -143,6 +150,8 @@ class Occurrence:
         }
         if self.burst is not None:
             event["burst"] = [dict(e) for e in self.burst]
+        if self.batch is not None:
+            event["batch"] = [dict(e) for e in self.batch]
         return event
 
     def record(self) -> dict[str, Any]:

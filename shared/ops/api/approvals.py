@@ -29,7 +29,14 @@ def list_approvals(call: Call) -> ApprovalList:
     mine = [r for r in rows if may_decide(r, user=call.principal.label, roles=call.principal.roles)]
     return ApprovalList(
         items=[
-            ApprovalView.model_validate({**r, "approver_users": list(r["approver_users"] or ())})
+            ApprovalView.model_validate(
+                {
+                    **r,
+                    "approver_users": list(r["approver_users"] or ()),
+                    "escalate_users": list(r["escalate_users"] or ()),
+                    "approved_by": list(r["approved_by"] or ()),
+                }
+            )
             for r in mine
         ]
     )
@@ -55,7 +62,11 @@ def _decide(call: Call, decision: str) -> DecisionResult:
     if outcome.expired is not None:
         # Past its expiry only the deadline decides (on_timeout), as the signed link says.
         raise OpsError(410, "approval_expired", f"{outcome.expired}; no decision is taken")
-    if not outcome.moved:
+    still_open = outcome.park is not None and outcome.park["resumed_at"] is None
+    # A vote that counted towards a quorum still open, or a repeat of this approver's own
+    # vote while it is open, is answered as done: harmless, it says where the quorum stands.
+    waiting = outcome.awaiting_quorum or (outcome.vote == "duplicate" and still_open)
+    if not outcome.moved and not waiting:
         raise OpsError(409, "already_decided", outcome.why_not or "the approval is not waiting")
     if outcome.step_id is not None:
         replay.dispatch_committed(call.dispatch, (outcome.step_id,))
@@ -68,6 +79,10 @@ def _decide(call: Call, decision: str) -> DecisionResult:
         decided_by=call.principal.label,
         run_id=UUID(park["run_id"]),
         step_key=park["step_key"],
+        resumed=outcome.moved,
+        vote="duplicate" if outcome.vote == "duplicate" else "counted",
+        approvals=outcome.approvals,
+        required=outcome.required,
     )
 
 

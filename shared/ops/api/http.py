@@ -19,6 +19,7 @@ from shared.core import pubsub, request_body
 from shared.core.db import Database, get_database
 from shared.core.errors import ConflictError, TransientError
 from shared.core.logs import get_logger
+from shared.core.settings import settings
 from shared.ops import auth, replay
 from shared.ops.errors import OpsError, not_found
 from shared.ops.models import ErrorBody, FieldProblem
@@ -146,6 +147,7 @@ def read_bounded(request: Request, cap: int) -> bytes:
             declared_length=request.content_length,
             cap=cap,
             environ=request.environ,
+            deadline_seconds=settings().request_deadline_seconds,
         )
     except request_body.BodyRefused as refused:
         raise refusal(refused) from None

@@ -1,9 +1,11 @@
 """Limits: `/v1/limits` — what each limit is holding back now (issue 29, item 7).
 
 For every connection, workflow and host rate limit and every run-start throttle key with a
-live window or something waiting behind it, and every debounce burst not yet fired: its window
-(limit and period), what the window admitted, what waits (steps parked THROTTLED, events in
-`run_start_queue`, events held in the burst) and since when the oldest has waited. One read
+live window or something waiting behind it, every keyed-concurrency key with runs waiting for
+a slot, and every debounce burst or batch not yet fired: its window (limit and period; a
+concurrency key's limit and its running runs; a batch's max_size and max_wait), what the window
+admitted, what waits (steps parked THROTTLED, events in `run_start_queue`, events held in the
+burst or batch) and since when the oldest has waited. One read
 statement per kind (shared/sql/ops.sql `ops_limits_*`), each from an index and bounded; a
 tenant token sees its own tenant's limits, an admin every tenant's (or one it names).
 """
@@ -23,6 +25,7 @@ from shared.ops.statements import (
     LIMITS_RUN_START_QUEUE,
     LIMITS_WINDOWS,
 )
+from shared.port import budget
 
 
 def get_limits(call: Call) -> LimitsReport:
@@ -36,7 +39,8 @@ def get_limits(call: Call) -> LimitsReport:
         parked = tx.all(LIMITS_PARKED_STEPS, **bound)
         queued = tx.all(LIMITS_RUN_START_QUEUE, **bound)
         bursts = tx.all(LIMITS_DEBOUNCE_BURSTS, **bound)
-    truncated = any(len(rows) > q.limit for rows in (windows, parked, queued, bursts))
+        narrowed = tx.all(budget.NARROWED, **bound)
+    truncated = any(len(rows) > q.limit for rows in (windows, parked, queued, bursts, narrowed))
     now = datetime.now(UTC)
     views: dict[tuple[str, str], dict[str, Any]] = {}
 
@@ -54,6 +58,7 @@ def get_limits(call: Call) -> LimitsReport:
                 "waiting_what": what,
                 "oldest_wait_since": None,
                 "next_at": None,
+                "reason": None,
             },
         )
 
@@ -67,17 +72,32 @@ def get_limits(call: Call) -> LimitsReport:
             window_end=w["window_end"],
             admitted=int(w["used"]),
         )
+    for n in narrowed[: q.limit]:
+        # The portal's budget narrows the connection now: say why (shared/port/budget.py).
+        v = view("connection", n["connection_id"], n["tenant_id"], "steps")
+        v["reason"] = budget.narrowed_reason(n)
+        if v["limit"] is None:
+            v["limit"] = int(n["shrunk_max"] if n["kind"] == "shrunk" else n["configured_max"])
+            v["period_seconds"] = float(n["window_seconds"])
+        if v["next_at"] is None:
+            v["next_at"] = n["until"]
     for p in parked[: q.limit]:
         v = view(p["scope"], p["subject"], p["tenant_id"], "steps")
         _waits(v, p, next_at=p["next_wake_at"])
     for r in queued[: q.limit]:
-        v = view("run_start", f"{r['workflow_id']}|{r['throttle_key']}", r["tenant_id"], "events")
+        kind = "run_start" if r["gate"] == "throttle" else "concurrency"
+        v = view(kind, f"{r['workflow_id']}|{r['throttle_key']}", r["tenant_id"], "events")
         _waits(v, r, next_at=r["next_at"])
+        if kind == "concurrency":
+            v["admitted"] = int(r["running"])  # running runs holding a slot of the key
     for b in bursts[: q.limit]:
-        v = view("debounce", f"{b['workflow_id']}|{b['burst_key']}|{b['burst_id']}", "", "events")
+        kind = "debounce" if b["max_size"] is None else "batch"
+        v = view(kind, f"{b['workflow_id']}|{b['burst_key']}|{b['burst_id']}", "", "events")
         v.update(tenant_id=b["tenant_id"], subject=f"{b['workflow_id']}|{b['burst_key']}")
         _waits(v, b, next_at=b["next_at"])
         v["period_seconds"] = float(b["period_seconds"])
+        if b["max_size"] is not None:
+            v["limit"] = int(b["max_size"])  # a batch fires when it holds this many
     items = [
         LimitView(
             **v,

@@ -20,6 +20,13 @@ from shared.ops.api.events import list_stuck_inbox, requeue_event, requeue_inbox
 from shared.ops.api.health import get_health
 from shared.ops.api.http import Route
 from shared.ops.api.limits import get_limits
+from shared.ops.api.outbound import (
+    create_subscription,
+    enable_subscription,
+    list_deliveries,
+    list_subscriptions,
+    resend_delivery,
+)
 from shared.ops.api.records import (
     explain_record,
     list_refusals,
@@ -81,6 +88,13 @@ from shared.ops.models import (
     LimitsQuery,
     LimitsReport,
     LinkRequest,
+    OutboundDeliveriesQuery,
+    OutboundDeliveryList,
+    OutboundResendResult,
+    OutboundSubscription,
+    OutboundSubscriptionCreate,
+    OutboundSubscriptionEnable,
+    OutboundSubscriptionList,
     ProjectDeclaration,
     ProviderAppReport,
     PublishResult,
@@ -627,6 +641,59 @@ ROUTES: tuple[Route, ...] = (
         " events), and per open debounce burst the events it holds; the oldest wait of each",
         query=LimitsQuery,
         errors=(400, 401, 404),
+    ),
+    Route(
+        "outbound.subscriptions.create",
+        "POST",
+        "/v1/outbound/subscriptions",
+        create_subscription,
+        OutboundSubscription,
+        "Subscribe a URL to outbound events (run.failed, run.succeeded, event.refused,"
+        " event.undelivered, breaker.tripped, approval.requested), signed with Standard"
+        " Webhooks; a URL the SSRF guard refuses is refused with the reason",
+        body=OutboundSubscriptionCreate,
+        status=201,
+        errors=(400, 401, 404, 413, 422),
+    ),
+    Route(
+        "outbound.subscriptions.list",
+        "GET",
+        "/v1/outbound/subscriptions",
+        list_subscriptions,
+        OutboundSubscriptionList,
+        "The outbound event subscriptions (of the token's tenant)",
+        errors=(401,),
+    ),
+    Route(
+        "outbound.subscriptions.enable",
+        "POST",
+        "/v1/outbound/subscriptions/{subscription_id}/enabled",
+        enable_subscription,
+        OutboundSubscription,
+        "Enable or disable an outbound event subscription",
+        body=OutboundSubscriptionEnable,
+        errors=(400, 401, 404, 413),
+        path_params=("subscription_id",),
+    ),
+    Route(
+        "outbound.deliveries.list",
+        "GET",
+        "/v1/outbound/deliveries",
+        list_deliveries,
+        OutboundDeliveryList,
+        "Outbound event deliveries, newest first: status, attempts, last status and error",
+        query=OutboundDeliveriesQuery,
+        errors=(400, 401),
+    ),
+    Route(
+        "outbound.deliveries.resend",
+        "POST",
+        "/v1/outbound/deliveries/{delivery_id}/resend",
+        resend_delivery,
+        OutboundResendResult,
+        "Send an outbound delivery again now (a new attempt, the same webhook-id)",
+        errors=(401, 404),
+        path_params=("delivery_id",),
     ),
     Route(
         "health.get",

@@ -78,6 +78,7 @@ def run_detail(db: Database, run_id: str, scope: str | None, namespace: str = "l
         payload_truncated=run["payload_truncated"],
         replay_from=run["replay_from"],
         replay_by=run["replay_by"],
+        phase=run["phase"],
         steps=[StepView.model_validate({**s, "leases": leases.get(s["id"], [])}) for s in steps],
         charges=[Charge.model_validate(c) for c in charges],
         lineage=[LineageEntry.model_validate(r) for r in lineage],

@@ -50,6 +50,7 @@ PROVIDER = Provider(
         # (https://developers.hubspot.com/changelog/service-keys,
         # https://developers.hubspot.com/docs/apps/developer-platform/build-apps/authentication/account-service-keys).
         credential_kinds=("token", "service_key"),
+        rate_budget=True,  # port.read_rate_limit
     ),
     app=AppWebhooks(event_account=apps.event_account, secret_env=apps.secret_env),
     oauth=OAuth(

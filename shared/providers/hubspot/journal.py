@@ -46,6 +46,7 @@ import httpx
 from shared.accounts.client_credentials import ClientToken, ClientTokenCache
 from shared.accounts.provider_apps import ProviderApp
 from shared.normalize.event import UnparseableBody, snake
+from shared.port.http import classify_transport_error
 from shared.port.interface import Capabilities, PortError, Subscription
 from shared.providers.descriptor import (
     JOURNAL_NAME_HEADER,
@@ -62,7 +63,6 @@ from shared.providers.hubspot.port import (
     DEFAULT_BASE_URL,
     DEFAULT_TIMEOUT_SECONDS,
     classify_response,
-    classify_transport_error,
 )
 
 READ_SCOPES = ("developer.webhooks_journal.read",)

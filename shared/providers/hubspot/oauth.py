@@ -28,19 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import quote, urlencode
 
 import httpx
 
-from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
+from shared.accounts.oauth_tokens import Grant, Refresher
+from shared.accounts.token_endpoint import TokenEndpoint
+from shared.port.http import classify_transport_error
 from shared.port.interface import PortError
-from shared.providers.descriptor import CodeRefused, TokenAccount
+from shared.providers.descriptor import TokenAccount
 from shared.providers.hubspot import versions
 from shared.providers.hubspot.port import (
     DEFAULT_BASE_URL,
     classify_response,
-    classify_transport_error,
 )
 
 AUTHORIZE_URL = "https://app.hubspot.com/oauth/authorize"
@@ -77,20 +77,27 @@ def authorize_url(
     return f"{base or AUTHORIZE_URL}?{query}"
 
 
-def _token_call(
+def token_endpoint(
+    client_id: str,
+    client_secret: str,
     base_url: str | None,
-    form: dict[str, str],
     timeout: float,
     transport: httpx.BaseTransport | None,
-) -> tuple[httpx.Response, str | None]:
-    """The answer of `POST /oauth/{v}/token`, and HubSpot's reason when it is a 400."""
-    url = (base_url or DEFAULT_BASE_URL).rstrip("/") + versions.oauth_token()
-    try:
-        with httpx.Client(timeout=timeout, trust_env=False, transport=transport) as client:
-            response = client.post(url, data=form)
-    except httpx.HTTPError as exc:
-        raise classify_transport_error(exc) from exc
-    return response, _refusal(response) if response.status_code == 400 else None
+) -> TokenEndpoint:
+    """HubSpot's `POST /oauth/{v}/token`: the client in the form, a 400's reason in one of
+    `_REFUSAL_FIELDS`."""
+    return TokenEndpoint(
+        vendor="HubSpot",
+        url=(base_url or DEFAULT_BASE_URL).rstrip("/") + versions.oauth_token(),
+        client_id=client_id,
+        client_secret=client_secret,
+        basic_auth=False,
+        classify=classify_response,
+        refusal=_refusal,
+        revoked=lambda reason: reason in REVOKED_STATUSES,
+        timeout=timeout,
+        transport=transport,
+    )
 
 
 def _refusal(response: httpx.Response) -> str | None:
@@ -107,24 +114,6 @@ def _refusal(response: httpx.Response) -> str | None:
     return next((n for n in named if n in REVOKED_STATUSES), named[0] if named else None)
 
 
-def _grant(response: httpx.Response, refresh_token: str | None = None) -> Grant:
-    if response.status_code >= 300:
-        raise classify_response(response)
-    try:
-        body: Any = response.json()
-        return Grant(
-            access_token=str(body["access_token"]),
-            refresh_token=str(body.get("refresh_token") or refresh_token or ""),
-            expires_in=int(body["expires_in"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PortError(
-            "HubSpot's token answer lacks access_token/expires_in",
-            code="unknown",
-            transient=False,
-        ) from exc
-
-
 def exchange_code(
     *,
     client_id: str,
@@ -137,22 +126,8 @@ def exchange_code(
 ) -> Grant:
     """The first grant of an install. Raises CodeRefused (a 400: the code is spent or wrong),
     PortError (HubSpot unreachable or answering something else)."""
-    form = {
-        "grant_type": "authorization_code",
-        "client_id": client_id,
-        "client_secret": client_secret,
-        "redirect_uri": redirect_uri,
-        "code": code,
-    }
-    response, status = _token_call(base_url, form, timeout, transport)
-    if response.status_code == 400:
-        raise CodeRefused(status or "BAD_REQUEST")
-    grant = _grant(response)
-    if not grant.refresh_token:
-        raise PortError(
-            "HubSpot's token answer lacks refresh_token", code="unknown", transient=False
-        )
-    return grant
+    endpoint = token_endpoint(client_id, client_secret, base_url, timeout, transport)
+    return endpoint.exchange_code(code, redirect_uri)
 
 
 def token_info(
@@ -203,19 +178,7 @@ def hubspot_refresher(
     timeout: float = 10.0,
     transport: httpx.BaseTransport | None = None,
 ) -> Refresher:
-    def refresh(refresh_token: str) -> Grant:
-        form = {
-            "grant_type": "refresh_token",
-            "client_id": client_id,
-            "client_secret": client_secret,
-            "refresh_token": refresh_token,
-        }
-        response, status = _token_call(base_url, form, timeout, transport)
-        if status in REVOKED_STATUSES:
-            raise RefreshRevoked(str(status))
-        return _grant(response, refresh_token)
-
-    return refresh
+    return token_endpoint(client_id, client_secret, base_url, timeout, transport).refresh
 
 
 def token_account(

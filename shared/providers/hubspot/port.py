@@ -34,13 +34,12 @@ instead of spending a request on a certain 429.
 from __future__ import annotations
 
 import re
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
+from shared.port.http import PortHttp, TokenSource
 from shared.port.interface import (
     Association,
     Capabilities,
@@ -56,8 +55,6 @@ from shared.providers.hubspot import versions
 
 DEFAULT_BASE_URL = "https://api.hubapi.com"
 DEFAULT_TIMEOUT_SECONDS = 10.0
-# Rejected token (or None) in, live token out; raises PortError (shared/providers/connect.py).
-TokenSource = Callable[[str | None], str]
 _EXISTING_ID = re.compile(r"Existing ID:\s*(\d+)")
 # 423: the record is locked by another sync; 477: the portal is being migrated between data
 # centres (Retry-After says when to come back). Both retryable per HubSpot's error handling.
@@ -190,14 +187,33 @@ def classify_response(response: httpx.Response, interval_ms: int | None = None) 
     )
 
 
-def classify_transport_error(exc: httpx.HTTPError) -> PortError:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return PortError(f"could not connect: {exc}", code="connect_failed", transient=True)
-    if isinstance(exc, httpx.TimeoutException):
-        return PortError(f"timed out: {exc}", code="timeout", transient=True)
-    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
-        return PortError(f"connection lost: {exc}", code="connection_reset", transient=True)
-    return PortError(f"HTTP failure: {exc!r}", code="unknown", transient=False)
+def read_rate_limit(headers: httpx.Headers) -> tuple[RateLimitState, float | None]:
+    """What an answer's `X-HubSpot-RateLimit-*` headers say, and how long the window is spent:
+    when none is left, a full interval (we don't know where in the window we are)."""
+
+    def number(name: str) -> int | None:
+        value = headers.get(name)
+        return int(value) if value is not None and value.isdigit() else None
+
+    remaining = number("X-HubSpot-RateLimit-Remaining")
+    interval_ms = number("X-HubSpot-RateLimit-Interval-Milliseconds")
+    # Daily headers come only with private-app (and service-key) calls: "OAuth authenticated
+    # calls will not include X-HubSpot-RateLimit-Daily or X-HubSpot-RateLimit-Daily-Remaining
+    # because there is no daily limit for these calls"
+    # (https://developers.hubspot.com/changelog/rate-limit-headers-will-now-appear-for-oauth-authenticated-calls).
+    daily_remaining = number("X-HubSpot-RateLimit-Daily-Remaining")
+    state = RateLimitState(
+        remaining=remaining,
+        max=number("X-HubSpot-RateLimit-Max"),
+        interval_ms=interval_ms,
+        extra={"daily": number("X-HubSpot-RateLimit-Daily"), "daily_remaining": daily_remaining},
+        # The ten-secondly window is rolling and its headers don't say where in it we are:
+        # assume a whole interval is left to run.
+        reset_seconds=interval_ms / 1000 if interval_ms else None,
+        daily_remaining=daily_remaining,
+    )
+    spent = state.interval_ms / 1000 if remaining == 0 and state.interval_ms else None
+    return state, spent
 
 
 def _record(object_type: str, body: Any) -> Record:
@@ -257,24 +273,25 @@ class HubSpotPort:
             self.capabilities = Capabilities(
                 write_idempotency=True, event_author_identity=True, subscription_management=True
             )
-        self._token_source = token_source
-        self.rate_limit = RateLimitState()
-        self._spent_until = 0.0
-        self._lock = threading.Lock()
-        self._client = httpx.Client(
+        self._http = PortHttp(
+            vendor="HubSpot",
             base_url=self.base_url,
             headers={
                 "Accept": "application/json",
                 **({"Authorization": f"Bearer {token}"} if token else {}),
             },
-            timeout=httpx.Timeout(timeout),
-            follow_redirects=False,
-            trust_env=False,
+            timeout=timeout,
             transport=transport,
+            read_limits=read_rate_limit,
+            token_source=token_source,
         )
 
+    @property
+    def rate_limit(self) -> RateLimitState:
+        return self._http.rate_limit
+
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
 
     # --- the one request path --------------------------------------------------------------
     def _request(
@@ -285,24 +302,7 @@ class HubSpotPort:
         json: Any = None,
         params: Mapping[str, str] | None = None,
     ) -> Any:
-        with self._lock:
-            wait = self._spent_until - time.monotonic()
-        if wait > 0:
-            raise PortError(
-                "HubSpot rate-limit window is spent (from its headers)",
-                code="rate_limited",
-                transient=True,
-                retry_after=wait,
-            )
-        response = self._send(method, path, json, params)
-        if response.status_code == 401 and self._token_source is not None:
-            # The access token was refused (expired early, or revoked and reissued): refresh
-            # once and try once more. A 401 means the request was not applied, so resending a
-            # create is safe; a second 401 is final (classified below), never a loop.
-            rejected = self._bearer(response.request)
-            token = self._token_source(rejected)
-            response = self._send(method, path, json, params, token)
-        self._read_rate_limit(response.headers)
+        response = self._http.request(method, path, json=json, params=params)
         if response.status_code >= 300:
             raise classify_response(response, self.rate_limit.interval_ms)
         if response.status_code == 204 or not response.content:
@@ -313,49 +313,6 @@ class HubSpotPort:
             raise PortError(
                 "HubSpot answered with a body that is not JSON", code="unknown", transient=False
             ) from exc
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        params: Mapping[str, str] | None,
-        token: str | None = None,
-    ) -> httpx.Response:
-        headers = None
-        if self._token_source is not None:
-            token = token or self._token_source(None)
-            headers = {"Authorization": f"Bearer {token}"}
-        try:
-            return self._client.request(method, path, json=json, params=params, headers=headers)
-        except httpx.HTTPError as exc:
-            raise classify_transport_error(exc) from exc
-
-    @staticmethod
-    def _bearer(request: httpx.Request) -> str | None:
-        value = request.headers.get("Authorization", "")
-        return value.removeprefix("Bearer ") if value.startswith("Bearer ") else None
-
-    def _read_rate_limit(self, headers: httpx.Headers) -> None:
-        def number(name: str) -> int | None:
-            value = headers.get(name)
-            return int(value) if value is not None and value.isdigit() else None
-
-        remaining = number("X-HubSpot-RateLimit-Remaining")
-        state = RateLimitState(
-            remaining=remaining,
-            max=number("X-HubSpot-RateLimit-Max"),
-            interval_ms=number("X-HubSpot-RateLimit-Interval-Milliseconds"),
-            extra={
-                "daily": number("X-HubSpot-RateLimit-Daily"),
-                "daily_remaining": number("X-HubSpot-RateLimit-Daily-Remaining"),
-            },
-        )
-        with self._lock:
-            self.rate_limit = state
-            if remaining == 0 and state.interval_ms:
-                # We don't know where in the window we are: assume the worst, a full interval.
-                self._spent_until = time.monotonic() + state.interval_ms / 1000
 
     # --- records ----------------------------------------------------------------------------
     def create(

@@ -46,6 +46,7 @@ PROVIDER = Provider(
         # (`{domain}.pipedrive.com/person/1`), which can change, while a connection's account
         # is the company id (meta.company_id, users/me): they cannot be matched.
         record_pages=None,
+        rate_budget=True,  # port.read_rate_limit
     ),
     oauth=OAuth(
         authorize_url=oauth.authorize_url,

@@ -34,13 +34,14 @@ from urllib.parse import quote, urlencode, urlsplit
 
 import httpx
 
-from shared.accounts.oauth_tokens import Grant, Refresher, RefreshRevoked
+from shared.accounts.oauth_tokens import Grant, Refresher
+from shared.accounts.token_endpoint import TokenEndpoint
+from shared.port.http import classify_transport_error
 from shared.port.interface import PortError
-from shared.providers.descriptor import CodeRefused, TokenAccount
+from shared.providers.descriptor import TokenAccount
 from shared.providers.pipedrive.port import (
     DEFAULT_BASE_URL,
     classify_response,
-    classify_transport_error,
 )
 
 OAUTH_BASE = "https://oauth.pipedrive.com"
@@ -71,43 +72,33 @@ def authorize_url(
     return f"{base or AUTHORIZE_URL}?{query}"
 
 
-def _token_call(
-    base_url: str | None,
-    client: tuple[str, str],
-    form: dict[str, str],
-    timeout: float,
-    transport: httpx.BaseTransport | None,
-) -> httpx.Response:
-    url = token_base(base_url) + "/oauth/token"
-    try:
-        with httpx.Client(timeout=timeout, trust_env=False, transport=transport) as http:
-            return http.post(url, data=form, auth=client)
-    except httpx.HTTPError as exc:
-        raise classify_transport_error(exc) from exc
-
-
 def _invalid_grant(response: httpx.Response) -> bool:
     return response.status_code == 400 and "invalid grant" in response.text.lower().replace(
         "_", " "
     )
 
 
-def _grant(response: httpx.Response, refresh_token: str | None = None) -> Grant:
-    if response.status_code >= 300:
-        raise classify_response(response)
-    try:
-        body: Any = response.json()
-        return Grant(
-            access_token=str(body["access_token"]),
-            refresh_token=str(body.get("refresh_token") or refresh_token or ""),
-            expires_in=int(body["expires_in"]),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PortError(
-            "Pipedrive's token answer lacks access_token/expires_in",
-            code="unknown",
-            transient=False,
-        ) from exc
+def token_endpoint(
+    client_id: str,
+    client_secret: str,
+    base_url: str | None,
+    timeout: float,
+    transport: httpx.BaseTransport | None,
+) -> TokenEndpoint:
+    """Pipedrive's token endpoint: the client as HTTP Basic, a 400 "Invalid grant" the only
+    reason read (the JSON keys are not confirmed, so the whole body's text is searched)."""
+    return TokenEndpoint(
+        vendor="Pipedrive",
+        url=token_base(base_url) + "/oauth/token",
+        client_id=client_id,
+        client_secret=client_secret,
+        basic_auth=True,
+        classify=classify_response,
+        refusal=lambda response: "invalid_grant" if _invalid_grant(response) else None,
+        revoked=lambda reason: reason == "invalid_grant",
+        timeout=timeout,
+        transport=transport,
+    )
 
 
 def exchange_code(
@@ -122,16 +113,8 @@ def exchange_code(
 ) -> Grant:
     """The first grant of an install. Raises CodeRefused (a 400: the code is spent, expired
     after 5 minutes, or wrong), PortError (Pipedrive unreachable or answering otherwise)."""
-    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
-    response = _token_call(base_url, (client_id, client_secret), form, timeout, transport)
-    if response.status_code == 400:
-        raise CodeRefused("invalid_grant" if _invalid_grant(response) else "BAD_REQUEST")
-    grant = _grant(response)
-    if not grant.refresh_token:
-        raise PortError(
-            "Pipedrive's token answer lacks refresh_token", code="unknown", transient=False
-        )
-    return grant
+    endpoint = token_endpoint(client_id, client_secret, base_url, timeout, transport)
+    return endpoint.exchange_code(code, redirect_uri)
 
 
 def user_me(
@@ -173,11 +156,4 @@ def pipedrive_refresher(
     timeout: float = 10.0,
     transport: httpx.BaseTransport | None = None,
 ) -> Refresher:
-    def refresh(refresh_token: str) -> Grant:
-        form = {"grant_type": "refresh_token", "refresh_token": refresh_token}
-        response = _token_call(base_url, (client_id, client_secret), form, timeout, transport)
-        if _invalid_grant(response):
-            raise RefreshRevoked("invalid_grant")
-        return _grant(response, refresh_token)
-
-    return refresh
+    return token_endpoint(client_id, client_secret, base_url, timeout, transport).refresh

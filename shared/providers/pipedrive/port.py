@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import math
 import re
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 
+from shared.port.http import PortHttp, TokenSource
 from shared.port.interface import (
     Association,
     Capabilities,
@@ -63,7 +62,6 @@ DEFAULT_BASE_URL = "https://api.pipedrive.com"
 DEFAULT_TIMEOUT_SECONDS = 10.0
 BURST_WINDOW_MS = 2000  # the burst limit's rolling window (§4)
 HTML_403_BACKOFF_SECONDS = 300.0  # Cloudflare's block: no documented length; back off long
-TokenSource = Callable[[str | None], str]
 
 # API v2 collection per entity; notes have no v2 API (V2M's list; SDK v1 AddNoteRequest).
 V2_PATHS = {
@@ -171,14 +169,29 @@ def classify_response(response: httpx.Response) -> PortError:  # noqa: PLR0911 -
     return error("unknown", False)
 
 
-def classify_transport_error(exc: httpx.HTTPError) -> PortError:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
-        return PortError(f"could not connect: {exc}", code="connect_failed", transient=True)
-    if isinstance(exc, httpx.TimeoutException):
-        return PortError(f"timed out: {exc}", code="timeout", transient=True)
-    if isinstance(exc, httpx.NetworkError | httpx.RemoteProtocolError):
-        return PortError(f"connection lost: {exc}", code="connection_reset", transient=True)
-    return PortError(f"HTTP failure: {exc!r}", code="unknown", transient=False)
+def read_rate_limit(headers: httpx.Headers) -> tuple[RateLimitState, float | None]:
+    """What an answer's x-ratelimit headers say, and how long its window is spent: when none is
+    left the next call would be a certain 429, so until the reset the same answer names
+    (seconds), else a whole burst window (§4)."""
+    remaining = _number(headers.get("x-ratelimit-remaining"))
+    reset = _number(headers.get("x-ratelimit-reset"))
+    seconds = float(reset) if reset is not None and reset > 0 else BURST_WINDOW_MS / 1000
+    tokens_left = _number(headers.get("x-daily-ratelimit-token-remaining"))  # UNCONFIRMED
+    # API tokens only, and POST/PUT only (changelog "daily-api-limit-for-postput-endpoints"):
+    # taken as the daily figure too, the tighter of the two, which at 0 also parks reads.
+    requests_left = _number(headers.get("x-daily-requests-left"))
+    daily = [n for n in (tokens_left, requests_left) if n is not None]
+    state = RateLimitState(
+        remaining=remaining,
+        max=_number(headers.get("x-ratelimit-limit")),
+        interval_ms=BURST_WINDOW_MS,
+        extra={"daily_remaining": tokens_left, "daily_requests_left": requests_left},
+        reset_seconds=seconds,
+        daily_remaining=min(daily) if daily else None,
+    )
+    if remaining != 0:
+        return state, None
+    return state, float(math.ceil(seconds))
 
 
 def entity_of(object_type: str) -> str:
@@ -295,24 +308,29 @@ class PipedrivePort:
         HTTP Basic user and password they carry (the only credential, §1.2)."""
         del app_id, developer_api_key, idempotency_property  # no app-level API, no unique value
         self.base_url = (base_url or DEFAULT_BASE_URL).rstrip("/")
-        self._token_source = token_source
-        self._static = token is not None  # an API token in x-api-token, never a Bearer
         self.webhook_url = webhook_url
         self.webhook_auth = webhook_auth
-        self.rate_limit = RateLimitState(interval_ms=BURST_WINDOW_MS)
-        # When the token's window (and search's own, 10 per 2 s) is spent, from the headers.
-        self._spent_until = {"all": 0.0, "search": 0.0}
-        self._lock = threading.Lock()
-        self._client = httpx.Client(
+        self._http = PortHttp(
+            vendor="Pipedrive",
             base_url=self.base_url,
             headers={"Accept": "application/json", **({"x-api-token": token} if token else {})},
-            timeout=httpx.Timeout(timeout),
+            timeout=timeout,
             transport=transport,
-            trust_env=False,
+            read_limits=read_rate_limit,
+            token_source=token_source,
+            # An API token goes in x-api-token, never a Bearer: the source is asked only after
+            # a 401, to report the refused token.
+            live_token=token is None,
+            static_token=token,
+            initial=RateLimitState(interval_ms=BURST_WINDOW_MS),
         )
 
+    @property
+    def rate_limit(self) -> RateLimitState:
+        return self._http.rate_limit
+
     def close(self) -> None:
-        self._client.close()
+        self._http.close()
 
     # --- plumbing ----------------------------------------------------------------------------
     def _request(
@@ -323,28 +341,10 @@ class PipedrivePort:
         json: Any = None,
         params: Mapping[str, str] | None = None,
     ) -> Any:
-        search = path.endswith("/search")
-        with self._lock:
-            until = max(self._spent_until["all"], self._spent_until["search"] if search else 0.0)
-            wait = until - time.monotonic()
-        if wait > 0:
-            raise PortError(
-                "Pipedrive's burst window is spent (from its x-ratelimit headers)",
-                code="rate_limited",
-                transient=True,
-                retry_after=wait,
-            )
-        response = self._send(method, path, json, params)
-        if response.status_code == 401 and self._token_source is not None:
-            # The access token was refused (expired early, or replaced): refresh once and try
-            # once more. A 401 was not applied, so resending a create is safe; a second 401 is
-            # final (classified below), never a loop.
-            rejected = response.request.headers.get("x-api-token") or response.request.headers.get(
-                "Authorization", ""
-            ).removeprefix("Bearer ")
-            token = self._token_source(rejected or None)
-            response = self._send(method, path, json, params, token)
-        self._read_rate_limit(response.headers, "search" if search else "all")
+        # A search counts against the token's window and search's own (10 per 2 s); its
+        # answer's headers are the tighter of the two, so a spent one holds back searches only.
+        windows = ("all", "search") if path.endswith("/search") else ("all",)
+        response = self._http.request(method, path, json=json, params=params, windows=windows)
         if response.status_code >= 300:
             raise classify_response(response)
         body = _body(response)
@@ -355,44 +355,6 @@ class PipedrivePort:
                 transient=False,
             )
         return body
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        json: Any,
-        params: Mapping[str, str] | None,
-        token: str | None = None,
-    ) -> httpx.Response:
-        headers = None
-        if self._token_source is not None and not self._static:
-            headers = {"Authorization": f"Bearer {token or self._token_source(None)}"}
-        try:
-            return self._client.request(method, path, json=json, params=params, headers=headers)
-        except httpx.HTTPError as exc:
-            raise classify_transport_error(exc) from exc
-
-    def _read_rate_limit(self, headers: httpx.Headers, window: str) -> None:
-        """`window`: which limit the answer's headers are about — a search's are the tighter
-        of the token's and search's own, so a spent one holds back searches only."""
-        remaining = _number(headers.get("x-ratelimit-remaining"))
-        state = RateLimitState(
-            remaining=remaining,
-            max=_number(headers.get("x-ratelimit-limit")),
-            interval_ms=BURST_WINDOW_MS,
-            extra={
-                "daily_remaining": _number(headers.get("x-daily-ratelimit-token-remaining")),
-                "daily_requests_left": _number(headers.get("x-daily-requests-left")),
-            },
-        )
-        with self._lock:
-            self.rate_limit = state
-            if remaining == 0:
-                # The window is spent: the next call would be a certain 429. Refuse locally
-                # until the reset the same answer names (seconds), else a whole window.
-                reset = _number(headers.get("x-ratelimit-reset"))
-                seconds = reset if reset is not None and reset > 0 else BURST_WINDOW_MS / 1000
-                self._spent_until[window] = time.monotonic() + math.ceil(seconds)
 
     # --- records -----------------------------------------------------------------------------
     def create(
