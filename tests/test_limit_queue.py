@@ -7,6 +7,7 @@ drives `advance_step` and the sweep's repair on a workflow limit."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -19,7 +20,7 @@ from shared.core.duty import SweepConfig, SweepReport
 from shared.gates import limit_queue
 from shared.gates.kind import Attempt, WorkflowGates
 from shared.steps.advance import advance_step
-from tests.admission_support import make_tenant
+from tests.admission_support import activate_text, admit, emit_event, make_tenant
 from tests.blocks_support import http_target
 from tests.steps_support import TENANT, definition, publish_version, start_run
 
@@ -339,3 +340,65 @@ def _granted_and_run(db: Database, steps: list[str]) -> None:
         status = tx.scalar("SELECT status FROM workflow_steps WHERE id = :i", i=steps[1])
         used = tx.scalar("SELECT used FROM throttle_windows ORDER BY window_start DESC LIMIT 1")
     assert status == "succeeded" and used == 1
+
+
+BIG_DEALS_FIRST = """
+name: big-deals-first
+tenant: acme
+trigger:
+  events: [hubspot.contact.property_changed]
+  dedup: every_time
+rate_limit: {max: 1, per: 1h}
+priority: 'double(record.amount) >= 100000.0 ? 10 : 0'
+steps:
+  - id: call
+    type: http.request
+    config: {url: "URL/_sink/h", method: POST, body: {amount: "${{ record.amount }}"}}
+"""
+
+
+def test_a_big_deal_admitted_after_small_ones_is_granted_first_from_admission(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end from admission: the workflow's `priority` is evaluated on each event when
+    its run is admitted and stored on the run and its step; three small deals' steps wait in
+    the limit's line, a big deal's step joins after them, and the next window's grant goes to
+    the big deal first."""
+    make_tenant(db, TENANT)
+    with http_target(monkeypatch) as fake:
+        activate_text(db, BIG_DEALS_FIRST.replace("URL", fake.url))
+        steps: list[str] = []
+        for i, amount in enumerate(["10", "20", "30", "40", "250000"]):
+            run_id = admit(db, emit_event(db, object_id=f"d{i}", changed={"amount": amount}))
+            with db.transaction() as tx:
+                steps.append(
+                    str(tx.scalar("SELECT id FROM workflow_steps WHERE run_id = :r", r=run_id))
+                )
+            advance_step(db, steps[-1], dispatch=lambda ids: None)
+        with db.transaction() as tx:
+            rows = {
+                str(r["id"]): r
+                for r in tx.all(
+                    "SELECT s.id, s.status, s.priority, r.priority AS run_priority"
+                    " FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id"
+                )
+            }
+        assert [rows[s]["status"] for s in steps] == ["succeeded"] + ["waiting_for_retry"] * 4
+        assert [(rows[s]["priority"], rows[s]["run_priority"]) for s in steps] == [
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (0, 0),
+            (10, 10),
+        ]
+        with db.transaction() as tx:
+            tx.execute(
+                "UPDATE throttle_windows SET window_start = window_start - interval '2 hours'"
+            )
+            tx.execute("UPDATE limit_queues SET due_at = now() - interval '1 second'")
+        published: list[Any] = []
+        limit_queue.grant_due_limits(db, SweepConfig(), published.extend, SweepReport())
+        assert published == [steps[-1]]  # the big deal, though it joined the line last
+        advance_step(db, steps[-1], dispatch=lambda ids: None)
+        sent = [json.loads(r["body"]) for r in fake.sink_requests()]
+        assert sent == [{"amount": "10"}, {"amount": "250000"}]
