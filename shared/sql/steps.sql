@@ -877,6 +877,12 @@ LIMIT CAST(:limit AS integer)
 -- before it. `counted` is false for a vote that comes after the approval closed (a quorum
 -- reached, its deadline passed, its run ended): recorded as the late click it is, and never
 -- counted towards a resume.
+-- A vote that was not counted does not take the voter's place for good: an approval still
+-- open while its run was failed (another branch or foreach item failed it) waits again after
+-- a retry (ops_retry_run_reopen leaves the parked step and its park as they are), and the
+-- voter's click then is counted, replacing the uncounted one. Only an uncounted row is ever
+-- replaced, and only by a counted vote (the WHERE): a counted vote stands, and a second late
+-- click is zero rows as before. The step row's lock orders it with every other vote.
 INSERT INTO approval_votes (park_id, tenant_id, voter, decision, via, comment, counted)
 SELECT p.id, p.tenant_id, CAST(:voter AS text), CAST(:decision AS text), CAST(:via AS text),
        CAST(:comment AS text),
@@ -884,7 +890,10 @@ SELECT p.id, p.tenant_id, CAST(:voter AS text), CAST(:decision AS text), CAST(:v
 FROM step_parks p
 JOIN workflow_runs r ON r.id = p.run_id
 WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval'
-ON CONFLICT (park_id, voter) DO NOTHING
+ON CONFLICT (park_id, voter) DO UPDATE
+    SET decision = EXCLUDED.decision, via = EXCLUDED.via, comment = EXCLUDED.comment,
+        counted = true, created_at = now()
+    WHERE NOT approval_votes.counted AND EXCLUDED.counted
 RETURNING counted
 
 -- name: approvals_tally
