@@ -31,6 +31,14 @@ slot is handed out, and only if every contender is in one place when it is: the 
 that place, and the grantor, holding the line's lock, is the only one who hands out a slot
 while anyone waits (a new step that finds the line non-empty joins it rather than racing).
 
+A connection's line also answers to the portal's rate budget (shared/port/budget.py), in the
+gate's same statement: the window is the connection's as it is now (shrunk after a 429), a
+spent daily budget or short window parks the step with the budget's reason outside the line
+(until the budget's own end), and every step that goes — a claim that fits or a grant — takes
+one call from the budget: a grant counts a window slot, never the portal's day. The grantor
+serves a connection's line by the current, shrunk window, and grants nothing while the budget
+is spent (the line is due again when it comes back).
+
 Races: two grantors serialize on the line's row lock and on the window row (the no-op upsert
 locks it), so the second reads the first's grants counted and never over-grants; each grant
 is a guarded `waiting_for_retry → pending` move, so a step cancelled meanwhile is neither
