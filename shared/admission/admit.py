@@ -88,6 +88,7 @@ from pydantic import ValidationError
 
 from shared.admission import concurrency, debounce, run_throttle, stops
 from shared.admission.debounce import BurstJoin
+from shared.admission.priority import priority_of
 from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
@@ -239,6 +240,8 @@ class _Trigger:
     # The workflow's `concurrency` (shared/admission/concurrency.py) and its compiled `key`.
     concurrency: Concurrency | None = None
     concurrency_key: CompiledExpression | None = None
+    # The workflow's `priority` (shared/admission/priority.py), compiled.
+    priority: CompiledExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,8 @@ class _Plan:
     record: str | None
     # The binding's parsed trigger (None for an unreadable definition).
     trigger: _Trigger | None = None
+    # The run's priority, evaluated over the rule scope (shared/admission/priority.py).
+    priority: int = 0
 
 
 _triggers: dict[str, _Trigger] = {}
@@ -290,6 +295,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         gathering = debounce.Gathering.of(parsed.trigger.debounce, parsed.trigger.batch)
         limited = parsed.concurrency
         limited_key = None if limited is None else compile_expression(limited.key)
+        priority = None if parsed.priority is None else compile_expression(parsed.priority)
         gathering_key = (
             compile_expression(gathering.key)
             if gathering is not None and gathering.key is not None
@@ -316,6 +322,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         gathering_key=gathering_key,
         concurrency=limited,
         concurrency_key=limited_key,
+        priority=priority,
     )
     with _triggers_lock:
         if len(_triggers) >= _TRIGGER_CACHE_SIZE:
@@ -615,9 +622,22 @@ def _plan_bindings(
                 if record is event.scope.values["record"]
                 else json.dumps(record, default=str),
                 trigger=trigger,
+                priority=0 if refused is not None else _priority(event, trigger, record),
             )
         )
     return outcomes, resume, plans, extra_locks
+
+
+def _priority(event: EventFacts, trigger: _Trigger, record: Any) -> int:
+    """The run's priority over the rule scope (the record the trigger named)."""
+    if trigger.priority is None:
+        return 0
+    scope: PreparedScope | dict[str, Any] = (
+        event.scope
+        if record is event.scope.values["record"]
+        else {**event.scope.values, "record": record}
+    )
+    return priority_of(trigger.priority, scope)
 
 
 def paused(workflow_id: str, opened_at: Any, reason: Any) -> tuple[Reason, str]:
@@ -749,6 +769,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
             entry_nodes=[p.entry_node for p in plans],
             entry_types=[p.entry_type for p in plans],
             records=[p.record for p in plans],
+            priorities=[p.priority for p in plans],
             event_record=json.dumps(event.scope.values["record"], default=str),
             probe_ids=probe_ids,
         )
@@ -860,6 +881,7 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
                 entry_node=p.entry_node,
                 entry_type=p.entry_type,
                 gathering=trigger.gathering,
+                priority=p.priority,
             )
         )
     return kept, joins
@@ -954,6 +976,7 @@ def _throttled(
             entry_type=p.entry_type,
             throttle=trigger.throttle,
             run_id=p.run_id,
+            priority=p.priority,
         )
         queued = run_throttle.admit_or_queue(
             tx, event_id=event.id, tenant_id=event.tenant_id, item=item
@@ -1014,6 +1037,7 @@ def _limited(
             entry_type=p.entry_type,
             limit=trigger.concurrency.limit,
             run_id=p.run_id,
+            priority=p.priority,
         )
         wait = concurrency.take_or_wait(tx, event_id=event.id, tenant_id=event.tenant_id, item=item)
         if wait is None:
@@ -1116,13 +1140,16 @@ def decide_held_pairing(
     entry_node: str,
     entry_type: str,
     trigger_record: Any,
+    priority: int,
     refusal: tuple[Reason, str] | None = None,
 ) -> Mapping[str, Any]:
     """The decision statement for one pairing admission held back (a debounce burst's last
     event, a throttled start): the same rules as any admission (start key, dedup, first step,
     claim, refusal), with the run id the holder chose. The caller holds the record's dedup
-    lock when its mode needs one. Its row: `outcome` (admitted, handled, duplicate,
-    already_running, or `refusal`'s reason when given), `run_id`, `detail`, `step_id`."""
+    lock when its mode needs one. `priority`: the one the pairing was admitted with, stored
+    with it when it was held (shared/admission/priority.py). Its row: `outcome` (admitted,
+    handled, duplicate, already_running, or `refusal`'s reason when given), `run_id`,
+    `detail`, `step_id`."""
     (row,) = tx.all(
         ADMIT,
         event_id=event_id,
@@ -1137,6 +1164,7 @@ def decide_held_pairing(
         entry_nodes=[entry_node],
         entry_types=[entry_type],
         records=[None],
+        priorities=[priority],
         event_record=json.dumps(trigger_record, default=str),
         probe_ids=[],
     )
@@ -1158,6 +1186,7 @@ def decide_gathered(tx: Tx, burst: Mapping[str, Any]) -> Mapping[str, Any]:
         entry_node=burst["entry_node"],
         entry_type=burst["entry_type"],
         trigger_record=burst["trigger_record"],
+        priority=int(burst["priority"]),
         refusal=paused_now(burst),
     )
 

@@ -43,6 +43,7 @@ from shared.admission.admit import (
     LOCK_RECORDS,
     DefinitionUnreadable,
     _facts,
+    _priority,
     _trigger_for,
     paused,
     static_refusal,
@@ -117,6 +118,7 @@ class _Judged:
     entry_node: str = ""
     entry_type: str = ""
     recordable: bool = True  # False: not_bound / holds_starts, decided nothing
+    priority: int = 0  # the run's, over the rule scope (shared/admission/priority.py)
 
 
 def _judge(row: Mapping[str, Any]) -> _Judged:
@@ -147,7 +149,8 @@ def _judge(row: Mapping[str, Any]) -> _Judged:
             f"workflow {row['workflow_id']}'s circuit breaker is half-open: its trial runs are "
             "live events'; re-decide once it has closed",
         )
-    return _Judged(refused, key, record, trigger.entry_node, trigger.entry_type)
+    priority = 0 if refused is not None else _priority(facts, trigger, record)
+    return _Judged(refused, key, record, trigger.entry_node, trigger.entry_type, priority=priority)
 
 
 def _candidates(tx: Tx, f: Filter, refusal_ids: Sequence[int] | None, limit: int) -> list[Any]:
@@ -265,6 +268,7 @@ def _redecide_in(
         entry_node=judged.entry_node,
         entry_type=judged.entry_type,
         record=json.dumps(judged.record, default=str),
+        priority=judged.priority,
         bulk_id=bulk_id,
     )
     assert decided is not None  # one row, always

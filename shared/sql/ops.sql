@@ -231,10 +231,11 @@ WHERE e.id = :event_id
 -- one when the operator asked for it), and names the step it started from and who asked.
 INSERT INTO workflow_runs (tenant_id, workflow_id, version_id, start_key, event_id, record_key,
                            dedup_mode, namespace, status, trigger_payload, payload_truncated,
-                           replay_of, lineage_root, trigger_record, replay_from, replay_by)
+                           replay_of, lineage_root, trigger_record, replay_from, replay_by,
+                           priority)
 SELECT tenant_id, workflow_id, CAST(:version_id AS uuid), :start_key, event_id, record_key,
        dedup_mode, 'live', 'running', trigger_payload, payload_truncated, id, lineage_root,
-       trigger_record, :replay_from, :replay_by
+       trigger_record, :replay_from, :replay_by, priority
 FROM workflow_runs
 WHERE id = CAST(:run_id AS uuid)
 RETURNING id, lineage_root
@@ -245,10 +246,11 @@ RETURNING id, lineage_root
 INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, attempt,
                             dispatched_at, idempotency_key, side_effect_started_at, input,
                             output, error, error_class, outcome_code, branch_choice,
-                            copied_from, created_at, started_at, finished_at)
+                            copied_from, created_at, started_at, finished_at, priority)
 SELECT CAST(:new_run_id AS uuid), step_key, node_id, block_type, status, attempt,
        dispatched_at, idempotency_key, side_effect_started_at, input, output, error,
-       error_class, outcome_code, branch_choice, id, created_at, started_at, finished_at
+       error_class, outcome_code, branch_choice, id, created_at, started_at, finished_at,
+       priority
 FROM workflow_steps
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
 
@@ -262,10 +264,12 @@ DELETE FROM ai_answers WHERE idempotency_key = ANY(CAST(:keys AS text[]))
 -- A restarted step; :input_override (with :input_edited_by) is a person's edit of the chosen
 -- step's input, which the engine runs instead of the rendered config (steps_claim returns it).
 INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, idempotency_key,
-                            input, input_override, input_edited_by)
+                            input, input_override, input_edited_by, priority)
 VALUES (CAST(:new_run_id AS uuid), :step_key, :node_id, :block_type, 'pending',
         :idempotency_key, CAST(:input AS jsonb), CAST(:input_override AS jsonb),
-        :input_edited_by)
+        :input_edited_by,
+        -- the replay's priority (the original's, copied on its run row)
+        (SELECT r.priority FROM workflow_runs r WHERE r.id = CAST(:new_run_id AS uuid)))
 RETURNING id
 
 -- name: ops_retry_run_reopen

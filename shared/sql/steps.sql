@@ -12,10 +12,13 @@ WITH wanted AS (
                 CAST(:block_types AS text[])) AS w (step_key, node_id, block_type)
 ), inserted AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
-                                dispatched_at)
+                                dispatched_at, priority)
     SELECT CAST(:run_id AS uuid), w.step_key, w.node_id, w.block_type,
            onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key),
-           CASE WHEN CAST(:stamp_dispatched AS boolean) THEN now() END
+           CASE WHEN CAST(:stamp_dispatched AS boolean) THEN now() END,
+           -- the run's priority, on each step: a limit's line is ordered by the step's index
+           -- (shared/gates/limit_queue.py); one lookup by the run's primary key
+           (SELECT r.priority FROM workflow_runs r WHERE r.id = CAST(:run_id AS uuid))
     FROM wanted w
     ON CONFLICT (run_id, step_key) DO NOTHING
     RETURNING id
@@ -206,9 +209,10 @@ WITH run AS (
     WHERE CAST(:fold AS boolean)
 ), inserted AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
-                                dispatched_at)
+                                dispatched_at, priority)
     SELECT CAST(:run_id AS uuid), w.step_key, w.node_id, w.block_type,
-           onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key), now()
+           onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key), now(),
+           (SELECT r.priority FROM workflow_runs r WHERE r.id = CAST(:run_id AS uuid))
     FROM wanted w, ends
     WHERE ends.goes_on
     ON CONFLICT (run_id, step_key) DO NOTHING
