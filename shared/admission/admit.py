@@ -219,7 +219,7 @@ class DefinitionUnreadable(PermanentError):
 
 
 @dataclass(frozen=True)
-class _Trigger:
+class Trigger:
     """What admission needs from a version, parsed once (versions are immutable)."""
 
     version_id: str
@@ -269,17 +269,20 @@ class _Plan:
     # (sent once per statement, not once per binding).
     record: str | None
     # The binding's parsed trigger (None for an unreadable definition).
-    trigger: _Trigger | None = None
+    trigger: Trigger | None = None
     # The run's priority, evaluated over the rule scope (shared/admission/priority.py).
     priority: int = 0
 
 
-_triggers: dict[str, _Trigger] = {}
+_triggers: dict[str, Trigger] = {}
 _triggers_lock = threading.Lock()
 _TRIGGER_CACHE_SIZE = 2048
 
 
-def _trigger_for(version_id: str, definition: Any) -> _Trigger:
+def trigger_for(version_id: str, definition: Any) -> Trigger:
+    """The version's trigger, parsed once per process and cached (versions are immutable);
+    admission, would-run and re-decide all read it here. DefinitionUnreadable when the stored
+    definition no longer parses."""
     with _triggers_lock:
         cached = _triggers.get(version_id)
     if cached is not None:
@@ -308,7 +311,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
             f"version {version_id} has an unreadable definition: {exc}"[:2000]
         ) from exc
     entry = parsed.entry
-    trigger = _Trigger(
+    trigger = Trigger(
         version_id=version_id,
         rule=rule,
         record_expression=record_expr,
@@ -448,7 +451,7 @@ def event_refusal(event: EventFacts) -> tuple[Reason, str] | None:
 
 
 def resolve_record(
-    event: EventFacts, trigger: _Trigger
+    event: EventFacts, trigger: Trigger
 ) -> tuple[str | None, dict[str, Any], str | None]:
     """(record key, record scope, why there is none) for one trigger (shared/workflows/scope.py;
     the event's own record is the very dict of the event's prepared scope)."""
@@ -460,7 +463,7 @@ def resolve_record(
     )
 
 
-def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
+def unwatched_change(event: EventFacts, trigger: Trigger) -> str | None:
     """Why a property change is not this trigger's, or None. Watched fields are the union of
     what every active workflow of the tenant listens to (shared/workflows/listening.py: other
     triggers, and waits), so a change can be delivered for another listener: a trigger starts
@@ -477,7 +480,7 @@ def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
     )
 
 
-def rule_refusal(event: EventFacts, trigger: _Trigger, record: dict[str, Any]) -> str | None:
+def rule_refusal(event: EventFacts, trigger: Trigger, record: dict[str, Any]) -> str | None:
     """Why the trigger doesn't take this event (`rule_not_matched`'s detail), or None: a
     change of no field it watches, or a rule that is false or can't be evaluated."""
     unwatched = unwatched_change(event, trigger)
@@ -496,7 +499,7 @@ def rule_refusal(event: EventFacts, trigger: _Trigger, record: dict[str, Any]) -
 
 
 def static_refusal(
-    event: EventFacts, trigger: _Trigger, dedup_mode: str
+    event: EventFacts, trigger: Trigger, dedup_mode: str
 ) -> tuple[str | None, dict[str, Any], tuple[Reason, str] | None]:
     """The record key, the record the rule sees, and the refusal decided without looking at
     other runs (or None)."""
@@ -535,7 +538,8 @@ def trials_used_up(workflow_id: str, state: str, admitted: int) -> str:
 # --- the transaction ---------------------------------------------------------------------------
 
 
-def _facts(row: Mapping[str, Any]) -> EventFacts:
+def event_facts(row: Mapping[str, Any]) -> EventFacts:
+    """A stored trigger event's row as admission reads it (re-decide reads old events so)."""
     return EventFacts(
         id=int(row["id"]),
         tenant_id=row["tenant_id"],
@@ -589,7 +593,7 @@ def _plan_bindings(
             continue
         version_id = str(b["version_id"])
         try:
-            trigger = _trigger_for(version_id, b["definition"])
+            trigger = trigger_for(version_id, b["definition"])
         except DefinitionUnreadable as exc:
             # Refused alone, decided and recorded like any refusal (a redelivery finds the
             # claim); the event's other workflows don't wait for this one to be repaired.
@@ -628,7 +632,7 @@ def _plan_bindings(
     return outcomes, resume, plans, extra_locks
 
 
-def _priority(event: EventFacts, trigger: _Trigger, record: Any) -> int:
+def _priority(event: EventFacts, trigger: Trigger, record: Any) -> int:
     """The run's priority over the rule scope (the record the trigger named)."""
     if trigger.priority is None:
         return 0
@@ -721,7 +725,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     )
     if row is None:
         raise EventNotFound(f"trigger event {event_id} does not exist")
-    event = _facts(row)
+    event = event_facts(row)
     bindings = row["bindings"]
     outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
     if extra_locks:

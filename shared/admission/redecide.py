@@ -5,7 +5,7 @@ previewed set (`redecide`: one decision per (event, workflow, version), recorded
 refusal in admission_redecisions; the refusal row stays as admission wrote it).
 
 The decision is admission's own (shared/admission/admit.py), in its order of precedence:
-the version's trigger (`_trigger_for`: `definition_unreadable`), `static_refusal` (the
+the version's trigger (`trigger_for`: `definition_unreadable`), `static_refusal` (the
 record, the rule, the credits) on the event as it arrived, the circuit breaker (`paused`),
 then the dedup rule `admission_dedup` read under admission's own record lock
 (`admission_lock_records`), so a re-decision racing a live admission of a new event for the
@@ -42,11 +42,11 @@ from typing import Any, Literal, get_args
 from shared.admission.admit import (
     LOCK_RECORDS,
     DefinitionUnreadable,
-    _facts,
     _priority,
-    _trigger_for,
+    event_facts,
     paused,
     static_refusal,
+    trigger_for,
 )
 from shared.core import queries
 from shared.core.db import Database, Tx
@@ -122,12 +122,12 @@ class _Judged:
 
 
 def _judge(row: Mapping[str, Any]) -> _Judged:
-    facts = _facts(row)
+    facts = event_facts(row)
     if row["version_id"] is None:
         why = f"workflow {row['workflow_id']} is not active on {row['event_type']} now"
         return _Judged(("not_bound", why), facts.record_key, {}, recordable=False)
     try:
-        trigger = _trigger_for(str(row["version_id"]), row["definition"])
+        trigger = trigger_for(str(row["version_id"]), row["definition"])
     except DefinitionUnreadable as exc:
         return _Judged(("definition_unreadable", str(exc)), facts.record_key, {})
     if (
