@@ -21,7 +21,6 @@ import json
 import os
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from devstack import scheduler
 from devstack import stack as devstack
 from devstack.demo_story import SQL, WAIT_SECONDS, Story, wait_for
 from devstack.fakecrm.webhooks import signed_headers
+from devstack.serving import serve_in_thread
 from devstack.tools import MissingTool
 from shared.accounts import connections
 from shared.core.db import Database, connector_from_env
@@ -137,7 +137,7 @@ class NotifyReceiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        serve_in_thread(self.server, "demo-receiver")
 
     @property
     def url(self) -> str:

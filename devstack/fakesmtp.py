@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import socketserver
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any, cast
+
+from devstack.serving import serve_in_thread
 
 
 @dataclass(frozen=True)
@@ -75,9 +76,7 @@ class FakeSmtp:
         socketserver.ThreadingTCPServer.allow_reuse_address = True
         self._server = socketserver.ThreadingTCPServer((self.host, self.port), Handler)
         self._server.daemon_threads = True
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        serve_in_thread(self._server, "fakesmtp")
         return self
 
     def keep(self, sender: str, recipients: list[str], data: bytes) -> None:

@@ -59,6 +59,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from devstack import postgres, seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
+from devstack.serving import serve_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -959,7 +960,7 @@ def local_world(database_url: str | None = None) -> Iterator[Callable[[Loaded, T
             target="webhook", source=str(ROOT / "main.py")
         )
         server = make_server("127.0.0.1", 0, app, threaded=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        serve_in_thread(server, "scenario-ops")
 
         def run(loaded: Loaded, out: TextIO) -> int:
             with fresh() as url:

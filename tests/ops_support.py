@@ -5,7 +5,6 @@ committed), so these tests build exactly the states they need."""
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -19,6 +18,7 @@ import pytest
 
 from devstack import seed
 from devstack.function_process import serve
+from devstack.serving import serve_in_thread
 from shared.core.db import Database
 from shared.ops.api import app as ops_api
 from shared.ops.auth import mint_token
@@ -285,11 +285,7 @@ def ops_server_fixture(
 def serving(server: HTTPServer) -> Iterator[str]:
     """Serve `server` (bound to a free port on 127.0.0.1) from a thread; its base URL. Shut
     down and closed on the way out."""
-    # A short poll: shutdown() waits for the loop to look (0.5 s by default, per server).
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
+    thread = serve_in_thread(server, "ops-api")  # stops at once (devstack/serving.py)
     try:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:

@@ -190,6 +190,14 @@ def test_a_forged_or_stale_click_or_an_unmapped_user_records_nothing(
     tampered = body.replace(SLACK_IDS["ann"].encode(), SLACK_IDS["bob"].encode())
     assert slack.deliver(tampered, headers).status == 401
 
+    # A signed click whose button names no possible approval (beyond the id's bigint) is a
+    # 400 with its reason, never a 500 from the database.
+    huge = slack.payload(ts, SLACK_IDS["ann"], "approve")
+    huge["actions"][0]["value"] = "9" * 30
+    body_huge = urllib.parse.urlencode({"payload": json.dumps(huge)}).encode()
+    out_of_range = slack.deliver(body_huge, slack.signed(body_huge))
+    assert (out_of_range.status, out_of_range.answer["error"]) == (400, "bad_payload")
+
     (stranger,) = slack.click(ts, "U0MALLORY", "approve")
     assert stranger.status == 403 and stranger.answer == {
         "ok": False,

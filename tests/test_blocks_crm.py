@@ -81,6 +81,19 @@ def test_rate_limited_create_withdraws_the_mark_and_the_retry_creates_once(
     assert err.value.retry_after == crm_.rate_limit_wait  # from the 429's own headers
     assert err.value.outcome_code == "PROVIDER_RATE_LIMITED"
     assert not step.side_effect_started()  # provably not applied: the retry may call
+    # A retry before the 429's wait is over is parked by the connection's budget (the 429
+    # left nothing until then), without calling the CRM.
+    with pytest.raises(BlockFailure) as early:
+        step.run(crm.CREATE, crm_.create)
+    assert early.value.outcome_code == "THROTTLED" and "rate window is spent" in str(early.value)
+    assert crm_.records() == []
+    # The engine retries after `retry_after`: here that wait is over.
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connection_rate_budgets SET remaining_until = now()"
+            " WHERE connection_id = CAST(:c AS uuid)",
+            c=crm_.connection_id,
+        )
     step.run(crm.CREATE, crm_.create)
     assert len(crm_.records()) == 1
 

@@ -470,6 +470,24 @@ def _deal_amount_alert(stack: ExampleStack, workflow_id: str) -> None:
     assert used == 3
 
 
+def _deal_desk_big_deals_first(stack: ExampleStack, workflow_id: str) -> None:
+    """Three amount changes: each run carries the priority its amount gave at admission
+    (big deals 10, mid 5, the rest 0), on the run and on its step (the line's order)."""
+    deal = stack.fake.create_record("deals", {"dealname": "Big"}, PERSON)
+    stack.pump()
+    for amount in ("900", "50000", "250000"):
+        stack.person("deals", deal.id, {"amount": amount})
+    assert [s["body"]["amount"] for s in stack.sent] == ["900", "50000", "250000"]
+    with stack.db.transaction() as tx:
+        rows = tx.all(
+            "SELECT r.priority AS run, s.priority AS step FROM workflow_runs r"
+            " JOIN workflow_steps s ON s.run_id = r.id WHERE r.workflow_id = :w"
+            " ORDER BY r.created_at",
+            w=workflow_id,
+        )
+    assert [(r["run"], r["step"]) for r in rows] == [(0, 0), (5, 5), (10, 10)]
+
+
 def _new_company_any_crm(stack: ExampleStack, workflow_id: str) -> None:
     """The vendor-neutral example on the HubSpot fake: `crm.company.created` bound to HubSpot's
     company creation (subscribed by reconcile), `company` read and searched as HubSpot's
@@ -533,6 +551,7 @@ SCENARIOS = {
     "import-contacts-batched": _import_contacts_batched,
     "company-sync-two-at-a-time": _company_sync_two_at_a_time,
     "deal-amount-alert": _deal_amount_alert,
+    "deal-desk-big-deals-first": _deal_desk_big_deals_first,
     "new-company-any-crm": _new_company_any_crm,
     "lead-reply-classify": _lead_reply_classify,
 }

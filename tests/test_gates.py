@@ -24,6 +24,7 @@ from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
 from shared.gates import credits
 from shared.gates.catalog import GATES
+from shared.gates.limit_queue import grant_due_limits
 from shared.ops import replay
 from shared.ops.api.runs import run_detail
 from shared.steps.advance import advance_step
@@ -76,15 +77,19 @@ def _steps(db: Database, run_ids: list[str]) -> list[dict[str, Any]]:
 
 def _window_ends_and_parked_steps_wake(db: Database) -> list[str]:
     """What time does in production, done by hand: the window ends (its row is gone, as after
-    the boundary) and the sweep wakes the parked steps whose retry time came."""
+    the boundary), the sweep wakes the parked steps whose retry time came, and serves each
+    limit's line (shared/gates/limit_queue.py): the steps waiting in one are granted the new
+    window's slots, in their order."""
     with db.transaction() as tx:
         tx.execute("DELETE FROM throttle_windows")
         tx.execute(
             "UPDATE workflow_steps SET wake_at = now() - interval '1 second' "
-            "WHERE status = 'waiting_for_retry'"
+            "WHERE status = 'waiting_for_retry' AND limit_wait IS NULL"
         )
+        tx.execute("UPDATE limit_queues SET due_at = now() - interval '1 second'")
     woken: list[str] = []
     wake_due_steps(db, SweepConfig(), woken.extend, SweepReport())
+    grant_due_limits(db, SweepConfig(), woken.extend, SweepReport())
     return woken
 
 

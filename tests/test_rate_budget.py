@@ -9,6 +9,7 @@ instance would): what holds the steps back is the Postgres row, not a port's mem
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,9 +20,11 @@ import pytest
 from devstack import seed
 from devstack.fakecrm import FakeCrm, FakeCrmConfig
 from devstack.fakepipedrive import FakePipedrive, FakePipedriveConfig
-from shared.blocks.base import BlockFailure
-from shared.core.db import Database
-from shared.gates import throttle
+from shared.blocks import registry
+from shared.blocks.base import BlockContext, BlockFailure, Target
+from shared.core.db import Database, Tx
+from shared.gates import limit_queue, throttle
+from shared.gates.kind import Attempt, WorkflowGates
 from shared.port import budget
 from shared.port.interface import RateLimitState
 from shared.providers import connect
@@ -85,6 +88,28 @@ def _advance(db: Database, step_id: str) -> dict[str, Any]:
         )
     assert row is not None
     return dict(row)
+
+
+def _connection_attempt(connection_id: str, step_id: str) -> Attempt:
+    spec = registry.get("end")
+    ctx = BlockContext(
+        tenant_id=TENANT,
+        run_id="",
+        step_id=step_id,
+        step_key="start",
+        attempt=1,
+        idempotency_key=f"k:{step_id}",
+        scope={},
+    )
+    target = Target(connection_id=connection_id)
+    return Attempt(spec, ctx, spec.config_model.model_construct(), WorkflowGates("wf"), target)
+
+
+def _connection_gate(tx: Tx, connection_id: str, step_id: str) -> BlockFailure | None:
+    """The connection-limit gate's one statement for a step (the real `open`)."""
+    return limit_queue.open_in_turn(
+        tx, _connection_attempt(connection_id, step_id), scope="connection", subject=connection_id
+    )
 
 
 def _statuses(fake: FakeCrm) -> list[Any]:
@@ -222,7 +247,7 @@ def test_racing_claims_for_the_portals_last_call_let_exactly_one_through(
         budget.observe(tx, connection_id, RateLimitState(remaining=1, reset_seconds=60.0))
 
     def take(own: Database) -> BlockFailure | None:
-        return own.run(lambda tx: throttle.claim_connection_or_refusal(tx, connection_id))
+        return own.run(lambda tx: _connection_gate(tx, connection_id, str(uuid.uuid4())))
 
     results = at_barrier(database_url, [take, take])
     assert sorted(r is None for r in results) == [False, True]
@@ -301,3 +326,127 @@ def test_an_answer_with_plenty_left_writes_no_budget_row(
         assert _advance(db, _create_task_step(db, connection_id, "wf-a"))["status"] == "succeeded"
         with db.transaction() as tx:
             assert tx.scalar("SELECT count(*) FROM connection_rate_budgets") == 0
+
+
+def _limited_connection(db: Database, max_: int) -> str:
+    """A connection of `max_` calls an hour (no answer has narrowed it yet)."""
+    seed_tenant(db)
+    connection_id = seed_connection(db, "http://127.0.0.1:9")
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE connections SET rate_limit_per_window = :m, rate_limit_window_seconds = 3600",
+            m=max_,
+        )
+    return connection_id
+
+
+def _running(db: Database, connection_id: str, n: int) -> list[str]:
+    """`n` steps on the connection, each claimed (running under a lease) as the executor does."""
+    ids = [_create_task_step(db, connection_id, "wf-a") for _ in range(n)]
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'running', lease_id = gen_random_uuid(),"
+            " lease_expires_at = now() + interval '1 hour', attempt = 1"
+            " WHERE id = ANY(CAST(:ids AS uuid[]))",
+            ids=ids,
+        )
+    return ids
+
+
+def _claim(tx: Tx, step_id: str) -> None:
+    """The executor claims the granted (pending) step: running under a lease."""
+    tx.execute(
+        "UPDATE workflow_steps SET status = 'running', lease_id = gen_random_uuid(),"
+        " lease_expires_at = now() + interval '1 hour' WHERE id = :s",
+        s=step_id,
+    )
+
+
+def _park(db: Database, step_ids: list[str]) -> None:
+    """What the settle writes for a THROTTLED refusal."""
+    with db.transaction() as tx:
+        tx.execute(
+            "UPDATE workflow_steps SET status = 'waiting_for_retry', lease_id = NULL,"
+            " lease_expires_at = NULL, wake_at = now() + interval '1 hour',"
+            " outcome_code = 'THROTTLED' WHERE id = ANY(CAST(:ids AS uuid[]))",
+            ids=step_ids,
+        )
+
+
+def _gate(db: Database, connection_id: str, step_id: str) -> BlockFailure | None:
+    return db.run(lambda tx: _connection_gate(tx, connection_id, step_id))
+
+
+def _next_window_granted(db: Database, connection_id: str) -> list[str]:
+    """The hour ends (the window is moved back) and the sweep's grantor serves the line."""
+    with db.transaction() as tx:
+        tx.execute("UPDATE throttle_windows SET window_start = window_start - interval '2 hours'")
+        return limit_queue.grant(tx, f"connection|{connection_id}").step_ids
+
+
+def test_a_granted_step_still_takes_from_the_portals_budget_and_a_spent_day_refuses_it(
+    db: Database,
+) -> None:
+    """A grant counts a slot in the connection's window, not a call of the portal's day: the
+    granted step's gate takes its call from the budget, and parks with the budget's reason
+    when the day was spent between the grant and the gate."""
+    connection_id = _limited_connection(db, 1)
+    first, second = _running(db, connection_id, 2)
+    assert _gate(db, connection_id, first) is None  # the hour's one slot
+    assert _gate(db, connection_id, second) is not None  # joins the line
+    _park(db, [second])
+    assert _next_window_granted(db, connection_id) == [second]
+    with db.transaction() as tx:
+        _claim(tx, second)
+        budget.observe(tx, connection_id, RateLimitState(daily_remaining=0))
+    refused = _gate(db, connection_id, second)
+    assert refused is not None
+    assert "the portal's daily API budget is spent" in str(refused)
+
+    # With a call left, the grant goes and takes it.
+    third, fourth = _running(db, connection_id, 2)
+    with db.transaction() as tx:
+        tx.execute("UPDATE connection_rate_budgets SET daily_remaining = 2")
+        tx.execute("UPDATE throttle_windows SET window_start = window_start - interval '2 hours'")
+    assert _gate(db, connection_id, third) is None  # 1 call of the day left
+    assert _gate(db, connection_id, fourth) is not None  # the hour is full: joins the line
+    _park(db, [fourth])
+    assert _next_window_granted(db, connection_id) == [fourth]
+    with db.transaction() as tx:
+        _claim(tx, fourth)
+    assert _gate(db, connection_id, fourth) is None
+    with db.transaction() as tx:
+        assert tx.scalar("SELECT daily_remaining FROM connection_rate_budgets") == 0
+
+
+def test_the_grantor_grants_nothing_while_the_portals_day_is_spent(db: Database) -> None:
+    connection_id = _limited_connection(db, 1)
+    first, second = _running(db, connection_id, 2)
+    assert _gate(db, connection_id, first) is None
+    assert _gate(db, connection_id, second) is not None
+    _park(db, [second])
+    with db.transaction() as tx:
+        budget.observe(tx, connection_id, RateLimitState(daily_remaining=0))
+    assert _next_window_granted(db, connection_id) == []
+    with db.transaction() as tx:
+        due = tx.scalar("SELECT due_at FROM limit_queues")
+        until = tx.scalar("SELECT daily_until FROM connection_rate_budgets")
+    assert due == until  # the line is served again when the day's budget comes back
+
+
+def test_the_grantor_serves_a_connections_line_by_its_window_shrunk_after_a_429(
+    db: Database,
+) -> None:
+    """The line stored the window of 4 when its steps joined; a 429 halved it since: the next
+    window grants 2, not 4."""
+    connection_id = _limited_connection(db, 4)
+    first, *waiting = _running(db, connection_id, 5)
+    assert _gate(db, connection_id, first) is None
+    with db.transaction() as tx:
+        tx.execute("UPDATE throttle_windows SET used = 4")  # the hour is full
+    for step_id in waiting:
+        assert _gate(db, connection_id, step_id) is not None
+    _park(db, waiting)
+    with db.transaction() as tx:
+        budget.shrink(tx, connection_id, retry_after=0.0)
+    assert len(_next_window_granted(db, connection_id)) == 2

@@ -63,6 +63,7 @@ def test_the_repairs_run_in_the_sweeps_order() -> None:
         "requeue_undecided_events",
         "fire_due_bursts",
         "start_due_runs",
+        "grant_due_limits",
         "start_granted_runs",
         "remind_and_escalate_approvals",
         "deliver_approval_messages",

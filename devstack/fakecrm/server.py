@@ -35,6 +35,7 @@ from devstack.fakecrm.store import (
     now_ms,
 )
 from devstack.fakecrm.webhooks import DELIVERY_MODES, DeliveryMode, WebhookSender
+from devstack.serving import serve_in_thread
 from shared.accounts.oauth_tokens import Grant
 from shared.providers.hubspot import versions
 
@@ -205,10 +206,7 @@ class FakeCrm:
         return f"http://{host!s}:{port}"
 
     def start(self) -> FakeCrm:
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, name="fakecrm", daemon=True
-        )
-        self._thread.start()
+        self._thread = serve_in_thread(self.server, "fakecrm")
         return self
 
     def serve_forever(self) -> None:

@@ -52,6 +52,7 @@ import httpx
 
 from devstack.fakepipedrive.oauth import Installed, OAuthRefused, OAuthServer
 from devstack.fakepipedrive.webhooks import DeliveryPolicy, WebhookSender
+from devstack.serving import serve_in_thread
 from shared.accounts.oauth_tokens import Grant
 
 MAX_BODY = 1 << 20
@@ -295,7 +296,7 @@ class FakePipedrive:
         return f"http://{host!s}:{port}"
 
     def start(self) -> FakePipedrive:
-        threading.Thread(target=self.server.serve_forever, name="fakepd", daemon=True).start()
+        serve_in_thread(self.server, "fakepd")
         return self
 
     def stop(self) -> None:

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from devstack.serving import serve_in_thread
+
 
 @dataclass
 class Delivery:
@@ -95,9 +97,7 @@ class FakeSlack:
                 self.wfile.write(data)
 
         self._server = ThreadingHTTPServer((self.host, self.port), Handler)
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
+        serve_in_thread(self._server, "fakeslack")
         return self
 
     def stop(self) -> None:

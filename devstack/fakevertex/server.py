@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+from devstack.serving import serve_in_thread
 from shared.blocks import answer_schema
 
 GENERATE = re.compile(
@@ -89,7 +90,7 @@ class FakeVertex:
                 self.wfile.write(data)
 
         self._server = ThreadingHTTPServer((self.host, self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        serve_in_thread(self._server, "fakevertex")
         return self
 
     def stop(self) -> None:

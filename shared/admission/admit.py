@@ -88,6 +88,7 @@ from pydantic import ValidationError
 
 from shared.admission import concurrency, debounce, run_throttle, stops
 from shared.admission.debounce import BurstJoin
+from shared.admission.priority import priority_of
 from shared.core import queries, tracing
 from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
@@ -218,7 +219,7 @@ class DefinitionUnreadable(PermanentError):
 
 
 @dataclass(frozen=True)
-class _Trigger:
+class Trigger:
     """What admission needs from a version, parsed once (versions are immutable)."""
 
     version_id: str
@@ -239,6 +240,8 @@ class _Trigger:
     # The workflow's `concurrency` (shared/admission/concurrency.py) and its compiled `key`.
     concurrency: Concurrency | None = None
     concurrency_key: CompiledExpression | None = None
+    # The workflow's `priority` (shared/admission/priority.py), compiled.
+    priority: CompiledExpression | None = None
 
 
 @dataclass(frozen=True)
@@ -266,15 +269,20 @@ class _Plan:
     # (sent once per statement, not once per binding).
     record: str | None
     # The binding's parsed trigger (None for an unreadable definition).
-    trigger: _Trigger | None = None
+    trigger: Trigger | None = None
+    # The run's priority, evaluated over the rule scope (shared/admission/priority.py).
+    priority: int = 0
 
 
-_triggers: dict[str, _Trigger] = {}
+_triggers: dict[str, Trigger] = {}
 _triggers_lock = threading.Lock()
 _TRIGGER_CACHE_SIZE = 2048
 
 
-def _trigger_for(version_id: str, definition: Any) -> _Trigger:
+def trigger_for(version_id: str, definition: Any) -> Trigger:
+    """The version's trigger, parsed once per process and cached (versions are immutable);
+    admission, would-run and re-decide all read it here. DefinitionUnreadable when the stored
+    definition no longer parses."""
     with _triggers_lock:
         cached = _triggers.get(version_id)
     if cached is not None:
@@ -290,6 +298,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         gathering = debounce.Gathering.of(parsed.trigger.debounce, parsed.trigger.batch)
         limited = parsed.concurrency
         limited_key = None if limited is None else compile_expression(limited.key)
+        priority = None if parsed.priority is None else compile_expression(parsed.priority)
         gathering_key = (
             compile_expression(gathering.key)
             if gathering is not None and gathering.key is not None
@@ -302,7 +311,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
             f"version {version_id} has an unreadable definition: {exc}"[:2000]
         ) from exc
     entry = parsed.entry
-    trigger = _Trigger(
+    trigger = Trigger(
         version_id=version_id,
         rule=rule,
         record_expression=record_expr,
@@ -316,6 +325,7 @@ def _trigger_for(version_id: str, definition: Any) -> _Trigger:
         gathering_key=gathering_key,
         concurrency=limited,
         concurrency_key=limited_key,
+        priority=priority,
     )
     with _triggers_lock:
         if len(_triggers) >= _TRIGGER_CACHE_SIZE:
@@ -441,7 +451,7 @@ def event_refusal(event: EventFacts) -> tuple[Reason, str] | None:
 
 
 def resolve_record(
-    event: EventFacts, trigger: _Trigger
+    event: EventFacts, trigger: Trigger
 ) -> tuple[str | None, dict[str, Any], str | None]:
     """(record key, record scope, why there is none) for one trigger (shared/workflows/scope.py;
     the event's own record is the very dict of the event's prepared scope)."""
@@ -453,7 +463,7 @@ def resolve_record(
     )
 
 
-def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
+def unwatched_change(event: EventFacts, trigger: Trigger) -> str | None:
     """Why a property change is not this trigger's, or None. Watched fields are the union of
     what every active workflow of the tenant listens to (shared/workflows/listening.py: other
     triggers, and waits), so a change can be delivered for another listener: a trigger starts
@@ -470,7 +480,7 @@ def unwatched_change(event: EventFacts, trigger: _Trigger) -> str | None:
     )
 
 
-def rule_refusal(event: EventFacts, trigger: _Trigger, record: dict[str, Any]) -> str | None:
+def rule_refusal(event: EventFacts, trigger: Trigger, record: dict[str, Any]) -> str | None:
     """Why the trigger doesn't take this event (`rule_not_matched`'s detail), or None: a
     change of no field it watches, or a rule that is false or can't be evaluated."""
     unwatched = unwatched_change(event, trigger)
@@ -489,7 +499,7 @@ def rule_refusal(event: EventFacts, trigger: _Trigger, record: dict[str, Any]) -
 
 
 def static_refusal(
-    event: EventFacts, trigger: _Trigger, dedup_mode: str
+    event: EventFacts, trigger: Trigger, dedup_mode: str
 ) -> tuple[str | None, dict[str, Any], tuple[Reason, str] | None]:
     """The record key, the record the rule sees, and the refusal decided without looking at
     other runs (or None)."""
@@ -528,7 +538,8 @@ def trials_used_up(workflow_id: str, state: str, admitted: int) -> str:
 # --- the transaction ---------------------------------------------------------------------------
 
 
-def _facts(row: Mapping[str, Any]) -> EventFacts:
+def event_facts(row: Mapping[str, Any]) -> EventFacts:
+    """A stored trigger event's row as admission reads it (re-decide reads old events so)."""
     return EventFacts(
         id=int(row["id"]),
         tenant_id=row["tenant_id"],
@@ -582,7 +593,7 @@ def _plan_bindings(
             continue
         version_id = str(b["version_id"])
         try:
-            trigger = _trigger_for(version_id, b["definition"])
+            trigger = trigger_for(version_id, b["definition"])
         except DefinitionUnreadable as exc:
             # Refused alone, decided and recorded like any refusal (a redelivery finds the
             # claim); the event's other workflows don't wait for this one to be repaired.
@@ -615,9 +626,22 @@ def _plan_bindings(
                 if record is event.scope.values["record"]
                 else json.dumps(record, default=str),
                 trigger=trigger,
+                priority=0 if refused is not None else _priority(event, trigger, record),
             )
         )
     return outcomes, resume, plans, extra_locks
+
+
+def _priority(event: EventFacts, trigger: Trigger, record: Any) -> int:
+    """The run's priority over the rule scope (the record the trigger named)."""
+    if trigger.priority is None:
+        return 0
+    scope: PreparedScope | dict[str, Any] = (
+        event.scope
+        if record is event.scope.values["record"]
+        else {**event.scope.values, "record": record}
+    )
+    return priority_of(trigger.priority, scope)
 
 
 def paused(workflow_id: str, opened_at: Any, reason: Any) -> tuple[Reason, str]:
@@ -701,7 +725,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
     )
     if row is None:
         raise EventNotFound(f"trigger event {event_id} does not exist")
-    event = _facts(row)
+    event = event_facts(row)
     bindings = row["bindings"]
     outcomes, resume, plans, extra_locks = _plan_bindings(event, bindings, seams)
     if extra_locks:
@@ -749,6 +773,7 @@ def _admit_in_transaction(tx: Tx, event_id: int, seams: AdmissionSeams) -> _Atte
             entry_nodes=[p.entry_node for p in plans],
             entry_types=[p.entry_type for p in plans],
             records=[p.record for p in plans],
+            priorities=[p.priority for p in plans],
             event_record=json.dumps(event.scope.values["record"], default=str),
             probe_ids=probe_ids,
         )
@@ -864,6 +889,7 @@ def _debounced(event: EventFacts, plans: list[_Plan]) -> tuple[list[_Plan], list
                 entry_node=p.entry_node,
                 entry_type=p.entry_type,
                 gathering=trigger.gathering,
+                priority=p.priority,
             )
         )
     return kept, joins
@@ -958,6 +984,7 @@ def _throttled(
             entry_type=p.entry_type,
             throttle=trigger.throttle,
             run_id=p.run_id,
+            priority=p.priority,
         )
         queued = run_throttle.admit_or_queue(
             tx, event_id=event.id, tenant_id=event.tenant_id, item=item
@@ -1018,6 +1045,7 @@ def _limited(
             entry_type=p.entry_type,
             limit=trigger.concurrency.limit,
             run_id=p.run_id,
+            priority=p.priority,
         )
         wait = concurrency.take_or_wait(tx, event_id=event.id, tenant_id=event.tenant_id, item=item)
         if wait is None:
@@ -1120,13 +1148,16 @@ def decide_held_pairing(
     entry_node: str,
     entry_type: str,
     trigger_record: Any,
+    priority: int,
     refusal: tuple[Reason, str] | None = None,
 ) -> Mapping[str, Any]:
     """The decision statement for one pairing admission held back (a debounce burst's last
     event, a throttled start): the same rules as any admission (start key, dedup, first step,
     claim, refusal), with the run id the holder chose. The caller holds the record's dedup
-    lock when its mode needs one. Its row: `outcome` (admitted, handled, duplicate,
-    already_running, or `refusal`'s reason when given), `run_id`, `detail`, `step_id`."""
+    lock when its mode needs one. `priority`: the one the pairing was admitted with, stored
+    with it when it was held (shared/admission/priority.py). Its row: `outcome` (admitted,
+    handled, duplicate, already_running, or `refusal`'s reason when given), `run_id`,
+    `detail`, `step_id`."""
     (row,) = tx.all(
         ADMIT,
         event_id=event_id,
@@ -1141,6 +1172,7 @@ def decide_held_pairing(
         entry_nodes=[entry_node],
         entry_types=[entry_type],
         records=[None],
+        priorities=[priority],
         event_record=json.dumps(trigger_record, default=str),
         probe_ids=[],
     )
@@ -1162,6 +1194,7 @@ def decide_gathered(tx: Tx, burst: Mapping[str, Any]) -> Mapping[str, Any]:
         entry_node=burst["entry_node"],
         entry_type=burst["entry_type"],
         trigger_record=burst["trigger_record"],
+        priority=int(burst["priority"]),
         refusal=paused_now(burst),
     )
 

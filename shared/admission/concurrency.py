@@ -75,6 +75,8 @@ class Limited:
     entry_type: str
     limit: int
     run_id: str
+    # The run's priority, as admitted (shared/admission/priority.py).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ def take_or_wait(tx: Tx, *, event_id: int, tenant_id: str, item: Limited) -> Wai
         entry_node=item.entry_node,
         entry_type=item.entry_type,
         limit=item.limit,
+        priority=item.priority,
         **keys,
     )
     assert row is not None

@@ -48,6 +48,7 @@ def start_granted(db: Database, due: Mapping[str, Any]) -> Started | None:
             entry_node=entry["entry_node"],
             entry_type=entry["entry_type"],
             trigger_record=entry["trigger_record"],
+            priority=int(entry["priority"]),
             refusal=paused_now(entry),
         )
         outcome = str(row["outcome"])

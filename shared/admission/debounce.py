@@ -132,6 +132,8 @@ class BurstJoin:
     entry_node: str
     entry_type: str
     gathering: Gathering
+    # The run's priority, as admitted (shared/admission/priority.py).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,7 @@ def join_bursts(tx: Tx, *, event_id: int, tenant_id: str, joins: list[BurstJoin]
             period_seconds=float(j.gathering.period_seconds),
             max_wait_seconds=float(j.gathering.max_wait_seconds),
             max_size=j.gathering.max_size,
+            priority=j.priority,
         )
         assert row is not None  # joined, opened or held: one row, always
         out.append(

@@ -5,7 +5,7 @@ previewed set (`redecide`: one decision per (event, workflow, version), recorded
 refusal in admission_redecisions; the refusal row stays as admission wrote it).
 
 The decision is admission's own (shared/admission/admit.py), in its order of precedence:
-the version's trigger (`_trigger_for`: `definition_unreadable`), `static_refusal` (the
+the version's trigger (`trigger_for`: `definition_unreadable`), `static_refusal` (the
 record, the rule, the credits) on the event as it arrived, the circuit breaker (`paused`),
 then the dedup rule `admission_dedup` read under admission's own record lock
 (`admission_lock_records`), so a re-decision racing a live admission of a new event for the
@@ -42,10 +42,11 @@ from typing import Any, Literal, get_args
 from shared.admission.admit import (
     LOCK_RECORDS,
     DefinitionUnreadable,
-    _facts,
-    _trigger_for,
+    _priority,
+    event_facts,
     paused,
     static_refusal,
+    trigger_for,
 )
 from shared.core import queries
 from shared.core.db import Database, Tx
@@ -117,15 +118,16 @@ class _Judged:
     entry_node: str = ""
     entry_type: str = ""
     recordable: bool = True  # False: not_bound / holds_starts, decided nothing
+    priority: int = 0  # the run's, over the rule scope (shared/admission/priority.py)
 
 
 def _judge(row: Mapping[str, Any]) -> _Judged:
-    facts = _facts(row)
+    facts = event_facts(row)
     if row["version_id"] is None:
         why = f"workflow {row['workflow_id']} is not active on {row['event_type']} now"
         return _Judged(("not_bound", why), facts.record_key, {}, recordable=False)
     try:
-        trigger = _trigger_for(str(row["version_id"]), row["definition"])
+        trigger = trigger_for(str(row["version_id"]), row["definition"])
     except DefinitionUnreadable as exc:
         return _Judged(("definition_unreadable", str(exc)), facts.record_key, {})
     if (
@@ -147,7 +149,8 @@ def _judge(row: Mapping[str, Any]) -> _Judged:
             f"workflow {row['workflow_id']}'s circuit breaker is half-open: its trial runs are "
             "live events'; re-decide once it has closed",
         )
-    return _Judged(refused, key, record, trigger.entry_node, trigger.entry_type)
+    priority = 0 if refused is not None else _priority(facts, trigger, record)
+    return _Judged(refused, key, record, trigger.entry_node, trigger.entry_type, priority=priority)
 
 
 def _candidates(tx: Tx, f: Filter, refusal_ids: Sequence[int] | None, limit: int) -> list[Any]:
@@ -265,6 +268,7 @@ def _redecide_in(
         entry_node=judged.entry_node,
         entry_type=judged.entry_type,
         record=json.dumps(judged.record, default=str),
+        priority=judged.priority,
         bulk_id=bulk_id,
     )
     assert decided is not None  # one row, always

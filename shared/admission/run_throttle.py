@@ -70,6 +70,8 @@ class Throttled:
     entry_type: str
     throttle: RunThrottle
     run_id: str
+    # The run's priority, as admitted (shared/admission/priority.py).
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ def admit_or_queue(tx: Tx, *, event_id: int, tenant_id: str, item: Throttled) ->
         limit_per_window=item.throttle.limit,
         window_seconds=item.throttle.window_seconds,
         due_at=None if due_at is None else due_at.isoformat(),
+        priority=item.priority,
     )
     assert row is not None
     return Queued(item.workflow_id, int(row["id"]), row["due_at"], bool(row["queued_now"]))

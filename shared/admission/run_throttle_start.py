@@ -66,6 +66,7 @@ def start_head(db: Database, due: Mapping[str, Any]) -> tuple[Started | None, bo
             entry_node=entry["entry_node"],
             entry_type=entry["entry_type"],
             trigger_record=entry["trigger_record"],
+            priority=int(entry["priority"]),
             refusal=paused_now(entry),
         )
         outcome = str(row["outcome"])

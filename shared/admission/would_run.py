@@ -6,7 +6,7 @@ property change of the fields the trigger watches, carrying their current values
 admission decide for this workflow? The pieces are admission's own (shared/admission/admit.py),
 called in its order of precedence, so the two can't drift apart:
 
-- the trigger, parsed and cached per version by `_trigger_for` (`definition_unreadable`);
+- the trigger, parsed and cached per version by `trigger_for` (`definition_unreadable`);
 - `event_refusal` (connection paused or disconnected, excluded authors: `provider_suppressed`;
   every carried field matching a live echo marker: `echo_suppressed`), the record by
   `resolve_record` (`missing_record_identity`), the watch list and the rule by `rule_refusal`
@@ -43,12 +43,12 @@ from shared.admission.admit import (
     DefinitionUnreadable,
     EventFacts,
     Reason,
-    _Trigger,
-    _trigger_for,
+    Trigger,
     paused_now,
     provider_suppression,
     static_refusal,
     trials_used_up,
+    trigger_for,
 )
 from shared.core import queries
 from shared.core.db import Database, Tx
@@ -167,7 +167,7 @@ def _answer(  # noqa: PLR0917 - one call site
     unread = _facts(ctx, binding["event_type"], kind, object_id, current, {})
     try:
         # Admission's own parse of the version, cached per version.
-        trigger = _trigger_for(str(binding["version_id"]), binding["definition"])
+        trigger = trigger_for(str(binding["version_id"]), binding["definition"])
     except DefinitionUnreadable as exc:
         return _refused(unread, binding, workflow_id, ("definition_unreadable", str(exc)))
     if provider_suppression(unread) is None:
@@ -200,7 +200,7 @@ def _refused(
 
 
 def _decide(
-    tx: Tx, facts: EventFacts, trigger: _Trigger, binding: Mapping[str, Any], workflow_id: str
+    tx: Tx, facts: EventFacts, trigger: Trigger, binding: Mapping[str, Any], workflow_id: str
 ) -> WouldRun:
     """Admission's precedence (shared/admission/admit.py `_plan_bindings`, then
     `_claim_trial_runs`, then `admission_admit`), on facts that name no event."""
@@ -252,7 +252,7 @@ def _decide(
 
 
 def _held(
-    facts: EventFacts, trigger: _Trigger, key: str | None, record: dict[str, Any]
+    facts: EventFacts, trigger: Trigger, key: str | None, record: dict[str, Any]
 ) -> tuple[tuple[Reason, str] | None, tuple[str, ...]]:
     """(a refusal for a debounce or throttle key that can't be had, the notes saying how the
     start would be held), with admission's own key functions."""
@@ -328,18 +328,18 @@ def _binding(
     if not of_kind:
         return None
     try:
-        watches = bool(_trigger_for(str(of_kind[0]["version_id"]), of_kind[0]["definition"]).watch)
+        watches = bool(trigger_for(str(of_kind[0]["version_id"]), of_kind[0]["definition"]).watch)
     except DefinitionUnreadable:  # its refusal is the answer, whichever type is asked
         watches = False
     of_kind.sort(key=lambda b: str(b["event_type"]).endswith(PROPERTY_CHANGED) != watches)
     return of_kind[0]
 
 
-def _rule_fields(trigger: _Trigger) -> frozenset[str]:
+def _rule_fields(trigger: Trigger) -> frozenset[str]:
     return record_fields(trigger.rule.source) if trigger.rule is not None else frozenset()
 
 
-def _carried(event_type: str, trigger: _Trigger, properties: Mapping[str, Any]) -> dict[str, Any]:
+def _carried(event_type: str, trigger: Trigger, properties: Mapping[str, Any]) -> dict[str, Any]:
     """The fields a change announced now would carry: for a property change, the watched
     fields the record has (every field the rule reads when the trigger watches none); nothing
     for other kinds of events."""

@@ -103,6 +103,8 @@ class SweepReport:
     bursts_fired: int = 0
     # Runs started from a throttle's queue (shared/admission/run_throttle.py).
     runs_started_from_queue: int = 0
+    # Steps granted a slot from a limit's line (shared/gates/limit_queue.py).
+    limit_grants: int = 0
     duties: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -118,6 +120,7 @@ class SweepReport:
             "events_undelivered": self.events_undelivered,
             "bursts_fired": self.bursts_fired,
             "runs_started_from_queue": self.runs_started_from_queue,
+            "limit_grants": self.limit_grants,
             "duties": self.duties,
         }
 

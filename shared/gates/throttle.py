@@ -27,11 +27,9 @@ from shared.blocks.base import BlockFailure
 from shared.core import queries
 from shared.core.db import Database, Tx
 from shared.core.duty import Duty, SweepConfig
-from shared.port import budget
 
 SQL = queries.load("throttle")
 CLAIM = SQL["throttle_claim"]
-CLAIM_CONNECTION = SQL["throttle_claim_connection"]
 CONNECTION_LIMIT = SQL["throttle_connection_limit"]
 DELETE_EXPIRED = SQL["throttle_windows_delete_expired"]
 
@@ -87,24 +85,6 @@ def connection_limit(tx: Tx, connection_id: str) -> Limit | None:
     if row is None:
         return None
     return Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
-
-
-def claim_connection_or_refusal(tx: Tx, connection_id: str) -> BlockFailure | None:
-    """`claim_or_refusal` for the connection's window, narrowed by the portal's budget
-    (shared/port/budget.py), the limit and the budget read in the claim's own statement; None
-    also for a connection that doesn't exist (nothing to count against)."""
-    row = tx.one(CLAIM_CONNECTION, connection_id=connection_id)
-    if row is None:
-        return None
-    limit = Limit("connection", connection_id, int(row["max"]), int(row["window_seconds"]))
-    if row["spent"] is not None:
-        # The portal's budget, by the vendor's headers, is spent: no slot was claimed.
-        spent = ThrottleClaim(
-            False, 0, limit.max, max(float(row["seconds_left"]), 0.05), row["window_end"]
-        )
-        return throttled(limit, spent, reason=budget.reason(str(row["spent"]), row["window_end"]))
-    outcome = _claimed(limit, row)
-    return None if outcome.allowed else throttled(limit, outcome)
 
 
 def claim_slot(tx: Tx, connection_id: str) -> ThrottleClaim:

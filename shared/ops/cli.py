@@ -5,7 +5,9 @@ message`) and `onceflow schema --out PATH`.
 
 Everything else goes over the ops API (shared/ops/client.py says which credentials and where
 they come from). Setting up: `tenants create|list`, `connections create|list`, `tokens
-create|list|revoke` (creating tenants and tokens takes an admin token). Workflows: `workflows`
+create|list|revoke` (creating tenants and tokens takes an admin token), `messaging
+show|slack|smtp` and `approvers add|list|remove` (how approvals reach people:
+shared/ops/cli_people.py). Workflows: `workflows`
 (ids, names, versions), `publish FILE [--activate]`, `activate WORKFLOW VERSION`, `deactivate
 WORKFLOW`, `budget WORKFLOW`, `breaker WORKFLOW [--resume [--half-open]]` (a WORKFLOW by id or
 name). Runs: `runs [filters]` (`--since 1h`, `--since 2026-12-01`), `show RUN`, `explain
@@ -38,7 +40,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shared.admission.redecide import REDECIDABLE
-from shared.ops import cli_outbound, terminal
+from shared.ops import cli_outbound, cli_people, terminal
 from shared.ops.client import ApiError, Credentials, OpsClient
 from shared.providers import registry
 from shared.providers.descriptor import ProjectSpec, SubscriptionKey
@@ -255,6 +257,8 @@ def _show(s: Session, args: argparse.Namespace) -> int:
             ("step", "block", "status", "attempts", "outcome", "error"),
             s.out,
         )
+        for line in (line for st in d["steps"] for line in cli_people.approval_lines(st)):
+            print(terminal.wrap(line), file=s.out)
 
     s.emit(d, readable)
     return EXIT_OK
@@ -1081,6 +1085,7 @@ def _setup_parsers(sub: Any, remote: argparse.ArgumentParser) -> None:
     _tenant_parsers(sub, remote)
     _connection_parsers(sub, remote)
     _token_parsers(sub, remote)
+    cli_people.parsers(sub, remote)
     cli_outbound.add_parsers(sub, remote)
 
 
@@ -1364,6 +1369,7 @@ REMOTE: dict[str, Callable[[Session, argparse.Namespace], int]] = {
     "tokens create": _tokens_create,
     "tokens list": _tokens_list,
     "tokens revoke": _tokens_revoke,
+    **cli_people.REMOTE,
     "bootstrap": _bootstrap,
     "publish": _publish,
     "activate": _activate,

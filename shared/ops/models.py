@@ -293,6 +293,35 @@ class AwaitedView(_Response):
     value: str = Field(description="What `on` must equal, computed when the wait parked.")
 
 
+class VoteView(_Response):
+    """One approver's vote on an approval (approval_votes)."""
+
+    voter: str
+    decision: Literal["approved", "rejected"]
+    via: Literal["ops", "link", "slack", "email"]
+    counted: bool = Field(description="False: it came after the approval closed.")
+    at: datetime
+
+
+class MessageView(_Response):
+    """One message the sweep sends for an approval (approval_messages)."""
+
+    channel: Literal["slack", "email"]
+    purpose: Literal["ask", "remind", "escalate"]
+    recipient: str = Field(description="A Slack channel, or the onceflow user mailed.")
+    state: Literal["queued", "sent", "failed"] = Field(
+        description="queued: due (again, after `attempts` failed ones); failed: the sweep gave"
+        " up after its last attempt, `last_error` says why."
+    )
+    attempts: int
+    last_error: str | None
+    sent_at: datetime | None
+    next_attempt_at: datetime | None
+    update_pending: bool = Field(
+        description="A vote or the decision is still to be shown in the posted message."
+    )
+
+
 class WaitView(_Response):
     """What a parked step waits (or waited) for: its park row (shared/steps/parks.py)."""
 
@@ -322,6 +351,13 @@ class WaitView(_Response):
     decision: Literal["approved", "rejected"] | None
     decided_by: str | None
     decision_comment: str | None
+    required: int = Field(default=1, description="An approval: approving votes it needs.")
+    reject_quorum: int = Field(default=1, description="An approval: rejecting votes that end it.")
+    votes: list[VoteView] = Field(default_factory=list, description="An approval's votes.")
+    messages: list[MessageView] = Field(
+        default_factory=list,
+        description="An approval's Slack and email messages and how far each got.",
+    )
 
 
 class StepView(_Response):
@@ -1294,6 +1330,112 @@ class ConnectionSummary(_Response):
 
 class ConnectionList(_Response):
     items: list[ConnectionSummary]
+
+
+# ---- how approvals reach people (issue 31 item 4): a tenant's Slack app and SMTP server,
+# by the names of the variables holding their secrets, and who is who ------------------------
+
+EnvName = Annotated[Text, Field(pattern=ENV_NAME_PATTERN, max_length=100)]
+
+
+class SlackSettingsSet(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    bot_token_env: EnvName | None = Field(
+        description="The *name* of the variable holding the bot token (`chat:write`), for the"
+        " `sweep` function. Null, with `signing_secret_env` null: the tenant has no Slack."
+    )
+    signing_secret_env: EnvName | None = Field(
+        description="The *name* of the variable holding the Slack app's signing secret, for the"
+        " `webhook` function."
+    )
+
+
+class SmtpSettingsSet(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    host: Text | None = Field(
+        description="The SMTP server. Null (and nothing else given): the tenant sends no email."
+    )
+    port: int | None = Field(default=None, ge=1, le=65535, description="Default 587.")
+    sender: Text | None = Field(default=None, description="The From address.")
+    username: Text | None = Field(default=None, max_length=320)
+    password_env: EnvName | None = Field(
+        default=None, description="The *name* of the variable holding the password (`sweep`)."
+    )
+    starttls: bool = True
+
+
+_SET_HERE = (
+    "Whether the variable is set in the ops function that answered (as a connection's"
+    " credentials_configured): the function that reads it ({}) needs it mounted too."
+)
+
+
+class SlackSettings(_Response):
+    bot_token_env: str
+    signing_secret_env: str
+    bot_token_set: bool = Field(description=_SET_HERE.format("sweep"))
+    signing_secret_set: bool = Field(description=_SET_HERE.format("webhook"))
+
+
+class SmtpSettings(_Response):
+    host: str
+    port: int | None = Field(description="Null: the sweep's default, 25.")
+    sender: str
+    username: str | None
+    password_env: str | None
+    password_set: bool | None = Field(
+        description=_SET_HERE.format("sweep") + " Null: no password is named."
+    )
+    starttls: bool
+
+
+class MessagingSettings(_Response):
+    tenant_id: str
+    slack: SlackSettings | None = Field(description="Null: the tenant has no Slack.")
+    smtp: SmtpSettings | None = Field(description="Null: the tenant sends no email.")
+
+
+class MessagingQuery(_Request):
+    tenant_id: Text | None = Field(default=None, description="Required with an admin token.")
+
+
+class ApproverIdentityRef(_Request):
+    tenant_id: Text | None = Field(
+        default=None, description="Required with an admin token; a tenant token's own tenant."
+    )
+    slack_user_id: Text | None = Field(
+        default=None, max_length=320, description="A Slack user id (U… or W…). Or `email`."
+    )
+    email: Text | None = Field(default=None, max_length=320, description="Or `slack_user_id`.")
+
+
+class ApproverIdentityCreate(ApproverIdentityRef):
+    user: Text = Field(
+        min_length=1,
+        max_length=200,
+        description="The onceflow user (the label of their ops tokens) approvals name.",
+    )
+
+
+class ApproverIdentity(_Response):
+    tenant_id: str
+    channel: Literal["slack", "email"]
+    external_id: str
+    user: str
+    created_at: datetime
+
+
+class ApproverIdentityList(_Response):
+    items: list[ApproverIdentity]
+
+
+class ApproverIdentityQuery(_Request):
+    tenant_id: Text | None = Field(default=None, description="An admin token's filter.")
+    user: Text | None = Field(default=None, max_length=200)
 
 
 class TokenCreate(_Request):

@@ -178,6 +178,8 @@ def _click(body: bytes) -> tuple[int, str, str]:
         action = payload["actions"][0]
         decision = DECISIONS[action["action_id"]]
         approval_id = int(action["value"])
+        if not 0 < approval_id < 2**63:  # the park's bigint id: anything else is no approval
+            raise ValueError(f"approval id {approval_id} out of range")
         slack_user = str(payload["user"]["id"])
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise Refused(

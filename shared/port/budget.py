@@ -5,9 +5,9 @@ After every call, a port whose provider declares `Crm.rate_budget` (shared/provi
 descriptor.py) hands what its vendor's headers said (`RateLimitState.remaining`,
 `reset_seconds`, `daily_remaining`: each vendor folder's `read_rate_limit` parses them) to
 `observe`, and a 429 to `shrink`; shared/port/observed.py queues both and the step's executor
-writes them after its settle. The connection-limit gate's claim (`throttle_claim_connection`,
-shared/sql/throttle.sql) takes one call from the budget in the statement that claims a slot in
-the connection's window, so every workflow and every
+writes them after its settle. The connection-limit gate's claim (`limit_queue_claim`,
+shared/sql/limit_queue.sql) takes one call from the budget in the statement that claims a slot
+in the connection's window (or takes the slot a grant counted), so every workflow and every
 instance on the connection counts against the same Postgres row, and a step parks THROTTLED
 with the reason instead of spending a request on a certain 429. The portal's budget is
 shared by every app and token on it (another integration spends it too), which is why the

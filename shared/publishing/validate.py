@@ -382,6 +382,13 @@ class _Validation:
         self.check_stops(d)
         if d.concurrency is not None:
             self.check_concurrency(d)
+        if d.priority is not None:
+            self.check_before_the_run(
+                ("priority",),
+                d.priority,
+                "a priority is evaluated at admission, before the run exists: it cannot read",
+                "it reads event, trigger and record",
+            )
         self.check_risks(d)
 
     def check_object_kinds(self, d: WorkflowDefinition) -> None:

@@ -168,9 +168,9 @@ WITH input AS (
                 CAST(:record_keys AS text[]), CAST(:refusals AS text[]),
                 CAST(:refusal_details AS text[]),
                 CAST(:entry_nodes AS text[]), CAST(:entry_types AS text[]),
-                CAST(:records AS text[]))
+                CAST(:records AS text[]), CAST(:priorities AS smallint[]))
          AS i (workflow_id, version_id, dedup_mode, run_id, record_key, refusal,
-               refusal_detail, entry_node, entry_type, record)
+               refusal_detail, entry_node, entry_type, record, priority)
 ), seen AS (
     SELECT i.*,
            (c.event_id IS NOT NULL) AS claimed,
@@ -207,10 +207,10 @@ WITH input AS (
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key, event_id,
                                record_key, dedup_mode, namespace, trigger_payload,
-                               payload_truncated, lineage_root, trigger_record)
+                               payload_truncated, lineage_root, trigger_record, priority)
     SELECT d.run_id, ev.tenant_id, d.workflow_id, d.version_id, :start_key, ev.id,
            d.record_key, d.dedup_mode, 'live', ev.payload, ev.payload_truncated, d.run_id,
-           coalesce(CAST(d.record AS jsonb), CAST(:event_record AS jsonb))
+           coalesce(CAST(d.record AS jsonb), CAST(:event_record AS jsonb)), d.priority
     FROM decided d CROSS JOIN ev
     WHERE d.outcome = 'admitted'
     RETURNING id
@@ -226,9 +226,9 @@ WITH input AS (
     RETURNING workflow_id
 ), steps AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
-                                dispatched_at)
+                                dispatched_at, priority)
     SELECT d.run_id, d.entry_node, d.entry_node, d.entry_type,
-           onceflow_idempotency_key(CAST(d.run_id AS text), d.entry_node), now()
+           onceflow_idempotency_key(CAST(d.run_id AS text), d.entry_node), now(), d.priority
     FROM decided d WHERE d.outcome = 'admitted'
     RETURNING id, run_id
 ), decided_stamp AS (
@@ -447,11 +447,12 @@ WITH prior AS (
 ), runs AS (
     INSERT INTO workflow_runs (id, tenant_id, workflow_id, version_id, start_key, event_id,
                                record_key, dedup_mode, namespace, trigger_payload,
-                               payload_truncated, lineage_root, trigger_record)
+                               payload_truncated, lineage_root, trigger_record, priority)
     SELECT CAST(:run_id AS uuid), ev.tenant_id, CAST(:workflow_id AS uuid),
            CAST(:version_id AS uuid), 'redecide:' || ev.id || ':' || CAST(:version_id AS text),
            ev.id, CAST(:record_key AS text), CAST(:dedup_mode AS text), 'live', ev.payload,
-           ev.payload_truncated, CAST(:run_id AS uuid), CAST(:record AS jsonb)
+           ev.payload_truncated, CAST(:run_id AS uuid), CAST(:record AS jsonb),
+           CAST(:priority AS smallint)
     FROM decided d CROSS JOIN ev
     WHERE d.outcome = 'admitted'
     RETURNING id
@@ -464,10 +465,11 @@ WITH prior AS (
     RETURNING run_id
 ), steps AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
-                                dispatched_at)
+                                dispatched_at, priority)
     SELECT CAST(:run_id AS uuid), CAST(:entry_node AS text), CAST(:entry_node AS text),
            CAST(:entry_type AS text),
-           onceflow_idempotency_key(CAST(:run_id AS text), CAST(:entry_node AS text)), now()
+           onceflow_idempotency_key(CAST(:run_id AS text), CAST(:entry_node AS text)), now(),
+           CAST(:priority AS smallint)
     FROM decided d WHERE d.outcome = 'admitted'
     RETURNING id
 ), noted AS (

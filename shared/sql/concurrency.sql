@@ -45,11 +45,12 @@ WITH ins AS (
     INSERT INTO run_start_queue (tenant_id, workflow_id, throttle_key, event_id, run_id,
                                  version_id, dedup_mode, record_key, trigger_record,
                                  entry_node, entry_type, limit_per_window, window_seconds,
-                                 due_at, gate)
+                                 due_at, gate, priority)
     VALUES (:tenant_id, CAST(:workflow_id AS uuid), :concurrency_key, :event_id,
             CAST(:run_id AS uuid), CAST(:version_id AS uuid), :dedup_mode, :record_key,
             CAST(:trigger_record AS jsonb), :entry_node, :entry_type,
-            CAST(:limit AS integer), NULL, 'infinity', 'concurrency')
+            CAST(:limit AS integer), NULL, 'infinity', 'concurrency',
+            CAST(:priority AS smallint))
     ON CONFLICT (event_id, workflow_id) DO NOTHING
     RETURNING id, true AS queued_now
 )
@@ -79,7 +80,7 @@ UPDATE run_start_queue SET status = 'started', started_at = now()
 WHERE id = :id AND status = 'queued' AND gate = 'concurrency' AND granted_at IS NOT NULL
 RETURNING id, event_id, CAST(workflow_id AS text) AS workflow_id,
           CAST(run_id AS text) AS run_id, CAST(version_id AS text) AS version_id, dedup_mode,
-          record_key, trigger_record, entry_node, entry_type,
+          record_key, trigger_record, entry_node, entry_type, priority,
           (SELECT wb.state FROM workflow_breakers wb
             WHERE wb.workflow_id = run_start_queue.workflow_id) AS breaker_state,
           (SELECT wb.opened_at FROM workflow_breakers wb

@@ -50,7 +50,8 @@ WITH held AS (
                                   b.max_fire_at) END,
         version_id = CAST(:version_id AS uuid), dedup_mode = :dedup_mode,
         record_key = :record_key, trigger_record = CAST(:trigger_record AS jsonb),
-        entry_node = :entry_node, entry_type = :entry_type
+        entry_node = :entry_node, entry_type = :entry_type,
+        priority = CAST(:priority AS smallint)
     WHERE b.workflow_id = CAST(:workflow_id AS uuid) AND b.burst_key = :burst_key
       AND b.status = 'open' AND b.fire_at > now()
       AND (b.max_size IS NULL OR b.event_count < b.max_size)
@@ -60,7 +61,8 @@ WITH held AS (
     INSERT INTO debounce_bursts (id, tenant_id, workflow_id, burst_key, run_id, version_id,
                                  dedup_mode, record_key, trigger_record, entry_node,
                                  entry_type, period_seconds, first_event_id, last_event_id,
-                                 first_event_at, last_event_at, fire_at, max_fire_at, max_size)
+                                 first_event_at, last_event_at, fire_at, max_fire_at, max_size,
+                                 priority)
     SELECT CAST(:burst_id AS uuid), :tenant_id, CAST(:workflow_id AS uuid), :burst_key,
            CAST(:run_id AS uuid), CAST(:version_id AS uuid), :dedup_mode, :record_key,
            CAST(:trigger_record AS jsonb), :entry_node, :entry_type,
@@ -68,7 +70,7 @@ WITH held AS (
            now() + make_interval(secs => least(CAST(:period_seconds AS double precision),
                                                CAST(:max_wait_seconds AS double precision))),
            now() + make_interval(secs => CAST(:max_wait_seconds AS double precision)),
-           CAST(:max_size AS integer)
+           CAST(:max_size AS integer), CAST(:priority AS smallint)
     WHERE NOT EXISTS (SELECT 1 FROM joined) AND NOT EXISTS (SELECT 1 FROM held)
     RETURNING id, run_id, fire_at, event_count, max_size
 ), burst AS (
@@ -111,7 +113,7 @@ WHERE id = CAST(:burst_id AS uuid) AND status = ANY(ARRAY['open', 'closed'])
 RETURNING CAST(id AS text) AS id, tenant_id, CAST(workflow_id AS text) AS workflow_id,
           burst_key, CAST(run_id AS text) AS run_id, CAST(version_id AS text) AS version_id,
           dedup_mode, record_key, trigger_record, entry_node, entry_type, last_event_id,
-          event_count,
+          event_count, priority,
           -- The workflow's circuit breaker now: a burst that comes due while the workflow is
           -- paused starts no run (its last event is refused workflow_paused).
           (SELECT wb.state FROM workflow_breakers wb

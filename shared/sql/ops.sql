@@ -142,7 +142,28 @@ SELECT s.id, s.step_key, s.node_id, s.block_type, s.status, s.attempt, s.lease_i
            'decided_by', p.decided_by, 'decision_comment', p.decision_comment,
            'mode', p.mode, 'awaits', p.awaits,
            'matched', (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]'::jsonb)
-                         FROM jsonb_object_keys(p.matched) AS k)) END AS waits_for
+                         FROM jsonb_object_keys(p.matched) AS k),
+           'required', p.required, 'reject_quorum', p.reject_quorum,
+           -- An approval's votes so far, late ones (counted false) included.
+           'votes', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                'voter', v.voter, 'decision', v.decision, 'via', v.via,
+                                'counted', v.counted, 'at', v.created_at)
+                              ORDER BY v.created_at, v.voter), '[]'::jsonb)
+                     FROM approval_votes v WHERE v.park_id = p.id),
+           -- What the sweep was to send and how far it got: sent; queued (due again, perhaps
+           -- after failed attempts); failed (no longer due, never sent: the sweep gave up,
+           -- approval_messages_sent_is_not_due). At most a handful per approval.
+           'messages', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                                   'channel', m.channel, 'purpose', m.purpose,
+                                   'recipient', m.recipient,
+                                   'state', CASE WHEN m.sent_at IS NOT NULL THEN 'sent'
+                                                 WHEN m.due_at IS NOT NULL THEN 'queued'
+                                                 ELSE 'failed' END,
+                                   'attempts', m.attempts, 'last_error', m.last_error,
+                                   'sent_at', m.sent_at, 'next_attempt_at', m.due_at,
+                                   'update_pending', m.update_due_at IS NOT NULL)
+                                 ORDER BY m.created_at, m.id), '[]'::jsonb)
+                        FROM approval_messages m WHERE m.park_id = p.id)) END AS waits_for
 FROM workflow_steps s
 LEFT JOIN step_parks p ON p.id = s.park_id
 WHERE s.run_id = CAST(:run_id AS uuid)
@@ -210,10 +231,11 @@ WHERE e.id = :event_id
 -- one when the operator asked for it), and names the step it started from and who asked.
 INSERT INTO workflow_runs (tenant_id, workflow_id, version_id, start_key, event_id, record_key,
                            dedup_mode, namespace, status, trigger_payload, payload_truncated,
-                           replay_of, lineage_root, trigger_record, replay_from, replay_by)
+                           replay_of, lineage_root, trigger_record, replay_from, replay_by,
+                           priority)
 SELECT tenant_id, workflow_id, CAST(:version_id AS uuid), :start_key, event_id, record_key,
        dedup_mode, 'live', 'running', trigger_payload, payload_truncated, id, lineage_root,
-       trigger_record, :replay_from, :replay_by
+       trigger_record, :replay_from, :replay_by, priority
 FROM workflow_runs
 WHERE id = CAST(:run_id AS uuid)
 RETURNING id, lineage_root
@@ -224,10 +246,11 @@ RETURNING id, lineage_root
 INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, attempt,
                             dispatched_at, idempotency_key, side_effect_started_at, input,
                             output, error, error_class, outcome_code, branch_choice,
-                            copied_from, created_at, started_at, finished_at)
+                            copied_from, created_at, started_at, finished_at, priority)
 SELECT CAST(:new_run_id AS uuid), step_key, node_id, block_type, status, attempt,
        dispatched_at, idempotency_key, side_effect_started_at, input, output, error,
-       error_class, outcome_code, branch_choice, id, created_at, started_at, finished_at
+       error_class, outcome_code, branch_choice, id, created_at, started_at, finished_at,
+       priority
 FROM workflow_steps
 WHERE id = ANY(CAST(:step_ids AS uuid[]))
 
@@ -241,10 +264,12 @@ DELETE FROM ai_answers WHERE idempotency_key = ANY(CAST(:keys AS text[]))
 -- A restarted step; :input_override (with :input_edited_by) is a person's edit of the chosen
 -- step's input, which the engine runs instead of the rendered config (steps_claim returns it).
 INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, status, idempotency_key,
-                            input, input_override, input_edited_by)
+                            input, input_override, input_edited_by, priority)
 VALUES (CAST(:new_run_id AS uuid), :step_key, :node_id, :block_type, 'pending',
         :idempotency_key, CAST(:input AS jsonb), CAST(:input_override AS jsonb),
-        :input_edited_by)
+        :input_edited_by,
+        -- the replay's priority (the original's, copied on its run row)
+        (SELECT r.priority FROM workflow_runs r WHERE r.id = CAST(:new_run_id AS uuid)))
 RETURNING id
 
 -- name: ops_retry_run_reopen
@@ -599,3 +624,73 @@ SELECT i.onceflow_user,
 FROM approver_identities i
 WHERE i.tenant_id = CAST(:tenant_id AS text) AND i.channel = CAST(:channel AS text)
   AND i.external_id = CAST(:external_id AS text)
+
+-- name: ops_messaging_settings
+-- How a tenant's approvals reach people: the names of the variables holding its Slack app's
+-- secrets and its SMTP server (migrations 0510, 0511); never a secret. No row: no such tenant.
+SELECT id AS tenant_id, slack_bot_token_env, slack_signing_secret_env, smtp_host, smtp_port,
+       smtp_from, smtp_username, smtp_password_env, smtp_starttls
+FROM tenants WHERE id = CAST(:tenant_id AS text)
+
+-- name: ops_slack_settings_set
+-- A tenant's Slack app, set whole (both names, or neither: no Slack). Settings, not a state:
+-- the last writer's pair stands, and a pair is never half of one writer's and half another's
+-- (one row, one UPDATE). Zero rows: no such tenant.
+UPDATE tenants
+SET slack_bot_token_env = CAST(:bot_token_env AS text),
+    slack_signing_secret_env = CAST(:signing_secret_env AS text)
+WHERE id = CAST(:tenant_id AS text)
+RETURNING id
+
+-- name: ops_smtp_settings_set
+-- A tenant's SMTP server, set whole (host NULL: no email, every other column cleared with it).
+-- As for Slack: one UPDATE of one row, the last writer's settings stand. Zero rows: no such
+-- tenant.
+UPDATE tenants
+SET smtp_host = CAST(:host AS text), smtp_port = CAST(:port AS integer),
+    smtp_from = CAST(:sender AS text), smtp_username = CAST(:username AS text),
+    smtp_password_env = CAST(:password_env AS text), smtp_starttls = CAST(:starttls AS boolean)
+WHERE id = CAST(:tenant_id AS text)
+RETURNING id
+
+-- name: ops_tenant_user_known
+-- Whether `user` is someone in the tenant: the label of one of its live ops tokens (the one
+-- place users and their roles are given; an approval names users by that label).
+SELECT 1 FROM ops_tokens
+WHERE tenant_id = CAST(:tenant_id AS text) AND label = CAST(:user AS text)
+  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+LIMIT 1
+
+-- name: ops_approver_identity_insert
+-- Map a Slack user id or an email address to a onceflow user. An identity already mapped is
+-- left as it is (no row returned: the caller answers 409 with who it is mapped to), so a
+-- mistyped add never silently re-points someone else's clicks.
+INSERT INTO approver_identities (tenant_id, channel, external_id, onceflow_user)
+VALUES (CAST(:tenant_id AS text), CAST(:channel AS text), CAST(:external_id AS text),
+        CAST(:user AS text))
+ON CONFLICT (tenant_id, channel, external_id) DO NOTHING
+RETURNING tenant_id, channel, external_id, onceflow_user AS user, created_at
+
+-- name: ops_approver_identity_get
+SELECT tenant_id, channel, external_id, onceflow_user AS user, created_at
+FROM approver_identities
+WHERE tenant_id = CAST(:tenant_id AS text) AND channel = CAST(:channel AS text)
+  AND external_id = CAST(:external_id AS text)
+
+-- name: ops_approver_identity_delete
+-- Unmap an identity: a Slack user's clicks decide nothing from now on, and no more mail goes
+-- to an address (both look it up when used). A link already mailed is signed for its user,
+-- not the address, and votes until its deadline. Zero rows: it was not mapped (or a
+-- concurrent remove took it first).
+DELETE FROM approver_identities
+WHERE tenant_id = CAST(:tenant_id AS text) AND channel = CAST(:channel AS text)
+  AND external_id = CAST(:external_id AS text)
+RETURNING tenant_id, channel, external_id, onceflow_user AS user, created_at
+
+-- name: ops_approver_identities_list
+SELECT tenant_id, channel, external_id, onceflow_user AS user, created_at
+FROM approver_identities
+WHERE (CAST(:tenant_id AS text) IS NULL OR tenant_id = CAST(:tenant_id AS text))
+  AND (CAST(:user AS text) IS NULL OR onceflow_user = CAST(:user AS text))
+ORDER BY tenant_id, onceflow_user, channel, external_id
+LIMIT 1000

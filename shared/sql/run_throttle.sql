@@ -25,7 +25,7 @@ WITH ins AS (
     INSERT INTO run_start_queue (tenant_id, workflow_id, throttle_key, event_id, run_id,
                                  version_id, dedup_mode, record_key, trigger_record,
                                  entry_node, entry_type, limit_per_window, window_seconds,
-                                 due_at)
+                                 due_at, priority)
     VALUES (:tenant_id, CAST(:workflow_id AS uuid), :throttle_key, :event_id,
             CAST(:run_id AS uuid), CAST(:version_id AS uuid), :dedup_mode, :record_key,
             CAST(:trigger_record AS jsonb), :entry_node, :entry_type,
@@ -36,7 +36,8 @@ WITH ins AS (
                        WHERE w.workflow_id = CAST(:workflow_id AS uuid)
                          AND w.throttle_key = :throttle_key AND w.status = 'queued'
                          AND w.gate = 'throttle'),
-                     now()))
+                     now()),
+            CAST(:priority AS smallint))
     ON CONFLICT (event_id, workflow_id) DO NOTHING
     RETURNING id, due_at, true AS queued_now
 )
@@ -77,7 +78,7 @@ UPDATE run_start_queue SET status = 'started', started_at = now()
 WHERE id = :id AND status = 'queued'
 RETURNING id, event_id, CAST(workflow_id AS text) AS workflow_id,
           CAST(run_id AS text) AS run_id, CAST(version_id AS text) AS version_id, dedup_mode,
-          record_key, trigger_record, entry_node, entry_type,
+          record_key, trigger_record, entry_node, entry_type, priority,
           -- The workflow's circuit breaker now: a start due while it is paused is refused
           -- workflow_paused (a wait is no way around the breaker).
           (SELECT wb.state FROM workflow_breakers wb

@@ -12,10 +12,13 @@ WITH wanted AS (
                 CAST(:block_types AS text[])) AS w (step_key, node_id, block_type)
 ), inserted AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
-                                dispatched_at)
+                                dispatched_at, priority)
     SELECT CAST(:run_id AS uuid), w.step_key, w.node_id, w.block_type,
            onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key),
-           CASE WHEN CAST(:stamp_dispatched AS boolean) THEN now() END
+           CASE WHEN CAST(:stamp_dispatched AS boolean) THEN now() END,
+           -- the run's priority, on each step: a limit's line is ordered by the step's index
+           -- (shared/gates/limit_queue.py); one lookup by the run's primary key
+           (SELECT r.priority FROM workflow_runs r WHERE r.id = CAST(:run_id AS uuid))
     FROM wanted w
     ON CONFLICT (run_id, step_key) DO NOTHING
     RETURNING id
@@ -206,9 +209,10 @@ WITH run AS (
     WHERE CAST(:fold AS boolean)
 ), inserted AS (
     INSERT INTO workflow_steps (run_id, step_key, node_id, block_type, idempotency_key,
-                                dispatched_at)
+                                dispatched_at, priority)
     SELECT CAST(:run_id AS uuid), w.step_key, w.node_id, w.block_type,
-           onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key), now()
+           onceflow_idempotency_key(CAST(:lineage_root AS text), w.step_key), now(),
+           (SELECT r.priority FROM workflow_runs r WHERE r.id = CAST(:run_id AS uuid))
     FROM wanted w, ends
     WHERE ends.goes_on
     ON CONFLICT (run_id, step_key) DO NOTHING
@@ -957,6 +961,12 @@ LIMIT CAST(:limit AS integer)
 -- before it. `counted` is false for a vote that comes after the approval closed (a quorum
 -- reached, its deadline passed, its run ended): recorded as the late click it is, and never
 -- counted towards a resume.
+-- A vote that was not counted does not take the voter's place for good: an approval still
+-- open while its run was failed (another branch or foreach item failed it) waits again after
+-- a retry (ops_retry_run_reopen leaves the parked step and its park as they are), and the
+-- voter's click then is counted, replacing the uncounted one. Only an uncounted row is ever
+-- replaced, and only by a counted vote (the WHERE): a counted vote stands, and a second late
+-- click is zero rows as before. The step row's lock orders it with every other vote.
 INSERT INTO approval_votes (park_id, tenant_id, voter, decision, via, comment, counted)
 SELECT p.id, p.tenant_id, CAST(:voter AS text), CAST(:decision AS text), CAST(:via AS text),
        CAST(:comment AS text),
@@ -964,7 +974,10 @@ SELECT p.id, p.tenant_id, CAST(:voter AS text), CAST(:decision AS text), CAST(:v
 FROM step_parks p
 JOIN workflow_runs r ON r.id = p.run_id
 WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval'
-ON CONFLICT (park_id, voter) DO NOTHING
+ON CONFLICT (park_id, voter) DO UPDATE
+    SET decision = EXCLUDED.decision, via = EXCLUDED.via, comment = EXCLUDED.comment,
+        counted = true, created_at = now()
+    WHERE NOT approval_votes.counted AND EXCLUDED.counted
 RETURNING counted
 
 -- name: approvals_tally

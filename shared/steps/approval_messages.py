@@ -81,14 +81,23 @@ def slack_call(method: str, token: str, body: Mapping[str, Any]) -> dict[str, An
     return said
 
 
+def plain(text: str) -> str:
+    """`text` as Slack shows it, literally: mrkdwn takes `<…>` as control sequences (`<!channel>`
+    pings everyone, `<https://x|Approve>` is a link that says something else), so `&`, `<` and
+    `>` are escaped, as Slack asks of any text not meant as markup
+    (https://api.slack.com/reference/surfaces/formatting#escaping). A summary is rendered from
+    the run's data, chosen by whoever edits the CRM record; a user label by an operator."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def render(view: Mapping[str, Any]) -> dict[str, Any]:
     """The message's text and blocks for the approval as it is now: the summary, the votes so
     far, and the buttons while it waits (the decision and who made it, once decided)."""
     votes = [v for v in view["votes"] if v["counted"]]
-    approvers = [v["voter"] for v in votes if v["decision"] == "approved"]
+    approvers = [plain(v["voter"]) for v in votes if v["decision"] == "approved"]
     state: str
     if view["decision"] is not None:
-        state = f"*{view['decision'].capitalize()}* by {view['decided_by']}"
+        state = f"*{view['decision'].capitalize()}* by {plain(view['decided_by'])}"
         if view["decision"] == "approved" and len(approvers) > 1:
             state += f" (approvals: {', '.join(approvers)})"
     elif view["resumed_by"] == "deadline":
@@ -100,10 +109,10 @@ def render(view: Mapping[str, Any]) -> dict[str, Any]:
         if approvers:
             state += f" ({', '.join(approvers)})"
         if view["escalated_at"] is not None:
-            added = list(view["escalate_users"] or ())
-            added += [f"role {view['escalate_role']}"] if view["escalate_role"] else []
+            added = [plain(u) for u in view["escalate_users"] or ()]
+            added += [f"role {plain(view['escalate_role'])}"] if view["escalate_role"] else []
             state += f"; escalated to {', '.join(added)}"
-    text = f"{view['summary']}\n{state}"
+    text = f"{plain(view['summary'])}\n{state}"
     blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": text}}]
     if view["resumed_at"] is None:
         value = str(view["id"])
@@ -133,9 +142,10 @@ def nudge(view: Mapping[str, Any], purpose: str) -> dict[str, Any]:
         users = list(view["escalate_users"] or ())
         role = view["escalate_role"]
         lead = "Escalated: now also for"
-    who = [f"<@{ids[u]}>" if u in ids else u for u in users]
-    who += [f"role {role}"] if role else []
-    text = f"{lead} {', '.join(who) or 'its approvers'}: {view['summary']}"
+    # A mapped Slack id is a mention (ids are checked U…/W… when mapped through the ops API).
+    who = [f"<@{ids[u]}>" if u in ids else plain(u) for u in users]
+    who += [f"role {plain(role)}"] if role else []
+    text = f"{lead} {', '.join(who) or 'its approvers'}: {plain(view['summary'])}"
     said: dict[str, Any] = {"text": text}
     if view["ask_ts"]:
         said["thread_ts"] = view["ask_ts"]
@@ -186,9 +196,15 @@ def send_email(row: Mapping[str, Any], view: Mapping[str, Any]) -> None:
     except LinksNotConfigured as exc:
         raise EmailError(str(exc)) from None
     message = EmailMessage()
-    message["From"] = row["smtp_from"]
-    message["To"] = address
-    message["Subject"] = f"{SUBJECTS[str(row['purpose'])]}: {view['summary'][:80]}"
+    # The summary is the run's data (a CRM record's name): on one line, so a CR/LF in it never
+    # makes a header of its own (a Bcc:). str.split() takes every line break Python knows.
+    subject_line = " ".join(str(view["summary"]).split())[:80]
+    try:
+        message["From"] = row["smtp_from"]
+        message["To"] = address
+        message["Subject"] = f"{SUBJECTS[str(row['purpose'])]}: {subject_line}"
+    except ValueError as exc:  # a line break in an address stored before it was checked
+        raise EmailError(f"the message's headers cannot be made: {exc}") from None
     message.set_content(
         f"{view['summary']}\n\nApprove or reject (as {user}) here, until "
         f"{view['deadline']:%Y-%m-%d %H:%M %Z}:\n{url}\n"

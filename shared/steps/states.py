@@ -196,6 +196,11 @@ STEP_STATEMENTS: dict[str, Moves] = {
     # shared/sql/steps.sql: the workflow's goal met (admission), like the cancel
     "runs_end_goal_met": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),
     "steps_skip_parked_of_ended_run": _moves(PARKED, {S.SKIPPED}),
+    # shared/sql/limit_queue.sql: a limit's gate takes its grant / place; the grantor serves
+    # the line (shared/gates/limit_queue.py)
+    "limit_queue_claim": _moves({S.RUNNING}, set()),
+    "limit_queue_join": _moves({S.RUNNING}, set()),
+    "limit_queue_grant": _moves({S.WAITING_FOR_RETRY}, {S.PENDING}),
     # shared/sql/steps.sql: a run entering its compensating phase (shared/steps/saga.py) skips
     # its main-phase steps still open, as a failed run's are
     "steps_skip_open_of_compensating_run": _moves({S.PENDING, *PARKED}, {S.SKIPPED}),

@@ -10,7 +10,8 @@ is a `sweep_duties(config)` in its owner plus one line in `DUTIES`. The loop
   expired leases, wake-ups and re-dispatch of lost step-ready messages, then the re-publish of
   trigger events admission never decided, then the debounce bursts due now
   (shared/admission/debounce_fire.py), then the heads of throttled run-start queues whose
-  window has room (shared/admission/run_throttle.py), then the runs a run's end handed a
+  window has room (shared/admission/run_throttle.py), then the lines behind step limits whose
+  next window has opened (shared/gates/limit_queue.py), then the runs a run's end handed a
   keyed-concurrency slot that did not start yet (shared/admission/concurrency.py), then the
   approvals' reminders and escalations due and the approval messages due (Slack posts and
   their updates, shared/steps/approval_messages.py), then the outbound events due now
@@ -31,7 +32,7 @@ from collections.abc import Callable, Sequence
 from shared import triggers
 from shared.admission import concurrency_start, debounce_fire, run_throttle_start
 from shared.core.duty import Duty, Repair, SweepConfig
-from shared.gates import budgets, throttle
+from shared.gates import budgets, limit_queue, throttle
 from shared.ingest import drops, echo, inbox, journal, outbox
 from shared.providers import install
 from shared.publishing import outbound, subscriptions
@@ -45,6 +46,7 @@ REPAIRS: tuple[Repair, ...] = (
     outbox.requeue_undecided_events,
     debounce_fire.fire_due_bursts,
     run_throttle_start.start_due_runs,
+    limit_queue.grant_due_limits,
     concurrency_start.start_granted_runs,
     approval_messages.remind_and_escalate_approvals,
     approval_messages.deliver_approval_messages,

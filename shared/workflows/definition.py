@@ -542,6 +542,14 @@ class WorkflowDefinition(_Strict):
         "`dedup`): a run over it is not refused, it waits, in admission order, and starts "
         "when a run of its key ends.",
     )
+    priority: str | None = Field(
+        default=None,
+        min_length=1,
+        description="CEL number over the rule scope (`event`, `trigger`, `record`), evaluated "
+        "when the run is admitted and clamped to -10..10 (default 0): where steps wait in line "
+        "for a limit (connection, workflow or host), a higher priority's step is granted "
+        "first. A failure or a non-number is 0; it never refuses a run.",
+    )
 
     # `finally` is a Python keyword: the field is `finally_`, read and written as `finally`.
     finally_: list[Step] | None = Field(
@@ -561,8 +569,10 @@ class WorkflowDefinition(_Strict):
         # Added after versions were first stored: left out while unset, so a definition that
         # doesn't use it hashes as it did before (as OPTIONAL_TRIGGER_FIELDS).
         data: dict[str, Any] = handler(self)
-        if data.get("concurrency") is None:
-            data.pop("concurrency", None)
+        for late in ("concurrency", "priority"):
+            if data.get(late) is None:
+                data.pop(late, None)
+        # `finally` is written under its own name (the field is `finally_`), only when set.
         final = data.pop("finally_", data.pop("finally", None))
         if final is not None:
             data["finally"] = final

@@ -5,6 +5,7 @@ The same table drives dispatch (shared/ops/api/app.py) and `/openapi.json` (shar
 from __future__ import annotations
 
 from shared.ops.api.approvals import approval_link, approve, list_approvals, reject
+from shared.ops.api.approver_identities import add_identity, list_identities, remove_identity
 from shared.ops.api.apps import (
     app_project,
     claim_app_install,
@@ -20,6 +21,7 @@ from shared.ops.api.events import list_stuck_inbox, requeue_event, requeue_inbox
 from shared.ops.api.health import get_health
 from shared.ops.api.http import Route
 from shared.ops.api.limits import get_limits
+from shared.ops.api.messaging import get_messaging, set_slack, set_smtp
 from shared.ops.api.outbound import (
     create_subscription,
     enable_subscription,
@@ -62,6 +64,11 @@ from shared.ops.models import (
     AppProjectReport,
     ApprovalLink,
     ApprovalList,
+    ApproverIdentity,
+    ApproverIdentityCreate,
+    ApproverIdentityList,
+    ApproverIdentityQuery,
+    ApproverIdentityRef,
     BootstrapRequest,
     BreakerStatus,
     BudgetStatus,
@@ -88,6 +95,8 @@ from shared.ops.models import (
     LimitsQuery,
     LimitsReport,
     LinkRequest,
+    MessagingQuery,
+    MessagingSettings,
     OutboundDeliveriesQuery,
     OutboundDeliveryList,
     OutboundResendResult,
@@ -115,6 +124,8 @@ from shared.ops.models import (
     RunDetail,
     RunPage,
     RunsQuery,
+    SlackSettingsSet,
+    SmtpSettingsSet,
     StuckInboxList,
     StuckInboxQuery,
     Tenant,
@@ -587,6 +598,72 @@ ROUTES: tuple[Route, ...] = (
         ConnectionList,
         "The caller's connections (every tenant's for an admin token)",
         errors=(401,),
+    ),
+    Route(
+        "messaging.get",
+        "GET",
+        "/v1/messaging",
+        get_messaging,
+        MessagingSettings,
+        "How a tenant's approvals reach people: its Slack app and SMTP server, by the names of"
+        " the variables holding their secrets",
+        query=MessagingQuery,
+        errors=(400, 401, 404, 422),
+    ),
+    Route(
+        "messaging.slack",
+        "POST",
+        "/v1/messaging/slack",
+        set_slack,
+        MessagingSettings,
+        "Set (or, with both names null, remove) a tenant's Slack app: the names of the"
+        " variables holding its bot token and signing secret, never the secrets",
+        body=SlackSettingsSet,
+        errors=(400, 401, 404, 413, 422),
+    ),
+    Route(
+        "messaging.smtp",
+        "POST",
+        "/v1/messaging/smtp",
+        set_smtp,
+        MessagingSettings,
+        "Set (or, with a null host, remove) a tenant's SMTP server for approval emails: the"
+        " name of the variable holding its password, never the password",
+        body=SmtpSettingsSet,
+        errors=(400, 401, 404, 413, 422),
+    ),
+    Route(
+        "approver_identities.list",
+        "GET",
+        "/v1/approver-identities",
+        list_identities,
+        ApproverIdentityList,
+        "Who each Slack user id and email address is (the onceflow user approvals name)",
+        query=ApproverIdentityQuery,
+        errors=(400, 401, 404),
+    ),
+    Route(
+        "approver_identities.add",
+        "POST",
+        "/v1/approver-identities",
+        add_identity,
+        ApproverIdentity,
+        "Map a Slack user id or an email address to a onceflow user of the tenant",
+        body=ApproverIdentityCreate,
+        status=201,
+        errors=(400, 401, 404, 409, 413, 422),
+    ),
+    Route(
+        "approver_identities.remove",
+        "POST",
+        "/v1/approver-identities/remove",
+        remove_identity,
+        ApproverIdentity,
+        "Unmap a Slack user id or an email address: that Slack user's clicks decide nothing"
+        " from then on and no more approval mail goes to the address (a link already mailed"
+        " votes as its user until the approval's deadline)",
+        body=ApproverIdentityRef,
+        errors=(400, 401, 404, 413, 422),
     ),
     Route(
         "tokens.create",
