@@ -390,7 +390,8 @@ SELECT definition FROM workflow_versions WHERE id = CAST(:version_id AS uuid)
 -- a settle; the next pass takes it), so the run's status read here is the one that holds
 -- when this commits: a cancel can't end the run between this read and the step's move, which
 -- would leave it pending under a cancelled run. Runs of failed steps fail in the same
--- statement, and each reclaimed lease's history row is closed as 'reclaimed' with it.
+-- statement (those whose version declares `compensate:` or `finally:` are left to the caller,
+-- `epilogue_version_id`), and each reclaimed lease's history row is closed as 'reclaimed'.
 WITH expired AS (
     SELECT s.id, s.lease_id, r.status AS run_status
     FROM workflow_steps s JOIN workflow_runs r ON r.id = s.run_id
@@ -461,18 +462,32 @@ WITH expired AS (
         ended_at = now()
     FROM reclaimed c
     WHERE l.lease_id = c.lease_id AND l.ended_at IS NULL
+), epilogues AS (
+    -- Running runs whose version declares compensations or finally steps: a failed step
+    -- there does what a settle's failure does (compensations, then the finally phase), which
+    -- the caller runs in this transaction under the run row's lock taken above
+    -- (shared/steps/repairs.py, settle.fail_reclaimed). The check reads the canonical form:
+    -- `finally` is written only when set, `compensate` only on a step that declares one.
+    SELECT r.id, CAST(r.version_id AS text) AS version_id,
+           CAST(r.lineage_root AS text) AS lineage_root
+    FROM workflow_runs r JOIN workflow_versions v ON v.id = r.version_id
+    WHERE r.id IN (SELECT run_id FROM reclaimed WHERE status = 'failed')
+      AND r.status = 'running'
+      AND (v.definition ? 'finally' OR jsonb_path_exists(v.definition, '$.steps[*].compensate'))
 ), failed_runs AS (
     UPDATE workflow_runs r
     SET status = 'failed', finished_at = now(),
         error = 'step ' || c.step_key || ' failed: ' || c.outcome_code
     FROM reclaimed c
     WHERE r.id = c.run_id AND c.status = 'failed' AND r.status = 'running'
+      AND r.id NOT IN (SELECT id FROM epilogues)
     RETURNING r.id
 )
 SELECT c.id, CAST(c.run_id AS text) AS run_id, c.status, c.outcome_code, c.idempotency_key,
-       (SELECT count(*) FROM failed_runs) AS runs_failed,
-       c.run_id IN (SELECT id FROM failed_runs) AS run_failed
-FROM reclaimed c
+       c.step_key, c.error,
+       c.run_id IN (SELECT id FROM failed_runs) AS run_failed,
+       e.version_id AS epilogue_version_id, e.lineage_root
+FROM reclaimed c LEFT JOIN epilogues e ON e.id = c.run_id AND c.status = 'failed'
 
 -- name: steps_wake_due
 -- Parked steps whose wake time has come go back to pending, stamped as dispatched (the caller

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from shared.core import queries
 from shared.core.crashpoints import crash_point
@@ -52,6 +52,21 @@ class LeaseConfig:
         # Settings refuses a heartbeat not below the lease, naming both variables.
         s = settings_from(env)
         return cls(lease_seconds=s.step_lease_seconds, heartbeat_seconds=s.step_heartbeat_seconds)
+
+
+class StepOfRun(Protocol):
+    """What a run's phases (shared/steps/saga.py, finale.py) read of a step that ended: a
+    claimed step at its settle, or a step the sweep's reclaim failed (shared/steps/repairs.py),
+    which has no lease of its own any more."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def step_key(self) -> str: ...
+
+    @property
+    def lineage_root(self) -> str: ...
 
 
 @dataclass(frozen=True)

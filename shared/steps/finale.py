@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from shared.core import queries
 from shared.core.db import Tx
-from shared.steps.claim import ClaimedStep
+from shared.steps.claim import StepOfRun
 from shared.steps.journal import insert_steps
 from shared.steps.states import StepStatus
 from shared.workflows.definition import Step, WorkflowDefinition
@@ -73,7 +73,7 @@ class Ending:
 
 def begin(
     tx: Tx,
-    step: ClaimedStep,
+    step: StepOfRun,
     final: Finale,
     *,
     final_status: str,
@@ -120,7 +120,7 @@ def start(tx: Tx, run_id: str, lineage_root: str, first: Step) -> tuple[str, ...
 
 def settled(
     tx: Tx,
-    step: ClaimedStep,
+    step: StepOfRun,
     status: StepStatus,
     next_nodes: Sequence[Step],
     error: str,

@@ -8,7 +8,9 @@ small partial index (registered in shared/sweep/catalog.py):
   have started (unless its block decides such a retry itself: then pending, and the block
   asks the provider), or failed `LEASE_EXPIRED` when it used up its block's `max_attempts`;
   in a run that ended meanwhile, skipped (failed `OUTCOME_UNKNOWN` when marked). Whatever
-  the dead attempt was charged or reserved is recorded outcome-unknown;
+  the dead attempt was charged or reserved is recorded outcome-unknown. A failed step fails
+  its run, or, when the run's version declares `compensate:` or `finally:`, does what a
+  settle's failure does (its compensations, then its finally steps);
 - `wake_due_steps` — due `waiting_for_delay` / `waiting_for_retry` rows to pending, dispatched;
 - `redispatch_lost_steps` — pending steps whose `step-ready` evidently never arrived
   (stamped longer ago than `redispatch_after_seconds`), re-stamped so there is no storm.
@@ -24,10 +26,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from shared.core import queries
-from shared.core.db import Database
+from shared.core.db import Database, Tx
 from shared.core.duty import Dispatch, Duty, SweepConfig, SweepReport
 from shared.core.logs import LogEvent, get_logger, log_event
 
@@ -88,8 +91,10 @@ def reclaim_expired_leases(
             # The dead attempt may have sent what it was charged for (and reserved): in the
             # same transaction, so no later "not applied" refunds or releases it.
             record_outcome_unknown(tx, str(r["idempotency_key"]), str(r["id"]))
+        epilogue = _fail_through_phases(db, tx, [r for r in rows if r["epilogue_version_id"]])
     pending = [r["id"] for r in rows if r["status"] == "pending"]
     for r in rows:
+        r["run_failed"] = r["run_failed"] or r["run_id"] in epilogue.runs_failed
         # After the commit: a rolled-back reclaim must not page anyone.
         outcome = "pending" if r["status"] == "pending" else str(r["outcome_code"])
         log_event(
@@ -115,8 +120,52 @@ def reclaim_expired_leases(
     report.reclaimed += len(pending)
     report.reclaimed_skipped += skipped
     report.reclaimed_failed += len(rows) - len(pending) - skipped
-    _publish(dispatch, pending, report)
+    # The reclaimed steps, and the compensation or finally steps their failures created.
+    _publish(dispatch, pending + epilogue.to_dispatch, report)
     return len(rows)
+
+
+@dataclass(frozen=True)
+class _ReclaimedStep:
+    """A step the reclaim failed, as the run's phases read it (shared/steps/claim.StepOfRun)."""
+
+    run_id: str
+    step_key: str
+    lineage_root: str
+
+
+@dataclass
+class _Epilogue:
+    to_dispatch: list[str] = field(default_factory=list)
+    runs_failed: set[str] = field(default_factory=set)
+
+
+def _fail_through_phases(db: Database, tx: Tx, failed: Sequence[dict[str, Any]]) -> _Epilogue:
+    """Steps the reclaim failed in running runs whose version declares `compensate:` or
+    `finally:` (the statement left those runs running): each does what a settle's failure
+    does — compensations, then the finally steps — in the reclaim's transaction, under the run
+    row's lock it took. A version that no longer loads fails its run as the statement would."""
+    from shared.steps.advance import load_graph
+    from shared.steps.finale import Finale
+    from shared.steps.saga import Saga
+    from shared.steps.settle import fail_reclaimed
+
+    out = _Epilogue()
+    for r in failed:
+        step = _ReclaimedStep(str(r["run_id"]), str(r["step_key"]), str(r["lineage_root"]))
+        try:
+            graph = load_graph(db, str(r["epilogue_version_id"]))
+            saga, final = Saga.of(graph), Finale.of(graph)
+        except Exception:
+            log.warning("run %s: its version does not load; failed uncompensated", step.run_id)
+            saga = final = None
+        ids, run_failed = fail_reclaimed(
+            tx, step, str(r["outcome_code"]), r["error"], saga=saga, final=final
+        )
+        out.to_dispatch += ids
+        if run_failed:
+            out.runs_failed.add(step.run_id)
+    return out
 
 
 def _count_failed_run_for_breaker(db: Database, run_id: str, outcome_code: str) -> None:

@@ -17,9 +17,10 @@ per invocation. The run's phase says which part of it is running:
 
 A cancel does not compensate: it is a person's (or a `cancel_on` event's) decision to stop
 the run where it stands, and its journal shows what succeeded; a cancel during the
-compensating phase stops the compensations too (skipped CANCELLED, visible on the run). A run
-that fails outside a settle (the sweep's reclaim of an expired lease with no attempts left)
-fails at once, uncompensated: see the README.
+compensating phase stops the compensations too (skipped CANCELLED, visible on the run). A step
+that fails outside a settle (the sweep's reclaim of an expired lease: OUTCOME_UNKNOWN, or no
+attempts left) goes through the same functions, in the reclaim's transaction
+(shared/steps/repairs.py, settle.fail_reclaimed).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from shared.core import queries
 from shared.core.db import Tx
 from shared.steps import finale
-from shared.steps.claim import ClaimedStep
+from shared.steps.claim import StepOfRun
 from shared.steps.finale import Finale
 from shared.steps.journal import insert_steps
 from shared.steps.states import StepStatus
@@ -75,7 +76,7 @@ class Undoing:
 
 def settled(
     tx: Tx,
-    step: ClaimedStep,
+    step: StepOfRun,
     status: StepStatus,
     saga: Saga,
     error: str,
@@ -104,7 +105,7 @@ def settled(
     return None
 
 
-def begin(tx: Tx, step: ClaimedStep, saga: Saga, error: str) -> Undoing | None:
+def begin(tx: Tx, step: StepOfRun, saga: Saga, error: str) -> Undoing | None:
     """After `step` failed, in its settle's transaction (under the run row's lock): when a
     compensable step succeeded, the run enters its compensating phase and its first
     compensation is created. None when there is nothing to undo, or the run is not running in
@@ -123,7 +124,7 @@ def skip_open(tx: Tx, run_id: str) -> None:
     tx.execute(SKIP_OPEN, run_id=run_id)
 
 
-def following(tx: Tx, step: ClaimedStep, saga: Saga, final: Finale | None = None) -> Undoing:
+def following(tx: Tx, step: StepOfRun, saga: Saga, final: Finale | None = None) -> Undoing:
     """After a compensation settled (terminal): the next one's row (created pending, stamped
     dispatched: the caller publishes it after commit); none left: the run ends failed, or
     with `final` enters its finally phase (it ends failed after its finally steps)."""
@@ -137,7 +138,7 @@ def following(tx: Tx, step: ClaimedStep, saga: Saga, final: Finale | None = None
     return _create(tx, step, saga, row)
 
 
-def _create(tx: Tx, step: ClaimedStep, saga: Saga, row: Mapping[str, object]) -> Undoing:
+def _create(tx: Tx, step: StepOfRun, saga: Saga, row: Mapping[str, object]) -> Undoing:
     ids = insert_steps(
         tx,
         run_id=step.run_id,

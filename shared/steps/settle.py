@@ -10,7 +10,7 @@ each after the run row's lock (see the statement's comment in shared/sql/steps.s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,7 @@ from shared.core.crashpoints import crash_point
 from shared.core.db import Database, Tx
 from shared.steps import awaits, finale
 from shared.steps import saga as undo
-from shared.steps.claim import ClaimedStep
+from shared.steps.claim import ClaimedStep, StepOfRun
 from shared.steps.finale import Finale
 from shared.steps.journal import insert_steps, step_key
 from shared.steps.loops import Loop, after_item, start_items
@@ -153,29 +153,9 @@ def _settle_in_transaction(
         run_status = str(row["run_status"])
         dispatch: list[str] = []
         run_failed = False
-        # The run's phase, when its version declares compensations or finally steps: read
-        # once, under the lock `steps_settle` took.
-        phase = undo.MAIN if saga is None and final is None else undo.run_phase(tx, step.run_id)
-        # In its finally phase the run's finally steps decide (shared/steps/finale.py): None
-        # only for a finally step that parked, which parks below as in any run. Otherwise its
-        # compensations decide first when it declares any (shared/steps/saga.py).
-        ending = (
-            finale.settled(tx, step, settlement.status, next_nodes, _run_error(step, settlement))
-            if final is not None and phase == finale.FINALLY
-            else None
-        )
-        undone = (
-            None
-            if saga is None or phase == finale.FINALLY
-            else undo.settled(
-                tx,
-                step,
-                settlement.status,
-                saga,
-                _run_error(step, settlement),
-                phase=phase,
-                final=final,
-            )
+        error = _run_error(step.step_key, settlement.outcome_code, settlement.error)
+        ending, undone = _phases(
+            tx, step, settlement.status, next_nodes, error, saga=saga, final=final
         )
         if ending is not None:
             dispatch += ending.to_dispatch
@@ -186,7 +166,7 @@ def _settle_in_transaction(
             if undone.run_failed:
                 run_status, run_failed = "failed", True
         elif settlement.status is StepStatus.FAILED:
-            dispatch, run_failed = _fail(tx, step, settlement, final)
+            dispatch, run_failed = _fail(tx, step, error, final)
             run_status = "failed" if run_failed else run_status
         elif settlement.status is StepStatus.SUCCEEDED and run_status == "running":
             dispatch, finished = _go_on(
@@ -212,13 +192,59 @@ def _settle_in_transaction(
     )
 
 
-def _fail(
-    tx: Tx, step: ClaimedStep, settlement: Settlement, final: Finale | None
-) -> tuple[list[str], bool]:
+def _phases(
+    tx: Tx,
+    step: StepOfRun,
+    status: StepStatus,
+    next_nodes: Sequence[Step],
+    error: str,
+    *,
+    saga: Saga | None,
+    final: Finale | None,
+) -> tuple[finale.Ending | None, undo.Undoing | None]:
+    """What the run's phase does with `step` ending `status`, under the run row's lock the
+    caller holds; (None, None) when the phase leaves it to the settle as in any run.
+
+    The phase is read once, and only when the run's version declares compensations or
+    finally steps. In the finally phase its finally steps decide (shared/steps/finale.py):
+    None only for a finally step that parked, which parks as in any run. Otherwise its
+    compensations decide first when it declares any (shared/steps/saga.py)."""
+    phase = undo.MAIN if saga is None and final is None else undo.run_phase(tx, step.run_id)
+    if final is not None and phase == finale.FINALLY:
+        return finale.settled(tx, step, status, next_nodes, error), None
+    if saga is None:
+        return None, None
+    return None, undo.settled(tx, step, status, saga, error, phase=phase, final=final)
+
+
+def fail_reclaimed(
+    tx: Tx,
+    step: StepOfRun,
+    outcome_code: str,
+    error: str | None,
+    *,
+    saga: Saga | None,
+    final: Finale | None,
+) -> tuple[tuple[str, ...], bool]:
+    """A step the sweep's reclaim failed (its lease expired: OUTCOME_UNKNOWN, or no attempts
+    left), in a running run whose version declares compensations or finally steps: what a
+    settle's failure would do — the compensations begin, or the next one is created, or the
+    finally phase begins or ends, or the run fails — in the reclaim's transaction, under the
+    run row's lock it took. The rows to dispatch after commit, and whether the run failed."""
+    run_error = _run_error(step.step_key, outcome_code, error)
+    ending, undone = _phases(tx, step, StepStatus.FAILED, (), run_error, saga=saga, final=final)
+    if ending is not None:
+        return ending.to_dispatch, ending.run_status == "failed"
+    if undone is not None:
+        return undone.to_dispatch, undone.run_failed
+    dispatch, failed = _fail(tx, step, run_error, final)
+    return tuple(dispatch), failed
+
+
+def _fail(tx: Tx, step: StepOfRun, error: str, final: Finale | None) -> tuple[list[str], bool]:
     """A step of the run failed with nothing to undo: the run fails — or, with `final`,
     enters its finally phase (the first finally step to dispatch; it ends failed after them).
     Whether this settle failed the run (not: another end was decided first)."""
-    error = _run_error(step, settlement)
     if final is not None:
         begun = finale.begin(
             tx, step, final, final_status="failed", from_phase=undo.MAIN, error=error
@@ -355,11 +381,11 @@ def _settle_params(
         "node_ids": [n.id for n in next_nodes],
         "block_types": [n.type for n in next_nodes],
         "lineage_root": step.lineage_root,
-        "run_error": _run_error(step, settlement) if fold else None,
+        "run_error": (
+            _run_error(step.step_key, settlement.outcome_code, settlement.error) if fold else None
+        ),
     }
 
 
-def _run_error(step: ClaimedStep, settlement: Settlement) -> str:
-    return f"step {step.step_key} failed ({settlement.outcome_code}): {settlement.error or ''}"[
-        :4000
-    ]
+def _run_error(step_key: str, outcome_code: str | None, error: str | None) -> str:
+    return f"step {step_key} failed ({outcome_code}): {error or ''}"[:4000]
