@@ -211,6 +211,41 @@ def test_a_failed_finally_step_fails_a_run_that_succeeded_and_says_so(db: Databa
     assert "finally:notify_rep" not in steps_of(db, run_id)
 
 
+def test_finally_steps_read_how_the_run_ended(db: Database) -> None:
+    """`run.final_status` and `run.error` in a finally step's config: succeeded with no error,
+    failed with the failing step's error, cancelled with who and why."""
+
+    def echo(ctx: BlockContext, config: Any) -> BlockResult:
+        return BlockResult(output=config.model_dump())
+
+    engine = Engine(db, block_lookup(Recorder(), **{"test.echo": spec("test.echo", echo)}))
+    said = [
+        {
+            "id": "say",
+            "type": "test.echo",
+            "config": {"status": "${{ run.final_status }}", "why": "${{ run.error }}"},
+        }
+    ]
+    ends = {
+        "succeeded": [{"id": "a", "type": "test.noop"}],
+        "failed": [{"id": "a", "type": "test.fail_permanent"}],
+        "cancelled": [{"id": "a", "type": "delay", "config": {"minutes": 30}}],
+    }
+    seen: dict[str, Any] = {}
+    for end, steps in ends.items():
+        run_id, first = start_run(db, publish_version(db, _definition(steps, said)))
+        engine.drain(first)
+        if end == "cancelled":
+            cancel_run(db, run_id, by="alice", reason="deal lost", dispatch=engine.dispatch)
+            engine.drain([])
+        assert run_row(db, run_id)["status"] == end
+        seen[end] = steps_of(db, run_id)["finally:say"]["output"]
+    assert seen["succeeded"] == {"status": "succeeded", "why": None}
+    assert seen["failed"]["status"] == "failed"
+    assert seen["failed"]["why"].startswith("step a failed (HTTP_400)")
+    assert seen["cancelled"] == {"status": "cancelled", "why": "cancelled by alice: deal lost"}
+
+
 def test_a_cancel_racing_the_last_main_settle_at_a_barrier_runs_finally_exactly_once(
     db: Database,
 ) -> None:

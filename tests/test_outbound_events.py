@@ -428,3 +428,47 @@ def test_a_rotated_secret_signs_with_both_keys_until_the_old_one_is_removed(
     assert len(request["headers"]["webhook-signature"].split(" ")) == 2
     assert verify(SECRET, request["headers"], request["body"])
     assert verify(new, request["headers"], request["body"])
+
+
+def test_the_ops_page_lists_deliveries_and_resends_one_for_its_tenant_only(
+    db: Database, client: Any, receiver: Receiver
+) -> None:
+    from shared.ops.html import csrf_value
+
+    for tenant in (TENANT, "other"):
+        with db.transaction() as tx:
+            seed.tenant(tx, tenant, existing="keep")
+    subscription = _subscribe(db, receiver.url, ["approval.requested"])
+    _emit(db)
+    receiver.statuses = [503]
+    outbound.deliver_due(db, backoff_base=0.0, max_attempts=1)
+    [row] = _deliveries(db)
+    assert row["status"] == "given_up"
+
+    token = mint(db, TENANT, label="carol")
+    client.post("/ui/login", data={"token": token})
+    html = client.get("/ui/outbound?status=given_up").get_data(as_text=True)
+    assert f'data-subscription-id="{subscription}"' in html
+    assert f'data-delivery-id="{row["id"]}"' in html and "HTTP 503" in html
+    assert 'data-delivery-id="' not in client.get("/ui/outbound?status=delivered").get_data(
+        as_text=True
+    )
+    odd = client.get("/ui/outbound?status=lost").get_data(as_text=True)
+    assert "Unknown status" in odd and f'data-delivery-id="{row["id"]}"' in odd
+
+    url = f"/ui/outbound/{row['id']}/resend"
+    assert client.post(url, data={"csrf": "forged"}).status_code == 403
+    other = client.application.test_client()
+    theirs = mint(db, "other", label="mallory")
+    other.post("/ui/login", data={"token": theirs})
+    assert row["id"] not in other.get("/ui/outbound").get_data(as_text=True)
+    foreign = other.post(url, data={"csrf": csrf_value(theirs)})
+    assert foreign.status_code == 404 and "Resend refused" in foreign.get_data(as_text=True)
+    assert _deliveries(db)[0]["status"] == "given_up"  # the refusal changed nothing
+
+    done = client.post(url, data={"csrf": csrf_value(token)})
+    assert done.status_code == 200 and "queued again" in done.get_data(as_text=True)
+    assert outbound.deliver_due(db, backoff_base=0.0).delivered == [row["id"]]
+    assert receiver.ids() == [row["id"]] * 2
+    html = client.get("/ui/outbound?status=delivered").get_data(as_text=True)
+    assert f'data-delivery-id="{row["id"]}"' in html

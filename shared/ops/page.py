@@ -46,6 +46,9 @@ from shared.ops.models import (
     DecisionResult,
     LimitsQuery,
     LimitsReport,
+    OutboundDeliveriesQuery,
+    OutboundDeliveryList,
+    OutboundSubscriptionList,
     RecordExplanation,
     RecordQuery,
     ReplayRequest,
@@ -168,23 +171,26 @@ def _post(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Re
         return _bulk_confirmed(api, request, viewer)
     if parts == ["", "ui", "redrive"]:
         return _redrive(api, request, viewer, confirmed=True)
+    if len(parts) == 5 and parts[2] == "outbound" and parts[4] == "resend":
+        return _resend(api, request, viewer, parts[3])
     raise OpsError(404, "not_found", "there is no such page")
 
 
 def _get(api: OpsApi, request: Request, viewer: Viewer, parts: list[str]) -> Response:
-    if parts == ["", "ui"]:
-        return _home(api, request, viewer)
-    if parts == ["", "ui", "runs"]:
-        return _runs_page(api, request, viewer)
     if len(parts) == 4 and parts[2] == "runs":
         return _run_page(api, request, viewer, parts[3])
-    if parts == ["", "ui", "bulk"]:
-        return _bulk_preview(api, request, viewer)
-    if parts == ["", "ui", "approvals"]:
-        return _approvals_page(api, viewer, [])
-    if parts == ["", "ui", "redrive"]:
-        return _redrive(api, request, viewer, confirmed=False)
-    raise OpsError(404, "not_found", "there is no such page")
+    pages: dict[str, Callable[[], Response]] = {
+        "/ui": lambda: _home(api, request, viewer),
+        "/ui/runs": lambda: _runs_page(api, request, viewer),
+        "/ui/bulk": lambda: _bulk_preview(api, request, viewer),
+        "/ui/approvals": lambda: _approvals_page(api, viewer, []),
+        "/ui/redrive": lambda: _redrive(api, request, viewer, confirmed=False),
+        "/ui/outbound": lambda: _outbound_page(api, request, viewer, []),
+    }
+    page = pages.get("/".join(parts))
+    if page is None:
+        raise OpsError(404, "not_found", "there is no such page")
+    return page()
 
 
 def _decide_by_link(api: OpsApi, request: Request, parts: list[str]) -> Response:
@@ -711,6 +717,49 @@ def _decide(api: OpsApi, request: Request, viewer: Viewer, approval_id: str, ver
         return _approvals_page(api, viewer, [notice], status=err.status)
     notice = Notice(f"{result.decision.capitalize()}: run {result.run_id}, step {result.step_key}.")
     return _approvals_page(api, viewer, [notice])
+
+
+# ---- outbound events ------------------------------------------------------------------------
+
+
+def _outbound_page(
+    api: OpsApi, request: Request, viewer: Viewer, notices: list[Notice], status: int = 200
+) -> Response:
+    """The tenant's outbound subscriptions and their latest deliveries (`?status=` pending,
+    delivered or given_up), through the API's routes, each delivery re-sendable."""
+    try:
+        query = OutboundDeliveriesQuery(status=request.args.get("status") or None)
+    except ValidationError:
+        notices = [*notices, Notice("Unknown status: showing every delivery.", error=True)]
+        query = OutboundDeliveriesQuery()
+    subscriptions = _call(api, viewer, "outbound.subscriptions.list")
+    deliveries = _call(api, viewer, "outbound.deliveries.list", query=query)
+    assert isinstance(subscriptions, OutboundSubscriptionList)
+    assert isinstance(deliveries, OutboundDeliveryList)
+    return render(
+        "outbound.html",
+        "Outbound events",
+        viewer=viewer,
+        notices=notices,
+        status=status,
+        subscriptions=subscriptions.items,
+        deliveries=deliveries.items,
+        shown=query.status,
+    )
+
+
+def _resend(api: OpsApi, request: Request, viewer: Viewer, delivery_id: str) -> Response:
+    """Resend through `outbound.deliveries.resend` (same `webhook-id`, a new round of attempts
+    at the sweep's next pass); the answer is a notice on the list. A delivery that is not the
+    viewer's tenant's, or one being attempted right now, is refused as the API refuses it."""
+    _check_csrf(request, viewer.token)
+    try:
+        _call(api, viewer, "outbound.deliveries.resend", path={"delivery_id": delivery_id})
+    except OpsError as err:
+        notice = Notice(f"Resend refused: {err.message}", error=True)
+        return _outbound_page(api, request, viewer, [notice], status=err.status)
+    notice = Notice(f"Delivery {delivery_id} queued again: the next sweep sends it.")
+    return _outbound_page(api, request, viewer, [notice])
 
 
 def _picture(definition: Any, detail: RunDetail) -> Markup | None:

@@ -66,6 +66,8 @@ WITH claimed AS (
               CAST(r.version_id AS text) AS version_id,
               CAST(r.lineage_root AS text) AS lineage_root,
               r.trigger_payload, r.trigger_record, r.record_key, r.event_id, r.namespace,
+              -- How the run ended, for its finally steps (`run.final_status`, `run.error`).
+              r.final_status, r.error AS run_error,
               CAST(e.connection_id AS text) AS connection_id, e.event_type,
               e.record_object_type, e.record_object_id, e.source_event_id, e.occurred_at,
               e.author_id, e.changed_fields,

@@ -138,6 +138,8 @@ def build_scope(
         tenant_id=step.tenant_id,
         lineage_root=step.lineage_root,
         namespace=step.namespace,
+        final_status=step.final_status,
+        error=step.run_error,
     )
     index = iteration(step.step_key) if loop is not None else None
     return step_scope(

@@ -99,6 +99,10 @@ class ClaimedStep:
     # A person's edit of this step's input, made when replaying from it (shared/ops/replay.py):
     # the block runs on it instead of its rendered config. None for every other step.
     input_override: Mapping[str, Any] | None = None
+    # The end the run's main phase decided and the run's error so far, read by its finally
+    # steps (`run.final_status`, `run.error`, shared/steps/finale.py); None before that phase.
+    final_status: str | None = None
+    run_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ def claim_step(
         occurrence=_occurrence(row),
         trigger_record=row["trigger_record"],
         input_override=row["input_override"],
+        final_status=row["final_status"],
+        run_error=row["run_error"],
     )
 
 

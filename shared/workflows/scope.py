@@ -61,8 +61,10 @@ ROOTS: dict[str, str] = {
     ),
     "run": (
         "Steps and wait conditions only: `id`, `workflow_id`, `version_id`, `tenant_id`, "
-        "`lineage_root` (the first run of a replay lineage) and `namespace` (live or "
-        "rehearsal)."
+        "`lineage_root` (the first run of a replay lineage), `namespace` (live or "
+        "rehearsal), and for a `finally:` step how the run ended: `final_status` "
+        "(succeeded, failed, cancelled or goal_met; null before the finally phase) and "
+        "`error` (why it failed or who cancelled it; null when it succeeded)."
     ),
     "iteration": (
         "The steps of a foreach body only: `item` (this iteration's element of the foreach's "
@@ -185,6 +187,9 @@ class RunFacts:
     tenant_id: str
     lineage_root: str
     namespace: str
+    # Set once the run's end is decided (its finally phase, shared/steps/finale.py).
+    final_status: str | None = None
+    error: str | None = None
 
     def as_scope(self) -> dict[str, Any]:
         return {
@@ -194,6 +199,8 @@ class RunFacts:
             "tenant_id": self.tenant_id,
             "lineage_root": self.lineage_root,
             "namespace": self.namespace,
+            "final_status": self.final_status,
+            "error": self.error,
         }
 
 
