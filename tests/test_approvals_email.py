@@ -22,7 +22,7 @@ from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
 from shared.steps import approval_messages
 from shared.steps.parks import park_row
-from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, serving
+from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, mint, serving
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import TENANT, definition, publish_version, start_run
 from tests.steps_support import steps_of as steps
@@ -145,3 +145,56 @@ def test_each_named_user_is_mailed_a_link_that_votes_as_them_and_the_undecided_a
         votes = tx.all("SELECT voter, via FROM approval_votes WHERE park_id = :p", p=park_id)
     assert park is not None and park["decided_by"] == "bob"
     assert sorted((v["voter"], v["via"]) for v in votes) == [("ann", "link"), ("bob", "link")]
+
+
+def test_an_approval_named_by_role_mails_each_live_member_and_reminds_the_undecided(
+    db: Database, smtp: tuple[FakeSmtp, str], dispatched: Dispatched
+) -> None:
+    fake, _ = smtp
+    for user in ("ann", "bob", "dan"):
+        mint(db, TENANT, label=user, roles=("manager",))
+    mint(db, TENANT, label="cat", roles=("sales",))  # not a manager: not asked
+    with db.transaction() as tx:
+        for user in ("cat", "dan"):
+            seed.approver_identity(
+                tx, TENANT, channel="email", external_id=f"{user}@example.com", user=user
+            )
+    approval: dict[str, Any] = {
+        "summary": "15% discount on deal 7",
+        "approvers": {"role": "manager"},
+        "expires_in": {"days": 2},
+        "required": 2,
+        "channels": {"email": True},
+        "remind_after": {"hours": 4},
+    }
+    nodes = [
+        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
+        {"id": "apply", "type": "test.noop"},
+    ]
+    run_id, ids = start_run(db, publish_version(db, definition(nodes)))
+    q = Queue()
+    q(ids)
+    q.drain(db, block_lookup(Recorder()))
+    park_id = int(steps(db, run_id)["gate"]["park_id"])
+    _sweep(db)
+    links = _links(fake)
+    assert set(links) == {"ann@example.com", "bob@example.com", "dan@example.com"}
+    assert f"/ui/decide/{park_id}/bob/" in links["bob@example.com"]
+    # A member whose token is revoked after the mail left is a member no more: the link,
+    # still signed and in time, decides nothing.
+    with db.transaction() as tx:
+        tx.execute("UPDATE ops_tokens SET revoked_at = now() WHERE label = 'dan'")
+    status, said = _decide(links["dan@example.com"], "approve")
+    assert status == 403 and "role manager" in said
+
+    status, said = _decide(links["ann@example.com"], "approve")
+    assert status == 200 and "1 of 2 approvals so far" in said
+    with db.transaction() as tx:
+        tx.execute("UPDATE step_parks SET remind_at = now() WHERE id = :p", p=park_id)
+    fake.messages.clear()
+    _sweep(db)
+    (reminder,) = fake.messages
+    assert reminder.recipients == ("bob@example.com",)
+    status, said = _decide(_links(fake)["bob@example.com"], "approve")
+    assert status == 200 and "Thank you: approved." in said
+    assert len(dispatched.ids) == 1

@@ -27,7 +27,7 @@ from shared.ops.slack_interactions import PATH_PREFIX
 from shared.steps import approval_messages
 from shared.steps.parks import park_row
 from shared.sweep.loop import next_due_seconds, run_sweep
-from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, serving
+from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, mint, serving
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import TENANT, definition, publish_version, start_run
 from tests.steps_support import steps_of as steps
@@ -321,6 +321,42 @@ def test_a_reminder_nudges_the_undecided_once_and_escalation_adds_deciders_once(
             "SELECT purpose FROM approval_messages WHERE park_id = :p ORDER BY id", p=park_id
         )
     assert [r["purpose"] for r in purposes] == ["ask", "remind", "escalate"]
+
+
+def test_an_approval_named_by_role_mentions_its_members_in_reminders_and_escalations(
+    db: Database, slack: FakeSlack
+) -> None:
+    """Who holds a role: the labels of the tenant's live ops tokens carrying it. Members with
+    a Slack id are mentioned; a revoked token's holder is not a member; the role's name covers
+    the members without one."""
+    for user, role in (("ann", "manager"), ("bob", "manager"), ("dan", "manager"), ("vic", "vp")):
+        mint(db, TENANT, label=user, roles=(role,))
+    mint(db, TENANT, label="cat", roles=("manager",))
+    with db.transaction() as tx:
+        seed.approver_identity(tx, TENANT, channel="slack", external_id="U0VIC", user="vic")
+        tx.execute("UPDATE ops_tokens SET revoked_at = now() WHERE label = 'cat'")
+    _, park_id, ts = _asked(
+        db,
+        slack,
+        approvers={"role": "manager"},
+        required=1,
+        remind_after={"hours": 4},
+        escalate_after={"days": 1},
+        escalate_to={"role": "vp"},
+    )
+    _due_now(db, park_id, "remind_at")
+    _repair_at_a_barrier(db)
+    _sweep(db)
+    (reminder,) = [m for t, m in slack.messages.items() if t != ts]
+    assert reminder["text"] == (
+        "Reminder: this approval is still waiting for <@U0ANN>, <@U0BOB>, role manager: "
+        "15% discount on deal 7"
+    )
+    _due_now(db, park_id, "escalate_at")
+    _repair_at_a_barrier(db)
+    _sweep(db)
+    (escalation,) = [m for t, m in slack.messages.items() if t != ts and m is not reminder]
+    assert escalation["text"] == "Escalated: now also for <@U0VIC>, role vp: 15% discount on deal 7"
 
 
 def test_an_approval_that_expires_unanswered_is_shown_expired_in_slack(

@@ -63,7 +63,7 @@ from shared.ops.models import (
 )
 from shared.ops.replay import dispatch_committed
 from shared.ops.search import record_page
-from shared.ops.statements import VERSION_DEFINITION
+from shared.ops.statements import USER_ROLES, VERSION_DEFINITION
 from shared.steps.parks import NotAllowed, decide_approval, park_row
 from shared.steps.states import RunStatus
 from shared.workflows.definition import WorkflowDefinition
@@ -235,20 +235,23 @@ def _link_page(
 
 
 def _link_decision(api: OpsApi, request: Request, link: Link, park: dict[str, Any]) -> Response:
-    """The link's user decides; every outcome, refused ones included, is recorded."""
+    """The link's user decides, with the roles their live ops tokens carry now (an approval named
+    by role mails its members their links); every outcome, refused ones included, is recorded."""
     tenant = park["tenant_id"]
     form = _form(request)
     decision = {"approve": "approved", "reject": "rejected"}.get(form.get("decision", ""))
     if decision is None:
         raise OpsError(422, "invalid_body", "the decision is approve or reject")
     comment = form.get("comment", "").strip()[:2000] or None
+    with api.db.transaction() as tx:
+        roles = tx.scalar(USER_ROLES, tenant_id=tenant, user=link.user) or ()
     try:
         outcome = decide_approval(
             api.db,
             link.approval_id,
             decision=decision,
             user=link.user,
-            roles=(),
+            roles=tuple(roles),
             comment=comment,
             tenant_scope=None,
             via="link",

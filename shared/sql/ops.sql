@@ -9,11 +9,11 @@ VALUES (:token_sha256, :tenant_id, :label, CAST(:roles AS text[]),
 RETURNING id
 
 -- name: ops_token_find
--- A revoked or expired token is no token: both answer 401 alike.
+-- A revoked or expired token is no token: both answer 401 alike (ops_tokens_live, migration
+-- 0600: a plain view, inlined, so the lookup is still the unique index's).
 SELECT id, tenant_id, label, roles
-FROM ops_tokens
-WHERE token_sha256 = :token_sha256 AND revoked_at IS NULL
-  AND (expires_at IS NULL OR expires_at > now())
+FROM ops_tokens_live
+WHERE token_sha256 = :token_sha256
 
 -- name: ops_token_revoke
 -- Scoped like every read (:tenant_id NULL for an admin caller). `revoked_at IS NULL` is the
@@ -615,12 +615,7 @@ SELECT slack_bot_token_env, slack_signing_secret_env FROM tenants WHERE id = CAS
 -- The onceflow user a verified Slack user id (or an email address) is in a tenant, and their
 -- roles: those of the user's live ops tokens in the tenant (the one place roles are given).
 -- No row: the identity is not mapped, and may decide nothing.
-SELECT i.onceflow_user,
-       ARRAY(SELECT DISTINCT r
-             FROM ops_tokens t, unnest(t.roles) AS r
-             WHERE t.tenant_id = i.tenant_id AND t.label = i.onceflow_user
-               AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())
-             ORDER BY r) AS roles
+SELECT i.onceflow_user, onceflow_user_roles(i.tenant_id, i.onceflow_user) AS roles
 FROM approver_identities i
 WHERE i.tenant_id = CAST(:tenant_id AS text) AND i.channel = CAST(:channel AS text)
   AND i.external_id = CAST(:external_id AS text)
@@ -653,12 +648,16 @@ SET smtp_host = CAST(:host AS text), smtp_port = CAST(:port AS integer),
 WHERE id = CAST(:tenant_id AS text)
 RETURNING id
 
+-- name: ops_user_roles
+-- The roles a mailed link's user holds now (migration 0600): a link decides as its user, and
+-- an approval named by role is theirs to decide while one of their live tokens carries it.
+SELECT onceflow_user_roles(CAST(:tenant_id AS text), CAST(:user AS text)) AS roles
+
 -- name: ops_tenant_user_known
 -- Whether `user` is someone in the tenant: the label of one of its live ops tokens (the one
 -- place users and their roles are given; an approval names users by that label).
-SELECT 1 FROM ops_tokens
+SELECT 1 FROM ops_tokens_live
 WHERE tenant_id = CAST(:tenant_id AS text) AND label = CAST(:user AS text)
-  AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
 LIMIT 1
 
 -- name: ops_approver_identity_insert

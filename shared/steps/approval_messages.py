@@ -130,19 +130,22 @@ def render(view: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def nudge(view: Mapping[str, Any], purpose: str) -> dict[str, Any]:
-    """A reminder (to those named who have not decided) or an escalation (to those it adds),
-    a reply in the ask's thread, mentioning each by their mapped Slack id."""
+    """A reminder (to those named or holding its role who have not decided) or an escalation
+    (to those it adds, by name or role), a reply in the ask's thread, mentioning each by their
+    mapped Slack id."""
     ids: Mapping[str, str] = view["slack_ids"] or {}
-    voted = {v["voter"] for v in view["votes"]}
     if purpose == "remind":
-        users = [u for u in view["approver_users"] or () if u not in voted]
-        role = view["approver_role"]
+        named, members, role = view["approver_users"], view["role_members"], view["approver_role"]
+        done = {v["voter"] for v in view["votes"]}
         lead = "Reminder: this approval is still waiting for"
     else:
-        users = list(view["escalate_users"] or ())
-        role = view["escalate_role"]
+        named, members = view["escalate_users"], view["escalate_role_members"]
+        role, done = view["escalate_role"], set()
         lead = "Escalated: now also for"
-    # A mapped Slack id is a mention (ids are checked U…/W… when mapped through the ops API).
+    users = [u for u in named or () if u not in done]
+    # A role's members are mentioned when they have a Slack id (ids are checked U…/W… when
+    # mapped through the ops API); the role's name covers the others, however many.
+    users += [u for u in members or () if u in ids and u not in done and u not in users]
     who = [f"<@{ids[u]}>" if u in ids else plain(u) for u in users]
     who += [f"role {plain(role)}"] if role else []
     text = f"{lead} {', '.join(who) or 'its approvers'}: {plain(view['summary'])}"
