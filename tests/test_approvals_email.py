@@ -86,6 +86,19 @@ def _decide(url: str, decision: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+def _parked(db: Database, approval: dict[str, Any]) -> int:
+    """A run parked on `approval` (then `apply`): the approval's id."""
+    nodes = [
+        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
+        {"id": "apply", "type": "test.noop"},
+    ]
+    run_id, ids = start_run(db, publish_version(db, definition(nodes)))
+    q = Queue()
+    q(ids)
+    q.drain(db, block_lookup(Recorder()))
+    return int(steps(db, run_id)["gate"]["park_id"])
+
+
 def test_each_named_user_is_mailed_a_link_that_votes_as_them_and_the_undecided_are_reminded(
     db: Database, smtp: tuple[FakeSmtp, str], dispatched: Dispatched
 ) -> None:
@@ -98,15 +111,7 @@ def test_each_named_user_is_mailed_a_link_that_votes_as_them_and_the_undecided_a
         "channels": {"email": True},
         "remind_after": {"hours": 4},
     }
-    nodes = [
-        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
-        {"id": "apply", "type": "test.noop"},
-    ]
-    run_id, ids = start_run(db, publish_version(db, definition(nodes)))
-    q = Queue()
-    q(ids)
-    q.drain(db, block_lookup(Recorder()))
-    park_id = int(steps(db, run_id)["gate"]["park_id"])
+    park_id = _parked(db, approval)
     assert fake.messages == []  # mailed by the sweep, not by the step
     _sweep(db)
 
@@ -167,15 +172,7 @@ def test_an_approval_named_by_role_mails_each_live_member_and_reminds_the_undeci
         "channels": {"email": True},
         "remind_after": {"hours": 4},
     }
-    nodes = [
-        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
-        {"id": "apply", "type": "test.noop"},
-    ]
-    run_id, ids = start_run(db, publish_version(db, definition(nodes)))
-    q = Queue()
-    q(ids)
-    q.drain(db, block_lookup(Recorder()))
-    park_id = int(steps(db, run_id)["gate"]["park_id"])
+    park_id = _parked(db, approval)
     _sweep(db)
     links = _links(fake)
     assert set(links) == {"ann@example.com", "bob@example.com", "dan@example.com"}
