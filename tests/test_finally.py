@@ -246,6 +246,28 @@ def test_finally_steps_read_how_the_run_ended(db: Database) -> None:
     assert seen["cancelled"] == {"status": "cancelled", "why": "cancelled by alice: deal lost"}
 
 
+def test_a_finally_step_reads_the_output_of_the_finally_step_before_it(db: Database) -> None:
+    def echo(ctx: BlockContext, config: Any) -> BlockResult:
+        return BlockResult(output=config.model_dump())
+
+    engine = Engine(db, block_lookup(Recorder(), **{"test.echo": spec("test.echo", echo)}))
+    final = [
+        {"id": "summary", "type": "test.echo", "config": {"text": "3 tasks"}, "next": "tell"},
+        {
+            "id": "tell",
+            "type": "test.echo",
+            "config": {"heard": "${{ steps.summary.output.text }}", "a": "${{ steps.a.output }}"},
+        },
+    ]
+    run_id, first = start_run(
+        db, publish_version(db, _definition([{"id": "a", "type": "test.noop"}], final))
+    )
+    engine.drain(first)
+    said = steps_of(db, run_id)["finally:tell"]["output"]
+    assert said["heard"] == "3 tasks"
+    assert said["a"] == {"step": "a", "attempt": 1}  # the main step's, by its id as before
+
+
 def test_a_cancel_racing_the_last_main_settle_at_a_barrier_runs_finally_exactly_once(
     db: Database,
 ) -> None:

@@ -769,6 +769,19 @@ def test_a_finally_list_reading_a_main_step_validates_and_keeps_its_name() -> No
     assert "finally" in report.definition.model_dump(mode="json")
 
 
+def test_a_finally_step_reads_the_finally_steps_before_it_not_those_after() -> None:
+    chained = HEAD + FINALLY.replace("{final_type}", "http.request").replace(
+        "{final_config}", '{method: POST, url: "https://hooks.example.com/x"}'
+    ).replace("{final_next}", "notify").replace(
+        "    type: end\n",
+        "    type: http.request\n"
+        '    config: {method: POST, url: "https://hooks.example.com/y", '
+        'body: {said: "${{ steps.summary.output.status }}"}}\n',
+    )
+    report = validate_text(chained, "wf.yaml")
+    assert report.ok, [str(p) for p in report.problems]
+
+
 def test_a_finally_step_is_checked_like_a_step_with_its_position() -> None:
     p = _one(_with_finally("crm.nope", "{}"))
     assert "unknown block type 'crm.nope'" in p.message

@@ -722,7 +722,7 @@ class _Validation:
         """The `finally:` list (shared/steps/finale.py): steps like the main ones, with ids of
         their own, leading only to one another (no cycle), no foreach (one step per row) and
         no `compensate:` (the run has ended its main phase); their expressions read the main
-        steps' outputs."""
+        steps' outputs and those of the finally steps that come before them."""
         final = d.finally_ or []
         ids: set[str] = set()
         for i, step in enumerate(final):
@@ -754,14 +754,17 @@ class _Validation:
                     "a finally step has no `compensate:` (it runs after the run's main phase)",
                     at_key=True,
                 )
+        for i, step in enumerate(final):
+            before = {s for s in ids if s != step.id and step.id in _reachable(s, follows)}
             for path, compiled in self.check_step_config(i, step, base=("finally", i)):
                 for ref in sorted(compiled.step_refs):
-                    if ref not in main_ids:
+                    if ref not in main_ids and ref not in before:
                         self.add(
                             "error",
                             path,
                             f"refers to step {ref!r}: a finally step reads the main steps' "
-                            "outputs (missing when the step did not run: guard with has())",
+                            "outputs (missing when the step did not run: guard with has()) "
+                            "and those of the finally steps that can come before it",
                         )
         if final and _cycles(final[0].id, follows):
             self.add("error", ("finally", 0, "id"), "the finally steps lead in a cycle")
@@ -974,6 +977,18 @@ def _edges(i: int, step: Step, section: str = "steps") -> list[tuple[PathT, str]
     if step.type == "foreach" and isinstance(step.config.get("do"), str):
         out.append(((section, i, "config", "do"), step.config["do"]))
     return out
+
+
+def _reachable(start: str, follows: Mapping[str, list[str]]) -> set[str]:
+    """The steps reachable from `start` by its edges, `start` excluded unless on a cycle."""
+    seen: set[str] = set()
+    todo = list(follows.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += follows.get(node, ())
+    return seen
 
 
 def _cycles(start: str, follows: Mapping[str, list[str]]) -> bool:

@@ -28,6 +28,7 @@ from shared.core.logs import get_logger
 from shared.core.settings import DEFAULTS, settings_from
 from shared.steps.journal import idempotency_key
 from shared.workflows.scope import Occurrence
+from shared.workflows.step_keys import final_id, final_key, is_final
 
 SQL = queries.load("steps")
 CLAIM = SQL["steps_claim"]
@@ -178,19 +179,25 @@ def read_run_outputs(
     shared.workflows.scope.steps_read; None: every succeeded step), and for an iteration
     (`foreach` and its `iteration` index) the loop's facts with only this item — not every
     earlier output, which made a 1,000-item foreach move O(n²) JSON (issue 23, item 16). A
-    step that reads nothing costs no round trip."""
+    step that reads nothing costs no round trip.
+
+    A `finally:` step also reads the finally steps before it by their ids (their rows are
+    keyed `finally:<id>`; a finally id is never a main step's, validation says so)."""
     if steps is not None and not steps and foreach is None:
         return RunOutputs(steps={})
+    final = is_final(step.step_key)
+    keys = None if steps is None else sorted(steps)
+    if final and keys is not None:
+        keys += [final_key(k) for k in keys]
     with db.transaction() as tx:
         row = tx.one(
-            SCOPE_OUTPUTS,
-            run_id=step.run_id,
-            step_keys=None if steps is None else sorted(steps),
-            foreach=foreach,
-            iteration=iteration,
+            SCOPE_OUTPUTS, run_id=step.run_id, step_keys=keys, foreach=foreach, iteration=iteration
         )
     assert row is not None  # one row, always
-    return RunOutputs(steps=row["steps"] or {}, loop=row["loop"])
+    outputs: dict[str, Any] = row["steps"] or {}
+    if final:
+        outputs = {final_id(k) or k: v for k, v in outputs.items()}
+    return RunOutputs(steps=outputs, loop=row["loop"])
 
 
 def _occurrence(row: Mapping[str, Any]) -> Occurrence:

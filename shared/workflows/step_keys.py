@@ -31,3 +31,8 @@ def final_key(step_id: str) -> str:
 def is_final(key: str) -> bool:
     """Whether a row is one of the run's `finally:` steps."""
     return key.startswith(FINAL_PREFIX)
+
+
+def final_id(key: str) -> str | None:
+    """The id of the `finally:` step a row is; None for any other row."""
+    return key[len(FINAL_PREFIX) :] if is_final(key) else None
