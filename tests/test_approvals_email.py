@@ -156,7 +156,7 @@ def test_an_approval_named_by_role_mails_each_live_member_and_reminds_the_undeci
     db: Database, smtp: tuple[FakeSmtp, str], dispatched: Dispatched
 ) -> None:
     fake, _ = smtp
-    for user in ("ann", "bob", "dan"):
+    for user in ("ann", "bob", "dan", "eve"):  # eve has no address: she is not mailed
         mint(db, TENANT, label=user, roles=("manager",))
     mint(db, TENANT, label="cat", roles=("sales",))  # not a manager: not asked
     with db.transaction() as tx:
@@ -177,6 +177,9 @@ def test_an_approval_named_by_role_mails_each_live_member_and_reminds_the_undeci
     links = _links(fake)
     assert set(links) == {"ann@example.com", "bob@example.com", "dan@example.com"}
     assert f"/ui/decide/{park_id}/bob/" in links["bob@example.com"]
+    with db.transaction() as tx:
+        queued = tx.all("SELECT recipient FROM approval_messages WHERE park_id = :p", p=park_id)
+    assert sorted(r["recipient"] for r in queued) == ["ann", "bob", "dan"]
     # A member whose token is revoked after the mail left is a member no more: the link,
     # still signed and in time, decides nothing.
     with db.transaction() as tx:

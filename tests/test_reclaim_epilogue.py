@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.core.db import Database
+from shared.steps import advance
 from shared.sweep.loop import run_sweep
 from tests.steps_blocks import Recorder, block_lookup
 from tests.steps_support import publish_version, run_row, start_run, steps_of
@@ -32,6 +33,9 @@ def _died_holding(db: Database, step_id: str, *, marked: bool, attempt: int = 1)
 
 
 def _sweep(db: Database, engine: Engine) -> int:
+    """One sweep pass, as the sweep function runs it: in a process that has never loaded the
+    run's version (its parsed-graph cache is cold)."""
+    advance._graphs.clear()
     return run_sweep(db, 0, duties=[], dispatch=engine.dispatch).reclaimed_failed
 
 

@@ -74,14 +74,14 @@ WHERE id = CAST(:id AS bigint)
 
 -- name: approval_messages_view
 -- What a message shows: the approval, its state, its votes, the posted ask (a reminder is a
--- reply in its thread), the members of its roles (migration 0600) and the Slack ids of the
--- users it names or its roles hold (to mention them).
+-- reply in its thread), the members of its roles with a Slack id (migration 0600) and the
+-- Slack ids of the users it names or its roles hold (to mention them).
 SELECT p.id, p.summary, p.required, p.reject_quorum, p.deadline, p.decision, p.decided_by,
        p.email,
        p.resumed_at, p.resumed_by, p.approver_role, p.approver_users, p.escalated_at,
        p.escalate_role, p.escalate_users,
-       onceflow_role_members(p.tenant_id, p.approver_role) AS role_members,
-       onceflow_role_members(p.tenant_id, p.escalate_role) AS escalate_role_members,
+       onceflow_role_members(p.tenant_id, p.approver_role, 'slack') AS role_members,
+       onceflow_role_members(p.tenant_id, p.escalate_role, 'slack') AS escalate_role_members,
        (SELECT a.slack_ts FROM approval_messages a
         WHERE a.park_id = p.id AND a.channel = 'slack' AND a.purpose = 'ask') AS ask_ts,
        coalesce((SELECT jsonb_object_agg(i.onceflow_user, i.external_id)
@@ -89,8 +89,8 @@ SELECT p.id, p.summary, p.required, p.reject_quorum, p.deadline, p.decision, p.d
                  WHERE i.tenant_id = p.tenant_id AND i.channel = 'slack'
                    AND i.onceflow_user = ANY (
                        p.approver_users || p.escalate_users
-                       || onceflow_role_members(p.tenant_id, p.approver_role)
-                       || onceflow_role_members(p.tenant_id, p.escalate_role))),
+                       || onceflow_role_members(p.tenant_id, p.approver_role, 'slack')
+                       || onceflow_role_members(p.tenant_id, p.escalate_role, 'slack'))),
                 '{}'::jsonb) AS slack_ids,
        coalesce((SELECT jsonb_agg(jsonb_build_object('voter', v.voter, 'decision', v.decision,
                                                      'counted', v.counted)
@@ -116,7 +116,8 @@ WITH due AS (
           FOR NO KEY UPDATE SKIP LOCKED) d
     WHERE p.id = d.id AND p.reminded_at IS NULL AND p.resumed_at IS NULL
     RETURNING p.id, p.tenant_id, p.slack_channel, p.email,
-              p.approver_users || onceflow_role_members(p.tenant_id, p.approver_role) AS asked
+              p.approver_users || onceflow_role_members(p.tenant_id, p.approver_role, 'email')
+                  AS asked
 ), queued AS (
     INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
     SELECT id, tenant_id, 'slack', 'remind', slack_channel, now()
@@ -147,7 +148,8 @@ WITH due AS (
           FOR NO KEY UPDATE SKIP LOCKED) d
     WHERE p.id = d.id AND p.escalated_at IS NULL AND p.resumed_at IS NULL
     RETURNING p.id, p.tenant_id, p.slack_channel, p.email,
-              p.escalate_users || onceflow_role_members(p.tenant_id, p.escalate_role) AS added
+              p.escalate_users || onceflow_role_members(p.tenant_id, p.escalate_role, 'email')
+                  AS added
 ), queued AS (
     INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
     SELECT id, tenant_id, 'slack', 'escalate', slack_channel, now()

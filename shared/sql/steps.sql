@@ -1015,7 +1015,8 @@ GROUP BY p.id
 -- name: approvals_queue_asks
 -- The messages that ask an approval's approvers, queued with its park row (same transaction)
 -- for the sweep to send (shared/steps/approval_messages.py): a Slack post to its channel, an
--- email with a signed link to each named user and each member of its role (migration 0600).
+-- email with a signed link to each named user and each member of its role with an address
+-- (migration 0600).
 -- A park written again by a crashed attempt's retry queues nothing twice (the unique key).
 INSERT INTO approval_messages (park_id, tenant_id, channel, purpose, recipient, due_at)
 SELECT p.id, p.tenant_id, 'slack', 'ask', p.slack_channel, now()
@@ -1024,7 +1025,8 @@ WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval' AND p.slack_channe
 UNION ALL
 SELECT DISTINCT p.id, p.tenant_id, 'email', 'ask', u.name, now()
 FROM step_parks p,
-     unnest(p.approver_users || onceflow_role_members(p.tenant_id, p.approver_role)) AS u (name)
+     unnest(p.approver_users
+            || onceflow_role_members(p.tenant_id, p.approver_role, 'email')) AS u (name)
 WHERE p.id = CAST(:park_id AS bigint) AND p.kind = 'approval' AND p.email
 ON CONFLICT (park_id, channel, purpose, recipient) DO NOTHING
 

@@ -95,14 +95,19 @@ _graphs: dict[str, WorkflowDefinition] = {}
 _graphs_lock = threading.Lock()
 
 
-def load_graph(db: Database, version_id: str) -> WorkflowDefinition:
-    """The pinned graph of a run: its own version's definition, parsed once per instance."""
+def load_graph(db: Database, version_id: str, *, tx: Tx | None = None) -> WorkflowDefinition:
+    """The pinned graph of a run: its own version's definition, parsed once per instance.
+    `tx`: read on the caller's open transaction (a thread holds one connection at a time:
+    opening a second one inside a transaction raises NestedCheckout)."""
     with _graphs_lock:
         cached = _graphs.get(version_id)
     if cached is not None:
         return cached
-    with db.transaction() as tx:
+    if tx is not None:
         definition = tx.scalar(VERSION_DEFINITION, version_id=version_id)
+    else:
+        with db.transaction() as own:
+            definition = own.scalar(VERSION_DEFINITION, version_id=version_id)
     if definition is None:
         raise PermanentError(f"workflow version {version_id} does not exist")
     graph = WorkflowDefinition.model_validate(definition)

@@ -94,7 +94,7 @@ def reclaim_expired_leases(
         epilogue = _fail_through_phases(db, tx, [r for r in rows if r["epilogue_version_id"]])
     pending = [r["id"] for r in rows if r["status"] == "pending"]
     for r in rows:
-        r["run_failed"] = r["run_failed"] or r["run_id"] in epilogue.runs_failed
+        run_failed = r["run_failed"] or r["run_id"] in epilogue.runs_failed
         # After the commit: a rolled-back reclaim must not page anyone.
         outcome = "pending" if r["status"] == "pending" else str(r["outcome_code"])
         log_event(
@@ -106,7 +106,7 @@ def reclaim_expired_leases(
             run_id=r["run_id"],
             outcome=outcome,
         )
-        if r["run_failed"]:
+        if run_failed:
             log_event(
                 log,
                 LogEvent.RUN_FAILED,
@@ -145,6 +145,9 @@ def _fail_through_phases(db: Database, tx: Tx, failed: Sequence[dict[str, Any]])
     `finally:` (the statement left those runs running): each does what a settle's failure
     does — compensations, then the finally steps — in the reclaim's transaction, under the run
     row's lock it took. A version that no longer loads fails its run as the statement would."""
+    from pydantic import ValidationError
+
+    from shared.core.errors import PermanentError
     from shared.steps.advance import load_graph
     from shared.steps.finale import Finale
     from shared.steps.saga import Saga
@@ -154,9 +157,10 @@ def _fail_through_phases(db: Database, tx: Tx, failed: Sequence[dict[str, Any]])
     for r in failed:
         step = _ReclaimedStep(str(r["run_id"]), str(r["step_key"]), str(r["lineage_root"]))
         try:
-            graph = load_graph(db, str(r["epilogue_version_id"]))
+            graph = load_graph(db, str(r["epilogue_version_id"]), tx=tx)
             saga, final = Saga.of(graph), Finale.of(graph)
-        except Exception:
+        except (PermanentError, ValidationError):
+            # A stored definition that no longer parses: the run fails as without them.
             log.warning("run %s: its version does not load; failed uncompensated", step.run_id)
             saga = final = None
         ids, run_failed = fail_reclaimed(
