@@ -359,6 +359,37 @@ def test_an_approval_named_by_role_mentions_its_members_in_reminders_and_escalat
     assert escalation["text"] == "Escalated: now also for <@U0VIC>, role vp: 15% discount on deal 7"
 
 
+def test_a_burst_of_asks_in_one_channel_waits_out_slacks_429s_and_posts_each_once(
+    db: Database, slack: FakeSlack
+) -> None:
+    """Slack posts about one message per second per channel (short bursts tolerated) and
+    answers 429 with Retry-After past that. Six asks at once in #deals with a burst of two:
+    each pass posts what the channel takes, stops calling Slack for that channel at its first
+    429, and sends the rest after Retry-After — each ask posted once, no attempt spent on a
+    429, nothing given up."""
+    slack.post_burst, slack.posts_per_second = 2.0, 2.0
+    parks = [_park(db, summary=f"discount {n}")[1] for n in range(6)]
+    _sweep(db)
+    assert len(slack.messages) == 2 and slack.rate_limited == 1  # one 429, then held
+    with db.transaction() as tx:
+        waiting = tx.all("SELECT attempts, last_error FROM approval_messages WHERE sent_at IS NULL")
+    assert len(waiting) == 4 and {w["attempts"] for w in waiting} == {0}
+    assert all("rate limited by Slack; retry after 1 s" in w["last_error"] for w in waiting)
+    deadline = time.monotonic() + 30
+    while len(slack.messages) < 6:
+        assert time.monotonic() < deadline, f"still unsent: {6 - len(slack.messages)}"
+        time.sleep(0.5)
+        _sweep(db)
+    summaries = sorted(m["text"].split("\n")[0] for m in slack.messages.values())
+    assert summaries == [f"discount {n}" for n in range(6)]
+    with db.transaction() as tx:
+        sent = tx.all(
+            "SELECT park_id, attempts FROM approval_messages WHERE park_id = ANY(:p)", p=parks
+        )
+    assert sorted(r["park_id"] for r in sent) == sorted(parks)
+    assert {r["attempts"] for r in sent} == {1}  # the one that posted; 429s cost nothing
+
+
 def test_an_approval_that_expires_unanswered_is_shown_expired_in_slack(
     db: Database, slack: FakeSlack
 ) -> None:

@@ -7,6 +7,13 @@ Web API (https://api.slack.com/methods/chat.postMessage, https://api.slack.com/m
 `{"ok": false, "error": "invalid_auth"}`, an unknown message `message_not_found`. Posted
 messages are kept (`messages`, by ts) with each update's history (`updates`).
 
+Posting is rate limited as Slack limits it: chat.postMessage "generally allows posting one
+message per second per channel", short bursts tolerated
+(https://api.slack.com/docs/rate-limits); past that Slack answers HTTP 429 Too Many Requests
+with a `Retry-After` header, the seconds to wait. Here each channel has a bucket of
+`post_burst` posts refilled at `posts_per_second`; an empty bucket answers 429, `Retry-After`
+and `{"ok": false, "error": "ratelimited"}`, and posts nothing (`rate_limited` counts them).
+
 Interactions (https://api.slack.com/interactivity/handling): `click(...)` posts a
 `block_actions` payload for a button of a posted message to `interaction_url`, form-encoded
 `payload=<json>`, signed as Slack signs: `X-Slack-Request-Timestamp` and `X-Slack-Signature` =
@@ -25,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import math
 import threading
 import time
 import urllib.error
@@ -55,6 +63,10 @@ class FakeSlack:
     host: str = "127.0.0.1"
     port: int = 0
     team_id: str = "T0FAKE"
+    post_burst: float = 10.0
+    posts_per_second: float = 1.0
+    rate_limited: int = 0
+    _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
     messages: dict[str, dict[str, Any]] = field(default_factory=dict)
     updates: list[dict[str, Any]] = field(default_factory=list)
     deliveries: list[Delivery] = field(default_factory=list)
@@ -87,10 +99,15 @@ class FakeSlack:
                     body = {}
                 if self.path == "/_fake/click":
                     answer: Any = [d.status for d in fake.click(**body)]
+                    status, wait = 200, None
                 else:
                     answer = fake.api(self.path, self.headers.get("authorization", ""), body)
+                    wait = fake.retry_after(answer)
+                    status = 200 if wait is None else 429
                 data = json.dumps(answer).encode()
-                self.send_response(200)
+                self.send_response(status)
+                if wait is not None:
+                    self.send_header("retry-after", str(wait))
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(data)))
                 self.end_headers()
@@ -111,12 +128,7 @@ class FakeSlack:
         method = path.removeprefix("/api/")
         with self._lock:
             if method == "chat.postMessage":
-                if not body.get("channel"):
-                    return {"ok": False, "error": "channel_not_found"}
-                self._ts += 1
-                ts = f"{int(time.time())}.{self._ts:06d}"
-                self.messages[ts] = {**body, "ts": ts}
-                return {"ok": True, "channel": body["channel"], "ts": ts, "message": body}
+                return self._post_message(body)
             if method == "chat.update":
                 ts = str(body.get("ts"))
                 if ts not in self.messages:
@@ -125,6 +137,38 @@ class FakeSlack:
                 self.updates.append(body)
                 return {"ok": True, "channel": body.get("channel"), "ts": ts}
         return {"ok": False, "error": "unknown_method"}
+
+    def _post_message(self, body: dict[str, Any]) -> dict[str, Any]:
+        """chat.postMessage, under the lock."""
+        if not body.get("channel"):
+            return {"ok": False, "error": "channel_not_found"}
+        wait = self._take_post(str(body["channel"]))
+        if wait:
+            self.rate_limited += 1
+            return {"ok": False, "error": "ratelimited", "retry_after": wait}
+        self._ts += 1
+        ts = f"{int(time.time())}.{self._ts:06d}"
+        self.messages[ts] = {**body, "ts": ts}
+        return {"ok": True, "channel": body["channel"], "ts": ts, "message": body}
+
+    def _take_post(self, channel: str) -> int:
+        """Take one post from the channel's bucket (under the lock): 0 when there was one,
+        else the whole seconds until there is."""
+        now = time.monotonic()
+        level, since = self._buckets.get(channel, (self.post_burst, now))
+        level = min(self.post_burst, level + (now - since) * self.posts_per_second)
+        if level >= 1:
+            self._buckets[channel] = (level - 1, now)
+            return 0
+        self._buckets[channel] = (level, now)
+        return max(1, math.ceil((1 - level) / self.posts_per_second))
+
+    @staticmethod
+    def retry_after(answer: Any) -> int | None:
+        """The Retry-After of a rate-limited answer (its HTTP status is 429); None otherwise."""
+        if isinstance(answer, dict) and answer.get("error") == "ratelimited":
+            return int(answer["retry_after"])
+        return None
 
     def payload(self, ts: str, user: str, action: str) -> dict[str, Any]:
         """The block_actions payload of `user` clicking the `action` button of message `ts`."""

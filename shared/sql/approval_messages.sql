@@ -35,11 +35,15 @@ RETURNING id
 
 -- name: approval_messages_failed
 -- A send failed: why, and when to try again (the claim's due time is replaced) — or, after
--- `max_attempts`, never (no due time: given up, `last_error` says why).
+-- `max_attempts`, never (no due time: given up, `last_error` says why). Not `counted` (Slack
+-- answered 429: wait and send, not a failure of the message): the claim's attempt is given
+-- back, and it is never given up for that.
 UPDATE approval_messages
-SET due_at = CASE WHEN attempts >= CAST(:max_attempts AS integer) THEN NULL
+SET due_at = CASE WHEN CAST(:counted AS boolean)
+                       AND attempts >= CAST(:max_attempts AS integer) THEN NULL
                   ELSE now() + make_interval(secs => CAST(:retry_seconds AS double precision))
              END,
+    attempts = attempts - CASE WHEN CAST(:counted AS boolean) THEN 0 ELSE 1 END,
     last_error = CAST(:error AS text)
 WHERE id = CAST(:id AS bigint) AND sent_at IS NULL
 

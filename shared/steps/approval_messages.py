@@ -60,6 +60,25 @@ class SlackError(Exception):
     """Slack refused or could not be reached; the message is tried again later."""
 
 
+class SlackRateLimited(SlackError):
+    """Slack answered HTTP 429 with `Retry-After` (https://api.slack.com/docs/rate-limits:
+    chat.postMessage allows about one post per second per channel, short bursts tolerated).
+    Not a failure of the message: it is tried again after `retry_after` seconds, the attempt
+    not counted, and the pass sends nothing more to that channel."""
+
+    def __init__(self, method: str, retry_after: float) -> None:
+        super().__init__(f"{method}: rate limited by Slack; retry after {retry_after:g} s")
+        self.retry_after = retry_after
+
+
+def _retry_after(exc: urllib.error.HTTPError) -> float:
+    """Slack's Retry-After, in seconds (1 when it is missing or unreadable)."""
+    try:
+        return max(1.0, float(exc.headers.get("retry-after") or 1))
+    except ValueError:
+        return 1.0
+
+
 def slack_call(method: str, token: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """One Web API call; its answer when `ok`, else SlackError (Slack says why in `error`)."""
     request = urllib.request.Request(  # noqa: S310 - the configured Slack API base
@@ -74,6 +93,11 @@ def slack_call(method: str, token: str, body: Mapping[str, Any]) -> dict[str, An
     try:
         with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_SECONDS) as answer:  # noqa: S310
             said = json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        exc.close()  # the error holds the answer's connection
+        if exc.code == 429:
+            raise SlackRateLimited(method, _retry_after(exc)) from None
+        raise SlackError(f"{method}: HTTP {exc.code}") from None
     except (urllib.error.URLError, TimeoutError, ValueError) as exc:
         raise SlackError(f"{method}: {exc}") from None
     if not isinstance(said, dict) or not said.get("ok"):
@@ -261,19 +285,21 @@ def deliver_approval_messages(
     del dispatch, report  # nothing to dispatch: a message never moves a step
     with db.transaction() as tx:
         sends = tx.all(CLAIM_SENDS, lease_seconds=LEASE_SECONDS, batch=config.batch)
+    # Slack channels that answered 429 in this pass: their other messages wait as long, unsent.
+    held: dict[tuple[str, str], SlackRateLimited] = {}
     for row in sends:
+        channel = (str(row["tenant_id"]), str(row["recipient"]))
         try:
+            if row["channel"] == "slack" and channel in held:
+                raise held[channel]
             said = _send(row, _view(db, int(row["park_id"])))
+        except SlackRateLimited as exc:
+            held[channel] = exc
+            _failed(db, row, exc, retry_seconds=exc.retry_after, counted=False)
+            continue
         except (SlackError, EmailError) as exc:
             log.warning("approval %s: %s send failed: %s", row["park_id"], row["channel"], exc)
-            with db.transaction() as tx:
-                tx.execute(
-                    FAILED,
-                    id=row["id"],
-                    retry_seconds=RETRY_SECONDS,
-                    max_attempts=MAX_ATTEMPTS,
-                    error=str(exc),
-                )
+            _failed(db, row, exc, retry_seconds=RETRY_SECONDS, counted=True)
             continue
         with db.transaction() as tx:
             tx.execute(
@@ -294,9 +320,26 @@ def deliver_approval_messages(
             )
         except SlackError as exc:
             log.warning("approval %s: Slack update failed: %s", row["park_id"], exc)
+            wait = exc.retry_after if isinstance(exc, SlackRateLimited) else RETRY_SECONDS
             with db.transaction() as tx:
-                tx.execute(UPDATE_FAILED, id=row["id"], retry_seconds=RETRY_SECONDS, error=str(exc))
+                tx.execute(UPDATE_FAILED, id=row["id"], retry_seconds=wait, error=str(exc))
     return max(len(sends), len(updates))
+
+
+def _failed(
+    db: Database, row: Mapping[str, Any], exc: Exception, *, retry_seconds: float, counted: bool
+) -> None:
+    """A claimed message not sent: due again after `retry_seconds`; `counted` (not for a 429)
+    spends one of its MAX_ATTEMPTS."""
+    with db.transaction() as tx:
+        tx.execute(
+            FAILED,
+            id=row["id"],
+            retry_seconds=retry_seconds,
+            max_attempts=MAX_ATTEMPTS,
+            counted=counted,
+            error=str(exc),
+        )
 
 
 def remind_and_escalate_approvals(
