@@ -22,11 +22,9 @@ from shared.core.db import Database
 from shared.core.duty import SweepConfig, SweepReport
 from shared.steps import approval_messages
 from shared.steps.parks import park_row
+from tests.approvals_support import park_approval
 from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, mint, serving
-from tests.steps_blocks import Recorder, block_lookup
-from tests.steps_support import TENANT, definition, publish_version, start_run
-from tests.steps_support import steps_of as steps
-from tests.test_steps_engine import Queue
+from tests.steps_support import TENANT
 
 ADDRESSES = {"ann": "ann@example.com", "bob": "bob@example.com"}
 
@@ -86,17 +84,13 @@ def _decide(url: str, decision: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def _parked(db: Database, approval: dict[str, Any]) -> int:
-    """A run parked on `approval` (then `apply`): the approval's id."""
-    nodes = [
-        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
-        {"id": "apply", "type": "test.noop"},
-    ]
-    run_id, ids = start_run(db, publish_version(db, definition(nodes)))
-    q = Queue()
-    q(ids)
-    q.drain(db, block_lookup(Recorder()))
-    return int(steps(db, run_id)["gate"]["park_id"])
+def _reminded(db: Database, fake: FakeSmtp, park_id: int) -> list[Any]:
+    """The approval's reminder made due now and swept: the mails sent then."""
+    with db.transaction() as tx:
+        tx.execute("UPDATE step_parks SET remind_at = now() WHERE id = :p", p=park_id)
+    fake.messages.clear()
+    _sweep(db)
+    return list(fake.messages)
 
 
 def test_each_named_user_is_mailed_a_link_that_votes_as_them_and_the_undecided_are_reminded(
@@ -111,7 +105,7 @@ def test_each_named_user_is_mailed_a_link_that_votes_as_them_and_the_undecided_a
         "channels": {"email": True},
         "remind_after": {"hours": 4},
     }
-    park_id = _parked(db, approval)
+    _, park_id = park_approval(db, approval)
     assert fake.messages == []  # mailed by the sweep, not by the step
     _sweep(db)
 
@@ -134,11 +128,7 @@ def test_each_named_user_is_mailed_a_link_that_votes_as_them_and_the_undecided_a
     assert dispatched.ids == []
 
     # The reminder goes to those named who have not voted (and have an address): bob only.
-    with db.transaction() as tx:
-        tx.execute("UPDATE step_parks SET remind_at = now() WHERE id = :p", p=park_id)
-    fake.messages.clear()
-    _sweep(db)
-    (reminder,) = fake.messages
+    (reminder,) = _reminded(db, fake, park_id)
     assert reminder.recipients == ("bob@example.com",)
     assert reminder.message["Subject"].startswith("Reminder: approval still needed")
 
@@ -172,7 +162,7 @@ def test_an_approval_named_by_role_mails_each_live_member_and_reminds_the_undeci
         "channels": {"email": True},
         "remind_after": {"hours": 4},
     }
-    park_id = _parked(db, approval)
+    _, park_id = park_approval(db, approval)
     _sweep(db)
     links = _links(fake)
     assert set(links) == {"ann@example.com", "bob@example.com", "dan@example.com"}
@@ -189,11 +179,7 @@ def test_an_approval_named_by_role_mails_each_live_member_and_reminds_the_undeci
 
     status, said = _decide(links["ann@example.com"], "approve")
     assert status == 200 and "1 of 2 approvals so far" in said
-    with db.transaction() as tx:
-        tx.execute("UPDATE step_parks SET remind_at = now() WHERE id = :p", p=park_id)
-    fake.messages.clear()
-    _sweep(db)
-    (reminder,) = fake.messages
+    (reminder,) = _reminded(db, fake, park_id)
     assert reminder.recipients == ("bob@example.com",)
     status, said = _decide(_links(fake)["bob@example.com"], "approve")
     assert status == 200 and "Thank you: approved." in said

@@ -27,11 +27,10 @@ from shared.ops.slack_interactions import PATH_PREFIX
 from shared.steps import approval_messages
 from shared.steps.parks import park_row
 from shared.sweep.loop import next_due_seconds, run_sweep
+from tests.approvals_support import park_approval
 from tests.ops_support import ROOT_MAIN, Dispatched, install_ops_api, mint, serving
-from tests.steps_blocks import Recorder, block_lookup
-from tests.steps_support import TENANT, definition, publish_version, start_run
-from tests.steps_support import steps_of as steps
-from tests.test_steps_engine import Queue, make_past
+from tests.steps_support import TENANT
+from tests.test_steps_engine import make_past
 
 BOT_TOKEN = "xoxb-test-token"
 SIGNING_SECRET = "test-signing-secret-0123456789"
@@ -81,17 +80,7 @@ def _park(db: Database, **config: Any) -> tuple[str, int]:
         "channels": {"slack": {"channel": "C0DEALS"}},
         **config,
     }
-    nodes = [
-        {"id": "gate", "type": "approval", "config": approval, "next": "apply"},
-        {"id": "apply", "type": "test.noop"},
-    ]
-    run_id, ids = start_run(db, publish_version(db, definition(nodes)))
-    q = Queue()
-    q(ids)
-    q.drain(db, block_lookup(Recorder()))
-    gate = steps(db, run_id)["gate"]
-    assert gate["status"] == "waiting_for_approval"
-    return run_id, int(gate["park_id"])
+    return park_approval(db, approval)
 
 
 def _sweep(db: Database) -> None:

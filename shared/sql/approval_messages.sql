@@ -83,24 +83,23 @@ WHERE id = CAST(:id AS bigint)
 SELECT p.id, p.summary, p.required, p.reject_quorum, p.deadline, p.decision, p.decided_by,
        p.email,
        p.resumed_at, p.resumed_by, p.approver_role, p.approver_users, p.escalated_at,
-       p.escalate_role, p.escalate_users,
-       onceflow_role_members(p.tenant_id, p.approver_role, 'slack') AS role_members,
-       onceflow_role_members(p.tenant_id, p.escalate_role, 'slack') AS escalate_role_members,
+       p.escalate_role, p.escalate_users, m.role_members, m.escalate_role_members,
        (SELECT a.slack_ts FROM approval_messages a
         WHERE a.park_id = p.id AND a.channel = 'slack' AND a.purpose = 'ask') AS ask_ts,
        coalesce((SELECT jsonb_object_agg(i.onceflow_user, i.external_id)
                  FROM approver_identities i
                  WHERE i.tenant_id = p.tenant_id AND i.channel = 'slack'
-                   AND i.onceflow_user = ANY (
-                       p.approver_users || p.escalate_users
-                       || onceflow_role_members(p.tenant_id, p.approver_role, 'slack')
-                       || onceflow_role_members(p.tenant_id, p.escalate_role, 'slack'))),
+                   AND i.onceflow_user = ANY (p.approver_users || p.escalate_users
+                                             || m.role_members || m.escalate_role_members)),
                 '{}'::jsonb) AS slack_ids,
        coalesce((SELECT jsonb_agg(jsonb_build_object('voter', v.voter, 'decision', v.decision,
                                                      'counted', v.counted)
                                   ORDER BY v.created_at, v.voter)
                  FROM approval_votes v WHERE v.park_id = p.id), '[]'::jsonb) AS votes
-FROM step_parks p
+FROM step_parks p,
+     LATERAL (SELECT onceflow_role_members(p.tenant_id, p.approver_role, 'slack') AS role_members,
+                     onceflow_role_members(p.tenant_id, p.escalate_role, 'slack')
+                         AS escalate_role_members) m
 WHERE p.id = CAST(:park_id AS bigint)
 
 -- name: approvals_remind_due

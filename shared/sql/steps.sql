@@ -468,7 +468,7 @@ WITH expired AS (
     -- Running runs whose version declares compensations or finally steps: a failed step
     -- there does what a settle's failure does (compensations, then the finally phase), which
     -- the caller runs in this transaction under the run row's lock taken above
-    -- (shared/steps/repairs.py, settle.fail_reclaimed). The check reads the canonical form:
+    -- (shared/steps/repairs.py, settle.fail_in_phase). The check reads the canonical form:
     -- `finally` is written only when set, `compensate` only on a step that declares one.
     SELECT r.id, CAST(r.version_id AS text) AS version_id,
            CAST(r.lineage_root AS text) AS lineage_root

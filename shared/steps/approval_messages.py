@@ -167,9 +167,9 @@ def nudge(view: Mapping[str, Any], purpose: str) -> dict[str, Any]:
         role, done = view["escalate_role"], set()
         lead = "Escalated: now also for"
     users = [u for u in named or () if u not in done]
-    # A role's members are mentioned when they have a Slack id (ids are checked U…/W… when
-    # mapped through the ops API); the role's name covers the others, however many.
-    users += [u for u in members or () if u in ids and u not in done and u not in users]
+    # A role's members with a Slack id (the view lists only those: approval_messages_view) are
+    # mentioned; the role's name covers the others, however many.
+    users += [u for u in members or () if u not in done and u not in users]
     who = [f"<@{ids[u]}>" if u in ids else plain(u) for u in users]
     who += [f"role {plain(role)}"] if role else []
     text = f"{lead} {', '.join(who) or 'its approvers'}: {plain(view['summary'])}"
@@ -289,9 +289,11 @@ def deliver_approval_messages(
     held: dict[tuple[str, str], SlackRateLimited] = {}
     for row in sends:
         channel = (str(row["tenant_id"]), str(row["recipient"]))
+        limited = held.get(channel) if row["channel"] == "slack" else None
+        if limited is not None:
+            _failed(db, row, limited, retry_seconds=limited.retry_after, counted=False)
+            continue
         try:
-            if row["channel"] == "slack" and channel in held:
-                raise held[channel]
             said = _send(row, _view(db, int(row["park_id"])))
         except SlackRateLimited as exc:
             held[channel] = exc

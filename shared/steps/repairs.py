@@ -151,7 +151,7 @@ def _fail_through_phases(db: Database, tx: Tx, failed: Sequence[dict[str, Any]])
     from shared.steps.advance import load_graph
     from shared.steps.finale import Finale
     from shared.steps.saga import Saga
-    from shared.steps.settle import fail_reclaimed
+    from shared.steps.settle import fail_in_phase, run_error
 
     out = _Epilogue()
     for r in failed:
@@ -163,9 +163,8 @@ def _fail_through_phases(db: Database, tx: Tx, failed: Sequence[dict[str, Any]])
             # A stored definition that no longer parses: the run fails as without them.
             log.warning("run %s: its version does not load; failed uncompensated", step.run_id)
             saga = final = None
-        ids, run_failed = fail_reclaimed(
-            tx, step, str(r["outcome_code"]), r["error"], saga=saga, final=final
-        )
+        error = run_error(step.step_key, str(r["outcome_code"]), r["error"])
+        ids, run_failed = fail_in_phase(tx, step, error, saga=saga, final=final)
         out.to_dispatch += ids
         if run_failed:
             out.runs_failed.add(step.run_id)

@@ -20,7 +20,7 @@ the run where it stands, and its journal shows what succeeded; a cancel during t
 compensating phase stops the compensations too (skipped CANCELLED, visible on the run). A step
 that fails outside a settle (the sweep's reclaim of an expired lease: OUTCOME_UNKNOWN, or no
 attempts left) goes through the same functions, in the reclaim's transaction
-(shared/steps/repairs.py, settle.fail_reclaimed).
+(shared/steps/repairs.py, settle.fail_in_phase).
 """
 
 from __future__ import annotations

@@ -153,21 +153,27 @@ def _settle_in_transaction(
         run_status = str(row["run_status"])
         dispatch: list[str] = []
         run_failed = False
-        error = _run_error(step.step_key, settlement.outcome_code, settlement.error)
-        ending, undone = _phases(
-            tx, step, settlement.status, next_nodes, error, saga=saga, final=final
+        failed = settlement.status is StepStatus.FAILED
+        error = run_error(step.step_key, settlement.outcome_code, settlement.error)
+        ending, undone = (
+            (None, None)
+            if failed
+            else _phases(tx, step, settlement.status, next_nodes, error, saga=saga, final=final)
         )
-        if ending is not None:
+        if failed:
+            failed_ids, run_failed = fail_in_phase(tx, step, error, saga=saga, final=final)
+            dispatch += failed_ids
+            run_status = "failed" if run_failed else run_status
+        elif ending is not None:
+            # The last finally step's settle ends the run (failed when an earlier one failed).
             dispatch += ending.to_dispatch
             run_status = ending.run_status or run_status
             run_failed = ending.run_status == "failed"
         elif undone is not None:
+            # The last compensation's settle ends the run failed.
             dispatch += undone.to_dispatch
             if undone.run_failed:
                 run_status, run_failed = "failed", True
-        elif settlement.status is StepStatus.FAILED:
-            dispatch, run_failed = _fail(tx, step, error, final)
-            run_status = "failed" if run_failed else run_status
         elif settlement.status is StepStatus.SUCCEEDED and run_status == "running":
             dispatch, finished = _go_on(
                 tx, step, settlement, next_nodes, loop=loop, body=body, final=final
@@ -217,27 +223,20 @@ def _phases(
     return None, undo.settled(tx, step, status, saga, error, phase=phase, final=final)
 
 
-def fail_reclaimed(
-    tx: Tx,
-    step: StepOfRun,
-    outcome_code: str,
-    error: str | None,
-    *,
-    saga: Saga | None,
-    final: Finale | None,
+def fail_in_phase(
+    tx: Tx, step: StepOfRun, error: str, *, saga: Saga | None, final: Finale | None
 ) -> tuple[tuple[str, ...], bool]:
-    """A step the sweep's reclaim failed (its lease expired: OUTCOME_UNKNOWN, or no attempts
-    left), in a running run whose version declares compensations or finally steps: what a
-    settle's failure would do — the compensations begin, or the next one is created, or the
-    finally phase begins or ends, or the run fails — in the reclaim's transaction, under the
-    run row's lock it took. The rows to dispatch after commit, and whether the run failed."""
-    run_error = _run_error(step.step_key, outcome_code, error)
-    ending, undone = _phases(tx, step, StepStatus.FAILED, (), run_error, saga=saga, final=final)
+    """`step` failed — at its settle, or by the sweep's reclaim of its expired lease
+    (shared/steps/repairs.py) — under the run row's lock the caller holds: what its run's
+    phase makes of it. The compensations begin, or the next one is created; or the finally
+    phase begins or ends; or the run fails (`error`, shared by all: `run_error`). The rows to
+    dispatch after commit, and whether this failed the run."""
+    ending, undone = _phases(tx, step, StepStatus.FAILED, (), error, saga=saga, final=final)
     if ending is not None:
         return ending.to_dispatch, ending.run_status == "failed"
     if undone is not None:
         return undone.to_dispatch, undone.run_failed
-    dispatch, failed = _fail(tx, step, run_error, final)
+    dispatch, failed = _fail(tx, step, error, final)
     return tuple(dispatch), failed
 
 
@@ -382,10 +381,11 @@ def _settle_params(
         "block_types": [n.type for n in next_nodes],
         "lineage_root": step.lineage_root,
         "run_error": (
-            _run_error(step.step_key, settlement.outcome_code, settlement.error) if fold else None
+            run_error(step.step_key, settlement.outcome_code, settlement.error) if fold else None
         ),
     }
 
 
-def _run_error(step_key: str, outcome_code: str | None, error: str | None) -> str:
+def run_error(step_key: str, outcome_code: str | None, error: str | None) -> str:
+    """A run's error when its step `step_key` failed, whoever failed it."""
     return f"step {step_key} failed ({outcome_code}): {error or ''}"[:4000]
